@@ -1,0 +1,490 @@
+"""Continuous-batching scheduler with chunked prefill and recompute preemption.
+
+One :meth:`Scheduler.schedule` call per engine step returns a :class:`StepPlan`; the
+executor (the real engine's model runner, or the simulator's cost model) runs it and hands
+the sampled tokens back through :meth:`Scheduler.update`. Semantics mirror vLLM V1's
+``vllm/v1/core/sched/scheduler.py`` with synchronous scheduling (``async_scheduling=False``,
+DESIGN.md §3):
+
+1. Running requests first, in admission order. Each asks for ``num_tokens -
+   num_computed_tokens`` tokens (1 for a decode, the rest of the prompt for a partial
+   prefill), capped by the remaining token budget (``max_num_batched_tokens``) and by
+   ``max_model_len``. If its blocks can't be allocated, the *last* running request is
+   preempted (all its blocks freed, ``num_computed_tokens = 0``, put at the *front* of the
+   waiting queue) and the allocation retried; a request that preempts itself ends the pass.
+2. Only if nothing was preempted in this step, waiting requests are admitted FCFS while
+   fewer than ``max_num_seqs`` run and budget remains: prefix-cache lookup (never the last
+   token), the prompt chunked to the remaining budget, blocks allocated; the first request
+   that does not fit stops admission (head-of-line blocking, as in vLLM).
+3. ``num_computed_tokens`` advances at scheduling time; a partial prefill samples nothing;
+   the first output token comes from the step that computes the last prompt token.
+
+Cost per step: a running request that decodes one token per step and needs no new block
+(a *steady decode*) is not touched at all. Its counters advance with a shared clock and it
+is revisited only at block boundaries (one event per block to register the filled block's
+hash and one to allocate the next) and at its known ``max_tokens`` finish, so a step costs
+O(requests whose state changes) plus O(1/block_size) per running request.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from .kv_cache import KVCacheManager, cdiv
+from .request import Request, RequestState
+
+_RUNNING = RequestState.RUNNING
+
+
+class RequestRejected(ValueError):
+    """A request that can never be served (e.g. prompt longer than ``max_model_len``)."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler and KV cache knobs, named and defaulted as in vLLM.
+
+    Attributes:
+        max_num_seqs: most requests running at once (vLLM default 256 on GPU).
+        max_num_batched_tokens: token budget of one step (vLLM's online-serving default
+            on a GPU, 8192).
+        max_model_len: most tokens (prompt + output) of one request.
+        block_size: tokens per KV block (vLLM default 16).
+        num_gpu_blocks: KV blocks incl. the reserved null block; ``None`` = unlimited.
+        enable_prefix_caching: automatic prefix caching (on by default in vLLM V1).
+
+    Raises:
+        ValueError: a knob out of range, naming it; or a cache too small for one request
+            of ``max_model_len`` tokens (vLLM refuses to start then too).
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}), as vLLM requires")
+        if self.num_gpu_blocks is not None:
+            need = cdiv(self.max_model_len, self.block_size)
+            if need > self.num_gpu_blocks - 1:
+                raise ValueError(
+                    f"max_model_len {self.max_model_len} needs {need} KV blocks of "
+                    f"{self.block_size} tokens but the cache holds "
+                    f"{max(self.num_gpu_blocks - 1, 0)} (num_gpu_blocks - 1): lower "
+                    f"max_model_len or give the KV cache more memory")
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    Attributes:
+        request: the live request.
+        num_new_tokens: tokens computed in this step.
+        num_computed_before: tokens already computed (incl. prefix-cache hits) before it.
+        samples_token: whether this step samples a token for it (false for a partial
+            prefill).
+        new_block_ids: blocks allocated to it in this step.
+        num_cached_tokens: prefix-cache hit tokens found on admission in this step (0
+            otherwise).
+        admitted: true when the request was admitted (new or resumed) in this step.
+    """
+
+    request: Request
+    num_new_tokens: int
+    num_computed_before: int
+    samples_token: bool
+    new_block_ids: list
+    num_cached_tokens: int = 0
+    admitted: bool = False
+
+    @property
+    def request_id(self):
+        return self.request.request_id
+
+
+class StepPlan:
+    """What the scheduler decided for one step (DESIGN.md §2 contract).
+
+    Attributes:
+        step: 1-based step index of this scheduler.
+        prefills: explicit entries (:class:`ScheduledRequest`): every prefill chunk, new,
+            continuing or resumed, in scheduling order.
+        decodes: the requests decoding one token each in this step (a live view, valid
+            until :meth:`Scheduler.update`); each has ``num_computed_tokens`` already
+            advanced past its new token.
+        num_decodes: ``len(decodes)``.
+        decode_context_tokens: sum over decodes of the tokens each attends to (its
+            context incl. the new token).
+        decode_new_blocks: blocks allocated to decodes in this step, by request.
+        preempted: requests preempted in this step, in preemption order.
+        num_scheduled_tokens: tokens computed in this step (decodes + prefill chunks).
+    """
+
+    __slots__ = ("step", "prefills", "decodes", "num_decodes", "decode_context_tokens",
+                 "decode_new_blocks", "preempted", "num_scheduled_tokens")
+
+    def __init__(self, step: int, decodes):
+        self.step = step
+        self.prefills: list[ScheduledRequest] = []
+        self.decodes = decodes
+        self.num_decodes = 0
+        self.decode_context_tokens = 0
+        self.decode_new_blocks: dict = {}
+        self.preempted: list[Request] = []
+        self.num_scheduled_tokens = 0
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing was scheduled."""
+        return self.num_scheduled_tokens == 0
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of prefill chunks in this step."""
+        return sum(e.num_new_tokens for e in self.prefills)
+
+    @property
+    def num_sampled(self) -> int:
+        """Requests that sample a token in this step (the LM head runs once for each)."""
+        return self.num_decodes + sum(1 for e in self.prefills if e.samples_token)
+
+    def scheduled(self) -> list[ScheduledRequest]:
+        """Every scheduled request, decodes first, materialised (O(batch); engine, tests)."""
+        out = []
+        for r in self.decodes:
+            c = r.num_computed_tokens
+            out.append(ScheduledRequest(r, 1, c - 1, True,
+                                        list(self.decode_new_blocks.get(r, ()))))
+        out.extend(self.prefills)
+        return out
+
+
+class _Clock:
+    """Step counters that steady decodes advance with."""
+
+    __slots__ = ("sched_tick", "update_tick")
+
+    def __init__(self):
+        self.sched_tick = 0
+        self.update_tick = 0
+
+
+@dataclass
+class SchedulerStats:
+    """Counters over a scheduler's life (prefix-cache figures in tokens).
+
+    ``prefix_queries``/``prefix_hits`` count first admissions; re-admissions of preempted
+    requests are counted apart in ``preempted_queries``/``preempted_hits``.
+    """
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    num_rejected: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Hit tokens / queried tokens of first admissions (0 when none)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+
+class Scheduler:
+    """vLLM-V1-style scheduler over a :class:`KVCacheManager` (see module docstring).
+
+    Used identically by the simulator (``update(plan)`` with no tokens: requests stop at
+    ``max_tokens``) and by the real engine (``update(plan, sampled)`` with token ids, so
+    stop tokens apply as well).
+    """
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.kv = KVCacheManager(config.num_gpu_blocks, config.block_size,
+                                 config.enable_prefix_caching)
+        self.waiting: deque[Request] = deque()
+        self.running: dict[Request, None] = {}      # admission order
+        self._steady: dict[Request, None] = {}      # running, one token per step, lazy
+        self._prefilling: dict[Request, None] = {}  # running, explicit
+        self._clock = _Clock()
+        self._alloc_events: dict[int, list] = defaultdict(list)   # sched tick -> reqs
+        self._finish_events: dict[int, list] = defaultdict(list)  # update tick -> reqs
+        self._steady_offset_sum = 0
+        self._seq = 0
+        self._budget = 0
+        self.stats = SchedulerStats()
+
+    # -- queue management -----------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a request; caps its output at ``max_model_len``.
+
+        Raises:
+            RequestRejected: prompt longer than ``max_model_len`` (as vLLM rejects it).
+        """
+        cfg = self.config
+        if req.num_prompt_tokens > cfg.max_model_len:
+            self.stats.num_rejected += 1
+            raise RequestRejected(
+                f"request {req.request_id}: prompt of {req.num_prompt_tokens} tokens is "
+                f"longer than max_model_len {cfg.max_model_len}")
+        req.max_tokens = max(1, min(req.max_tokens, cfg.max_model_len - req.num_prompt_tokens))
+        req._clock = self._clock
+        req.state = RequestState.WAITING
+        self.waiting.append(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv.usage
+
+    # -- one step -------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """Decide the next step (see module docstring). Must be followed by :meth:`update`."""
+        cfg, kv, clock = self.config, self.kv, self._clock
+        clock.sched_tick += 1
+        tick = clock.sched_tick
+        self.stats.num_steps += 1
+        steady = self._steady
+        plan = StepPlan(self.stats.num_steps, steady)
+        # Every steady decode gets its one token (max_num_batched_tokens >= max_num_seqs).
+        self._budget = cfg.max_num_batched_tokens - len(steady)
+        preempted = plan.preempted
+
+        work = []
+        events = self._alloc_events.pop(tick, None)
+        if events:
+            for r, epoch in events:
+                if r._epoch == epoch:
+                    work.append(r)
+        if self._prefilling:
+            work.extend(self._prefilling)
+            if len(work) > 1:
+                work.sort(key=_seq_key)
+        for r in work:
+            if r.state != _RUNNING:
+                continue  # preempted earlier in this pass
+            if r._steady:
+                new = self._allocate(r, r.num_computed_tokens, preempted)
+                if new is None:
+                    break
+                if new:
+                    plan.decode_new_blocks[r] = new
+                self._schedule_alloc_event(r, tick + 1)
+                continue
+            before = r._computed
+            n = min(r.num_tokens - before, self._budget, cfg.max_model_len - before)
+            if n <= 0:
+                continue
+            new = self._allocate(r, before + n, preempted)
+            if new is None:
+                break
+            self._budget -= n
+            r._computed = before + n
+            plan.prefills.append(ScheduledRequest(r, n, before, before + n == r.num_tokens, new))
+
+        if not preempted:
+            self._admit(plan)
+
+        plan.num_decodes = len(steady)
+        plan.decode_context_tokens = self._steady_offset_sum + len(steady) * tick
+        plan.num_scheduled_tokens = cfg.max_num_batched_tokens - self._budget
+        return plan
+
+    def _admit(self, plan: StepPlan) -> None:
+        cfg, kv, stats = self.config, self.kv, self.stats
+        waiting, running = self.waiting, self.running
+        while waiting and self._budget > 0 and len(running) < cfg.max_num_seqs:
+            r = waiting[0]
+            hits, n_hit = kv.get_computed_blocks(r)
+            n = min(r.num_tokens - n_hit, self._budget)
+            new = kv.allocate_slots(r, n_hit + n, hits)
+            if new is None:
+                break  # head-of-line blocking, as in vLLM
+            waiting.popleft()
+            self._seq += 1
+            r._seq = self._seq
+            running[r] = None
+            self._prefilling[r] = None
+            r.state = _RUNNING
+            r._computed = n_hit + n
+            if r.num_preemptions:
+                stats.preempted_queries += r.num_tokens
+                stats.preempted_hits += n_hit
+            else:
+                stats.prefix_queries += r.num_tokens
+                stats.prefix_hits += n_hit
+            if r.num_cached_tokens < 0:
+                r.num_cached_tokens = n_hit
+            self._budget -= n
+            plan.prefills.append(ScheduledRequest(r, n, n_hit, n_hit + n == r.num_tokens,
+                                                  new, n_hit, True))
+
+    def _allocate(self, r: Request, num_tokens: int, preempted: list) -> list | None:
+        """Allocate for ``r``, preempting from the tail until it fits; None if r was."""
+        while True:
+            new = self.kv.allocate_slots(r, num_tokens)
+            if new is not None:
+                return new
+            victim, _ = self.running.popitem()
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is r:
+                return None
+
+    def _preempt(self, r: Request) -> None:
+        if r._steady:
+            self._leave_steady(r)
+            self._budget += 1  # its implicit decode token is withdrawn
+        else:
+            self._prefilling.pop(r, None)
+        self.kv.free(r)
+        r._computed = 0
+        r.state = RequestState.PREEMPTED
+        r.num_preemptions += 1
+        r._epoch += 1
+        self.waiting.appendleft(r)
+        self.stats.num_preemptions += 1
+
+    # -- results --------------------------------------------------------------------
+    def update(self, plan: StepPlan, sampled: dict | None = None) -> list[Request]:
+        """Take back one step's results; returns the requests that finished in it.
+
+        Args:
+            plan: the plan returned by the last :meth:`schedule`.
+            sampled: ``{request: token_id}`` for every request that sampled (engine), or
+                ``None`` (simulator: a token is sampled wherever the plan says so and
+                requests stop at ``max_tokens``).
+        """
+        clock = self._clock
+        clock.update_tick += 1
+        finished = []
+        steady = self._steady
+        if sampled is not None:
+            for r in steady:
+                r.output_token_ids.append(sampled[r])
+        events = self._finish_events.pop(clock.update_tick, None)
+        if events:
+            for r, epoch in events:
+                if r._epoch == epoch:
+                    self._finish(r, "length")
+                    finished.append(r)
+        if sampled is not None:
+            for r in [r for r in steady if self._is_stop(r, r.output_token_ids[-1])]:
+                self._finish(r, "stop")
+                finished.append(r)
+        for e in plan.prefills:
+            r = e.request
+            if not e.samples_token or r.state != _RUNNING:
+                continue
+            tok = sampled.get(r) if sampled is not None else None
+            r.append_output_token(tok)
+            del self._prefilling[r]
+            if r.num_output_tokens >= r.max_tokens:
+                self._finish(r, "length")
+                finished.append(r)
+            elif tok is not None and self._is_stop(r, tok):
+                self._finish(r, "stop")
+                finished.append(r)
+            else:
+                self._enter_steady(r)
+        return finished
+
+    @staticmethod
+    def _is_stop(r: Request, tok: int) -> bool:
+        return tok in r.stop_token_ids or (r.eos_token_id is not None and tok == r.eos_token_id)
+
+    def _finish(self, r: Request, reason: str) -> None:
+        if r._steady:
+            self._leave_steady(r)
+        else:
+            self._prefilling.pop(r, None)
+        del self.running[r]
+        self.kv.free(r)
+        r.state = RequestState.FINISHED
+        r.finish_reason = reason
+        r._epoch += 1
+
+    def abort_request(self, r: Request) -> None:
+        """Drop a waiting or running request, freeing its blocks."""
+        if r.state == _RUNNING:
+            self._finish(r, "abort")
+        elif r.state != RequestState.FINISHED:
+            self.waiting.remove(r)
+            r.state = RequestState.FINISHED
+            r.finish_reason = "abort"
+            r._epoch += 1
+
+    # -- steady decodes -------------------------------------------------------------
+    def _enter_steady(self, r: Request) -> None:
+        clock = self._clock
+        r._computed -= clock.sched_tick     # now an offset: value = offset + tick
+        r._output -= clock.update_tick
+        r._steady = True
+        self._steady[r] = None
+        self._steady_offset_sum += r._computed
+        self._schedule_alloc_event(r, clock.sched_tick + 1)
+        self._finish_events[r.max_tokens - r._output].append((r, r._epoch))
+
+    def _leave_steady(self, r: Request) -> None:
+        c, o = r.num_computed_tokens, r.num_output_tokens
+        self._steady_offset_sum -= r._computed
+        del self._steady[r]
+        r._steady = False
+        r._computed, r._output = c, o
+
+    def _schedule_alloc_event(self, r: Request, tick: int) -> None:
+        # Visit r at the first tick >= `tick` whose step fills a block (registers its
+        # hash) or starts a new one (allocates it): after-step count % bs in {0, 1}.
+        bs = self.config.block_size
+        m = (r._computed + tick) % bs
+        if bs > 1 and m > 1:
+            tick += bs - m
+        self._alloc_events[tick].append((r, r._epoch))
+
+    # -- checks ---------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Assert DESIGN.md §3 invariants (O(blocks); for tests).
+
+        Raises:
+            AssertionError: naming the broken invariant.
+        """
+        pool, bs = self.kv.pool, self.config.block_size
+        if not pool.unlimited:
+            used = pool.num_used_blocks()
+            assert len(pool.free_queue) + used == pool.num_gpu_blocks - 1, (
+                f"free {len(pool.free_queue)} + used {used} != N-1")
+        assert len(self.running) <= self.config.max_num_seqs, "running > max_num_seqs"
+        for r in self.running:
+            assert r.state == _RUNNING
+            want = cdiv(r.num_computed_tokens, bs)
+            assert len(r.block_ids) == want, (
+                f"{r!r} holds {len(r.block_ids)} blocks, expected {want}")
+        for r in self.waiting:
+            assert not r.block_ids, f"waiting {r!r} holds blocks"
+            assert r.num_computed_tokens == 0
+
+
+def _seq_key(r: Request) -> int:
+    return r._seq
