@@ -1,0 +1,171 @@
+"""Hand-derived schedules (DESIGN.md §3): each expected table was worked out on paper.
+
+Rows are (request id, num_new_tokens, num_computed_before, samples_token), sorted by id.
+"""
+
+import pytest
+
+from simulator.policy import RequestRejected, SchedulerConfig
+from policy_helpers import make, req, step
+
+
+def test_a_long_prompt_is_chunked_and_samples_only_at_its_last_chunk():
+    s = make(max_num_batched_tokens=8, max_num_seqs=4)
+    s.add_request(req("A", [("a", 20)], max_tokens=2))
+    expected = [
+        ([("A", 8, 0, False)], []),
+        ([("A", 8, 8, False)], []),
+        ([("A", 4, 16, True)], []),   # last prompt token computed -> first token
+        ([("A", 1, 20, True)], ["A"]),  # second token, max_tokens reached
+    ]
+    for want_rows, want_fin in expected:
+        r, pre, fin, _ = step(s)
+        assert (r, fin) == (want_rows, want_fin)
+    assert not s.has_unfinished_requests()
+
+
+def test_b_running_decodes_are_served_before_a_new_prefill():
+    s = make(max_num_batched_tokens=8, max_num_seqs=4)
+    s.add_request(req("A", [("a", 6)], max_tokens=5))
+    assert step(s)[0] == [("A", 6, 0, True)]
+    s.add_request(req("B", [("b", 12)], max_tokens=2))
+    # Budget 8: A's decode takes 1, B's first chunk the other 7.
+    assert step(s)[0] == [("A", 1, 6, True), ("B", 7, 0, False)]
+    assert step(s)[0] == [("A", 1, 7, True), ("B", 5, 7, True)]
+    assert step(s)[0] == [("A", 1, 8, True), ("B", 1, 12, True)]
+
+
+def test_c_max_num_seqs_caps_admission():
+    s = make(max_num_seqs=2, max_num_batched_tokens=64)
+    for rid in "ABC":
+        s.add_request(req(rid, [(rid, 4)], max_tokens=2))
+    assert step(s)[0] == [("A", 4, 0, True), ("B", 4, 0, True)]
+    r, _, fin, _ = step(s)
+    assert r == [("A", 1, 4, True), ("B", 1, 4, True)] and fin == ["A", "B"]
+    assert step(s)[0] == [("C", 4, 0, True)]
+
+
+def test_d_kv_exhaustion_preempts_the_newest_which_resumes_on_its_own_blocks():
+    # 5 usable blocks of 4 tokens. A and B take 2 blocks each in step 1.
+    s = make(num_gpu_blocks=6, max_model_len=20, max_num_batched_tokens=16)
+    a, b = req("A", [("a", 8)], max_tokens=3), req("B", [("b", 8)], max_tokens=4)
+    s.add_request(a)
+    s.add_request(b)
+    assert step(s)[0] == [("A", 8, 0, True), ("B", 8, 0, True)]
+    b_blocks = list(b.block_ids)
+    # Step 2: A takes the last free block for token 9; B cannot grow and preempts itself.
+    r, pre, fin, _ = step(s)
+    assert r == [("A", 1, 8, True)] and pre == ["B"]
+    assert b.num_preemptions == 1 and b.num_output_tokens == 1 and b.block_ids == []
+    # Step 3: B (9 tokens: 2 cached blocks, both free, + 1 new) needs 3 of the 2 free blocks.
+    r, pre, fin, _ = step(s)
+    assert r == [("A", 1, 9, True)] and fin == ["A"]
+    # Step 4: B resumes, hitting its own two freed prompt blocks; recomputes only token 9.
+    r, pre, fin, plan = step(s)
+    assert r == [("B", 1, 8, True)]
+    assert plan.prefills[0].num_cached_tokens == 8 and b.block_ids[:2] == b_blocks
+    assert s.stats.preempted_hits == 8 and s.stats.preempted_queries == 9
+    assert s.stats.prefix_hits == 0 and b.num_cached_tokens == 0  # first admission: no hit
+    while s.has_unfinished_requests():
+        step(s)
+    assert b.num_output_tokens == 4
+
+
+def test_e_block_aligned_fully_cached_prompt_recomputes_its_last_block():
+    s = make()
+    s.add_request(req("A", [("p", 8)], max_tokens=1))
+    assert step(s)[0] == [("A", 8, 0, True)]
+    s.add_request(req("B", [("p", 8)], max_tokens=1))
+    r, _, _, plan = step(s)
+    assert r == [("B", 4, 4, True)]          # block 1 is cached but holds the last token
+    assert plan.prefills[0].num_cached_tokens == 4
+
+
+def test_f_eviction_takes_the_deepest_block_of_the_least_recently_freed_request():
+    s = make(num_gpu_blocks=7, max_model_len=24)
+    a = req("A", [("a", 12)], max_tokens=1)
+    s.add_request(a)
+    step(s)
+    a_blocks = [1, 2, 3]
+    b = req("B", [("b", 12)], max_tokens=1)
+    s.add_request(b)
+    step(s)
+    pool = s.kv.pool
+    # Free queue: A's blocks were freed first, deepest first.
+    assert list(pool.free_queue) == [3, 2, 1, 6, 5, 4]
+    c = req("C", [("c", 4)], max_tokens=1)
+    s.add_request(c)
+    step(s)
+    assert c.block_ids == [] and pool.block_hash[a_blocks[2]] == c.block_hash(0, 4)
+    # A's deepest block was evicted for C; A's first two and all of B's are still cached.
+    assert [pool.block_hash[i] == a.block_hash(i - 1, 4) for i in a_blocks] == [True, True, False]
+    assert all(pool.block_hash[i] == b.block_hash(i - 4, 4) for i in (4, 5, 6))
+    s.add_request(req("A2", [("a", 13)], max_tokens=1))
+    r, _, _, plan = step(s)
+    assert r == [("A2", 5, 8, True)] and plan.prefills[0].num_cached_tokens == 8
+
+
+def test_g_no_admission_in_a_step_that_preempted():
+    # Prefix caching off; budget 5. After B is preempted in step 6, B alone (a 4-token
+    # chunk = 1 block) would fit, but vLLM admits nothing in a step that preempted.
+    s = make(num_gpu_blocks=8, max_model_len=28, max_num_batched_tokens=5, max_num_seqs=2,
+             enable_prefix_caching=False)
+    s.add_request(req("X", [("x", 4)], max_tokens=20))
+    s.add_request(req("B", [("b", 20)], max_tokens=2))
+    expected = [
+        [("B", 1, 0, False), ("X", 4, 0, True)],
+        [("B", 4, 1, False), ("X", 1, 4, True)],
+        [("B", 4, 5, False), ("X", 1, 5, True)],
+        [("B", 4, 9, False), ("X", 1, 6, True)],
+        [("B", 4, 13, False), ("X", 1, 7, True)],
+    ]
+    for want in expected:
+        assert step(s)[0] == want
+    r, pre, _, _ = step(s)
+    assert r == [("X", 1, 8, True)] and pre == ["B"]
+    assert s.kv.pool.num_free_blocks == 4 and s.waiting[0].request_id == "B"
+    r, pre, _, _ = step(s)
+    assert r == [("B", 4, 0, False), ("X", 1, 9, True)]
+
+
+def test_h_second_request_hits_blocks_the_first_fills_in_the_same_step():
+    s = make()
+    s.add_request(req("A", [("sys", 8), ("a", 4)], max_tokens=1))
+    s.add_request(req("B", [("sys", 8), ("b", 4)], max_tokens=1))
+    r, _, _, plan = step(s)
+    assert r == [("A", 12, 0, True), ("B", 4, 8, True)]
+    assert [e.num_cached_tokens for e in plan.prefills] == [0, 8]
+    assert (s.stats.prefix_queries, s.stats.prefix_hits) == (24, 8)
+
+
+def test_multi_turn_hits_the_previous_answer_blocks():
+    s = make()
+    a = req("T1", [("sys", 8), ("u1", 3)], max_tokens=9)
+    s.add_request(a)
+    while s.has_unfinished_requests():
+        step(s)
+    # Turn 2 = turn 1 prompt + its 9-token answer + new user tokens. The answer's blocks
+    # were registered as decode filled them: tokens 0..19 are 5 full blocks of 4.
+    t2 = req("T2", [("sys", 8), ("u1", 3), (("out", "T1"), 9), ("u2", 5)], max_tokens=1)
+    s.add_request(t2)
+    r, _, _, plan = step(s)
+    assert plan.prefills[0].num_cached_tokens == 16  # last token of the answer (pos 19) was never computed
+    assert r == [("T2", 9, 16, True)]
+
+
+def test_prompt_longer_than_max_model_len_is_rejected_and_outputs_are_capped():
+    s = make(max_model_len=16)
+    with pytest.raises(RequestRejected, match="max_model_len"):
+        s.add_request(req("long", [("x", 17)], max_tokens=1))
+    r = req("capped", [("y", 12)], max_tokens=100)
+    s.add_request(r)
+    while s.has_unfinished_requests():
+        step(s)
+    assert r.num_output_tokens == 4 and r.finish_reason == "length"
+
+
+def test_config_refuses_a_cache_smaller_than_one_max_model_len_request():
+    with pytest.raises(ValueError, match="max_model_len 64 needs 16 KV blocks"):
+        SchedulerConfig(max_model_len=64, block_size=4, num_gpu_blocks=16)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8)
