@@ -1,0 +1,335 @@
+"""Catalogs of model shapes and GPU specs, shipped as data (``models.yaml``, ``hardware.yaml``).
+
+A model is given by catalog name, by the path of a Hugging Face ``config.json`` (or a folder
+holding one) or by an inline mapping of HF config keys; :func:`load_model` turns any of them
+into a :class:`ModelShape`. :func:`load_hardware` returns a :class:`HardwareSpec`. Unknown
+names raise :class:`simulator.errors.InputError` listing the known ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import InputError
+
+_HERE = Path(__file__).resolve().parent
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# HF `architectures[0]` / `model_type` -> family. Only dense decoder-only families whose
+# layer layout (GQA attention + gated SiLU MLP + RMSNorm) the parameter counts below assume.
+_ARCH_BY_HF = {"LlamaForCausalLM": "Llama", "Qwen2ForCausalLM": "Qwen2",
+               "MistralForCausalLM": "Mistral"}
+_ARCH_BY_TYPE = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
+_HF_BY_ARCH = {v: k for k, v in _ARCH_BY_HF.items()}
+_TYPE_BY_ARCH = {v: k for k, v in _ARCH_BY_TYPE.items()}
+
+_INT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
+_SHAPE_KEYS = ("architecture",) + _INT_KEYS + (
+    "rope_theta", "rope_scaling", "tie_word_embeddings", "attention_bias", "rms_norm_eps")
+# HF config keys accepted (and ignored) in an inline mapping besides the shape keys.
+_INLINE_EXTRA = ("name", "architectures", "model_type", "torch_dtype", "dtype",
+                 "rope_parameters", "sliding_window", "use_sliding_window", "bos_token_id",
+                 "eos_token_id", "pad_token_id", "hidden_act", "initializer_range",
+                 "use_cache", "mlp_bias", "pretraining_tp", "attention_dropout",
+                 "max_window_layers", "transformers_version")
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (``float32`` 4, ``bfloat16``/``float16`` 2).
+
+    Raises:
+        InputError: unknown dtype, listing the allowed ones.
+    """
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise InputError(f"dtype: {dtype!r} is not supported (allowed: "
+                         f"{', '.join(DTYPE_BYTES)})") from None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Shape of a dense decoder-only transformer (Llama / Qwen2 / Mistral family).
+
+    Field names and meanings are those of the Hugging Face ``config.json``; ``architecture``
+    is the family. Parameter counts assume GQA attention (q, k, v, o projections), a gated
+    SiLU MLP (gate, up, down) and RMSNorm (a weight vector, no bias), as in HF
+    ``modeling_llama.py``.
+    """
+
+    name: str
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = field(default=None, hash=False)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    rms_norm_eps: float = 1e-5
+
+    # -- parameter counts ---------------------------------------------------------------
+    @property
+    def _layer_params(self) -> int:
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        attn = h * q + 2 * h * kv + q * h
+        if self.attention_bias:
+            # Qwen2 biases q/k/v only; Llama/Mistral's attention_bias covers o_proj too.
+            attn += q + 2 * kv + (0 if self.architecture == "Qwen2" else h)
+        mlp = 3 * h * self.intermediate_size
+        return attn + mlp + 2 * h  # two RMSNorm weights
+
+    @property
+    def num_nonembedding_params(self) -> int:
+        """Parameters every token passes through in the decoder layers (+ final norm).
+
+        Excludes the embedding table (a gather) and the LM head (priced separately: it runs
+        only for tokens that sample).
+        """
+        return self.num_hidden_layers * self._layer_params + self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters of the LM head matmul, ``vocab_size * hidden_size`` (tied or not)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Stored parameters: embedding + layers + final norm + LM head unless tied."""
+        emb = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return emb + self.num_nonembedding_params + head
+
+    def weight_bytes(self, dtype: str) -> int:
+        """Bytes of all stored weights in ``dtype``."""
+        return self.num_params * dtype_bytes(dtype)
+
+    def kv_bytes_per_token(self, dtype: str) -> int:
+        """KV-cache bytes per token: ``2 (K,V) x layers x kv_heads x head_dim x dtype bytes``."""
+        return (2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+                * dtype_bytes(dtype))
+
+    # -- conversions --------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Plain mapping of every field (YAML/JSON friendly)."""
+        return asdict(self)
+
+    def shape_key(self) -> tuple:
+        """Fields that change step cost or KV size (names excluded), for mismatch checks."""
+        return (self.architecture,) + tuple(getattr(self, k) for k in _INT_KEYS[:-1])
+
+    def describe(self) -> str:
+        """One-line summary, e.g. ``llama-3.1-8b (Llama, 8.03 B params)``."""
+        return f"{self.name} ({self.architecture}, {self.num_params / 1e9:.3g} B params)"
+
+    def hf_config(self) -> dict:
+        """A config mapping usable as ``transformers.LlamaConfig(**cfg)`` (or Qwen2Config,
+        MistralConfig, per ``model_type``)."""
+        cfg = {
+            "architectures": [_HF_BY_ARCH[self.architecture]],
+            "model_type": _TYPE_BY_ARCH[self.architecture],
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": "silu",
+        }
+        if self.architecture != "Qwen2":  # Qwen2 always has q/k/v bias, no such key
+            cfg["attention_bias"] = self.attention_bias
+        return cfg
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One GPU's spec-sheet numbers (see ``hardware.yaml`` for sources).
+
+    Attributes:
+        name: catalog name. memory_bytes: device memory, bytes. peak_bf16_flops: dense
+        BF16/FP16 tensor peak, FLOP/s. peak_fp32_flops: FP32 peak, FLOP/s.
+        memory_bandwidth: bytes/s. interconnect: ``nvlink`` or ``pcie``.
+        interconnect_bandwidth: bytes/s in one direction. interconnect_latency_s: seconds
+        per small all-reduce. price_per_gpu_hour: USD.
+    """
+
+    name: str
+    memory_bytes: int
+    peak_bf16_flops: float
+    peak_fp32_flops: float
+    memory_bandwidth: float
+    interconnect: str
+    interconnect_bandwidth: float
+    interconnect_latency_s: float
+    price_per_gpu_hour: float
+    kind: str = "gpu"
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype`` (tensor cores for bf16/fp16, FP32 otherwise)."""
+        dtype_bytes(dtype)
+        return self.peak_fp32_flops if dtype == "float32" else self.peak_bf16_flops
+
+
+@functools.lru_cache(maxsize=None)
+def _catalog(filename: str) -> dict:
+    with open(_HERE / filename, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def list_models() -> list[str]:
+    """Catalog model names, in file order."""
+    return list(_catalog("models.yaml"))
+
+
+def list_hardware() -> list[str]:
+    """Catalog GPU names, in file order."""
+    return list(_catalog("hardware.yaml"))
+
+
+def load_hardware(name: str) -> HardwareSpec:
+    """The :class:`HardwareSpec` of catalog GPU ``name``.
+
+    Raises:
+        InputError: unknown name, listing the known ones.
+    """
+    hw = _catalog("hardware.yaml")
+    if name not in hw:
+        raise InputError(f"unknown GPU {name!r} (known: {', '.join(hw)})")
+    e = hw[name]
+    return HardwareSpec(
+        name=name, memory_bytes=int(e["memory_bytes"]),
+        peak_bf16_flops=float(e["peak_bf16_flops"]), peak_fp32_flops=float(e["peak_fp32_flops"]),
+        memory_bandwidth=float(e["memory_bandwidth"]), interconnect=str(e["interconnect"]),
+        interconnect_bandwidth=float(e["interconnect_bandwidth"]),
+        interconnect_latency_s=float(e["interconnect_latency_s"]),
+        price_per_gpu_hour=float(e["price_per_gpu_hour"]))
+
+
+def load_model(spec, base_dir=".") -> ModelShape:
+    """Resolve a model spec into a :class:`ModelShape`.
+
+    Args:
+        spec: a catalog name (``llama-3.1-8b``), a path to an HF ``config.json`` or to a
+            folder holding one (relative paths resolve against ``base_dir``), an inline
+            mapping of HF config keys, or a :class:`ModelShape` (returned as is).
+        base_dir: folder that relative paths are resolved against (the scenario's folder).
+
+    Raises:
+        InputError: unknown name, unreadable file, missing/invalid/unknown key, or an
+            unsupported architecture; the message starts with ``model``.
+    """
+    if isinstance(spec, ModelShape):
+        return spec
+    if isinstance(spec, dict):
+        unknown = [k for k in spec if k not in _SHAPE_KEYS and k not in _INLINE_EXTRA]
+        if unknown:
+            raise InputError(f"model.{unknown[0]}: unknown key (allowed: "
+                             f"{', '.join(_SHAPE_KEYS + ('name',))})")
+        return _shape_from_hf(spec, str(spec.get("name", "inline")), "model")
+    if not isinstance(spec, (str, Path)):
+        raise InputError(f"model: expected a catalog name, a path or a mapping, got "
+                         f"{type(spec).__name__}")
+    models = _catalog("models.yaml")
+    if isinstance(spec, str) and spec in models:
+        return _shape_from_hf(models[spec], spec, f"model {spec}")
+    path = Path(spec)
+    if not path.is_absolute():
+        path = Path(base_dir) / path
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise InputError(f"model: {str(spec)!r} is neither a catalog model (known: "
+                         f"{', '.join(models)}) nor an HF config.json file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f) if path.suffix == ".json" else yaml.safe_load(f)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise InputError(f"model: cannot read {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"model: {path} does not hold a mapping of config keys")
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return _shape_from_hf(cfg, name, f"model ({path})")
+
+
+def _shape_from_hf(cfg: dict, name: str, where: str) -> ModelShape:
+    """Build a ModelShape from HF config keys; ``where`` prefixes error messages."""
+    arch = cfg.get("architecture")
+    if arch is None and cfg.get("architectures"):
+        arch = _ARCH_BY_HF.get(cfg["architectures"][0], cfg["architectures"][0])
+    if arch is None and "model_type" in cfg:
+        arch = _ARCH_BY_TYPE.get(cfg["model_type"], cfg["model_type"])
+    if arch is None:
+        arch = "Llama"
+    if arch not in _HF_BY_ARCH:
+        raise InputError(f"{where}: architecture {arch!r} is not supported (supported: "
+                         f"{', '.join(_HF_BY_ARCH)})")
+    vals = {}
+    for key in _INT_KEYS:
+        v = cfg.get(key)
+        if v is None and key == "num_key_value_heads":
+            v = cfg.get("num_attention_heads")
+        if v is None and key == "head_dim":
+            if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+                v = cfg["hidden_size"] // cfg["num_attention_heads"]
+        if v is None:
+            raise InputError(f"{where}: missing key {key}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"{where}: {key} must be a positive integer (got {v!r})")
+        vals[key] = v
+    if vals["num_attention_heads"] % vals["num_key_value_heads"]:
+        raise InputError(f"{where}: num_attention_heads ({vals['num_attention_heads']}) must "
+                         f"be a multiple of num_key_value_heads ({vals['num_key_value_heads']})")
+    rope = cfg.get("rope_parameters") or {}
+    rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    rope_scaling = cfg.get("rope_scaling")
+    if rope_scaling is None and rope.get("rope_type", "default") != "default":
+        rope_scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if rope_scaling is not None and not isinstance(rope_scaling, dict):
+        raise InputError(f"{where}: rope_scaling must be a mapping or null")
+    try:
+        return ModelShape(
+            name=name, architecture=arch, **vals, rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2")),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)))
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{where}: {e}") from None
+
+
+def shape_from_dict(d: dict) -> ModelShape:
+    """Inverse of :meth:`ModelShape.to_dict` (profiles store shapes this way).
+
+    Raises:
+        InputError: missing or invalid keys.
+    """
+    d = dict(d)
+    name = str(d.pop("name", "inline"))
+    unknown = [k for k in d if k not in _SHAPE_KEYS]
+    if unknown:
+        raise InputError(f"model.shape.{unknown[0]}: unknown key (allowed: "
+                         f"{', '.join(_SHAPE_KEYS)})")
+    return _shape_from_hf(d, name, "model.shape")
+
+
+__all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes", "list_hardware",
+           "list_models", "load_hardware", "load_model", "shape_from_dict"]
