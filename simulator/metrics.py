@@ -1,0 +1,738 @@
+"""Run metrics: per-request latencies, pooled ITL, step time series and the run summary.
+
+Definitions follow ``vllm bench serve`` (``vllm/benchmarks/serve.py``; DESIGN.md §1):
+
+* TTFT  = first token time - arrival (queueing and prefill included).
+* TPOT  = (E2EL - TTFT) / (output_tokens - 1) per request; requests with <= 1 output token
+  have no TPOT. GuideLLM's "TPOT" includes the first token; genai-perf's "ITL" is this TPOT.
+* ITL   = every gap between consecutive tokens of a request, pooled over all requests.
+* E2EL  = finish (last token) time - arrival.  queue = first scheduled - arrival.
+* goodput = completed requests meeting every per-request SLO, per second of the run.
+
+Percentiles are ``numpy.percentile`` with its default ``linear`` method. The pooled ITL is
+kept as ``(gap_ns, count)`` runs, never per token, and its percentiles equal
+``numpy.percentile`` of the expanded gaps exactly (:func:`percentile_from_runs`).
+
+Warm-up: the first ``warmup_requests`` requests *by arrival* are excluded from every
+request figure (counts, latencies, throughput, goodput, concurrency). The measurement
+window is [first counted arrival, last counted finish]; throughputs and time-weighted
+means are over that window. Two figures cannot be split by request and are documented as
+such: pooled ITL (the simulator reports gaps per step, without request identity) includes
+warm-up requests' tokens, and step-based figures (running requests, KV usage) are cut to
+the window at the resolution of the fine time bins (exact when no step straddles a
+window edge, which always holds without warm-up).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from .errors import InputError
+from .policy.request import NS_PER_MS, NS_PER_S, RequestRecord
+
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
+PER_REQUEST_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms", "queue_ms")
+STATS = ("mean", "std", "p50", "p90", "p95", "p99", "max")
+SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
+REQUEST_COLUMNS = (
+    "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+    "prompt_tokens", "cached_tokens", "output_tokens", "preemptions", "replica",
+    "ttft_ms", "tpot_ms", "e2el_ms", "queue_ms", "finish_reason", "warmup",
+)
+TIMESERIES_COLUMNS = (
+    "time_s", "bin_s", "replica", "running", "waiting", "kv_usage", "busy", "running_max",
+    "waiting_max", "kv_usage_max", "steps", "prefill_tokens", "decode_tokens",
+    "prefill_tok_s", "decode_tok_s", "preemptions",
+)
+
+FINE_BIN_NS = 10 * NS_PER_MS      # default fine bin before coarsening at finalize
+DEFAULT_OUTPUT_BINS = 500         # default time series length: span / 500
+_MAX_FINE_BINS = 1 << 15          # default bins kept per replica (memory bound)
+_MAX_GIVEN_BINS = 1 << 20         # bins kept per replica for an explicit bin width
+_SIG_DIGITS = 6
+
+
+def round_sig(x, digits: int = _SIG_DIGITS):
+    """Round a number to ``digits`` significant digits for JSON; NaN/inf/None -> None.
+
+    Integers (not bools) are returned unchanged.
+    """
+    if x is None or isinstance(x, (bool, np.bool_)):
+        return None if x is None else bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    x = float(x)
+    if not math.isfinite(x):
+        return None
+    if x == 0.0:
+        return 0.0
+    return float(f"{x:.{digits}g}")
+
+
+def percentile_from_runs(values, counts, q):
+    """Linear percentiles of a multiset given as runs, without expanding it.
+
+    Args:
+        values: run values, shape (k,), any order (e.g. ITL gaps in ns, int64).
+        counts: occurrences of each value, shape (k,), non-negative integers.
+        q: percentile(s) in [0, 100], scalar or shape (m,).
+
+    Returns:
+        ``numpy.percentile(numpy.repeat(values, counts), q)`` bit for bit: the virtual
+        index, neighbour lookup and interpolation follow numpy's ``linear`` method
+        (``numpy/lib/_function_base_impl.py``: ``_compute_virtual_index``, ``_lerp``), the
+        neighbours found by binary search on cumulative counts.
+
+    Raises:
+        ValueError: no values (all counts zero), or q outside [0, 100].
+    """
+    v = np.asarray(values)
+    c = np.asarray(counts, dtype=np.int64)
+    order = np.argsort(v, kind="stable")
+    v, c = v[order], c[order]
+    keep = c > 0
+    v, c = v[keep], c[keep]
+    n = int(c.sum())
+    if n == 0:
+        raise ValueError("percentile of an empty set of runs")
+    qf = np.true_divide(np.asarray(q, dtype=np.float64), 100)
+    if np.any((qf < 0) | (qf > 1)):
+        raise ValueError("percentiles must be in the range [0, 100]")
+    qa = np.atleast_1d(qf)
+    virtual = n * qa + (1 + qa * (1 - 1 - 1)) - 1
+    prev = np.floor(virtual)
+    nxt = prev + 1
+    above = virtual >= n - 1
+    prev[above] = n - 1          # numpy uses index -1 here: the last element
+    nxt[above] = n - 1
+    below = virtual < 0
+    prev[below] = 0
+    nxt[below] = 0
+    prev = prev.astype(np.intp)
+    nxt = nxt.astype(np.intp)
+    gamma = virtual - np.where(above, -1, prev)   # numpy's gamma sees the -1 index
+    cum = np.cumsum(c)
+    a = v[np.searchsorted(cum, prev, side="right")]
+    b = v[np.searchsorted(cum, nxt, side="right")]
+    diff = b - a
+    out = a + diff * gamma
+    hi = gamma >= 0.5
+    out[hi] = (b - diff * (1 - gamma))[hi]
+    return out if np.ndim(q) else out[0]
+
+
+@dataclass
+class RunResult:
+    """Everything a run produced, ready for :mod:`simulator.report`.
+
+    Attributes:
+        summary: JSON-able dict of run figures (see :meth:`MetricsCollector.finalize`).
+        requests: one row per request, columns :data:`REQUEST_COLUMNS`, in arrival order.
+            Times in s (``*_s``), latencies in ms (``*_ms``), NaN where an event did not
+            happen; ``warmup`` marks rows excluded from the figures.
+        timeseries: fixed-width bins, columns :data:`TIMESERIES_COLUMNS`, rows per replica
+            (``replica`` "0", "1", ...) then the cluster total (``replica`` "all").
+            ``running``/``waiting``/``kv_usage``/``busy`` are time-weighted bin means
+            (idle time counts as 0); ``*_max`` the largest step value; token counts are
+            attributed to the bin in which the step ends.
+        itl_runs: pooled ITL as runs, columns ``gap_ns`` (int64, ascending) and ``count``.
+    """
+
+    summary: dict
+    requests: pd.DataFrame
+    timeseries: pd.DataFrame
+    itl_runs: pd.DataFrame
+
+
+class _Bins:
+    """Per-replica accumulators over fixed-width time bins (integrals in value x ns)."""
+
+    SUM = ("run", "wait", "kv", "busy", "prefill", "decode", "preempt", "steps")
+    MAX = ("run_max", "wait_max", "kv_max", "cmax")
+    MIN = ("cmin",)
+
+    def __init__(self):
+        for name in self.SUM + self.MAX + self.MIN:
+            setattr(self, name, array("d"))
+
+    def __len__(self):
+        return len(self.run)
+
+    def grow(self, nbins: int) -> None:
+        extra = nbins - len(self.run)
+        if extra <= 0:
+            return
+        for name in self.SUM:
+            getattr(self, name).extend(array("d", bytes(8 * extra)))
+        for name in self.MAX:
+            getattr(self, name).extend(array("d", [-math.inf]) * extra)
+        self.cmin.extend(array("d", [math.inf]) * extra)
+
+    def halve(self) -> None:
+        """Merge bin pairs (2i, 2i+1) into one bin of twice the width."""
+        if len(self.run) % 2:
+            self.grow(len(self.run) + 1)
+        for name in self.SUM + self.MAX + self.MIN:
+            x = np.frombuffer(getattr(self, name), dtype=np.float64).reshape(-1, 2)
+            y = x.sum(axis=1) if name in self.SUM else (
+                x.max(axis=1) if name in self.MAX else x.min(axis=1))
+            setattr(self, name, array("d", y.tobytes()))
+
+    def as_arrays(self) -> dict:
+        return {name: np.frombuffer(getattr(self, name), dtype=np.float64).copy()
+                for name in self.SUM + self.MAX + self.MIN}
+
+
+class MetricsCollector:
+    """Collects what a run produces; :meth:`finalize` turns it into a :class:`RunResult`.
+
+    Memory: one compact row per request (typed arrays), ITL as a ``Counter`` of distinct
+    gaps, and per replica at most 2**15 fine time bins (2**20 with an explicit
+    ``timeseries_bin_ns``): bins start at 10 ms and double in width when a run outgrows
+    them. Nothing is stored per token or per step.
+
+    Args:
+        warmup_requests: the first N requests by arrival are excluded from the figures.
+        timeseries_bin_ns: time series bin width, ns; default ``span / 500`` rounded to a
+            multiple of the fine bin width.
+        num_replicas: replicas in the run (for the cluster-mean KV usage); default the
+            highest replica index seen + 1.
+
+    Raises:
+        ValueError: a negative warm-up count or a non-positive bin width.
+    """
+
+    def __init__(self, *, warmup_requests: int = 0, timeseries_bin_ns: int | None = None,
+                 num_replicas: int | None = None):
+        if warmup_requests < 0:
+            raise ValueError(f"warmup_requests must be >= 0, got {warmup_requests}")
+        if timeseries_bin_ns is not None and timeseries_bin_ns < 1:
+            raise ValueError(f"timeseries_bin_ns must be >= 1, got {timeseries_bin_ns}")
+        self.warmup_requests = int(warmup_requests)
+        self._given_bin = timeseries_bin_ns
+        self._w = int(timeseries_bin_ns) if timeseries_bin_ns else FINE_BIN_NS
+        self._cap = _MAX_GIVEN_BINS if timeseries_bin_ns else _MAX_FINE_BINS
+        self._num_replicas = num_replicas
+        self._bins: dict[int, _Bins] = {}
+        self._last_step_end = 0
+        self._itl: Counter = Counter()
+        self._ids: list = []
+        self._ns = {k: array("q") for k in ("arrival", "sched", "first", "finish")}
+        self._ints = {k: array("q") for k in ("prompt", "cached", "output", "preempt",
+                                              "replica", "reason")}
+        self._reasons: dict = {}
+
+    # -- hot paths ------------------------------------------------------------------
+    def record_request(self, rec: RequestRecord) -> None:
+        """Store one finished or rejected request (called in finish order).
+
+        Rejected (``finish_reason == "rejected"``) and aborted requests are counted but
+        kept out of latency figures. ``token_times_ns`` is not read: ITL comes from
+        :meth:`record_itl` (or :meth:`record_token_times`).
+        """
+        ns = self._ns
+        self._ids.append(rec.request_id)
+        ns["arrival"].append(rec.arrival_ns)
+        ns["sched"].append(-1 if rec.first_scheduled_ns is None else rec.first_scheduled_ns)
+        ns["first"].append(-1 if rec.first_token_ns is None else rec.first_token_ns)
+        ns["finish"].append(-1 if rec.finish_ns is None else rec.finish_ns)
+        ints = self._ints
+        ints["prompt"].append(rec.prompt_tokens)
+        ints["cached"].append(rec.cached_tokens)
+        ints["output"].append(rec.output_tokens)
+        ints["preempt"].append(rec.preemptions)
+        ints["replica"].append(rec.replica)
+        code = self._reasons.setdefault(rec.finish_reason, len(self._reasons))
+        ints["reason"].append(code)
+
+    def record_itl(self, gap_ns: int, count: int) -> None:
+        """Add ``count`` inter-token gaps of ``gap_ns`` ns each to the pooled ITL."""
+        if count:
+            self._itl[gap_ns] += count
+
+    def record_token_times(self, token_times_ns) -> None:
+        """Add the gaps between consecutive output tokens of one request (engine records)."""
+        t = np.asarray(token_times_ns, dtype=np.int64)
+        if t.size > 1:
+            gaps, counts = np.unique(np.diff(t), return_counts=True)
+            for g, c in zip(gaps.tolist(), counts.tolist()):
+                self._itl[g] += c
+
+    def record_step(self, replica: int, start_ns: int, end_ns: int, num_prefill_tokens: int,
+                    num_decodes: int, num_running: int, num_waiting: int, kv_usage: float,
+                    num_preempted: int) -> None:
+        """Account one engine step of ``replica`` over ``[start_ns, end_ns)``.
+
+        ``num_running``/``num_waiting``/``kv_usage`` (fraction of usable blocks) hold over
+        the step; prefill tokens, decode tokens (one per decode) and preemptions count in
+        the bin where the step ends.
+
+        Raises:
+            ValueError: ``end_ns < start_ns``.
+        """
+        if end_ns < start_ns:
+            raise ValueError(f"step ends before it starts: {start_ns} > {end_ns}")
+        w = self._w
+        while (end_ns - 1 if end_ns > start_ns else end_ns) // w >= self._cap:
+            self._coarsen()
+            w = self._w
+        bins = self._bins.get(replica)
+        if bins is None:
+            bins = self._bins[replica] = _Bins()
+        b0 = start_ns // w
+        b1 = (end_ns - 1) // w if end_ns > start_ns else b0
+        if b1 >= len(bins):
+            bins.grow(max(b1 + 1, 2 * len(bins)))
+        run, wait, kv, busy = bins.run, bins.wait, bins.kv, bins.busy
+        t = start_ns
+        for b in range(b0, b1 + 1):
+            e = min(end_ns, (b + 1) * w)
+            d = e - t
+            run[b] += num_running * d
+            wait[b] += num_waiting * d
+            kv[b] += kv_usage * d
+            busy[b] += d
+            if t < bins.cmin[b]:
+                bins.cmin[b] = t
+            if e > bins.cmax[b]:
+                bins.cmax[b] = e
+            if num_running > bins.run_max[b]:
+                bins.run_max[b] = num_running
+            if num_waiting > bins.wait_max[b]:
+                bins.wait_max[b] = num_waiting
+            if kv_usage > bins.kv_max[b]:
+                bins.kv_max[b] = kv_usage
+            t = e
+        bins.prefill[b1] += num_prefill_tokens
+        bins.decode[b1] += num_decodes
+        bins.preempt[b1] += num_preempted
+        bins.steps[b1] += 1
+        if end_ns > self._last_step_end:
+            self._last_step_end = end_ns
+
+    def _coarsen(self) -> None:
+        for bins in self._bins.values():
+            bins.halve()
+        self._w *= 2
+
+    # -- finalize ---------------------------------------------------------------------
+    def finalize(self, *, slo: dict | None, extra: dict | None = None) -> RunResult:
+        """Compute the run's figures.
+
+        Args:
+            slo: ``{metric: {stat: threshold}}`` with metric in :data:`METRICS`, stat in
+                :data:`SLO_STATS`, thresholds in ms; ``None`` or ``{}`` for no SLO.
+            extra: caller figures merged into the summary at top level, e.g.
+                ``prefix_cache_hit_rate`` (the scheduler counts it), ``cost_label``
+                ("measured" / "projected"), ``cost_source``, ``kv_note``, ``scenario``.
+                Values must be JSON-able (numbers, strings, bools, None, lists, dicts).
+
+        Returns:
+            :class:`RunResult`. ``summary`` keys: ``num_requests`` (counted, i.e. after
+            warm-up), ``warmup_requests``, ``completed``, ``rejected``, ``aborted``,
+            ``duration_s``, ``request_throughput`` (req/s), ``output_throughput`` and
+            ``total_token_throughput`` (tok/s), ``total_prompt_tokens``,
+            ``total_output_tokens``, ``total_cached_tokens``, one dict per metric of
+            :data:`METRICS` with :data:`STATS` (ms), ``itl_tokens``, ``goodput`` (req/s,
+            None without SLO), ``good_requests``, ``slo`` (``{metric: {stat: {threshold,
+            value, met}}}``), ``slo_met`` (None without SLO), ``concurrency``
+            (``requests_mean`` = sum E2EL / duration as vllm bench serve, ``requests_max``,
+            ``running_mean`` cluster total, ``running_max_per_replica``), ``kv_usage``
+            (``mean`` time-weighted over replicas, ``max`` of any replica),
+            ``preemptions``, ``preempted_requests``, ``timeseries_bin_s``, plus ``extra``.
+            Floats rounded to 6 significant digits, NaN as None.
+
+        Raises:
+            InputError: a malformed SLO (names the ``slo.<metric>.<stat>`` key).
+            ValueError: an ``extra`` key that would overwrite a computed figure.
+            TypeError: an ``extra`` value that is not JSON-able.
+        """
+        slo_spec = parse_slo(slo)
+        req, ns, code = self._request_frame()
+        counted = ~req["warmup"].to_numpy()
+        is_rej = code == self._reasons.get("rejected", -1)
+        is_abort = code == self._reasons.get("abort", -1)
+        done = counted & ~is_rej & ~is_abort & (ns["first"] >= 0) & (ns["finish"] >= 0)
+        arrival_ns, finish_ns = ns["arrival"], ns["finish"]
+        ws, we = _window(arrival_ns[counted], finish_ns[counted])
+        duration_ns = we - ws
+        dur_s = duration_ns / NS_PER_S if duration_ns > 0 else None
+
+        s: dict = {}
+        s["num_requests"] = int(counted.sum())
+        s["warmup_requests"] = int((~counted).sum())
+        s["completed"] = int(done.sum())
+        s["rejected"] = int((counted & is_rej).sum())
+        s["aborted"] = int((counted & is_abort).sum())
+        s["duration_s"] = dur_s
+        out_tok = int(req["output_tokens"].to_numpy()[done].sum())
+        prompt_tok = int(req["prompt_tokens"].to_numpy()[done].sum())
+        s["total_prompt_tokens"] = prompt_tok
+        s["total_output_tokens"] = out_tok
+        s["total_cached_tokens"] = int(req["cached_tokens"].to_numpy()[done].sum())
+        s["request_throughput"] = s["completed"] / dur_s if dur_s else None
+        s["output_throughput"] = out_tok / dur_s if dur_s else None
+        s["total_token_throughput"] = (prompt_tok + out_tok) / dur_s if dur_s else None
+
+        lat = {m: req[m].to_numpy()[done] for m in PER_REQUEST_METRICS}
+        lat = {m: x[~np.isnan(x)] for m, x in lat.items()}
+        for m in PER_REQUEST_METRICS:
+            s[m] = _stats(lat[m])
+        itl = self.itl_runs()
+        s["itl_ms"] = _stats_runs(itl["gap_ns"].to_numpy(), itl["count"].to_numpy())
+        s["itl_tokens"] = int(itl["count"].sum())
+
+        s.update(_evaluate_slo(slo_spec, s, req, done, dur_s))
+
+        e2el = req["e2el_ms"].to_numpy()[done]
+        s["concurrency"] = {
+            "requests_mean": float(e2el.sum()) * NS_PER_MS / duration_ns
+            if duration_ns > 0 else None,
+            "requests_max": _max_overlap(arrival_ns[done], finish_ns[done]),
+        }
+        step = self._step_window(ws, we)
+        s["concurrency"]["running_mean"] = step["running_mean"]
+        s["concurrency"]["running_max_per_replica"] = step["running_max"]
+        s["kv_usage"] = {"mean": step["kv_mean"], "max": step["kv_max"]}
+        pre = req["preemptions"].to_numpy()[counted]
+        s["preemptions"] = int(pre.sum())
+        s["preempted_requests"] = int((pre > 0).sum())
+        ts, bin_ns = self._timeseries()
+        s["timeseries_bin_s"] = bin_ns / NS_PER_S
+        for key, value in (extra or {}).items():
+            if key in s:
+                raise ValueError(f"extra key {key!r} would overwrite a computed figure")
+            s[key] = value
+        return RunResult(summary=_jsonable(s), requests=req, timeseries=ts, itl_runs=itl)
+
+    def itl_runs(self) -> pd.DataFrame:
+        """Pooled ITL runs so far: columns ``gap_ns`` (ascending) and ``count``."""
+        gaps = np.array(sorted(self._itl), dtype=np.int64)
+        counts = np.array([self._itl[g] for g in gaps.tolist()], dtype=np.int64)
+        return pd.DataFrame({"gap_ns": gaps, "count": counts})
+
+    def _request_frame(self) -> tuple[pd.DataFrame, dict, np.ndarray]:
+        """Requests in arrival order, plus the sorted ns columns and finish-reason codes."""
+        ns = {k: np.asarray(v, dtype=np.int64) for k, v in self._ns.items()}
+        ints = {k: np.asarray(v, dtype=np.int64) for k, v in self._ints.items()}
+        # Arrival order, ties in finish order (stable): defines the warm-up set.
+        order = np.argsort(ns["arrival"], kind="stable")
+        ns = {k: v[order] for k, v in ns.items()}
+        ints = {k: v[order] for k, v in ints.items()}
+
+        def sec(x):
+            return np.where(x >= 0, x / NS_PER_S, np.nan)
+
+        def ms(a, b):
+            ok = (a >= 0) & (b >= 0)
+            return np.where(ok, (b - a) / NS_PER_MS, np.nan)
+
+        out = ints["output"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(out > 1, ms(ns["first"], ns["finish"]) / (out - 1), np.nan)
+        names = np.array(list(self._reasons), dtype=object)
+        n = len(order)
+        warm = np.zeros(n, dtype=bool)
+        warm[:min(self.warmup_requests, n)] = True
+        ids = self._ids
+        df = pd.DataFrame({
+            "request_id": pd.Series([ids[i] for i in order.tolist()], dtype=object),
+            "arrival_s": ns["arrival"] / NS_PER_S,
+            "first_scheduled_s": sec(ns["sched"]),
+            "first_token_s": sec(ns["first"]),
+            "finish_s": sec(ns["finish"]),
+            "prompt_tokens": ints["prompt"],
+            "cached_tokens": ints["cached"],
+            "output_tokens": out,
+            "preemptions": ints["preempt"],
+            "replica": ints["replica"],
+            "ttft_ms": ms(ns["arrival"], ns["first"]),
+            "tpot_ms": tpot,
+            "e2el_ms": ms(ns["arrival"], ns["finish"]),
+            "queue_ms": ms(ns["arrival"], ns["sched"]),
+            "finish_reason": pd.Series(names[ints["reason"]] if n else [], dtype=object),
+            "warmup": warm,
+        }, columns=list(REQUEST_COLUMNS))
+        return df, ns, ints["reason"]
+
+    def _nrep(self) -> int:
+        if self._num_replicas is not None:
+            return self._num_replicas
+        return max(self._bins) + 1 if self._bins else 1
+
+    def _step_window(self, ws: int, we: int) -> dict:
+        """Step-based figures over [ws, we]; edge bins pro rata of their covered span."""
+        none = {"running_mean": None, "running_max": None, "kv_mean": None, "kv_max": None}
+        if we <= ws or not self._bins:
+            return none
+        w = self._w
+        run = kv = 0.0
+        run_max = kv_max = -math.inf
+        for bins in self._bins.values():
+            a = bins.as_arrays()
+            lo = np.arange(len(bins)) * w
+            cmin, cmax = a["cmin"], a["cmax"]
+            covered = np.isfinite(cmin)
+            inter = np.clip(np.minimum(cmax, we) - np.maximum(cmin, ws), 0, None)
+            span = cmax - cmin
+            with np.errstate(invalid="ignore", divide="ignore"):
+                frac = np.where(span > 0, inter / span,
+                                ((cmin >= ws) & (cmin <= we)).astype(float))
+            frac = np.where(covered, frac, 0.0)
+            run += float((a["run"] * frac).sum())
+            kv += float((a["kv"] * frac).sum())
+            touch = covered & (lo < we) & (lo + w > ws) & (frac > 0)
+            if touch.any():
+                run_max = max(run_max, float(a["run_max"][touch].max()))
+                kv_max = max(kv_max, float(a["kv_max"][touch].max()))
+        dur = we - ws
+        return {"running_mean": run / dur, "kv_mean": kv / dur / self._nrep(),
+                "running_max": None if run_max == -math.inf else int(run_max),
+                "kv_max": None if kv_max == -math.inf else kv_max}
+
+    def _timeseries(self) -> tuple[pd.DataFrame, int]:
+        """Time series at the output bin width (a multiple of the fine width)."""
+        w = self._w
+        span = max(self._last_step_end, int(max(self._ns["finish"], default=0)))
+        if self._given_bin:
+            factor = max(1, -(-int(self._given_bin) // w))
+        else:
+            factor = max(1, round(span / DEFAULT_OUTPUT_BINS / w))
+        out_w = w * factor
+        nbins = max(1, -(-span // out_w)) if span > 0 else 0
+        if not self._bins or nbins == 0:
+            return pd.DataFrame(columns=list(TIMESERIES_COLUMNS)), out_w
+        start = np.arange(nbins, dtype=np.int64) * out_w
+        width = np.minimum(start + out_w, span) - start
+        frames, totals = [], None
+
+        def reduce(x, how):
+            need = nbins * factor
+            if len(x) < need:
+                fill = 0.0 if how == "sum" else -math.inf
+                x = np.concatenate([x, np.full(need - len(x), fill)])
+            x = x[:need].reshape(nbins, factor)
+            return x.sum(axis=1) if how == "sum" else x.max(axis=1)
+
+        for rep in sorted(self._bins):
+            a = self._bins[rep].as_arrays()
+            agg = {k: reduce(a[k], "sum") for k in _Bins.SUM}
+            agg.update({k: reduce(a[k], "max") for k in ("run_max", "wait_max", "kv_max")})
+            frames.append(_ts_frame(start, width, out_w, str(rep), agg, 1))
+            if totals is None:
+                totals = {k: v.copy() for k, v in agg.items()}
+            else:
+                for k in _Bins.SUM:
+                    totals[k] += agg[k]
+                totals["run_max"] = np.maximum(totals["run_max"], agg["run_max"])
+                totals["wait_max"] = np.maximum(totals["wait_max"], agg["wait_max"])
+                totals["kv_max"] = np.maximum(totals["kv_max"], agg["kv_max"])
+        frames.append(_ts_frame(start, width, out_w, "all", totals, self._nrep()))
+        return pd.concat(frames, ignore_index=True), out_w
+
+
+def _ts_frame(start, width, out_w, replica, agg, nrep) -> pd.DataFrame:
+    wd = width.astype(np.float64)
+    maxes = {k: np.where(np.isfinite(agg[k]), agg[k], 0.0)
+             for k in ("run_max", "wait_max", "kv_max")}
+    return pd.DataFrame({
+        "time_s": start / NS_PER_S,
+        "bin_s": np.full(len(start), out_w / NS_PER_S),
+        "replica": replica,
+        "running": agg["run"] / wd,
+        "waiting": agg["wait"] / wd,
+        "kv_usage": agg["kv"] / wd / nrep,
+        "busy": agg["busy"] / wd / nrep,
+        "running_max": maxes["run_max"].astype(np.int64),
+        "waiting_max": maxes["wait_max"].astype(np.int64),
+        "kv_usage_max": maxes["kv_max"],
+        "steps": agg["steps"].astype(np.int64),
+        "prefill_tokens": agg["prefill"].astype(np.int64),
+        "decode_tokens": agg["decode"].astype(np.int64),
+        "prefill_tok_s": agg["prefill"] / (wd / NS_PER_S),
+        "decode_tok_s": agg["decode"] / (wd / NS_PER_S),
+        "preemptions": agg["preempt"].astype(np.int64),
+    }, columns=list(TIMESERIES_COLUMNS))
+
+
+def _window(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> tuple[int, int]:
+    """[first arrival, last finish] of the counted requests (ns); (0, 0) when none."""
+    if arrival_ns.size == 0:
+        return 0, 0
+    ws = int(arrival_ns.min())
+    fin = finish_ns[finish_ns >= 0]
+    we = max(int(fin.max()) if fin.size else ws, ws)
+    return ws, we
+
+
+def _stats(x: np.ndarray) -> dict:
+    """mean/std/p50/p90/p95/p99/max of x (ms); all None when x is empty."""
+    if x.size == 0:
+        return {k: None for k in STATS}
+    p = np.percentile(x, [50, 90, 95, 99])
+    return {"mean": float(np.mean(x)), "std": float(np.std(x)), "p50": float(p[0]),
+            "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3]),
+            "max": float(np.max(x))}
+
+
+def _stats_runs(gaps_ns: np.ndarray, counts: np.ndarray) -> dict:
+    """:func:`_stats` of ITL runs, in ms (percentiles exact in ns, then converted)."""
+    n = int(counts.sum())
+    if n == 0:
+        return {k: None for k in STATS}
+    g = gaps_ns.astype(np.float64)
+    mean = float((g * counts).sum() / n)
+    std = math.sqrt(float((counts * (g - mean) ** 2).sum() / n))
+    p = percentile_from_runs(gaps_ns, counts, [50, 90, 95, 99]) / NS_PER_MS
+    return {"mean": mean / NS_PER_MS, "std": std / NS_PER_MS, "p50": float(p[0]),
+            "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3]),
+            "max": float(gaps_ns.max()) / NS_PER_MS}
+
+
+def _max_overlap(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
+    """Most requests in the system at once; intervals [arrival, finish), finish first."""
+    if arrival_ns.size == 0:
+        return 0
+    t = np.concatenate([arrival_ns, finish_ns])
+    d = np.concatenate([np.ones(arrival_ns.size, np.int64),
+                        -np.ones(finish_ns.size, np.int64)])
+    order = np.lexsort((d, t))   # by time, departures (-1) before arrivals at a tie
+    return int(np.cumsum(d[order]).max())
+
+
+def parse_slo(slo: dict | None) -> dict:
+    """Validate an SLO dict ``{metric: {stat: threshold_ms}}``.
+
+    Returns:
+        ``{metric: {stat: float}}`` in canonical order (:data:`METRICS`, :data:`SLO_STATS`).
+
+    Raises:
+        InputError: unknown metric or statistic, or a threshold that is not a positive
+            number; the message names ``slo.<metric>.<stat>``.
+    """
+    if not slo:
+        return {}
+    if not isinstance(slo, dict):
+        raise InputError(f"slo: expected a mapping of metric -> {{stat: ms}}, got {slo!r}")
+    out = {}
+    for metric in slo:
+        if metric not in METRICS:
+            raise InputError(f"slo.{metric}: unknown metric; allowed: {', '.join(METRICS)}")
+        entry = slo[metric]
+        if not isinstance(entry, dict) or not entry:
+            raise InputError(f"slo.{metric}: expected a mapping of statistic -> threshold "
+                             f"ms (e.g. {{p99: 2000}}), got {entry!r}")
+        for stat, thr in entry.items():
+            if stat not in SLO_STATS:
+                raise InputError(f"slo.{metric}.{stat}: unknown statistic; allowed: "
+                                 f"{', '.join(SLO_STATS)}")
+            if (isinstance(thr, bool) or not isinstance(thr, (int, float))
+                    or not math.isfinite(thr) or thr <= 0):
+                raise InputError(f"slo.{metric}.{stat}: threshold must be a positive "
+                                 f"number of ms, got {thr!r}")
+    for metric in METRICS:
+        if metric in slo:
+            out[metric] = {st: float(slo[metric][st]) for st in SLO_STATS
+                           if st in slo[metric]}
+    return out
+
+
+def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
+                  dur_s: float | None) -> dict:
+    """SLO table, ``slo_met`` and goodput (vllm bench serve ``--goodput`` semantics).
+
+    A request is good when it completed and, for every per-request metric with an SLO,
+    its value is <= every threshold given for that metric. A request with <= 1 output
+    token has no TPOT and passes the TPOT check. ITL entries are judged on the run
+    statistic only (a request's ITL is not one number), so they do not affect goodput.
+    """
+    if not spec:
+        return {"slo": {}, "slo_met": None, "goodput": None, "good_requests": None}
+    table, met_all = {}, True
+    for metric, entries in spec.items():
+        table[metric] = {}
+        for stat, thr in entries.items():
+            value = s[metric][stat]
+            met = value is not None and value <= thr
+            met_all &= met
+            table[metric][stat] = {"threshold": thr, "value": value, "met": bool(met)}
+    good = done.copy()
+    for metric, entries in spec.items():
+        if metric not in PER_REQUEST_METRICS:
+            continue
+        x = req[metric].to_numpy()
+        ok = x <= min(entries.values())
+        if metric == "tpot_ms":
+            ok |= np.isnan(x)
+        good &= ok
+    n_good = int(good.sum())
+    return {"slo": table, "slo_met": bool(met_all),
+            "goodput": n_good / dur_s if dur_s else None, "good_requests": n_good}
+
+
+def _jsonable(x):
+    """Plain JSON types with floats rounded to 6 significant digits."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if x is None or isinstance(x, str):
+        return x
+    if isinstance(x, (bool, np.bool_, int, float, np.integer, np.floating)):
+        return round_sig(x)
+    if hasattr(x, "__fspath__"):
+        return str(x)
+    raise TypeError(f"summary value {x!r} ({type(x).__name__}) is not JSON-able")
+
+
+def combine_replications(summaries: list[dict]) -> dict:
+    """Mean and 95% confidence interval of every numeric figure across replications.
+
+    Args:
+        summaries: run summaries (:attr:`RunResult.summary`) of the same scenario with
+            different seeds.
+
+    Returns:
+        The summaries' nesting with each numeric leaf replaced by ``{"mean": m, "ci95":
+        [lo, hi], "n": n}``: Student t interval ``m -/+ t_{0.975, n-1} * s / sqrt(n)``
+        (``s`` the sample standard deviation, ddof=1; ``scipy.stats.t``), ``ci95`` None
+        when n = 1. ``n`` counts the replications where the figure is a number (None,
+        bools and strings are skipped). Rounded to 6 significant digits.
+
+    Raises:
+        ValueError: an empty list.
+    """
+    if not summaries:
+        raise ValueError("combine_replications needs at least one summary")
+
+    def walk(values):
+        dicts = [v for v in values if isinstance(v, dict)]
+        if dicts:
+            keys = list(dict.fromkeys(k for d in dicts for k in d))
+            out = {}
+            for k in keys:
+                r = walk([d[k] for d in dicts if k in d])
+                if r is not None:
+                    out[k] = r
+            return out or None
+        nums = [float(v) for v in values
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v)]
+        if not nums:
+            return None
+        n = len(nums)
+        m = float(np.mean(nums))
+        ci = None
+        if n > 1:
+            h = float(sps.t.ppf(0.975, n - 1)) * float(np.std(nums, ddof=1)) / math.sqrt(n)
+            ci = [m - h, m + h]
+        return {"mean": m, "ci95": ci, "n": n}
+
+    return _jsonable(walk(list(summaries)) or {})
