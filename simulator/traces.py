@@ -1,0 +1,414 @@
+"""Readers for public LLM serving traces: arrivals and lengths, plus prefix content if any.
+
+Formats (``TraceConfig.format``):
+
+* ``azure`` — Azure LLM inference trace 2023 (Patel et al., "Splitwise", ISCA 2024):
+  CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``, wall-clock timestamps such as
+  ``2023-11-16 18:15:46.6805900`` (parsed by pandas at ns resolution).
+* ``mooncake`` — Mooncake FAST'25 trace release: JSON lines with ``timestamp`` (ms from the
+  start), ``input_length``, ``output_length`` and ``hash_ids`` (one id per 512-token prompt
+  block; equal ids mean equal prefixes up to and including that block).
+* ``csv`` / ``jsonl`` — any table with a ``columns`` mapping for arrival, prompt and output
+  tokens and an ``arrival_unit`` (``s``, ``ms``, ``us`` or ``iso`` timestamps).
+
+Every trace is re-based so its earliest arrival is at 0, then multiplied by ``time_scale``,
+then cut to ``window_s = [start, end)`` (arrival becomes ``t - start``), then sorted by
+arrival (stable, so ties keep file order) and cut to the first ``num_requests`` requests.
+Request ids are ``0..N-1`` in that order.
+
+Content: Mooncake blocks become segments ``(("mc", hash_id), 512)`` (the last one shorter),
+so prefix reuse follows the trace; traces without content give every request a unique
+prompt segment ``(("user", request_id), prompt_tokens)``.
+
+Bad files raise :class:`simulator.errors.InputError` with ``file:line: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import InputError
+from .policy.request import NS_PER_S, RequestSpec
+
+#: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
+MOONCAKE_BLOCK_TOKENS = 512
+
+_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+_UNIT_NS = {"s": NS_PER_S, "ms": 1_000_000, "us": 1_000}
+
+
+class TraceColumns(BaseModel):
+    """Column (CSV) or key (JSONL) names of a generic trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arrival: str = Field(description="arrival time column")
+    prompt_tokens: str = Field(description="prompt length column (tokens)")
+    output_tokens: str = Field(description="output length column (tokens)")
+
+
+class TraceConfig(BaseModel):
+    """``workload.trace``: replay a recorded trace instead of synthetic arrivals/lengths.
+
+    Attributes:
+        path: trace file, relative to the scenario file's folder.
+        format: ``azure`` | ``mooncake`` | ``csv`` | ``jsonl``.
+        columns: column mapping; required for ``csv``/``jsonl``, not allowed otherwise.
+        arrival_unit: ``s`` | ``ms`` | ``us`` | ``iso`` for ``csv``/``jsonl`` (default ``s``);
+            fixed by the format for ``azure`` (timestamps) and ``mooncake`` (ms).
+        time_scale: multiplies every (re-based) arrival time; 0.5 replays twice as fast.
+        window_s: keep arrivals in ``[start, end)`` seconds after scaling; arrival
+            becomes ``t - start``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    format: Literal["azure", "mooncake", "csv", "jsonl"]
+    columns: Optional[TraceColumns] = None
+    arrival_unit: Optional[Literal["s", "ms", "us", "iso"]] = None
+    time_scale: float = Field(1.0, gt=0)
+    window_s: Optional[tuple[float, float]] = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "TraceConfig":
+        generic = self.format in ("csv", "jsonl")
+        if generic and self.columns is None:
+            raise ValueError(f"columns is required for format {self.format} "
+                             "({arrival: ..., prompt_tokens: ..., output_tokens: ...})")
+        if not generic and self.columns is not None:
+            raise ValueError(f"columns is only allowed for format csv or jsonl, "
+                             f"not {self.format}")
+        if not generic and self.arrival_unit is not None:
+            raise ValueError(f"arrival_unit is only allowed for format csv or jsonl "
+                             f"({self.format} fixes its own time unit)")
+        if self.window_s is not None:
+            start, end = self.window_s
+            if not (0 <= start < end):
+                raise ValueError(f"window_s must be [start, end) with 0 <= start < end, "
+                                 f"got [{start}, {end}]")
+        return self
+
+
+@dataclass
+class TraceTable:
+    """A trace after re-basing, scaling, windowing, sorting and truncation.
+
+    Attributes:
+        arrival_ns: int64 array (N,), arrival times in ns, non-decreasing, from 0.
+        prompt_tokens: int64 array (N,), prompt lengths (>= 1).
+        output_tokens: int64 array (N,), output lengths (>= 1).
+        hash_ids: per request the list of 512-token block ids (Mooncake), else ``None``.
+        source: the file read.
+    """
+
+    arrival_ns: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    hash_ids: Optional[list] = None
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.arrival_ns)
+
+
+# -- parsing helpers ------------------------------------------------------------------
+
+def _resolve(path: str, base_dir) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else Path(base_dir) / p
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    """All cells as strings (empty = missing); blank lines kept so index i is line i + 2."""
+    _require_file(path)
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{path}:1: empty file (expected a header line)") from None
+    except pd.errors.ParserError as e:
+        m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(e))
+        if m:
+            raise InputError(f"{path}:{m.group(2)}: expected {m.group(1)} fields, "
+                             f"saw {m.group(3)}") from None
+        raise InputError(f"{path}: not a valid CSV file ({str(e).splitlines()[-1]})") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a text file ({e.reason})") from None
+    blank = (df == "").all(axis=1)
+    return df[~blank]
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise InputError(f"{path}: file not found")
+
+
+def _require_columns(df: pd.DataFrame, path: Path, names) -> None:
+    for name in names:
+        if name not in df.columns:
+            raise InputError(f"{path}:1: missing column {name!r} "
+                             f"(columns are {', '.join(map(repr, df.columns))})")
+
+
+def _numbers(values: pd.Series, lines: np.ndarray, path: Path, name: str, *,
+             integer: bool, minimum: float) -> np.ndarray:
+    """Parse a column of strings; first bad row raises InputError naming its line."""
+    num = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(num)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raw = values.iloc[i]
+        what = "missing value" if str(raw).strip() == "" else f"not a number: {raw!r}"
+        raise InputError(f"{path}:{lines[i]}: {name}: {what}")
+    if integer:
+        frac = num != np.floor(num)
+        if frac.any():
+            i = int(np.argmax(frac))
+            raise InputError(f"{path}:{lines[i]}: {name}: not an integer: {values.iloc[i]!r}")
+    low = num < minimum
+    if low.any():
+        i = int(np.argmax(low))
+        sign = "negative" if num[i] < 0 else f"below {minimum:g}"
+        raise InputError(f"{path}:{lines[i]}: {name}: {sign} value {values.iloc[i]!r} "
+                         f"(must be >= {minimum:g})")
+    return num
+
+
+def _timestamps_ns(values: pd.Series, lines: np.ndarray, path: Path, name: str) -> np.ndarray:
+    ts = pd.to_datetime(values, format="ISO8601", errors="coerce")
+    bad = ts.isna().to_numpy()
+    if bad.any():
+        i = int(np.argmax(bad))
+        raw = values.iloc[i]
+        what = "missing value" if str(raw).strip() == "" else f"not a timestamp: {raw!r}"
+        raise InputError(f"{path}:{lines[i]}: {name}: {what}")
+    # pandas may infer us resolution when no value has sub-us digits; ask for ns.
+    return ts.dt.as_unit("ns").astype("int64").to_numpy()
+
+
+def _arrivals_ns(values: pd.Series, lines, path: Path, name: str, unit: str) -> np.ndarray:
+    if unit == "iso":
+        return _timestamps_ns(values, lines, path, name)
+    num = _numbers(values, lines, path, name, integer=False, minimum=0)
+    return np.rint(num * _UNIT_NS[unit]).astype(np.int64)
+
+
+def _table_from_frame(df: pd.DataFrame, path: Path, arrival: str, prompt: str, output: str,
+                      unit: str) -> TraceTable:
+    lines = df.index.to_numpy() + 2  # header is line 1
+    return TraceTable(
+        arrival_ns=_arrivals_ns(df[arrival], lines, path, arrival, unit),
+        prompt_tokens=_numbers(df[prompt], lines, path, prompt, integer=True,
+                               minimum=1).astype(np.int64),
+        output_tokens=_numbers(df[output], lines, path, output, integer=True,
+                               minimum=1).astype(np.int64),
+        source=str(path))
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
+    """Parsed objects and their 1-based line numbers; blank lines skipped."""
+    _require_file(path)
+    rows, lines = [], []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, text in enumerate(f, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{path}:{lineno}: bad JSON ({e.msg} at column "
+                                     f"{e.colno})") from None
+                if not isinstance(obj, dict):
+                    raise InputError(f"{path}:{lineno}: expected a JSON object, got "
+                                     f"{type(obj).__name__}")
+                rows.append(obj)
+                lines.append(lineno)
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    if not rows:
+        raise InputError(f"{path}:1: empty file (expected one JSON object per line)")
+    return rows, lines
+
+
+def _json_column(rows, lines, path: Path, key: str) -> pd.Series:
+    out = []
+    for obj, lineno in zip(rows, lines):
+        if key not in obj:
+            raise InputError(f"{path}:{lineno}: missing key {key!r}")
+        v = obj[key]
+        if v is None:
+            v = ""  # null reads as a missing value
+        elif isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise InputError(f"{path}:{lineno}: {key}: not a number: {v!r}")
+        out.append(str(v))
+    return pd.Series(out, dtype=str)
+
+
+def _read_azure(path: Path) -> TraceTable:
+    df = _read_csv(path)
+    _require_columns(df, path, _AZURE_COLUMNS)
+    return _table_from_frame(df, path, *_AZURE_COLUMNS, unit="iso")
+
+
+def _read_generic_csv(path: Path, cfg: TraceConfig) -> TraceTable:
+    c = cfg.columns
+    df = _read_csv(path)
+    _require_columns(df, path, (c.arrival, c.prompt_tokens, c.output_tokens))
+    return _table_from_frame(df, path, c.arrival, c.prompt_tokens, c.output_tokens,
+                             unit=cfg.arrival_unit or "s")
+
+
+def _read_generic_jsonl(path: Path, cfg: TraceConfig) -> TraceTable:
+    c = cfg.columns
+    rows, lines = _read_jsonl(path)
+    ln = np.asarray(lines)
+    cols = {k: _json_column(rows, lines, path, k)
+            for k in (c.arrival, c.prompt_tokens, c.output_tokens)}
+    unit = cfg.arrival_unit or "s"
+    return TraceTable(
+        arrival_ns=_arrivals_ns(cols[c.arrival], ln, path, c.arrival, unit),
+        prompt_tokens=_numbers(cols[c.prompt_tokens], ln, path, c.prompt_tokens,
+                               integer=True, minimum=1).astype(np.int64),
+        output_tokens=_numbers(cols[c.output_tokens], ln, path, c.output_tokens,
+                               integer=True, minimum=1).astype(np.int64),
+        source=str(path))
+
+
+def _read_mooncake(path: Path) -> TraceTable:
+    rows, lines = _read_jsonl(path)
+    ln = np.asarray(lines)
+    cols = {k: _json_column(rows, lines, path, k) for k in _MOONCAKE_KEYS}
+    table = TraceTable(
+        arrival_ns=_arrivals_ns(cols["timestamp"], ln, path, "timestamp", "ms"),
+        prompt_tokens=_numbers(cols["input_length"], ln, path, "input_length",
+                               integer=True, minimum=1).astype(np.int64),
+        output_tokens=_numbers(cols["output_length"], ln, path, "output_length",
+                               integer=True, minimum=1).astype(np.int64),
+        source=str(path))
+    hash_ids = []
+    for obj, lineno, n in zip(rows, lines, table.prompt_tokens):
+        ids = obj.get("hash_ids")
+        if not isinstance(ids, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in ids):
+            raise InputError(f"{path}:{lineno}: hash_ids: expected a list of integers")
+        want = math.ceil(int(n) / MOONCAKE_BLOCK_TOKENS)
+        if len(ids) != want:
+            raise InputError(f"{path}:{lineno}: hash_ids has {len(ids)} ids but "
+                             f"input_length {int(n)} needs ceil({int(n)}/"
+                             f"{MOONCAKE_BLOCK_TOKENS}) = {want}")
+        hash_ids.append(ids)
+    table.hash_ids = hash_ids
+    return table
+
+
+# -- public API -----------------------------------------------------------------------
+
+def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = None
+               ) -> TraceTable:
+    """Read a trace and apply re-basing, ``time_scale``, ``window_s``, order and truncation.
+
+    Args:
+        trace_cfg: the ``workload.trace`` section.
+        base_dir: folder that a relative ``trace_cfg.path`` is relative to (the scenario's).
+        num_requests: keep only the first this many requests (after windowing), if set.
+
+    Returns:
+        A :class:`TraceTable` sorted by arrival (stable), arrivals in ns from 0.
+
+    Raises:
+        InputError: missing/empty file, bad JSON, missing column or key, non-numeric,
+            non-integer or negative value, zero tokens, Mooncake ``hash_ids`` of the wrong
+            length (all as ``file:line: ...``), or a window that keeps no request.
+    """
+    path = _resolve(trace_cfg.path, base_dir)
+    fmt = trace_cfg.format
+    if fmt == "azure":
+        table = _read_azure(path)
+    elif fmt == "mooncake":
+        table = _read_mooncake(path)
+    elif fmt == "csv":
+        table = _read_generic_csv(path, trace_cfg)
+    else:
+        table = _read_generic_jsonl(path, trace_cfg)
+    if len(table) == 0:
+        raise InputError(f"{path}:2: no requests (only a header line)")
+
+    t = table.arrival_ns - table.arrival_ns.min()
+    if trace_cfg.time_scale != 1.0:
+        t = np.rint(t.astype(np.float64) * trace_cfg.time_scale).astype(np.int64)
+    keep = np.ones(len(t), dtype=bool)
+    if trace_cfg.window_s is not None:
+        start_ns = int(round(trace_cfg.window_s[0] * NS_PER_S))
+        end_ns = int(round(trace_cfg.window_s[1] * NS_PER_S))
+        keep = (t >= start_ns) & (t < end_ns)
+        if not keep.any():
+            span = t.max() / NS_PER_S
+            raise InputError(f"workload.trace.window_s: [{trace_cfg.window_s[0]:g}, "
+                             f"{trace_cfg.window_s[1]:g}) keeps no request of {path} "
+                             f"(its arrivals span 0..{span:.3f} s after time_scale)")
+        t = t - start_ns
+    idx = np.flatnonzero(keep)
+    idx = idx[np.argsort(t[idx], kind="stable")]
+    if num_requests is not None:
+        idx = idx[:num_requests]
+    return TraceTable(
+        arrival_ns=t[idx].astype(np.int64),
+        prompt_tokens=table.prompt_tokens[idx],
+        output_tokens=table.output_tokens[idx],
+        hash_ids=None if table.hash_ids is None else [table.hash_ids[i] for i in idx],
+        source=table.source)
+
+
+def mooncake_segments(hash_ids, input_length: int) -> tuple:
+    """Prompt segments of a Mooncake request: ``(("mc", id), 512)`` per block, last shorter.
+
+    Args:
+        hash_ids: block ids, ``len == ceil(input_length / 512)``.
+        input_length: prompt tokens (>= 1).
+
+    Returns:
+        Tuple of ``(content_id, length)`` whose lengths sum to ``input_length``.
+    """
+    b = MOONCAKE_BLOCK_TOKENS
+    segs = [(("mc", int(h)), b) for h in hash_ids]
+    last = input_length - b * (len(hash_ids) - 1)
+    segs[-1] = (segs[-1][0], last)
+    return tuple(segs)
+
+
+def read_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = None
+               ) -> list[RequestSpec]:
+    """Read a trace as request specs (see :func:`load_trace` for the processing order).
+
+    Request ids are ``0..N-1`` in arrival order (ties keep file order). Mooncake prompts
+    are block segments (:func:`mooncake_segments`); other formats get one unique segment
+    ``(("user", request_id), prompt_tokens)`` per request.
+
+    Returns:
+        ``list[RequestSpec]`` sorted by ``(arrival_ns, request_id)``.
+
+    Raises:
+        InputError: as :func:`load_trace`.
+    """
+    table = load_trace(trace_cfg, base_dir, num_requests)
+    specs = []
+    for rid in range(len(table)):
+        p = int(table.prompt_tokens[rid])
+        if table.hash_ids is not None:
+            prompt = mooncake_segments(table.hash_ids[rid], p)
+        else:
+            prompt = ((("user", rid), p),)
+        specs.append(RequestSpec(request_id=rid, arrival_ns=int(table.arrival_ns[rid]),
+                                 prompt=prompt, max_tokens=int(table.output_tokens[rid])))
+    return specs

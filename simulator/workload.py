@@ -1,0 +1,563 @@
+"""Synthetic workloads: arrival processes, length distributions, prefix groups, sessions.
+
+:func:`build_workload` turns the ``workload:`` section of a scenario
+(:class:`WorkloadConfig`) into a list of :class:`simulator.policy.RequestSpec`, sorted by
+``(arrival_ns, request_id)``.
+
+Prompt content (segments ``(content_id, length)``, see :mod:`simulator.policy.request`):
+
+* single requests: optional shared prefix ``(("prefix", group), shared_tokens)`` then a
+  unique segment ``(("user", request_id), n)``; ``prompt_tokens`` counts the whole prompt,
+  so ``n = max(prompt_tokens - shared_tokens, 1)``.
+* sessions: turn 1 is the prefix (if any) plus ``(("user", id), prompt_tokens)``; turn k
+  is turn k-1's prompt, then turn k-1's answer ``(answer_content_id, max_tokens)``, then a
+  new ``(("user", id), prompt_tokens)`` segment. In session mode ``prompt_tokens`` is the
+  *new user tokens per turn*; the prompt grows with the conversation.
+
+Request ids (integers):
+
+* open loop: requests whose arrival is known (single requests, first turns) get
+  ``0..S-1`` in arrival order; follow-up turns get ``S, S+1, ...`` session by session,
+  turn by turn.
+* closed loop (``concurrency = C``): request ``j`` is user ``j mod C``'s ``(j div C)``-th
+  request, so users' first requests are ``0..C-1`` (all arriving at 0) and request
+  ``j >= C`` has ``after = j - C``.
+
+Follow-ups carry ``after`` (the request whose finish triggers them), ``think_time_ns`` and
+``arrival_ns = 0`` (the simulator sets the real arrival).
+
+Determinism: each purpose (arrivals, prompt lengths, ...) draws from its own
+``numpy.random.Generator`` spawned from ``numpy.random.SeedSequence(seed)``, so the same
+config and seed give identical specs, and changing one part of the config does not reshuffle
+the others' draws.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal, Optional, Union
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import InputError
+from .policy.request import NS_PER_S, RequestSpec
+from .traces import TraceConfig, load_trace, mooncake_segments
+
+#: z-score of the 90th percentile of the standard normal, ``scipy.stats.norm.ppf(0.9)``.
+Z90 = 1.2815515655446004
+
+# Order is part of the determinism contract: append new purposes, never reorder.
+_PURPOSES = ("arrival", "prompt", "output", "prefix", "turns", "session_think",
+             "loop_think")
+
+
+# -- distributions ---------------------------------------------------------------------
+
+class _Dist(BaseModel):
+    """Common clip bounds: every sample is clipped to ``[min, max]`` (``None`` = open)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: Optional[float] = None
+    max: Optional[float] = None
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min:g}) must be <= max ({self.max:g})")
+        return self
+
+
+class FixedDist(_Dist):
+    """``{dist: fixed, value}``: always ``value``."""
+
+    dist: Literal["fixed"]
+    value: float = Field(ge=0)
+
+
+class UniformDist(_Dist):
+    """``{dist: uniform, min, max}``: integers in ``[min, max]`` inclusive for token counts
+    and turns; continuous ``U(min, max)`` for times."""
+
+    dist: Literal["uniform"]
+    min: float = Field(ge=0)
+    max: float = Field(ge=0)
+
+
+class NormalDist(_Dist):
+    """``{dist: normal, mean, std}``: ``N(mean, std²)`` (clipped, lengths rounded)."""
+
+    dist: Literal["normal"]
+    mean: float
+    std: float = Field(ge=0)
+
+
+class LognormalDist(_Dist):
+    """``{dist: lognormal, median, p90}``: ``exp(N(mu, sigma²))`` with ``mu = ln(median)``
+    and ``sigma = ln(p90 / median) / z_0.9`` (``z_0.9 = 1.28155``), so the distribution's
+    median and 90th percentile are exactly the given figures."""
+
+    dist: Literal["lognormal"]
+    median: float = Field(gt=0)
+    p90: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.p90 < self.median:
+            raise ValueError(f"p90 ({self.p90:g}) must be >= median ({self.median:g})")
+        return self
+
+    @property
+    def sigma(self) -> float:
+        """Log-space standard deviation."""
+        return math.log(self.p90 / self.median) / Z90
+
+
+class EmpiricalDist(_Dist):
+    """``{dist: empirical, path, column}``: resample (with replacement) a CSV column;
+    ``path`` is relative to the scenario file's folder."""
+
+    dist: Literal["empirical"]
+    path: str
+    column: str
+
+
+Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist],
+                 Field(discriminator="dist")]
+
+
+def _empirical_values(cfg: EmpiricalDist, base_dir) -> np.ndarray:
+    path = Path(cfg.path)
+    if not path.is_absolute():
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise InputError(f"{path}: file not found (empirical distribution)")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{path}:1: empty file (expected a header line)") from None
+    except pd.errors.ParserError as e:
+        raise InputError(f"{path}: not a valid CSV file "
+                         f"({str(e).splitlines()[-1]})") from None
+    if cfg.column not in df.columns:
+        raise InputError(f"{path}:1: missing column {cfg.column!r} "
+                         f"(columns are {', '.join(map(repr, df.columns))})")
+    col = df[cfg.column]
+    num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(num) | (num < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(f"{path}:{i + 2}: {cfg.column}: expected a number >= 0, "
+                         f"got {col.iloc[i]!r}")
+    if len(num) == 0:
+        raise InputError(f"{path}:2: column {cfg.column!r} has no values")
+    return num
+
+
+def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool
+                 ) -> np.ndarray:
+    if isinstance(cfg, FixedDist):
+        return np.full(n, cfg.value, dtype=float)
+    if isinstance(cfg, UniformDist):
+        if integer:
+            lo, hi = math.ceil(cfg.min), math.floor(cfg.max)
+            if hi < lo:
+                raise InputError(f"uniform [{cfg.min:g}, {cfg.max:g}] holds no integer")
+            return rng.integers(lo, hi + 1, size=n).astype(float)
+        return rng.uniform(cfg.min, cfg.max, size=n)
+    if isinstance(cfg, NormalDist):
+        return rng.normal(cfg.mean, cfg.std, size=n)
+    if isinstance(cfg, LognormalDist):
+        return rng.lognormal(math.log(cfg.median), cfg.sigma, size=n)
+    if isinstance(cfg, EmpiricalDist):
+        return rng.choice(_empirical_values(cfg, base_dir), size=n, replace=True)
+    raise TypeError(f"unknown distribution {cfg!r}")
+
+
+def sample_lengths(dist_cfg, n: int, rng: np.random.Generator, base_dir=".") -> np.ndarray:
+    """Draw ``n`` token counts (or turn counts) from a distribution config.
+
+    Samples are rounded to the nearest integer and clipped to ``[max(min, 1), max]``
+    (``min`` rounded up, ``max`` rounded down), so every value is >= 1.
+
+    Args:
+        dist_cfg: one of :class:`FixedDist`, :class:`UniformDist` (integers, inclusive),
+            :class:`NormalDist`, :class:`LognormalDist`, :class:`EmpiricalDist`.
+        n: number of samples.
+        rng: the generator to draw from.
+        base_dir: folder an empirical ``path`` is relative to.
+
+    Returns:
+        int64 array of shape ``(n,)``, tokens.
+
+    Raises:
+        InputError: empirical file missing or malformed; bounds that hold no integer >= 1.
+    """
+    x = _raw_samples(dist_cfg, n, rng, base_dir, integer=True)
+    lo = max(1, math.ceil(dist_cfg.min)) if dist_cfg.min is not None else 1
+    hi = math.floor(dist_cfg.max) if dist_cfg.max is not None else None
+    if hi is not None and hi < lo:
+        raise InputError(f"length bounds [{lo}, {dist_cfg.max:g}] hold no integer >= 1")
+    return np.clip(np.rint(x), lo, hi).astype(np.int64)
+
+
+def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
+                        ) -> np.ndarray:
+    """Draw ``n`` durations given in seconds (think times), returned as int64 ns.
+
+    Samples are clipped to ``[max(min, 0), max]`` seconds (uniform is continuous here) and
+    rounded to the nearest ns.
+
+    Returns:
+        int64 array of shape ``(n,)``, ns.
+
+    Raises:
+        InputError: empirical file missing or malformed.
+    """
+    x = _raw_samples(dist_cfg, n, rng, base_dir, integer=False)
+    lo = max(0.0, dist_cfg.min) if dist_cfg.min is not None else 0.0
+    x = np.clip(x, lo, dist_cfg.max)
+    return np.rint(x * NS_PER_S).astype(np.int64)
+
+
+# -- arrival processes -----------------------------------------------------------------
+
+class _OpenLoop(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rate: float = Field(gt=0, description="mean request rate, requests/s")
+    normalize_duration: bool = Field(
+        False, description="scale all arrivals so the last one lands at num_requests/rate, "
+                           "as `vllm bench serve` does when it has no ramp-up")
+
+
+class PoissonArrival(_OpenLoop):
+    """``{process: poisson, rate}``: exponential gaps with mean ``1/rate``."""
+
+    process: Literal["poisson"]
+
+
+class GammaArrival(_OpenLoop):
+    """``{process: gamma, rate, burstiness}``: gaps ~ Gamma(shape k = burstiness,
+    scale = 1/(rate·k)), mean ``1/rate``, CV ``1/sqrt(k)``; k = 1 is Poisson, k < 1 burstier,
+    k > 1 smoother (vLLM ``vllm/benchmarks/serve.py`` ``get_request``)."""
+
+    process: Literal["gamma"]
+    burstiness: float = Field(1.0, gt=0)
+
+
+class ConstantArrival(_OpenLoop):
+    """``{process: constant, rate}``: gaps exactly ``1/rate`` (vLLM's burstiness = inf)."""
+
+    process: Literal["constant"]
+
+
+class ClosedLoopArrival(BaseModel):
+    """``{process: closed_loop, concurrency, think_time_s}``: ``concurrency`` virtual users,
+    each sending its next request ``think_time_s`` after its previous one finished."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    process: Literal["closed_loop"]
+    concurrency: int = Field(ge=1)
+    think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
+
+
+Arrival = Annotated[Union[PoissonArrival, GammaArrival, ConstantArrival, ClosedLoopArrival],
+                    Field(discriminator="process")]
+
+
+def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times of ``n`` requests of an open-loop process, in ns.
+
+    Arrival ``i`` is the sum of the first ``i + 1`` gaps (the first request arrives one gap
+    after 0, as in ``vllm bench serve``). With ``normalize_duration`` all times are scaled so
+    the last arrival is exactly ``n / rate`` s (vLLM ``get_request``).
+
+    Args:
+        arrival_cfg: :class:`PoissonArrival`, :class:`GammaArrival` or
+            :class:`ConstantArrival`.
+        n: number of arrivals.
+        rng: the generator to draw gaps from.
+
+    Returns:
+        int64 array of shape ``(n,)``, non-decreasing, ns.
+
+    Raises:
+        ValueError: a closed-loop config (it has no arrival times; requests follow finishes).
+    """
+    if isinstance(arrival_cfg, ClosedLoopArrival):
+        raise ValueError("closed_loop arrivals follow request finishes; no times to draw")
+    rate = arrival_cfg.rate
+    if isinstance(arrival_cfg, PoissonArrival):
+        gaps = rng.exponential(1.0 / rate, size=n)
+    elif isinstance(arrival_cfg, GammaArrival):
+        k = arrival_cfg.burstiness
+        gaps = rng.gamma(shape=k, scale=1.0 / (rate * k), size=n)
+    elif isinstance(arrival_cfg, ConstantArrival):
+        gaps = np.full(n, 1.0 / rate)
+    else:
+        raise TypeError(f"unknown arrival process {arrival_cfg!r}")
+    t = np.cumsum(gaps)
+    if arrival_cfg.normalize_duration and n and t[-1] > 0:
+        t *= (n / rate) / t[-1]
+    return np.rint(t * NS_PER_S).astype(np.int64)
+
+
+# -- prefix and sessions ---------------------------------------------------------------
+
+class PrefixConfig(BaseModel):
+    """``workload.prefix``: shared prefixes (system prompt, document) in ``groups`` groups.
+
+    Group ``g`` (0 = most popular) is picked with probability ∝ ``(g + 1)^-zipf_s``
+    (``zipf``, a finite Zipf law) or ``1/groups`` (``uniform``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    shared_tokens: int = Field(ge=1)
+    groups: int = Field(1, ge=1)
+    popularity: Literal["zipf", "uniform"] = "zipf"
+    zipf_s: float = Field(1.1, gt=0)
+
+    def probabilities(self) -> np.ndarray:
+        """Group probabilities, shape ``(groups,)``, summing to 1."""
+        if self.popularity == "uniform":
+            return np.full(self.groups, 1.0 / self.groups)
+        w = np.arange(1, self.groups + 1, dtype=float) ** -self.zipf_s
+        return w / w.sum()
+
+
+class SessionConfig(BaseModel):
+    """``workload.sessions``: multi-turn conversations.
+
+    ``turns`` is drawn per conversation (integers >= 1); ``think_time_s`` between a turn's
+    finish and the next turn's arrival (seconds, may be fractional).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: Dist
+    think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
+
+
+class WorkloadConfig(BaseModel):
+    """``workload:`` section of a scenario.
+
+    Either synthetic (``num_requests``, ``arrival``, ``prompt_tokens``, ``output_tokens``,
+    optional ``prefix`` and ``sessions``) or a ``trace`` replay (optional ``prefix`` for
+    traces without content, optional ``num_requests`` cap). Turns count as requests.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(0, ge=0)
+    num_requests: Optional[int] = Field(None, ge=1)
+    arrival: Optional[Arrival] = None
+    prompt_tokens: Optional[Dist] = None
+    output_tokens: Optional[Dist] = None
+    prefix: Optional[PrefixConfig] = None
+    sessions: Optional[SessionConfig] = None
+    trace: Optional[TraceConfig] = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "WorkloadConfig":
+        if self.trace is None:
+            missing = [k for k in ("num_requests", "arrival", "prompt_tokens", "output_tokens")
+                       if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"{', '.join(missing)} required (or give a trace)")
+        else:
+            given = [k for k in ("arrival", "prompt_tokens", "output_tokens", "sessions")
+                     if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} not allowed with trace "
+                                 "(the trace gives arrivals and lengths)")
+            if self.prefix is not None and self.trace.format == "mooncake":
+                raise ValueError("prefix not allowed with a mooncake trace "
+                                 "(its hash_ids give the prompt content)")
+        for name in ("prompt_tokens", "output_tokens"):
+            d = getattr(self, name)
+            if d is not None and d.max is not None and d.max < 1:
+                raise ValueError(f"{name}.max must be >= 1, got {d.max:g}")
+        if self.sessions is not None and self.sessions.turns.max is not None \
+                and self.sessions.turns.max < 1:
+            raise ValueError(f"sessions.turns.max must be >= 1, "
+                             f"got {self.sessions.turns.max:g}")
+        return self
+
+
+# -- building the request list ---------------------------------------------------------
+
+def _rngs(seed: int) -> dict[str, np.random.Generator]:
+    children = np.random.SeedSequence(seed).spawn(len(_PURPOSES))
+    return {name: np.random.default_rng(c) for name, c in zip(_PURPOSES, children)}
+
+
+def _first_prompt(rid: int, tokens: int, group: int | None, prefix: PrefixConfig | None,
+                  whole: bool) -> tuple:
+    """Prompt of a single request or a first turn.
+
+    ``whole``: ``tokens`` counts the prefix too (single requests); else it is the new user
+    tokens only (sessions).
+    """
+    if prefix is None:
+        return ((("user", rid), tokens),)
+    n = max(tokens - prefix.shared_tokens, 1) if whole else tokens
+    return ((("prefix", group), prefix.shared_tokens), (("user", rid), n))
+
+
+def _groups(cfg: WorkloadConfig, n: int, rng) -> np.ndarray | None:
+    if cfg.prefix is None:
+        return None
+    return rng.choice(cfg.prefix.groups, size=n, p=cfg.prefix.probabilities())
+
+
+def _session_plan(cfg: WorkloadConfig, n: int, rng, base_dir) -> np.ndarray:
+    """Turns per session so that they sum to exactly ``n`` (last session truncated)."""
+    turns = sample_lengths(cfg.sessions.turns, n, rng, base_dir)  # >= 1 each: n suffice
+    ends = np.cumsum(turns)
+    s = int(np.searchsorted(ends, n)) + 1
+    turns = turns[:s].copy()
+    turns[-1] -= int(ends[s - 1]) - n
+    return turns
+
+
+def _build_open_loop(cfg, r, base_dir) -> list[RequestSpec]:
+    n = cfg.num_requests
+    prompt_len = sample_lengths(cfg.prompt_tokens, n, r["prompt"], base_dir)
+    output_len = sample_lengths(cfg.output_tokens, n, r["output"], base_dir)
+    if cfg.sessions is None:
+        groups = _groups(cfg, n, r["prefix"])
+        arrivals = arrival_times_ns(cfg.arrival, n, r["arrival"])
+        return [RequestSpec(request_id=i, arrival_ns=int(arrivals[i]),
+                            prompt=_first_prompt(i, int(prompt_len[i]),
+                                                 None if groups is None else int(groups[i]),
+                                                 cfg.prefix, whole=True),
+                            max_tokens=int(output_len[i]))
+                for i in range(n)]
+
+    turns = _session_plan(cfg, n, r["turns"], base_dir)
+    s = len(turns)
+    groups = _groups(cfg, s, r["prefix"])
+    arrivals = arrival_times_ns(cfg.arrival, s, r["arrival"])
+    think = sample_durations_ns(cfg.sessions.think_time_s, n, r["session_think"], base_dir)
+    specs, next_id = [], s
+    for sid in range(s):
+        prev = RequestSpec(
+            request_id=sid, arrival_ns=int(arrivals[sid]),
+            prompt=_first_prompt(sid, int(prompt_len[sid]),
+                                 None if groups is None else int(groups[sid]),
+                                 cfg.prefix, whole=False),
+            max_tokens=int(output_len[sid]), session_id=sid)
+        specs.append(prev)
+        for _ in range(int(turns[sid]) - 1):
+            rid = next_id
+            next_id += 1
+            prev = _next_turn(prev, rid, int(prompt_len[rid]), int(output_len[rid]),
+                              int(think[rid]), sid)
+            specs.append(prev)
+    return specs
+
+
+def _next_turn(prev: RequestSpec, rid: int, new_tokens: int, max_tokens: int,
+               think_ns: int, session_id) -> RequestSpec:
+    prompt = prev.prompt + ((prev.answer_content_id, prev.max_tokens),
+                            (("user", rid), new_tokens))
+    return RequestSpec(request_id=rid, arrival_ns=0, prompt=prompt, max_tokens=max_tokens,
+                       session_id=session_id, after=prev.request_id, think_time_ns=think_ns)
+
+
+def _build_closed_loop(cfg, r, base_dir) -> list[RequestSpec]:
+    n = cfg.num_requests
+    c = min(cfg.arrival.concurrency, n)
+    prompt_len = sample_lengths(cfg.prompt_tokens, n, r["prompt"], base_dir)
+    output_len = sample_lengths(cfg.output_tokens, n, r["output"], base_dir)
+    loop_think = sample_durations_ns(cfg.arrival.think_time_s, n, r["loop_think"], base_dir)
+    groups = _groups(cfg, n, r["prefix"])  # indexed by the request starting a chain/session
+    g = (lambda j: None) if groups is None else (lambda j: int(groups[j]))
+    specs: list[RequestSpec] = []
+    if cfg.sessions is None:
+        for j in range(n):
+            prompt = _first_prompt(j, int(prompt_len[j]), g(j), cfg.prefix, whole=True)
+            if j < c:
+                specs.append(RequestSpec(request_id=j, arrival_ns=0, prompt=prompt,
+                                         max_tokens=int(output_len[j])))
+            else:
+                specs.append(RequestSpec(request_id=j, arrival_ns=0, prompt=prompt,
+                                         max_tokens=int(output_len[j]), after=j - c,
+                                         think_time_ns=int(loop_think[j])))
+        return specs
+
+    # Sessions run back to back per user; a new session waits the loop's think time, a
+    # next turn the session's think time. Turn counts are taken in order of session start.
+    turns = sample_lengths(cfg.sessions.turns, n, r["turns"], base_dir)
+    sess_think = sample_durations_ns(cfg.sessions.think_time_s, n, r["session_think"],
+                                     base_dir)
+    left = [0] * c              # turns left in each user's current session
+    last: list = [None] * c     # each user's previous request
+    sid = -1
+    for j in range(n):
+        u = j % c
+        if left[u] == 0:
+            sid += 1
+            left[u] = int(turns[sid])
+            prompt = _first_prompt(j, int(prompt_len[j]), g(j), cfg.prefix, whole=False)
+            spec = RequestSpec(
+                request_id=j, arrival_ns=0, prompt=prompt, max_tokens=int(output_len[j]),
+                session_id=sid, after=None if j < c else j - c,
+                think_time_ns=0 if j < c else int(loop_think[j]))
+        else:
+            spec = _next_turn(last[u], j, int(prompt_len[j]), int(output_len[j]),
+                              int(sess_think[j]), last[u].session_id)
+        left[u] -= 1
+        last[u] = spec
+        specs.append(spec)
+    return specs
+
+
+def _build_trace(cfg, r, base_dir) -> list[RequestSpec]:
+    table = load_trace(cfg.trace, base_dir, cfg.num_requests)
+    groups = _groups(cfg, len(table), r["prefix"])
+    specs = []
+    for i in range(len(table)):
+        p = int(table.prompt_tokens[i])
+        if table.hash_ids is not None:
+            prompt = mooncake_segments(table.hash_ids[i], p)
+        else:
+            prompt = _first_prompt(i, p, None if groups is None else int(groups[i]),
+                                   cfg.prefix, whole=True)
+        specs.append(RequestSpec(request_id=i, arrival_ns=int(table.arrival_ns[i]),
+                                 prompt=prompt, max_tokens=int(table.output_tokens[i])))
+    return specs
+
+
+def build_workload(cfg: WorkloadConfig, base_dir=".") -> list[RequestSpec]:
+    """Build the request list of a workload.
+
+    Args:
+        cfg: the ``workload:`` section.
+        base_dir: folder that relative paths (trace, empirical CSV) are relative to;
+            normally the scenario file's folder.
+
+    Returns:
+        ``list[RequestSpec]`` of ``cfg.num_requests`` requests (all trace requests if no
+        cap), sorted by ``(arrival_ns, request_id)``; see the module docstring for content
+        ids, request ids and follow-up links.
+
+    Raises:
+        InputError: trace or empirical file missing or malformed, a trace window keeping no
+            request, length bounds holding no integer >= 1.
+    """
+    r = _rngs(cfg.seed)
+    if cfg.trace is not None:
+        specs = _build_trace(cfg, r, base_dir)
+    elif isinstance(cfg.arrival, ClosedLoopArrival):
+        specs = _build_closed_loop(cfg, r, base_dir)
+    else:
+        specs = _build_open_loop(cfg, r, base_dir)
+    specs.sort(key=lambda s: (s.arrival_ns, s.request_id))
+    return specs

@@ -1,0 +1,344 @@
+"""Synthetic workloads: distributions, arrival processes, prefixes, sessions, closed loop."""
+
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from scipy import stats
+
+from simulator.errors import InputError
+from simulator.policy import Request, RequestSpec
+from simulator.workload import (GammaArrival, WorkloadConfig, arrival_times_ns,
+                                build_workload, sample_durations_ns, sample_lengths)
+from pydantic import TypeAdapter
+from simulator.workload import Arrival, Dist
+
+DIST = TypeAdapter(Dist)
+ARRIVAL = TypeAdapter(Arrival)
+NS = 1_000_000_000
+
+
+def rng(seed=1):
+    return np.random.default_rng(seed)
+
+
+def cfg(**over):
+    base = dict(seed=0, num_requests=200,
+                arrival={"process": "poisson", "rate": 8.0},
+                prompt_tokens={"dist": "lognormal", "median": 1020, "p90": 2735},
+                output_tokens={"dist": "lognormal", "median": 129, "p90": 424})
+    base.update(over)
+    return WorkloadConfig.model_validate(base)
+
+
+# -- length distributions --------------------------------------------------------------
+
+def test_lognormal_quantiles_match_median_and_p90():
+    x = sample_lengths(DIST.validate_python(
+        {"dist": "lognormal", "median": 1020, "p90": 2735}), 200_000, rng())
+    assert x.dtype == np.int64
+    assert np.quantile(x, 0.5) == pytest.approx(1020, rel=0.02)
+    assert np.quantile(x, 0.9) == pytest.approx(2735, rel=0.02)
+    # sigma = ln(p90/median)/z_0.9, so p99 = median * exp(z_0.99 * sigma)
+    sigma = math.log(2735 / 1020) / stats.norm.ppf(0.9)
+    assert np.quantile(x, 0.99) == pytest.approx(1020 * math.exp(stats.norm.ppf(0.99) * sigma),
+                                                 rel=0.03)
+
+
+def test_lengths_are_clipped_and_at_least_one():
+    d = DIST.validate_python({"dist": "normal", "mean": 5, "std": 50, "min": 2, "max": 40})
+    x = sample_lengths(d, 50_000, rng())
+    assert x.min() == 2 and x.max() == 40
+    d = DIST.validate_python({"dist": "normal", "mean": 0, "std": 3})
+    assert sample_lengths(d, 10_000, rng()).min() == 1
+    d = DIST.validate_python({"dist": "fixed", "value": 0})
+    assert set(sample_lengths(d, 10, rng())) == {1}
+
+
+def test_uniform_is_integer_and_inclusive():
+    x = sample_lengths(DIST.validate_python({"dist": "uniform", "min": 2, "max": 6}),
+                       100_000, rng())
+    assert set(np.unique(x)) == {2, 3, 4, 5, 6}
+    assert x.mean() == pytest.approx(4.0, abs=0.02)
+
+
+def test_normal_moments():
+    x = sample_lengths(DIST.validate_python({"dist": "normal", "mean": 500, "std": 50}),
+                       200_000, rng())
+    assert x.mean() == pytest.approx(500, rel=0.005)
+    # rounding to integers adds variance 1/12
+    assert x.std() == pytest.approx(math.sqrt(50 ** 2 + 1 / 12), rel=0.01)
+
+
+def test_empirical_resamples_a_csv_column(tmp_path):
+    (tmp_path / "lens.csv").write_text("a,b\n10,1\n20,2\n30,3\n")
+    d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
+    x = sample_lengths(d, 30_000, rng(), base_dir=tmp_path)
+    assert set(np.unique(x)) == {10, 20, 30}
+    assert np.bincount(x)[[10, 20, 30]] / len(x) == pytest.approx([1 / 3] * 3, abs=0.01)
+
+
+def test_empirical_bad_file_names_the_line(tmp_path):
+    (tmp_path / "lens.csv").write_text("a\n10\nx\n")
+    d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
+    with pytest.raises(InputError, match=r"lens\.csv:3: a"):
+        sample_lengths(d, 10, rng(), base_dir=tmp_path)
+    d = DIST.validate_python({"dist": "empirical", "path": "none.csv", "column": "a"})
+    with pytest.raises(InputError, match="not found"):
+        sample_lengths(d, 10, rng(), base_dir=tmp_path)
+
+
+def test_think_times_are_fractional_seconds_in_ns():
+    d = DIST.validate_python({"dist": "fixed", "value": 0.25})
+    assert list(sample_durations_ns(d, 3, rng())) == [250_000_000] * 3
+    d = DIST.validate_python({"dist": "uniform", "min": 0, "max": 2})
+    x = sample_durations_ns(d, 100_000, rng())
+    assert x.mean() == pytest.approx(NS, rel=0.01)
+    assert len(np.unique(x)) > 90_000  # continuous, not integer seconds
+
+
+# -- arrival processes -----------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [0.25, 1.0, 4.0])
+def test_gamma_gaps_mean_and_cv(k):
+    rate = 8.0
+    t = arrival_times_ns(ARRIVAL.validate_python(
+        {"process": "gamma", "rate": rate, "burstiness": k}), 200_000, rng())
+    assert t.dtype == np.int64 and np.all(np.diff(t) >= 0)
+    gaps = np.diff(np.concatenate([[0], t])) / NS
+    assert gaps.mean() == pytest.approx(1 / rate, rel=0.02)
+    assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(k), rel=0.03)
+
+
+def test_poisson_counts_per_second_are_poisson():
+    rate = 8.0
+    t = arrival_times_ns(ARRIVAL.validate_python({"process": "poisson", "rate": rate}),
+                         200_000, rng())
+    seconds = int(t[-1] // NS)
+    counts = np.bincount((t // NS).astype(int), minlength=seconds + 1)[:seconds]
+    assert counts.mean() == pytest.approx(rate, rel=0.01)
+    assert counts.var() / counts.mean() == pytest.approx(1.0, abs=0.03)
+    pmf = np.bincount(counts, minlength=25)[:25] / len(counts)
+    assert np.abs(pmf - stats.poisson.pmf(np.arange(25), rate)).max() < 0.005
+
+
+def test_constant_arrivals_are_exact():
+    t = arrival_times_ns(ARRIVAL.validate_python({"process": "constant", "rate": 4.0}), 5,
+                         rng())
+    assert list(t) == [250_000_000, 500_000_000, 750_000_000, 1_000_000_000, 1_250_000_000]
+
+
+def test_normalize_duration_puts_last_arrival_at_n_over_rate():
+    a = GammaArrival(process="gamma", rate=5.0, burstiness=0.5, normalize_duration=True)
+    t = arrival_times_ns(a, 1000, rng())
+    assert t[-1] == 200 * NS
+
+
+def test_closed_loop_has_no_arrival_times():
+    with pytest.raises(ValueError):
+        arrival_times_ns(ARRIVAL.validate_python(
+            {"process": "closed_loop", "concurrency": 2}), 3, rng())
+
+
+# -- single requests and prefixes ------------------------------------------------------
+
+def test_single_requests_ids_order_and_content():
+    specs = build_workload(cfg(num_requests=500))
+    assert [s.request_id for s in specs] == list(range(500))
+    arr = [s.arrival_ns for s in specs]
+    assert arr == sorted(arr) and all(isinstance(a, int) for a in arr)
+    ids = [s.prompt[0][0] for s in specs]
+    assert len(set(ids)) == 500  # distinct content gets distinct ids
+    assert all(s.after is None and s.max_tokens >= 1 for s in specs)
+
+
+def test_prefix_segments_and_lengths():
+    specs = build_workload(cfg(
+        num_requests=20_000, prompt_tokens={"dist": "uniform", "min": 300, "max": 900},
+        prefix={"shared_tokens": 512, "groups": 3}))
+    for s in specs:
+        (pid, plen), (uid, ulen) = s.prompt
+        assert pid[0] == "prefix" and pid[1] in (0, 1, 2) and plen == 512
+        assert uid == ("user", s.request_id)
+    # draws <= 513 keep one own token: P = (513 - 300 + 1) / 601; the rest are uniform
+    # on 514..900, so the whole prompt is max(draw, 513)
+    own = np.array([s.prompt[1][1] for s in specs])
+    assert own.min() == 1 and own.max() == 900 - 512
+    assert np.mean(own == 1) == pytest.approx(214 / 601, abs=0.01)
+    assert np.mean([s.prompt_tokens for s in specs]) == pytest.approx(
+        (214 * 513 + sum(range(514, 901))) / 601, rel=0.005)
+    # prompt_tokens counts the prefix: a fixed 1000-token prompt is 512 shared + 488 own
+    s = build_workload(cfg(num_requests=1, prompt_tokens={"dist": "fixed", "value": 1000},
+                           prefix={"shared_tokens": 512}))[0]
+    assert [length for _, length in s.prompt] == [512, 488]
+
+
+def test_same_prefix_group_shares_blocks_other_groups_do_not():
+    specs = build_workload(cfg(num_requests=40, prefix={"shared_tokens": 512, "groups": 4}))
+    by_group = {}
+    for s in specs:
+        by_group.setdefault(s.prompt[0][0], []).append(Request(s))
+    a, b = next(g for g in by_group.values() if len(g) >= 2)[:2]
+    other = next(g for k, g in by_group.items() if k != a.prompt_segments[0][0])[0]
+    assert all(a.block_hash(i, 16) == b.block_hash(i, 16) for i in range(32))
+    assert a.block_hash(0, 16) != other.block_hash(0, 16)
+
+
+def test_zipf_popularity_ranks():
+    c = cfg(num_requests=100_000, prompt_tokens={"dist": "fixed", "value": 600},
+            prefix={"shared_tokens": 512, "groups": 10, "popularity": "zipf", "zipf_s": 1.1})
+    specs = build_workload(c)
+    counts = np.bincount([s.prompt[0][0][1] for s in specs], minlength=10)
+    expected = 1.0 / np.arange(1, 11) ** 1.1
+    expected /= expected.sum()
+    assert np.all(np.diff(counts) < 0)  # rank 0 most popular, strictly decreasing
+    assert np.abs(counts / counts.sum() - expected).max() < 0.005
+
+
+def test_uniform_popularity():
+    specs = build_workload(cfg(num_requests=40_000, prefix={
+        "shared_tokens": 64, "groups": 4, "popularity": "uniform"}))
+    counts = np.bincount([s.prompt[0][0][1] for s in specs], minlength=4)
+    assert counts / counts.sum() == pytest.approx([0.25] * 4, abs=0.01)
+
+
+# -- sessions --------------------------------------------------------------------------
+
+def session_cfg(n=300, **over):
+    return cfg(num_requests=n, prefix={"shared_tokens": 128, "groups": 2},
+               sessions={"turns": {"dist": "uniform", "min": 2, "max": 6},
+                         "think_time_s": {"dist": "fixed", "value": 1.5}}, **over)
+
+
+def test_session_turns_extend_previous_prompt_and_answer():
+    specs = build_workload(session_cfg())
+    assert len(specs) == 300
+    by_id = {s.request_id: s for s in specs}
+    assert sorted(by_id) == list(range(300))
+    follow = [s for s in specs if s.after is not None]
+    firsts = [s for s in specs if s.after is None]
+    assert follow and firsts
+    # first turns: ids 0..S-1 in arrival order, prefix + new user segment
+    assert [s.request_id for s in firsts] == list(range(len(firsts)))
+    assert [s.arrival_ns for s in firsts] == sorted(s.arrival_ns for s in firsts)
+    for s in follow:
+        prev = by_id[s.after]
+        assert s.prompt[:len(prev.prompt)] == prev.prompt
+        assert s.prompt[len(prev.prompt)] == (("out", prev.request_id), prev.max_tokens)
+        assert s.prompt[-1][0] == ("user", s.request_id)
+        assert len(s.prompt) == len(prev.prompt) + 2
+        assert s.session_id == prev.session_id
+        assert s.arrival_ns == 0 and s.think_time_ns == 1_500_000_000
+        assert s.request_id >= len(firsts)
+    # each session is one chain: every request is `after` at most once
+    afters = [s.after for s in follow]
+    assert len(afters) == len(set(afters))
+
+
+def test_session_turn_counts_follow_the_distribution():
+    c = cfg(num_requests=2000, sessions={"turns": {"dist": "fixed", "value": 3}})
+    specs = build_workload(c)
+    sessions = {}
+    for s in specs:
+        sessions.setdefault(s.session_id, []).append(s)
+    sizes = sorted(len(v) for v in sessions.values())
+    # 2000 = 666 sessions of 3 + one truncated session of 2
+    assert sizes == [2] + [3] * 666
+
+
+def test_second_turn_hits_first_turns_prompt_and_answer_blocks():
+    specs = build_workload(cfg(num_requests=2, prompt_tokens={"dist": "fixed", "value": 40},
+                               output_tokens={"dist": "fixed", "value": 24},
+                               sessions={"turns": {"dist": "fixed", "value": 2}}))
+    first, second = sorted(specs, key=lambda s: s.request_id)
+    assert second.after == first.request_id
+    r1, r2 = Request(first), Request(second)
+    # turn 1 holds 40 prompt + 24 answer = 64 tokens = 4 full blocks of 16
+    assert [r1.block_hash(i, 16) for i in range(4)] == [r2.block_hash(i, 16) for i in range(4)]
+    assert r2.num_prompt_tokens == 40 + 24 + 40
+
+
+# -- closed loop -----------------------------------------------------------------------
+
+def test_closed_loop_chains():
+    c = cfg(num_requests=10, arrival={
+        "process": "closed_loop", "concurrency": 3,
+        "think_time_s": {"dist": "fixed", "value": 0.5}})
+    specs = build_workload(c)
+    by_id = {s.request_id: s for s in specs}
+    assert sorted(by_id) == list(range(10))
+    for j in range(3):
+        assert by_id[j].after is None and by_id[j].arrival_ns == 0
+    for j in range(3, 10):
+        assert by_id[j].after == j - 3 and by_id[j].think_time_ns == 500_000_000
+        assert by_id[j].arrival_ns == 0
+        assert len(by_id[j].prompt) == 1  # no conversation: fresh content
+    # users' chains: 0-3-6-9, 1-4-7, 2-5-8
+    chains = []
+    for head in range(3):
+        chain, cur = [head], head
+        while (nxt := next((s.request_id for s in specs if s.after == cur), None)) is not None:
+            chain.append(nxt)
+            cur = nxt
+        chains.append(chain)
+    assert chains == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+
+
+def test_closed_loop_with_sessions():
+    c = cfg(num_requests=12,
+            arrival={"process": "closed_loop", "concurrency": 2,
+                     "think_time_s": {"dist": "fixed", "value": 3}},
+            sessions={"turns": {"dist": "fixed", "value": 2},
+                      "think_time_s": {"dist": "fixed", "value": 1}})
+    by_id = {s.request_id: s for s in build_workload(c)}
+    # user 0 runs requests 0,2,4,...: sessions (0,2), (4,6), (8,10)
+    assert by_id[2].after == 0 and by_id[2].prompt[:1] == by_id[0].prompt
+    assert by_id[2].think_time_ns == NS
+    assert by_id[4].after == 2 and len(by_id[4].prompt) == 1
+    assert by_id[4].think_time_ns == 3 * NS
+    assert by_id[4].session_id != by_id[2].session_id == by_id[0].session_id
+
+
+def test_concurrency_above_num_requests():
+    specs = build_workload(cfg(num_requests=3, arrival={"process": "closed_loop",
+                                                         "concurrency": 10}))
+    assert [s.after for s in specs] == [None] * 3
+
+
+# -- determinism and validation --------------------------------------------------------
+
+def test_deterministic_and_seed_sensitive():
+    assert build_workload(session_cfg()) == build_workload(session_cfg())
+    assert build_workload(session_cfg(seed=1)) != build_workload(session_cfg())
+
+
+def test_streams_are_independent_per_purpose():
+    a = build_workload(cfg(num_requests=100))
+    b = build_workload(cfg(num_requests=100, output_tokens={"dist": "fixed", "value": 7}))
+    assert [s.arrival_ns for s in a] == [s.arrival_ns for s in b]
+    assert [s.prompt for s in a] == [s.prompt for s in b]
+
+
+def test_result_is_request_specs():
+    assert all(type(s) is RequestSpec for s in build_workload(cfg(num_requests=5)))
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"arrival": None}, "arrival"),
+    ({"extra_key": 1}, "extra_key"),
+    ({"prompt_tokens": {"dist": "lognormal", "median": 100, "p90": 50}}, "p90"),
+    ({"prompt_tokens": {"dist": "uniform", "min": 9, "max": 3}}, "min"),
+    ({"prompt_tokens": {"dist": "zeta", "a": 2}}, "zeta"),
+    ({"arrival": {"process": "gamma", "rate": 0}}, "rate"),
+    ({"output_tokens": {"dist": "normal", "mean": 5, "std": 1, "max": 0}}, "output_tokens"),
+    ({"trace": {"path": "t.csv", "format": "azure"}}, "not allowed with trace"),
+])
+def test_bad_config_is_rejected(bad, where):
+    base = dict(seed=0, num_requests=10, arrival={"process": "poisson", "rate": 1.0},
+                prompt_tokens={"dist": "fixed", "value": 10},
+                output_tokens={"dist": "fixed", "value": 10})
+    base.update(bad)
+    base = {k: v for k, v in base.items() if v is not None}
+    with pytest.raises(ValidationError, match=where):
+        WorkloadConfig.model_validate(base)
