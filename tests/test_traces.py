@@ -1,0 +1,232 @@
+"""Trace readers: real public traces (when present) and small malformed files."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from pydantic import ValidationError
+
+from simulator.errors import InputError
+from simulator.traces import TraceConfig, read_trace
+from simulator.workload import WorkloadConfig, build_workload
+
+TRACES = Path(__file__).parents[2] / "shared" / "traces"
+AZURE_CONV = TRACES / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+AZURE_CODE = TRACES / "azure2023" / "AzureLLMInferenceTrace_code.csv"
+MOONCAKE = TRACES / "mooncake_fast25" / "conversation_trace.jsonl"
+VIDUR_CONV = TRACES / "vidur" / "splitwise_conv.csv"
+VIDUR_COLUMNS = {"arrival": "arrived_at", "prompt_tokens": "num_prefill_tokens",
+                 "output_tokens": "num_decode_tokens"}
+
+
+def need(path):
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+def trace(**kw):
+    return TraceConfig.model_validate(kw)
+
+
+# -- real traces -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", [AZURE_CONV, AZURE_CODE])
+def test_azure_counts_times_and_lengths_preserved_exactly(path):
+    need(path)
+    df = pd.read_csv(path)
+    ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601").dt.as_unit("ns")
+    expected = (ts - ts.iloc[0]).dt.total_seconds()  # float s, for a second opinion
+    expected_ns = (ts - ts.iloc[0]).to_numpy().astype("timedelta64[ns]").astype(np.int64)
+    specs = read_trace(trace(path=str(path), format="azure"))
+    assert len(specs) == len(df)
+    got = np.array([s.arrival_ns for s in specs])
+    assert np.array_equal(got, expected_ns)
+    assert np.allclose(got / 1e9, expected.to_numpy(), atol=1e-6)
+    # sub-second precision kept: the first gap of the conv trace is 4.3145790 s
+    if path == AZURE_CONV:
+        assert specs[1].arrival_ns == 4_314_579_000
+    assert [s.prompt_tokens for s in specs] == df["ContextTokens"].tolist()
+    assert [s.max_tokens for s in specs] == df["GeneratedTokens"].tolist()
+    assert [s.request_id for s in specs] == list(range(len(df)))
+    assert len({s.prompt[0][0] for s in specs}) == len(df)
+
+
+def test_vidur_csv_agrees_with_azure():
+    azure = read_trace(trace(path=str(need(AZURE_CONV)), format="azure"))
+    vidur = read_trace(trace(path=str(need(VIDUR_CONV)), format="csv", columns=VIDUR_COLUMNS))
+    assert len(azure) == len(vidur)
+    a = np.array([s.arrival_ns for s in azure])
+    v = np.array([s.arrival_ns for s in vidur])
+    assert np.abs(a - v).max() <= 1000  # vidur keeps 6 decimals of seconds
+    assert [s.prompt_tokens for s in azure] == [s.prompt_tokens for s in vidur]
+
+
+def test_mooncake_segments_and_times():
+    path = need(MOONCAKE)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    specs = read_trace(trace(path=str(path), format="mooncake"))
+    assert len(specs) == len(rows) == 12031
+    order = np.argsort([r["timestamp"] for r in rows], kind="stable")
+    for spec, i in zip(specs, order):
+        row = rows[i]
+        assert spec.arrival_ns == (row["timestamp"] - rows[0]["timestamp"]) * 1_000_000
+        assert spec.prompt_tokens == row["input_length"]
+        assert sum(n for _, n in spec.prompt) == row["input_length"]
+        assert [cid for cid, _ in spec.prompt] == [("mc", h) for h in row["hash_ids"]]
+        assert all(n == 512 for _, n in spec.prompt[:-1]) and 1 <= spec.prompt[-1][1] <= 512
+        assert spec.max_tokens == row["output_length"]
+
+
+def test_num_requests_time_scale_and_window():
+    path = str(need(AZURE_CONV))
+    full = read_trace(trace(path=path, format="azure"))
+    assert read_trace(trace(path=path, format="azure"), num_requests=10) == full[:10]
+    half = read_trace(trace(path=path, format="azure", time_scale=0.5))
+    assert [s.arrival_ns for s in half] == [round(s.arrival_ns * 0.5) for s in full]
+    win = read_trace(trace(path=path, format="azure", window_s=[60, 120]))
+    kept = [s for s in full if 60e9 <= s.arrival_ns < 120e9]
+    assert len(win) == len(kept) > 0
+    assert [s.arrival_ns for s in win] == [s.arrival_ns - 60_000_000_000 for s in kept]
+    assert [s.prompt_tokens for s in win] == [s.prompt_tokens for s in kept]
+    assert [s.request_id for s in win] == list(range(len(win)))
+
+
+def test_trace_workload_with_prefix_and_relative_path():
+    need(AZURE_CONV)
+    cfg = WorkloadConfig.model_validate({
+        "num_requests": 100, "prefix": {"shared_tokens": 256, "groups": 5},
+        "trace": {"path": "azure2023/AzureLLMInferenceTrace_conv.csv", "format": "azure"}})
+    specs = build_workload(cfg, base_dir=TRACES)
+    plain = read_trace(cfg.trace, base_dir=TRACES, num_requests=100)
+    assert len(specs) == 100
+    for s, p in zip(specs, plain):
+        assert s.arrival_ns == p.arrival_ns and s.max_tokens == p.max_tokens
+        assert s.prompt[0][0][0] == "prefix" and s.prompt[0][1] == 256
+        assert s.prompt_tokens == max(p.prompt_tokens, 257)
+
+
+# -- generic formats -------------------------------------------------------------------
+
+def test_generic_csv_units_sorting_and_iso(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("ts,in,out\n2500,10,3\n1000,20,4\n1000,30,5\n")
+    specs = read_trace(trace(path=str(f), format="csv", arrival_unit="ms",
+                             columns={"arrival": "ts", "prompt_tokens": "in",
+                                      "output_tokens": "out"}))
+    # re-based to the earliest arrival, stable sort keeps file order on ties
+    assert [(s.arrival_ns, s.prompt_tokens, s.max_tokens) for s in specs] == [
+        (0, 20, 4), (0, 30, 5), (1_500_000_000, 10, 3)]
+    f.write_text("ts,in,out\n2024-01-01T00:00:00.5,10,3\n2024-01-01T00:00:02.25,20,4\n")
+    specs = read_trace(trace(path=str(f), format="csv", arrival_unit="iso",
+                             columns={"arrival": "ts", "prompt_tokens": "in",
+                                      "output_tokens": "out"}))
+    assert [s.arrival_ns for s in specs] == [0, 1_750_000_000]
+
+
+def test_generic_jsonl(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"t": 0.5, "p": 7, "o": 2}\n\n{"t": 1.25, "p": 9, "o": 1}\n')
+    specs = read_trace(trace(path=str(f), format="jsonl",
+                             columns={"arrival": "t", "prompt_tokens": "p",
+                                      "output_tokens": "o"}))
+    assert [(s.arrival_ns, s.prompt_tokens, s.max_tokens) for s in specs] == [
+        (0, 7, 2), (750_000_000, 9, 1)]
+
+
+def test_azure_keeps_sub_microsecond_digits(tmp_path):
+    f = tmp_path / "a.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.0000000,3,1\n2023-11-16 18:15:46.0000001,3,1\n"
+                 "2023-11-16 18:15:47.9999999,3,1\n")
+    specs = read_trace(trace(path=str(f), format="azure"))
+    assert [s.arrival_ns for s in specs] == [0, 100, 1_999_999_900]
+
+
+# -- malformed input -------------------------------------------------------------------
+
+AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
+
+
+@pytest.mark.parametrize("body, match", [
+    (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,abc,5\n", r":3: ContextTokens: not a number"),
+    (AZ_HEADER + OK_ROW + OK_ROW + "2023-11-16 18:15:47.0,-4,5\n",
+     r":4: ContextTokens: negative"),
+    (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,10\n", r":3: GeneratedTokens: missing"),
+    (AZ_HEADER + OK_ROW + "yesterday,10,5\n", r":3: TIMESTAMP: not a timestamp"),
+    (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,10,0\n", r":3: GeneratedTokens: below 1"),
+    (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,10.5,3\n", r":3: ContextTokens: not an int"),
+    (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,1,2,3\n", r":3: expected 3 fields, saw 4"),
+    (AZ_HEADER + OK_ROW + "\n2023-11-16 18:15:47.0,x,2\n", r":4: ContextTokens"),
+    ("TIMESTAMP,Context,GeneratedTokens\n" + OK_ROW, r":1: missing column 'ContextTokens'"),
+    ("", r":1: empty file"),
+    (AZ_HEADER, r":2: no requests"),
+])
+def test_bad_azure_rows_name_file_and_line(tmp_path, body, match):
+    f = tmp_path / "bad.csv"
+    f.write_text(body)
+    with pytest.raises(InputError, match=r"bad\.csv" + match):
+        read_trace(trace(path=str(f), format="azure"))
+
+
+def mc(ts, n, out, ids):
+    return json.dumps({"timestamp": ts, "input_length": n, "output_length": out,
+                       "hash_ids": ids}) + "\n"
+
+
+@pytest.mark.parametrize("body, match", [
+    (mc(0, 600, 5, [0, 1]) + mc(0, 600, 5, [0]), r":2: hash_ids has 1 ids but input_length "
+                                                 r"600 needs ceil"),
+    (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5\n', r":2: bad JSON"),
+    (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5, "hash_ids": [0]}\n',
+     r":2: missing key 'output_length'"),
+    (mc(0, 600, 5, [0, 1]) + mc("soon", 10, 5, [0]), r":2: timestamp: not a number"),
+    (mc(0, 600, 5, [0, 1]) + mc(-3, 10, 5, [0]), r":2: timestamp: negative"),
+    (mc(0, 600, 5, [0, 1]) + mc(1, 10, 5, "abc"), r":2: hash_ids: expected a list"),
+    (mc(0, 600, 5, [0, 1]) + "[1, 2]\n", r":2: expected a JSON object"),
+    ("\n", r":1: empty file"),
+])
+def test_bad_mooncake_rows_name_file_and_line(tmp_path, body, match):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(body)
+    with pytest.raises(InputError, match=r"bad\.jsonl" + match):
+        read_trace(trace(path=str(f), format="mooncake"))
+
+
+def test_mooncake_last_segment_length(tmp_path):
+    f = tmp_path / "m.jsonl"
+    f.write_text(mc(0, 1025, 5, [7, 8, 9]) + mc(3000, 512, 5, [7]))
+    a, b = read_trace(trace(path=str(f), format="mooncake"))
+    assert a.prompt == ((("mc", 7), 512), (("mc", 8), 512), (("mc", 9), 1))
+    assert b.prompt == ((("mc", 7), 512),) and b.arrival_ns == 3_000_000_000
+
+
+def test_missing_file_and_empty_window(tmp_path):
+    with pytest.raises(InputError, match=r"nope\.csv: file not found"):
+        read_trace(trace(path="nope.csv", format="azure"), base_dir=tmp_path)
+    f = tmp_path / "t.csv"
+    f.write_text(AZ_HEADER + OK_ROW + "2023-11-16 18:15:50.6805900,10,5\n")
+    with pytest.raises(InputError, match=r"workload\.trace\.window_s: \[10, 20\) keeps no"):
+        read_trace(trace(path=str(f), format="azure", window_s=[10, 20]))
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"format": "csv"}, "columns is required"),
+    ({"format": "azure", "columns": VIDUR_COLUMNS}, "columns is only allowed"),
+    ({"format": "mooncake", "arrival_unit": "s"}, "arrival_unit is only allowed"),
+    ({"format": "azure", "window_s": [5, 1]}, "window_s"),
+    ({"format": "azure", "time_scale": 0}, "time_scale"),
+    ({"format": "parquet"}, "format"),
+])
+def test_bad_trace_config(kw, match):
+    with pytest.raises(ValidationError, match=match):
+        TraceConfig.model_validate({"path": "x", **kw})
+
+
+def test_prefix_not_allowed_with_mooncake():
+    with pytest.raises(ValidationError, match="prefix not allowed with a mooncake"):
+        WorkloadConfig.model_validate({"prefix": {"shared_tokens": 10},
+                                       "trace": {"path": "x", "format": "mooncake"}})
