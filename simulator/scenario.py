@@ -1,0 +1,491 @@
+"""Scenario schema: what to serve, on what, configured how (DESIGN.md §5).
+
+A scenario is a YAML file validated by :class:`Scenario` (pydantic v2, unknown keys
+refused everywhere). :func:`load_scenario` reads it, applies ``--set a.b.c=value``
+overrides to the raw mapping, validates, and turns every problem into ONE
+:class:`~simulator.errors.InputError` line naming the file (or the ``--set`` flag), the
+key path and what is allowed, e.g.::
+
+    chat.yaml: engine.max_num_seqs: Input should be greater than or equal to 1 (got 0)
+    chat.yaml: engine.max_num_seq: unknown key (allowed: block_size, max_num_seqs, ...)
+    --set engine.block_size=abc: Input should be a valid integer
+
+Engine knobs carry vLLM's names and defaults (``vllm/config/scheduler.py``,
+``vllm/config/cache.py``): block_size 16, max_num_seqs 256, max_num_batched_tokens 8192,
+gpu_memory_utilization 0.9, enable_prefix_caching true. ``max_model_len`` defaults, as in
+vLLM, to the model's ``max_position_embeddings``; where vLLM would then refuse to start
+because the KV cache cannot hold one such request, servesim instead caps the default to
+what the cache holds (an explicit ``max_model_len`` that does not fit is an error, as in
+vLLM).
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from .catalog import ModelShape, load_model
+from .errors import InputError
+from .policy import SchedulerConfig
+from .policy.kv_cache import cdiv
+
+from .workload import WorkloadConfig
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors; no silent coercion of "16" or true into numbers.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StepTimeConfig(_Strict):
+    """Inline step-time model (what-if and tests), instead of a hardware profile.
+
+    Either ``constant_s`` alone (every step takes that long), or the linear form
+    ``base_s + per_prefill_token_s * prefill tokens + per_decode_seq_s * decodes +
+    per_context_token_s * context tokens`` (missing linear terms are 0). All in seconds.
+    """
+
+    constant_s: Optional[float] = Field(None, gt=0, description="seconds per step")
+    base_s: Optional[float] = Field(None, ge=0, description="seconds per step")
+    per_prefill_token_s: Optional[float] = Field(None, ge=0, description="seconds per prefill token")
+    per_decode_seq_s: Optional[float] = Field(None, ge=0, description="seconds per decoding request")
+    per_context_token_s: Optional[float] = Field(
+        None, ge=0, description="seconds per attended context token (decodes + prefill chunks)")
+
+    @model_validator(mode="after")
+    def _one_form(self):
+        linear = [self.base_s, self.per_prefill_token_s, self.per_decode_seq_s,
+                  self.per_context_token_s]
+        if self.constant_s is not None and any(v is not None for v in linear):
+            raise ValueError("give either constant_s, or the linear terms (base_s, "
+                             "per_prefill_token_s, per_decode_seq_s, per_context_token_s), "
+                             "not both")
+        if self.constant_s is None and all(v is None for v in linear):
+            raise ValueError("give constant_s or at least one linear term (base_s, "
+                             "per_prefill_token_s, per_decode_seq_s, per_context_token_s)")
+        if self.constant_s is None and not any(linear):
+            raise ValueError("the linear step time is 0 s: give a positive term")
+        return self
+
+    @property
+    def form(self) -> str:
+        """``constant`` or ``linear``."""
+        return "constant" if self.constant_s is not None else "linear"
+
+
+class HardwareConfig(_Strict):
+    """Where step costs come from: exactly one of ``profile`` and ``step_time``.
+
+    ``profile`` is a catalog GPU name (roofline projection, labelled *projected*) or a
+    calibration profile name or path (labelled *measured*); ``step_time`` an inline form.
+    """
+
+    profile: Optional[str] = Field(
+        None, description="catalog GPU (projected) or calibration profile name/path (measured)")
+    tensor_parallel: int = Field(1, ge=1, description="GPUs per replica (vLLM tensor_parallel_size)")
+    cost_noise: Literal["none", "empirical"] = Field(
+        "none", description="empirical: multiply each step by 1 + a residual of the profile")
+    step_time: Optional[StepTimeConfig] = None
+    price_per_gpu_hour: Optional[float] = Field(
+        None, ge=0, description="USD; overrides the catalog GPU's list price")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        if (self.profile is None) == (self.step_time is None):
+            raise ValueError("give exactly one of profile (a catalog GPU or a calibration "
+                             "profile) and step_time")
+        if self.step_time is not None and self.cost_noise == "empirical":
+            raise ValueError("cost_noise: empirical samples a measured profile's residuals; "
+                             "an inline step_time has none (use cost_noise: none)")
+        return self
+
+
+class EngineConfig(_Strict):
+    """vLLM engine knobs (same names, same defaults)."""
+
+    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget of one step")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enable_prefix_caching: bool = True
+    max_model_len: Optional[int] = Field(
+        None, ge=1, description="default: the model's max_position_embeddings")
+    num_gpu_blocks: Optional[int] = Field(
+        None, ge=2, description="KV blocks incl. the null block; overrides the computed count")
+
+    @model_validator(mode="after")
+    def _budget_covers_seqs(self):
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                             f">= max_num_seqs ({self.max_num_seqs}), as vLLM requires")
+        return self
+
+
+class ClusterConfig(_Strict):
+    """Replicas of the engine behind a router."""
+
+    replicas: int = Field(1, ge=1)
+    router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "round_robin"
+
+
+SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
+SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
+
+
+class SLOTarget(_Strict):
+    """Upper bounds (ms) on statistics of one metric; an entry is met when stat <= bound."""
+
+    mean: Optional[float] = Field(None, gt=0)
+    p50: Optional[float] = Field(None, gt=0)
+    p90: Optional[float] = Field(None, gt=0)
+    p95: Optional[float] = Field(None, gt=0)
+    p99: Optional[float] = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _not_empty(self):
+        if all(getattr(self, s) is None for s in SLO_STATS):
+            raise ValueError(f"give at least one of {', '.join(SLO_STATS)}")
+        return self
+
+
+class SLOConfig(_Strict):
+    """Latency targets in ms (metric definitions as in ``vllm bench serve``, DESIGN.md §1)."""
+
+    ttft_ms: Optional[SLOTarget] = None
+    tpot_ms: Optional[SLOTarget] = None
+    itl_ms: Optional[SLOTarget] = None
+    e2el_ms: Optional[SLOTarget] = None
+    queue_ms: Optional[SLOTarget] = None
+
+    def targets(self) -> list[tuple[str, str, float]]:
+        """Every ``(metric, stat, bound_ms)``, in schema order."""
+        out = []
+        for m in SLO_METRICS:
+            t = getattr(self, m)
+            if t is not None:
+                out.extend((m, s, getattr(t, s)) for s in SLO_STATS if getattr(t, s) is not None)
+        return out
+
+
+class SimConfig(_Strict):
+    """Simulation controls."""
+
+    replications: int = Field(1, ge=1, description="independent runs with derived seeds")
+    warmup_requests: int = Field(0, ge=0, description="first requests left out of statistics")
+    exact_steps: bool = Field(False, description="simulate every step (no fast-forward)")
+
+
+class Scenario(_Strict):
+    """A validated scenario. ``base_dir`` (folder of the scenario file) resolves relative
+    paths; ``source`` names the file in error messages."""
+
+    name: str = "scenario"
+    model: Union[str, dict[str, Any]] = Field(
+        description="catalog name | path to an HF config.json | inline mapping of HF config keys")
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    hardware: HardwareConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    workload: WorkloadConfig
+    slo: SLOConfig = Field(default_factory=SLOConfig)
+    sim: SimConfig = Field(default_factory=SimConfig)
+
+    _base_dir: Path = PrivateAttr(default=Path("."))
+    _source: str = PrivateAttr(default="<scenario>")
+    _shape: Optional[ModelShape] = PrivateAttr(default=None)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_kind(cls, v):
+        if not isinstance(v, (str, dict)):
+            raise ValueError("expected a catalog name, a path to an HF config.json or a "
+                             f"mapping of HF config keys (got {v!r})")
+        return v
+
+    @property
+    def base_dir(self) -> Path:
+        """Folder that relative paths in the scenario resolve against."""
+        return self._base_dir
+
+    @property
+    def source(self) -> str:
+        """Name of the scenario file (for error messages)."""
+        return self._source
+
+    @property
+    def model_shape(self) -> ModelShape:
+        """The resolved model (catalog, HF config file or inline mapping)."""
+        if self._shape is None:
+            self._shape = load_model(self.model, self._base_dir)
+        return self._shape
+
+    def error(self, key_path: str, message: str) -> InputError:
+        """An :class:`InputError` ``"<file>: <key_path>: <message>"`` for this scenario."""
+        return InputError(f"{self._source}: {key_path}: {message}")
+
+    def resolve_path(self, p: str | Path) -> Path:
+        """``p`` if absolute, else ``base_dir / p``."""
+        p = Path(p).expanduser()
+        return p if p.is_absolute() else self._base_dir / p
+
+    @property
+    def max_model_len(self) -> int:
+        """``engine.max_model_len``, or the model's ``max_position_embeddings`` (vLLM default)."""
+        return self.engine.max_model_len or self.model_shape.max_position_embeddings
+
+    def scheduler_config(self, num_gpu_blocks: int | None) -> SchedulerConfig:
+        """The :class:`~simulator.policy.SchedulerConfig` of this scenario.
+
+        Args:
+            num_gpu_blocks: KV blocks incl. the null block (``CostModel.num_gpu_blocks``);
+                ``None`` = unlimited.
+
+        A default ``max_model_len`` is capped to ``(num_gpu_blocks - 1) * block_size``
+        tokens, the most one request can hold.
+
+        Raises:
+            InputError: an explicit ``max_model_len`` needs more KV blocks than the cache
+                holds (vLLM refuses to start then too).
+        """
+        e = self.engine
+        max_len = self.max_model_len
+        if e.max_model_len is None and num_gpu_blocks is not None:
+            max_len = min(max_len, (num_gpu_blocks - 1) * e.block_size)
+        if num_gpu_blocks is not None and cdiv(max_len, e.block_size) > num_gpu_blocks - 1:
+            raise self.error("engine.max_model_len", (
+                f"{max_len} tokens need {cdiv(max_len, e.block_size)} KV blocks of "
+                f"{e.block_size} but the cache holds {num_gpu_blocks - 1}: lower "
+                f"max_model_len or give the KV cache more memory"))
+        try:
+            return SchedulerConfig(
+                max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                max_model_len=max(1, max_len), block_size=e.block_size,
+                num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=e.enable_prefix_caching)
+        except ValueError as err:
+            raise self.error("engine", str(err)) from None
+
+
+# -- loading -------------------------------------------------------------------------------
+
+def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Scenario:
+    """Read, override and validate a scenario file.
+
+    Args:
+        path: the scenario YAML.
+        overrides: ``key.path=value`` strings (``--set``); values parse as YAML scalars or
+            flow collections (``engine.max_num_seqs=128``, ``slo.ttft_ms={p99: 500}``).
+
+    Raises:
+        InputError: missing/unreadable file, YAML syntax error (with its line), bad
+            override, or any schema violation; one line naming the file or flag and the
+            key path.
+    """
+    path = Path(path)
+    name = path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: scenario file not found") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read scenario: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{name}:{mark.line + 1}" if mark is not None else name
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{where}: YAML syntax error: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InputError(f"{name}: a scenario is a mapping of keys (name, model, hardware, "
+                         f"...), got {type(raw).__name__}")
+    raw.setdefault("name", path.stem)
+    return scenario_from_dict(raw, path.parent, overrides=overrides, source=name)
+
+
+def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
+                       overrides: typing.Sequence[str] = (),
+                       source: str = "<scenario>") -> Scenario:
+    """Validate a raw mapping into a :class:`Scenario` (tests, programmatic use).
+
+    Args:
+        d: the raw mapping (not modified).
+        base_dir: folder relative paths resolve against.
+        overrides: ``key.path=value`` strings, applied before validation.
+        source: name used in error messages.
+
+    Raises:
+        InputError: as :func:`load_scenario`.
+    """
+    raw, origins = apply_overrides(d, overrides)
+    try:
+        sc = Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise InputError(format_validation_error(e, source, Scenario, origins)) from None
+    sc._base_dir = Path(base_dir)
+    sc._source = source
+    _check_semantics(sc, origins)
+    return sc
+
+
+def _check_semantics(sc: Scenario, origins: dict) -> None:
+    """Checks that need the resolved model."""
+    def fail(loc: tuple, msg: str):
+        raise InputError(_prefix(loc, sc.source, origins, msg)) from None
+
+    try:
+        shape = sc.model_shape
+    except InputError as e:
+        # load_model's messages already start with "model".
+        flag = origins.get(("model",))
+        raise InputError(f"--set {flag}: {e}" if flag else f"{sc.source}: {e}") from None
+    tp = sc.hardware.tensor_parallel
+    if shape.num_attention_heads % tp:
+        fail(("hardware", "tensor_parallel"),
+             f"{tp} does not divide the model's num_attention_heads "
+             f"({shape.num_attention_heads}), as vLLM requires")
+    if sc.engine.max_model_len and sc.engine.max_model_len > shape.max_position_embeddings:
+        fail(("engine", "max_model_len"),
+             f"{sc.engine.max_model_len} is longer than the model's max_position_embeddings "
+             f"({shape.max_position_embeddings})")
+
+
+def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dict]:
+    """Apply ``key.path=value`` overrides to a deep copy of ``d``.
+
+    Returns:
+        ``(new mapping, {key path tuple: override string})``.
+
+    Raises:
+        InputError: ``--set <override>: ...`` for a malformed override, a YAML error in
+            its value, or a path through a non-mapping.
+    """
+    import copy
+
+    raw = copy.deepcopy(d)
+    origins: dict[tuple, str] = {}
+    for s in overrides:
+        key, sep, value = s.partition("=")
+        parts = tuple(p.strip() for p in key.strip().split("."))
+        if not sep or not all(parts):
+            raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+        try:
+            val = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise InputError(f"--set {s}: value is not valid YAML: {problem}") from None
+        node = raw
+        for i, p in enumerate(parts[:-1]):
+            if node.get(p) is None:
+                node[p] = {}
+            node = node[p]
+            if not isinstance(node, dict):
+                raise InputError(f"--set {s}: {'.'.join(parts[:i + 1])} is not a mapping")
+        node[parts[-1]] = val
+        origins[parts] = s
+    return raw, origins
+
+
+def _prefix(loc: tuple, source: str, origins: dict, msg: str) -> str:
+    """Compose ``<file>: <path>: msg``, or ``--set <flag>: msg`` when a flag set it."""
+    loc = tuple(str(p) for p in loc)
+    path = ".".join(loc)
+    for opath, flag in origins.items():
+        if loc[:len(opath)] == opath:
+            return f"--set {flag}: {msg}" if loc == opath else f"--set {flag}: {path}: {msg}"
+    flags = [flag for opath, flag in origins.items() if loc and opath[:len(loc)] == loc]
+    if flags:
+        return f"{source} (with {', '.join('--set ' + f for f in flags)}): {path}: {msg}"
+    return f"{source}: {path}: {msg}" if path else f"{source}: {msg}"
+
+
+def format_validation_error(e: ValidationError, source: str, root: type | None = None,
+                            origins: dict | None = None) -> str:
+    """One line for a pydantic ``ValidationError`` of model ``root`` read from ``source``:
+    ``"<source>: <key.path>: <what is wrong / allowed>"``, unknown keys first, with a count
+    of further errors."""
+    # Unknown keys first: a typo often causes the other errors (a required key "missing").
+    errs = sorted(e.errors(include_url=False), key=lambda x: x["type"] != "extra_forbidden")
+    msg = _format_error(errs[0], source, origins or {}, root or Scenario)
+    if len(errs) > 1:
+        msg += f" (and {len(errs) - 1} more error{'s' if len(errs) > 2 else ''})"
+    return msg
+
+
+def _format_error(err: dict, source: str, origins: dict, root: type) -> str:
+    """One line for one pydantic error dict."""
+    loc, parent = _resolve_loc(tuple(err["loc"]), root)
+    typ = err["type"]
+    if typ == "extra_forbidden":
+        allowed = list(parent.model_fields) if parent is not None else []
+        msg = "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+    elif typ in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
+        msg = str(err["ctx"]["error"])
+    elif typ == "missing":
+        msg = "required key missing"
+    else:
+        msg = err["msg"]
+        inp = err.get("input")
+        from_flag = any(tuple(map(str, loc))[:len(o)] == o for o in origins)
+        if not from_flag and (inp is None or isinstance(inp, (int, float, str, bool))):
+            msg += f" (got {inp!r})"
+    return _prefix(loc, source, origins, msg)
+
+
+def _resolve_loc(loc: tuple, root: type) -> tuple[tuple, Any]:
+    """Drop pydantic's union-member tags from ``loc`` (``arrival.gamma.rate`` ->
+    ``arrival.rate``); also return the model class holding the last key (or None)."""
+    out: list = []
+    cur: Any = root
+    parent = None
+    for part in loc:
+        models = _models_in(cur)
+        if len(models) == 1 and str(part) in models[0].model_fields:
+            parent = models[0]
+            cur = parent.model_fields[str(part)].annotation
+            out.append(part)
+            continue
+        member = next((m for m in models if _is_tag(m, str(part))), None)
+        if member is not None:
+            cur = member
+            continue
+        out.append(part)
+        cur, parent = None, (models[0] if len(models) == 1 else None)
+    return tuple(out), parent
+
+
+def _models_in(annotation) -> list:
+    """BaseModel classes inside an annotation (through Optional, Union, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found = []
+    for arg in typing.get_args(annotation):
+        for m in _models_in(arg):
+            if m not in found:
+                found.append(m)
+    return found
+
+
+def _is_tag(model, tag: str) -> bool:
+    """Whether pydantic would name union member ``model`` by ``tag`` in an error loc."""
+    if model.__name__ == tag:
+        return True
+    for f in model.model_fields.values():
+        if typing.get_origin(f.annotation) is Literal and tag in map(str, typing.get_args(f.annotation)):
+            return True
+    return False
+
+
+def scenario_json_schema() -> dict:
+    """JSON Schema of the scenario file (``servesim schema``)."""
+    return Scenario.model_json_schema()
+
+
+__all__ = ["ClusterConfig", "EngineConfig", "HardwareConfig", "SLO_METRICS", "SLO_STATS",
+           "SLOConfig", "SLOTarget", "Scenario", "SimConfig", "StepTimeConfig",
+           "apply_overrides", "format_validation_error", "load_scenario", "scenario_from_dict", "scenario_json_schema"]
