@@ -86,8 +86,8 @@ def percentile_from_runs(values, counts, q):
 
     Returns:
         ``numpy.percentile(numpy.repeat(values, counts), q)`` bit for bit: the virtual
-        index, neighbour lookup and interpolation follow numpy's ``linear`` method
-        (``numpy/lib/_function_base_impl.py``: ``_compute_virtual_index``, ``_lerp``), the
+        index ``(n - 1) * q``, neighbour lookup and interpolation follow numpy's ``linear``
+        method (``numpy/lib/_function_base_impl.py``: ``_get_indexes``, ``_lerp``), the
         neighbours found by binary search on cumulative counts.
 
     Raises:
@@ -106,7 +106,7 @@ def percentile_from_runs(values, counts, q):
     if np.any((qf < 0) | (qf > 1)):
         raise ValueError("percentiles must be in the range [0, 100]")
     qa = np.atleast_1d(qf)
-    virtual = n * qa + (1 + qa * (1 - 1 - 1)) - 1
+    virtual = (n - 1) * qa
     prev = np.floor(virtual)
     nxt = prev + 1
     above = virtual >= n - 1

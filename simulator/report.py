@@ -1,0 +1,481 @@
+"""Run outputs: summary.json, CSV tables, PNG plots, report.md and a self-contained report.html.
+
+:func:`write_run_outputs` builds every file in a temporary directory beside the output
+directory and only then moves them in, so a failure never leaves a half-written set.
+Plots use matplotlib's object API (``Figure`` with the Agg canvas), not ``pyplot``: no
+global backend state, safe in worker processes.
+
+The report reads these optional summary keys that the caller passes through ``extra`` of
+:meth:`simulator.metrics.MetricsCollector.finalize`: ``cost_label`` ("measured" or
+"projected"), ``cost_source`` (what the step costs come from), ``kv_note``,
+``prefix_cache_hit_rate`` and ``scenario``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .errors import InputError
+from .metrics import METRICS, RunResult
+
+FILES = {
+    "summary": "summary.json",
+    "requests": "requests.csv",
+    "timeseries": "timeseries.csv",
+    "itl_runs": "itl_runs.csv",
+    "latency_cdf": "latency_cdf.png",
+    "timeline": "timeline.png",
+    "batch": "batch.png",
+    "report_md": "report.md",
+    "report_html": "report.html",
+}
+PLOTS = ("latency_cdf", "timeline", "batch")
+_LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2EL",
+           "queue_ms": "Queue"}
+_ECDF_POINTS = 2000   # points drawn per CDF; the figures themselves use every value
+
+DEFINITIONS = [
+    ("TTFT", "time to first token: first token time − arrival time; includes queueing "
+             "and prefill (as `vllm bench serve`)."),
+    ("TPOT", "time per output token: (E2EL − TTFT) / (output tokens − 1) per request; "
+             "requests with ≤ 1 output token are excluded (as `vllm bench serve`). "
+             "GuideLLM's \"TPOT\" includes the first token, so it is not this figure; "
+             "genai-perf's \"inter-token latency\" is this TPOT."),
+    ("ITL", "inter-token latency: every gap between consecutive tokens of a request, "
+            "pooled over all requests (as `vllm bench serve`); not genai-perf's ITL. "
+            "Pooled gaps include those of warm-up requests."),
+    ("E2EL", "end-to-end latency: last token (finish) time − arrival time."),
+    ("Queue", "queue time: first scheduled − arrival time."),
+    ("Goodput", "completed requests whose every per-request SLO metric (TTFT, TPOT, E2EL, "
+                "queue) is ≤ its threshold, per second (as `vllm bench serve --goodput`). "
+                "A request with ≤ 1 output token has no TPOT and passes that check; ITL "
+                "SLOs are judged on the run statistic only."),
+    ("Percentiles", "`numpy.percentile`, linear interpolation."),
+    ("Window", "throughputs and time-weighted means run over [first counted arrival, "
+               "last counted finish]; the first warm-up requests by arrival are left out "
+               "of every request figure."),
+    ("Concurrency", "requests in system: mean = Σ E2EL / duration (as `vllm bench serve`), "
+                    "max of overlapping [arrival, finish). Running requests and KV usage "
+                    "are time-weighted over engine steps (idle time counts as 0); KV usage "
+                    "is the fraction of usable blocks, averaged over replicas."),
+]
+
+
+# -- content model: blocks rendered to markdown and html --------------------------------
+def _fmt(x) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:.5g}"
+    return str(x)
+
+
+def _basis(summary: dict) -> tuple[str, str]:
+    label = summary.get("cost_label") or "unlabelled"
+    source = summary.get("cost_source")
+    return str(label), (f"{label} ({source})" if source else str(label))
+
+
+def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None) -> list:
+    s = result.summary
+    label, basis = _basis(s)
+    b: list = [("h1", title)]
+    if meta:
+        b.append(("table", "Run", ["key", "value"],
+                  [[str(k), _fmt(v)] for k, v in meta.items()]))
+    b.append(("p", f"Step costs: **{basis}**. Every latency, throughput and load figure "
+                   f"below follows from these costs, so each is {label}."))
+    if s.get("kv_note"):
+        b.append(("p", f"KV cache: {s['kv_note']}"))
+
+    rows = [
+        ["requests counted", _fmt(s.get("num_requests"))],
+        ["warm-up requests excluded", _fmt(s.get("warmup_requests"))],
+        ["completed", _fmt(s.get("completed"))],
+        ["rejected", _fmt(s.get("rejected"))],
+        ["aborted", _fmt(s.get("aborted"))],
+        ["duration (s)", _fmt(s.get("duration_s"))],
+        ["request throughput (req/s)", _fmt(s.get("request_throughput"))],
+        ["output throughput (tok/s)", _fmt(s.get("output_throughput"))],
+        ["total token throughput (tok/s)", _fmt(s.get("total_token_throughput"))],
+        ["goodput (req/s)", _fmt(s.get("goodput"))],
+    ]
+    b.append(("h2", f"Throughput ({label})"))
+    b.append(("table", None, ["figure", "value"], rows))
+
+    b.append(("h2", f"Latency, ms ({label})"))
+    stats = ["mean", "p50", "p90", "p95", "p99", "max"]
+    lat = [[_LABELS[m]] + [_fmt((s.get(m) or {}).get(k)) for k in stats] for m in METRICS]
+    b.append(("table", None, ["metric"] + stats, lat))
+
+    conc = s.get("concurrency") or {}
+    kv = s.get("kv_usage") or {}
+    load = [
+        ["requests in system, mean", _fmt(conc.get("requests_mean"))],
+        ["requests in system, max", _fmt(conc.get("requests_max"))],
+        ["running requests, mean (all replicas)", _fmt(conc.get("running_mean"))],
+        ["running requests, max (one replica)", _fmt(conc.get("running_max_per_replica"))],
+        ["KV cache usage, mean", _fmt(kv.get("mean"))],
+        ["KV cache usage, max", _fmt(kv.get("max"))],
+        ["prefix cache hit rate", _fmt(s.get("prefix_cache_hit_rate"))],
+        ["preemptions", _fmt(s.get("preemptions"))],
+        ["preempted requests", _fmt(s.get("preempted_requests"))],
+    ]
+    b.append(("h2", f"Load ({label})"))
+    b.append(("table", None, ["figure", "value"], load))
+
+    b.append(("h2", "Service-level objectives"))
+    slo = s.get("slo") or {}
+    if slo:
+        rows = [[_LABELS.get(m, m), st, _fmt(e.get("threshold")), _fmt(e.get("value")),
+                 _fmt(e.get("met"))] for m, entries in slo.items()
+                for st, e in entries.items()]
+        b.append(("table", None, ["metric", "statistic", "threshold (ms)",
+                                  f"run value (ms, {label})", "met"], rows))
+        b.append(("p", f"All SLOs met: **{_fmt(s.get('slo_met'))}**; goodput "
+                       f"{_fmt(s.get('goodput'))} req/s ({_fmt(s.get('good_requests'))} "
+                       f"good requests)."))
+    else:
+        b.append(("p", "No SLO given."))
+
+    if replications:
+        b.append(("h2", f"Across replications ({label})"))
+        b.append(("table", None, ["figure", "mean", "95% CI", "n"],
+                  _replication_rows(replications)))
+
+    b.append(("h2", "Plots"))
+    b.append(("img", "latency_cdf", "Latency CDFs: TTFT, TPOT, ITL, E2EL"))
+    b.append(("img", "timeline", "Queue length, running requests and KV usage over time"))
+    b.append(("img", "batch", "Prefill vs decode tokens per second over time"))
+
+    b.append(("h2", "Definitions"))
+    b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
+    return b
+
+
+def _replication_rows(rep: dict) -> list:
+    keys = [("request_throughput",), ("output_throughput",), ("goodput",)]
+    keys += [(m, st) for m in METRICS for st in ("mean", "p50", "p99")]
+    keys += [("concurrency", "running_mean"), ("kv_usage", "mean")]
+    rows = []
+    for path in keys:
+        node = rep
+        for k in path:
+            node = node.get(k) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or "mean" not in node:
+            continue
+        ci = node.get("ci95")
+        ci_txt = f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "n/a"
+        rows.append([".".join(path), _fmt(node["mean"]), ci_txt, _fmt(node.get("n"))])
+    return rows
+
+
+def render_markdown(blocks: list) -> str:
+    """Markdown for report blocks; images link to the PNG files beside report.md."""
+    out = []
+    for blk in blocks:
+        kind = blk[0]
+        if kind == "h1":
+            out.append(f"# {blk[1]}\n")
+        elif kind == "h2":
+            out.append(f"## {blk[1]}\n")
+        elif kind == "p":
+            out.append(f"{blk[1]}\n")
+        elif kind == "list":
+            out.append("\n".join(f"- {item}" for item in blk[1]) + "\n")
+        elif kind == "img":
+            out.append(f"![{blk[2]}]({FILES[blk[1]]})\n")
+        elif kind == "table":
+            _, caption, head, rows = blk
+            lines = [f"**{caption}**\n"] if caption else []
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "|".join("---" for _ in head) + "|")
+            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |"
+                      for r in rows]
+            out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def _inline_html(text: str) -> str:
+    """Escape text and turn **bold** and `code` into tags."""
+    parts = html.escape(text).split("**")
+    text = "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
+    parts = text.split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;
+padding:0 1rem;color:#222}table{border-collapse:collapse;margin:.5rem 0 1rem}
+td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:right}
+td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}
+img{max-width:100%;border:1px solid #eee}code{background:#f5f5f5;padding:0 .2rem}"""
+
+
+def render_html(blocks: list, title: str, images: dict) -> str:
+    """Self-contained HTML: inline CSS, plots embedded as base64 PNG, no external links.
+
+    Args:
+        images: plot key -> PNG bytes.
+    """
+    body = []
+    for blk in blocks:
+        kind = blk[0]
+        if kind in ("h1", "h2"):
+            body.append(f"<{kind}>{_inline_html(blk[1])}</{kind}>")
+        elif kind == "p":
+            body.append(f"<p>{_inline_html(blk[1])}</p>")
+        elif kind == "list":
+            items = "".join(f"<li>{_inline_html(i)}</li>" for i in blk[1])
+            body.append(f"<ul>{items}</ul>")
+        elif kind == "img":
+            data = base64.b64encode(images[blk[1]]).decode("ascii")
+            body.append(f'<figure><img alt="{html.escape(blk[2])}" '
+                        f'src="data:image/png;base64,{data}"><figcaption>'
+                        f"{html.escape(blk[2])}</figcaption></figure>")
+        elif kind == "table":
+            _, caption, head, rows = blk
+            cap = f"<caption>{_inline_html(caption)}</caption>" if caption else ""
+            th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r)
+                          + "</tr>" for r in rows)
+            body.append(f"<table>{cap}<thead><tr>{th}</tr></thead><tbody>{trs}"
+                        "</tbody></table>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+# -- plots ------------------------------------------------------------------------------
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    # No "Software" tag: the bytes then depend only on the data.
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _ecdf_points(x: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At most _ECDF_POINTS evenly spaced points of a step CDF (x ascending)."""
+    if x.size > _ECDF_POINTS:
+        idx = np.unique(np.linspace(0, x.size - 1, _ECDF_POINTS).round().astype(int))
+        return x[idx], p[idx]
+    return x, p
+
+
+def plot_latency_cdf(result: RunResult) -> bytes:
+    """PNG: CDFs of TTFT, TPOT, ITL (from the pooled runs) and E2EL of counted requests."""
+    req = result.requests
+    counted = req[~req["warmup"]] if len(req) else req
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")):
+        if m == "itl_ms":
+            runs = result.itl_runs
+            x = runs["gap_ns"].to_numpy() / 1e6
+            c = runs["count"].to_numpy()
+            p = np.cumsum(c) / c.sum() if c.size else c
+        else:
+            x = np.sort(counted[m].dropna().to_numpy()) if len(counted) else np.array([])
+            p = np.arange(1, x.size + 1) / x.size if x.size else x
+        if x.size:
+            xs, ps = _ecdf_points(x, p)
+            # Start the step at (min, 0) so a one-valued CDF still shows its jump.
+            ax.step(np.r_[xs[0], xs], np.r_[0.0, ps], where="post")
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(_LABELS[m])
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction ≤ x")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _series(result: RunResult):
+    ts = result.timeseries
+    if ts is None or len(ts) == 0:
+        return None, []
+    reps = [r for r in ts["replica"].unique() if r != "all"]
+    return ts[ts["replica"] == "all"], [(r, ts[ts["replica"] == r]) for r in reps]
+
+
+def plot_timeline(result: RunResult) -> bytes:
+    """PNG: queue length, running requests and KV usage over time (time-weighted bins)."""
+    fig = Figure(figsize=(10, 8), layout="constrained")
+    axes = fig.subplots(3, 1, sharex=True)
+    total, reps = _series(result)
+    panels = (("waiting", "queue length (waiting)"), ("running", "running requests"),
+              ("kv_usage", "KV cache usage"))
+    for ax, (col, name) in zip(axes, panels):
+        if total is None:
+            ax.text(0.5, 0.5, "no steps", ha="center", va="center", transform=ax.transAxes)
+        else:
+            if 1 < len(reps) <= 8:
+                for rep, df in reps:
+                    ax.step(df["time_s"], df[col], where="post", lw=0.7, alpha=0.6,
+                            label=f"replica {rep}")
+            ax.step(total["time_s"], total[col], where="post", lw=1.4, color="k",
+                    label="mean over replicas" if col == "kv_usage" else "all replicas")
+            if 1 < len(reps) <= 8:
+                ax.legend(fontsize="small", ncols=3)
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("time (s)")
+    return _png(fig)
+
+
+def plot_batch(result: RunResult) -> bytes:
+    """PNG: prefill and decode tokens per second over time, stacked, all replicas."""
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    ax = fig.subplots()
+    total, _ = _series(result)
+    if total is None:
+        ax.text(0.5, 0.5, "no steps", ha="center", va="center", transform=ax.transAxes)
+    else:
+        t = total["time_s"].to_numpy()
+        dec = total["decode_tok_s"].to_numpy()
+        pre = total["prefill_tok_s"].to_numpy()
+        ax.fill_between(t, 0, dec, step="post", alpha=0.7, label="decode tokens/s")
+        ax.fill_between(t, dec, dec + pre, step="post", alpha=0.7, label="prefill tokens/s")
+        ax.legend()
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("tokens / s")
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+# -- writing ----------------------------------------------------------------------------
+def _contents(result: RunResult, title: str, meta: dict, replications: dict | None) -> dict:
+    """File name -> bytes for every output."""
+    images = {"latency_cdf": plot_latency_cdf(result), "timeline": plot_timeline(result),
+              "batch": plot_batch(result)}
+    blocks = _blocks(result, title, meta or {}, replications)
+    files = {
+        FILES["summary"]: _json_bytes(result.summary),
+        FILES["requests"]: result.requests.to_csv(index=False, float_format="%.9f",
+                                                  lineterminator="\n").encode(),
+        FILES["timeseries"]: result.timeseries.to_csv(index=False, float_format="%.9f",
+                                                      lineterminator="\n").encode(),
+        FILES["itl_runs"]: result.itl_runs.to_csv(index=False,
+                                                  lineterminator="\n").encode(),
+        FILES["report_md"]: render_markdown(blocks).encode(),
+        FILES["report_html"]: render_html(blocks, title, images).encode(),
+    }
+    for key, png in images.items():
+        files[FILES[key]] = png
+    if replications is not None:
+        files["replications.json"] = _json_bytes(replications)
+    return files
+
+
+def _json_bytes(obj) -> bytes:
+    return (json.dumps(obj, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
+
+
+def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
+                      replications: dict | None = None) -> dict[str, Path]:
+    """Write a run's outputs into ``out_dir`` atomically.
+
+    Files: ``summary.json`` (sorted keys, indent 2: byte-identical for identical input),
+    ``requests.csv`` and ``timeseries.csv`` (seconds with 9 decimals), ``itl_runs.csv``,
+    ``latency_cdf.png``, ``timeline.png``, ``batch.png``, ``report.md``, a self-contained
+    ``report.html``, and ``replications.json`` when ``replications`` (from
+    :func:`simulator.metrics.combine_replications`) is given.
+
+    Everything is built in a temporary directory beside ``out_dir``; a new ``out_dir`` is
+    then renamed into place in one step, an existing one has each file replaced by an
+    atomic rename. On any error the temporary directory is removed and nothing
+    half-written is left.
+
+    Args:
+        out_dir: output directory (created with its parents if missing).
+        result: from :meth:`simulator.metrics.MetricsCollector.finalize`.
+        title: report title. meta: run facts shown at the top of the report (scenario,
+            seed, model, hardware, ...); not written to summary.json.
+
+    Returns:
+        key -> path of each file written (keys of :data:`FILES`, plus "replications").
+
+    Raises:
+        InputError: ``out_dir`` exists and is not a directory, or cannot be written.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"output directory {out}: exists and is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as e:
+        raise InputError(f"output directory {out}: cannot create it ({e.strerror})") from e
+    try:
+        contents = _contents(result, title, meta, replications)
+        for name, data in contents.items():
+            (tmp / name).write_bytes(data)
+        os.chmod(tmp, 0o755)
+        try:
+            os.rename(tmp, out)   # a new (or empty) out_dir appears complete in one step
+        except OSError:
+            if not out.is_dir():
+                raise
+            for name in contents:
+                os.replace(tmp / name, out / name)
+    except OSError as e:
+        raise InputError(f"output directory {out}: cannot write it ({e.strerror})") from e
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    paths = {key: out / name for key, name in FILES.items()}
+    if replications is not None:
+        paths["replications"] = out / "replications.json"
+    return paths
+
+
+def print_summary(result: RunResult, console=None) -> None:
+    """Print the key figures as a rich table (TTFT/TPOT/ITL/E2EL, throughput, goodput, SLO).
+
+    Args:
+        console: a ``rich.console.Console``; a new one on stdout by default.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    s = result.summary
+    label, basis = _basis(s)
+    lat = Table(title=f"Latency, ms (step costs {basis})")
+    lat.add_column("metric")
+    for st in ("mean", "p50", "p99"):
+        lat.add_column(st, justify="right")
+    for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        d = s.get(m) or {}
+        lat.add_row(_LABELS[m], *(_fmt(d.get(st)) for st in ("mean", "p50", "p99")))
+    thr = Table(title=f"Throughput ({label})")
+    thr.add_column("figure")
+    thr.add_column("value", justify="right")
+    for name, key in (("completed / rejected", None), ("duration (s)", "duration_s"),
+                      ("requests/s", "request_throughput"),
+                      ("output tokens/s", "output_throughput"),
+                      ("total tokens/s", "total_token_throughput"),
+                      ("goodput (req/s)", "goodput"), ("SLO met", "slo_met")):
+        if key is None:
+            thr.add_row(name, f"{_fmt(s.get('completed'))} / {_fmt(s.get('rejected'))}")
+        else:
+            thr.add_row(name, _fmt(s.get(key)))
+    console.print(lat)
+    console.print(thr)
+    console.print("TTFT, TPOT, ITL and E2EL as defined by vllm bench serve "
+                  "(TPOT excludes the first token; genai-perf's ITL is this TPOT).",
+                  style="dim")

@@ -1,0 +1,285 @@
+"""Metrics: hand-computed latencies, exact pooled-ITL percentiles, goodput, warm-up,
+time-weighted concurrency and replication confidence intervals."""
+
+import json
+import math
+import statistics
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+
+from simulator import metrics
+from simulator.errors import InputError
+from simulator.metrics import MetricsCollector, combine_replications, percentile_from_runs
+from simulator.policy import RequestRecord
+
+MS = 1_000_000
+
+
+def approx(x):
+    # Summary floats are rounded to 6 significant digits.
+    return pytest.approx(x, rel=5e-6)
+
+
+def timeline():
+    """Four requests, in finish order (times in ms):
+
+    id arrival sched first finish out  ->  TTFT  E2EL  TPOT          queue
+    r3   50     -     -     50     0      rejected (not a latency sample)
+    r2   40    60   130    130     1      90    90   none (1 token)  20
+    r0    0    10    50    150    11      50   150   100/10 = 10     10
+    r1   20    30    80    200     5      60   180   120/4  = 30     10
+    """
+    def rec(rid, a, s, f, fin, prompt, out, reason="length", rep=0):
+        return RequestRecord(rid, a * MS, None if s is None else s * MS,
+                             None if f is None else f * MS, fin * MS, prompt_tokens=prompt,
+                             cached_tokens=16 if out else 0, output_tokens=out,
+                             replica=rep, finish_reason=reason)
+    return [rec("r3", 50, None, None, 50, 400, 0, "rejected"),
+            rec("r2", 40, 60, 130, 130, 300, 1),
+            rec("r0", 0, 10, 50, 150, 100, 11),
+            rec("r1", 20, 30, 80, 200, 200, 5)]
+
+
+def collect(records, **kw):
+    c = MetricsCollector(**kw)
+    for r in records:
+        c.record_request(r)
+    return c
+
+
+def test_hand_made_timeline_latencies_and_percentiles():
+    s = collect(timeline()).finalize(slo=None).summary
+    assert (s["num_requests"], s["completed"], s["rejected"]) == (4, 3, 1)
+    # TTFT sorted [50, 60, 90]: p50 = 60; p90 at index 1.8 -> 60 + 0.8*30; p99 at 1.98.
+    t = s["ttft_ms"]
+    assert t["mean"] == approx(200 / 3)
+    assert (t["p50"], t["max"]) == (60.0, 90.0)
+    assert t["p90"] == approx(84.0)
+    assert t["p95"] == approx(87.0)
+    assert t["p99"] == approx(89.4)
+    # TPOT excludes the first token and the 1-token request: [10, 30].
+    p = s["tpot_ms"]
+    assert (p["mean"], p["p50"], p["max"]) == (20.0, 20.0, 30.0)
+    assert p["p90"] == approx(28.0)
+    assert p["p99"] == approx(29.8)
+    # E2EL sorted [90, 150, 180].
+    e = s["e2el_ms"]
+    assert e["mean"] == approx(140.0)
+    assert e["p50"] == 150.0
+    assert e["p90"] == approx(174.0)
+    # queue [10, 10, 20]
+    q = s["queue_ms"]
+    assert q["mean"] == approx(40 / 3)
+    assert q["p50"] == 10.0
+    assert q["p90"] == approx(18.0)
+
+
+def test_throughput_window_and_request_concurrency():
+    s = collect(timeline()).finalize(slo=None).summary
+    # window [first arrival 0, last finish 200 ms]
+    assert s["duration_s"] == approx(0.2)
+    assert s["request_throughput"] == approx(3 / 0.2)
+    assert s["output_throughput"] == approx(17 / 0.2)
+    assert s["total_token_throughput"] == approx((600 + 17) / 0.2)
+    # mean = sum E2EL / duration = (150 + 180 + 90) / 200; all three overlap in [40, 130)
+    assert s["concurrency"]["requests_mean"] == approx(2.1)
+    assert s["concurrency"]["requests_max"] == 3
+
+
+def test_requests_frame_is_in_arrival_order_with_derived_columns():
+    df = collect(timeline()).finalize(slo=None).requests
+    assert list(df.columns) == list(metrics.REQUEST_COLUMNS)
+    assert list(df["request_id"]) == ["r0", "r1", "r2", "r3"]
+    assert list(df["ttft_ms"][:3]) == [50.0, 60.0, 90.0]
+    assert list(df["tpot_ms"][:2]) == [10.0, 30.0]
+    assert math.isnan(df["tpot_ms"][2]) and math.isnan(df["ttft_ms"][3])
+    assert list(df["finish_reason"]) == ["length"] * 3 + ["rejected"]
+
+
+def test_goodput_needs_every_slo():
+    c = collect(timeline())
+    # r0: ttft 50, tpot 10 -> good; r1: tpot 30 > 25 -> bad; r2: no TPOT -> passes it.
+    s = c.finalize(slo={"ttft_ms": {"p99": 100}, "tpot_ms": {"p50": 25}}).summary
+    assert s["good_requests"] == 2
+    assert s["goodput"] == approx(2 / 0.2)
+    assert s["slo"]["ttft_ms"]["p99"] == {"threshold": 100.0, "value": approx(89.4),
+                                          "met": True}
+    assert s["slo"]["tpot_ms"]["p50"]["met"] is True
+    assert s["slo_met"] is True
+    # Only r0 has E2EL <= 160 and TTFT <= 55; run mean TTFT 66.7 > 55 fails the SLO.
+    s = c.finalize(slo={"e2el_ms": {"mean": 160}, "ttft_ms": {"mean": 55}}).summary
+    assert s["good_requests"] == 1
+    assert s["goodput"] == approx(1 / 0.2)
+    assert s["slo"]["e2el_ms"]["mean"]["met"] is True
+    assert s["slo"]["ttft_ms"]["mean"]["met"] is False
+    assert s["slo_met"] is False
+
+
+def test_itl_slo_is_judged_on_the_run_statistic_only():
+    c = collect(timeline())
+    c.record_itl(10 * MS, 14)
+    s = c.finalize(slo={"itl_ms": {"p99": 5}}).summary
+    assert s["slo"]["itl_ms"]["p99"] == {"threshold": 5.0, "value": 10.0, "met": False}
+    assert s["slo_met"] is False
+    assert s["good_requests"] == 3
+
+
+def test_no_slo_gives_no_goodput():
+    s = collect(timeline()).finalize(slo=None).summary
+    assert (s["slo"], s["slo_met"], s["goodput"]) == ({}, None, None)
+
+
+@pytest.mark.parametrize("slo, path", [
+    ({"ttft": {"p99": 1}}, "slo.ttft:"),
+    ({"ttft_ms": {"p42": 1}}, "slo.ttft_ms.p42:"),
+    ({"tpot_ms": {"mean": -3}}, "slo.tpot_ms.mean:"),
+    ({"tpot_ms": {"mean": "fast"}}, "slo.tpot_ms.mean:"),
+    ({"e2el_ms": 100}, "slo.e2el_ms:"),
+])
+def test_bad_slo_names_the_key(slo, path):
+    with pytest.raises(InputError) as err:
+        collect(timeline()).finalize(slo=slo)
+    assert str(err.value).startswith(path) and "\n" not in str(err.value)
+
+
+def test_warmup_excludes_first_requests_by_arrival():
+    res = collect(timeline(), warmup_requests=1).finalize(slo=None)
+    s = res.summary
+    # r0 arrived first (though it finished third): counted are r1, r2, r3.
+    assert (s["num_requests"], s["warmup_requests"], s["completed"]) == (3, 1, 2)
+    assert s["ttft_ms"]["mean"] == approx(75.0)      # (60 + 90) / 2
+    assert s["tpot_ms"]["mean"] == approx(30.0)
+    assert s["duration_s"] == approx(0.18)           # [20 ms, 200 ms]
+    assert s["request_throughput"] == approx(2 / 0.18)
+    assert s["concurrency"]["requests_mean"] == approx((180 + 90) / 180)
+    assert list(res.requests["warmup"]) == [True, False, False, False]
+
+
+def test_itl_runs_and_summary():
+    c = collect(timeline())
+    c.record_itl(10 * MS, 3)
+    c.record_itl(20 * MS, 1)
+    c.record_itl(10 * MS, 1)
+    c.record_itl(99 * MS, 0)
+    c.record_token_times([0, 5 * MS, 25 * MS])       # gaps 5 ms and 20 ms
+    res = c.finalize(slo=None)
+    assert res.itl_runs["gap_ns"].tolist() == [5 * MS, 10 * MS, 20 * MS]
+    assert res.itl_runs["count"].tolist() == [1, 4, 2]
+    expanded = np.array([5] + [10] * 4 + [20] * 2, dtype=float)
+    itl = res.summary["itl_ms"]
+    assert res.summary["itl_tokens"] == 7
+    assert itl["mean"] == approx(expanded.mean())
+    assert itl["std"] == approx(expanded.std())
+    for k, q in (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99)):
+        assert itl[k] == approx(np.percentile(expanded, q))
+    assert itl["max"] == 20.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs=st.lists(st.tuples(st.integers(0, 10**10), st.integers(1, 40)),
+                     min_size=1, max_size=25),
+       q=st.lists(st.floats(0, 100), min_size=1, max_size=6))
+def test_percentile_from_runs_equals_numpy_on_expanded(runs, q):
+    values = np.array([v for v, _ in runs], dtype=np.int64)
+    counts = np.array([c for _, c in runs], dtype=np.int64)
+    expanded = np.repeat(values, counts)
+    got = percentile_from_runs(values, counts, q)
+    want = np.percentile(expanded, q)
+    assert got.tolist() == want.tolist()
+    assert percentile_from_runs(values, counts, q[0]) == np.percentile(expanded, q[0])
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs=st.lists(st.tuples(st.floats(-1e6, 1e6), st.integers(0, 9)), min_size=1,
+                     max_size=15).filter(lambda r: sum(c for _, c in r) > 0),
+       q=st.sampled_from([0, 1, 25, 50, 90, 95, 99, 99.9, 100]))
+def test_percentile_from_runs_float_values(runs, q):
+    values = np.array([v for v, _ in runs])
+    counts = np.array([c for _, c in runs])
+    assert percentile_from_runs(values, counts, q) == np.percentile(
+        np.repeat(values, counts), q)
+
+
+def steps_case(**kw):
+    """Window [0, 200 ms] from one request; replica 0 runs 1 then 2 requests, replica 1
+    runs 3 over [20, 100) ms."""
+    c = MetricsCollector(**kw)
+    c.record_request(RequestRecord(1, 0, 0, 10 * MS, 200 * MS, 10, 0, 5,
+                                   finish_reason="length"))
+    c.record_step(0, 0, 40 * MS, 8, 0, 1, 2, 0.1, 0)
+    c.record_step(0, 50 * MS, 150 * MS, 0, 2, 2, 0, 0.3, 1)
+    c.record_step(1, 20 * MS, 100 * MS, 4, 3, 3, 1, 0.5, 0)
+    return c
+
+
+def test_time_weighted_running_and_kv_usage():
+    s = steps_case().finalize(slo=None).summary
+    # running: (1*40 + 2*100 + 3*80) / 200; KV: (0.1*40 + 0.3*100 + 0.5*80) / 200 / 2
+    assert s["concurrency"]["running_mean"] == approx(2.4)
+    assert s["concurrency"]["running_max_per_replica"] == 3
+    assert s["kv_usage"]["mean"] == approx(0.185)
+    assert s["kv_usage"]["max"] == 0.5
+    assert s["preemptions"] == 0
+
+
+def test_timeseries_bins_per_replica_and_total():
+    res = steps_case(timeseries_bin_ns=50 * MS).finalize(slo=None)
+    ts = res.timeseries
+    assert res.summary["timeseries_bin_s"] == 0.05
+
+    def col(rep, name):
+        return ts[ts["replica"] == rep][name].tolist()
+    assert col("0", "time_s") == [0.0, 0.05, 0.1, 0.15]
+    assert col("0", "running") == approx([40 / 50, 2, 2, 0])
+    assert col("1", "running") == approx([3 * 30 / 50, 3, 0, 0])
+    assert col("all", "running") == approx([0.8 + 1.8, 5, 2, 0])
+    assert col("all", "waiting") == approx([(2 * 40 + 30) / 50, 1, 0, 0])
+    assert col("all", "kv_usage") == approx([(0.1 * 40 + 0.5 * 30) / 50 / 2,
+                                             (0.3 + 0.5) / 2, 0.3 / 2, 0])
+    # tokens count in the bin where the step ends: 40 ms -> bin 0, 100 -> 1, 150 -> 2
+    assert col("all", "prefill_tokens") == [8, 4, 0, 0]
+    assert col("all", "decode_tokens") == [0, 3, 2, 0]
+    assert col("all", "decode_tok_s") == approx([0, 60, 40, 0])
+    assert col("all", "preemptions") == [0, 0, 1, 0]
+    assert col("all", "running_max") == [3, 3, 2, 0]
+
+
+def test_fine_bins_coarsen_without_losing_time(monkeypatch):
+    monkeypatch.setattr(metrics, "_MAX_FINE_BINS", 4)   # 10 ms bins double past 40 ms
+    c = steps_case()
+    assert c._w == 40 * MS
+    s = c.finalize(slo=None).summary
+    assert s["concurrency"]["running_mean"] == approx(2.4)
+    assert s["kv_usage"]["mean"] == approx(0.185)
+
+
+def test_summary_is_deterministic_and_json_able():
+    a = steps_case().finalize(slo={"ttft_ms": {"p99": 100}}, extra={"scenario": "x"})
+    b = steps_case().finalize(slo={"ttft_ms": {"p99": 100}}, extra={"scenario": "x"})
+    assert json.dumps(a.summary, sort_keys=True) == json.dumps(b.summary, sort_keys=True)
+    assert a.summary["scenario"] == "x"
+    with pytest.raises(ValueError):
+        steps_case().finalize(slo=None, extra={"completed": 1})
+
+
+def test_combine_replications_student_t():
+    vals = [1.0, 2.0, 4.0]
+    sums = [{"ttft_ms": {"p99": v}, "completed": int(v), "label": "x", "slo_met": True}
+            for v in vals]
+    sums[0]["only_first"] = 3.5
+    out = combine_replications(sums)
+    mean = statistics.mean(vals)
+    sem = statistics.stdev(vals) / math.sqrt(3)
+    lo, hi = sps.t.interval(0.95, df=2, loc=mean, scale=sem)
+    got = out["ttft_ms"]["p99"]
+    assert got["n"] == 3
+    assert got["mean"] == approx(mean)
+    assert got["ci95"] == [approx(lo), approx(hi)]
+    assert out["only_first"] == {"mean": 3.5, "ci95": None, "n": 1}
+    assert "label" not in out and "slo_met" not in out
+    same = combine_replications([{"a": 2.0}, {"a": 2.0}])
+    assert same["a"] == {"mean": 2.0, "ci95": [2.0, 2.0], "n": 2}

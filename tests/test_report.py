@@ -1,0 +1,135 @@
+"""Run outputs: byte-identical summary, atomic writes, self-contained HTML, CLI table."""
+
+import io
+import json
+import re
+
+import pytest
+from rich.console import Console
+
+from simulator import report
+from simulator.errors import InputError
+from simulator.metrics import MetricsCollector, combine_replications
+from simulator.policy import RequestRecord
+from simulator.report import FILES, print_summary, write_run_outputs
+
+MS = 1_000_000
+EXTRA = {"cost_label": "projected", "cost_source": "h100-sxm spec sheet",
+         "kv_note": "40,000 blocks at gpu_memory_utilization 0.9",
+         "prefix_cache_hit_rate": 0.25}
+
+
+def make_result():
+    c = MetricsCollector(num_replicas=2)
+    for i in range(6):
+        a = i * 20 * MS
+        c.record_request(RequestRecord(i, a, a + 5 * MS, a + 40 * MS, a + 140 * MS,
+                                       prompt_tokens=100, output_tokens=11, replica=i % 2,
+                                       finish_reason="length"))
+        c.record_itl(10 * MS, 10)
+    c.record_request(RequestRecord(6, 30 * MS, finish_ns=30 * MS, prompt_tokens=10**6,
+                                   finish_reason="rejected"))
+    for rep in (0, 1):
+        for k in range(24):
+            c.record_step(rep, k * 10 * MS, (k + 1) * 10 * MS, 50 if k % 4 == 0 else 0,
+                          3, 3, 1, 0.2 + 0.01 * k, 0)
+    return c.finalize(slo={"ttft_ms": {"p99": 100}, "tpot_ms": {"mean": 5}}, extra=EXTRA)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return make_result()
+
+
+def test_writes_every_file_and_summary_is_byte_identical(tmp_path, result):
+    a = write_run_outputs(tmp_path / "a", result, title="t", meta={"seed": 0})
+    b = write_run_outputs(tmp_path / "b", make_result(), title="t", meta={"seed": 0})
+    assert set(a) == set(FILES)
+    for key in FILES:
+        assert a[key].is_file() and a[key].stat().st_size > 0
+    for key in ("summary", "requests", "timeseries", "itl_runs", "report_md"):
+        assert a[key].read_bytes() == b[key].read_bytes(), key
+    text = a["summary"].read_text()
+    assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
+    assert json.loads(text)["cost_label"] == "projected"
+    # Rewriting into an existing directory replaces the files with the same bytes.
+    before = a["summary"].read_bytes()
+    write_run_outputs(tmp_path / "a", result, title="t", meta={"seed": 0})
+    assert a["summary"].read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_requests_csv_has_seconds_with_nine_decimals(tmp_path, result):
+    paths = write_run_outputs(tmp_path / "o", result, title="t", meta={})
+    lines = paths["requests"].read_text().splitlines()
+    head = lines[0].split(",")
+    assert head[:6] == ["request_id", "arrival_s", "first_scheduled_s", "first_token_s",
+                        "finish_s", "prompt_tokens"]
+    row = dict(zip(head, lines[2].split(",")))     # request 1, arrival 20 ms
+    assert row["arrival_s"] == "0.020000000"
+    assert row["finish_s"] == "0.160000000"
+    assert float(row["ttft_ms"]) == 40.0
+
+
+def test_out_dir_that_is_a_file_fails_and_leaves_nothing(tmp_path, result):
+    target = tmp_path / "out"
+    target.write_text("not a directory")
+    with pytest.raises(InputError, match="out"):
+        write_run_outputs(target, result, title="t", meta={})
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert target.read_text() == "not a directory"
+
+
+def test_failure_while_building_leaves_nothing_half_written(tmp_path, result, monkeypatch):
+    def broken(_result):
+        raise RuntimeError("plot failed")
+    monkeypatch.setattr(report, "plot_batch", broken)
+    with pytest.raises(RuntimeError):
+        write_run_outputs(tmp_path / "new", result, title="t", meta={})
+    assert list(tmp_path.iterdir()) == []
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "summary.json").write_text("previous run")
+    with pytest.raises(RuntimeError):
+        write_run_outputs(old, result, title="t", meta={})
+    assert [p.name for p in tmp_path.iterdir()] == ["old"]
+    assert [p.name for p in old.iterdir()] == ["summary.json"]
+    assert (old / "summary.json").read_text() == "previous run"
+
+
+def test_html_is_self_contained_with_embedded_plots(tmp_path, result):
+    reps = combine_replications([result.summary, make_result().summary])
+    paths = write_run_outputs(tmp_path / "o", result, title="chat <test>",
+                              meta={"scenario": "chat"}, replications=reps)
+    page = paths["report_html"].read_text()
+    assert page.count('src="data:image/png;base64,') == 3
+    assert re.findall(r'src="(?!data:)', page) == []
+    for external in ("http://", "https://", "<link", "<script", "url("):
+        assert external not in page
+    assert "chat &lt;test&gt;" in page
+    for needed in ("GuideLLM", "genai-perf", "projected", "h100-sxm spec sheet",
+                   "40,000 blocks", "95% CI"):
+        assert needed in page
+    assert json.loads(paths["replications"].read_text())["completed"]["n"] == 2
+
+
+def test_markdown_links_plots_and_labels_figures(tmp_path, result):
+    md = write_run_outputs(tmp_path / "o", result, title="t",
+                           meta={})["report_md"].read_text()
+    for name in ("latency_cdf.png", "timeline.png", "batch.png"):
+        assert f"]({name})" in md
+    assert "## Latency, ms (projected)" in md
+    assert "## Throughput (projected)" in md
+    # SLO table: TTFT p99 = 40 ms met; TPOT mean = 10 ms misses 5 ms.
+    assert "| TTFT | p99 | 100 | 40 | yes |" in md
+    assert "| TPOT | mean | 5 | 10 | no |" in md
+    assert "GuideLLM" in md and "genai-perf" in md
+
+
+def test_print_summary_table(result):
+    buf = io.StringIO()
+    print_summary(result, console=Console(file=buf, width=120, color_system=None))
+    out = buf.getvalue()
+    for needed in ("TTFT", "TPOT", "ITL", "E2EL", "goodput", "SLO met", "projected"):
+        assert needed in out
+    assert "6 / 1" in out          # completed / rejected
