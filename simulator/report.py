@@ -6,9 +6,9 @@ Plots use matplotlib's object API (``Figure`` with the Agg canvas), not ``pyplot
 global backend state, safe in worker processes.
 
 The report reads these optional summary keys that the caller passes through ``extra`` of
-:meth:`simulator.metrics.MetricsCollector.finalize`: ``cost_label`` ("measured" or
-"projected"), ``cost_source`` (what the step costs come from), ``kv_note``,
-``prefix_cache_hit_rate`` and ``scenario``.
+:meth:`simulator.metrics.MetricsCollector.finalize`: ``cost_kind`` ("measured" or
+"projected"; ``cost_label`` also accepted), ``cost_model`` (what the step costs come from;
+``cost_source`` also accepted), ``kv_note`` and ``prefix_cache_hit_rate``.
 """
 
 from __future__ import annotations
@@ -85,8 +85,9 @@ def _fmt(x) -> str:
 
 
 def _basis(summary: dict) -> tuple[str, str]:
-    label = summary.get("cost_label") or "unlabelled"
-    source = summary.get("cost_source")
+    """(label, label with source) of the step costs, e.g. ("projected", "projected (...)")."""
+    label = summary.get("cost_kind") or summary.get("cost_label") or "unlabelled"
+    source = summary.get("cost_model") or summary.get("cost_source")
     return str(label), (f"{label} ({source})" if source else str(label))
 
 
@@ -407,7 +408,7 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
             seed, model, hardware, ...); not written to summary.json.
 
     Returns:
-        key -> path of each file written (keys of :data:`FILES`, plus "replications").
+        file name -> path of each file written (e.g. ``paths["report.html"]``).
 
     Raises:
         InputError: ``out_dir`` exists and is not a directory, or cannot be written.
@@ -437,17 +438,17 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    paths = {key: out / name for key, name in FILES.items()}
-    if replications is not None:
-        paths["replications"] = out / "replications.json"
-    return paths
+    return {name: out / name for name in contents}
 
 
-def print_summary(result: RunResult, console=None) -> None:
+def print_summary(result: RunResult, console=None, *, replications: dict | None = None
+                  ) -> None:
     """Print the key figures as a rich table (TTFT/TPOT/ITL/E2EL, throughput, goodput, SLO).
 
     Args:
         console: a ``rich.console.Console``; a new one on stdout by default.
+        replications: from :func:`simulator.metrics.combine_replications`; adds a table of
+            key figures' means and 95% confidence intervals.
     """
     from rich.console import Console
     from rich.table import Table
@@ -476,6 +477,13 @@ def print_summary(result: RunResult, console=None) -> None:
             thr.add_row(name, _fmt(s.get(key)))
     console.print(lat)
     console.print(thr)
+    if replications:
+        rep = Table(title=f"Across replications ({label})")
+        for col in ("figure", "mean", "95% CI", "n"):
+            rep.add_column(col, justify="left" if col == "figure" else "right")
+        for row in _replication_rows(replications):
+            rep.add_row(*row)
+        console.print(rep)
     console.print("TTFT, TPOT, ITL and E2EL as defined by vllm bench serve "
                   "(TPOT excludes the first token; genai-perf's ITL is this TPOT).",
                   style="dim")

@@ -14,7 +14,7 @@ from simulator.policy import RequestRecord
 from simulator.report import FILES, print_summary, write_run_outputs
 
 MS = 1_000_000
-EXTRA = {"cost_label": "projected", "cost_source": "h100-sxm spec sheet",
+EXTRA = {"cost_kind": "projected", "cost_model": "h100-sxm spec sheet",
          "kv_note": "40,000 blocks at gpu_memory_utilization 0.9",
          "prefix_cache_hit_rate": 0.25}
 
@@ -44,24 +44,26 @@ def result():
 def test_writes_every_file_and_summary_is_byte_identical(tmp_path, result):
     a = write_run_outputs(tmp_path / "a", result, title="t", meta={"seed": 0})
     b = write_run_outputs(tmp_path / "b", make_result(), title="t", meta={"seed": 0})
-    assert set(a) == set(FILES)
-    for key in FILES:
-        assert a[key].is_file() and a[key].stat().st_size > 0
-    for key in ("summary", "requests", "timeseries", "itl_runs", "report_md"):
-        assert a[key].read_bytes() == b[key].read_bytes(), key
-    text = a["summary"].read_text()
+    assert set(a) == set(FILES.values())
+    for name, path in a.items():
+        assert path == tmp_path / "a" / name
+        assert path.is_file() and path.stat().st_size > 0
+    for name in ("summary.json", "requests.csv", "timeseries.csv", "itl_runs.csv",
+                 "report.md"):
+        assert a[name].read_bytes() == b[name].read_bytes(), name
+    text = a["summary.json"].read_text()
     assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
-    assert json.loads(text)["cost_label"] == "projected"
+    assert json.loads(text)["cost_kind"] == "projected"
     # Rewriting into an existing directory replaces the files with the same bytes.
-    before = a["summary"].read_bytes()
+    before = a["summary.json"].read_bytes()
     write_run_outputs(tmp_path / "a", result, title="t", meta={"seed": 0})
-    assert a["summary"].read_bytes() == before
+    assert a["summary.json"].read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
 def test_requests_csv_has_seconds_with_nine_decimals(tmp_path, result):
     paths = write_run_outputs(tmp_path / "o", result, title="t", meta={})
-    lines = paths["requests"].read_text().splitlines()
+    lines = paths["requests.csv"].read_text().splitlines()
     head = lines[0].split(",")
     assert head[:6] == ["request_id", "arrival_s", "first_scheduled_s", "first_token_s",
                         "finish_s", "prompt_tokens"]
@@ -101,7 +103,7 @@ def test_html_is_self_contained_with_embedded_plots(tmp_path, result):
     reps = combine_replications([result.summary, make_result().summary])
     paths = write_run_outputs(tmp_path / "o", result, title="chat <test>",
                               meta={"scenario": "chat"}, replications=reps)
-    page = paths["report_html"].read_text()
+    page = paths["report.html"].read_text()
     assert page.count('src="data:image/png;base64,') == 3
     assert re.findall(r'src="(?!data:)', page) == []
     for external in ("http://", "https://", "<link", "<script", "url("):
@@ -110,12 +112,12 @@ def test_html_is_self_contained_with_embedded_plots(tmp_path, result):
     for needed in ("GuideLLM", "genai-perf", "projected", "h100-sxm spec sheet",
                    "40,000 blocks", "95% CI"):
         assert needed in page
-    assert json.loads(paths["replications"].read_text())["completed"]["n"] == 2
+    assert json.loads(paths["replications.json"].read_text())["completed"]["n"] == 2
 
 
 def test_markdown_links_plots_and_labels_figures(tmp_path, result):
     md = write_run_outputs(tmp_path / "o", result, title="t",
-                           meta={})["report_md"].read_text()
+                           meta={})["report.md"].read_text()
     for name in ("latency_cdf.png", "timeline.png", "batch.png"):
         assert f"]({name})" in md
     assert "## Latency, ms (projected)" in md
@@ -128,8 +130,11 @@ def test_markdown_links_plots_and_labels_figures(tmp_path, result):
 
 def test_print_summary_table(result):
     buf = io.StringIO()
-    print_summary(result, console=Console(file=buf, width=120, color_system=None))
+    reps = combine_replications([result.summary, result.summary])
+    print_summary(result, console=Console(file=buf, width=120, color_system=None),
+                  replications=reps)
     out = buf.getvalue()
-    for needed in ("TTFT", "TPOT", "ITL", "E2EL", "goodput", "SLO met", "projected"):
+    for needed in ("TTFT", "TPOT", "ITL", "E2EL", "goodput", "SLO met", "projected",
+                   "Across replications"):
         assert needed in out
     assert "6 / 1" in out          # completed / rejected
