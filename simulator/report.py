@@ -88,7 +88,11 @@ def _basis(summary: dict) -> tuple[str, str]:
     """(label, label with source) of the step costs, e.g. ("projected", "projected (...)")."""
     label = summary.get("cost_kind") or summary.get("cost_label") or "unlabelled"
     source = summary.get("cost_model") or summary.get("cost_source")
-    return str(label), (f"{label} ({source})" if source else str(label))
+    label = str(label)
+    if not source:
+        return label, label
+    source = str(source)
+    return label, source if source.lower().startswith(label.lower()) else f"{label} ({source})"
 
 
 def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None) -> list:
