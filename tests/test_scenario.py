@@ -1,0 +1,176 @@
+"""Scenario schema: vLLM defaults, one-line errors naming file/flag and key path, --set
+overrides, relative paths, scheduler config, JSON schema."""
+
+import json
+
+import pytest
+import yaml
+
+from simulator.errors import InputError
+from simulator.scenario import load_scenario, scenario_from_dict, scenario_json_schema
+
+BASE = {
+    "name": "chat",
+    "model": "llama-test",
+    "hardware": {"step_time": {"constant_s": 0.02}},
+    "workload": {"num_requests": 10, "arrival": {"process": "poisson", "rate": 1.0},
+                 "prompt_tokens": {"dist": "fixed", "value": 100},
+                 "output_tokens": {"dist": "fixed", "value": 10}},
+}
+
+
+@pytest.fixture
+def chat(tmp_path):
+    p = tmp_path / "chat.yaml"
+    p.write_text(yaml.safe_dump(BASE, sort_keys=False))
+    return p
+
+
+def err(fn, *a, **kw) -> str:
+    with pytest.raises(InputError) as e:
+        fn(*a, **kw)
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def test_defaults_are_vllms(chat):
+    sc = load_scenario(chat)
+    e = sc.engine
+    assert (e.block_size, e.max_num_seqs, e.max_num_batched_tokens, e.gpu_memory_utilization,
+            e.enable_prefix_caching) == (16, 256, 8192, 0.9, True)
+    assert sc.dtype == "bfloat16" and sc.cluster.replicas == 1
+    assert sc.cluster.router == "round_robin" and sc.hardware.tensor_parallel == 1
+    assert sc.max_model_len == 2048  # llama-test's max_position_embeddings
+    assert sc.base_dir == chat.parent and sc.source == "chat.yaml"
+    assert sc.slo.targets() == [] and sc.sim.replications == 1
+
+
+def test_brief_error_examples(chat):
+    assert err(load_scenario, chat, ["engine.max_num_seqs=0"]) == (
+        "--set engine.max_num_seqs=0: Input should be greater than or equal to 1")
+    chat.write_text(chat.read_text() + "engine: {max_num_seqs: 0}\n")
+    assert err(load_scenario, chat) == (
+        "chat.yaml: engine.max_num_seqs: Input should be greater than or equal to 1 (got 0)")
+    chat.write_text(yaml.safe_dump({**BASE, "engine": {"max_num_seq": 8}}))
+    assert err(load_scenario, chat) == (
+        "chat.yaml: engine.max_num_seq: unknown key (allowed: block_size, max_num_seqs, "
+        "max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
+        "max_model_len, num_gpu_blocks)")
+    chat.write_text(yaml.safe_dump(BASE))
+    assert err(load_scenario, chat, ["engine.block_size=abc"]) == (
+        "--set engine.block_size=abc: Input should be a valid integer")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("engine.gpu_memory_utilization=1.5", "--set engine.gpu_memory_utilization=1.5: Input "
+     "should be less than or equal to 1"),
+    ("engine.gpu_memory_utilization=0", "greater than 0"),
+    ("engine.block_size=true", "--set engine.block_size=true: Input should be a valid integer"),
+    ("cluster.replicas=0", "--set cluster.replicas=0: Input should be greater than or equal to 1"),
+    ("cluster.router=random", "Input should be 'round_robin', 'least_outstanding' or "
+     "'prefix_affinity'"),
+    ("dtype=int8", "--set dtype=int8: Input should be 'float32', 'bfloat16' or 'float16'"),
+    ("slo.ttft_ms.p98=3", "--set slo.ttft_ms.p98=3: unknown key (allowed: mean, p50, p90, "
+     "p95, p99)"),
+    ("slo.ttft_ms={}", "give at least one of mean, p50, p90, p95, p99"),
+    ("slo.goodput_ms={p99: 3}", "unknown key (allowed: ttft_ms, tpot_ms, itl_ms, e2el_ms, "
+     "queue_ms)"),
+    ("sim.warmup_requests=-1", "greater than or equal to 0"),
+    ("hardware.tensor_parallel=3", "--set hardware.tensor_parallel=3: 3 does not divide the "
+     "model's num_attention_heads (4)"),
+    ("hardware.profile=h100-sxm", "chat.yaml (with --set hardware.profile=h100-sxm): hardware: "
+     "give exactly one of profile"),
+    ("hardware.step_time={constant_s: 1, base_s: 1}", "give either constant_s, or the linear"),
+    ("hardware.step_time.constant_s=0", "greater than 0"),
+    ("engine.max_model_len=4096", "--set engine.max_model_len=4096: 4096 is longer than the "
+     "model's max_position_embeddings (2048)"),
+    ("engine.max_num_batched_tokens=100", "chat.yaml (with --set "
+     "engine.max_num_batched_tokens=100): engine: max_num_batched_tokens (100) must be >= "
+     "max_num_seqs (256)"),
+    ("workload.arrival.rate=-1", "--set workload.arrival.rate=-1: Input should be greater "
+     "than 0"),
+    ("model=llama-9", "--set model=llama-9: model: 'llama-9' is neither a catalog model"),
+    ("model=3", "--set model=3: expected a catalog name"),
+    ("name.x=1", "--set name.x=1: name is not a mapping"),
+    ("engine", "--set engine: expected key.path=value"),
+    ("engine.block_size=[1", "--set engine.block_size=[1: value is not valid YAML"),
+])
+def test_bad_values_one_line(chat, override, expected):
+    assert expected in err(load_scenario, chat, [override])
+
+
+def test_unknown_keys_reported_before_consequences(tmp_path):
+    p = tmp_path / "s.yaml"
+    raw = {k: v for k, v in BASE.items() if k != "hardware"}
+    p.write_text(yaml.safe_dump({**raw, "hardwre": BASE["hardware"]}))
+    assert err(load_scenario, p).startswith(
+        "s.yaml: hardwre: unknown key (allowed: name, model, dtype, hardware, engine, cluster, "
+        "workload, slo, sim) (and 1 more error)")
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\nmodel: llama-test\nengine: {block_size: [16}\n")
+    assert err(load_scenario, p).startswith("bad.yaml:3: YAML syntax error:")
+    p.write_text("- a\n- b\n")
+    assert "a scenario is a mapping" in err(load_scenario, p)
+    assert err(load_scenario, tmp_path / "nope.yaml").endswith("nope.yaml: scenario file not found")
+
+
+def test_overrides_apply_yaml_values(chat):
+    sc = load_scenario(chat, ["engine.max_num_seqs=8", "engine.enable_prefix_caching=false",
+                              "slo.ttft_ms={p99: 500, mean: 200}", "cluster.router=prefix_affinity",
+                              "hardware.step_time={base_s: 0.001, per_decode_seq_s: 0.0001}"])
+    assert sc.engine.max_num_seqs == 8 and sc.engine.enable_prefix_caching is False
+    assert sc.slo.targets() == [("ttft_ms", "mean", 200.0), ("ttft_ms", "p99", 500.0)]
+    assert sc.hardware.step_time.form == "linear"
+    assert BASE["hardware"] == {"step_time": {"constant_s": 0.02}}  # input not mutated
+    assert sc.name == "chat"
+
+
+def test_relative_model_path_resolves_against_scenario_folder(tmp_path):
+    from simulator.catalog import load_model
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "config.json").write_text(
+        json.dumps(load_model("llama-tiny-56m").hf_config()))
+    (tmp_path / "sub").mkdir()
+    p = tmp_path / "sub" / "s.yaml"
+    p.write_text(yaml.safe_dump({**BASE, "model": "../models"}))
+    sc = load_scenario(p)
+    assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
+    assert sc.resolve_path("trace.csv") == tmp_path / "sub" / "trace.csv"
+
+
+def test_scheduler_config():
+    sc = scenario_from_dict({**BASE, "engine": {"max_num_seqs": 4, "block_size": 8}})
+    cfg = sc.scheduler_config(None)
+    assert (cfg.max_num_seqs, cfg.block_size, cfg.num_gpu_blocks, cfg.max_model_len) == (
+        4, 8, None, 2048)
+    # default max_model_len is capped to what (N - 1) blocks hold
+    assert sc.scheduler_config(101).max_model_len == 800
+    sc = scenario_from_dict({**BASE, "engine": {"block_size": 8, "max_model_len": 1000}})
+    assert sc.scheduler_config(200).max_model_len == 1000
+    msg = err(sc.scheduler_config, 101)
+    assert msg == ("<scenario>: engine.max_model_len: 1000 tokens need 125 KV blocks of 8 but "
+                   "the cache holds 100: lower max_model_len or give the KV cache more memory")
+
+
+def test_inline_model_mapping():
+    sc = scenario_from_dict({**BASE, "model": {"name": "mini", "hidden_size": 32,
+                                               "intermediate_size": 64, "num_hidden_layers": 1,
+                                               "num_attention_heads": 2, "vocab_size": 50,
+                                               "max_position_embeddings": 128}})
+    assert sc.model_shape.name == "mini" and sc.max_model_len == 128
+    assert "model.foo: unknown key" in err(scenario_from_dict, {**BASE, "model": {"foo": 1}})
+
+
+def test_json_schema():
+    s = scenario_json_schema()
+    json.dumps(s)
+    assert {"name", "model", "hardware", "engine", "cluster", "workload", "slo", "sim"} <= set(
+        s["properties"])
+    assert set(s["required"]) == {"model", "hardware", "workload"}
+    eng = s["$defs"]["EngineConfig"]
+    assert eng["additionalProperties"] is False
+    assert eng["properties"]["max_num_batched_tokens"]["default"] == 8192
