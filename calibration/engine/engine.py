@@ -1,0 +1,436 @@
+"""``LLMEngine``: the shared policy scheduler driving a real model, step by step.
+
+Each :meth:`LLMEngine.step` is one vLLM V1 engine step with synchronous scheduling:
+``plan = scheduler.schedule()``, run the plan's tokens through the model, sample, then
+``scheduler.update(plan, sampled)``. The scheduler and its KV cache manager are the
+simulator's own objects (:mod:`simulator.policy`), so batching, chunking, prefix caching and
+preemption are identical in both; the engine only executes plans, and measures them.
+
+Records (integer ns on the run's clock, 0 = engine start or ``replay`` start):
+:class:`simulator.policy.RequestRecord` per request and :class:`StepRecord` per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simulator.errors import InputError
+from simulator.policy import (Request, RequestRecord, RequestRejected, Scheduler,
+                              SchedulerConfig)
+
+from .kv_store import KVStore
+from .memory import (blocks_for_budget, profile_cuda_kv_budget, report_kv_cache)
+from .model import ModelConfig, Transformer
+from .runner import ModelRunner
+from .sampling import SamplingParams, request_generator, sample, validation_message
+from .tokenizer import load_tokenizer
+from .weights import load_pretrained, parse_dtype, random_model
+
+log = logging.getLogger("servesim.engine")
+
+
+class EngineConfig(BaseModel):
+    """Engine knobs, named and defaulted as vLLM's engine arguments.
+
+    Attributes:
+        block_size: tokens per KV block (vLLM GPU default 16).
+        max_num_seqs, max_num_batched_tokens: batch limits (vLLM GPU online defaults 256,
+            8192).
+        max_model_len: tokens per request at most; ``None`` = the model's
+            ``max_position_embeddings``.
+        enable_prefix_caching: automatic prefix caching (vLLM V1: on).
+        num_gpu_blocks: KV blocks incl. the null block; overrides the memory-based size
+            (vLLM ``num_gpu_blocks_override``).
+        kv_cache_memory_bytes: KV budget on cpu (vLLM ``VLLM_CPU_KVCACHE_SPACE``; also
+            accepted on cuda, as vLLM's ``kv_cache_memory_bytes``).
+        gpu_memory_utilization: fraction of device memory for this engine (cuda, vLLM
+            default 0.9).
+        dtype: ``float32`` or ``bfloat16``. device: ``cpu`` or ``cuda[:n]``.
+        seed: seeds the random weights (when built from a config dict) and the sampling
+            of requests without their own seed.
+
+    Raises:
+        InputError: a bad value, naming ``engine.<field>``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_size: int = Field(16, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = True
+    num_gpu_blocks: int | None = Field(None, ge=2)
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
+    device: str = Field("cpu", pattern="^(cpu|cuda(:[0-9]+)?)$")
+    seed: int = 0
+
+    def __init__(self, **data):
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise InputError(validation_message(e, "engine")) from None
+
+
+@dataclass
+class StepRecord:
+    """What one engine step did and how long it took (ns on the run's clock).
+
+    Attributes:
+        step: scheduler step index. start_ns: when the step began.
+        duration_ns: the whole step (schedule + inputs + forward + sampling + update);
+            on cuda after ``torch.cuda.synchronize``.
+        execute_ns: forward + sampling only.
+        prefills: ``(request_id, num_new_tokens, num_computed_before)`` per prefill chunk.
+        num_decodes, decode_context_tokens, num_sampled, num_scheduled_tokens: as
+            :class:`simulator.policy.StepPlan`. preempted: ids preempted in this step.
+        num_running, num_waiting, kv_cache_usage: scheduler state after the step.
+    """
+
+    step: int
+    start_ns: int
+    duration_ns: int
+    execute_ns: int
+    prefills: list
+    num_decodes: int
+    decode_context_tokens: int
+    num_sampled: int
+    num_scheduled_tokens: int
+    preempted: list
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+
+
+@dataclass
+class RequestOutput:
+    """A finished request: its tokens, text, finish reason and record."""
+
+    request_id: object
+    prompt_token_ids: list
+    output_token_ids: list
+    text: str
+    finish_reason: str
+    record: RequestRecord
+
+
+@dataclass
+class _Live:
+    params: SamplingParams
+    generator: torch.Generator
+    record: RequestRecord = field(default=None)
+
+
+class LLMEngine:
+    """A paged-KV-cache inference engine over :class:`simulator.policy.Scheduler`.
+
+    Args:
+        model: an HF-style config dict (random weights from ``config.seed``), a path to an
+            HF-style directory (``config.json``, ``*.safetensors``, optional
+            ``tokenizer.json``), or a :class:`.model.Transformer`.
+        config: :class:`EngineConfig` or a dict of its fields.
+        tokenizer: overrides the tokenizer found with the model.
+        capture_logits: keep the logits of every computed position of every step in
+            ``captured_logits`` as ``(request_id, positions [n], logits [n, vocab])`` (for
+            reference tests; slow).
+
+    Raises:
+        InputError: bad config; on cpu neither ``num_gpu_blocks`` nor
+            ``kv_cache_memory_bytes``; a KV cache too small for one ``max_model_len``
+            request; ``max_model_len`` beyond the model's ``max_position_embeddings``.
+    """
+
+    def __init__(self, model, config: EngineConfig | dict | None = None, tokenizer=None,
+                 capture_logits: bool = False):
+        cfg = config if isinstance(config, EngineConfig) else EngineConfig(**(config or {}))
+        self.config = cfg
+        dtype = parse_dtype(cfg.dtype)
+        model_dir = None
+        if isinstance(model, Transformer):
+            self.model = model.to(device=cfg.device, dtype=dtype).eval()
+        elif isinstance(model, dict):
+            self.model = random_model(model, seed=cfg.seed, dtype=dtype, device=cfg.device)
+        else:
+            model_dir = Path(model)
+            self.model = load_pretrained(model_dir, dtype=dtype, device=cfg.device)
+        mcfg: ModelConfig = self.model.config
+        self.model_config = mcfg
+        self.tokenizer = tokenizer or load_tokenizer(model_dir, mcfg.vocab_size)
+        max_len = cfg.max_model_len or mcfg.max_position_embeddings
+        if max_len > mcfg.max_position_embeddings:
+            raise InputError(f"engine.max_model_len: {max_len} exceeds the model's "
+                             f"max_position_embeddings {mcfg.max_position_embeddings}")
+        self.max_model_len = max_len
+        self.num_gpu_blocks = self._kv_blocks(dtype)
+        try:
+            sched_cfg = SchedulerConfig(
+                max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=max_len,
+                block_size=cfg.block_size, num_gpu_blocks=self.num_gpu_blocks,
+                enable_prefix_caching=cfg.enable_prefix_caching)
+        except ValueError as e:
+            raise InputError(f"engine: {e}") from None
+        self.max_concurrency = report_kv_cache(self.num_gpu_blocks, cfg.block_size, max_len,
+                                               cfg.device)
+        self.scheduler = Scheduler(sched_cfg)
+        self.kv_store = KVStore(mcfg.num_hidden_layers, self.num_gpu_blocks, cfg.block_size,
+                                mcfg.num_key_value_heads, mcfg.head_dim, dtype, cfg.device)
+        self.runner = ModelRunner(self.model, self.kv_store, cfg.block_size)
+        eos = mcfg.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        eos_list = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
+        self.eos_token_id = eos_list[0] if eos_list else None
+        self._extra_stops = tuple(eos_list[1:])
+        self.capture_logits = capture_logits
+        self.captured_logits: list = []
+        self.records: dict = {}
+        self.step_records: list[StepRecord] = []
+        self._live: dict[Request, _Live] = {}
+        self._next_id = 0
+        self._t0 = time.perf_counter_ns()
+        self._cuda = cfg.device.startswith("cuda")
+
+    # -- set-up -----------------------------------------------------------------------
+    def _kv_blocks(self, dtype) -> int:
+        cfg, mcfg = self.config, self.model.config
+        if cfg.num_gpu_blocks is not None:
+            return cfg.num_gpu_blocks
+        if cfg.kv_cache_memory_bytes is not None:
+            budget = cfg.kv_cache_memory_bytes
+        elif cfg.device.startswith("cuda"):
+            budget = profile_cuda_kv_budget(
+                self.model, cfg.max_num_batched_tokens, self.max_model_len, cfg.max_num_seqs,
+                cfg.gpu_memory_utilization)
+        else:
+            raise InputError("engine.kv_cache_memory_bytes: required on cpu (or give "
+                             "engine.num_gpu_blocks)")
+        blocks = blocks_for_budget(budget, mcfg, cfg.block_size, dtype)
+        if blocks < 2:
+            raise InputError(f"engine: KV budget of {budget} bytes holds {blocks} blocks; "
+                             f"raise kv_cache_memory_bytes / gpu_memory_utilization")
+        return blocks
+
+    # -- clock ------------------------------------------------------------------------
+    def now_ns(self) -> int:
+        """Nanoseconds since the run's start (engine creation or last ``reset_clock``)."""
+        return time.perf_counter_ns() - self._t0
+
+    def reset_clock(self) -> None:
+        """Start the run's clock at 0 now (the engine must be idle)."""
+        if self.scheduler.has_unfinished_requests():
+            raise RuntimeError("reset_clock needs an idle engine")
+        self._t0 = time.perf_counter_ns()
+
+    @property
+    def stats(self):
+        """Scheduler counters incl. prefix-cache queries and hits
+        (:class:`simulator.policy.SchedulerStats`)."""
+        return self.scheduler.stats
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- requests ---------------------------------------------------------------------
+    def _check_prompt(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            try:
+                ids = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                raise InputError("prompt: expected text or a list of token ids") from None
+            vocab = self.model_config.vocab_size
+            bad = [i for i, t in enumerate(ids) if not 0 <= t < vocab]
+            if bad:
+                raise InputError(f"prompt[{bad[0]}]: token id {ids[bad[0]]} outside the "
+                                 f"vocab [0, {vocab})")
+        if not ids:
+            raise InputError("prompt: empty")
+        return ids
+
+    def add_request(self, prompt, params: SamplingParams | dict | None = None,
+                    request_id=None, arrival_ns: int | None = None):
+        """Queue a request; returns its id.
+
+        Args:
+            prompt: text (tokenised) or token ids. params: sampling (default
+                ``SamplingParams()``). request_id: default a running counter.
+            arrival_ns: arrival on the run's clock (default now).
+
+        Raises:
+            InputError: bad sampling values (``sampling.<field>``), a bad prompt, or a
+                prompt longer than ``max_model_len`` (``prompt``). Other requests are
+                unaffected.
+        """
+        if not isinstance(params, SamplingParams):
+            params = SamplingParams(**(params or {}))
+        ids = self._check_prompt(prompt)
+        for t in params.stop_token_ids:
+            if not 0 <= t < self.model_config.vocab_size:
+                raise InputError(f"sampling.stop_token_ids: {t} outside the vocab "
+                                 f"[0, {self.model_config.vocab_size})")
+        rid = self._new_id() if request_id is None else request_id
+        req = Request(request_id=rid, prompt_token_ids=ids, max_tokens=params.max_tokens,
+                      arrival_ns=self.now_ns() if arrival_ns is None else arrival_ns,
+                      stop_token_ids=tuple(params.stop_token_ids) + (
+                          () if params.ignore_eos else self._extra_stops),
+                      eos_token_id=None if params.ignore_eos else self.eos_token_id,
+                      sampling=params)
+        self._enqueue(req, params)
+        return rid
+
+    def add_spec_request(self, req: Request, params: SamplingParams) -> None:
+        """Queue a ready :class:`simulator.policy.Request` (token ids set).
+
+        Raises:
+            InputError: prompt longer than ``max_model_len`` (the record says
+                ``rejected``).
+        """
+        self._enqueue(req, params)
+
+    def _enqueue(self, req: Request, params: SamplingParams) -> None:
+        if req.request_id in self.records:
+            raise InputError(f"request_id: {req.request_id!r} already used")
+        rec = RequestRecord(request_id=req.request_id, arrival_ns=req.arrival_ns,
+                            prompt_tokens=req.num_prompt_tokens, token_times_ns=[])
+        self.records[req.request_id] = rec
+        try:
+            self.scheduler.add_request(req)
+        except RequestRejected:
+            rec.finish_reason = "rejected"
+            raise InputError(f"prompt: {req.num_prompt_tokens} tokens exceed max_model_len "
+                             f"{self.max_model_len} (request {req.request_id!r})") from None
+        gen = request_generator(params, self.config.seed, req.request_id)
+        self._live[req] = _Live(params, gen, rec)
+
+    def _new_id(self):
+        while self._next_id in self.records:
+            self._next_id += 1
+        rid = self._next_id
+        self._next_id += 1
+        return rid
+
+    def abort_request(self, request_id) -> None:
+        """Drop a queued or running request (finish reason ``abort``)."""
+        for req, live in list(self._live.items()):
+            if req.request_id == request_id:
+                self.scheduler.abort_request(req)
+                live.record.finish_reason = "abort"
+                live.record.finish_ns = self.now_ns()
+                del self._live[req]
+
+    # -- one step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, execute and update one step; returns the requests finished in it."""
+        t_start = self.now_ns()
+        sched = self.scheduler
+        plan = sched.schedule()
+        if plan.is_empty:
+            sched.update(plan, {})
+            return []
+        entries = plan.scheduled()
+        for e in entries:
+            rec = self._live[e.request].record
+            if rec.first_scheduled_ns is None:
+                rec.first_scheduled_ns = t_start
+                rec.cached_tokens = e.num_cached_tokens
+        t_exec = self.now_ns()
+        sampled = self._execute(entries)
+        if self._cuda:
+            torch.cuda.synchronize()
+        t_done = self.now_ns()
+        summary = ([(e.request.request_id, e.num_new_tokens, e.num_computed_before)
+                    for e in plan.prefills], plan.num_decodes, plan.decode_context_tokens,
+                   plan.num_sampled, plan.num_scheduled_tokens,
+                   [r.request_id for r in plan.preempted])
+        finished = sched.update(plan, sampled)
+        t_end = self.now_ns()
+        for req in sampled:
+            rec = self._live[req].record
+            if rec.first_token_ns is None:
+                rec.first_token_ns = t_done
+            rec.token_times_ns.append(t_done)
+        outputs = []
+        for req in finished:
+            live = self._live.pop(req)
+            rec = live.record
+            rec.finish_ns = t_done
+            rec.output_tokens = req.num_output_tokens
+            rec.preemptions = req.num_preemptions
+            rec.finish_reason = req.finish_reason
+            outputs.append(RequestOutput(
+                req.request_id, req.prompt_token_ids, list(req.output_token_ids),
+                self.tokenizer.decode(req.output_token_ids), req.finish_reason, rec))
+        self.step_records.append(StepRecord(
+            plan.step, t_start, t_end - t_start, t_done - t_exec, *summary,
+            sched.num_running, sched.num_waiting, sched.kv_cache_usage))
+        return outputs
+
+    def _execute(self, entries) -> dict:
+        """Forward + sampling; ``{request: token}`` for the entries that sample."""
+        model = self.model
+        if self.capture_logits:
+            hidden, spans = self.runner.execute(entries, all_tokens=True)
+            with torch.inference_mode():
+                logits = model.compute_logits(hidden)
+            take = []
+            for e, (start, n) in zip(entries, spans):
+                c0 = e.num_computed_before
+                self.captured_logits.append((e.request.request_id, torch.arange(c0, c0 + n),
+                                             logits[start:start + n].cpu()))
+                if e.samples_token:
+                    take.append(start + n - 1)
+            logits = logits[take]
+        else:
+            hidden, _ = self.runner.execute(entries)
+            with torch.inference_mode():
+                logits = model.compute_logits(hidden)
+        samplers = [e for e in entries if e.samples_token]
+        lives = [self._live[e.request] for e in samplers]
+        tokens = sample(logits, [x.params for x in lives], [x.generator for x in lives])
+        return {e.request: t for e, t in zip(samplers, tokens)}
+
+    # -- offline and replay -----------------------------------------------------------
+    def generate(self, prompts, params=None) -> list[RequestOutput]:
+        """Run ``prompts`` (texts or token-id lists) to completion, in input order.
+
+        ``params``: one :class:`SamplingParams` (or dict) for all, or one per prompt.
+
+        Raises:
+            InputError: any invalid prompt or sampling value; then none of ``prompts`` is
+                run and requests queued before the call are untouched.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise InputError(f"params: {len(plist)} given for {len(prompts)} prompts")
+        ids = []
+        try:
+            for prompt, p in zip(prompts, plist):
+                ids.append(self.add_request(prompt, p))
+        except InputError:
+            for rid in ids:
+                self.abort_request(rid)
+            raise
+        want = set(ids)
+        done = {}
+        while want - done.keys():
+            for out in self.step():
+                if out.request_id in want:
+                    done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    def replay(self, specs, sampling: SamplingParams | None = None):
+        """Serve a workload in real time; see :func:`.replay.replay`."""
+        from .replay import replay
+        return replay(self, specs, sampling)

@@ -1,0 +1,76 @@
+"""Paged KV storage: one K and one V tensor per layer, indexed by block id.
+
+The block ids are the ones :class:`simulator.policy.KVCacheManager` hands out; block 0 is
+the null block (never written; padding in gathered block tables points at it). A token at
+position ``p`` of a request lives in slot ``block_ids[p // block_size] * block_size +
+p % block_size`` (vLLM's slot mapping).
+
+Memory is head-major, ``[kv_heads, num_blocks, block_size, head_dim]``: gathering a batch's
+block tables along dim 1 then yields ``[kv_heads, batch, context, head_dim]`` directly, the
+layout a batched matmul wants, without a transpose copy (which costs more than the
+attention itself on CPU). :meth:`KVStore.key` / :meth:`KVStore.value` give the logical
+``[num_blocks, block_size, kv_heads, head_dim]`` view.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype) -> int:
+    """Bytes of one KV block over all layers: ``block_size × 2 × layers × kv_heads ×
+    head_dim × dtype bytes`` (vLLM ``AttentionSpec.page_size_bytes`` × layers)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return block_size * 2 * num_layers * num_kv_heads * head_dim * elem
+
+
+class KVStore:
+    """K and V tensors for every layer (see module docstring for the layout).
+
+    Args:
+        num_layers, num_blocks (incl. the null block), block_size, num_kv_heads, head_dim:
+            shapes. dtype, device: where the cache lives.
+
+    Raises:
+        ValueError: fewer than 2 blocks.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32, device="cpu"):
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), "
+                             f"got {num_blocks}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        shape = (num_kv_heads, num_blocks, block_size, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all K and V tensors."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def key(self, layer: int) -> torch.Tensor:
+        """Layer's K as ``[num_blocks, block_size, kv_heads, head_dim]`` (a view)."""
+        return self.k[layer].permute(1, 2, 0, 3)
+
+    def value(self, layer: int) -> torch.Tensor:
+        """Layer's V as ``[num_blocks, block_size, kv_heads, head_dim]`` (a view)."""
+        return self.v[layer].permute(1, 2, 0, 3)
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """Store ``k, v [T, kv_heads, head_dim]`` at ``slot_mapping [T]`` (int64)."""
+        h, d = self.num_kv_heads, self.head_dim
+        self.k[layer].view(h, -1, d).index_copy_(1, slot_mapping, k.transpose(0, 1))
+        self.v[layer].view(h, -1, d).index_copy_(1, slot_mapping, v.transpose(0, 1))
+
+    def gather(self, layer: int, block_ids: torch.Tensor):
+        """K, V of the blocks ``block_ids [n]``: each ``[kv_heads, n * block_size,
+        head_dim]`` (a copy)."""
+        h, d = self.num_kv_heads, self.head_dim
+        k = self.k[layer].index_select(1, block_ids).view(h, -1, d)
+        v = self.v[layer].index_select(1, block_ids).view(h, -1, d)
+        return k, v

@@ -1,0 +1,323 @@
+"""A Llama-family decoder-only transformer in plain PyTorch.
+
+Readable top to bottom: :class:`ModelConfig` (from an HF ``config.json`` dict), RMSNorm,
+rotary embeddings (incl. Llama-3 frequency scaling), grouped-query attention over the paged
+KV cache, SwiGLU MLP, the decoder stack and the LM head. The math follows HF
+``transformers`` ``modeling_llama.py`` / ``modeling_qwen2.py`` so that logits agree with
+them on the same weights (tests/test_engine_reference.py).
+
+Every forward runs on the *flattened* tokens of one engine step (``[T, hidden]``): the dense
+layers see one matmul per weight for the whole mixed batch of decodes and prefill chunks;
+only attention (:mod:`calibration.engine.attention`) looks at request boundaries. q/k/v and
+gate/up are fused into one weight each (as vLLM's ``QKVParallelLinear`` and
+``MergedColumnParallelLinear``) so a layer does four matmuls; :mod:`.weights` splits and
+joins them to HF parameter names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from simulator.errors import InputError
+
+from .attention import AttentionMetadata, paged_attention
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "vocab_size")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model shape, read from an HF-style config dict (LlamaConfig / Qwen2Config keys).
+
+    Attributes:
+        vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+        num_key_value_heads, head_dim: shapes (``head_dim`` defaults to
+            ``hidden_size // num_attention_heads``, ``num_key_value_heads`` to
+            ``num_attention_heads``, as in HF).
+        rms_norm_eps: RMSNorm epsilon. rope_theta: RoPE base.
+        rope_scaling: ``None`` or ``{rope_type: llama3, factor, low_freq_factor,
+            high_freq_factor, original_max_position_embeddings}`` (Llama 3.1).
+        tie_word_embeddings: LM head shares the embedding matrix.
+        qkv_bias: bias on q/k/v projections (always for Qwen2; ``attention_bias`` for
+            Llama). o_bias: bias on the output projection (Llama ``attention_bias``).
+        max_position_embeddings: longest position the model was built for.
+        model_type: ``llama`` or ``qwen2`` (chooses the HF class a saved model loads as).
+        eos_token_id, bos_token_id: special token ids (``eos`` may be a list in HF).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    max_position_embeddings: int = 4096
+    model_type: str = "llama"
+    eos_token_id: int | list | None = None
+    bos_token_id: int | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_hf(cls, d: dict, source: str = "config") -> "ModelConfig":
+        """Build from an HF config dict.
+
+        Accepts the transformers-4 keys (``rope_theta``, ``rope_scaling``) and the
+        transformers-5 ``rope_parameters`` dict.
+
+        Raises:
+            InputError: a required key missing, a non-positive size, heads that do not
+                divide, or an unsupported ``rope_type`` / ``model_type``; naming the key.
+        """
+        if not isinstance(d, dict):
+            raise InputError(f"{source}: expected a mapping of HF config keys")
+        for key in _REQUIRED:
+            if not isinstance(d.get(key), int) or d[key] < 1:
+                raise InputError(f"{source}.{key}: required positive integer, got "
+                                 f"{d.get(key)!r}")
+        model_type = d.get("model_type", "llama")
+        if model_type not in ("llama", "qwen2"):
+            raise InputError(f"{source}.model_type: {model_type!r} not supported "
+                             f"(allowed: llama, qwen2)")
+        heads = d["num_attention_heads"]
+        kv_heads = d.get("num_key_value_heads") or heads
+        if heads % kv_heads:
+            raise InputError(f"{source}.num_key_value_heads: {kv_heads} must divide "
+                             f"num_attention_heads {heads}")
+        head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        rope = d.get("rope_parameters") or {}
+        theta = float(d.get("rope_theta", rope.get("rope_theta", 10000.0)))
+        scaling = d.get("rope_scaling")
+        if scaling is None and rope.get("rope_type", "default") != "default":
+            scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        if scaling is not None:
+            rtype = scaling.get("rope_type", scaling.get("type"))
+            if rtype == "default":
+                scaling = None
+            elif rtype != "llama3":
+                raise InputError(f"{source}.rope_scaling.rope_type: {rtype!r} not supported "
+                                 f"(allowed: llama3, default)")
+            else:
+                for key in ("factor", "low_freq_factor", "high_freq_factor",
+                            "original_max_position_embeddings"):
+                    if key not in scaling:
+                        raise InputError(f"{source}.rope_scaling.{key}: required for llama3")
+                scaling = {"rope_type": "llama3", **{k: scaling[k] for k in (
+                    "factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")}}
+        attn_bias = bool(d.get("attention_bias", False))
+        return cls(
+            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+            rope_scaling=scaling, tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or attn_bias,
+            o_bias=model_type == "llama" and attn_bias,
+            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+            model_type=model_type, eos_token_id=d.get("eos_token_id"),
+            bos_token_id=d.get("bos_token_id"))
+
+    def to_hf(self) -> dict:
+        """The HF ``config.json`` dict (loads as LlamaForCausalLM / Qwen2ForCausalLM)."""
+        d = {
+            "architectures": ["Qwen2ForCausalLM" if self.model_type == "qwen2"
+                              else "LlamaForCausalLM"],
+            "model_type": self.model_type,
+            "hidden_act": "silu",
+            **{k: v for k, v in asdict(self).items()
+               if k not in ("qkv_bias", "o_bias", "model_type", "extra", "rope_scaling")},
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
+        }
+        if self.model_type == "llama":
+            d["attention_bias"] = self.o_bias
+        return d
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embedding and LM head counted once each unless tied)."""
+        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
+        q = self.num_attention_heads * self.head_dim
+        layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
+        layer += (q + 2 * kv) * self.qkv_bias + h * self.o_bias
+        emb = self.vocab_size * h
+        return self.num_hidden_layers * layer + h + emb * (1 if self.tie_word_embeddings else 2)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019), computed in float32 as HF ``LlamaRMSNorm``."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies ``[head_dim/2]`` (float32), with Llama-3 scaling if configured.
+
+    Default RoPE: ``theta^(-2i/d)`` (Su et al. 2021). Llama-3 (Meta's llama3 reference,
+    HF ``_compute_llama3_parameters``): wavelengths longer than ``orig/low_freq_factor``
+    are divided by ``factor``, shorter than ``orig/high_freq_factor`` kept, and the band
+    between interpolated smoothly.
+    """
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = cfg.rope_scaling
+    if not s:
+        return inv
+    factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    orig = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > orig / lo, inv / factor, inv)
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= orig / hi) & (wavelen <= orig / lo)
+    return torch.where(medium, smoothed, scaled)
+
+
+class Rotary:
+    """Rotary position embedding with a cos/sin table per position (HF ``rotate_half``
+    convention: the two halves of each head are rotated against each other).
+
+    The table is float32 and kept out of the module's parameters and buffers, so casting
+    the model to bfloat16 does not coarsen the frequencies (HF keeps ``inv_freq`` float32
+    too); it moves to the positions' device on first use and grows on demand.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        self.inv_freq = rope_inv_freq(cfg)
+        self._table(cfg.max_position_embeddings, torch.device("cpu"))
+
+    def _table(self, n: int, device) -> None:
+        t = torch.arange(n, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos().to(device), emb.sin().to(device)
+        self._cast = {}
+
+    def __call__(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype):
+        """cos, sin ``[T, 1, head_dim]`` in ``dtype`` for integer ``positions [T]``, all
+        ``<= max_position`` (passed in so that no device sync is needed)."""
+        need = max_position + 1
+        if need > self.cos.shape[0] or self.cos.device != positions.device:
+            self._table(max(need, self.cos.shape[0]), positions.device)
+        if dtype not in self._cast:  # cast once, index per step
+            self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
+        cos, sin = self._cast[dtype]
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [T, heads, head_dim]`` rotated: ``x·cos + rotate_half(x)·sin``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention (Ainslie et al. 2023) over the paged KV cache."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.head_dim = (cfg.num_attention_heads,
+                                                  cfg.num_key_value_heads, cfg.head_dim)
+        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_store):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(-1, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(-1, self.n_kv, self.head_dim), cos, sin)
+        v = v.view(-1, self.n_kv, self.head_dim)
+        o = paged_attention(q, k, v, meta, kv_store, self.layer)
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020): ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, meta, kv_store):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_store)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """The decoder stack and LM head.
+
+    ``forward(input_ids [T], positions [T], meta, kv_store) -> hidden [T, hidden_size]``
+    (final norm applied); ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` float32.
+    The LM head runs only on the rows the caller selects (tokens that sample), as vLLM's
+    ``LogitsProcessor`` does.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg)
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_store=None):
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, meta.max_position, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta, kv_store)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, w).float()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device

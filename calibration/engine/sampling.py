@@ -1,0 +1,92 @@
+"""Sampling parameters (vLLM ``SamplingParams`` names and defaults) and the sampler."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simulator.errors import InputError
+
+
+def validation_message(err: ValidationError, prefix: str) -> str:
+    """One line naming the first bad field of a pydantic error, ``prefix.field: msg``."""
+    e = err.errors()[0]
+    loc = ".".join(str(x) for x in e["loc"])
+    where = f"{prefix}.{loc}" if loc else prefix
+    return f"{where}: {e['msg']} (got {e.get('input')!r})"
+
+
+class SamplingParams(BaseModel):
+    """How to sample one request's output (names and defaults as vLLM ``SamplingParams``).
+
+    Attributes:
+        max_tokens: output tokens at most (vLLM default 16).
+        temperature: 0 = greedy; else logits are divided by it (vLLM default 1.0).
+        top_p: nucleus sampling mass in (0, 1]. top_k: keep the k most likely tokens;
+            0 or -1 = all (vLLM accepts both).
+        seed: per-request generator seed; ``None`` = derived from the engine seed and the
+            request id.
+        ignore_eos: keep generating past the EOS token (vLLM ``ignore_eos``).
+        stop_token_ids: extra token ids that end the request.
+
+    Raises:
+        InputError: a value out of range, naming ``sampling.<field>``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __init__(self, **data):
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise InputError(validation_message(e, "sampling")) from None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def request_generator(params: SamplingParams, engine_seed: int, request_id) -> torch.Generator:
+    """CPU generator seeded from ``params.seed``, else from blake2b(engine seed, request
+    id) (unsalted, so reruns agree)."""
+    seed = params.seed
+    if seed is None:
+        digest = hashlib.blake2b(repr((engine_seed, request_id)).encode(), digest_size=8)
+        seed = int.from_bytes(digest.digest(), "little") >> 1
+    return torch.Generator().manual_seed(seed)
+
+
+def sample(logits: torch.Tensor, params: list, generators: list) -> list[int]:
+    """One token id per row of ``logits [N, vocab]`` (float32).
+
+    Greedy rows take the argmax. Other rows: divide by temperature, keep the top-k, then
+    the smallest set of tokens whose probability reaches top_p (always at least the most
+    likely one), and draw from the renormalised distribution with the row's generator
+    (on the CPU, so a seed gives the same tokens on every device).
+    """
+    out = logits.argmax(dim=-1).tolist()
+    for i, p in enumerate(params):
+        if p.greedy:
+            continue
+        row = logits[i].detach().float().cpu() / p.temperature
+        if 0 < p.top_k < row.numel():
+            kth = torch.topk(row, p.top_k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, idx = probs.sort(descending=True)
+            # Drop a token when the mass before it already reaches top_p.
+            drop = (sorted_p.cumsum(0) - sorted_p) >= p.top_p
+            probs = probs.scatter(0, idx[drop], 0.0)
+        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
+    return out
