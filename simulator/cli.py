@@ -1,0 +1,94 @@
+"""`servesim` command line.
+
+Every user-input error ends as one line ``servesim: error: ...`` on stderr with exit status
+2 and no traceback (argparse does the same for bad flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import InputError
+
+
+def _add_scenario_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set engine.max_num_seqs=128 "
+                        "(repeatable; values are YAML)")
+
+
+def _cmd_run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .report import print_summary, write_run_outputs
+    from .run import report_meta, simulate_replications
+    from .scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    if args.replications is not None:
+        if args.replications < 1:
+            raise InputError(f"--replications must be >= 1, got {args.replications}")
+        scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(
+            update={"replications": args.replications})})
+    out = Path(args.out) if args.out else Path("reports") / scenario.name
+    console = Console(stderr=True)
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=True, disable=args.quiet) as bar:
+        task = bar.add_task(f"simulating {scenario.name}", total=None)
+        results, combined = simulate_replications(
+            scenario, progress=lambda done, total: bar.update(task, completed=done,
+                                                              total=total))
+    paths = write_run_outputs(out, results[0], title=scenario.name,
+                              meta=report_meta(scenario), replications=combined)
+    print_summary(results[0], replications=combined)
+    print(f"report: {paths['report.html']}")
+    return 0
+
+
+def _cmd_schema(args) -> int:
+    from .scenario import scenario_json_schema
+
+    print(json.dumps(scenario_json_schema(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="servesim",
+        description="Capacity planning for LLM inference: simulate a vLLM-style serving "
+                    "engine on a workload and report TTFT, TPOT, ITL, E2EL, throughput.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("run", help="simulate a scenario and write a report")
+    _add_scenario_args(p)
+    p.add_argument("--out", help="output folder (default reports/<scenario name>)")
+    p.add_argument("--replications", type=int, help="override sim.replications")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("schema", help="print the scenario JSON Schema")
+    p.set_defaults(func=_cmd_schema)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``servesim`` console script; returns the exit status."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else "invalid input"
+        print(f"servesim: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("servesim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

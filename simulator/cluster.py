@@ -1,0 +1,133 @@
+"""Replicas behind a router, fed by an arrival process (SimPy).
+
+Actors: one arrival process for the open-loop requests, one process per replica
+(:mod:`simulator.replica`), and follow-up requests (conversation turns, closed-loop users)
+released when the request they follow finishes, after its think time.
+"""
+
+from __future__ import annotations
+
+import simpy
+from simpy.events import URGENT
+
+from .policy import Request
+from .replica import Replica, new_request
+
+ROUTERS = ("round_robin", "least_outstanding", "prefix_affinity")
+
+
+class _ArrivalTimer(simpy.Event):
+    """A timeout with URGENT priority: arrivals at t precede step boundaries at t, so a
+    step starting at t sees every request that arrived at t."""
+
+    def __init__(self, env: simpy.Environment, delay: int):
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, URGENT, delay)
+
+
+class Router:
+    """Chooses a replica for each arriving request.
+
+    Policies:
+        round_robin: replicas in turn.
+        least_outstanding: fewest queued + running requests (ties: lowest index).
+        prefix_affinity: the replica whose prefix cache holds the longest prefix of the
+            request, among replicas whose load is at most ``1.25 × mean + 1`` outstanding
+            requests (bounded-load affinity, so a hot prefix cannot pile onto one replica);
+            ties go to the least loaded, then the lowest index.
+
+    Raises:
+        ValueError: unknown policy.
+    """
+
+    LOAD_FACTOR = 1.25
+
+    def __init__(self, policy: str):
+        if policy not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {policy!r}")
+        self.policy = policy
+        self._next = 0
+
+    def choose(self, req: Request, replicas: list[Replica]) -> Replica:
+        if len(replicas) == 1:
+            return replicas[0]
+        if self.policy == "round_robin":
+            rep = replicas[self._next % len(replicas)]
+            self._next += 1
+            return rep
+        loads = [r.num_outstanding for r in replicas]
+        if self.policy == "least_outstanding":
+            return replicas[loads.index(min(loads))]
+        bound = self.LOAD_FACTOR * sum(loads) / len(loads) + 1
+        best, best_key = None, None
+        for rep, load in zip(replicas, loads):
+            if load > bound:
+                continue
+            _, hit = rep.scheduler.kv.get_computed_blocks(req)
+            key = (-hit, load)
+            if best_key is None or key < best_key:
+                best, best_key = rep, key
+        return best
+
+
+class Cluster:
+    """``replicas`` identical engines behind a router.
+
+    Args:
+        env: SimPy environment (integer ns).
+        num_replicas: replicas (>= 1).
+        config: scheduler configuration of every replica.
+        cost_models: one cost model per replica (each with its own noise stream).
+        metrics: shared metrics collector.
+        router: routing policy name (see :class:`Router`).
+        on_request_done: optional callback ``(count)`` after each finished request.
+    """
+
+    def __init__(self, env, num_replicas: int, config, cost_models, metrics,
+                 router: str = "round_robin", on_request_done=None):
+        self.env = env
+        self.metrics = metrics
+        self.router = Router(router)
+        self.replicas = [Replica(env, i, config, cost_models[i], metrics, self._on_finish)
+                         for i in range(num_replicas)]
+        self._children: dict = {}
+        self._on_request_done = on_request_done
+        self.num_done = 0
+
+    def start(self, specs) -> None:
+        """Start serving ``specs`` (RequestSpec list); follow-ups wait for their parent."""
+        roots = []
+        for s in specs:
+            if s.after is None:
+                roots.append(s)
+            else:
+                self._children.setdefault(s.after, []).append(s)
+        roots.sort(key=lambda s: s.arrival_ns)
+        self.env.process(self._arrivals(roots))
+
+    def _arrivals(self, specs):
+        env, i, n = self.env, 0, len(specs)
+        while i < n:
+            t = specs[i].arrival_ns
+            if t > env.now:
+                yield _ArrivalTimer(env, t - env.now)
+            while i < n and specs[i].arrival_ns <= env.now:
+                self._deliver(specs[i])
+                i += 1
+
+    def _deliver(self, spec) -> None:
+        req = new_request(spec, self.env.now)
+        self.router.choose(req, self.replicas).submit(req)
+
+    def _on_finish(self, req: Request, t_ns: int) -> None:
+        self.num_done += 1
+        if self._on_request_done is not None:
+            self._on_request_done(self.num_done)
+        for child in self._children.pop(req.request_id, ()):
+            if child.think_time_ns <= 0:
+                self._deliver(child)  # seen by the step that starts now
+            else:
+                ev = _ArrivalTimer(self.env, child.think_time_ns)
+                ev.callbacks.append(lambda _e, c=child: self._deliver(c))

@@ -1,0 +1,123 @@
+"""One engine replica as a SimPy process.
+
+The replica drives the shared policy objects (:class:`simulator.policy.Scheduler`) exactly
+as the real engine does — ``schedule()``, run the step, ``update()`` — except that a step's
+duration comes from the cost model instead of a forward pass. Time is integer ns.
+
+Timing rules (DESIGN.md §2): steps run back to back while there is work; an arrival at
+time t is seen by a step that starts at t (arrivals are delivered with SimPy's URGENT
+priority, ahead of the step boundary at the same instant); an idle replica starts a step
+at the arrival that wakes it.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from .policy import Request, RequestRecord, RequestRejected, Scheduler, SchedulerConfig
+
+
+class Replica:
+    """A simulated vLLM engine: one scheduler, one cost model, one SimPy process.
+
+    Args:
+        env: the SimPy environment (integer ns clock).
+        index: replica number (0-based), written into every record.
+        config: scheduler / KV cache configuration.
+        cost_model: object with ``step_time_ns(plan) -> int``.
+        metrics: collector with ``record_request``, ``record_itl``, ``record_step``.
+        on_finish: callback ``(request, finish_ns)`` for finished requests (sessions).
+    """
+
+    def __init__(self, env: simpy.Environment, index: int, config: SchedulerConfig,
+                 cost_model, metrics, on_finish=None):
+        self.env = env
+        self.index = index
+        self.scheduler = Scheduler(config)
+        self.cost_model = cost_model
+        self.metrics = metrics
+        self.on_finish = on_finish
+        self._wake: simpy.Event | None = None
+        self._last_token_ns: dict[Request, int] = {}  # preempted requests' last token
+        self.busy_ns = 0
+        self.process = env.process(self._run())
+
+    @property
+    def num_outstanding(self) -> int:
+        """Requests queued or running here (the least-outstanding router's load)."""
+        s = self.scheduler
+        return len(s.waiting) + len(s.running)
+
+    def submit(self, req: Request) -> None:
+        """Deliver an arrived request (its ``record`` already made) to this replica."""
+        rec = req.record
+        rec.replica = self.index
+        try:
+            self.scheduler.add_request(req)
+        except RequestRejected:
+            rec.finish_reason = "rejected"
+            self.metrics.record_request(rec)
+            if self.on_finish is not None:
+                self.on_finish(req, self.env.now)  # its session goes on (and is refused)
+            return
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _run(self):
+        env, sched, cost, metrics = self.env, self.scheduler, self.cost_model, self.metrics
+        idx = self.index
+        while True:
+            if not sched.has_unfinished_requests():
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+            t0 = env.now
+            plan = sched.schedule()
+            if plan.is_empty:
+                raise RuntimeError(f"replica {idx}: scheduler made an empty step with "
+                                   f"{sched.num_waiting} waiting, {sched.num_running} running")
+            for e in plan.prefills:
+                if e.admitted and e.request.record.first_scheduled_ns is None:
+                    e.request.record.first_scheduled_ns = t0
+            for r in plan.preempted:
+                if r.num_output_tokens:
+                    # Its last token came out of the previous step, which ended at t0.
+                    self._last_token_ns[r] = t0
+            # The step's batch and KV usage as it runs (before finished requests leave).
+            batch, waiting, usage = plan.num_decodes + len(plan.prefills), len(sched.waiting), \
+                sched.kv.usage
+            dur = cost.step_time_ns(plan)
+            yield env.timeout(dur)
+            t1 = t0 + dur
+            self.busy_ns += dur
+            if plan.num_decodes:
+                metrics.record_itl(dur, plan.num_decodes)
+            for e in plan.prefills:
+                if e.samples_token:
+                    r = e.request
+                    if r.record.first_token_ns is None:
+                        r.record.first_token_ns = t1
+                    else:  # a resumed request's first token after preemption
+                        metrics.record_itl(t1 - self._last_token_ns.pop(r), 1)
+            finished = sched.update(plan)
+            metrics.record_step(idx, t0, t1, plan.num_scheduled_tokens - plan.num_decodes,
+                                plan.num_decodes, batch, waiting, usage, len(plan.preempted))
+            for r in finished:
+                rec = r.record
+                rec.finish_ns = t1
+                rec.output_tokens = r.num_output_tokens
+                rec.cached_tokens = max(r.num_cached_tokens, 0)
+                rec.preemptions = r.num_preemptions
+                rec.finish_reason = r.finish_reason
+                metrics.record_request(rec)
+                if self.on_finish is not None:
+                    self.on_finish(r, t1)
+
+
+def new_request(spec, arrival_ns: int) -> Request:
+    """A live request for ``spec`` arriving at ``arrival_ns``, with its record attached."""
+    r = Request(spec)
+    r.arrival_ns = arrival_ns
+    r.record = RequestRecord(request_id=spec.request_id, arrival_ns=arrival_ns,
+                             prompt_tokens=r.num_prompt_tokens)
+    return r

@@ -1,0 +1,126 @@
+"""Run a scenario: workload → cluster of simulated replicas → metrics.
+
+``simulate(scenario)`` is the one entry point that the CLI, the planner and the tests use.
+Replication ``k`` draws its workload and cost noise from
+``numpy.random.SeedSequence([seed, k, ...])`` (replication 0 uses the scenario's seed as
+given), so replications are independent and any one of them can be rerun alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from .cluster import Cluster
+from .cost_model import build_cost_model
+from .metrics import MetricsCollector, RunResult, combine_replications
+from .workload import build_workload
+
+
+def _replication_seed(seed: int, replication: int) -> int:
+    if replication == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, replication]).generate_state(1)[0])
+
+
+def simulate(scenario, replication: int = 0, specs=None, progress=None) -> RunResult:
+    """Simulate one replication of ``scenario``.
+
+    Args:
+        scenario: a validated :class:`simulator.scenario.Scenario`.
+        replication: replication index (0 = the scenario's own seed).
+        specs: a prepared ``RequestSpec`` list to serve instead of building the workload
+            (validation replays the exact requests an engine served).
+        progress: optional callback ``(done, total)`` called as requests finish.
+
+    Returns:
+        The :class:`RunResult` (summary, per-request table, time series, ITL runs).
+    """
+    seed = _replication_seed(scenario.workload.seed, replication)
+    if specs is None:
+        wl = scenario.workload.model_copy(update={"seed": seed})
+        specs = build_workload(wl, base_dir=scenario.base_dir)
+    n_rep = scenario.cluster.replicas
+    cost_models = [build_cost_model(scenario, np.random.default_rng(
+        np.random.SeedSequence([seed, replication, 1, i]))) for i in range(n_rep)]
+    cost = cost_models[0]
+    config = scenario.scheduler_config(cost.num_gpu_blocks)
+    env = simpy.Environment()
+    metrics = MetricsCollector(warmup_requests=scenario.sim.warmup_requests,
+                               num_replicas=n_rep)
+    total = len(specs)
+    done_cb = None
+    if progress is not None:
+        step = max(total // 200, 1)
+
+        def done_cb(n):
+            if n % step == 0 or n == total:
+                progress(n, total)
+    cluster = Cluster(env, n_rep, config, cost_models, metrics, router=scenario.cluster.router,
+                      on_request_done=done_cb)
+    cluster.start(specs)
+    env.run()
+    stats = [rep.scheduler.stats for rep in cluster.replicas]
+    queries = sum(s.prefix_queries for s in stats)
+    hits = sum(s.prefix_hits for s in stats)
+    p_queries = sum(s.preempted_queries for s in stats)
+    extra = {
+        "scenario": scenario.name,
+        "replication": replication,
+        "seed": seed,
+        "replicas": n_rep,
+        "router": scenario.cluster.router,
+        "cost_model": cost.label,
+        "cost_kind": cost.label.split(":", 1)[0],  # measured | projected | inline
+        "kv_note": cost.kv_note,
+        "num_gpu_blocks": config.num_gpu_blocks,
+        "block_size": config.block_size,
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "prefix_cache_queried_tokens": queries,
+        "prefix_cache_hit_tokens": hits,
+        "preempted_prefix_hit_rate": (sum(s.preempted_hits for s in stats) / p_queries
+                                      if p_queries else 0.0),
+        "engine_steps": sum(s.num_steps for s in stats),
+    }
+    return metrics.finalize(slo=scenario.slo.model_dump(exclude_none=True), extra=extra)
+
+
+def report_meta(scenario) -> dict:
+    """Run facts shown at the top of a report (not part of summary.json)."""
+    hw = scenario.hardware
+    e = scenario.engine
+    wl = scenario.workload
+    shape = scenario.model_shape
+    meta = {
+        "scenario": scenario.source,
+        "model": f"{shape.name} ({scenario.dtype})",
+        "hardware": (f"{hw.profile} × tensor_parallel {hw.tensor_parallel}" if hw.profile
+                     else f"inline step time ({hw.step_time.form})"),
+        "engine": ", ".join(f"{k}={v}" for k, v in e.model_dump().items()),
+        "cluster": f"{scenario.cluster.replicas} replica(s), router {scenario.cluster.router}",
+        "workload": (f"trace {wl.trace.path} ({wl.trace.format})" if wl.trace else
+                     f"{wl.num_requests} requests, arrival {wl.arrival.process}"),
+        "seed": wl.seed,
+        "replications": scenario.sim.replications,
+        "scheduling": "vLLM V1 semantics, synchronous scheduling (async_scheduling=False)",
+    }
+    return meta
+
+
+def simulate_replications(scenario, progress=None) -> tuple[list[RunResult], dict | None]:
+    """Run ``scenario.sim.replications`` replications.
+
+    Returns:
+        (results, combined) where ``combined`` holds the mean and 95% confidence interval
+        of every summary figure across replications (``None`` for a single replication).
+    """
+    n = scenario.sim.replications
+    results = []
+    for k in range(n):
+        cb = None
+        if progress is not None:
+            def cb(done, total, k=k):
+                progress(k * total + done, n * total)
+        results.append(simulate(scenario, replication=k, progress=cb))
+    combined = combine_replications([r.summary for r in results]) if n > 1 else None
+    return results, combined
