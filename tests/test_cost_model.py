@@ -1,0 +1,319 @@
+"""Cost model: hand-computed step times for each form, tensor-parallel division, KV capacity
+by vLLM's formula, profiles (round trip, lookup, mismatch), noise, projection efficiencies."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+from simulator import cost_model as cmod
+from simulator.catalog import load_hardware, load_model
+from simulator.cost_model import (Profile, RooflineConstants, build_cost_model, load_profile,
+                                  roofline_seconds, save_profile, step_features)
+from simulator.errors import InputError
+from simulator.policy import Request, RequestSpec, Scheduler
+from simulator.scenario import scenario_from_dict
+
+WORKLOAD = {"num_requests": 1, "arrival": {"process": "poisson", "rate": 1.0},
+            "prompt_tokens": {"dist": "fixed", "value": 10},
+            "output_tokens": {"dist": "fixed", "value": 2}}
+
+# llama-test by hand: hidden 64, intermediate 128, 2 layers, 4 heads / 2 kv heads of 16,
+# vocab 256, bf16.
+P_LAYER = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64   # 36992
+P_NONEMB = 2 * P_LAYER + 64                                          # 74048
+P_LM = 256 * 64                                                      # 16384
+W_BYTES = (P_NONEMB + P_LM) * 2                                      # 180864
+KV_PER_TOKEN = 2 * 2 * 2 * 16 * 2                                    # 256
+ATTN_PER_PAIR = 4 * 2 * 4 * 16                                       # 512
+
+COEF = {"a0_s": 1e-3, "per_request_s": 1e-4, "w_eff_bytes_per_s": 1e8,
+        "f_eff_flops_per_s": 1e9, "w_attn_bytes_per_s": 1e7, "f_attn_flops_per_s": 1e8}
+
+
+def scenario(tmp_path=".", **kw):
+    d = {"name": "t", "model": "llama-test", "workload": WORKLOAD,
+         "hardware": {"step_time": {"constant_s": 0.02}}}
+    d.update(kw)
+    return scenario_from_dict(d, base_dir=tmp_path, source="t.yaml")
+
+
+def chunk(n, c, samples):
+    return SimpleNamespace(num_new_tokens=n, num_computed_before=c, samples_token=samples)
+
+
+def plan(prefills=(), num_decodes=0, decode_context_tokens=0):
+    return SimpleNamespace(prefills=list(prefills), num_decodes=num_decodes,
+                           decode_context_tokens=decode_context_tokens)
+
+
+def make_profile(**kw) -> Profile:
+    shape = load_model("llama-test").to_dict()
+    shape.pop("name")
+    d = {"name": "cpu-llama-test", "device": {"name": "test-cpu", "kind": "cpu",
+                                              "peak_flops": 1e11, "memory_bandwidth": 1e10,
+                                              "memory_bytes": 2**34},
+         "engine": "servesim-torch 0.1", "model": {"name": "llama-test", "shape": shape},
+         "dtype": "bfloat16", "tensor_parallel": 1,
+         "kv": {"bytes_per_token": 256, "block_size": 128, "num_gpu_blocks": 2048},
+         "cost": {"form": "roofline", "coefficients": dict(COEF)},
+         "efficiencies": {"mbu": 0.01, "mfu": 0.01},
+         "noise": {"relative_residuals": [0.1]},
+         "error": {"heldout": {"mape": 0.05, "p90": 0.08, "max": 0.2, "n": 30}},
+         "provenance": {"kind": "measured", "date": "2026-11-30", "command": "servesim calibrate",
+                        "source": "test", "measurements_csv": "cpu-llama-test.csv"}}
+    for k, v in kw.items():
+        d[k] = v
+    return Profile.model_validate(d)
+
+
+def run_plans(sc, cm, specs):
+    """Drive a real Scheduler; return the list of (plan features, step ns)."""
+    s = Scheduler(sc.scheduler_config(cm.num_gpu_blocks))
+    for spec in specs:
+        s.add_request(Request(spec))
+    out = []
+    while s.has_unfinished_requests():
+        p = s.schedule()
+        out.append((step_features(p), cm.step_time_ns(p)))
+        s.update(p)
+    return out
+
+
+# -- forms ----------------------------------------------------------------------------------
+
+def test_constant_inline():
+    sc = scenario()
+    cm = build_cost_model(sc)
+    assert cm.label == "inline: constant 20 ms/step" and not cm.measured
+    assert cm.num_gpu_blocks is None
+    assert cm.kv_note == "unlimited (inline step_time, no num_gpu_blocks)"
+    steps = run_plans(sc, cm, [RequestSpec(0, 0, (("a", 10),), 3)])
+    assert [ns for _, ns in steps] == [20_000_000] * 3
+
+
+def test_linear_inline_on_real_scheduler_plans():
+    sc = scenario(hardware={"step_time": {"base_s": 1e-3, "per_prefill_token_s": 1e-4,
+                                          "per_decode_seq_s": 1e-3, "per_context_token_s": 1e-5}},
+                  engine={"max_num_seqs": 2, "max_num_batched_tokens": 8})
+    cm = build_cost_model(sc)
+    steps = run_plans(sc, cm, [RequestSpec(0, 0, (("a", 12),), 3)])
+    # 12-token prompt in chunks of 8 and 4, then two decodes attending 13 and 14 tokens.
+    assert [ns for _, ns in steps] == [
+        round((1e-3 + 8 * 1e-4 + 8 * 1e-5) * 1e9),
+        round((1e-3 + 4 * 1e-4 + 12 * 1e-5) * 1e9),
+        round((1e-3 + 1e-3 + 13 * 1e-5) * 1e9),
+        round((1e-3 + 1e-3 + 14 * 1e-5) * 1e9)]
+    assert cm.label.startswith("inline: linear 1 ms/step + 100 us/prefill token")
+
+
+def test_roofline_by_hand(tmp_path):
+    save_profile(make_profile(), tmp_path / "p.yaml")
+    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
+    assert cm.measured and cm.form == "roofline"
+    assert cm.label == "measured: profile cpu-llama-test (servesim-torch 0.1, 2026-11-30)"
+    # Mixed step: chunk of 10 after 6 cached (samples), chunk of 5 (partial), 3 decodes
+    # attending 40 tokens. T = 18, R = 5; compute-bound dense part.
+    p = plan([chunk(10, 6, True), chunk(5, 0, False)], 3, 40)
+    dense = max(W_BYTES / 1e8, 2 * P_NONEMB * 18 / 1e9)
+    assert dense == 2 * P_NONEMB * 18 / 1e9
+    want = (1e-3 + 5 * 1e-4 + dense + (16 + 5 + 40) * KV_PER_TOKEN / 1e7
+            + (10 * (6 + 5.5) + 5 * 3 + 40) * ATTN_PER_PAIR / 1e8 + 2 * P_LM * 4 / 1e9)
+    assert want == pytest.approx(6.7288e-3, rel=1e-12)
+    assert cm.step_seconds(p) == pytest.approx(want, rel=1e-12)
+    # A lone decode is weight-bandwidth bound.
+    want = 1e-3 + 1e-4 + W_BYTES / 1e8 + 10 * KV_PER_TOKEN / 1e7 + 10 * ATTN_PER_PAIR / 1e8 \
+        + 2 * P_LM / 1e9
+    assert cm.step_seconds(plan((), 1, 10)) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(3.248608e-3, rel=1e-12)
+
+
+def test_vectorised_roofline_matches_per_step():
+    k = RooflineConstants.of(load_model("llama-test"), "bfloat16")
+    fn = cmod._seconds_fn("roofline", COEF, k)
+    plans = [plan([chunk(10, 6, True)], 3, 40), plan((), 7, 300), plan([chunk(64, 0, False)]),
+             plan([chunk(1, 99, True), chunk(30, 2, True)], 1, 5)]
+    f = [step_features(p) for p in plans]
+    vec = roofline_seconds(COEF, k, *(np.array([getattr(x, a) for x in f]) for a in (
+        "tokens", "requests", "context_tokens", "attn_pairs", "sampled")))
+    assert np.allclose(vec, [fn(p) for p in plans], rtol=1e-12)
+
+
+def test_tensor_parallel_divides_work_and_adds_allreduce():
+    shape, h100 = load_model("llama-test"), load_hardware("h100-sxm")
+    k1 = RooflineConstants.of(shape, "bfloat16", 1, h100)
+    k2 = RooflineConstants.of(shape, "bfloat16", 2, h100)
+    assert (k1.weight_bytes, k1.dense_flops_per_token, k1.kv_bytes_per_token,
+            k1.attn_flops_per_pair, k1.lm_head_flops_per_sample) == (
+        W_BYTES, 2 * P_NONEMB, KV_PER_TOKEN, ATTN_PER_PAIR, 2 * P_LM)
+    assert k1.allreduce_fixed_s == 0 and k1.allreduce_s_per_token == 0
+    assert (k2.weight_bytes, k2.dense_flops_per_token, k2.kv_bytes_per_token,
+            k2.attn_flops_per_pair, k2.lm_head_flops_per_sample) == (
+        W_BYTES / 2, P_NONEMB, KV_PER_TOKEN / 2, ATTN_PER_PAIR / 2, P_LM)
+    # two all-reduces per layer: latency + ring 2(tp-1)/tp x hidden x 2 bytes / 450 GB/s
+    assert k2.allreduce_fixed_s == pytest.approx(2 * 2 * 5e-6)
+    assert k2.allreduce_s_per_token == pytest.approx(2 * 2 * (2 * 1 / 2) * 64 * 2 / 450e9)
+    # tp above the kv head count replicates kv heads: one head per GPU
+    assert RooflineConstants.of(shape, "bfloat16", 4).kv_bytes_per_token == 2 * 2 * 1 * 16 * 2
+
+
+def test_projection_label_and_tp_scaling():
+    cm1 = build_cost_model(scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"}))
+    cm2 = build_cost_model(scenario(model="llama-3.1-8b",
+                                    hardware={"profile": "h100-sxm", "tensor_parallel": 2}))
+    assert not cm1.measured and cm1.profile.provenance.kind == "projected"
+    assert cm1.price_per_replica_hour == pytest.approx(2.99)
+    assert cm2.price_per_replica_hour == pytest.approx(2 * 2.99)
+    # one decode of 1000 tokens: weights + KV read over 0.7 x 3.35 TB/s, rest tiny
+    m = load_model("llama-3.1-8b")
+    bw = 0.7 * 3.35e12
+    p = plan((), 1, 1000)
+    t1 = (1e-3 + 1e-5 + (m.num_nonembedding_params + m.lm_head_params) * 2 / bw
+          + 1000 * 131072 / bw + 1000 * 4 * 32 * 32 * 128 / (0.5 * 989.4e12)
+          + 2 * m.lm_head_params / (0.5 * 989.4e12))
+    assert cm1.step_seconds(p) == pytest.approx(t1, rel=1e-9)
+    t2 = (1e-3 + 1e-5 + (t1 - 1e-3 - 1e-5) / 2 + 2 * 32 * 5e-6 + 2 * 32 * 1 * 4096 * 2 / 450e9)
+    assert cm2.step_seconds(p) == pytest.approx(t2, rel=1e-9)
+
+
+# -- KV capacity ----------------------------------------------------------------------------
+
+def test_kv_blocks_llama_8b_h100_by_hand():
+    sc = scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"})
+    cm = build_cost_model(sc)
+    memory = 81559 * 2**20                       # H100 SXM 80GB as the driver reports it
+    weights = 8_030_261_248 * 2                  # bf16
+    act = 8192 * 2 * (3 * 14336 + 3 * 4096 + (32 + 2 * 8) * 128) + 2 * 256 * 128256 * 4
+    non_torch = 512 * 2**20
+    budget = int(memory * 0.9) - weights - act - non_torch
+    want = budget // (16 * 2 * 32 * 8 * 128 * 2)
+    assert want == 28182
+    assert cm.num_gpu_blocks == want
+    assert cm.kv_note.startswith("projected: h100-sxm 79.65 GiB × 0.9 − weights 14.96 GiB")
+    assert cm.kv_note.endswith(f"→ {want} blocks of 16 tokens")
+    cfg = sc.scheduler_config(cm.num_gpu_blocks)
+    assert cfg.num_gpu_blocks == want and cfg.max_model_len == 131072
+
+
+def test_kv_override_and_no_room():
+    cm = build_cost_model(scenario(engine={"num_gpu_blocks": 500}))
+    assert cm.num_gpu_blocks == 500 and "set in the scenario" in cm.kv_note
+    with pytest.raises(InputError, match=r"^t.yaml: hardware: llama-3.1-70b in bfloat16 "
+                                         r"\(131.4 GiB of weights per GPU\) leaves no room"):
+        build_cost_model(scenario(model="llama-3.1-70b", hardware={"profile": "h100-sxm"}))
+    cm = build_cost_model(scenario(model="llama-3.1-70b",
+                                   hardware={"profile": "h100-sxm", "tensor_parallel": 4}))
+    assert cm.num_gpu_blocks > 1000
+
+
+def test_measured_profile_blocks_converted_to_block_size(tmp_path):
+    save_profile(make_profile(), tmp_path / "p.yaml")
+    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
+    assert cm.num_gpu_blocks == 2048 * 128 // 16
+    prof = make_profile(kv={"bytes_per_token": 256, "block_size": 128, "num_gpu_blocks": 2048,
+                            "memory_budget_bytes": 2**31})
+    save_profile(prof, tmp_path / "q.yaml")
+    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "q.yaml"}))
+    assert cm.num_gpu_blocks == 2**31 // (16 * 256)
+
+
+# -- profiles -------------------------------------------------------------------------------
+
+def test_profile_round_trip_and_lookup(tmp_path, monkeypatch):
+    prof = make_profile()
+    path = save_profile(prof, tmp_path / "store" / "cpu-llama-test.yaml")
+    assert [p.name for p in (tmp_path / "store").iterdir()] == ["cpu-llama-test.yaml"]
+    back = load_profile(path)
+    assert back.model_dump() == prof.model_dump() and back.path == path
+    assert back.model_shape == load_model("llama-test")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "store"))
+    assert cmod.list_profiles()["cpu-llama-test"] == path
+    assert load_profile("cpu-llama-test").model_dump() == prof.model_dump()
+    with pytest.raises(InputError, match=r"unknown profile 'nope' \(known: cpu-llama-test"):
+        load_profile("nope")
+
+
+def test_profile_schema_errors(tmp_path):
+    d = make_profile().model_dump(mode="json")
+    d["cost"]["coefficients"].pop("a0_s")
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match=r"^bad.yaml: cost: roofline needs exactly the "
+                                         r"coefficients a0_s, .*; missing a0_s$"):
+        load_profile(tmp_path / "bad.yaml")
+    d = make_profile().model_dump(mode="json")
+    d["kv"]["blocks"] = 3
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match=r"^bad.yaml: kv.blocks: unknown key \(allowed: "
+                                         r"bytes_per_token, block_size"):
+        load_profile(tmp_path / "bad.yaml")
+    (tmp_path / "bad.yaml").write_text("name: x\ndevice: [\n")
+    with pytest.raises(InputError, match=r"^bad.yaml:3: YAML syntax error"):
+        load_profile(tmp_path / "bad.yaml")
+
+
+def test_profile_for_another_model_or_dtype_refused(tmp_path):
+    save_profile(make_profile(), tmp_path / "p.yaml")
+    with pytest.raises(InputError, match=r"^t.yaml: hardware.profile: profile cpu-llama-test "
+                                         r"was measured for model llama-test \(bfloat16\) but the "
+                                         r"scenario runs llama-tiny-56m \(bfloat16\)"):
+        build_cost_model(scenario(tmp_path, model="llama-tiny-56m",
+                                  hardware={"profile": "p.yaml"}))
+    with pytest.raises(InputError, match=r"llama-test \(bfloat16\) but the scenario runs "
+                                         r"llama-test \(float32\)"):
+        build_cost_model(scenario(tmp_path, dtype="float32", hardware={"profile": "p.yaml"}))
+    with pytest.raises(InputError, match=r"^t.yaml: hardware.profile: 'nope' is neither a "
+                                         r"catalog GPU \(h100-sxm"):
+        build_cost_model(scenario(tmp_path, hardware={"profile": "nope"}))
+
+
+# -- noise ----------------------------------------------------------------------------------
+
+def test_empirical_noise(tmp_path):
+    save_profile(make_profile(), tmp_path / "p.yaml")
+    p = plan((), 1, 10)
+    base = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
+    noisy = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml",
+                                                          "cost_noise": "empirical"}))
+    assert noisy.step_time_ns(p) == round(base.step_seconds(p) * 1.1 * 1e9)
+    save_profile(make_profile(noise={"relative_residuals": [-0.5, 0.5]}), tmp_path / "q.yaml")
+    sc = scenario(tmp_path, hardware={"profile": "q.yaml", "cost_noise": "empirical"})
+
+    def draws(seed):
+        cm = build_cost_model(sc, np.random.default_rng(seed))
+        return [cm.step_time_ns(p) for _ in range(100)]
+
+    t = base.step_seconds(p)
+    a = draws(1)
+    assert set(a) == {round(0.5 * t * 1e9), round(1.5 * t * 1e9)}
+    assert a == draws(1) and a != draws(2)
+    save_profile(make_profile(noise={"relative_residuals": []}), tmp_path / "r.yaml")
+    with pytest.raises(InputError, match=r"hardware.cost_noise: empirical needs residuals"):
+        build_cost_model(scenario(tmp_path, hardware={"profile": "r.yaml",
+                                                      "cost_noise": "empirical"}))
+
+
+def test_step_time_at_least_one_ns():
+    cm = build_cost_model(scenario(hardware={"step_time": {"constant_s": 1e-12}}))
+    assert cm.step_time_ns(plan()) == 1
+
+
+# -- efficiencies for projections -----------------------------------------------------------
+
+def test_cpu_efficiencies_never_carried_to_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
+    save_profile(make_profile(), tmp_path / "local" / "cpu-llama-test.yaml")
+    sc = scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"})
+    assert build_cost_model(sc).label == (
+        "projected: roofline h100-sxm ×1, default efficiencies (MBU 0.7, MFU 0.5)")
+    gpu = make_profile(name="h100-measured",
+                       device={"name": "h100-sxm", "kind": "gpu", "peak_flops": 989.4e12,
+                               "memory_bandwidth": 3.35e12, "memory_bytes": 81559 * 2**20},
+                       efficiencies={"mbu": 0.6, "mfu": 0.4})
+    save_profile(gpu, tmp_path / "local" / "h100-measured.yaml")
+    cm = build_cost_model(sc)
+    assert cm.label == ("projected: roofline h100-sxm ×1, efficiencies of measured profile "
+                        "h100-measured (MBU 0.6, MFU 0.4)")
+    assert cm.profile.cost.coefficients["w_eff_bytes_per_s"] == pytest.approx(0.6 * 3.35e12)
+    assert cm.profile.cost.coefficients["a0_s"] == COEF["a0_s"]
