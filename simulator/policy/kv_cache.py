@@ -93,10 +93,17 @@ class BlockPool:
         if n > len(free):
             raise RuntimeError(f"need {n} blocks, {len(free)} free")
         out = []
+        ref, block_hash, cached = self.ref_cnt, self.block_hash, self.cached
         for _ in range(n):
             b, _ = free.popitem(last=False)
-            self._evict(b)
-            self.ref_cnt[b] = 1
+            h = block_hash[b]
+            if h is not None:  # lazy eviction: only now does the block lose its hash
+                same = cached[h]
+                del same[b]
+                if not same:
+                    del cached[h]
+                block_hash[b] = None
+            ref[b] = 1
             out.append(b)
         return out
 
@@ -116,15 +123,6 @@ class BlockPool:
             out.extend(range(start, start + extra))
         return out
 
-    def _evict(self, b: int) -> None:
-        h = self.block_hash[b]
-        if h is not None:
-            blocks = self.cached[h]
-            del blocks[b]
-            if not blocks:
-                del self.cached[h]
-            self.block_hash[b] = None
-
     def free_blocks(self, block_ids) -> None:
         """Drop one reference on each block; blocks reaching 0 join the queue tail in order."""
         ref, free = self.ref_cnt, self.free_queue
@@ -134,12 +132,17 @@ class BlockPool:
             if ref[b] == 0 and not (keep_cached and self.block_hash[b] is not None):
                 free[b] = None
 
-    def cache_block(self, b: int, block_hash: bytes) -> None:
-        """Register full block ``b`` under ``block_hash`` (a block is registered once)."""
-        if self.block_hash[b] is not None:
-            return
-        self.block_hash[b] = block_hash
-        self.cached.setdefault(block_hash, {})[b] = None
+    def cache_blocks(self, block_ids, hashes) -> None:
+        """Register full blocks under their hashes; a block is registered once."""
+        block_hash, cached = self.block_hash, self.cached
+        for b, h in zip(block_ids, hashes):
+            if block_hash[b] is None:
+                block_hash[b] = h
+                same = cached.get(h)
+                if same is None:
+                    cached[h] = {b: None}
+                else:
+                    same[b] = None
 
     def num_used_blocks(self) -> int:
         """Blocks with ``ref_cnt > 0`` (null block excluded)."""
@@ -222,10 +225,10 @@ class KVCacheManager:
             req.block_ids.extend(new)
         if self.enable_prefix_caching:
             full = min(num_tokens, req.num_tokens) // bs
-            ids = req.block_ids
-            for i in range(req.num_registered_blocks, full):
-                pool.cache_block(ids[i], req.block_hash(i, bs))
-            if full > req.num_registered_blocks:
+            start = req.num_registered_blocks
+            if full > start:
+                hashes = req.block_hashes(full, bs)
+                pool.cache_blocks(req.block_ids[start:full], hashes[start:full])
                 req.num_registered_blocks = full
         return new
 

@@ -20,9 +20,10 @@ The types here are the contracts of DESIGN.md §2:
 
 from __future__ import annotations
 
-import bisect
 import enum
 import hashlib
+import struct
+from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
@@ -141,6 +142,14 @@ def _digest(parent: bytes, key: bytes) -> bytes:
     return hashlib.blake2b(parent + key, digest_size=16).digest()
 
 
+def _content_digest(content_id) -> bytes:
+    """8-byte digest naming a content stream (repr is deterministic for int/str/tuple)."""
+    return hashlib.blake2b(repr(content_id).encode(), digest_size=8).digest()
+
+
+_PIECE = struct.Struct("<8sQQ")  # content digest, offset in the content, length
+
+
 class Request:
     """Live state of one request inside a scheduler (vLLM ``v1/request.py`` analogue).
 
@@ -162,7 +171,7 @@ class Request:
         "max_tokens", "output_content_id", "prompt_token_ids", "output_token_ids",
         "stop_token_ids", "eos_token_id", "sampling", "state", "num_cached_tokens",
         "num_preemptions", "block_ids", "num_registered_blocks", "_block_hashes",
-        "_seg_ends", "_computed", "_output", "_steady", "_clock", "_epoch", "_seq",
+        "_content", "_computed", "_output", "_steady", "_clock", "_epoch", "_seq",
         "finish_reason", "record",
     )
 
@@ -205,13 +214,7 @@ class Request:
         self.block_ids: list[int] = []
         self.num_registered_blocks = 0
         self._block_hashes: list[bytes] = []
-        self._seg_ends = None
-        if self.prompt_segments is not None:
-            ends, total = [], 0
-            for _, length in self.prompt_segments:
-                total += length
-                ends.append(total)
-            self._seg_ends = ends
+        self._content = None  # content table, built on first hash
         self._computed = 0
         self._output = 0
         self._steady = False
@@ -251,47 +254,73 @@ class Request:
         return self.state == RequestState.FINISHED
 
     # -- content and block hashes -----------------------------------------------------
-    def _block_key(self, start: int, end: int) -> bytes:
-        """Canonical bytes for the content of token positions [start, end)."""
-        if self.prompt_segments is None:
-            toks, out, p = self.prompt_token_ids, self.output_token_ids, self.num_prompt_tokens
-            if end <= p:
-                ids = toks[start:end]
-            elif start >= p:
-                ids = out[start - p:end - p]
-            else:
-                ids = toks[start:] + out[:end - p]
-            return repr(tuple(ids)).encode()
-        pieces = []
-        p = self.num_prompt_tokens
-        pos = start
-        if pos < p:
-            ends = self._seg_ends
-            k = bisect.bisect_right(ends, pos)
-            while pos < end and pos < p:
-                seg_start = ends[k] - self.prompt_segments[k][1]
-                stop = min(end, ends[k])
-                pieces.append((self.prompt_segments[k][0], pos - seg_start, stop - pos))
-                pos = stop
-                k += 1
-        if pos < end:
-            pieces.append((self.output_content_id, pos - p, end - pos))
-        return repr(pieces).encode()
+    def _content_table(self) -> list:
+        """``[(content digest, first position, end position)]`` of prompt then output."""
+        table, pos = [], 0
+        for cid, length in self.prompt_segments:
+            table.append((_content_digest(cid), pos, pos + length))
+            pos += length
+        table.append((_content_digest(self.output_content_id), pos, 1 << 62))
+        return table
 
-    def block_hash(self, index: int, block_size: int) -> bytes:
-        """Chained hash of full block ``index`` for ``block_size``.
+    def block_hashes(self, n: int, block_size: int) -> list[bytes]:
+        """Chained hashes of full blocks ``0 .. n-1`` for ``block_size`` (a cached list).
 
-        ``hash_i = blake2b(hash_{i-1} || content_i)`` (vLLM ``hash_block_tokens``), content
-        from segments or token ids. Hashes are cached; a request is only ever asked for
-        blocks whose tokens exist (``(index + 1) * block_size <= num_tokens``).
+        ``hash_i = blake2b(hash_{i-1} || content_i)`` (vLLM ``hash_block_tokens``). Content
+        of a block is its token ids, or for segment requests the pieces it covers, each
+        ``(content digest, offset in that content, length)`` — so equal content hashes
+        equally whatever the segment boundaries and the block size. Only blocks whose
+        tokens exist may be asked for (``n * block_size <= num_tokens``); a request always
+        uses one block size.
         """
         hashes = self._block_hashes
-        while len(hashes) <= index:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else b""
-            hashes.append(_digest(parent, self._block_key(i * block_size,
-                                                          (i + 1) * block_size)))
-        return hashes[index]
+        i = len(hashes)
+        if i >= n:
+            return hashes
+        parent = hashes[-1] if hashes else b""
+        bs = block_size
+        if self.prompt_segments is None:
+            toks = self.prompt_token_ids + self.output_token_ids
+            for b in range(i, n):
+                parent = _digest(parent, array("q", toks[b * bs:(b + 1) * bs]).tobytes())
+                hashes.append(parent)
+            return hashes
+        table = self._content
+        if table is None:
+            table = self._content = self._content_table()
+        pos = i * bs
+        k = 0
+        while table[k][2] <= pos:
+            k += 1
+        pack = _PIECE.pack
+        for b in range(i, n):
+            end = pos + bs
+            dig, s0, s1 = table[k]
+            if end <= s1:  # one piece: the common case
+                key = pack(dig, pos - s0, bs)
+                if end == s1:
+                    k += 1
+            else:
+                parts = []
+                while pos < end:
+                    dig, s0, s1 = table[k]
+                    stop = end if end < s1 else s1
+                    parts.append(pack(dig, pos - s0, stop - pos))
+                    if stop == s1:
+                        k += 1
+                    pos = stop
+                key = b"".join(parts)
+            parent = _digest(parent, key)
+            hashes.append(parent)
+            pos = end
+        return hashes
+
+    def block_hash(self, index: int, block_size: int) -> bytes:
+        """Chained hash of full block ``index`` (see :meth:`block_hashes`)."""
+        hashes = self._block_hashes
+        if index < len(hashes):
+            return hashes[index]
+        return self.block_hashes(index + 1, block_size)[index]
 
     def append_output_token(self, token_id: int | None = None) -> None:
         """Record one sampled token (explicit mode only; the scheduler calls this)."""
