@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `servesim schema | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,109 @@
+"""`servesim` as a user meets it: determinism, replications, and one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+
+SCENARIO = """
+name: small
+model: llama-3.1-8b
+hardware: {profile: h100-sxm}
+engine: {max_num_seqs: 64, max_model_len: 8192}
+workload:
+  seed: 5
+  num_requests: 300
+  arrival: {process: poisson, rate: 20}
+  prompt_tokens: {dist: lognormal, median: 500, p90: 1500, max: 6000}
+  output_tokens: {dist: lognormal, median: 100, p90: 300, max: 1000}
+  prefix: {shared_tokens: 256, groups: 4}
+slo: {ttft_ms: {p99: 500}}
+"""
+
+
+@pytest.fixture
+def scen(tmp_path):
+    p = tmp_path / "small.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+def run_cli(*args):
+    """Run the console entry point in a subprocess: (exit status, stdout, stderr)."""
+    r = subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)],
+                       capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_same_scenario_and_seed_give_byte_identical_summary(scen, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["run", str(scen), "--out", str(a), "--quiet"]) == 0
+    assert main(["run", str(scen), "--out", str(b), "--quiet"]) == 0
+    assert (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
+    assert (a / "requests.csv").read_bytes() == (b / "requests.csv").read_bytes()
+    s = json.loads((a / "summary.json").read_text())
+    assert s["cost_kind"] == "projected" and s["prefix_cache_hit_rate"] > 0
+    c = tmp_path / "c"
+    assert main(["run", str(scen), "--out", str(c), "--quiet", "--set", "workload.seed=6"]) == 0
+    assert (a / "summary.json").read_bytes() != (c / "summary.json").read_bytes()
+
+
+def test_replications_give_confidence_intervals(scen, tmp_path):
+    out = tmp_path / "r"
+    assert main(["run", str(scen), "--out", str(out), "--quiet", "--replications", "3"]) == 0
+    rep = json.loads((out / "replications.json").read_text())
+    ttft = rep["ttft_ms"]["p99"]
+    assert ttft["n"] == 3 and ttft["ci95"][0] <= ttft["mean"] <= ttft["ci95"][1]
+
+
+BAD_CASES = [
+    # (scenario text or None for the good one, extra args, expected fragment)
+    ("name: x\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm\n", [], "s.yaml:4: YAML"),
+    (SCENARIO.replace("max_num_seqs: 64", "max_num_seq: 64"), [], "engine.max_num_seq"),
+    (SCENARIO.replace("max_num_seqs: 64", "max_num_seqs: -3"), [], "engine.max_num_seqs"),
+    (SCENARIO.replace("rate: 20", "rate: fast"), [], "workload.arrival"),
+    (None, ["--set", "engine.block_size=abc"], "engine.block_size"),
+    (None, ["--set", "engine.nope=1"], "engine.nope"),
+    (None, ["--set", "noequals"], "--set"),
+    (SCENARIO.replace("max_model_len: 8192", "max_model_len: 9000000"), [], "max_model_len"),
+    (SCENARIO.replace("h100-sxm", "h900"), [], "h900"),
+    ("name: t\nmodel: llama-3.1-8b\nhardware: {step_time: {constant_s: 0.01}}\n"
+     "workload: {trace: {path: missing.csv, format: azure}}\n", [], "missing.csv"),
+    ("name: t\nmodel: llama-3.1-8b\nhardware: {step_time: {constant_s: 0.01}}\n"
+     "workload: {trace: {path: bad.csv, format: azure}}\n", [], "bad.csv:3"),
+]
+
+
+@pytest.mark.parametrize("text,args,fragment", BAD_CASES)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, text, args, fragment):
+    (tmp_path / "bad.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,oops,16\n")
+    p = tmp_path / "s.yaml"
+    p.write_text(text if text is not None else SCENARIO)
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli("run", p, "--out", out, "--quiet", *args)
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servesim: error:"), stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in stderr
+    assert not out.exists()
+
+
+def test_missing_scenario_file_and_bad_flag(tmp_path):
+    code, _, err = run_cli("run", tmp_path / "nope.yaml")
+    assert code == 2 and "nope.yaml" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli("run", tmp_path / "nope.yaml", "--replications", "x")
+    assert code == 2 and "Traceback" not in err
+
+
+def test_schema_prints_json_schema():
+    code, out, _ = run_cli("schema")
+    assert code == 0
+    schema = json.loads(out)
+    assert "engine" in schema["properties"] and "workload" in schema["properties"]
