@@ -1,0 +1,137 @@
+"""Speed of servesim's engine against HF ``transformers`` ``generate`` on the same model.
+
+Model: the shape of the vLLM peer model (shared/peers/vllm/README.md): Llama, hidden 512,
+8 layers, 8 heads / 4 KV heads, intermediate 1408, vocab 32000, random weights (seeded),
+saved once and loaded by both engines. Repeats of the two engines are interleaved, each
+repeat with fresh prompts (so prefix caching cannot reuse an earlier repeat), and the
+table reports medians and the ratio ours / HF from the same run.
+
+Workloads (greedy, ignore_eos):
+  decode-b1    one request, prompt 128, 128 output tokens; output tok/s.
+  batch-32     32 requests, prompt lengths spread evenly over 64-512, 128 output tokens
+               each; HF batched with left padding; output tok/s.
+  prefill-512  one 512-token prompt, 1 output token; prompt tok/s.
+
+Usage: python benchmarks/engine_speed.py [--repeats 3] [--threads 2] [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+import transformers
+from rich.console import Console
+from rich.table import Table
+
+from calibration.engine import LLMEngine, SamplingParams, random_model, save_pretrained
+
+SHAPE = dict(model_type="llama", hidden_size=512, intermediate_size=1408,
+             num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+             vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+             rope_theta=10000.0)
+OUT_TOKENS = 128
+
+
+def workloads(rng: np.random.Generator):
+    """Prompts (token-id lists) and output lengths for each workload, fresh per repeat."""
+    def prompt(n):
+        return rng.integers(0, SHAPE["vocab_size"], n).tolist()
+    return {
+        "decode-b1": ([prompt(128)], OUT_TOKENS),
+        "batch-32": ([prompt(int(n)) for n in np.linspace(64, 512, 32)], OUT_TOKENS),
+        "prefill-512": ([prompt(512)], 1),
+    }
+
+
+def run_ours(engine: LLMEngine, prompts, out_tokens) -> float:
+    params = SamplingParams(temperature=0.0, max_tokens=out_tokens, ignore_eos=True)
+    t = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    dt = time.perf_counter() - t
+    assert all(len(o.output_token_ids) == out_tokens for o in outs)
+    return dt
+
+
+@torch.inference_mode()
+def run_hf(model, prompts, out_tokens) -> float:
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):           # left padding
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    t = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=out_tokens,
+                         min_new_tokens=out_tokens, do_sample=False, pad_token_id=0)
+    dt = time.perf_counter() - t
+    assert out.shape[1] == width + out_tokens
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", nargs="*", help="workload names to run (default: all)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.WARNING)
+    console = Console()
+    dtype = getattr(torch, args.dtype)
+
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(random_model(SHAPE, seed=args.seed), d)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
+        ours = LLMEngine(d, dict(dtype=args.dtype, block_size=16, max_num_seqs=256,
+                                 max_num_batched_tokens=4096, max_model_len=4096,
+                                 kv_cache_memory_bytes=512 * 2**20, seed=args.seed))
+
+    rng = np.random.default_rng(args.seed)
+    warm = workloads(rng)["decode-b1"][0]
+    run_ours(ours, warm, 8)
+    run_hf(hf, warm, 8)
+    times: dict = {}
+    tokens: dict = {}
+    for rep in range(args.repeats):
+        for name, (prompts, out_tokens) in workloads(rng).items():
+            if args.only and name not in args.only:
+                continue
+            tokens[name] = (sum(len(p) for p in prompts) if name.startswith("prefill")
+                            else len(prompts) * out_tokens)
+            pair = [("ours", run_ours, ours), ("hf", run_hf, hf)]
+            if rep % 2:
+                pair.reverse()   # alternate who goes first
+            for who, fn, eng in pair:
+                times.setdefault((name, who), []).append(fn(eng, prompts, out_tokens))
+            console.log(f"repeat {rep + 1}/{args.repeats} {name}: ours "
+                        f"{times[name, 'ours'][-1]:.2f} s, hf {times[name, 'hf'][-1]:.2f} s")
+
+    table = Table(title=f"engine speed ({args.dtype}, {args.threads} threads, "
+                        f"median of {args.repeats})")
+    for col in ("workload", "unit", "ours tok/s", "HF tok/s", "ours / HF"):
+        table.add_column(col, justify="right" if "tok" in col or "/" in col else "left")
+    for name in tokens:
+        ours_tps = tokens[name] / statistics.median(times[name, "ours"])
+        hf_tps = tokens[name] / statistics.median(times[name, "hf"])
+        unit = "prompt" if name.startswith("prefill") else "output"
+        table.add_row(name, unit, f"{ours_tps:,.0f}", f"{hf_tps:,.0f}",
+                      f"{ours_tps / hf_tps:.2f}x")
+    console.print(table)
+    console.print(f"machine: {platform.processor() or platform.machine()}, "
+                  f"{os.cpu_count()} CPUs; python {platform.python_version()}, torch "
+                  f"{torch.__version__}, transformers {transformers.__version__}; "
+                  f"seed {args.seed}")
+
+
+if __name__ == "__main__":
+    main()

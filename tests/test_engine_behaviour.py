@@ -1,0 +1,253 @@
+"""Engine behaviour without a reference model: it executes the policy's plans unchanged,
+reports the policy's prefix-cache figures, rejects bad input by field, samples as asked,
+replays workloads on time, and sizes its KV cache as stated."""
+
+import logging
+
+import pytest
+import torch
+
+from calibration.engine import (KVStore, LLMEngine, ModelConfig, SamplingParams,
+                                kv_bytes_per_block)
+from calibration.engine.replay import materialise
+from calibration.engine.sampling import sample
+from calibration.engine.tokenizer import ByteTokenizer, content_token
+from simulator.errors import InputError
+from simulator.policy import Request, RequestSpec, Scheduler, SchedulerConfig
+
+CFG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, vocab_size=128, max_position_embeddings=512,
+           eos_token_id=3)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def engine(**kw):
+    knobs = dict(num_gpu_blocks=128, block_size=16, max_num_seqs=8,
+                 max_num_batched_tokens=64, max_model_len=256)
+    knobs.update(kw)
+    return LLMEngine(CFG, knobs)
+
+
+def ids(seed, n):
+    return torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_engine_steps_equal_a_policy_only_run():
+    """The engine's steps are exactly the plans of a bare Scheduler on the same requests."""
+    prompts = [ids(i, n) for i, n in enumerate((70, 9, 33, 120, 16))]
+    eng = engine(block_size=8, num_gpu_blocks=34, max_num_batched_tokens=48)
+    for i, p in enumerate(prompts):
+        eng.add_request(p, dict(temperature=0.0, max_tokens=12, ignore_eos=True),
+                        request_id=i)
+    while eng.has_unfinished_requests():
+        eng.step()
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=48,
+                                      max_model_len=256, block_size=8, num_gpu_blocks=34))
+    for i, p in enumerate(prompts):
+        sched.add_request(Request(request_id=i, prompt_token_ids=p, max_tokens=12))
+    plans = []
+    while sched.has_unfinished_requests():
+        plan = sched.schedule()
+        plans.append(([(e.request_id, e.num_new_tokens, e.num_computed_before)
+                       for e in plan.prefills], plan.num_decodes,
+                      [r.request_id for r in plan.preempted]))
+        sched.update(plan)
+    got = [(s.prefills, s.num_decodes, s.preempted) for s in eng.step_records]
+    assert got == plans
+    assert eng.stats == sched.stats
+    assert sched.stats.num_preemptions > 0   # 33 usable blocks of 8 are too few for all five
+
+
+def test_shared_prefix_batch_skips_exactly_the_cached_tokens():
+    shared = ids(100, 48)                       # 3 full blocks of 16
+    prompts = [shared + ids(101 + i, 10 + i) for i in range(4)]
+    eng = engine(max_num_batched_tokens=256)
+    eng.generate([prompts[0]], GREEDY)          # warms the cache
+    eng.generate(prompts[1:], GREEDY)
+    # Hand count: request 0 queries 58 tokens and hits nothing; 1..3 hit 48 each.
+    assert eng.stats.prefix_queries == sum(len(p) for p in prompts)
+    assert eng.stats.prefix_hits == 3 * 48
+    assert [eng.records[i].cached_tokens for i in range(4)] == [0, 48, 48, 48]
+    first = [s for s in eng.step_records if any(c[0] == 1 for c in s.prefills)][0]
+    assert first.prefills == [(1, 11, 48), (2, 12, 48), (3, 13, 48)]
+    assert first.num_scheduled_tokens == 11 + 12 + 13
+
+
+@pytest.mark.parametrize("bad, field", [
+    (dict(temperature=-1.0), "sampling.temperature"),
+    (dict(top_p=0.0), "sampling.top_p"),
+    (dict(top_p=1.5), "sampling.top_p"),
+    (dict(top_k=-2), "sampling.top_k"),
+    (dict(max_tokens=0), "sampling.max_tokens"),
+    (dict(stop_token_ids=[500]), "sampling.stop_token_ids"),
+    (dict(temprature=0.5), "sampling.temprature"),
+])
+def test_bad_sampling_values_name_the_field(bad, field):
+    eng = engine()
+    with pytest.raises(InputError) as e:
+        eng.add_request(ids(0, 5), bad)
+    assert str(e.value).startswith(field) and "\n" not in str(e.value)
+
+
+def test_invalid_requests_are_rejected_and_others_keep_running():
+    alone = engine().generate([ids(7, 20)], GREEDY)[0].output_token_ids
+    eng = engine()
+    good = eng.add_request(ids(7, 20), GREEDY)
+    eng.step()                                   # good is running now
+    with pytest.raises(InputError, match=r"^prompt: 300 tokens exceed max_model_len 256"):
+        eng.add_request(ids(8, 300), GREEDY)
+    with pytest.raises(InputError, match=r"^prompt\[2\]: token id 999"):
+        eng.add_request([1, 2, 999], GREEDY)
+    with pytest.raises(InputError, match=r"^prompt: empty"):
+        eng.add_request([], GREEDY)
+    with pytest.raises(InputError, match=r"^sampling\.top_p"):
+        eng.add_request(ids(9, 4), dict(top_p=2.0))
+    with pytest.raises(InputError, match=r"^prompt: byte 0xc3"):
+        eng.add_request("é", GREEDY)
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += eng.step()
+    assert [o.request_id for o in outs] == [good]
+    assert outs[0].output_token_ids == alone
+    assert eng.stats.num_rejected == 1
+    assert [r.finish_reason for r in eng.records.values()] == ["length", "rejected"]
+
+
+def test_generate_rejects_all_when_one_prompt_is_bad():
+    eng = engine()
+    with pytest.raises(InputError):
+        eng.generate([ids(1, 5), ids(2, 400)], GREEDY)
+    assert not eng.has_unfinished_requests()
+
+
+def test_bad_engine_and_model_config_name_the_key():
+    with pytest.raises(InputError, match=r"^engine\.block_size"):
+        LLMEngine(CFG, dict(num_gpu_blocks=8, block_size=0))
+    with pytest.raises(InputError, match=r"^engine\.kv_cache_memory_bytes: required"):
+        LLMEngine(CFG, dict(max_model_len=64))
+    with pytest.raises(InputError, match=r"^engine\.max_model_len: 1024 exceeds"):
+        LLMEngine(CFG, dict(num_gpu_blocks=8, max_model_len=1024))
+    with pytest.raises(InputError, match=r"^config\.hidden_size"):
+        ModelConfig.from_hf({k: v for k, v in CFG.items() if k != "hidden_size"})
+    with pytest.raises(InputError, match=r"^config\.rope_scaling\.rope_type"):
+        ModelConfig.from_hf(dict(CFG, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+
+
+def test_kv_blocks_from_memory_budget_and_report(caplog):
+    # 16 tokens x (K+V) x 2 layers x 2 kv heads x 8 dims x 4 bytes = 4096 bytes per block.
+    assert kv_bytes_per_block(2, 16, 2, 8, torch.float32) == 4096
+    with caplog.at_level(logging.INFO, logger="servesim.engine"):
+        eng = LLMEngine(CFG, dict(kv_cache_memory_bytes=4096 * 100 + 5, max_model_len=320))
+    assert eng.num_gpu_blocks == 100
+    assert eng.kv_store.nbytes == 4096 * 100
+    assert eng.max_concurrency == pytest.approx(100 / 20)
+    assert "1,600 tokens" in caplog.text and "5.00x" in caplog.text
+
+
+def test_kv_store_slot_mapping_layout():
+    store = KVStore(1, num_blocks=4, block_size=2, num_kv_heads=2, head_dim=3)
+    k = torch.arange(12, dtype=torch.float32).view(2, 2, 3)
+    store.write(0, torch.tensor([5, 2]), k, -k)          # slot 5 = block 2 offset 1
+    key = store.key(0)
+    assert key.shape == (4, 2, 2, 3)
+    assert torch.equal(key[2, 1], k[0]) and torch.equal(key[1, 0], k[1])
+    assert torch.equal(store.value(0)[2, 1], -k[0])
+    assert key[0].abs().sum() == 0                        # null block untouched
+
+
+def test_stop_token_and_eos():
+    eng = engine()
+    free = eng.generate([ids(3, 12)], SamplingParams(temperature=0.0, max_tokens=8,
+                                                      ignore_eos=True))[0].output_token_ids
+    stop = free[2]
+    cut = free.index(stop) + 1
+    out = engine().generate([ids(3, 12)], SamplingParams(
+        temperature=0.0, max_tokens=8, ignore_eos=True, stop_token_ids=[stop]))[0]
+    assert out.output_token_ids == free[:cut] and out.finish_reason == "stop"
+    # The config's eos_token_id (3) ends a request unless ignore_eos.
+    eng = engine()
+    req = eng.add_request(ids(3, 12), dict(temperature=0.0))
+    assert [r for r in eng.scheduler.waiting if r.request_id == req][0].eos_token_id == 3
+
+
+def test_seeded_sampling_is_reproducible():
+    p = ids(4, 10)
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=123, max_tokens=12,
+                            ignore_eos=True)
+    a = engine().generate([p], params)[0].output_token_ids
+    b = engine().generate([p, ids(5, 30)], [params, GREEDY])[0].output_token_ids
+    c = engine().generate([p], params.model_copy(update={"seed": 124}))[0].output_token_ids
+    assert a == b and a != c
+    top1 = engine().generate([p], dict(temperature=1.0, top_k=1, max_tokens=6,
+                                       ignore_eos=True))[0].output_token_ids
+    assert top1 == engine().generate([p], GREEDY)[0].output_token_ids
+
+
+def test_top_k_and_top_p_filters():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(400, 1)
+    gens = [torch.Generator().manual_seed(i) for i in range(400)]
+    for params, allowed in ((SamplingParams(top_p=0.7), {0, 1}),
+                            (SamplingParams(top_p=0.85), {0, 1, 2}),
+                            (SamplingParams(top_k=2), {0, 1}),
+                            (SamplingParams(top_p=0.2), {0})):
+        got = sample(logits, [params] * 400, gens)
+        assert set(got) == allowed
+    # Unfiltered, token 0 is drawn about half of the time (binomial sd 0.025).
+    got = sample(logits, [SamplingParams()] * 400, gens)
+    assert abs(got.count(0) / 400 - 0.5) < 0.1
+
+
+def test_replay_arrivals_followups_and_answer_reuse():
+    bs = 16
+    specs = [
+        RequestSpec("a", 0, (("sys", 32), ("q", 8)), max_tokens=20),
+        RequestSpec("b", 30_000_000, (("sys", 32), ("r", 5)), max_tokens=4),
+        # Turn 2 of "a": its prompt is turn 1 (prompt + answer) and a new question.
+        RequestSpec("a2", 0, (("sys", 32), ("q", 8), (("out", "a"), 20), ("q2", 6)),
+                    max_tokens=3, after="a", think_time_ns=5_000_000),
+        RequestSpec("long", 0, (("x", 300),), max_tokens=2),
+    ]
+    eng = engine(block_size=bs)
+    res = eng.replay(specs)
+    rec = {r.request_id: r for r in res.records}
+    assert rec["long"].finish_reason == "rejected"
+    assert rec["a"].output_tokens == 20 and rec["b"].output_tokens == 4
+    assert rec["b"].arrival_ns == 30_000_000 and rec["b"].first_scheduled_ns >= 30_000_000
+    assert rec["a2"].arrival_ns == rec["a"].finish_ns + 5_000_000
+    assert rec["a2"].first_scheduled_ns >= rec["a2"].arrival_ns
+    for r in (rec["a"], rec["b"], rec["a2"]):
+        assert r.first_token_ns == r.token_times_ns[0] and r.finish_ns == r.token_times_ns[-1]
+        assert r.token_times_ns == sorted(r.token_times_ns)
+        assert len(r.token_times_ns) == r.output_tokens
+    # b shares 2 full blocks of "sys"; a2 reuses turn 1's prompt and 19 computed answer
+    # tokens: floor((40 + 19) / 16) = 3 blocks = 48 tokens.
+    assert rec["b"].cached_tokens == 32
+    assert rec["a2"].cached_tokens == 48
+    assert res.stats.prefix_hits == 32 + 48
+    # a2's prompt holds a's real answer where it quotes it.
+    a_out = eng.records["a"]
+    toks = materialise(specs[2], {("out", "a"): [9] * 20}, 128)
+    assert toks[40:60] == [9] * 20 and toks[:32] == [content_token("sys", i, 128)
+                                                     for i in range(32)]
+    assert a_out.output_tokens == 20
+
+
+def test_byte_tokenizer_roundtrip_and_text_prompts():
+    tok = ByteTokenizer(128)
+    assert tok.decode(tok.encode("hi there")) == "hi there"
+    out = engine().generate(["hi there"], GREEDY)[0]
+    assert out.prompt_token_ids == list(b"hi there")
+    assert len(out.output_token_ids) == 6
+
+
+def test_hf_tokenizer_from_model_dir(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from calibration.engine import random_model, save_pretrained
+    vocab = {w: i for i, w in enumerate(["[UNK]", "hello", "world", "foo"])}
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    save_pretrained(random_model(CFG), tmp_path, tokenizer_json=tk.to_str())
+    eng = LLMEngine(tmp_path, dict(num_gpu_blocks=16, max_model_len=64))
+    out = eng.generate(["hello world foo bar"], GREEDY)[0]
+    assert out.prompt_token_ids == [1, 2, 3, 0]
