@@ -1,7 +1,8 @@
 """Speed of servesim's engine against HF ``transformers`` ``generate`` on the same model.
 
-Model: the shape of the vLLM peer model (shared/peers/vllm/README.md): Llama, hidden 512,
-8 layers, 8 heads / 4 KV heads, intermediate 1408, vocab 32000, random weights (seeded),
+Model: catalog ``llama-tiny-56m``, the shape of the vLLM peer model
+(shared/peers/vllm/README.md): Llama, hidden 512, 8 layers, 8 heads / 4 KV heads,
+intermediate 1408, vocab 32000, random weights (seeded),
 saved once and loaded by both engines. Repeats of the two engines are interleaved, each
 repeat with fresh prompts (so prefix caching cannot reuse an earlier repeat), and the
 table reports medians and the ratio ours / HF from the same run.
@@ -32,11 +33,9 @@ from rich.console import Console
 from rich.table import Table
 
 from calibration.engine import LLMEngine, SamplingParams, random_model, save_pretrained
+from simulator.catalog import load_model
 
-SHAPE = dict(model_type="llama", hidden_size=512, intermediate_size=1408,
-             num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-             vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
-             rope_theta=10000.0)
+SHAPE = load_model("llama-tiny-56m").hf_config()   # the vLLM peer model's shape
 OUT_TOKENS = 128
 
 

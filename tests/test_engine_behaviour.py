@@ -251,3 +251,14 @@ def test_hf_tokenizer_from_model_dir(tmp_path):
     eng = LLMEngine(tmp_path, dict(num_gpu_blocks=16, max_model_len=64))
     out = eng.generate(["hello world foo bar"], GREEDY)[0]
     assert out.prompt_token_ids == [1, 2, 3, 0]
+
+
+def test_from_catalog_builds_the_catalog_shape():
+    from simulator.catalog import load_model
+    shape = load_model("llama-test")
+    eng = LLMEngine.from_catalog("llama-test", dict(num_gpu_blocks=8, block_size=16,
+                                                    max_model_len=64))
+    cfg = eng.model_config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads) == (
+        shape.hidden_size, shape.num_hidden_layers, shape.num_key_value_heads)
+    assert sum(p.numel() for p in eng.model.parameters()) == shape.num_params

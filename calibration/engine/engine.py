@@ -199,6 +199,19 @@ class LLMEngine:
         self._t0 = time.perf_counter_ns()
         self._cuda = cfg.device.startswith("cuda")
 
+    @classmethod
+    def from_catalog(cls, model, config: EngineConfig | dict | None = None,
+                     **kwargs) -> "LLMEngine":
+        """Engine with seeded random weights on a model shape from
+        :func:`simulator.catalog.load_model` (a catalog name such as ``llama-tiny-56m``, a
+        ``config.json`` path, or an inline mapping).
+
+        Raises:
+            InputError: unknown name or bad shape (from the catalog), or bad config.
+        """
+        from simulator.catalog import load_model
+        return cls(load_model(model).hf_config(), config, **kwargs)
+
     # -- set-up -----------------------------------------------------------------------
     def _kv_blocks(self, dtype) -> int:
         cfg, mcfg = self.config, self.model.config

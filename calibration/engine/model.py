@@ -47,7 +47,8 @@ class ModelConfig:
         qkv_bias: bias on q/k/v projections (always for Qwen2; ``attention_bias`` for
             Llama). o_bias: bias on the output projection (Llama ``attention_bias``).
         max_position_embeddings: longest position the model was built for.
-        model_type: ``llama`` or ``qwen2`` (chooses the HF class a saved model loads as).
+        model_type: ``llama``, ``qwen2`` or ``mistral`` (full attention only; the same
+            layers as Llama); chooses the HF class a saved model loads as.
         eos_token_id, bos_token_id: special token ids (``eos`` may be a list in HF).
     """
 
@@ -88,9 +89,13 @@ class ModelConfig:
                 raise InputError(f"{source}.{key}: required positive integer, got "
                                  f"{d.get(key)!r}")
         model_type = d.get("model_type", "llama")
-        if model_type not in ("llama", "qwen2"):
+        if model_type not in ("llama", "qwen2", "mistral"):
             raise InputError(f"{source}.model_type: {model_type!r} not supported "
-                             f"(allowed: llama, qwen2)")
+                             f"(allowed: llama, qwen2, mistral)")
+        window = d.get("sliding_window")
+        if model_type == "mistral" and window and window < d.get("max_position_embeddings", 0):
+            raise InputError(f"{source}.sliding_window: {window} not supported (full "
+                             f"attention only; set it to null)")
         heads = d["num_attention_heads"]
         kv_heads = d.get("num_key_value_heads") or heads
         if heads % kv_heads:
@@ -134,8 +139,8 @@ class ModelConfig:
     def to_hf(self) -> dict:
         """The HF ``config.json`` dict (loads as LlamaForCausalLM / Qwen2ForCausalLM)."""
         d = {
-            "architectures": ["Qwen2ForCausalLM" if self.model_type == "qwen2"
-                              else "LlamaForCausalLM"],
+            "architectures": [{"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+                              .get(self.model_type, "LlamaForCausalLM")],
             "model_type": self.model_type,
             "hidden_act": "silu",
             **{k: v for k, v in asdict(self).items()
