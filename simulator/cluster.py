@@ -7,11 +7,13 @@ released when the request they follow finishes, after its think time.
 
 from __future__ import annotations
 
+import heapq
+
 import simpy
 from simpy.events import URGENT
 
 from .policy import Request
-from .replica import Replica, new_request
+from .replica import _NEVER, Replica, new_request
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_affinity")
 
@@ -86,15 +88,34 @@ class Cluster:
     """
 
     def __init__(self, env, num_replicas: int, config, cost_models, metrics,
-                 router: str = "round_robin", on_request_done=None):
+                 router: str = "round_robin", on_request_done=None, exact_steps: bool = False):
         self.env = env
         self.metrics = metrics
         self.router = Router(router)
-        self.replicas = [Replica(env, i, config, cost_models[i], metrics, self._on_finish)
+        self.replicas = [Replica(env, i, config, cost_models[i], metrics, self._on_finish,
+                                 self.next_event_ns, exact_steps)
                          for i in range(num_replicas)]
         self._children: dict = {}
         self._on_request_done = on_request_done
         self.num_done = 0
+        self._next_root_ns = _NEVER
+        self._timers: list[int] = []  # heap of pending follow-up arrival times
+
+    def next_event_ns(self, replica: Replica) -> int:
+        """Earliest time anything outside ``replica`` can happen: the next arrival, a
+        pending follow-up, or — while follow-ups wait on finishes — another replica's next
+        move (a finish there may release a follow-up routed here at once)."""
+        timers = self._timers
+        while timers and timers[0] <= self.env.now:  # fired: URGENT, before any step
+            heapq.heappop(timers)
+        t = self._next_root_ns
+        if timers and timers[0] < t:
+            t = timers[0]
+        if self._children:
+            for rep in self.replicas:
+                if rep is not replica and rep.busy_until_ns < t:
+                    t = rep.busy_until_ns
+        return t
 
     def start(self, specs) -> None:
         """Start serving ``specs`` (RequestSpec list); follow-ups wait for their parent."""
@@ -111,11 +132,13 @@ class Cluster:
         env, i, n = self.env, 0, len(specs)
         while i < n:
             t = specs[i].arrival_ns
+            self._next_root_ns = t
             if t > env.now:
                 yield _ArrivalTimer(env, t - env.now)
             while i < n and specs[i].arrival_ns <= env.now:
                 self._deliver(specs[i])
                 i += 1
+        self._next_root_ns = _NEVER
 
     def _deliver(self, spec) -> None:
         req = new_request(spec, self.env.now)
@@ -131,3 +154,4 @@ class Cluster:
             else:
                 ev = _ArrivalTimer(self.env, child.think_time_ns)
                 ev.callbacks.append(lambda _e, c=child: self._deliver(c))
+                heapq.heappush(self._timers, t_ns + child.think_time_ns)

@@ -422,8 +422,13 @@ class MetricsCollector:
         """Requests in arrival order, plus the sorted ns columns and finish-reason codes."""
         ns = {k: np.asarray(v, dtype=np.int64) for k, v in self._ns.items()}
         ints = {k: np.asarray(v, dtype=np.int64) for k, v in self._ints.items()}
-        # Arrival order, ties in finish order (stable): defines the warm-up set.
-        order = np.argsort(ns["arrival"], kind="stable")
+        # Arrival order, ties by request id when ids are ints (else in finish order), so
+        # the order never depends on which replica reported first: defines the warm-up set.
+        ids = self._ids
+        if all(type(i) is int for i in ids):
+            order = np.lexsort((np.asarray(ids, dtype=np.int64), ns["arrival"]))
+        else:
+            order = np.argsort(ns["arrival"], kind="stable")
         ns = {k: v[order] for k, v in ns.items()}
         ints = {k: v[order] for k, v in ints.items()}
 

@@ -16,6 +16,8 @@ import simpy
 
 from .policy import Request, RequestRecord, RequestRejected, Scheduler, SchedulerConfig
 
+_NEVER = 1 << 62
+
 
 class Replica:
     """A simulated vLLM engine: one scheduler, one cost model, one SimPy process.
@@ -27,10 +29,15 @@ class Replica:
         cost_model: object with ``step_time_ns(plan) -> int``.
         metrics: collector with ``record_request``, ``record_itl``, ``record_step``.
         on_finish: callback ``(request, finish_ns)`` for finished requests (sessions).
+        next_event_ns: callback ``(replica) -> int``: the earliest time at which anything
+            outside this replica can happen (an arrival, a follow-up released by another
+            replica); steps ending before it are fast-forwarded. Default: never.
+        exact_steps: one SimPy event per step (the reference mode, ``--exact-steps``).
     """
 
     def __init__(self, env: simpy.Environment, index: int, config: SchedulerConfig,
-                 cost_model, metrics, on_finish=None):
+                 cost_model, metrics, on_finish=None, next_event_ns=None,
+                 exact_steps: bool = False):
         self.env = env
         self.index = index
         self.scheduler = Scheduler(config)
@@ -40,6 +47,11 @@ class Replica:
         self._wake: simpy.Event | None = None
         self._last_token_ns: dict[Request, int] = {}  # preempted requests' last token
         self.busy_ns = 0
+        self.exact_steps = exact_steps
+        self.next_event_ns = next_event_ns or (lambda _rep: _NEVER)
+        # Next time this replica acts (the end of its step in flight; now while a wake-up
+        # is pending; never while idle): only then can it release a follow-up request.
+        self.busy_until_ns = _NEVER
         self.process = env.process(self._run())
 
     @property
@@ -62,56 +74,78 @@ class Replica:
             return
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+            self.busy_until_ns = self.env.now
 
     def _run(self):
-        env, sched, cost, metrics = self.env, self.scheduler, self.cost_model, self.metrics
-        idx = self.index
+        env, sched, cost = self.env, self.scheduler, self.cost_model
+        exact = self.exact_steps
         while True:
             if not sched.has_unfinished_requests():
+                self.busy_until_ns = _NEVER
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
             t0 = env.now
-            plan = sched.schedule()
-            if plan.is_empty:
-                raise RuntimeError(f"replica {idx}: scheduler made an empty step with "
-                                   f"{sched.num_waiting} waiting, {sched.num_running} running")
-            for e in plan.prefills:
-                if e.admitted and e.request.record.first_scheduled_ns is None:
-                    e.request.record.first_scheduled_ns = t0
-            for r in plan.preempted:
-                if r.num_output_tokens:
-                    # Its last token came out of the previous step, which ended at t0.
-                    self._last_token_ns[r] = t0
-            # The step's batch and KV usage as it runs (before finished requests leave).
-            batch, waiting, usage = plan.num_decodes + len(plan.prefills), len(sched.waiting), \
-                sched.kv.usage
-            dur = cost.step_time_ns(plan)
-            yield env.timeout(dur)
-            t1 = t0 + dur
-            self.busy_ns += dur
-            if plan.num_decodes:
-                metrics.record_itl(dur, plan.num_decodes)
-            for e in plan.prefills:
-                if e.samples_token:
-                    r = e.request
-                    if r.record.first_token_ns is None:
-                        r.record.first_token_ns = t1
-                    else:  # a resumed request's first token after preemption
-                        metrics.record_itl(t1 - self._last_token_ns.pop(r), 1)
-            finished = sched.update(plan)
-            metrics.record_step(idx, t0, t1, plan.num_scheduled_tokens - plan.num_decodes,
-                                plan.num_decodes, batch, waiting, usage, len(plan.preempted))
-            for r in finished:
-                rec = r.record
-                rec.finish_ns = t1
-                rec.output_tokens = r.num_output_tokens
-                rec.cached_tokens = max(r.num_cached_tokens, 0)
-                rec.preemptions = r.num_preemptions
-                rec.finish_reason = r.finish_reason
-                metrics.record_request(rec)
-                if self.on_finish is not None:
-                    self.on_finish(r, t1)
+            bound = self.next_event_ns(self)
+            # Fast-forward: steps that end before anything else in the cluster can happen
+            # (the next arrival, or the next move of another replica that could release a
+            # follow-up) and that finish no request run here without SimPy events; nothing
+            # outside this replica can observe the difference, so results are identical.
+            while True:
+                plan, batch, waiting, usage = self._begin_step(t0)
+                t1 = t0 + cost.step_time_ns(plan)
+                if exact or t1 >= bound or sched.finishes_in(plan):
+                    break
+                self._end_step(plan, t0, t1, batch, waiting, usage)
+                t0 = t1
+            self.busy_until_ns = t1
+            yield env.timeout(t1 - env.now)
+            self._end_step(plan, t0, t1, batch, waiting, usage)
+
+    def _begin_step(self, t0: int):
+        """Schedule a step starting at ``t0``; returns the plan and the load it runs with."""
+        sched = self.scheduler
+        plan = sched.schedule()
+        if plan.is_empty:
+            raise RuntimeError(f"replica {self.index}: scheduler made an empty step with "
+                               f"{sched.num_waiting} waiting, {sched.num_running} running")
+        for e in plan.prefills:
+            if e.admitted and e.request.record.first_scheduled_ns is None:
+                e.request.record.first_scheduled_ns = t0
+        for r in plan.preempted:
+            if r.num_output_tokens:
+                # Its last token came out of the previous step, which ended at t0.
+                self._last_token_ns[r] = t0
+        # The step's batch and KV usage as it runs (before finished requests leave).
+        return plan, plan.num_decodes + len(plan.prefills), len(sched.waiting), sched.kv.usage
+
+    def _end_step(self, plan, t0: int, t1: int, batch: int, waiting: int, usage: float):
+        """Take back a step that ran [t0, t1): tokens, finishes, metrics."""
+        metrics = self.metrics
+        dur = t1 - t0
+        self.busy_ns += dur
+        if plan.num_decodes:
+            metrics.record_itl(dur, plan.num_decodes)
+        for e in plan.prefills:
+            if e.samples_token:
+                r = e.request
+                if r.record.first_token_ns is None:
+                    r.record.first_token_ns = t1
+                else:  # a resumed request's first token after preemption
+                    metrics.record_itl(t1 - self._last_token_ns.pop(r), 1)
+        finished = self.scheduler.update(plan)
+        metrics.record_step(self.index, t0, t1, plan.num_scheduled_tokens - plan.num_decodes,
+                            plan.num_decodes, batch, waiting, usage, len(plan.preempted))
+        for r in finished:
+            rec = r.record
+            rec.finish_ns = t1
+            rec.output_tokens = r.num_output_tokens
+            rec.cached_tokens = max(r.num_cached_tokens, 0)
+            rec.preemptions = r.num_preemptions
+            rec.finish_reason = r.finish_reason
+            metrics.record_request(rec)
+            if self.on_finish is not None:
+                self.on_finish(r, t1)
 
 
 def new_request(spec, arrival_ns: int) -> Request:

@@ -57,7 +57,7 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None) -> RunRe
             if n % step == 0 or n == total:
                 progress(n, total)
     cluster = Cluster(env, n_rep, config, cost_models, metrics, router=scenario.cluster.router,
-                      on_request_done=done_cb)
+                      on_request_done=done_cb, exact_steps=scenario.sim.exact_steps)
     cluster.start(specs)
     env.run()
     stats = [rep.scheduler.stats for rep in cluster.replicas]

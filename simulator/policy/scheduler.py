@@ -411,6 +411,22 @@ class Scheduler:
                 self._enter_steady(r)
         return finished
 
+    def finishes_in(self, plan: StepPlan) -> bool:
+        """Whether ``update(plan)`` without tokens will finish a request (at max_tokens).
+
+        O(requests finishing or prefilling in the step). The simulator uses it to know
+        which steps can release follow-up requests.
+        """
+        events = self._finish_events.get(self._clock.update_tick + 1)
+        if events:
+            for r, epoch in events:
+                if r._epoch == epoch:
+                    return True
+        for e in plan.prefills:
+            if e.samples_token and e.request.num_output_tokens + 1 >= e.request.max_tokens:
+                return True
+        return False
+
     @staticmethod
     def _is_stop(r: Request, tok: int) -> bool:
         return tok in r.stop_token_ids or (r.eos_token_id is not None and tok == r.eos_token_id)

@@ -1,0 +1,84 @@
+"""Fast-forwarded runs equal step-by-step runs (``sim.exact_steps``) exactly.
+
+Randomised scenarios with prefix sharing, sessions (follow-ups released by finishes),
+KV-cache pressure (preemption) and several replicas behind each router.
+"""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator.run import simulate
+from simulator.scenario import scenario_from_dict
+
+
+@st.composite
+def scenarios(draw):
+    replicas = draw(st.integers(1, 3))
+    sessions = draw(st.booleans())
+    wl = {
+        "seed": draw(st.integers(0, 10_000)),
+        "num_requests": draw(st.integers(20, 120)),
+        "arrival": {"process": "poisson", "rate": draw(st.floats(5, 80))},
+        "prompt_tokens": {"dist": "uniform", "min": 1, "max": draw(st.integers(8, 200))},
+        "output_tokens": {"dist": "uniform", "min": 1, "max": draw(st.integers(2, 60))},
+        "prefix": {"shared_tokens": draw(st.sampled_from([16, 48, 64])),
+                   "groups": draw(st.integers(1, 4)), "popularity": "zipf", "zipf_s": 1.1},
+    }
+    if sessions:
+        wl["sessions"] = {"turns": {"dist": "uniform", "min": 1, "max": 4},
+                          "think_time_s": {"dist": "uniform", "min": 0, "max": 0.05}}
+        wl["prompt_tokens"]["max"] = 40
+    mml = 1024
+    return {
+        "name": "ff",
+        "model": "llama-test",
+        "hardware": {"step_time": {"base_s": 0.004, "per_prefill_token_s": 1e-5,
+                                   "per_decode_seq_s": 2e-4, "per_context_token_s": 1e-7}},
+        "engine": {"block_size": draw(st.sampled_from([4, 16])),
+                   "max_num_seqs": draw(st.integers(2, 16)),
+                   "max_num_batched_tokens": draw(st.sampled_from([32, 64, 512])),
+                   "max_model_len": mml,
+                   "num_gpu_blocks": draw(st.sampled_from([None, 300, 600]))},
+        "cluster": {"replicas": replicas,
+                    "router": draw(st.sampled_from(["round_robin", "least_outstanding",
+                                                    "prefix_affinity"]))},
+        "workload": wl,
+    }
+
+
+def _run(d, exact):
+    d = {**d, "sim": {"exact_steps": exact}}
+    return simulate(scenario_from_dict(d))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_fast_forward_equals_step_by_step(d):
+    if d["engine"]["num_gpu_blocks"] is not None:
+        bs = d["engine"]["block_size"]
+        d["engine"]["num_gpu_blocks"] = max(d["engine"]["num_gpu_blocks"] // bs * 4,
+                                            1024 // bs + 2)
+    a, b = _run(d, True), _run(d, False)
+    assert a.summary == b.summary
+    assert a.requests.equals(b.requests)
+    assert a.timeseries.equals(b.timeseries)
+    assert a.itl_runs.equals(b.itl_runs)
+
+
+def test_fast_forward_case_with_preemption_is_exercised():
+    d = {
+        "name": "ff-pressure", "model": "llama-test",
+        "hardware": {"step_time": {"base_s": 0.004, "per_prefill_token_s": 1e-5,
+                                   "per_decode_seq_s": 2e-4, "per_context_token_s": 1e-7}},
+        "engine": {"block_size": 16, "max_num_seqs": 16, "max_num_batched_tokens": 256,
+                   "max_model_len": 1024, "num_gpu_blocks": 70},
+        "cluster": {"replicas": 2, "router": "least_outstanding"},
+        "workload": {"seed": 1, "num_requests": 200,
+                     "arrival": {"process": "poisson", "rate": 40},
+                     "prompt_tokens": {"dist": "uniform", "min": 50, "max": 300},
+                     "output_tokens": {"dist": "uniform", "min": 50, "max": 300},
+                     "prefix": {"shared_tokens": 64, "groups": 3}},
+    }
+    a, b = _run(d, True), _run(d, False)
+    assert a.summary["preemptions"] > 0
+    assert a.summary == b.summary and a.requests.equals(b.requests)
