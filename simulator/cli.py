@@ -30,11 +30,15 @@ def _cmd_run(args) -> int:
     from .scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
+    sim = {}
     if args.replications is not None:
         if args.replications < 1:
             raise InputError(f"--replications must be >= 1, got {args.replications}")
-        scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(
-            update={"replications": args.replications})})
+        sim["replications"] = args.replications
+    if args.exact_steps:
+        sim["exact_steps"] = True
+    if sim:
+        scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(update=sim)})
     out = Path(args.out) if args.out else Path("reports") / scenario.name
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
@@ -44,8 +48,9 @@ def _cmd_run(args) -> int:
         results, combined = simulate_replications(
             scenario, progress=lambda done, total: bar.update(task, completed=done,
                                                               total=total))
-    paths = write_run_outputs(out, results[0], title=scenario.name,
-                              meta=report_meta(scenario), replications=combined)
+    from .diagnosis import diagnose
+    paths = write_run_outputs(out, results[0], title=scenario.name, meta=report_meta(scenario),
+                              replications=combined, diagnosis=diagnose(scenario, results[0]))
     print_summary(results[0], replications=combined)
     print(f"report: {paths['report.html']}")
     return 0
@@ -68,10 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_args(p)
     p.add_argument("--out", help="output folder (default reports/<scenario name>)")
     p.add_argument("--replications", type=int, help="override sim.replications")
+    p.add_argument("--exact-steps", action="store_true",
+                   help="one simulation event per engine step (the reference for the "
+                        "fast-forward, which gives identical results)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("schema", help="print the scenario JSON Schema")
     p.set_defaults(func=_cmd_schema)
+    __import__("simulator.planner_cli", fromlist=["add_parsers"]).add_parsers(sub)
     return ap
 
 
