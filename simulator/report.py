@@ -95,7 +95,8 @@ def _basis(summary: dict) -> tuple[str, str]:
     return label, source if source.lower().startswith(label.lower()) else f"{label} ({source})"
 
 
-def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None) -> list:
+def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None,
+            diagnosis: dict | None = None) -> list:
     s = result.summary
     label, basis = _basis(s)
     b: list = [("h1", title)]
@@ -162,6 +163,9 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         b.append(("table", None, ["figure", "mean", "95% CI", "n"],
                   _replication_rows(replications)))
 
+    if diagnosis is not None:
+        b.extend(diagnosis_blocks(diagnosis, label))
+
     b.append(("h2", "Plots"))
     b.append(("img", "latency_cdf", "Latency CDFs: TTFT, TPOT, ITL, E2EL"))
     b.append(("img", "timeline", "Queue length, running requests and KV usage over time"))
@@ -169,6 +173,39 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
 
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
+    return b
+
+
+_LIMITS = {"kv_capacity": "KV-cache capacity", "max_num_seqs": "max_num_seqs",
+           "compute": "compute saturation", "prefill_interference":
+           "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
+           "none": "none: headroom at this load"}
+
+
+def diagnosis_blocks(diag: dict, label: str = "") -> list:
+    """Report blocks for :func:`simulator.diagnosis.diagnose`: TTFT split into queueing
+    and prefill, the binding limit, every finding with its knob, the counterfactual."""
+    b: list = [("h2", f"Diagnosis ({label})" if label else "Diagnosis")]
+    sp = diag.get("ttft_split") or {}
+    rows = [[name] + [_fmt((sp.get(key) or {}).get(st)) for st in ("mean", "p50", "p99")]
+            for name, key in (("TTFT", "ttft_ms"), ("queueing (arrival → first scheduled)",
+                                                     "queue_ms"),
+                              ("prefill (first scheduled → first token)", "prefill_ms"))]
+    b.append(("table", "TTFT split, ms", ["part", "mean", "p50", "p99"], rows))
+    b.append(("p", f"Queueing is {_fmt(sp.get('queue_share'))} of mean TTFT. Binding "
+                   f"limit: **{_LIMITS.get(diag.get('binding'), diag.get('binding'))}**."))
+    found = diag.get("findings") or []
+    if found:
+        b.append(("table", None, ["limit", "evidence", "knob", "try"],
+                  [[_LIMITS.get(f["limit"], f["limit"]), f["evidence"], f["knob"],
+                    f"--set {f['change']}" if f.get("change") else "n/a"] for f in found]))
+    cf = diag.get("counterfactual")
+    if cf:
+        verdict = "moves it" if cf.get("moved") else "does not move it much"
+        b.append(("p", f"Counterfactual run with `--set {cf['change']}`: {cf['figure']} "
+                       f"{_fmt(cf.get('before'))} → {_fmt(cf.get('after'))} ({verdict}); "
+                       f"SLOs met {_fmt(cf.get('slo_met_before'))} → "
+                       f"{_fmt(cf.get('slo_met_after'))}."))
     return b
 
 
@@ -203,7 +240,7 @@ def render_markdown(blocks: list) -> str:
         elif kind == "list":
             out.append("\n".join(f"- {item}" for item in blk[1]) + "\n")
         elif kind == "img":
-            out.append(f"![{blk[2]}]({FILES[blk[1]]})\n")
+            out.append(f"![{blk[2]}]({FILES.get(blk[1], blk[1])})\n")
         elif kind == "table":
             _, caption, head, rows = blk
             lines = [f"**{caption}**\n"] if caption else []
@@ -363,11 +400,12 @@ def plot_batch(result: RunResult) -> bytes:
 
 
 # -- writing ----------------------------------------------------------------------------
-def _contents(result: RunResult, title: str, meta: dict, replications: dict | None) -> dict:
+def _contents(result: RunResult, title: str, meta: dict, replications: dict | None,
+              diagnosis: dict | None = None) -> dict:
     """File name -> bytes for every output."""
     images = {"latency_cdf": plot_latency_cdf(result), "timeline": plot_timeline(result),
               "batch": plot_batch(result)}
-    blocks = _blocks(result, title, meta or {}, replications)
+    blocks = _blocks(result, title, meta or {}, replications, diagnosis)
     files = {
         FILES["summary"]: _json_bytes(result.summary),
         FILES["requests"]: result.requests.to_csv(index=False, float_format="%.9f",
@@ -383,6 +421,8 @@ def _contents(result: RunResult, title: str, meta: dict, replications: dict | No
         files[FILES[key]] = png
     if replications is not None:
         files["replications.json"] = _json_bytes(replications)
+    if diagnosis is not None:
+        files["diagnosis.json"] = _json_bytes(diagnosis)
     return files
 
 
@@ -390,8 +430,43 @@ def _json_bytes(obj) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
 
 
+def write_files(out_dir, contents: dict) -> dict[str, Path]:
+    """Write ``{file name: bytes}`` into ``out_dir`` atomically (the scheme of
+    :func:`write_run_outputs`); returns file name -> path.
+
+    Raises:
+        InputError: ``out_dir`` exists and is not a directory, or cannot be written.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"output directory {out}: exists and is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as e:
+        raise InputError(f"output directory {out}: cannot create it ({e.strerror})") from e
+    try:
+        for name, data in contents.items():
+            (tmp / name).write_bytes(data)
+        os.chmod(tmp, 0o755)
+        try:
+            os.rename(tmp, out)   # a new (or empty) out_dir appears complete in one step
+        except OSError:
+            if not out.is_dir():
+                raise
+            for name in contents:
+                os.replace(tmp / name, out / name)
+    except OSError as e:
+        raise InputError(f"output directory {out}: cannot write it ({e.strerror})") from e
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {name: out / name for name in contents}
+
+
 def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
-                      replications: dict | None = None) -> dict[str, Path]:
+                      replications: dict | None = None,
+                      diagnosis: dict | None = None) -> dict[str, Path]:
     """Write a run's outputs into ``out_dir`` atomically.
 
     Files: ``summary.json`` (sorted keys, indent 2: byte-identical for identical input),
@@ -410,6 +485,8 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
         result: from :meth:`simulator.metrics.MetricsCollector.finalize`.
         title: report title. meta: run facts shown at the top of the report (scenario,
             seed, model, hardware, ...); not written to summary.json.
+        diagnosis: from :func:`simulator.diagnosis.diagnose`; adds a Diagnosis section
+            and ``diagnosis.json``.
 
     Returns:
         file name -> path of each file written (e.g. ``paths["report.html"]``).
@@ -417,32 +494,7 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
     Raises:
         InputError: ``out_dir`` exists and is not a directory, or cannot be written.
     """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"output directory {out}: exists and is not a directory")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    except OSError as e:
-        raise InputError(f"output directory {out}: cannot create it ({e.strerror})") from e
-    try:
-        contents = _contents(result, title, meta, replications)
-        for name, data in contents.items():
-            (tmp / name).write_bytes(data)
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, out)   # a new (or empty) out_dir appears complete in one step
-        except OSError:
-            if not out.is_dir():
-                raise
-            for name in contents:
-                os.replace(tmp / name, out / name)
-    except OSError as e:
-        raise InputError(f"output directory {out}: cannot write it ({e.strerror})") from e
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return {name: out / name for name in contents}
+    return write_files(out_dir, _contents(result, title, meta, replications, diagnosis))
 
 
 def print_summary(result: RunResult, console=None, *, replications: dict | None = None
@@ -491,3 +543,100 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     console.print("TTFT, TPOT, ITL and E2EL as defined by vllm bench serve "
                   "(TPOT excludes the first token; genai-perf's ITL is this TPOT).",
                   style="dim")
+
+
+# -- comparison of plans ------------------------------------------------------------------
+_COMPARE_FIGURES = [
+    ("request throughput (req/s)", ("request_throughput",)),
+    ("output throughput (tok/s)", ("output_throughput",)),
+    ("goodput (req/s)", ("goodput",)),
+    ("SLO met", ("slo_met",)),
+] + [(f"{_LABELS[m]} {st} (ms)", (m, st)) for m in METRICS for st in ("mean", "p50", "p99")] + [
+    ("running requests, mean", ("concurrency", "running_mean")),
+    ("KV cache usage, mean", ("kv_usage", "mean")),
+    ("preemptions", ("preemptions",)),
+    ("prefix cache hit rate", ("prefix_cache_hit_rate",)),
+    ("step costs", ("cost_model",)),
+]
+
+
+def _at(d, path):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def plot_compare_cdf(entries: list[dict]) -> bytes:
+    """PNG: TTFT, TPOT, ITL and E2EL CDFs of every plan, overlaid (one colour per plan)."""
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")):
+        for e in entries:
+            res = e["result"]
+            if m == "itl_ms":
+                x = res.itl_runs["gap_ns"].to_numpy() / 1e6
+                c = res.itl_runs["count"].to_numpy()
+                p = np.cumsum(c) / c.sum() if c.size else c
+            else:
+                req = res.requests
+                req = req[~req["warmup"]] if len(req) else req
+                x = np.sort(req[m].dropna().to_numpy()) if len(req) else np.array([])
+                p = np.arange(1, x.size + 1) / x.size if x.size else x
+            if x.size:
+                xs, ps = _ecdf_points(x, p)
+                ax.step(np.r_[xs[0], xs], np.r_[0.0, ps], where="post", label=e["name"])
+        ax.set_title(_LABELS[m])
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction ≤ x")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    return _png(fig)
+
+
+def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan comparison",
+                         note: str = "") -> dict[str, Path]:
+    """Side-by-side report of several plans serving the same workload.
+
+    Args:
+        entries: per plan ``{"name", "result": RunResult, "replications": combined or
+            None, "binding": limit name (optional)}``.
+        note: a paragraph under the title (e.g. where the shared workload comes from).
+
+    Files (atomic, :func:`write_files`): ``compare.csv`` (figure × plan), ``latency_cdf.png``
+    (overlaid CDFs), ``report.md`` and a self-contained ``report.html``.
+    """
+    import pandas as pd
+
+    names = [e["name"] for e in entries]
+    rows, csv_rows = [], []
+    for label, path in _COMPARE_FIGURES:
+        cells = []
+        for e in entries:
+            v = _at(e["result"].summary, path)
+            ci = _at(e.get("replications") or {}, path + ("ci95",))
+            cells.append(_fmt(v) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
+        rows.append([label] + cells)
+        csv_rows.append({"figure": label, **{n: _at(e["result"].summary, path)
+                                             for n, e in zip(names, entries)}})
+    if any("binding" in e for e in entries):
+        rows.append(["binding limit"] + [_LIMITS.get(e.get("binding"), str(e.get("binding")))
+                                         for e in entries])
+    b: list = [("h1", title)]
+    if note:
+        b.append(("p", note))
+    kinds = sorted({str(_basis(e["result"].summary)[0]) for e in entries})
+    b.append(("p", f"Step costs: **{', '.join(kinds)}** (per plan in the last rows). "
+                   "Brackets: 95% confidence intervals across replications."))
+    b.append(("table", None, ["figure"] + names, rows))
+    b.append(("img", "latency_cdf", "Latency CDFs of every plan: TTFT, TPOT, ITL, E2EL"))
+    b.append(("h2", "Definitions"))
+    b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
+    images = {"latency_cdf": plot_compare_cdf(entries)}
+    files = {
+        "compare.csv": pd.DataFrame(csv_rows).to_csv(index=False, lineterminator="\n").encode(),
+        FILES["latency_cdf"]: images["latency_cdf"],
+        FILES["report_md"]: render_markdown(b).encode(),
+        FILES["report_html"]: render_html(b, title, images).encode(),
+    }
+    return write_files(out_dir, files)

@@ -179,6 +179,56 @@ class SimConfig(_Strict):
     exact_steps: bool = Field(False, description="simulate every step (no fast-forward)")
 
 
+class PlanConfig(_Strict):
+    """``plan:``: the candidates ``servesim plan`` compares, and its search controls.
+
+    ``candidates`` maps scenario key paths to the values to try (their cross product is the
+    candidate set), e.g. ``{hardware.profile: [h100-sxm, a100-80gb], hardware.tensor_parallel:
+    [1, 2], engine.max_num_seqs: [64, 256], cluster.router: [least_outstanding]}``.
+    ``prices`` overrides the catalog's USD per GPU-hour by GPU name.
+    """
+
+    target_rate: Optional[float] = Field(
+        None, gt=0, description="requests/s the whole deployment must serve "
+                                "(--target-rate overrides)")
+    candidates: dict[str, list[Any]] = Field(
+        default_factory=dict, description="key path -> values to try (cross product)")
+    prices: dict[str, float] = Field(
+        default_factory=dict, description="GPU name -> USD per GPU-hour (overrides catalog)")
+    tolerance: float = Field(0.02, gt=0, lt=0.5, description=(
+        "indifference zone: relative bracket width at which the rate search stops, and "
+        "SLO margin within which a rate counts as on the boundary"))
+    min_replications: int = Field(2, ge=1, description="replications per rate tried")
+    max_replications: int = Field(5, ge=1, description="cap on replications per rate")
+    max_replicas: int = Field(64, ge=1, description="largest deployment considered")
+
+    @field_validator("candidates")
+    @classmethod
+    def _non_empty(cls, v):
+        for key, values in v.items():
+            if not values:
+                raise ValueError(f"{key}: give at least one value")
+            if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
+                raise ValueError(f"{key}: candidates vary hardware, model, dtype, engine or "
+                                 f"cluster keys, not the workload or the SLO")
+        return v
+
+    @field_validator("prices")
+    @classmethod
+    def _non_negative(cls, v):
+        for gpu, price in v.items():
+            if isinstance(price, bool) or price < 0:
+                raise ValueError(f"{gpu}: a price is a number >= 0 (USD per GPU-hour)")
+        return v
+
+    @model_validator(mode="after")
+    def _reps(self):
+        if self.max_replications < self.min_replications:
+            raise ValueError(f"max_replications ({self.max_replications}) must be >= "
+                             f"min_replications ({self.min_replications})")
+        return self
+
+
 class Scenario(_Strict):
     """A validated scenario. ``base_dir`` (folder of the scenario file) resolves relative
     paths; ``source`` names the file in error messages."""
@@ -193,6 +243,7 @@ class Scenario(_Strict):
     workload: WorkloadConfig
     slo: SLOConfig = Field(default_factory=SLOConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
+    plan: Optional[PlanConfig] = None
 
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
@@ -486,6 +537,6 @@ def scenario_json_schema() -> dict:
     return Scenario.model_json_schema()
 
 
-__all__ = ["ClusterConfig", "EngineConfig", "HardwareConfig", "SLO_METRICS", "SLO_STATS",
+__all__ = ["ClusterConfig", "EngineConfig", "HardwareConfig", "PlanConfig", "SLO_METRICS", "SLO_STATS",
            "SLOConfig", "SLOTarget", "Scenario", "SimConfig", "StepTimeConfig",
            "apply_overrides", "format_validation_error", "load_scenario", "scenario_from_dict", "scenario_json_schema"]

@@ -1,0 +1,206 @@
+"""What limits a run, and which knob would move it (shown in every run report).
+
+:func:`diagnose` splits TTFT into queueing (arrival → first scheduled) and prefill (first
+scheduled → first token: the prompt's chunks, and any wait between them), then checks the
+limits a vLLM operator can turn, in this order:
+
+* ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
+  cannot be allocated), or queueing while the KV cache is nearly full and running requests
+  are below ``max_num_seqs`` (admission waits for free blocks).
+* ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time.
+* ``compute``: queueing (or an unstable run) with neither of the above: every step is full
+  of work; only faster or more GPUs help.
+* ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
+  far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
+* ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
+  shared share of the prompts (caching off, or a router that scatters a prefix group).
+
+The first queueing limit found binds; without queueing, an interference or prefix finding
+is reported as the binding one, else ``none``. Where cheap, one counterfactual run with the
+suggested knob turned confirms (or not) that it moves the figure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .executors import STABLE_FRACTION, offered_rate
+
+#: TTFT share of queueing above which queueing counts as significant (a synchronous
+#: engine makes every arrival wait for the running step, so some queueing is inherent).
+QUEUE_SHARE = 0.5
+#: Busy fraction above which the engine counts as saturated.
+BUSY = 0.85
+#: Mean KV usage above which the cache counts as nearly full.
+KV_FULL = 0.9
+#: Mean running requests per replica / max_num_seqs above which the cap binds.
+SEQS_BUSY = 0.8
+#: ITL p99 / p50 above which prefills stall decodes.
+ITL_SPIKE = 3.0
+#: Counterfactual runs only for workloads up to this many requests.
+MAX_COUNTERFACTUAL_REQUESTS = 20_000
+
+
+def _stats(x: np.ndarray) -> dict:
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return {"mean": None, "p50": None, "p99": None}
+    return {"mean": float(np.mean(x)), "p50": float(np.percentile(x, 50)),
+            "p99": float(np.percentile(x, 99))}
+
+
+def ttft_split(result) -> dict:
+    """TTFT of counted, completed requests split into ``queue`` (arrival → first
+    scheduled) and ``prefill`` (first scheduled → first token), ms: mean, p50, p99 of
+    each, and ``queue_share`` = mean queue / mean TTFT."""
+    req = result.requests
+    req = req[~req["warmup"]] if len(req) else req
+    ttft = req["ttft_ms"].to_numpy(dtype=float) if len(req) else np.array([])
+    queue = req["queue_ms"].to_numpy(dtype=float) if len(req) else np.array([])
+    ok = ~np.isnan(ttft) & ~np.isnan(queue)
+    q, t = queue[ok], ttft[ok]
+    out = {"queue_ms": _stats(q), "prefill_ms": _stats(t - q), "ttft_ms": _stats(t)}
+    out["queue_share"] = float(q.mean() / t.mean()) if t.size and t.mean() > 0 else 0.0
+    return out
+
+
+def _finding(limit, evidence, knob, change=None):
+    return {"limit": limit, "evidence": evidence, "knob": knob, "change": change}
+
+
+def find_limits(scenario, result) -> dict:
+    """The figures and findings of :func:`diagnose`, without a counterfactual run."""
+    s = result.summary
+    e = scenario.engine
+    nrep = s.get("replicas") or scenario.cluster.replicas
+    split = ttft_split(result)
+    offered = offered_rate(result)
+    achieved = s.get("request_throughput")
+    stable = not (offered and (achieved or 0.0) < STABLE_FRACTION * offered)
+    conc = s.get("concurrency") or {}
+    running = (conc.get("running_mean") or 0.0) / nrep
+    running_max = conc.get("running_max_per_replica") or 0
+    kv = s.get("kv_usage") or {}
+    kv_mean = kv.get("mean") or 0.0
+    pre = s.get("preemptions") or 0
+    queued = split["queue_share"] >= QUEUE_SHARE or not stable
+    ts = result.timeseries
+    busy = None
+    if ts is not None and len(ts):
+        all_rows = ts[ts["replica"] == "all"]
+        if len(all_rows):
+            busy = float(np.average(all_rows["busy"], weights=all_rows["bin_s"]))
+    figures = {"offered_rate": offered, "achieved_rate": achieved, "stable": stable,
+               "running_per_replica_mean": running, "running_per_replica_max": running_max,
+               "max_num_seqs": e.max_num_seqs, "kv_usage_mean": kv_mean,
+               "preemptions": pre, "busy_fraction": busy,
+               "num_gpu_blocks": s.get("num_gpu_blocks")}
+
+    found = []
+    blocks = s.get("num_gpu_blocks")
+    kv_change = f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
+    kv_knob = ("more KV cache: raise gpu_memory_utilization or tensor_parallel, or a GPU "
+               "with more memory; or lower max_num_seqs so fewer requests share it")
+    if pre > 0:
+        found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "
+                              f"mean KV usage {kv_mean:.0%})", kv_knob, kv_change))
+    elif queued and kv_mean >= KV_FULL and running_max < e.max_num_seqs:
+        found.append(_finding("kv_capacity", f"requests queue while the KV cache is "
+                              f"{kv_mean:.0%} full and {running:.1f} of {e.max_num_seqs} "
+                              f"sequence slots are used", kv_knob, kv_change))
+    if queued and not found and running_max >= e.max_num_seqs \
+            and running >= SEQS_BUSY * e.max_num_seqs:
+        mns = 2 * e.max_num_seqs
+        change = f"engine.max_num_seqs={mns}"
+        if e.max_num_batched_tokens < mns:
+            change += f",engine.max_num_batched_tokens={mns}"
+        found.append(_finding(
+            "max_num_seqs", f"requests queue while a replica runs {running:.1f} requests on "
+            f"average against max_num_seqs {e.max_num_seqs}",
+            "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
+    if queued and not found and (busy is None or busy >= BUSY or not stable):
+        found.append(_finding(
+            "compute", "requests queue although sequence slots and KV blocks are free: "
+            f"the engine is busy {busy:.0%} of the time" if busy is not None else
+            "requests queue although sequence slots and KV blocks are free",
+            "more replicas, a faster GPU or a higher tensor_parallel",
+            f"cluster.replicas={2 * nrep}"))
+    itl = s.get("itl_ms") or {}
+    if itl.get("p50") and itl.get("p99") and itl["p99"] > ITL_SPIKE * itl["p50"] \
+            and (s.get("total_prompt_tokens") or 0) > 0:
+        half = max(e.max_num_batched_tokens // 2, e.max_num_seqs)
+        found.append(_finding(
+            "prefill_interference", f"ITL p99 {itl['p99']:.3g} ms is "
+            f"{itl['p99'] / itl['p50']:.1f}× its median: prefill chunks stall decodes",
+            "lower max_num_batched_tokens (shorter prefill chunks per step)",
+            f"engine.max_num_batched_tokens={half}" if half < e.max_num_batched_tokens
+            else None))
+    pf = getattr(scenario.workload, "prefix", None)
+    if pf is not None and s.get("total_prompt_tokens"):
+        prompts = s["total_prompt_tokens"] / max(s.get("completed") or 1, 1)
+        expected = min(pf.shared_tokens / prompts, 1.0) if prompts else 0.0
+        hit = s.get("prefix_cache_hit_rate") or 0.0
+        if hit < 0.5 * expected:
+            if not e.enable_prefix_caching:
+                knob, change = "enable_prefix_caching", "engine.enable_prefix_caching=true"
+            elif nrep > 1 and scenario.cluster.router != "prefix_affinity":
+                knob, change = "router prefix_affinity", "cluster.router=prefix_affinity"
+            else:
+                knob, change = "more KV cache to keep prefixes resident", kv_change
+            found.append(_finding(
+                "prefix_cache", f"prefix-cache hit rate {hit:.0%} while shared prefixes are "
+                f"{expected:.0%} of the prompts", knob, change))
+    binding = found[0]["limit"] if found else "none"
+    return {"ttft_split": split, "figures": figures, "findings": found, "binding": binding,
+            "queued": queued}
+
+
+def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None]:
+    """The figure a counterfactual should move: the worst SLO ratio when SLOs are given,
+    else TTFT p99 for queueing limits and ITL p99 for interference."""
+    from .search import slo_ratio
+
+    if summary.get("slo"):
+        return "worst SLO value / threshold", slo_ratio(summary)
+    key = "itl_ms" if limit == "prefill_interference" else "ttft_ms"
+    return f"{key[:-3].upper()} p99 (ms)", (summary.get(key) or {}).get("p99")
+
+
+def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
+    """Diagnose one run.
+
+    Args:
+        scenario: the scenario that produced ``result``.
+        result: its :class:`~simulator.metrics.RunResult`.
+        counterfactual: rerun replication 0 with the binding limit's knob turned (only for
+            workloads of at most :data:`MAX_COUNTERFACTUAL_REQUESTS` requests).
+
+    Returns:
+        ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
+        "figures": {...}, "findings": [{limit, evidence, knob, change}], "binding": limit
+        name or "none", "queued": bool, "counterfactual": None or {change, figure,
+        before, after, slo_met_before, slo_met_after, moved}}``. ``change`` is a
+        ``--set`` override (comma-separated when it needs two).
+    """
+    from .run import simulate
+    from .scenario import scenario_from_dict
+
+    d = find_limits(scenario, result)
+    d["counterfactual"] = None
+    first = d["findings"][0] if d["findings"] else None
+    n = scenario.workload.num_requests or 0
+    if counterfactual and first and first["change"] and n <= MAX_COUNTERFACTUAL_REQUESTS:
+        raw = scenario.model_dump(mode="python", exclude_none=True)
+        sc = scenario_from_dict(raw, scenario.base_dir, source=scenario.source,
+                                overrides=first["change"].split(","))
+        alt = simulate(sc, replication=result.summary.get("replication") or 0).summary
+        name, before = _headline(scenario, result.summary, first["limit"])
+        _, after = _headline(scenario, alt, first["limit"])
+        d["counterfactual"] = {
+            "change": first["change"], "figure": name, "before": before, "after": after,
+            "slo_met_before": result.summary.get("slo_met"), "slo_met_after": alt.get("slo_met"),
+            "moved": (before is not None and after is not None and after < 0.9 * before)}
+    return d
+
+
+__all__ = ["diagnose", "find_limits", "ttft_split"]

@@ -1,0 +1,211 @@
+"""Where simulation jobs run: in this process, a local process pool, or a Ray cluster.
+
+A :class:`Job` is one replication of one scenario. Its random numbers come from the
+scenario's ``workload.seed`` and the replication index alone (``simulate`` derives them
+from ``numpy.random.SeedSequence([seed, replication])``), never from the worker that runs
+it, so every executor returns identical results for the same jobs, in job order.
+
+Executors (``make_executor``):
+
+* ``serial``: in this process (tests, one job).
+* ``local`` (default): a ``concurrent.futures.ProcessPoolExecutor`` over all cores. Workers
+  come from a ``forkserver`` (``spawn`` where that is unavailable) so a parent holding
+  threads (progress bars) is never forked.
+* ``ray``: ``ray.init(address=...)`` then one remote task per job, for users who outgrow
+  one machine. Needs the optional ``[ray]`` extra, and servesim installed on every node.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .errors import InputError
+
+EXECUTORS = ("local", "serial", "ray")
+#: A run is stable when its achieved request throughput is at least this fraction of the
+#: offered rate; a slower run is an overloaded queue and is flagged, not averaged.
+STABLE_FRACTION = 0.98
+
+
+@dataclass(frozen=True)
+class Job:
+    """One replication of one scenario.
+
+    Attributes:
+        scenario: a validated :class:`~simulator.scenario.Scenario`.
+        replication: replication index (seed derivation as in :func:`simulator.run.simulate`).
+        full: return the whole :class:`~simulator.metrics.RunResult` (per-request tables for
+            CDFs) instead of the compact :func:`job_output` dict.
+        tag: caller's label, returned untouched (not used for seeding).
+    """
+
+    scenario: Any
+    replication: int = 0
+    full: bool = False
+    tag: Any = field(default=None, compare=False)
+
+
+def offered_rate(result) -> float | None:
+    """Offered load of a run, requests/s: counted requests over their arrival span
+    ``(n − 1) / (last arrival − first arrival)``; ``None`` for fewer than 2 requests."""
+    req = result.requests
+    if len(req) == 0:
+        return None
+    arr = req.loc[~req["warmup"], "arrival_s"].to_numpy()
+    if arr.size < 2 or arr.max() <= arr.min():
+        return None
+    return float((arr.size - 1) / (arr.max() - arr.min()))
+
+
+def job_output(result) -> dict:
+    """The compact output of a job: ``summary`` (the run summary), ``offered_rate``
+    (req/s, :func:`offered_rate`) and ``stable`` (achieved request throughput >=
+    :data:`STABLE_FRACTION` × offered; True when either is unknown, e.g. a closed loop)."""
+    s = result.summary
+    offered = offered_rate(result)
+    achieved = s.get("request_throughput")
+    stable = True
+    if offered and achieved is not None:
+        stable = achieved >= STABLE_FRACTION * offered
+    elif offered and achieved is None:
+        stable = False
+    return {"summary": s, "offered_rate": offered, "stable": bool(stable)}
+
+
+def run_job(job: Job):
+    """Run one job (in whatever process): ``RunResult`` if ``job.full``, else
+    :func:`job_output`."""
+    from .run import simulate
+
+    res = simulate(job.scenario, replication=job.replication)
+    return res if job.full else job_output(res)
+
+
+class SerialExecutor:
+    """Runs jobs one after another in this process."""
+
+    name = "serial"
+
+    def run(self, jobs: Sequence[Job], progress: Callable[[int, int], None] | None = None
+            ) -> list:
+        """Outputs of ``jobs`` in order; ``progress(done, total)`` after each."""
+        out = []
+        for i, j in enumerate(jobs):
+            out.append(run_job(j))
+            if progress:
+                progress(i + 1, len(jobs))
+        return out
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LocalExecutor(SerialExecutor):
+    """A process pool kept for the executor's lifetime (one pool for a whole search).
+
+    Args:
+        workers: processes (default ``os.cpu_count()``); 1 runs serially in-process.
+    """
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None):
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            methods = multiprocessing.get_all_start_methods()
+            ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods
+                                              else "spawn")
+            if ctx.get_start_method() == "forkserver":
+                ctx.set_forkserver_preload(["simulator.executors", "simulator.run"])
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+        return self._pool
+
+    def run(self, jobs, progress=None) -> list:
+        if self.workers == 1 or len(jobs) <= 1:
+            return super().run(jobs, progress)
+        futures = [self._get_pool().submit(run_job, j) for j in jobs]
+        out = []
+        for i, f in enumerate(futures):
+            out.append(f.result())
+            if progress:
+                progress(i + 1, len(jobs))
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+class RayExecutor(SerialExecutor):
+    """One Ray task per job on the cluster at ``address`` (``None``: a local Ray, or the
+    one ``RAY_ADDRESS`` names). Results come back in job order.
+
+    Raises:
+        InputError: Ray is not installed.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, **init_kwargs):
+        try:
+            import ray
+        except ImportError:
+            raise InputError("--executor ray needs Ray: pip install 'servesim[ray]'") from None
+        self._ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address, **init_kwargs)
+        self._task = ray.remote(run_job)
+
+    def run(self, jobs, progress=None) -> list:
+        ray = self._ray
+        refs = [self._task.remote(j) for j in jobs]
+        index = {r: i for i, r in enumerate(refs)}
+        out: list = [None] * len(refs)
+        waiting = list(refs)
+        done = 0
+        while waiting:
+            ready, waiting = ray.wait(waiting, num_returns=1)
+            for r in ready:
+                out[index[r]] = ray.get(r)
+                done += 1
+            if progress:
+                progress(done, len(refs))
+        return out
+
+
+def make_executor(kind: str = "local", *, workers: int | None = None,
+                  address: str | None = None):
+    """An executor by name (:data:`EXECUTORS`); use it as a context manager.
+
+    Args:
+        kind: ``local`` (process pool over ``workers`` or all cores), ``serial`` or
+            ``ray`` (``ray.init(address=address)``).
+
+    Raises:
+        InputError: unknown kind, or ``ray`` without Ray installed.
+    """
+    if kind == "local":
+        return LocalExecutor(workers)
+    if kind == "serial":
+        return SerialExecutor()
+    if kind == "ray":
+        return RayExecutor(address)
+    raise InputError(f"--executor {kind}: allowed: {', '.join(EXECUTORS)}")
+
+
+__all__ = ["EXECUTORS", "Job", "LocalExecutor", "RayExecutor", "STABLE_FRACTION",
+           "SerialExecutor", "job_output", "make_executor", "offered_rate", "run_job"]

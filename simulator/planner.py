@@ -1,0 +1,523 @@
+"""Capacity planning: sweeps, maximum rate under SLO, replica sizing, plan comparison.
+
+* :func:`sweep`: the cross product of ``--set key=v1,v2,...`` values, every point × its
+  replications as one batch of jobs; a table and latency–throughput curves.
+* :func:`plan`: for each candidate (cross product of ``plan.candidates``), the maximum
+  arrival rate per replica meeting every SLO (:mod:`simulator.search`), the replicas
+  needed for a target rate, cost per hour and per million output tokens, and the cheapest
+  feasible plan, whose replica count is then confirmed by simulating the whole deployment
+  behind its router (N meets the SLOs, N − 1 does not).
+* :func:`compare`: the same workload through several scenarios.
+
+Every job runs on one executor (:mod:`simulator.executors`); results do not depend on which.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from .errors import InputError
+from .executors import Job
+from .metrics import combine_replications
+from .search import (SearchResult, drive, evaluate, max_rate_search, run_generator,
+                     with_rate)
+
+
+# == deriving scenarios ====================================================================
+
+def derive(scenario, overrides: list[str]):
+    """``scenario`` with ``key.path=value`` overrides applied and revalidated.
+
+    Raises:
+        InputError: as :func:`simulator.scenario.scenario_from_dict` (names the ``--set``).
+    """
+    from .scenario import scenario_from_dict
+
+    if not overrides:
+        return scenario
+    raw = scenario.model_dump(mode="python", exclude_none=True)
+    return scenario_from_dict(raw, scenario.base_dir, overrides=list(overrides),
+                              source=scenario.source)
+
+
+def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Split ``--set`` flags into plain overrides and sweep axes.
+
+    A value with top-level commas (``workload.arrival.rate=1,2,4``) is a list of sweep
+    values; a YAML flow collection (``slo.ttft_ms={p99: 500, mean: 200}``) or a single
+    value is a plain override.
+
+    Returns:
+        ``(plain overrides, {key: [value strings]})``, axes in flag order.
+
+    Raises:
+        InputError: a malformed flag, an empty value in a list, or a key swept twice.
+    """
+    plain, axes = [], {}
+    for s in sets:
+        key, sep, value = s.partition("=")
+        v = value.strip()
+        if not sep or not key.strip():
+            raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+        if v.startswith(("[", "{")) or "," not in v:
+            plain.append(s)
+            continue
+        vals = [x.strip() for x in v.split(",")]
+        if not all(vals):
+            raise InputError(f"--set {s}: empty value in the list (use v1,v2,...)")
+        k = key.strip()
+        if k in axes:
+            raise InputError(f"--set {s}: {k} is already swept")
+        axes[k] = vals
+    return plain, axes
+
+
+def _parse(v):
+    return yaml.safe_load(v) if isinstance(v, str) else v
+
+
+def _fmt_value(v) -> str:
+    return v if isinstance(v, str) else yaml.safe_dump(v, default_flow_style=True).strip() \
+        .removesuffix("...").strip()
+
+
+def grid(axes: dict[str, list]) -> list[dict[str, Any]]:
+    """Cross product of ``axes`` (first axis varies slowest), values parsed as YAML."""
+    keys = list(axes)
+    return [dict(zip(keys, (_parse(v) for v in combo)))
+            for combo in itertools.product(*(axes[k] for k in keys))]
+
+
+def _point_overrides(point: dict) -> list[str]:
+    return [f"{k}={_fmt_value(v)}" for k, v in point.items()]
+
+
+def _run(jobs: list[Job], executor, progress=None) -> list:
+    return executor.run(jobs, progress)
+
+
+# == sweep ==================================================================================
+
+@dataclass
+class SweepResult:
+    """Result of :func:`sweep`.
+
+    Attributes:
+        axes: ``{key: [values]}`` swept (first axis = the x of each curve).
+        table: one row per point: the swept values, ``offered_rate`` and
+            ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``,
+            TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
+            ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications.
+        knees: per line (combination of the other axes), the highest stable value of the
+            first axis: ``[{...other axis values, "knee": value}]``.
+        summaries: per point, the replication summaries.
+    """
+
+    axes: dict[str, list]
+    table: pd.DataFrame
+    knees: list[dict]
+    summaries: list[list[dict]] = field(repr=False)
+
+
+_SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
+                  ("ttft_ms", "p50"), ("ttft_ms", "p99"), ("tpot_ms", "p50"),
+                  ("tpot_ms", "p99"), ("itl_ms", "p99"), ("e2el_ms", "p99"),
+                  ("queue_ms", "mean")]
+
+
+def _get(d, path):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def sweep(scenario, axes: dict[str, list], executor, *,
+          progress: Callable[[int, int], None] | None = None) -> SweepResult:
+    """Run every point of the cross product of ``axes`` (``sim.replications`` each).
+
+    Args:
+        scenario: the base scenario (plain overrides already applied).
+        axes: ``{key path: [values]}`` (strings are parsed as YAML).
+        executor: from :func:`simulator.executors.make_executor`.
+
+    Raises:
+        InputError: a point that is not a valid scenario (names the ``--set``).
+    """
+    points = grid(axes)
+    scs = [derive(scenario, _point_overrides(p)) for p in points]
+    jobs = [Job(sc, k) for sc in scs for k in range(sc.sim.replications)]
+    outs = _run(jobs, executor, progress)
+    rows, per_point = [], []
+    i = 0
+    for p, sc in zip(points, scs):
+        n = sc.sim.replications
+        group = outs[i:i + n]
+        i += n
+        sums = [o["summary"] for o in group]
+        per_point.append(sums)
+        comb = combine_replications(sums) if n > 1 else None
+        row = dict(p)
+        offered = [o["offered_rate"] for o in group if o["offered_rate"]]
+        row["offered_rate"] = float(np.mean(offered)) if offered else None
+        row["stable"] = all(o["stable"] for o in group)
+        for path in _SWEEP_FIGURES:
+            name = "_".join(path).replace("_ms_", "_") if len(path) > 1 else path[0]
+            vals = [_get(s, path) for s in sums]
+            vals = [v for v in vals if v is not None]
+            row[name] = float(np.mean(vals)) if vals else None
+            if comb is not None:
+                node = _get(comb, path)
+                row[name + "_ci95"] = node.get("ci95") if isinstance(node, dict) else None
+        row["slo_met"] = (all(s.get("slo_met") for s in sums)
+                          if sums[0].get("slo_met") is not None else None)
+        row["cost_kind"] = sums[0].get("cost_kind")
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return SweepResult(dict(axes), table, knees(table, list(axes)), per_point)
+
+
+def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
+    """Per line (other axes' values), the highest stable value of the first axis."""
+    if not keys or table.empty:
+        return []
+    x, others = keys[0], keys[1:]
+    groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
+    out = []
+    for vals, df in groups:
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        stable = df[df["stable"]]
+        knee = stable[x].max() if len(stable) else None
+        out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
+                    "knee": getattr(knee, "item", lambda: knee)()})
+    return out
+
+
+# == candidates and plans ==================================================================
+
+@dataclass
+class Candidate:
+    """One plan candidate: its key-path values and scenario (``error`` when it cannot run,
+    e.g. the model does not fit)."""
+
+    values: dict[str, Any]
+    scenario: Any = None
+    error: str | None = None
+    price_per_replica_hour: float | None = None
+    cost_kind: str | None = None
+    cost_label: str | None = None
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in self.values.items()) \
+            or "scenario as given"
+
+
+def expand_candidates(scenario) -> list[Candidate]:
+    """The cross product of ``plan.candidates`` applied to ``scenario``.
+
+    Prices: ``plan.prices[gpu]`` sets ``hardware.price_per_gpu_hour`` unless the scenario or
+    the candidate sets it. A candidate whose cost model cannot be built (no room for a KV
+    cache, ...) is kept with its ``error``.
+
+    Raises:
+        InputError: a candidate key or value the schema refuses (names ``plan.candidates``).
+    """
+    from .cost_model import build_cost_model
+
+    cfg = scenario.plan
+    axes = cfg.candidates if cfg else {}
+    out = []
+    for point in grid(axes):
+        try:
+            sc = derive(scenario, _point_overrides(point))
+        except InputError as e:
+            msg = str(e).split(": ", 1)[-1]
+            raise InputError(f"{scenario.source}: plan.candidates "
+                             f"({', '.join(_point_overrides(point))}): {msg}") from None
+        gpu = sc.hardware.profile
+        if (cfg and gpu in cfg.prices and sc.hardware.price_per_gpu_hour is None
+                and "hardware.price_per_gpu_hour" not in point):
+            sc = derive(sc, [f"hardware.price_per_gpu_hour={cfg.prices[gpu]}"])
+        c = Candidate(point, sc)
+        try:
+            cm = build_cost_model(sc)
+            sc.scheduler_config(cm.num_gpu_blocks)
+        except InputError as e:
+            c.error = str(e).split(": ", 1)[-1]
+        else:
+            c.price_per_replica_hour = cm.price_per_replica_hour
+            c.cost_label = cm.label
+            c.cost_kind = cm.label.split(":", 1)[0]
+        out.append(c)
+    return out
+
+
+def replicas_needed(target_rate: float, per_replica_rate: float) -> int | None:
+    """``ceil(target / per-replica rate)`` (None when the per-replica rate is 0)."""
+    if not per_replica_rate:
+        return None
+    return max(1, math.ceil(target_rate / per_replica_rate - 1e-9))
+
+
+def cost_figures(replicas: int, price_per_replica_hour: float | None, target_rate: float,
+                 mean_output_tokens: float | None) -> dict:
+    """Cost of ``replicas`` replicas serving ``target_rate`` req/s.
+
+    Returns:
+        ``cost_per_hour`` = replicas × price per replica-hour (USD) and
+        ``cost_per_million_output_tokens`` = cost per hour / (target rate × mean output
+        tokens × 3600) × 1e6 (USD); None where a price or token count is unknown.
+    """
+    if price_per_replica_hour is None:
+        return {"cost_per_hour": None, "cost_per_million_output_tokens": None}
+    per_hour = replicas * price_per_replica_hour
+    per_m = (per_hour / (target_rate * mean_output_tokens * 3600.0) * 1e6
+             if mean_output_tokens else None)
+    return {"cost_per_hour": per_hour, "cost_per_million_output_tokens": per_m}
+
+
+def _cluster(scenario, replicas: int, rate: float):
+    """``replicas`` replicas at total ``rate``, with requests scaled so that each replica
+    sees as many requests as the one-replica search did."""
+    wl = scenario.workload
+    n = (wl.num_requests or 0) * replicas
+    sc = with_rate(scenario, rate)
+    sc = sc.model_copy(update={
+        "cluster": sc.cluster.model_copy(update={"replicas": replicas}),
+        "workload": sc.workload.model_copy(update={"num_requests": n or None})})
+    return sc
+
+
+def _per_replica(scenario):
+    return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(
+        update={"replicas": 1})})
+
+
+@dataclass
+class PlanRow:
+    """One candidate's outcome (figures in req/s, USD, ms)."""
+
+    candidate: Candidate
+    search: SearchResult | None = None
+    replicas: int | None = None
+    replicas_ci95: tuple[int | None, int | None] | None = None
+    confirmed: bool = False
+    confirmation: list[dict] = field(default_factory=list)
+    operating: dict | None = None
+    costs: dict = field(default_factory=dict)
+    costs_ci95: dict = field(default_factory=dict)
+    mean_output_tokens: float | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.search and self.search.max_rate > 0 and self.replicas)
+
+
+@dataclass
+class PlanResult:
+    """Result of :func:`plan`: ``rows`` per candidate, ``best`` the cheapest feasible row
+    (None when none is), ``target_rate`` in req/s."""
+
+    target_rate: float
+    rows: list[PlanRow]
+    best: PlanRow | None
+
+
+def _candidate_search(c: Candidate, target: float, kw: dict):
+    """Generator: max-rate search of one candidate, then its operating point (target /
+    replicas per replica)."""
+    sc = _per_replica(c.scenario)
+    res = yield from max_rate_search(sc, **kw)
+    row = PlanRow(c, res)
+    n = replicas_needed(target, res.max_rate)
+    if n is None:
+        return row
+    row.replicas = n
+    lo, hi = res.ci95
+    row.replicas_ci95 = (replicas_needed(target, hi) if hi else None,
+                         replicas_needed(target, lo) if lo else None)
+    ev = yield from evaluate(with_rate(sc, target / n), min_replications=kw["min_replications"],
+                             max_replications=kw["min_replications"], tolerance=kw["tolerance"])
+    sums = [o["summary"] for o in ev.outputs]
+    row.operating = combine_replications(sums)
+    toks = [s["total_output_tokens"] / s["completed"] for s in sums if s.get("completed")]
+    row.mean_output_tokens = float(np.mean(toks)) if toks else None
+    _set_costs(row, target)
+    return row
+
+
+def _set_costs(row: PlanRow, target: float) -> None:
+    price = row.candidate.price_per_replica_hour
+    row.costs = cost_figures(row.replicas, price, target, row.mean_output_tokens)
+    lo_n, hi_n = row.replicas_ci95 or (None, None)
+    row.costs_ci95 = {k: [cost_figures(lo_n, price, target, row.mean_output_tokens)[k]
+                          if lo_n else None,
+                          cost_figures(hi_n, price, target, row.mean_output_tokens)[k]
+                          if hi_n else None] for k in row.costs}
+
+
+def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int = 64,
+                     min_replications: int = 2, max_replications: int = 5,
+                     tolerance: float = 0.02):
+    """Generator: the fewest replicas meeting every SLO at ``target`` req/s behind the
+    scenario's router, starting from the estimate ``start``: up while infeasible, down
+    while N − 1 is feasible. Returns ``(N or None, [{replicas, feasible, confident,
+    mean_ratio}])``."""
+    kw = dict(min_replications=min_replications, max_replications=max_replications,
+              tolerance=tolerance)
+    tried: dict[int, Any] = {}
+
+    def ok(n):
+        if n not in tried:
+            tried[n] = yield from evaluate(_cluster(scenario, n, target), **kw)
+        return tried[n].feasible
+
+    n = start
+    while not (yield from ok(n)):
+        n += 1
+        if n > max_replicas:
+            return None, _trail(tried)
+    while n > 1 and (yield from ok(n - 1)):
+        n -= 1
+    return n, _trail(tried)
+
+
+def _trail(tried):
+    return [{"replicas": n, "feasible": e.feasible, "confident": e.confident,
+             "unstable": e.unstable, "mean_ratio": e.mean_ratio, "ci95": e.ci95}
+            for n, e in sorted(tried.items())]
+
+
+def plan(scenario, executor, *, target_rate: float | None = None,
+         progress: Callable[[int], None] | None = None, confirm: bool = True) -> PlanResult:
+    """Size every candidate of ``scenario.plan`` for ``target_rate`` and pick the cheapest.
+
+    Steps: the max-rate search of all candidates in lock-step (common random numbers: the
+    same seeds for every candidate), replicas = ceil(target / max rate), an operating-point
+    run at target / replicas per replica (latency figures with 95% CIs), costs; then, from
+    the cheapest estimate up, the replica count is confirmed by simulating the deployment
+    (:func:`confirm_replicas`) until the cheapest confirmed plan is cheaper than every
+    unconfirmed estimate.
+
+    Args:
+        target_rate: req/s for the whole deployment (default ``plan.target_rate``).
+        confirm: run the deployment-level confirmation.
+
+    Raises:
+        InputError: no target rate, a bad candidate, or a workload without arrival rate.
+    """
+    from .scenario import PlanConfig
+
+    cfg = scenario.plan or PlanConfig()
+    target = target_rate or cfg.target_rate
+    if not target:
+        raise InputError(f"{scenario.source}: plan.target_rate: give the rate to serve "
+                         f"(here or with --target-rate)")
+    with_rate(scenario, 1.0)   # fail early on a workload without an arrival rate
+    kw = dict(min_replications=cfg.min_replications, max_replications=cfg.max_replications,
+              tolerance=cfg.tolerance)
+    cands = expand_candidates(scenario)
+    gens = {i: _candidate_search(c, target, kw) for i, c in enumerate(cands)
+            if c.error is None}
+    found = drive(gens, executor, progress)
+    rows = [found.get(i) or PlanRow(c) for i, c in enumerate(cands)]
+
+    def cost(r):
+        return (r.costs.get("cost_per_hour") if r.costs.get("cost_per_hour") is not None
+                else math.inf, r.replicas or 0)
+
+    feasible = sorted((r for r in rows if r.feasible), key=cost)
+    best = None
+    if confirm:
+        for r in feasible:
+            if best is not None and cost(best) <= cost(r):
+                break
+            n, trail = run_generator(confirm_replicas(
+                r.candidate.scenario, target, r.replicas, max_replicas=cfg.max_replicas,
+                **kw), executor)
+            r.confirmation = trail
+            if n is None:
+                r.replicas = None
+                continue
+            r.replicas, r.confirmed = n, True
+            _set_costs(r, target)
+            if best is None or cost(r) < cost(best):
+                best = r
+    elif feasible:
+        best = feasible[0]
+    return PlanResult(target, rows, best)
+
+
+def plan_table(result: PlanResult) -> pd.DataFrame:
+    """One row per candidate: values, max rate per replica (+ 95% CI), replicas (+ CI,
+    confirmed), cost per hour and per million output tokens (+ CI), operating-point TTFT
+    and TPOT p99 (+ CI), cost kind, status."""
+    rows = []
+    for r in result.rows:
+        c = r.candidate
+        s = r.search
+        op = r.operating or {}
+        d = dict(c.values)
+        d.update({
+            "max_rate_per_replica": s.max_rate if s else None,
+            "max_rate_ci95": list(s.ci95) if s else None,
+            "replicas": r.replicas, "replicas_ci95": list(r.replicas_ci95)
+            if r.replicas_ci95 else None, "confirmed": r.confirmed,
+            "cost_per_hour": r.costs.get("cost_per_hour"),
+            "cost_per_hour_ci95": r.costs_ci95.get("cost_per_hour"),
+            "cost_per_million_output_tokens": r.costs.get("cost_per_million_output_tokens"),
+            "cost_per_million_output_tokens_ci95":
+                r.costs_ci95.get("cost_per_million_output_tokens"),
+            "ttft_p99_ms": _get(op, ("ttft_ms", "p99", "mean")),
+            "ttft_p99_ci95": _get(op, ("ttft_ms", "p99", "ci95")),
+            "tpot_p99_ms": _get(op, ("tpot_ms", "p99", "mean")),
+            "tpot_p99_ci95": _get(op, ("tpot_ms", "p99", "ci95")),
+            "cost_kind": c.cost_kind,
+            "status": (c.error or (s.note if s and s.max_rate == 0 else None)
+                       or ("cheapest feasible" if r is result.best else
+                           "feasible" if r.feasible else "infeasible")),
+        })
+        rows.append(d)
+    return pd.DataFrame(rows)
+
+
+# == compare ===============================================================================
+
+def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
+    """Serve the first scenario's workload and SLO through every scenario.
+
+    Returns:
+        Per scenario ``{"name", "scenario", "result"`` (replication 0's RunResult),
+        ``"replications"`` (:func:`combine_replications` or None)``}``.
+    """
+    base = scenarios[0]
+    scs = [sc if i == 0 else sc.model_copy(update={"workload": base.workload,
+                                                    "slo": base.slo})
+           for i, sc in enumerate(scenarios)]
+    jobs = [Job(sc, k, full=True) for sc in scs for k in range(sc.sim.replications)]
+    outs = _run(jobs, executor, progress)
+    res, i = [], 0
+    for sc in scs:
+        n = sc.sim.replications
+        group = outs[i:i + n]
+        i += n
+        res.append({"name": sc.name, "scenario": sc, "result": group[0],
+                    "replications": combine_replications([g.summary for g in group])
+                    if n > 1 else None})
+    names = [r["name"] for r in res]
+    for r in res:
+        if names.count(r["name"]) > 1:
+            r["name"] = f"{r['name']} ({r['scenario'].source})"
+    return res
+
+
+__all__ = ["Candidate", "PlanResult", "PlanRow", "SweepResult", "compare", "confirm_replicas",
+           "cost_figures", "derive", "expand_candidates", "grid", "knees", "plan",
+           "plan_table", "replicas_needed", "split_sets", "sweep"]

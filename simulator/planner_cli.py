@@ -1,0 +1,163 @@
+"""``servesim sweep | plan | compare`` (registered by :func:`add_parsers`)."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import InputError
+from .executors import EXECUTORS
+
+
+def _executor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local: process pool over all cores (default); ray: a Ray cluster; "
+                        "serial: this process")
+    p.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    p.add_argument("--ray-address", help="ray.init(address=...) (default: local / RAY_ADDRESS)")
+    p.add_argument("--out", help="output folder (default reports/<scenario>-<command>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+@contextmanager
+def _progress(args, what: str):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                  transient=True, disable=args.quiet) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(done, total=None):
+            bar.update(task, completed=done, total=total)
+        yield update
+
+
+def _executor(args):
+    from .executors import make_executor
+
+    if args.workers is not None and args.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
+    return make_executor(args.executor, workers=args.workers, address=args.ray_address)
+
+
+def _print_table(df, title: str, columns=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .planner_report import _cell
+
+    cols = columns or list(df.columns)
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(str(c), justify="right")
+    for _, r in df.iterrows():
+        t.add_row(*(_cell(r[c]) for c in cols))
+    Console().print(t)
+
+
+def _cmd_sweep(args) -> int:
+    from .planner import split_sets, sweep
+    from .planner_report import write_sweep_report
+    from .scenario import load_scenario
+
+    plain, axes = split_sets(args.overrides)
+    scenario = load_scenario(args.scenario, plain)
+    if not axes:
+        raise InputError("--set: give at least one swept key with comma-separated values, "
+                         "e.g. --set workload.arrival.rate=1,2,4,8")
+    out = Path(args.out) if args.out else Path("reports") / f"{scenario.name}-sweep"
+    with _executor(args) as ex, _progress(args, f"sweeping {scenario.name}") as prog:
+        res = sweep(scenario, axes, ex, progress=prog)
+    paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
+    _print_table(res.table, "Sweep", [c for c in list(axes) + [
+        "offered_rate", "request_throughput", "stable", "ttft_p50", "ttft_p99", "tpot_p50",
+        "tpot_p99", "slo_met"] if c in res.table])
+    for k in res.knees:
+        print("knee:", ", ".join(f"{a}={v}" for a, v in k.items()))
+    print(f"report: {paths['report.html']}")
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    from .planner import plan, plan_table
+    from .planner_report import write_plan_report
+    from .scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    if args.target_rate is not None and args.target_rate <= 0:
+        raise InputError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
+    out = Path(args.out) if args.out else Path("reports") / f"{scenario.name}-plan"
+    with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
+        res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
+                   confirm=not args.no_confirm)
+    table = plan_table(res)
+    paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
+                                                      f"{res.target_rate:g} req/s")
+    _print_table(table, f"Plans for {res.target_rate:g} req/s", list(
+        table.columns[:len(res.rows[0].candidate.values)]) + [
+        "max_rate_per_replica", "replicas", "cost_per_hour", "cost_per_hour_ci95",
+        "ttft_p99_ms", "status"])
+    if res.best is not None:
+        print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s), "
+              f"{res.best.costs['cost_per_hour']} USD/h")
+    else:
+        print("no candidate meets every SLO")
+    print(f"report: {paths['report.html']}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from .diagnosis import find_limits
+    from .planner import compare
+    from .report import write_compare_report
+    from .scenario import load_scenario
+
+    scenarios = [load_scenario(p, args.overrides) for p in args.scenarios]
+    out = Path(args.out) if args.out else Path("reports") / "compare"
+    with _executor(args) as ex, _progress(args, "comparing") as prog:
+        entries = compare(scenarios, ex, progress=prog)
+    for e in entries:
+        e["binding"] = find_limits(e["scenario"], e["result"])["binding"]
+    paths = write_compare_report(
+        out, entries, title="Plan comparison",
+        note=f"Every plan serves the workload and SLO of {scenarios[0].source}.")
+    for e in entries:
+        s = e["result"].summary
+        print(f"{e['name']}: TTFT p99 {s['ttft_ms']['p99']} ms, TPOT p99 "
+              f"{s['tpot_ms']['p99']} ms, {s['request_throughput']} req/s, SLO met "
+              f"{s['slo_met']}, binding {e['binding']}")
+    print(f"report: {paths['report.html']}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """Add ``sweep``, ``plan`` and ``compare`` to an argparse sub-parser set."""
+    from .cli import _add_scenario_args
+
+    p = sub.add_parser("sweep", help="run the cross product of --set key=v1,v2,... values")
+    _add_scenario_args(p)
+    _executor_args(p)
+    p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("plan", help="cheapest hardware/engine plan meeting the SLOs at a "
+                                    "target rate (candidates from the scenario's plan:)")
+    _add_scenario_args(p)
+    p.add_argument("--target-rate", type=float, help="requests/s (default plan.target_rate)")
+    p.add_argument("--no-confirm", action="store_true",
+                   help="skip simulating the recommended deployment")
+    _executor_args(p)
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("compare", help="the same workload through several scenarios")
+    p.add_argument("scenarios", nargs="+", help="scenario YAML files (workload and SLO of "
+                                                "the first are used for all)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override applied to every scenario")
+    _executor_args(p)
+    p.set_defaults(func=_cmd_compare)
+
+
+__all__ = ["add_parsers"]

@@ -1,0 +1,182 @@
+"""Reports of ``servesim sweep`` and ``servesim plan``: CSV/JSON tables, latency–throughput
+curves, the cost-vs-latency Pareto plot, markdown and a self-contained report.html.
+
+Written atomically with :func:`simulator.report.write_files`; plots use matplotlib's object
+API (no pyplot state).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
+
+
+def _cell(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, (np.integer, np.floating, np.bool_)):
+        v = v.item()
+    if isinstance(v, float) and np.isnan(v):
+        return "n/a"
+    return _fmt(v)
+
+
+def _json(obj) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True, default=_cell) + "\n").encode()
+
+
+# -- sweep --------------------------------------------------------------------------------
+def plot_sweep(result) -> bytes:
+    """PNG: TTFT and TPOT (p50 solid, p99 dashed) vs achieved request throughput, one line
+    per combination of the other swept keys; unstable points marked ×."""
+    t = result.table
+    keys = list(result.axes)
+    others = keys[1:]
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    groups = t.groupby(others, sort=False) if others else [((), t)]
+    for i, (vals, df) in enumerate(groups):
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        name = ", ".join(f"{k.split('.')[-1]}={_cell(v)}" for k, v in zip(others, vals)) or "all"
+        df = df.sort_values(keys[0])
+        colour = f"C{i % 10}"
+        for ax, m in zip(axes, ("ttft", "tpot")):
+            for st, ls in (("p50", "-"), ("p99", "--")):
+                ax.plot(df["request_throughput"], df[f"{m}_{st}"], ls, color=colour,
+                        marker="o", label=f"{name} {st}")
+            bad = df[~df["stable"]]
+            ax.plot(bad["request_throughput"], bad[f"{m}_p99"], "x", color="k", ms=9)
+    for ax, m in zip(axes, ("TTFT", "TPOT")):
+        ax.set_xlabel("achieved throughput (req/s)")
+        ax.set_ylabel(f"{m} (ms)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.set_title(f"{m} p50 (solid), p99 (dashed); × unstable")
+    axes[0].legend(fontsize="x-small")
+    return _png(fig)
+
+
+def write_sweep_report(out_dir, result, *, title: str) -> dict:
+    """``sweep.csv``, ``sweep.json``, ``curves.png``, ``report.md``, ``report.html``."""
+    t = result.table
+    kinds = sorted(set(map(str, t["cost_kind"].dropna()))) if "cost_kind" in t else []
+    shown = list(result.axes) + ["offered_rate", "request_throughput", "stable", "ttft_p50",
+                                 "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "goodput",
+                                 "slo_met"]
+    shown = [c for c in shown if c in t]
+    b: list = [("h1", title),
+               ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. A point is unstable when "
+                     "its achieved throughput is below 0.98 × the offered rate (an "
+                     "overloaded queue); its latencies then depend on the run length.")]
+    b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))
+    first = list(result.axes)[0]
+    b.append(("h2", f"Knee: highest stable {first}"))
+    b.append(("table", None, list(result.knees[0]) if result.knees else ["knee"],
+              [[_cell(v) for v in k.values()] for k in result.knees]))
+    b.append(("img", "curves.png", "Latency vs achieved throughput"))
+    b.append(("h2", "Definitions"))
+    b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
+    img = plot_sweep(result)
+    return write_files(out_dir, {
+        "sweep.csv": t.to_csv(index=False, lineterminator="\n").encode(),
+        "sweep.json": _json({"axes": result.axes, "knees": result.knees,
+                             "points": t.to_dict(orient="records")}),
+        "curves.png": img,
+        "report.md": render_markdown(b).encode(),
+        "report.html": render_html(b, title, {"curves.png": img}).encode(),
+    })
+
+
+# -- plan -----------------------------------------------------------------------------------
+def pareto_front(costs, latencies) -> list[int]:
+    """Indices of points no other point beats on both cost and latency (lower is better)."""
+    pts = [(c, l, i) for i, (c, l) in enumerate(zip(costs, latencies))
+           if c is not None and l is not None]
+    front = []
+    for c, l, i in pts:
+        if not any((c2 <= c and l2 <= l) and (c2 < c or l2 < l) for c2, l2, _ in pts):
+            front.append(i)
+    return sorted(front)
+
+
+def plot_pareto(table, best_index: int | None) -> bytes:
+    """PNG: cost per hour vs TTFT p99 and vs TPOT p99 at the operating point, with 95% CI
+    error bars, the Pareto front joined, the cheapest feasible plan starred."""
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    ok = table[table["cost_per_hour"].notna() & table["ttft_p99_ms"].notna()]
+    for ax, m in zip(axes, ("ttft", "tpot")):
+        for i, r in ok.iterrows():
+            ci = r[f"{m}_p99_ci95"]
+            yerr = None
+            if isinstance(ci, (list, tuple)) and None not in ci:
+                yerr = [[max(r[f"{m}_p99_ms"] - ci[0], 0)], [max(ci[1] - r[f"{m}_p99_ms"], 0)]]
+            marker = "*" if i == best_index else "o"
+            kind = r["cost_kind"]
+            ax.errorbar([r["cost_per_hour"]], [r[f"{m}_p99_ms"]], yerr=yerr, fmt=marker,
+                        ms=12 if i == best_index else 6,
+                        mfc="none" if kind == "projected" else None, color=f"C{i % 10}")
+            ax.annotate(str(i), (r["cost_per_hour"], r[f"{m}_p99_ms"]), fontsize="x-small",
+                        xytext=(3, 3), textcoords="offset points")
+        front = pareto_front(list(ok["cost_per_hour"]), list(ok[f"{m}_p99_ms"]))
+        f = ok.iloc[front].sort_values("cost_per_hour")
+        ax.plot(f["cost_per_hour"], f[f"{m}_p99_ms"], "k-", lw=0.8, alpha=0.6)
+        ax.set_xlabel("cost (USD / hour)")
+        ax.set_ylabel(f"{m.upper()} p99 at the operating point (ms)")
+        ax.grid(alpha=0.3)
+        ax.set_title(f"cost vs {m.upper()} p99 (★ cheapest; hollow = projected)")
+    return _png(fig)
+
+
+def write_plan_report(out_dir, result, table, *, title: str) -> dict:
+    """``plan.csv``, ``plan.json``, ``pareto.png``, ``report.md``, ``report.html``."""
+    best = result.best
+    best_index = next((i for i, r in enumerate(result.rows) if r is best), None)
+    b: list = [("h1", title)]
+    if best is not None:
+        row = table.iloc[best_index]
+        b.append(("p", (
+            f"Cheapest plan meeting every SLO at {_fmt(result.target_rate)} req/s: "
+            f"**{best.candidate.label}**, {row['replicas']} replica(s)"
+            f" ({'confirmed by simulating the deployment' if best.confirmed else 'estimated'}),"
+            f" {_cell(row['cost_per_hour'])} USD/h (95% CI {_cell(row['cost_per_hour_ci95'])}),"
+            f" {_cell(row['cost_per_million_output_tokens'])} USD per million output tokens;"
+            f" max rate per replica {_cell(row['max_rate_per_replica'])} req/s (95% CI "
+            f"{_cell(row['max_rate_ci95'])}); step costs {row['cost_kind']}.")))
+    else:
+        b.append(("p", f"No candidate meets every SLO at {_fmt(result.target_rate)} req/s."))
+    b.append(("p", "Max rate per replica: bisection on the arrival rate with common random "
+                   "numbers across candidates; runs below 0.98 × offered throughput count as "
+                   "unstable. CIs: rates decided with 95% confidence bound the max rate; "
+                   "replicas and costs follow from them. Latencies are at the operating "
+                   "point (target / replicas per replica), mean and 95% CI over replications."))
+    cols = list(table.columns)
+    b.append(("table", None, ["#"] + cols,
+              [[str(i)] + [_cell(r[c]) for c in cols] for i, r in table.iterrows()]))
+    if best is not None and best.confirmation:
+        b.append(("h2", "Replica count confirmed by simulation"))
+        b.append(("table", None, ["replicas", "feasible", "confident", "unstable",
+                                  "worst SLO value / threshold", "95% CI"],
+                  [[_cell(c["replicas"]), _cell(c["feasible"]), _cell(c["confident"]),
+                    _cell(c["unstable"]), _cell(c["mean_ratio"]), _cell(c["ci95"])]
+                   for c in best.confirmation]))
+    b.append(("img", "pareto.png", "Cost vs latency; numbers are the table's rows"))
+    b.append(("h2", "Definitions"))
+    b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
+    img = plot_pareto(table, best_index)
+    return write_files(out_dir, {
+        "plan.csv": table.to_csv(index=False, lineterminator="\n").encode(),
+        "plan.json": _json({"target_rate": result.target_rate, "best": best_index,
+                            "candidates": table.to_dict(orient="records")}),
+        "pareto.png": img,
+        "report.md": render_markdown(b).encode(),
+        "report.html": render_html(b, title, {"pareto.png": img}).encode(),
+    })
+
+
+__all__ = ["pareto_front", "plot_pareto", "plot_sweep", "write_plan_report",
+           "write_sweep_report"]

@@ -1,0 +1,272 @@
+"""Maximum arrival rate at which every SLO is met (DESIGN.md §5), by bisection.
+
+The search is written as generators that *yield* lists of :class:`~simulator.executors.Job`
+and receive their outputs, so a driver (:func:`drive`) can run the searches of many
+candidates in lock-step and hand each round's jobs to one executor in parallel.
+
+Statistics (all per rate tried):
+
+* Replication ``k`` uses the same seed at every rate and for every candidate (common random
+  numbers): arrivals at rate ``r`` are the same standard draws scaled by ``1/r``, so two
+  candidates or two rates differ only by what changed, not by sampling noise.
+* Each replication yields its *SLO ratio*: the largest ``value / threshold`` over the SLO
+  entries (met when <= 1). A run whose achieved throughput is below 0.98 × offered
+  (:data:`~simulator.executors.STABLE_FRACTION`) is flagged *unstable* and the rate fails;
+  its latencies are not averaged.
+* With ``n`` stable replications the mean ratio has a Student t 95% interval. A rate is
+  decided *confidently* when that interval lies below 1 (feasible) or above it
+  (infeasible). Otherwise replications are added up to ``max_replications``; when the mean
+  lies within the indifference zone ``1 ± tolerance``, or the cap is reached, the sign of
+  the mean decides, and the decision is marked not confident.
+* Bisection (geometric midpoints) stops when ``hi / lo <= 1 + tolerance``. The reported
+  maximum rate is ``lo``, a rate found feasible; its 95% interval runs from the highest
+  confidently feasible rate to the lowest confidently infeasible one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generator
+
+import numpy as np
+from scipy import stats as sps
+
+from .executors import Job
+
+#: Arrival rate of the saturation probe, requests/s: effectively all requests at once.
+PROBE_RATE = 1.0e6
+_MAX_HALVINGS = 8
+_MAX_DOUBLINGS = 6
+
+
+def with_rate(scenario, rate: float):
+    """``scenario`` with ``workload.arrival.rate = rate`` (req/s); other keys unchanged.
+
+    Raises:
+        InputError: the workload has no open-loop arrival rate (trace or closed loop).
+    """
+    wl = scenario.workload
+    arrival = getattr(wl, "arrival", None)
+    if getattr(wl, "trace", None) is not None or arrival is None or not hasattr(arrival, "rate"):
+        raise scenario.error("workload.arrival", "a rate search needs an open-loop arrival "
+                             "process with a rate (poisson, gamma or constant)")
+    new_wl = wl.model_copy(update={"arrival": arrival.model_copy(update={"rate": float(rate)})})
+    return scenario.model_copy(update={"workload": new_wl})
+
+
+def slo_ratio(summary: dict) -> float:
+    """Largest ``value / threshold`` over the run's SLO entries (<= 1: all met); 0 without
+    SLO; ``inf`` when a figure is missing (nothing completed)."""
+    worst = 0.0
+    for entries in (summary.get("slo") or {}).values():
+        for e in entries.values():
+            v = e.get("value")
+            if v is None:
+                return math.inf
+            worst = max(worst, v / e["threshold"])
+    return worst
+
+
+@dataclass
+class RateEval:
+    """Outcome of the replications at one rate.
+
+    Attributes:
+        rate: offered rate, requests/s (per replica for a one-replica scenario).
+        feasible: every SLO met (and every run stable).
+        confident: decided by the 95% interval (or by instability), not by the
+            indifference zone or the replication cap.
+        unstable: whether a run's achieved throughput fell below 0.98 × offered.
+        ratios: SLO ratio of each stable replication.
+        mean_ratio, ci95: mean SLO ratio and its Student t 95% interval (None for n = 1).
+        outputs: the job outputs (:func:`~simulator.executors.job_output`).
+    """
+
+    rate: float
+    feasible: bool
+    confident: bool
+    unstable: bool
+    ratios: list[float]
+    mean_ratio: float
+    ci95: tuple[float, float] | None
+    outputs: list[dict] = field(repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.outputs)
+
+
+def _interval(x: list[float]) -> tuple[float, float] | None:
+    if len(x) < 2 or not all(math.isfinite(v) for v in x):
+        return None
+    m = float(np.mean(x))
+    h = float(sps.t.ppf(0.975, len(x) - 1)) * float(np.std(x, ddof=1)) / math.sqrt(len(x))
+    return (m - h, m + h)
+
+
+def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,
+             tolerance: float = 0.02) -> Generator[list[Job], list, RateEval]:
+    """Replicate ``scenario`` (at its own rate) until feasibility is decided.
+
+    Yields lists of jobs, receives their outputs; returns a :class:`RateEval`.
+    """
+    rate = float(scenario.workload.arrival.rate)
+    outs: list[dict] = []
+    n = min_replications
+    while True:
+        new = yield [Job(scenario, k) for k in range(len(outs), n)]
+        outs.extend(new)
+        if not all(o["stable"] for o in outs):
+            ratios = [slo_ratio(o["summary"]) for o in outs if o["stable"]]
+            return RateEval(rate, False, True, True, ratios,
+                            float(np.mean(ratios)) if ratios else math.inf, None, outs)
+        ratios = [slo_ratio(o["summary"]) for o in outs]
+        m = float(np.mean(ratios))
+        ci = _interval(ratios)
+        if ci is not None and ci[1] <= 1.0:
+            return RateEval(rate, True, True, False, ratios, m, ci, outs)
+        if (ci is not None and ci[0] > 1.0) or m == math.inf:
+            return RateEval(rate, False, True, False, ratios, m, ci, outs)
+        if abs(m - 1.0) <= tolerance or n >= max_replications:
+            return RateEval(rate, m <= 1.0, False, False, ratios, m, ci, outs)
+        n += 1
+
+
+@dataclass
+class SearchResult:
+    """Maximum rate under the SLOs for one scenario (requests/s).
+
+    Attributes:
+        max_rate: highest rate found feasible (0 when none is).
+        bracket: ``(lo, hi)``: ``lo`` feasible, ``hi`` infeasible (``hi`` None when no
+            infeasible rate was found).
+        ci95: ``(highest confidently feasible, lowest confidently infeasible)`` rate;
+            either end None when no such rate was tried.
+        capacity: achieved throughput of the saturation probe (all requests at once).
+        evaluations: every :class:`RateEval`, in the order tried.
+        at_max: the :class:`RateEval` at ``max_rate`` (None when infeasible).
+        note: why the search ended early, if it did.
+    """
+
+    max_rate: float
+    bracket: tuple[float, float | None]
+    ci95: tuple[float | None, float | None]
+    capacity: float | None
+    evaluations: list[RateEval]
+    at_max: RateEval | None
+    note: str = ""
+
+
+def max_rate_search(scenario, *, min_replications: int = 2, max_replications: int = 5,
+                    tolerance: float = 0.02) -> Generator[list[Job], list, SearchResult]:
+    """Bisection for the maximum arrival rate of ``scenario`` meeting every SLO.
+
+    A saturation probe (one replication at :data:`PROBE_RATE`) gives the capacity, the
+    first upper guess; the bracket is then widened (doubling / halving) until one rate is
+    feasible and one is not, and bisected to ``hi / lo <= 1 + tolerance``. Yields lists of
+    jobs, receives their outputs; returns a :class:`SearchResult`.
+
+    Raises:
+        InputError: the workload has no arrival rate (:func:`with_rate`).
+    """
+    kw = dict(min_replications=min_replications, max_replications=max_replications,
+              tolerance=tolerance)
+    probe = (yield [Job(with_rate(scenario, PROBE_RATE), 0)])[0]
+    cap = probe["summary"].get("request_throughput")
+    evals: list[RateEval] = []
+
+    def ev(rate):
+        e = yield from evaluate(with_rate(scenario, rate), **kw)
+        evals.append(e)
+        return e
+
+    def result(lo, hi, note=""):
+        feas = [e.rate for e in evals if e.feasible and e.confident]
+        infeas = [e.rate for e in evals if not e.feasible and e.confident]
+        at = next((e for e in evals if e.rate == lo and e.feasible), None)
+        return SearchResult(lo, (lo, hi), (max(feas) if feas else None,
+                                           min(infeas) if infeas else None),
+                            cap, evals, at, note)
+
+    if not cap:
+        return result(0.0, None, "nothing completed at saturation")
+    lo, hi = None, cap
+    e = yield from ev(hi)
+    if e.feasible:
+        lo, hi = hi, None
+        for _ in range(_MAX_DOUBLINGS):
+            e = yield from ev(lo * 2)
+            if not e.feasible:
+                hi = e.rate
+                break
+            lo = e.rate
+        if hi is None:
+            return result(lo, None, "feasible at every rate tried; upper bound not found")
+    else:
+        prev = e
+        for _ in range(_MAX_HALVINGS):
+            e = yield from ev(hi / 2)
+            if e.feasible:
+                lo = e.rate
+                break
+            # Halving the load no longer helps: the SLO is out of reach at any rate.
+            if not e.unstable and not prev.unstable and e.mean_ratio >= 0.99 * prev.mean_ratio:
+                hi = e.rate
+                return result(0.0, hi, "SLO not met even at low load")
+            hi, prev = e.rate, e
+        if lo is None:
+            return result(0.0, hi, "SLO not met even at low load")
+    while hi / lo > 1.0 + tolerance:
+        mid = math.sqrt(lo * hi)
+        e = yield from ev(mid)
+        if e.feasible:
+            lo = mid
+        else:
+            hi = mid
+    return result(lo, hi)
+
+
+def drive(searches: dict[Any, Generator], executor,
+          progress: Callable[[int], None] | None = None) -> dict[Any, Any]:
+    """Run job-yielding generators in lock-step: each round collects every generator's
+    pending jobs, runs them as one batch on ``executor``, and sends each its outputs.
+
+    Returns:
+        key -> the generator's return value.
+        ``progress(jobs_done)`` is called after each round.
+    """
+    pending: dict[Any, list[Job]] = {}
+    results: dict[Any, Any] = {}
+    gens = dict(searches)
+    for k, g in gens.items():
+        try:
+            pending[k] = next(g)
+        except StopIteration as stop:
+            results[k] = stop.value
+    done = 0
+    while pending:
+        batch = [(k, j) for k, jobs in pending.items() for j in jobs]
+        outs = executor.run([j for _, j in batch])
+        done += len(batch)
+        by_key: dict[Any, list] = {k: [] for k in pending}
+        for (k, _), o in zip(batch, outs):
+            by_key[k].append(o)
+        pending = {}
+        for k, o in by_key.items():
+            try:
+                pending[k] = gens[k].send(o)
+            except StopIteration as stop:
+                results[k] = stop.value
+        if progress:
+            progress(done)
+    return results
+
+
+def run_generator(gen: Generator, executor):
+    """Drive one job-yielding generator to its return value."""
+    return drive({0: gen}, executor)[0]
+
+
+__all__ = ["PROBE_RATE", "RateEval", "SearchResult", "drive", "evaluate",
+           "max_rate_search", "run_generator", "slo_ratio", "with_rate"]

@@ -1,0 +1,160 @@
+"""Planner: max rate under SLO against Pollaczek–Khinchine, replica sizing confirmed by
+simulation, hand-computed costs, sweep knee against max_num_seqs / (O × step), CLI."""
+
+import math
+
+import pytest
+
+from simulator.cli import main
+from simulator.errors import InputError
+from simulator.executors import make_executor
+from simulator.planner import (cost_figures, expand_candidates, plan, plan_table,
+                               replicas_needed, split_sets, sweep)
+from simulator.planner_report import pareto_front
+from simulator.scenario import scenario_from_dict
+from simulator.search import max_rate_search, run_generator
+
+STEP = 0.01
+
+
+def scenario(out=2, n=2000, slo=None, engine=None, plan_cfg=None, price=None, rate=1.0):
+    hw = {"step_time": {"constant_s": STEP}}
+    if price is not None:
+        hw["price_per_gpu_hour"] = price
+    d = {"name": "t", "model": "llama-test", "hardware": hw,
+         "engine": {"max_num_seqs": 1, "max_model_len": 1024, **(engine or {})},
+         "cluster": {"router": "least_outstanding"},
+         "workload": {"seed": 0, "num_requests": n,
+                      "arrival": {"process": "poisson", "rate": rate},
+                      "prompt_tokens": {"dist": "fixed", "value": 8},
+                      "output_tokens": {"dist": "fixed", "value": out}},
+         "slo": slo or {}}
+    if plan_cfg:
+        d["plan"] = plan_cfg
+    return scenario_from_dict(d)
+
+
+def test_max_rate_matches_pollaczek_khinchine():
+    # M/D/1: service S = out × step; mean wait Wq = λS² / (2(1 − λS)) = T
+    # ⇔ λ = 2T / (S (S + 2T)). T chosen so that ρ = 0.5 at the answer.
+    out = 2
+    s = out * STEP
+    t = 0.5 * s / (2 * (1 - 0.5))
+    pk = 2 * t / (s * (s + 2 * t))
+    sc = scenario(out=out, slo={"queue_ms": {"mean": t * 1e3}})
+    with make_executor("serial") as ex:
+        res = run_generator(max_rate_search(sc, min_replications=3, max_replications=6), ex)
+    assert res.max_rate == pytest.approx(pk, rel=0.05)
+    lo, hi = res.bracket
+    assert hi / lo <= 1.02 + 1e-9
+    assert res.ci95[0] <= res.max_rate and res.ci95[1] >= hi
+    assert res.capacity == pytest.approx(1 / s, rel=0.02)   # saturation probe: 1 / S
+
+
+def test_unservable_slo_gives_zero_rate():
+    # TPOT is one step (10 ms) at any load: a 5 ms TPOT SLO is out of reach.
+    sc = scenario(out=4, n=300, slo={"tpot_ms": {"p99": 5}})
+    with make_executor("serial") as ex:
+        res = run_generator(max_rate_search(sc, min_replications=2, max_replications=2), ex)
+    assert res.max_rate == 0 and res.at_max is None and "SLO" in res.note
+
+
+def test_cost_figures_by_hand():
+    # 3 replicas × 2 GPUs × 2.5 USD = 15 USD/h; 10 req/s × 200 tokens × 3600 s = 7.2 M tok/h.
+    c = cost_figures(3, 2 * 2.5, 10.0, 200.0)
+    assert c["cost_per_hour"] == pytest.approx(15.0)
+    assert c["cost_per_million_output_tokens"] == pytest.approx(15.0 / 7.2)
+    assert replicas_needed(40, 15.0) == 3 and replicas_needed(45, 15.0) == 3
+    assert replicas_needed(45.01, 15.0) == 4 and replicas_needed(1, 0) is None
+
+
+def test_plan_sizes_replicas_confirmed_by_simulation():
+    # Per replica: max_num_seqs 2, 8 output tokens at 10 ms → capacity 25 req/s.
+    cfg = {"target_rate": 60, "candidates": {"engine.max_num_seqs": [1, 2]},
+           "min_replications": 2, "max_replications": 3}
+    sc = scenario(out=8, n=500, slo={"ttft_ms": {"p99": 150}}, plan_cfg=cfg, price=2.0)
+    with make_executor("serial") as ex:
+        res = plan(sc, ex)
+    best = res.best
+    assert best is not None and best.confirmed
+    assert best.candidate.values == {"engine.max_num_seqs": 2}
+    trail = {c["replicas"]: c["feasible"] for c in best.confirmation}
+    n = best.replicas
+    assert trail[n] is True and trail[n - 1] is False      # N meets the SLOs, N − 1 not
+    assert best.costs["cost_per_hour"] == pytest.approx(n * 2.0)
+    mean_out = 8.0
+    assert best.costs["cost_per_million_output_tokens"] == pytest.approx(
+        n * 2.0 / (60 * mean_out * 3600) * 1e6)
+    assert 60 / n <= 25                                    # below one replica's capacity
+    table = plan_table(res)
+    assert list(table["status"]).count("cheapest feasible") == 1
+    assert set(table["cost_kind"]) == {"inline"}
+
+
+def test_sweep_knee_matches_max_num_seqs_bound():
+    # Saturation by max_num_seqs: capacity = S / (O × step) = 4 / (8 × 0.01) = 50 req/s.
+    mns, out = 4, 8
+    cap = mns / (out * STEP)
+    rates = [round(cap * f, 3) for f in (0.85, 0.9, 0.95, 1.0, 1.05, 1.1)]
+    sc = scenario(out=out, n=1500, engine={"max_num_seqs": mns})
+    with make_executor("serial") as ex:
+        res = sweep(sc, {"workload.arrival.rate": rates}, ex)
+    assert len(res.knees) == 1
+    assert res.knees[0]["knee"] == pytest.approx(cap, rel=0.05)
+    assert not res.table["stable"].iloc[-1]
+
+
+def test_split_sets_and_candidates():
+    plain, axes = split_sets(["workload.arrival.rate=1,2,4", "engine.max_num_seqs=8",
+                              "slo.ttft_ms={p99: 500, mean: 200}"])
+    assert axes == {"workload.arrival.rate": ["1", "2", "4"]}
+    assert plain == ["engine.max_num_seqs=8", "slo.ttft_ms={p99: 500, mean: 200}"]
+    with pytest.raises(InputError, match="already swept"):
+        split_sets(["a.b=1,2", "a.b=3,4"])
+    d = {"name": "c", "model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"},
+         "workload": {"num_requests": 10, "arrival": {"process": "poisson", "rate": 1},
+                      "prompt_tokens": {"dist": "fixed", "value": 8},
+                      "output_tokens": {"dist": "fixed", "value": 8}},
+         "plan": {"candidates": {"hardware.profile": ["h100-sxm", "l4"],
+                                 "hardware.tensor_parallel": [1, 2]},
+                  "prices": {"h100-sxm": 1.5}}}
+    cands = expand_candidates(scenario_from_dict(d))
+    assert len(cands) == 4
+    h100 = [c for c in cands if c.values["hardware.profile"] == "h100-sxm"]
+    assert [c.price_per_replica_hour for c in h100] == [1.5, 3.0]   # override × TP
+    assert all(c.cost_kind == "projected" for c in h100)
+    d["plan"]["candidates"]["engine.max_num_seq"] = [4]
+    with pytest.raises(InputError, match="plan.candidates"):
+        expand_candidates(scenario_from_dict(d))
+
+
+def test_pareto_front():
+    assert pareto_front([1, 2, 3, 2], [5, 3, 1, 4]) == [0, 1, 2]
+    assert pareto_front([1, None], [1, 2]) == [0]
+
+
+def test_cli_sweep_plan_compare(tmp_path, capsys):
+    y = tmp_path / "s.yaml"
+    y.write_text("""name: s
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}, price_per_gpu_hour: 1.0}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 200
+  arrival: {process: poisson, rate: 10}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 4}
+slo: {ttft_ms: {p99: 200}}
+plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replications: 2}
+""")
+    args = ["--executor", "serial", "--quiet"]
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=10,20", "--out",
+                 str(tmp_path / "sw")] + args) == 0
+    assert (tmp_path / "sw" / "report.html").is_file()
+    assert main(["plan", str(y), "--out", str(tmp_path / "pl")] + args) == 0
+    assert "cheapest feasible" in capsys.readouterr().out
+    assert main(["compare", str(y), str(y), "--out", str(tmp_path / "cmp")] + args) == 0
+    assert (tmp_path / "cmp" / "compare.csv").is_file()
+    assert main(["sweep", str(y), "--out", str(tmp_path / "x")] + args) == 2
+    assert "swept key" in capsys.readouterr().err
+    assert main(["plan", str(y), "--target-rate", "-1"] + args) == 2
