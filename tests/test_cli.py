@@ -71,6 +71,8 @@ BAD_CASES = [
     (None, ["--set", "noequals"], "--set"),
     (SCENARIO.replace("max_model_len: 8192", "max_model_len: 9000000"), [], "max_model_len"),
     (SCENARIO.replace("h100-sxm", "h900"), [], "h900"),
+    (None, ["--set", "engine.num_gpu_blocks=100"], "max_model_len"),  # KV cannot hold one
+    (None, ["--set", "hardware.profile=l4", "--set", "model=llama-3.1-70b"], "l4"),
     ("name: t\nmodel: llama-3.1-8b\nhardware: {step_time: {constant_s: 0.01}}\n"
      "workload: {trace: {path: missing.csv, format: azure}}\n", [], "missing.csv"),
     ("name: t\nmodel: llama-3.1-8b\nhardware: {step_time: {constant_s: 0.01}}\n"
