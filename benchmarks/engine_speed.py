@@ -95,6 +95,7 @@ def main() -> None:
                                  max_num_batched_tokens=4096, max_model_len=4096,
                                  kv_cache_memory_bytes=512 * 2**20, seed=args.seed))
 
+    load_before = os.getloadavg()[0]
     rng = np.random.default_rng(args.seed)
     warm = workloads(rng)["decode-b1"][0]
     run_ours(ours, warm, 8)
@@ -129,7 +130,9 @@ def main() -> None:
     console.print(f"machine: {platform.processor() or platform.machine()}, "
                   f"{os.cpu_count()} CPUs; python {platform.python_version()}, torch "
                   f"{torch.__version__}, transformers {transformers.__version__}; "
-                  f"seed {args.seed}")
+                  f"seed {args.seed}; 1-min load average {load_before:.2f} before, "
+                  f"{os.getloadavg()[0]:.2f} after (this run adds about {args.threads}; more "
+                  f"means other jobs shared the cores: rerun)")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def test_engine_steps_equal_a_policy_only_run():
                         request_id=i)
     while eng.has_unfinished_requests():
         eng.step()
+        eng.scheduler.check_invariants()
     sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=48,
                                       max_model_len=256, block_size=8, num_gpu_blocks=34))
     for i, p in enumerate(prompts):

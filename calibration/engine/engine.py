@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -69,7 +70,7 @@ class EngineConfig(BaseModel):
     num_gpu_blocks: int | None = Field(None, ge=2)
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", pattern="^(cpu|cuda(:[0-9]+)?)$")
     seed: int = 0
 
