@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the scenario JSON Schema")
     p.set_defaults(func=_cmd_schema)
     __import__("simulator.planner_cli", fromlist=["add_parsers"]).add_parsers(sub)
+    __import__("calibration.cli", fromlist=["add_parsers"]).add_parsers(sub)
     return ap
 
 

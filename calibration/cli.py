@@ -1,0 +1,414 @@
+"""``servesim calibrate`` and ``servesim profiles``.
+
+``calibrate`` measures one device with the real engine and writes a profile the simulator
+uses (DESIGN.md §4-5): device ceilings, the step grid (:mod:`.profiler`, resumable CSV), the
+fit (:mod:`.fit`), a Poisson replay the fit never saw, the profile YAML and an HTML/PNG
+report (:mod:`.report`). torch is imported only inside the command, so the planner's
+``servesim`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from simulator.errors import InputError
+
+DEFAULT_CPU_KV_BYTES = 2 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE is set explicitly on CPU
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(|b|kib|mib|gib|tib|kb|mb|gb|tb)\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+
+
+def parse_bytes(text: str, flag: str = "--kv-cache-memory") -> int:
+    """``2147483648``, ``2GiB``, ``512 MiB``, ``1.5GB`` → bytes.
+
+    Raises:
+        InputError: anything else, naming ``flag``.
+    """
+    m = _SIZE.match(str(text))
+    if not m:
+        raise InputError(f"{flag}: {text!r} is not a size (bytes, or a number with KiB, MiB, "
+                         f"GiB, KB, MB, GB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+# == replay workload =========================================================================
+
+def replay_workload(shape, device: str, quick: bool, seconds_fn, seed: int = 0,
+                    duration_s: float | None = None):
+    """A Poisson workload for the replay check, scaled to the device.
+
+    Lengths are lognormal (CPU: prompts median 96 / p90 320, outputs 24 / 64; GPU: the
+    Azure 2023 conversation trace's 1020 / 2735 and 129 / 424, as ``scenarios/chat.yaml``).
+    The rate keeps about ``C`` requests in flight (CPU 4, GPU 32): ``rate = C / E2E`` with
+    ``E2E`` the fitted model's time for one median request alone (``seconds_fn(n, c, B)``
+    prices a step of ``B`` decodes at context ``c`` plus an ``n``-token prefill).
+    ``duration_s`` (default CPU 20 s quick / 40 s, GPU 30 / 60 s) sets the request count.
+
+    Returns:
+        :class:`simulator.workload.WorkloadConfig`.
+    """
+    from simulator.workload import WorkloadConfig
+
+    cpu = device == "cpu"
+    p_med, p90, o_med, o90 = (96, 320, 24, 64) if cpu else (1020, 2735, 129, 424)
+    p_max = min(4 * p90, shape.max_position_embeddings // 2)
+    conc = 4 if cpu else 32
+    dur = duration_s or ((20 if quick else 40) if cpu else (30 if quick else 60))
+    e2e = seconds_fn(p_med, 0, 0) + o_med * seconds_fn(0, p_med + o_med // 2, 1)
+    rate = conc / e2e
+    n = max(8, int(math.ceil(rate * dur)))
+    return WorkloadConfig.model_validate({
+        "seed": seed, "num_requests": n,
+        "arrival": {"process": "poisson", "rate": float(f"{rate:.4g}")},
+        "prompt_tokens": {"dist": "lognormal", "median": p_med, "p90": p90, "max": p_max},
+        "output_tokens": {"dist": "lognormal", "median": o_med, "p90": o90, "max": 4 * o90}})
+
+
+def _steps_table(steps):
+    import pandas as pd
+
+    from .profiler import record_features
+    return pd.DataFrame([{"step": r.step, "duration_ns": r.duration_ns,
+                          "execute_ns": r.execute_ns, **record_features(r)} for r in steps])
+
+
+def engine_version() -> str:
+    """servesim's installed version (the ``servesim-torch`` engine ships with it)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("servesim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# == calibrate ===============================================================================
+
+def _device_info(device: str, dtype: str, flops: float, bw: float, name: str | None,
+                 threads: int | None):
+    """:class:`DeviceInfo` and where its peaks come from. A GPU found in the catalog (by
+    ``--device-name`` or its CUDA name) takes the datasheet peaks, so its efficiencies are
+    against the same peaks that projections multiply; anything else the measured ceilings."""
+    from simulator.catalog import list_hardware, load_hardware
+    from simulator.cost_model import DeviceInfo
+
+    from .profiler import cpu_name, memory_bytes
+
+    if device == "cpu":
+        label = name or f"cpu {cpu_name()} ({threads} threads)"
+        return DeviceInfo(name=label, kind="cpu", peak_flops=flops, memory_bandwidth=bw,
+                          memory_bytes=memory_bytes(device)), "measured ceilings"
+    import torch
+    raw = torch.cuda.get_device_name(torch.device(device))
+    cat = name
+    if cat is None:
+        norm = re.sub(r"[^a-z0-9]+", "-", raw.lower().replace("nvidia", "")).strip("-")
+        hits = [h for h in list_hardware() if h == norm or h.split("-")[0] in norm.split("-")]
+        cat = hits[0] if len(hits) == 1 else None
+    if cat is not None and cat in list_hardware():
+        hw = load_hardware(cat)
+        return DeviceInfo(name=cat, kind="gpu", peak_flops=hw.peak_flops(dtype),
+                          memory_bandwidth=hw.memory_bandwidth,
+                          memory_bytes=memory_bytes(device)), f"{cat} datasheet peaks"
+    return DeviceInfo(name=name or raw, kind="gpu", peak_flops=flops, memory_bandwidth=bw,
+                      memory_bytes=memory_bytes(device)), "measured ceilings"
+
+
+def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
+    """Run a calibration as ``servesim calibrate`` does (see :func:`add_parsers` for the
+    arguments); returns the profile path.
+
+    Raises:
+        InputError: bad flags, unknown model, a CSV measured for something else, a KV cache
+            too small.
+    """
+    import torch
+
+    from simulator.catalog import load_model
+    from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, KVInfo, ModelInfo,
+                                      NoiseInfo, Profile, Provenance, CostSpec,
+                                      RooflineConstants, activation_reserve_bytes,
+                                      save_profile)
+
+    from calibration.engine import LLMEngine
+    from calibration.engine.weights import random_model
+
+    from . import fit as fitmod
+    from .profiler import (MeasurementLog, default_grid, measure_ceilings, measure_grid,
+                           read_measurements)
+    from .report import write_report
+
+    t_start = time.perf_counter()
+    __version__ = engine_version()
+    device = args.device
+    dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda: torch sees no CUDA device")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InputError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    shape = load_model(args.model)
+    out = Path(args.out)
+    if out.suffix not in (".yaml", ".yml"):
+        raise InputError(f"--out: {out} must end in .yaml (the profile file)")
+    name = args.name or out.stem
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
+    max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
+    grid = default_grid(device, args.quick, max_len)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            raise InputError(f"--repeats must be >= 1, got {args.repeats}")
+        grid = type(grid)(**{**grid.__dict__, "repeats": args.repeats})
+    budget_tokens = grid.max_chunk() + grid.max_batch()
+    max_seqs = grid.max_batch() + 2
+
+    # -- device ceilings and KV facts ------------------------------------------------------
+    flops, bw = measure_ceilings(device, dtype, args.quick)
+    dev_info, peak_src = _device_info(device, dtype, flops, bw, args.device_name, threads)
+    k = RooflineConstants.of(shape, dtype)
+    eng_cfg = {"block_size": args.block_size, "max_num_seqs": max_seqs,
+               "max_num_batched_tokens": budget_tokens, "max_model_len": max_len,
+               "dtype": dtype, "device": device, "seed": args.seed}
+    if device == "cpu":
+        kv_budget = args.kv_cache_memory if args.kv_cache_memory is not None \
+            else DEFAULT_CPU_KV_BYTES
+        act = activation_reserve_bytes(shape, dtype, 8192, 256)
+        act_note = "activation reserve estimated (cost_model.activation_reserve_bytes)"
+        model = shape.hf_config()
+    else:
+        from calibration.engine.memory import profile_cuda_kv_budget
+        model = random_model(shape.hf_config(), seed=args.seed, dtype=dtype, device=device)
+        torch.cuda.reset_peak_memory_stats()
+        if args.kv_cache_memory is not None:
+            kv_budget = args.kv_cache_memory
+        else:  # vLLM's defaults for the memory profiling run
+            kv_budget = profile_cuda_kv_budget(model, 8192, max_len, 256,
+                                               args.gpu_memory_utilization)
+        act = max(0, torch.cuda.max_memory_allocated() - shape.weight_bytes(dtype))
+        act_note = "activation reserve measured (peak of an 8192-token profiling forward)"
+    engine = LLMEngine(model, {**eng_cfg, "kv_cache_memory_bytes": kv_budget})
+
+    # -- the grid --------------------------------------------------------------------------
+    csv_path = out.with_name(out.stem + ".measurements.csv")
+    header = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype, "device": device,
+              "block_size": args.block_size, "engine": f"servesim-torch {__version__}",
+              "torch": torch.__version__, "threads": threads, "device_name": dev_info.name}
+    log = MeasurementLog(csv_path, header)
+    try:
+        run = measure_grid(engine, grid, log, seed=args.seed, progress=not args.no_progress,
+                           on_measure=on_measure)
+    finally:
+        log.close()
+    df = read_measurements(csv_path)
+    peaks = (flops, bw)
+    result = fitmod.fit_measurements(df, k, peaks, seed=args.seed)
+
+    # -- replay the fit never saw ----------------------------------------------------------
+    replay_path = out.with_name(out.stem + ".replay.csv")
+    replay_df = None
+    if not args.no_replay:
+        import pandas as pd
+
+        from simulator.workload import build_workload
+
+        def seconds(n, c, B):
+            X = {"tokens": [n + B], "requests": [int(n > 0) + B], "prefill_tokens": [n],
+                 "decodes": [B], "context_tokens": [(n and c + n) + B * c],
+                 "attn_pairs": [n * (n + 1) / 2 + B * c], "sampled": [1]}
+            return float(fitmod.predict(result.form, result.coefficients, k, X)[0])
+
+        if replay_path.is_file() and read_csv_identity(replay_path) == _identity(header):
+            replay_df = pd.read_csv(replay_path, comment="#", keep_default_na=False,
+                                    dtype={"prefills": str})
+        else:
+            wl = replay_workload(shape, device, args.quick, seconds, seed=args.seed,
+                                 duration_s=args.replay_seconds)
+            specs = build_workload(wl)
+            print(f"replaying {len(specs)} requests (Poisson {wl.arrival.rate:g}/s) on the "
+                  f"engine", file=sys.stderr)
+            rep = engine.replay(specs)
+            replay_df = _steps_table(rep.steps)
+            _write_csv_atomic(replay_path, header, replay_df)
+    rep_err = (fitmod.replay_errors(result.form, result.coefficients, k, replay_df)
+               if replay_df is not None and len(replay_df) else None)
+
+    # -- the profile -----------------------------------------------------------------------
+    roof = result.roofline
+    eff = Efficiencies()
+    if roof:
+        eff = Efficiencies(mbu=roof["w_eff_bytes_per_s"] / dev_info.memory_bandwidth,
+                           mfu=roof["f_eff_flops_per_s"] / dev_info.peak_flops,
+                           attn_mbu=roof["w_attn_bytes_per_s"] / dev_info.memory_bandwidth,
+                           attn_mfu=roof["f_attn_flops_per_s"] / dev_info.peak_flops)
+    n_cells = len(result.cells)
+    source = (f"servesim calibrate: servesim-torch {__version__} on {device} (torch "
+              f"{torch.__version__}, {threads} threads); {len(df)} steps in {n_cells} grid "
+              f"cells, {grid.repeats} interleaved passes; ceilings measured: matmul "
+              f"{flops:.3g} FLOP/s, copy {bw:.3g} B/s; efficiencies against {peak_src}; "
+              f"held-out: {fitmod.HELDOUT_FOLDS}-fold over whole cells; forms tried: "
+              + ", ".join(f"{f} MAPE {s['mape']:.3f}" for f, s in result.candidates.items())
+              + f"; {act_note}")
+    if replay_df is not None:
+        source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
+    profile = Profile(
+        name=name, device=dev_info, engine=f"servesim-torch {__version__}",
+        model=ModelInfo(name=shape.name, shape={k_: v for k_, v in shape.to_dict().items()
+                                                if k_ != "name"}),
+        dtype=dtype, tensor_parallel=1,
+        kv=KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=args.block_size,
+                  num_gpu_blocks=engine.num_gpu_blocks, memory_budget_bytes=int(kv_budget),
+                  activation_reserve_bytes=int(act)),
+        cost=CostSpec(form=result.form, coefficients=result.coefficients),
+        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals),
+        error=ErrorInfo(heldout=ErrorStats(**result.heldout),
+                        replay=ErrorStats(**rep_err) if rep_err else None),
+        provenance=Provenance(kind="measured", date=datetime.date.today().isoformat(),
+                              command=" ".join(["servesim", *map(shlex.quote, argv)])
+                              if argv else "servesim calibrate", source=source,
+                              measurements_csv=csv_path.name))
+    save_profile(profile, out)
+    report_dir = Path(args.report_dir) if args.report_dir else out.parent
+    paths = write_report(profile, result, df, replay_df, k, peaks,
+                         report_dir / f"{out.stem}.calibration-report.html")
+    _print_summary(profile, result, rep_err, run, time.perf_counter() - t_start, out, paths)
+    return out
+
+
+def _identity(header: dict) -> dict:
+    from .profiler import IDENTITY_KEYS
+    return {k: header.get(k) for k in IDENTITY_KEYS}
+
+
+def read_csv_identity(path: Path) -> dict | None:
+    from .profiler import read_csv_header
+    h = read_csv_header(path)
+    return _identity(h) if h is not None else None
+
+
+def _write_csv_atomic(path: Path, header: dict, df) -> None:
+    import json
+    import os
+    import tempfile
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write("# " + json.dumps(header, sort_keys=True) + "\n")
+            df.to_csv(f, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"calibration {profile.name}: {profile.cost.form} fit")
+    for col in ("error set", "n", "MAPE", "p90", "max"):
+        t.add_column(col, justify="right" if col != "error set" else "left")
+    rows = [("held-out grid cells", result.heldout)]
+    if rep_err:
+        rows.append(("replay steps (never fitted)", rep_err))
+    for label, s in rows:
+        t.add_row(label, str(s["n"]), f"{100 * s['mape']:.1f}%", f"{100 * s['p90']:.1f}%",
+                  f"{100 * s['max']:.1f}%")
+    c = Console()
+    c.print(t)
+    c.print(f"{run.measured} steps measured, {run.skipped} already in the CSV; "
+            f"{seconds:.0f} s in all")
+    c.print(f"profile: {out}\nreport: {paths['html']}")
+
+
+# == profiles ================================================================================
+
+def profiles_table():
+    """Rows ``(name, kind, device, model, dtype, engine, date, held-out MAPE, replay MAPE,
+    where)`` of every findable profile (:func:`simulator.cost_model.list_profiles`);
+    unreadable ones say why."""
+    from simulator.cost_model import PROFILES_DIR, list_profiles, load_profile
+
+    rows = []
+    for name, path in list_profiles().items():
+        where = "shipped" if path.parent == PROFILES_DIR else str(path.parent)
+        try:
+            p = load_profile(path)
+        except InputError as e:
+            rows.append((name, "unreadable", str(e), "", "", "", "", "", "", where))
+            continue
+        pct = lambda s: f"{100 * s.mape:.1f}%" if s is not None else "-"  # noqa: E731
+        err = p.error
+        rows.append((p.name, p.provenance.kind, p.device.name, p.model.name, p.dtype, p.engine,
+                     p.provenance.date, pct(err.heldout if err else None),
+                     pct(err.replay if err else None), where))
+    return rows
+
+
+def _cmd_profiles(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="calibration profiles")
+    for col in ("name", "kind", "device", "model", "dtype", "engine", "date",
+                "held-out MAPE", "replay MAPE", "where"):
+        t.add_column(col)
+    rows = profiles_table()
+    for r in rows:
+        t.add_row(*r)
+    Console(width=max(160, Console().width)).print(t)
+    if not rows:
+        print("no profiles found")
+    return 0
+
+
+def _cmd_calibrate(args) -> int:
+    calibrate(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)
+    return 0
+
+
+def add_parsers(subparsers) -> None:
+    """Register ``calibrate`` and ``profiles`` on the ``servesim`` sub-command parser."""
+    p = subparsers.add_parser(
+        "calibrate", help="measure a device with the real engine and write a profile",
+        description="Measure step times of servesim's paged-KV engine on this device (random "
+                    "weights of the model's shape), fit the step-cost model and write a "
+                    "profile YAML, its measurements CSV and a report. Interrupted runs "
+                    "resume from the CSV.")
+    p.add_argument("--model", required=True, help="catalog model name or HF config.json path")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="default float32 on cpu, bfloat16 on cuda")
+    p.add_argument("--quick", action="store_true", help="a smaller grid (minutes)")
+    p.add_argument("--out", required=True, help="profile YAML to write (CSV beside it)")
+    p.add_argument("--name", help="profile name (default: the file name without .yaml)")
+    p.add_argument("--kv-cache-memory", type=parse_bytes, metavar="BYTES",
+                   help="KV cache budget (cpu default 2GiB; cuda default: profiled from "
+                        "--gpu-memory-utilization)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int,
+                   help="default min(max_position_embeddings, 8192)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
+    p.add_argument("--repeats", type=int, help="passes over the grid (default 3 quick, 4)")
+    p.add_argument("--replay-seconds", type=float, help="length of the replay check")
+    p.add_argument("--no-replay", action="store_true", help="skip the replay check")
+    p.add_argument("--device-name", help="catalog GPU name (e.g. h200) or a label")
+    p.add_argument("--report-dir", help="folder for the report (default: beside --out)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_calibrate)
+    p = subparsers.add_parser("profiles", help="list shipped and local calibration profiles")
+    p.set_defaults(func=_cmd_profiles)
+
+
+__all__ = ["add_parsers", "calibrate", "parse_bytes", "profiles_table", "replay_workload"]

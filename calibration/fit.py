@@ -1,0 +1,233 @@
+"""Fit step-cost coefficients to measured steps and say how accurate they are (DESIGN.md §4).
+
+Each grid cell's *mean* step time is fitted (throughput follows the mean; a median would
+flatter the engine). Two forms of :mod:`simulator.cost_model` compete:
+
+* ``roofline`` (the physically grounded starting point), fitted with
+  ``scipy.optimize.least_squares`` in inverse rates (seconds per byte / per FLOP), bounded
+  so that no rate exceeds :data:`MAX_EFFICIENCY` × the device's measured ceiling;
+* ``linear``, fitted exactly by non-negative least squares (``scipy.optimize.nnls``).
+
+Both minimise *relative* residuals ``predicted / measured − 1`` (every cell counts alike,
+as percentage errors are what users read). The held-out error comes from k-fold cross
+validation over whole cells (all repeats of a cell leave together). ``roofline`` is kept
+unless ``linear`` beats its held-out MAPE by more than :data:`SWITCH_MARGIN`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares, nnls
+
+from simulator.cost_model import COEFFICIENTS, RooflineConstants, linear_seconds, roofline_seconds
+
+FEATURES = ("tokens", "requests", "prefill_tokens", "decodes", "context_tokens", "attn_pairs",
+            "sampled")
+# A fitted rate may exceed the measured ceiling (cache-resident data beats a DRAM copy)
+# but not by more than this; a term pinned there is negligible in the measured range.
+MAX_EFFICIENCY = 4.0
+# Keep the physically grounded form unless the other one's held-out MAPE is this much lower.
+SWITCH_MARGIN = 0.10
+HELDOUT_FOLDS = 5
+MAX_RESIDUALS = 4000
+
+
+def cell_means(df):
+    """Per-cell means of duration (``seconds``) and features, with the repeat count ``n``
+    and the relative standard deviation ``cv`` of the step time. Sorted by cell key."""
+    g = df.assign(seconds=df["duration_ns"] / 1e9).groupby("cell", sort=True)
+    out = g[["seconds", *FEATURES]].mean()
+    out["n"] = g.size()
+    out["cv"] = (g["seconds"].std(ddof=0) / out["seconds"]).fillna(0.0)
+    out["kind"] = g["kind"].first()
+    return out
+
+
+def predict(form: str, coef: dict, k: RooflineConstants | None, X) -> np.ndarray:
+    """Step seconds of ``form`` for feature rows ``X`` (a DataFrame or mapping of
+    :data:`FEATURES` arrays); same arithmetic as the simulator's cost model."""
+    if form == "roofline":
+        return np.asarray(roofline_seconds(coef, k, X["tokens"], X["requests"],
+                                           X["context_tokens"], X["attn_pairs"],
+                                           X["sampled"]), dtype=float)
+    if form == "linear":
+        return np.asarray(linear_seconds(coef, X["prefill_tokens"], X["decodes"],
+                                         X["context_tokens"]), dtype=float)
+    return np.full(len(X["tokens"]), float(coef["constant_s"]))
+
+
+def error_stats(measured, predicted) -> dict:
+    """Absolute relative errors ``|predicted / measured − 1|``: mean (MAPE), 90th percentile
+    (``numpy.percentile``, linear), maximum, count; fractions."""
+    e = np.abs(np.asarray(predicted, float) / np.asarray(measured, float) - 1.0)
+    if e.size == 0:
+        return {"mape": 0.0, "p90": 0.0, "max": 0.0, "n": 0}
+    return {"mape": float(e.mean()), "p90": float(np.percentile(e, 90)),
+            "max": float(e.max()), "n": int(e.size)}
+
+
+# -- the two fits ---------------------------------------------------------------------------
+
+def fit_linear(X, y) -> dict:
+    """Non-negative ``base_s, per_prefill_token_s, per_decode_seq_s, per_context_token_s``
+    minimising the relative residuals (rows divided by the measured time, then NNLS)."""
+    y = np.asarray(y, float)
+    A = np.column_stack([np.ones_like(y), np.asarray(X["prefill_tokens"], float),
+                         np.asarray(X["decodes"], float), np.asarray(X["context_tokens"], float)])
+    scale = np.abs(A / y[:, None]).max(axis=0)
+    scale[scale == 0] = 1.0
+    q, _ = nnls(A / y[:, None] / scale, np.ones_like(y))
+    return dict(zip(COEFFICIENTS["linear"], (q / scale).tolist()))
+
+
+def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
+                 peak_bandwidth: float | None = None) -> dict:
+    """Roofline coefficients minimising the relative residuals.
+
+    Unknowns ``a0, c, 1/W_eff, 1/F_eff, 1/W_attn, 1/F_attn`` are each scaled to the share
+    of the median step they explain, then fitted from several starts (weight- or
+    FLOP-bound dense layers, light or heavy attention); the lowest cost wins.
+    Rates are capped at :data:`MAX_EFFICIENCY` × the given ceilings.
+    """
+    y = np.asarray(y, float)
+    T = np.asarray(X["tokens"], float)
+    R = np.asarray(X["requests"], float)
+    ctx = np.asarray(X["context_tokens"], float)
+    pairs = np.asarray(X["attn_pairs"], float)
+    S = np.asarray(X["sampled"], float)
+    wb, ft = k.weight_bytes, k.dense_flops_per_token * T
+    kvb, af, lm = k.kv_bytes_per_token * ctx, k.attn_flops_per_pair * pairs, \
+        k.lm_head_flops_per_sample * S
+    med = float(np.median(y))
+
+    def unit(v):
+        v = v[v > 0]
+        return med / float(np.median(v)) if v.size else 1.0
+
+    scale = np.array([med, unit(R), med / wb, unit(ft + lm), unit(kvb), unit(af)])
+    lo = np.zeros(6)
+    if peak_bandwidth:
+        lo[2] = lo[4] = 1.0 / (MAX_EFFICIENCY * peak_bandwidth)
+    if peak_flops:
+        lo[3] = lo[5] = 1.0 / (MAX_EFFICIENCY * peak_flops)
+    lo = np.maximum(lo / scale, 1e-9)
+
+    def model(p):
+        a0, c, iw, i_f, iwa, ifa = p * scale
+        return a0 + c * R + np.maximum(wb * iw, ft * i_f) + kvb * iwa + af * ifa + lm * i_f
+
+    def resid(p):
+        return model(p) / y - 1.0
+
+    best = None
+    for start in ([0.3, 0.05, 0.5, 0.2, 0.1, 0.1], [0.1, 0.05, 0.2, 0.8, 0.1, 0.1],
+                  [0.3, 0.05, 0.5, 0.5, 0.4, 0.4], [0.05, 0.01, 0.9, 0.9, 0.02, 0.02]):
+        x0 = np.maximum(np.array(start), lo * 1.01)
+        r = least_squares(resid, x0, bounds=(lo, np.inf), method="trf", x_scale="jac",
+                          max_nfev=2000)
+        if best is None or r.cost < best.cost:
+            best = r
+    a0, c, iw, i_f, iwa, ifa = best.x * scale
+    return {"a0_s": float(a0), "per_request_s": float(c), "w_eff_bytes_per_s": float(1 / iw),
+            "f_eff_flops_per_s": float(1 / i_f), "w_attn_bytes_per_s": float(1 / iwa),
+            "f_attn_flops_per_s": float(1 / ifa)}
+
+
+def fit_form(form: str, X, y, k: RooflineConstants, peaks: tuple = (None, None)) -> dict:
+    """Coefficients of ``form`` (``roofline`` or ``linear``) for cell features ``X`` and
+    mean seconds ``y``; ``peaks`` = (FLOP/s, bytes/s) ceilings for the roofline bounds."""
+    if form == "roofline":
+        return fit_roofline(X, y, k, *peaks)
+    if form == "linear":
+        return fit_linear(X, y)
+    raise ValueError(f"unknown form {form!r}")
+
+
+def heldout_predictions(form: str, cells, k: RooflineConstants, peaks=(None, None),
+                        folds: int = HELDOUT_FOLDS, seed: int = 0) -> np.ndarray:
+    """Each cell's mean step time predicted by a fit that never saw the cell: cells are
+    shuffled (``numpy.random.default_rng(seed)``) into ``folds`` groups, each predicted from
+    the others."""
+    n = len(cells)
+    folds = max(2, min(folds, n))
+    order = np.random.default_rng(seed).permutation(n)
+    fold_of = np.empty(n, dtype=int)
+    fold_of[order] = np.arange(n) % folds
+    out = np.empty(n)
+    y = cells["seconds"].to_numpy()
+    for f in range(folds):
+        test = fold_of == f
+        coef = fit_form(form, cells[~test], y[~test], k, peaks)
+        out[test] = predict(form, coef, k, cells[test])
+    return out
+
+
+# -- the whole fit --------------------------------------------------------------------------
+
+@dataclass
+class FitResult:
+    """A fitted step-cost model and its errors.
+
+    Attributes:
+        form, coefficients: the kept form and its coefficients (seconds, bytes/s, FLOP/s).
+        roofline: the roofline coefficients (also when ``linear`` was kept; efficiencies
+            come from them).
+        heldout: :func:`error_stats` of the kept form on held-out cells.
+        candidates: held-out stats of every form tried.
+        residuals: ``measured / predicted − 1`` of every measured step (all repeats).
+        cells: per-cell table (:func:`cell_means`) with ``predicted`` and ``heldout``.
+    """
+
+    form: str
+    coefficients: dict
+    roofline: dict
+    heldout: dict
+    candidates: dict
+    residuals: list
+    cells: object = field(repr=False)
+
+
+def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0,
+                     forms=("roofline", "linear")) -> FitResult:
+    """Fit every form in ``forms`` to the cell means of ``df`` (a measurements table,
+    :func:`calibration.profiler.read_measurements`), keep one (module docstring), and return
+    its coefficients, held-out error and residuals. Deterministic for a given table.
+
+    Raises:
+        ValueError: fewer than 4 cells (nothing to hold out).
+    """
+    cells = cell_means(df)
+    if len(cells) < 4:
+        raise ValueError(f"need at least 4 measured cells to fit and hold out, got {len(cells)}")
+    y = cells["seconds"].to_numpy()
+    cand, held = {}, {}
+    for form in forms:
+        held[form] = heldout_predictions(form, cells, k, peaks, seed=seed)
+        cand[form] = error_stats(y, held[form])
+    form = forms[0]
+    for other in forms[1:]:
+        if cand[other]["mape"] < (1 - SWITCH_MARGIN) * cand[form]["mape"]:
+            form = other
+    coef = fit_form(form, cells, y, k, peaks)
+    roof = coef if form == "roofline" else (fit_form("roofline", cells, y, k, peaks)
+                                            if "roofline" in forms else {})
+    cells = cells.assign(predicted=predict(form, coef, k, cells), heldout=held[form])
+    per_step = predict(form, coef, k, df)
+    res = (df["duration_ns"].to_numpy() / 1e9) / per_step - 1.0
+    if res.size > MAX_RESIDUALS:  # an even, deterministic thinning keeps the shape
+        res = np.sort(res)[np.linspace(0, res.size - 1, MAX_RESIDUALS).round().astype(int)]
+    return FitResult(form, coef, roof, cand[form], cand, [round(float(r), 5) for r in res],
+                     cells)
+
+
+def replay_errors(form: str, coef: dict, k: RooflineConstants, steps) -> dict:
+    """:func:`error_stats` of single replay steps (a table with :data:`FEATURES` and
+    ``duration_ns``)."""
+    return error_stats(steps["duration_ns"].to_numpy() / 1e9, predict(form, coef, k, steps))
+
+
+__all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "SWITCH_MARGIN", "cell_means",
+           "error_stats", "fit_form", "fit_linear", "fit_measurements", "fit_roofline",
+           "heldout_predictions", "predict", "replay_errors"]

@@ -1,0 +1,555 @@
+"""Measure engine step times over a grid of step shapes (DESIGN.md §4).
+
+The grid covers what the scheduler produces:
+
+* ``prefill n=N c=C``: one prompt chunk of ``N`` new tokens after ``C`` cached ones (a
+  prefix-cache hit), no decodes;
+* ``decode B=B L=L``: ``B`` requests decoding one token each with contexts of about ``L``;
+* ``mixed B=B L=L n=N c=C``: both in one step (vLLM V1 chunked-prefill steps).
+
+Each measurement is one real :meth:`LLMEngine.step` of the engine (schedule, inputs,
+forward, sampling, update: the ``duration_ns`` of its :class:`StepRecord`, which is what the
+simulator prices). Repeats are interleaved: pass ``p`` visits every cell once, so a slow
+spell of the machine spreads over all cells instead of biasing one. Every repeat is kept.
+
+Getting a step into a wanted shape needs KV for its context. Its *values* do not change the
+cost, so the requests that build the context run through the scheduler and KV manager as
+usual but skip the forward pass (:func:`_no_forward`); cached prefixes come from the prefix
+cache. Only measured steps run the model.
+
+Rows are appended to a CSV (first line ``# {json header}``) and flushed as they are
+measured; a rerun with the same CSV skips what it already holds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from simulator.errors import InputError
+
+CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
+               "num_decodes", "decode_context_tokens", "num_sampled", "tokens", "requests",
+               "prefill_tokens", "decodes", "context_tokens", "attn_pairs", "sampled")
+# Header keys that must agree before a CSV is resumed.
+IDENTITY_KEYS = ("model", "shape", "dtype", "device", "block_size")
+
+
+# == grid =====================================================================================
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid point. ``kind`` is ``prefill``, ``decode`` or ``mixed``; ``B`` decodes at
+    context ``L`` tokens; one chunk of ``n`` tokens after ``c`` cached ones (0 = none)."""
+
+    kind: str
+    B: int = 0
+    L: int = 0
+    n: int = 0
+    c: int = 0
+
+    @property
+    def key(self) -> str:
+        """Stable id used in the CSV, e.g. ``mixed B=8 L=256 n=64 c=0``."""
+        parts = {"prefill": (("n", self.n), ("c", self.c)),
+                 "decode": (("B", self.B), ("L", self.L)),
+                 "mixed": (("B", self.B), ("L", self.L), ("n", self.n), ("c", self.c))}
+        return self.kind + " " + " ".join(f"{k}={v}" for k, v in parts[self.kind])
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The step shapes to measure.
+
+    Attributes:
+        prefill_chunks, prefill_contexts: chunk sizes ``n`` × cached contexts ``c`` (tokens;
+            contexts are rounded up to block multiples, as only full blocks are cached).
+        decode_batches, decode_contexts: batch sizes ``B`` × context lengths ``L``.
+        mixed_batches, mixed_contexts, mixed_chunks: ``B`` × ``L`` × ``(n, c)`` pairs.
+        repeats: visits per cell (passes over the grid).
+        decode_steps_per_visit: consecutive decode steps measured per visit of a decode cell.
+    """
+
+    prefill_chunks: tuple = (16, 64, 256)
+    prefill_contexts: tuple = (0, 256)
+    decode_batches: tuple = (1, 4, 16)
+    decode_contexts: tuple = (64, 512)
+    mixed_batches: tuple = (4,)
+    mixed_contexts: tuple = (256,)
+    mixed_chunks: tuple = ((64, 0),)
+    repeats: int = 3
+    decode_steps_per_visit: int = 2
+
+    def cells(self, block_size: int, max_model_len: int, kv_tokens: int) -> list[Cell]:
+        """The feasible cells: ``c + n ≤ max_model_len``; decodes need
+        ``B · (L + headroom) ≤ kv_tokens`` (KV capacity in tokens)."""
+        bs = block_size
+        rc = lambda c: -(-c // bs) * bs  # noqa: E731
+        out = []
+        for c in self.prefill_contexts:
+            for n in self.prefill_chunks:
+                if rc(c) + n <= max_model_len and rc(c) + n <= kv_tokens:
+                    out.append(Cell("prefill", n=n, c=rc(c)))
+        head = self.decode_headroom(len(self.mixed_chunks))
+        for L in self.decode_contexts:
+            for B in self.decode_batches:
+                if L + head <= max_model_len and B * (L + head + bs) <= kv_tokens:
+                    out.append(Cell("decode", B=B, L=L))
+        for L in self.mixed_contexts:
+            for B in self.mixed_batches:
+                for n, c in self.mixed_chunks:
+                    need = B * (L + head + bs) + rc(c) + n + bs
+                    if L + head <= max_model_len and rc(c) + n <= max_model_len \
+                            and need <= kv_tokens:
+                        out.append(Cell("mixed", B=B, L=L, n=n, c=rc(c)))
+        return out
+
+    def decode_headroom(self, n_mixed: int) -> int:
+        """Decode steps one visit of a (B, L) group runs: warm-up, measured decodes, and
+        two per mixed cell (prefix set-up, measured step)."""
+        return 2 + self.decode_steps_per_visit + 2 * n_mixed
+
+    def rows_per_visit(self, cell: Cell) -> int:
+        return self.decode_steps_per_visit if cell.kind == "decode" else 1
+
+    def max_batch(self) -> int:
+        return max((*self.decode_batches, *self.mixed_batches, 1))
+
+    def max_chunk(self) -> int:
+        return max((*self.prefill_chunks, *(n for n, _ in self.mixed_chunks), 1))
+
+
+def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
+    """The grid ``servesim calibrate`` measures.
+
+    CPU grids are sized for a ~50M-parameter model on two cores (full run ≲ 10 min,
+    ``--quick`` ≲ 3 min); GPU grids for an 8B model on one GPU (batches to 256, contexts to
+    8k, chunks to 8192 = vLLM's default ``max_num_batched_tokens``). Contexts above
+    ``max_model_len`` are dropped.
+    """
+    fit = lambda xs: tuple(x for x in xs if x < max_model_len)  # noqa: E731
+    if device == "cpu":
+        if quick:
+            return Grid(prefill_chunks=(16, 128, 512), prefill_contexts=fit((0, 512)),
+                        decode_batches=(1, 4, 16), decode_contexts=fit((64, 512)),
+                        mixed_batches=(4,), mixed_contexts=fit((256,)),
+                        mixed_chunks=((64, 0), (256, 256)), repeats=3,
+                        decode_steps_per_visit=2)
+        return Grid(prefill_chunks=(16, 64, 256, 768), prefill_contexts=fit((0, 256, 1024)),
+                    decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 256, 1024)),
+                    mixed_batches=(2, 8), mixed_contexts=fit((128, 512)),
+                    mixed_chunks=((32, 0), (128, 256), (512, 0)), repeats=4,
+                    decode_steps_per_visit=2)
+    if quick:
+        return Grid(prefill_chunks=(64, 512, 2048, 8192), prefill_contexts=fit((0, 2048)),
+                    decode_batches=(1, 16, 64, 256), decode_contexts=fit((256, 2048)),
+                    mixed_batches=(16, 64), mixed_contexts=fit((1024,)),
+                    mixed_chunks=((256, 0), (2048, 1024)), repeats=3,
+                    decode_steps_per_visit=3)
+    return Grid(prefill_chunks=(16, 128, 512, 2048, 8192),
+                prefill_contexts=fit((0, 1024, 4096)),
+                decode_batches=(1, 4, 16, 64, 128, 256), decode_contexts=fit((128, 1024, 4096)),
+                mixed_batches=(8, 64), mixed_contexts=fit((512, 2048)),
+                mixed_chunks=((128, 0), (1024, 1024), (4096, 0)), repeats=4,
+                decode_steps_per_visit=3)
+
+
+# == step features ============================================================================
+
+def record_features(rec) -> dict:
+    """Cost-model features (:class:`simulator.cost_model.StepFeatures` fields) of an engine
+    :class:`~calibration.engine.StepRecord`, plus its raw plan summary."""
+    pt = ctx = 0
+    pairs = 0.0
+    for _, n, c in rec.prefills:
+        pt += n
+        ctx += c + n
+        pairs += n * (c + (n + 1) * 0.5)
+    nd, dctx = rec.num_decodes, rec.decode_context_tokens
+    return {"prefills": ";".join(f"{n}@{c}" for _, n, c in rec.prefills),
+            "num_decodes": nd, "decode_context_tokens": dctx, "num_sampled": rec.num_sampled,
+            "tokens": pt + nd, "requests": nd + len(rec.prefills), "prefill_tokens": pt,
+            "decodes": nd, "context_tokens": ctx + dctx, "attn_pairs": pairs + dctx,
+            "sampled": rec.num_sampled}
+
+
+# == CSV store ================================================================================
+
+def read_csv_header(path: Path) -> dict | None:
+    """The JSON header of a measurements CSV, or ``None`` if the file has none."""
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+    if not first.startswith("# "):
+        return None
+    try:
+        return json.loads(first[2:])
+    except ValueError:
+        return None
+
+
+def read_measurements(path: str | Path):
+    """A measurements CSV as a ``pandas.DataFrame`` (columns :data:`CSV_COLUMNS`).
+
+    Raises:
+        InputError: missing file, or a file that is not a servesim measurements CSV.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: measurements CSV not found")
+    try:
+        df = pd.read_csv(path, comment="#", keep_default_na=False,
+                         dtype={"prefills": str, "cell": str})
+    except (ValueError, pd.errors.ParserError) as e:
+        raise InputError(f"{path}: not a measurements CSV: {str(e).splitlines()[0]}") from None
+    missing = [c for c in CSV_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(f"{path}: not a measurements CSV (missing column {missing[0]})")
+    return df
+
+
+class MeasurementLog:
+    """Append-only measurements CSV, resumable.
+
+    Args:
+        path: the CSV. header: run identity (:data:`IDENTITY_KEYS`) and facts to record.
+
+    Raises:
+        InputError: the file exists but was measured for another model, dtype, device or
+            block size (its header says which).
+    """
+
+    def __init__(self, path: str | Path, header: dict):
+        self.path = Path(path)
+        self.counts: dict[str, int] = {}
+        if self.path.is_file() and self.path.stat().st_size > 0:
+            old = read_csv_header(self.path)
+            if old is None:
+                raise InputError(f"{self.path}: exists but is not a servesim measurements CSV")
+            for k in IDENTITY_KEYS:
+                if old.get(k) != header.get(k):
+                    raise InputError(f"{self.path}: measured with {k} = {old.get(k)!r}, this "
+                                     f"run has {header.get(k)!r}: use another --out")
+            self._repair_tail()
+            for cell in read_measurements(self.path)["cell"]:
+                self.counts[cell] = self.counts.get(cell, 0) + 1
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "w", encoding="utf-8", newline="") as f:
+                f.write("# " + json.dumps(header, sort_keys=True) + "\n")
+                csv.writer(f).writerow(CSV_COLUMNS)
+        self._f = open(self.path, "a", encoding="utf-8", newline="")
+        self._w = csv.writer(self._f)
+
+    def _repair_tail(self) -> None:
+        """Drop a last line cut off by a kill mid-write."""
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(self.path, "wb") as f:
+                f.write(data[:data.rfind(b"\n") + 1])
+
+    def append(self, row: dict) -> None:
+        self._w.writerow([row[c] for c in CSV_COLUMNS])
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self.counts[row["cell"]] = self.counts.get(row["cell"], 0) + 1
+
+    def close(self) -> None:
+        self._f.close()
+
+
+# == driving the engine into a step shape =====================================================
+
+@contextmanager
+def _no_forward(engine):
+    """Steps run scheduling and KV allocation but not the model: set-up requests only need
+    their KV *slots* (their values do not change a later step's cost). Samples token 0."""
+    def fake_execute(entries):
+        return {e.request: 0 for e in entries if e.samples_token}
+    engine._execute = fake_execute
+    try:
+        yield
+    finally:
+        del engine._execute
+
+
+class _Driver:
+    """Builds the contexts of the grid's cells on one engine and measures steps."""
+
+    def __init__(self, engine, seed: int):
+        from calibration.engine import SamplingParams
+
+        self.engine = engine
+        self.vocab = engine.model_config.vocab_size
+        self.rng = np.random.default_rng(seed)
+        self._prefix: dict[int, list[int]] = {}
+        self._params = SamplingParams
+        self._ids = 0
+
+    def tokens(self, n: int) -> list[int]:
+        return self.rng.integers(0, self.vocab, n).tolist()
+
+    def prefix(self, c: int) -> list[int]:
+        """The fixed ``c``-token prefix whose KV the prefix cache holds for chunk cells."""
+        if c not in self._prefix:
+            self._prefix[c] = self.tokens(c)
+        return self._prefix[c]
+
+    def add(self, prompt: list[int], max_tokens: int):
+        self._ids += 1
+        rid = f"calib-{self._ids}"
+        while rid in self.engine.records:  # another driver ran on this engine before
+            self._ids += 1
+            rid = f"calib-{self._ids}"
+        self.engine.add_request(prompt, self._params(temperature=0.0, max_tokens=max_tokens,
+                                                     ignore_eos=True), request_id=rid)
+        return rid
+
+    def until_first_tokens(self, rids) -> None:
+        recs = self.engine.records
+        while any(recs[r].first_token_ns is None for r in rids):
+            self.engine.step()
+
+    def cache_prefix(self, c: int) -> None:
+        """Make sure the prefix cache holds the ``c``-token prefix (no forward)."""
+        if c == 0:
+            return
+        with _no_forward(self.engine):
+            rid = self.add(self.prefix(c), 1)
+            self.until_first_tokens([rid])
+
+    def start_decodes(self, B: int, L: int) -> list:
+        """``B`` requests with fresh ``L``-token prompts, prefilled without a forward; they
+        decode until stopped (or until ``max_model_len``)."""
+        max_tokens = self.engine.max_model_len - L
+        with _no_forward(self.engine):
+            rids = [self.add(self.tokens(L), max_tokens) for _ in range(B)]
+            self.until_first_tokens(rids)
+        return rids
+
+    def stop(self, rids) -> None:
+        for r in rids:
+            self.engine.abort_request(r)
+
+    def step(self):
+        """One real step; its :class:`StepRecord`."""
+        n0 = len(self.engine.step_records)
+        self.engine.step()
+        if len(self.engine.step_records) == n0:
+            raise RuntimeError("calibration step scheduled nothing")
+        return self.engine.step_records[-1]
+
+    def chunk_step(self, n: int, c: int):
+        """Prefill ``n`` fresh tokens after the cached ``c``-token prefix, one real step."""
+        self.cache_prefix(c)
+        self.add(self.prefix(c) + self.tokens(n), 1)
+        return self.step()
+
+
+def _check(cell: Cell, rec) -> None:
+    """The measured step has the shape the cell asks for (else the set-up is broken)."""
+    want_chunks = [(cell.n, cell.c)] if cell.kind in ("prefill", "mixed") else []
+    got = [(n, c) for _, n, c in rec.prefills]
+    if got != want_chunks or rec.num_decodes != cell.B:
+        raise RuntimeError(f"{cell.key}: engine ran chunks {got} with {rec.num_decodes} "
+                           f"decodes instead")
+
+
+# == the measurement run ======================================================================
+
+@dataclass
+class GridRun:
+    """What :func:`measure_grid` did: ``measured`` new rows, ``skipped`` rows already in the
+    CSV, ``cells`` measured, ``seconds`` of wall time."""
+
+    measured: int = 0
+    skipped: int = 0
+    cells: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _groups(cells: Iterable[Cell]):
+    """Visit order: prefill cells by context; decode and mixed cells by (B, L)."""
+    groups: dict = {}
+    for cell in cells:
+        key = ("p", cell.c) if cell.kind == "prefill" else ("d", cell.B, cell.L)
+        groups.setdefault(key, []).append(cell)
+    return list(groups.items())
+
+
+def warm_up(engine, grid: Grid, cells: list[Cell], seed: int = 1) -> None:
+    """Unrecorded steps of every kind before measuring: first calls allocate buffers and
+    pick kernels, and would otherwise inflate the first cells' times."""
+    d = _Driver(engine, seed)
+    for cell in cells:
+        if cell.kind == "prefill" and cell.c == 0:
+            d.chunk_step(cell.n, 0)
+    dec = [c for c in cells if c.kind != "prefill"]
+    if dec:
+        big = max(dec, key=lambda c: c.B * c.L)
+        rids = d.start_decodes(big.B, big.L)
+        for _ in range(3):
+            d.step()
+        d.stop(rids)
+
+
+def measure_grid(engine, grid: Grid, log: MeasurementLog, *, seed: int = 0,
+                 progress: bool = True,
+                 on_measure: Callable[[dict], None] | None = None) -> GridRun:
+    """Measure every cell of ``grid`` ``grid.repeats`` times on ``engine``, appending rows to
+    ``log`` as they are taken; rows already in ``log`` are skipped.
+
+    Args:
+        engine: an idle :class:`calibration.engine.LLMEngine` whose ``max_num_seqs`` and
+            ``max_num_batched_tokens`` admit the grid's largest step.
+        grid: what to measure. log: the CSV. seed: prompt contents.
+        progress: show a rich progress bar (on stderr).
+        on_measure: called with each new row after it is written.
+
+    Returns:
+        :class:`GridRun`.
+    """
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    cfg = engine.config
+    cells = grid.cells(cfg.block_size, engine.max_model_len,
+                       (engine.num_gpu_blocks - 1) * cfg.block_size)
+    if not cells:
+        raise InputError("calibration grid: no cell fits max_model_len and the KV cache")
+    if grid.max_chunk() + grid.max_batch() > cfg.max_num_batched_tokens \
+            or grid.max_batch() + 1 > cfg.max_num_seqs:
+        raise ValueError("engine max_num_batched_tokens / max_num_seqs too small for the grid")
+    want = {c.key: grid.repeats * grid.rows_per_visit(c) for c in cells}
+    todo = sum(max(0, want[k] - log.counts.get(k, 0)) for k in want)
+    run = GridRun(skipped=sum(min(want[k], log.counts.get(k, 0)) for k in want),
+                  cells=cells)
+    t0 = time.perf_counter()
+    if todo == 0:
+        return run
+    warm_up(engine, grid, cells, seed + 1)
+    d = _Driver(engine, seed)
+    groups = _groups(cells)
+
+    def record(cell: Cell, p: int, rec) -> None:
+        _check(cell, rec)
+        row = {"cell": cell.key, "kind": cell.kind, "pass": p,
+               "duration_ns": rec.duration_ns, "execute_ns": rec.execute_ns,
+               **record_features(rec)}
+        log.append(row)
+        run.measured += 1
+        bar.advance(task)
+        if on_measure is not None:
+            on_measure(row)
+
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                  disable=not progress, transient=False) as bar:
+        task = bar.add_task("calibrating", total=todo)
+        for p in range(grid.repeats):
+            for key, members in groups:
+                needs = [c for c in members
+                         if log.counts.get(c.key, 0) < (p + 1) * grid.rows_per_visit(c)]
+                if not needs:
+                    continue
+                bar.update(task, description=f"pass {p + 1}/{grid.repeats} {members[0].key}")
+                if key[0] == "p":
+                    for cell in needs:
+                        record(cell, p, d.chunk_step(cell.n, cell.c))
+                    continue
+                B, L = key[1], key[2]
+                rids = d.start_decodes(B, L)
+                d.step()  # the first full decode step after set-up is not measured
+                for cell in needs:
+                    if cell.kind == "decode":
+                        left = (p + 1) * grid.rows_per_visit(cell) - log.counts.get(cell.key, 0)
+                        for _ in range(left):
+                            record(cell, p, d.step())
+                    else:
+                        record(cell, p, d.chunk_step(cell.n, cell.c))
+                d.stop(rids)
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+# == device ceilings ==========================================================================
+
+def _sync(device: str) -> None:
+    import torch
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure_ceilings(device: str, dtype: str, quick: bool = False) -> tuple[float, float]:
+    """The device's achievable FLOP/s and bytes/s in ``dtype``.
+
+    FLOP/s: the best of several square matmuls ``n × n @ n × n`` (``2·n³`` FLOPs; n = 2048 on
+    cpu, 8192 on cuda). Bytes/s: the best of several copies of a large tensor (256 MiB on
+    cpu, 2 GiB on cuda), counting the read and the write (``2 · size``), as STREAM's copy.
+    """
+    import torch
+
+    from calibration.engine.weights import parse_dtype
+
+    dt = parse_dtype(dtype)
+    cuda = device.startswith("cuda")
+    n = 8192 if cuda else 2048
+    reps = 3 if quick else 5
+    a = torch.randn(n, n, device=device).to(dt)
+    b = torch.randn(n, n, device=device).to(dt)
+    a @ b
+    _sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    flops = 2 * n ** 3 / best
+    del a, b
+    nbytes = (2 << 30) if cuda else (256 << 20)
+    x = torch.empty(nbytes // dt.itemsize, dtype=dt, device=device).fill_(1)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    _sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        y.copy_(x)
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return flops, 2 * nbytes / best
+
+
+def cpu_name() -> str:
+    """``model name`` of the first CPU in ``/proc/cpuinfo`` (or ``platform.processor()``)."""
+    import platform
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def memory_bytes(device: str) -> int:
+    """Total memory of the device (host RAM for cpu)."""
+    if device.startswith("cuda"):
+        import torch
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+__all__ = ["CSV_COLUMNS", "Cell", "Grid", "GridRun", "MeasurementLog", "cpu_name",
+           "default_grid", "measure_ceilings", "measure_grid", "memory_bytes",
+           "read_measurements", "record_features", "warm_up"]

@@ -1,0 +1,188 @@
+"""The calibration report: one PNG of three panels and an HTML page around it.
+
+Panels: (1) measured vs predicted step time, grid cells (mean ± spread of repeats, coloured
+by kind) and replay steps, on log axes with the y = x line and ±20 % band; (2) decode step
+time vs batch size at each measured context length, measured means against the fitted
+model and the device roofline ``max(weights / bandwidth, FLOPs / peak)`` from the measured
+ceilings (the floor no engine beats); (3) relative residuals of every grid repeat and
+replay step. The page adds the error table, the coefficients and the per-cell table.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .fit import error_stats, predict
+
+_KIND_COLOURS = {"prefill": "tab:blue", "decode": "tab:orange", "mixed": "tab:green"}
+
+
+def _figure(profile, result, df, replay_df, k, peaks):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    form, coef = result.form, result.coefficients
+    cells = result.cells
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
+
+    ax = axes[0]
+    if replay_df is not None and len(replay_df):
+        pr = predict(form, coef, k, replay_df) * 1e3
+        ax.scatter(pr, replay_df["duration_ns"] / 1e6, s=6, c="0.6", alpha=0.5,
+                   label="replay steps")
+    for kind, colour in _KIND_COLOURS.items():
+        sub = cells[cells["kind"] == kind]
+        if len(sub):
+            ax.errorbar(sub["predicted"] * 1e3, sub["seconds"] * 1e3,
+                        yerr=sub["seconds"] * sub["cv"] * 1e3, fmt="o", ms=4, c=colour,
+                        label=f"{kind} cells (mean ± sd)")
+    lo = float(min(cells["seconds"].min(), cells["predicted"].min())) * 1e3 * 0.8
+    hi = float(max(cells["seconds"].max(), cells["predicted"].max())) * 1e3 * 1.25
+    xs = np.array([lo, hi])
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, xs / 1.2, xs * 1.2, color="k", alpha=0.07, label="±20 %")
+    ax.set(xscale="log", yscale="log", xlabel="predicted step time (ms)",
+           ylabel="measured step time (ms)", title="measured vs predicted")
+    ax.legend(fontsize=7)
+
+    ax = axes[1]
+    dec = cells[cells["kind"] == "decode"]
+    flops, bw = peaks
+    if len(dec):
+        dec = dec.assign(B=dec["decodes"].round().astype(int),
+                         L=[int(c.split("L=")[1]) for c in dec.index])
+        cmap = plt.get_cmap("viridis")
+        Ls = sorted(dec["L"].unique())
+        for i, L in enumerate(Ls):
+            sub = dec[dec["L"] == L].sort_values("B")
+            col = cmap(i / max(1, len(Ls) - 1))
+            ax.plot(sub["B"], sub["seconds"] * 1e3, "o", c=col, label=f"measured, L={L}")
+            B = np.geomspace(sub["B"].min(), sub["B"].max(), 40)
+            X = {"tokens": B, "requests": B, "prefill_tokens": 0 * B, "decodes": B,
+                 "context_tokens": B * (L + 1), "attn_pairs": B * (L + 1), "sampled": B}
+            ax.plot(B, predict(form, coef, k, X) * 1e3, "-", c=col, lw=1)
+            if flops and bw:
+                roof = np.maximum(k.weight_bytes / bw, (k.dense_flops_per_token * B
+                                                         + k.lm_head_flops_per_sample * B
+                                                         + k.attn_flops_per_pair * B * L)
+                                  / flops) + k.kv_bytes_per_token * B * L / bw
+                ax.plot(B, roof * 1e3, ":", c=col, lw=1)
+        ax.plot([], [], "k-", lw=1, label="fitted model")
+        ax.plot([], [], "k:", lw=1, label="device roofline (ceilings)")
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel="decode batch size", ylabel="step time (ms)",
+           title="decode step time vs batch")
+    ax.legend(fontsize=7)
+
+    ax = axes[2]
+    res = np.asarray(result.residuals) * 100
+    bins = np.linspace(min(-50, res.min() if res.size else -50),
+                       max(50, res.max() if res.size else 50), 60)
+    ax.hist(res, bins=bins, alpha=0.6, density=True, label="grid repeats")
+    if replay_df is not None and len(replay_df):
+        rr = (replay_df["duration_ns"] / 1e9 / predict(form, coef, k, replay_df) - 1) * 100
+        ax.hist(rr, bins=bins, alpha=0.5, density=True, label="replay steps")
+    ax.set(xlabel="measured / predicted − 1 (%)", ylabel="density", title="residuals")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{profile.name}: {profile.model.name} {profile.dtype} on "
+                 f"{profile.device.name} ({profile.engine})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
+    """Write ``html_path`` and the PNG beside it (``.png`` instead of ``.html``).
+
+    Args:
+        profile: the :class:`simulator.cost_model.Profile` written. result:
+            :class:`calibration.fit.FitResult`. df: grid measurements. replay_df: replay
+            steps or ``None``. k: :class:`RooflineConstants`. peaks: measured (FLOP/s,
+            bytes/s).
+
+    Returns:
+        ``{"html": Path, "png": Path}``.
+    """
+    html_path = Path(html_path)
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    png_path = html_path.with_suffix(".png")
+    fig = _figure(profile, result, df, replay_df, k, peaks)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    png = buf.getvalue()
+    _atomic_write(png_path, png)
+
+    e = html.escape
+    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+    err_rows = [("held-out grid cells", result.heldout)]
+    if profile.error and profile.error.replay:
+        err_rows.append(("replay steps (never fitted)", profile.error.replay.model_dump()))
+    for form, s in result.candidates.items():
+        err_rows.append((f"held-out cells, {form} form", s))
+    err_html = "".join(f"<tr><td>{e(n)}</td><td>{s['n']}</td><td>{pct(s['mape'])}</td>"
+                       f"<td>{pct(s['p90'])}</td><td>{pct(s['max'])}</td></tr>"
+                       for n, s in err_rows)
+    coef_html = "".join(f"<tr><td>{e(n)}</td><td>{v:.4g}</td></tr>"
+                        for n, v in profile.cost.coefficients.items())
+    eff = profile.efficiencies.model_dump()
+    eff_html = "".join(f"<tr><td>{e(n)}</td><td>{v:.3g}</td></tr>"
+                       for n, v in eff.items() if v is not None)
+    cells = result.cells
+    cell_html = "".join(
+        f"<tr><td>{e(str(idx))}</td><td>{int(r['n'])}</td><td>{r['seconds'] * 1e3:.3f}</td>"
+        f"<td>{pct(r['cv'])}</td><td>{r['predicted'] * 1e3:.3f}</td>"
+        f"<td>{pct(r['predicted'] / r['seconds'] - 1)}</td>"
+        f"<td>{pct(r['heldout'] / r['seconds'] - 1)}</td></tr>"
+        for idx, r in cells.iterrows())
+    fit_all = error_stats(cells["seconds"], cells["predicted"])
+    flops, bw = peaks
+    page = f"""<!doctype html><html><head><meta charset="utf-8">
+<title>calibration {e(profile.name)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1500px}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;
+text-align:right}}td:first-child{{text-align:left}}</style></head><body>
+<h1>Calibration {e(profile.name)}</h1>
+<p><b>measured</b> on {e(profile.device.name)} with {e(profile.engine)}:
+{e(profile.model.name)} ({e(profile.dtype)}), {profile.provenance.date}.
+Device ceilings measured: matmul {flops:.3g} FLOP/s, copy {bw:.3g} B/s.
+Kept form: <b>{e(profile.cost.form)}</b>. Command: <code>{e(profile.provenance.command)}</code></p>
+<img src="data:image/png;base64,{base64.b64encode(png).decode()}" style="width:100%">
+<h2>Step-time error</h2>
+<p>Absolute relative error |predicted / measured − 1|. Held-out: each grid cell (all its
+repeats) predicted by a fit that left it out. Replay: single steps of an engine replay of a
+Poisson workload that the fit never saw. In-sample (all cells fitted): MAPE
+{pct(fit_all['mape'])}, max {pct(fit_all['max'])}.</p>
+<table><tr><th>error set</th><th>n</th><th>MAPE</th><th>p90</th><th>max</th></tr>
+{err_html}</table>
+<h2>Coefficients</h2><table>{coef_html}</table>
+<h2>Efficiencies (achieved / peak)</h2><table>{eff_html}</table>
+<h2>Grid cells</h2>
+<table><tr><th>cell</th><th>repeats</th><th>mean ms</th><th>cv</th><th>fitted ms</th>
+<th>fit error</th><th>held-out error</th></tr>{cell_html}</table>
+<p>{e(profile.provenance.source)}</p>
+</body></html>"""
+    _atomic_write(html_path, page.encode("utf-8"))
+    return {"html": html_path, "png": png_path}
+
+
+__all__ = ["write_report"]
