@@ -9,7 +9,6 @@ report (:mod:`.report`). torch is imported only inside the command, so the plann
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import math
 import re
@@ -210,8 +209,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     finally:
         log.close()
     df = read_measurements(csv_path)
-    peaks = (flops, bw)
-    result = fitmod.fit_measurements(df, k, peaks, seed=args.seed)
+    # Bounds from the profile's own peaks, so the CSV and the profile alone reproduce the fit.
+    result = fitmod.fit_measurements(df, k, (dev_info.peak_flops, dev_info.memory_bandwidth))
 
     # -- replay the fit never saw ----------------------------------------------------------
     replay_path = out.with_name(out.stem + ".replay.csv")
@@ -278,7 +277,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                               measurements_csv=csv_path.name))
     save_profile(profile, out)
     report_dir = Path(args.report_dir) if args.report_dir else out.parent
-    paths = write_report(profile, result, df, replay_df, k, peaks,
+    paths = write_report(profile, result, df, replay_df, k, (flops, bw),
                          report_dir / f"{out.stem}.calibration-report.html")
     _print_summary(profile, result, rep_err, run, time.perf_counter() - t_start, out, paths)
     return out

@@ -228,6 +228,27 @@ def replay_errors(form: str, coef: dict, k: RooflineConstants, steps) -> dict:
     return error_stats(steps["duration_ns"].to_numpy() / 1e9, predict(form, coef, k, steps))
 
 
+def refit_profile(profile) -> FitResult:
+    """Fit again from the measurements CSV beside a loaded profile (its
+    ``provenance.measurements_csv``), with the profile's model, dtype and peaks: the same
+    numbers the profile reports, for checking a profile or re-deciding its form.
+
+    Raises:
+        InputError: the profile names no CSV, or the CSV is missing or malformed.
+    """
+    from simulator.errors import InputError
+
+    from .profiler import read_measurements
+
+    rel = profile.provenance.measurements_csv
+    if not rel or profile.path is None:
+        raise InputError(f"profile {profile.name}: no measurements CSV recorded")
+    df = read_measurements(profile.path.parent / rel)
+    k = RooflineConstants.of(profile.model_shape, profile.dtype, profile.tensor_parallel)
+    return fit_measurements(df, k, (profile.device.peak_flops,
+                                    profile.device.memory_bandwidth))
+
+
 __all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "SWITCH_MARGIN", "cell_means",
            "error_stats", "fit_form", "fit_linear", "fit_measurements", "fit_roofline",
-           "heldout_predictions", "predict", "replay_errors"]
+           "heldout_predictions", "predict", "refit_profile", "replay_errors"]

@@ -4,7 +4,8 @@ The grid covers what the scheduler produces:
 
 * ``prefill n=N c=C``: one prompt chunk of ``N`` new tokens after ``C`` cached ones (a
   prefix-cache hit), no decodes;
-* ``decode B=B L=L``: ``B`` requests decoding one token each with contexts of about ``L``;
+* ``decode B=B L=L``: ``B`` requests decoding one token each, contexts spread over
+  ``[L/2, 3L/2]``;
 * ``mixed B=B L=L n=N c=C``: both in one step (vLLM V1 chunked-prefill steps).
 
 Each measurement is one real :meth:`LLMEngine.step` of the engine (schedule, inputs,
@@ -101,13 +102,13 @@ class Grid:
         head = self.decode_headroom(len(self.mixed_chunks))
         for L in self.decode_contexts:
             for B in self.decode_batches:
-                if L + head <= max_model_len and B * (L + head + bs) <= kv_tokens:
+                if L * 3 // 2 + head <= max_model_len and B * (L + head + bs) <= kv_tokens:
                     out.append(Cell("decode", B=B, L=L))
         for L in self.mixed_contexts:
             for B in self.mixed_batches:
                 for n, c in self.mixed_chunks:
                     need = B * (L + head + bs) + rc(c) + n + bs
-                    if L + head <= max_model_len and rc(c) + n <= max_model_len \
+                    if L * 3 // 2 + head <= max_model_len and rc(c) + n <= max_model_len \
                             and need <= kv_tokens:
                         out.append(Cell("mixed", B=B, L=L, n=n, c=rc(c)))
         return out
@@ -328,11 +329,13 @@ class _Driver:
             self.until_first_tokens([rid])
 
     def start_decodes(self, B: int, L: int) -> list:
-        """``B`` requests with fresh ``L``-token prompts, prefilled without a forward; they
-        decode until stopped (or until ``max_model_len``)."""
-        max_tokens = self.engine.max_model_len - L
+        """``B`` requests with fresh prompts prefilled without a forward, decoding until
+        stopped (or ``max_model_len``). Prompt lengths spread evenly over ``[L/2, 3L/2]``
+        (mean ``L``), as contexts in a served batch do: the runner then batches them in
+        several length groups, as it does when serving."""
+        lens = [L] if B == 1 else [max(1, round(L * (0.5 + (i + 0.5) / B))) for i in range(B)]
         with _no_forward(self.engine):
-            rids = [self.add(self.tokens(L), max_tokens) for _ in range(B)]
+            rids = [self.add(self.tokens(n), self.engine.max_model_len - n) for n in lens]
             self.until_first_tokens(rids)
         return rids
 
@@ -489,12 +492,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure_ceilings(device: str, dtype: str, quick: bool = False) -> tuple[float, float]:
+def measure_ceilings(device: str, dtype: str, quick: bool = False, matmul_n: int | None = None,
+                     copy_bytes: int | None = None) -> tuple[float, float]:
     """The device's achievable FLOP/s and bytes/s in ``dtype``.
 
-    FLOP/s: the best of several square matmuls ``n × n @ n × n`` (``2·n³`` FLOPs; n = 2048 on
-    cpu, 8192 on cuda). Bytes/s: the best of several copies of a large tensor (256 MiB on
-    cpu, 2 GiB on cuda), counting the read and the write (``2 · size``), as STREAM's copy.
+    FLOP/s: the best of several square matmuls ``n × n @ n × n`` (``2·n³`` FLOPs; default
+    n = 2048 on cpu, 8192 on cuda). Bytes/s: the best of several copies of a tensor far
+    larger than the caches (default 256 MiB on cpu, 2 GiB on cuda), counting the read and
+    the write (``2 · size``), as STREAM's copy does.
     """
     import torch
 
@@ -502,7 +507,7 @@ def measure_ceilings(device: str, dtype: str, quick: bool = False) -> tuple[floa
 
     dt = parse_dtype(dtype)
     cuda = device.startswith("cuda")
-    n = 8192 if cuda else 2048
+    n = matmul_n or (8192 if cuda else 2048)
     reps = 3 if quick else 5
     a = torch.randn(n, n, device=device).to(dt)
     b = torch.randn(n, n, device=device).to(dt)
@@ -516,7 +521,7 @@ def measure_ceilings(device: str, dtype: str, quick: bool = False) -> tuple[floa
         best = min(best, time.perf_counter() - t)
     flops = 2 * n ** 3 / best
     del a, b
-    nbytes = (2 << 30) if cuda else (256 << 20)
+    nbytes = copy_bytes or ((2 << 30) if cuda else (256 << 20))
     x = torch.empty(nbytes // dt.itemsize, dtype=dt, device=device).fill_(1)
     y = torch.empty_like(x)
     y.copy_(x)

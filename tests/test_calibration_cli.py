@@ -1,0 +1,184 @@
+"""`servesim calibrate` end to end on a tiny grid (llama-test): profile written, the simulator
+predicts the fitted step times from it, the CSV reproduces its held-out error, an
+interrupted run resumes; `servesim profiles` lists it."""
+
+import shutil
+
+import pytest
+import torch
+
+import calibration.profiler as profiler
+from calibration.cli import calibrate, parse_bytes, profiles_table
+from calibration.fit import predict, refit_profile
+from calibration.profiler import Grid, read_measurements
+from simulator.cli import build_parser, main
+from simulator.cost_model import PROFILES_DIR, build_cost_model, load_profile, step_features
+from simulator.errors import InputError
+from simulator.policy import Request, Scheduler, SchedulerConfig
+from simulator.scenario import scenario_from_dict
+
+TINY = Grid(prefill_chunks=(16, 64), prefill_contexts=(0, 32), decode_batches=(1, 3),
+            decode_contexts=(24, 96), mixed_batches=(2,), mixed_contexts=(48,),
+            mixed_chunks=((16, 0), (32, 32)), repeats=2, decode_steps_per_visit=2)
+
+
+@pytest.fixture
+def tiny_grid(monkeypatch):
+    """The TINY grid, and fixed device ceilings (measured in their own test)."""
+    monkeypatch.setattr(profiler, "default_grid", lambda device, quick, max_len: TINY)
+    monkeypatch.setattr(profiler, "measure_ceilings", lambda *a, **k: (5e10, 1e10))
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def run_calibrate(out, on_measure=None, *extra):
+    argv = ["calibrate", "--model", "llama-test", "--out", str(out), "--threads", "1",
+            "--kv-cache-memory", "4MiB", "--max-model-len", "512", "--replay-seconds", "0.5",
+            "--no-progress", "--quick", *extra]
+    args = build_parser().parse_args(argv)
+    return calibrate(args, argv=argv, on_measure=on_measure)
+
+
+def one_step_plan(prompt_tokens, block_size=16):
+    """A single-step batch from the policy scheduler: one prompt prefilled whole."""
+    s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512,
+                                  max_model_len=512, block_size=block_size))
+    s.add_request(Request(request_id=0, prompt_token_ids=list(range(prompt_tokens)),
+                          max_tokens=4, arrival_ns=0))
+    return s.schedule()
+
+
+def scenario_for(profile_path, model="llama-test", dtype="float32"):
+    return scenario_from_dict({
+        "name": "t", "model": model, "dtype": dtype, "hardware": {"profile": str(profile_path)},
+        "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 512, "max_model_len": 512},
+        "workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": 1.0},
+                     "prompt_tokens": {"dist": "fixed", "value": 16},
+                     "output_tokens": {"dist": "fixed", "value": 4}}}, source="t.yaml")
+
+
+def test_calibrate_writes_a_profile_the_simulator_reproduces(tmp_path, tiny_grid, capsys):
+    out = tmp_path / "tiny.yaml"
+    run_calibrate(out)
+    prof = load_profile(out)
+    assert prof.measured and prof.engine.startswith("servesim-torch ")
+    assert (prof.model.name, prof.dtype, prof.device.kind) == ("llama-test", "float32", "cpu")
+    # KV facts: 2 x 2 layers x 2 kv heads x 16 x 4 bytes = 512 B/token; 4 MiB -> 512 blocks
+    assert prof.kv.bytes_per_token == 512 and prof.kv.num_gpu_blocks == 512
+    assert prof.error.heldout.n == len(TINY.cells(16, 512, 10 ** 6))
+    assert prof.error.replay is not None and prof.error.replay.n > 0
+    assert (tmp_path / "tiny.measurements.csv").is_file()
+    assert (tmp_path / "tiny.replay.csv").is_file()
+    assert (tmp_path / "tiny.calibration-report.html").is_file()
+    assert (tmp_path / "tiny.calibration-report.png").stat().st_size > 10_000
+    assert "held-out grid cells" in capsys.readouterr().out
+
+    # the CSV alone reproduces the coefficients and the reported held-out error
+    refit = refit_profile(prof)
+    assert refit.form == prof.cost.form
+    assert refit.heldout["mape"] == pytest.approx(prof.error.heldout.mape, rel=1e-9)
+    assert refit.heldout["max"] == pytest.approx(prof.error.heldout.max, rel=1e-9)
+    for name, v in prof.cost.coefficients.items():
+        assert refit.coefficients[name] == pytest.approx(v, rel=1e-9)
+
+    # the simulator, given the profile and a single-step batch, predicts the fitted value
+    cost = build_cost_model(scenario_for(out))
+    assert cost.measured and cost.num_gpu_blocks == 512
+    plan = one_step_plan(64)
+    cell = refit.cells.loc["prefill n=64 c=0"]
+    assert cost.step_seconds(plan) == pytest.approx(cell["predicted"], rel=1e-9)
+    f = step_features(plan)
+    X = {k: [getattr(f, k)] for k in ("tokens", "requests", "prefill_tokens", "decodes",
+                                      "context_tokens", "attn_pairs", "sampled")}
+    assert cost.step_seconds(plan) == pytest.approx(
+        predict(prof.cost.form, prof.cost.coefficients, refit_k(prof), X)[0], rel=1e-12)
+
+    # a profile for another model or dtype is refused, not silently used
+    with pytest.raises(InputError, match="measured for model llama-test"):
+        build_cost_model(scenario_for(out, model="llama-tiny-56m"))
+    with pytest.raises(InputError, match=r"llama-test \(float32\).*\(bfloat16\)"):
+        build_cost_model(scenario_for(out, dtype="bfloat16"))
+
+
+def refit_k(prof):
+    from simulator.cost_model import RooflineConstants
+    return RooflineConstants.of(prof.model_shape, prof.dtype)
+
+
+def test_killed_calibration_resumes_from_the_csv(tmp_path, tiny_grid, monkeypatch):
+    import calibration.report
+    monkeypatch.setattr(calibration.report, "write_report",
+                        lambda *a: {"html": "-", "png": "-"})
+    out = tmp_path / "r.yaml"
+    seen = []
+
+    def kill_after_5(row):
+        seen.append(row)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_calibrate(out, kill_after_5, "--no-replay")
+    assert not out.exists()
+    assert len(read_measurements(tmp_path / "r.measurements.csv")) == 5
+    again = []
+    run_calibrate(out, again.append, "--no-replay")
+    total = sum(TINY.repeats * TINY.rows_per_visit(c) for c in TINY.cells(16, 512, 10 ** 6))
+    assert len(again) == total - 5
+    assert len(read_measurements(tmp_path / "r.measurements.csv")) == total
+
+
+def test_profiles_lists_shipped_and_local(tmp_path, monkeypatch, capsys):
+    shipped = sorted(PROFILES_DIR.glob("*.yaml"))
+    local = tmp_path / "local"
+    local.mkdir()
+    if shipped:
+        shutil.copy(shipped[0], local / "my-copy.yaml")
+        text = (local / "my-copy.yaml").read_text()
+        (local / "my-copy.yaml").write_text(text.replace(f"name: {shipped[0].stem}",
+                                                         "name: my-copy", 1))
+    (local / "broken.yaml").write_text("name: [unclosed\n")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(local))
+    rows = {r[0]: r for r in profiles_table()}
+    assert rows["broken"][1] == "unreadable" and "YAML syntax error" in rows["broken"][2]
+    for p in shipped:
+        prof = load_profile(p)
+        r = rows[prof.name]
+        assert r[1:5] == (prof.provenance.kind, prof.device.name, prof.model.name, prof.dtype)
+        assert r[-1] == "shipped"
+        if prof.error and prof.error.heldout:
+            assert r[7] == f"{100 * prof.error.heldout.mape:.1f}%"
+    if shipped:
+        assert rows["my-copy"][-1] == str(local)
+    assert main(["profiles"]) == 0
+    printed = capsys.readouterr().out
+    assert "broken" in printed and "calibration profiles" in printed
+
+
+def test_device_ceilings_are_plausible():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    flops, bw = profiler.measure_ceilings("cpu", "float32", quick=True, matmul_n=256,
+                                          copy_bytes=8 << 20)
+    torch.set_num_threads(n)
+    # any CPU of this century: 0.1-10,000 GFLOP/s on one core, 0.1-1,000 GB/s
+    assert 1e8 < flops < 1e13 and 1e8 < bw < 1e12
+
+
+def test_parse_bytes():
+    assert parse_bytes("2GiB") == 2 << 30
+    assert parse_bytes("512 MiB") == 512 << 20
+    assert parse_bytes("1.5GB") == 1_500_000_000
+    assert parse_bytes("4096") == 4096
+    with pytest.raises(InputError, match="--kv-cache-memory"):
+        parse_bytes("lots")
+
+
+def test_bad_flags_are_one_line_errors(tmp_path, capsys):
+    assert main(["calibrate", "--model", "no-such-model", "--out",
+                 str(tmp_path / "x.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("servesim: error: model")
+    assert main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "x.csv")]) == 2
+    assert "--out" in capsys.readouterr().err

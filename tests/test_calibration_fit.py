@@ -1,0 +1,116 @@
+"""The calibration fit recovers known coefficients from synthetic steps, holds out whole
+cells, and computes its error statistics as defined (hand-computed values)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.fit import (cell_means, error_stats, fit_linear, fit_measurements,
+                             fit_roofline, heldout_predictions, predict)
+from simulator.catalog import load_model
+from simulator.cost_model import RooflineConstants, roofline_seconds
+
+K = RooflineConstants.of(load_model("llama-tiny-56m"), "float32")
+# Every term matters somewhere on the grid below: a 2 ms floor, weight streaming at
+# 10 GB/s (22 ms), dense FLOPs at 50 GFLOP/s (crossover near 14 tokens), KV reads and
+# attention FLOPs visible at long contexts.
+TRUE = {"a0_s": 2e-3, "per_request_s": 1e-4, "w_eff_bytes_per_s": 1e10,
+        "f_eff_flops_per_s": 5e10, "w_attn_bytes_per_s": 4e9, "f_attn_flops_per_s": 2e10}
+
+
+def synthetic_steps(coef, noise=0.0, seed=0, repeats=3):
+    """A measurements table over prefill, decode and mixed cells priced by the roofline."""
+    rng = np.random.default_rng(seed)
+    rows = []
+
+    def add(cell, kind, chunks, B, L):
+        pt = sum(n for n, _ in chunks)
+        ctx = sum(c + n for n, c in chunks) + B * L
+        pairs = sum(n * (c + (n + 1) / 2) for n, c in chunks) + B * L
+        f = dict(tokens=pt + B, requests=len(chunks) + B, prefill_tokens=pt, decodes=B,
+                 context_tokens=ctx, attn_pairs=pairs, sampled=len(chunks) + B)
+        t = float(roofline_seconds(coef, K, f["tokens"], f["requests"], ctx, pairs,
+                                   f["sampled"]))
+        for _ in range(repeats):
+            rows.append({"cell": cell, "kind": kind,
+                         "duration_ns": t * (1 + noise * rng.standard_normal()) * 1e9, **f})
+
+    for n in (16, 64, 256, 1024):
+        for c in (0, 512, 2048):
+            add(f"prefill n={n} c={c}", "prefill", [(n, c)], 0, 0)
+    for B in (1, 2, 4, 8, 16, 32):
+        for L in (64, 512, 2048):
+            add(f"decode B={B} L={L}", "decode", [], B, L)
+    for B, L, n, c in ((4, 256, 64, 0), (8, 1024, 256, 512)):
+        add(f"mixed B={B} L={L} n={n} c={c}", "mixed", [(n, c)], B, L)
+    return pd.DataFrame(rows)
+
+
+def test_roofline_fit_recovers_known_coefficients():
+    df = synthetic_steps(TRUE)
+    cells = cell_means(df)
+    got = fit_roofline(cells, cells["seconds"], K, peak_flops=1e11, peak_bandwidth=2e10)
+    for name, want in TRUE.items():
+        assert got[name] == pytest.approx(want, rel=2e-3), name
+
+
+def test_linear_fit_recovers_known_coefficients():
+    want = {"base_s": 3e-3, "per_prefill_token_s": 2e-4, "per_decode_seq_s": 5e-4,
+            "per_context_token_s": 1e-6}
+    X = pd.DataFrame({"prefill_tokens": [0, 0, 64, 256, 16, 0, 512],
+                      "decodes": [1, 8, 0, 4, 0, 32, 2],
+                      "context_tokens": [100, 4000, 64, 3000, 600, 20000, 700]})
+    y = want["base_s"] + (want["per_prefill_token_s"] * X["prefill_tokens"]
+                          + want["per_decode_seq_s"] * X["decodes"]
+                          + want["per_context_token_s"] * X["context_tokens"])
+    got = fit_linear(X, y)
+    for name, v in want.items():
+        assert got[name] == pytest.approx(v, rel=1e-6), name
+
+
+def test_noisy_fit_keeps_roofline_and_reports_small_errors():
+    df = synthetic_steps(TRUE, noise=0.02, repeats=4)
+    r = fit_measurements(df, K, (1e11, 2e10))
+    assert r.form == "roofline"
+    assert r.heldout["n"] == df["cell"].nunique()
+    assert r.heldout["mape"] < 0.03
+    # residuals are measured / predicted - 1 of every repeat: spread ~ the 2 % noise
+    assert len(r.residuals) == len(df)
+    assert 0.01 < np.std(r.residuals) < 0.03
+
+
+def test_heldout_prediction_never_sees_its_own_cell():
+    df = synthetic_steps(TRUE, noise=0.01)
+    cells = cell_means(df)
+    base = heldout_predictions("roofline", cells, K, (1e11, 2e10))
+    target = "decode B=8 L=512"
+    i = list(cells.index).index(target)
+    spoiled = cells.copy()
+    spoiled.loc[target, "seconds"] *= 3.0          # a wild measurement of that cell only
+    again = heldout_predictions("roofline", spoiled, K, (1e11, 2e10))
+    assert again[i] == pytest.approx(base[i], rel=1e-9)
+    assert not np.allclose(again, base)            # other folds did see it
+
+
+def test_error_stats_hand_computed():
+    s = error_stats([1.0, 2.0, 4.0, 5.0], [1.1, 1.8, 4.0, 6.0])
+    # errors 0.1, 0.1, 0, 0.2 -> mean 0.1; p90 of sorted (0, .1, .1, .2) at rank 2.7 = 0.17
+    assert s == pytest.approx({"mape": 0.1, "p90": 0.17, "max": 0.2, "n": 4})
+
+
+def test_predict_matches_cost_model_form():
+    X = {"tokens": [1, 300], "requests": [1, 2], "context_tokens": [65, 812],
+         "attn_pairs": [65.0, 4e4], "sampled": [1, 2], "prefill_tokens": [0, 299],
+         "decodes": [1, 1]}
+    p = predict("roofline", TRUE, K, X)
+    w = TRUE["a0_s"] + TRUE["per_request_s"] + K.weight_bytes / TRUE["w_eff_bytes_per_s"] \
+        + 65 * K.kv_bytes_per_token / TRUE["w_attn_bytes_per_s"] \
+        + 65 * K.attn_flops_per_pair / TRUE["f_attn_flops_per_s"] \
+        + K.lm_head_flops_per_sample / TRUE["f_eff_flops_per_s"]
+    assert p[0] == pytest.approx(w, rel=1e-12)
+
+
+def test_too_few_cells_is_refused():
+    df = synthetic_steps(TRUE)
+    with pytest.raises(ValueError, match="at least 4"):
+        fit_measurements(df[df["cell"].isin(sorted(df["cell"].unique())[:3])], K)

@@ -1,0 +1,160 @@
+"""The profiler drives the real engine into each grid cell's step shape, writes every
+repeat to the CSV as it goes, and resumes an interrupted run without re-measuring."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from calibration.engine import LLMEngine
+from calibration.profiler import (Cell, Grid, MeasurementLog, measure_grid, read_measurements,
+                                  record_features)
+from simulator.errors import InputError
+
+GRID = Grid(prefill_chunks=(16, 48), prefill_contexts=(0, 32), decode_batches=(1, 3),
+            decode_contexts=(20, 64), mixed_batches=(2,), mixed_contexts=(40,),
+            mixed_chunks=((16, 0), (24, 32)), repeats=2, decode_steps_per_visit=2)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny steps: one thread avoids OpenMP hand-offs on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+HEADER = {"model": "llama-test", "shape": {"hidden_size": 64}, "dtype": "float32",
+          "device": "cpu", "block_size": 16}
+
+
+def engine():
+    return LLMEngine.from_catalog("llama-test", {
+        "num_gpu_blocks": 64, "max_num_batched_tokens": 64, "max_num_seqs": 4,
+        "max_model_len": 256})
+
+
+def expected_rows():
+    cells = GRID.cells(16, 256, 63 * 16)
+    return cells, sum(GRID.repeats * GRID.rows_per_visit(c) for c in cells)
+
+
+def test_grid_cells_and_keys():
+    cells, total = expected_rows()
+    keys = [c.key for c in cells]
+    assert keys[:4] == ["prefill n=16 c=0", "prefill n=48 c=0", "prefill n=16 c=32",
+                        "prefill n=48 c=32"]
+    assert "decode B=3 L=64" in keys and "mixed B=2 L=40 n=24 c=32" in keys
+    assert len(cells) == 4 + 4 + 2
+    # 4 prefill + 2 mixed cells, one row per visit; 4 decode cells, two rows per visit
+    assert total == 2 * (6 + 4 * 2)
+    # contexts round up to whole blocks (only full blocks are prefix-cached)
+    assert Grid(prefill_contexts=(20,), prefill_chunks=(8,)).cells(16, 256, 10 ** 6)[0].c == 32
+    # a cell that does not fit the KV cache is dropped
+    assert not [c for c in Grid().cells(16, 4096, 1000) if c.kind == "decode" and c.B == 16]
+
+
+def test_every_row_has_its_cells_step_shape(tmp_path):
+    log = MeasurementLog(tmp_path / "m.csv", HEADER)
+    run = measure_grid(engine(), GRID, log, progress=False)
+    log.close()
+    cells, total = expected_rows()
+    df = read_measurements(tmp_path / "m.csv")
+    assert run.measured == total == len(df) and run.skipped == 0
+    by_key = {c.key: c for c in cells}
+    for _, r in df.iterrows():
+        c = by_key[r["cell"]]
+        assert r["decodes"] == c.B and r["requests"] == c.B + (c.kind != "decode")
+        if c.kind == "decode":
+            assert r["prefills"] == ""
+            # prompts spread evenly over [L/2, 3L/2] (sum B·L, up to rounding), each
+            # decode attending its prompt plus the tokens generated so far (a few)
+            lens = [c.L] if c.B == 1 else [round(c.L * (0.5 + (i + 0.5) / c.B))
+                                           for i in range(c.B)]
+            assert abs(sum(lens) - c.B * c.L) <= c.B
+            assert sum(lens) + c.B <= r["context_tokens"] <= sum(lens) + 12 * c.B
+        else:
+            assert r["prefills"] == f"{c.n}@{c.c}"
+            assert r["prefill_tokens"] == c.n and r["sampled"] == c.B + 1
+        assert r["duration_ns"] >= r["execute_ns"] > 0
+    counts = df.groupby("cell").size()
+    for c in cells:
+        assert counts[c.key] == GRID.repeats * GRID.rows_per_visit(c)
+    # repeats are interleaved: every cell is measured in pass 0 before any in pass 1
+    first_p1 = df.index[df["pass"] == 1][0]
+    assert set(df.loc[:first_p1 - 1, "cell"]) == set(by_key)
+
+
+def test_interrupted_run_resumes_and_skips_measured_points(tmp_path):
+    path = tmp_path / "m.csv"
+    cells, total = expected_rows()
+    seen = []
+
+    def kill_after_7(row):
+        seen.append(row["cell"])
+        if len(seen) == 7:
+            raise KeyboardInterrupt
+
+    log = MeasurementLog(path, HEADER)
+    with pytest.raises(KeyboardInterrupt):
+        measure_grid(engine(), GRID, log, progress=False, on_measure=kill_after_7)
+    log.close()
+    assert len(read_measurements(path)) == 7
+
+    again = []
+    log = MeasurementLog(path, HEADER)
+    run = measure_grid(engine(), GRID, log, progress=False,
+                       on_measure=lambda row: again.append(row["cell"]))
+    log.close()
+    assert run.skipped == 7 and run.measured == total - 7 == len(again)
+    df = read_measurements(path)
+    assert len(df) == total
+    assert df.groupby("cell").size().to_dict() == {
+        c.key: GRID.repeats * GRID.rows_per_visit(c) for c in cells}
+    # a third run has nothing left to do
+    log = MeasurementLog(path, HEADER)
+    run = measure_grid(engine(), GRID, log, progress=False)
+    log.close()
+    assert (run.measured, run.skipped) == (0, total)
+
+
+def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, HEADER)
+    log.append({"cell": "decode B=1 L=20", "kind": "decode", "pass": 0, "duration_ns": 5,
+                "execute_ns": 4, "prefills": "", "num_decodes": 1, "decode_context_tokens": 21,
+                "num_sampled": 1, "tokens": 1, "requests": 1, "prefill_tokens": 0,
+                "decodes": 1, "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1})
+    log.close()
+    with open(path, "a") as f:
+        f.write("decode B=1 L=20,decode,0,77")          # killed mid-write
+    log = MeasurementLog(path, HEADER)
+    log.close()
+    assert log.counts == {"decode B=1 L=20": 1}
+    assert len(read_measurements(path)) == 1
+
+
+def test_csv_of_another_model_is_refused(tmp_path):
+    MeasurementLog(tmp_path / "m.csv", HEADER).close()
+    with pytest.raises(InputError, match="dtype = 'float32', this run has 'bfloat16'"):
+        MeasurementLog(tmp_path / "m.csv", {**HEADER, "dtype": "bfloat16"})
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(InputError, match="not a servesim measurements CSV"):
+        MeasurementLog(tmp_path / "x.csv", HEADER)
+
+
+def test_record_features_hand_computed():
+    rec = SimpleNamespace(prefills=[("a", 10, 32), ("b", 4, 0)], num_decodes=3,
+                          decode_context_tokens=300, num_sampled=4)
+    f = record_features(rec)
+    assert f["prefills"] == "10@32;4@0"
+    assert (f["tokens"], f["requests"], f["prefill_tokens"], f["decodes"]) == (17, 5, 14, 3)
+    assert f["context_tokens"] == 42 + 4 + 300
+    # causal pairs: 10·(32 + 11/2) + 4·(0 + 5/2) + decode contexts
+    assert f["attn_pairs"] == pytest.approx(375 + 10 + 300)
+    assert f["sampled"] == 4
+
+
+def test_cell_key_names_its_shape():
+    assert Cell("mixed", B=8, L=256, n=64, c=0).key == "mixed B=8 L=256 n=64 c=0"
