@@ -40,7 +40,7 @@ def parse_bytes(text: str, flag: str = "--kv-cache-memory") -> int:
 
 # == replay workload =========================================================================
 
-def replay_workload(shape, device: str, quick: bool, seconds_fn, seed: int = 0,
+def replay_workload(device: str, quick: bool, seconds_fn, max_model_len: int, seed: int = 0,
                     duration_s: float | None = None):
     """A Poisson workload for the replay check, scaled to the device.
 
@@ -50,6 +50,7 @@ def replay_workload(shape, device: str, quick: bool, seconds_fn, seed: int = 0,
     ``E2E`` the fitted model's time for one median request alone (``seconds_fn(n, c, B)``
     prices a step of ``B`` decodes at context ``c`` plus an ``n``-token prefill).
     ``duration_s`` (default CPU 20 s quick / 40 s, GPU 30 / 60 s) sets the request count.
+    Lengths are capped so that a request fits ``max_model_len``.
 
     Returns:
         :class:`simulator.workload.WorkloadConfig`.
@@ -58,7 +59,8 @@ def replay_workload(shape, device: str, quick: bool, seconds_fn, seed: int = 0,
 
     cpu = device == "cpu"
     p_med, p90, o_med, o90 = (96, 320, 24, 64) if cpu else (1020, 2735, 129, 424)
-    p_max = min(4 * p90, shape.max_position_embeddings // 2)
+    o_max = 4 * o90
+    p_max = min(4 * p90, max_model_len // 2, max_model_len - o_max)
     conc = 4 if cpu else 32
     dur = duration_s or ((20 if quick else 40) if cpu else (30 if quick else 60))
     e2e = seconds_fn(p_med, 0, 0) + o_med * seconds_fn(0, p_med + o_med // 2, 1)
@@ -68,7 +70,7 @@ def replay_workload(shape, device: str, quick: bool, seconds_fn, seed: int = 0,
         "seed": seed, "num_requests": n,
         "arrival": {"process": "poisson", "rate": float(f"{rate:.4g}")},
         "prompt_tokens": {"dist": "lognormal", "median": p_med, "p90": p90, "max": p_max},
-        "output_tokens": {"dist": "lognormal", "median": o_med, "p90": o90, "max": 4 * o90}})
+        "output_tokens": {"dist": "lognormal", "median": o_med, "p90": o90, "max": o_max}})
 
 
 def _steps_table(steps):
@@ -141,7 +143,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
 
     from . import fit as fitmod
     from .profiler import (MeasurementLog, default_grid, measure_ceilings, measure_grid,
-                           read_measurements)
+                           read_csv_header, read_measurements)
     from .report import write_report
 
     t_start = time.perf_counter()
@@ -172,7 +174,14 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     max_seqs = grid.max_batch() + 2
 
     # -- device ceilings and KV facts ------------------------------------------------------
-    flops, bw = measure_ceilings(device, dtype, args.quick)
+    csv_path = out.with_name(out.stem + ".measurements.csv")
+    identity = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype,
+                "device": device, "block_size": args.block_size}
+    old = read_csv_header(csv_path) if csv_path.is_file() else None
+    if old and _identity(old) == identity and old.get("ceilings"):
+        flops, bw = old["ceilings"]  # a resumed run keeps the ceilings its rows were fitted with
+    else:
+        flops, bw = measure_ceilings(device, dtype, args.quick)
     dev_info, peak_src = _device_info(device, dtype, flops, bw, args.device_name, threads)
     k = RooflineConstants.of(shape, dtype)
     eng_cfg = {"block_size": args.block_size, "max_num_seqs": max_seqs,
@@ -198,10 +207,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     engine = LLMEngine(model, {**eng_cfg, "kv_cache_memory_bytes": kv_budget})
 
     # -- the grid --------------------------------------------------------------------------
-    csv_path = out.with_name(out.stem + ".measurements.csv")
-    header = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype, "device": device,
-              "block_size": args.block_size, "engine": f"servesim-torch {__version__}",
-              "torch": torch.__version__, "threads": threads, "device_name": dev_info.name}
+    header = {**identity, "engine": f"servesim-torch {__version__}", "torch": torch.__version__,
+              "threads": threads, "device_name": dev_info.name, "ceilings": [flops, bw]}
     log = MeasurementLog(csv_path, header)
     try:
         run = measure_grid(engine, grid, log, seed=args.seed, progress=not args.no_progress,
@@ -230,7 +237,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
             replay_df = pd.read_csv(replay_path, comment="#", keep_default_na=False,
                                     dtype={"prefills": str})
         else:
-            wl = replay_workload(shape, device, args.quick, seconds, seed=args.seed,
+            wl = replay_workload(device, args.quick, seconds, max_len, seed=args.seed,
                                  duration_s=args.replay_seconds)
             specs = build_workload(wl)
             print(f"replaying {len(specs)} requests (Poisson {wl.arrival.rate:g}/s) on the "
