@@ -151,16 +151,6 @@ class ModelConfig:
             d["attention_bias"] = self.o_bias
         return d
 
-    @property
-    def num_params(self) -> int:
-        """Parameter count (embedding and LM head counted once each unless tied)."""
-        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
-        q = self.num_attention_heads * self.head_dim
-        layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
-        layer += (q + 2 * kv) * self.qkv_bias + h * self.o_bias
-        emb = self.vocab_size * h
-        return self.num_hidden_layers * layer + h + emb * (1 if self.tie_word_embeddings else 2)
-
 
 class RMSNorm(nn.Module):
     """RMSNorm (Zhang & Sennrich 2019), computed in float32 as HF ``LlamaRMSNorm``."""
