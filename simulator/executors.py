@@ -23,6 +23,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from .errors import InputError
 
 EXECUTORS = ("local", "serial", "ray")
@@ -61,18 +63,41 @@ def offered_rate(result) -> float | None:
     return float((arr.size - 1) / (arr.max() - arr.min()))
 
 
+def window_rates(result) -> tuple[float, float] | None:
+    """Offered and achieved request rates (req/s) over one window: from the first finish
+    to the last arrival of the counted requests. Arrivals and finishes are counted in the
+    same window, so a stable run compares equal however long its drain after the last
+    arrival (a whole-run throughput would count that drain against it). ``None`` when
+    the window is shorter than a quarter of the arrival span (a burst, a very short run).
+    """
+    req = result.requests
+    if len(req) == 0:
+        return None
+    req = req[~req["warmup"]]
+    arr = req["arrival_s"].to_numpy(dtype=float)
+    fin = req["finish_s"].to_numpy(dtype=float)
+    done = fin[~np.isnan(fin)]
+    if arr.size < 2 or done.size == 0:
+        return None
+    t0, t1 = float(done.min()), float(arr.max())
+    if t1 - t0 <= 0.25 * (arr.max() - arr.min()):
+        return None
+    w = t1 - t0
+    return (float(((arr >= t0) & (arr <= t1)).sum() / w),
+            float(((done >= t0) & (done <= t1)).sum() / w))
+
+
 def job_output(result) -> dict:
     """The compact output of a job: ``summary`` (the run summary), ``offered_rate``
-    (req/s, :func:`offered_rate`) and ``stable`` (achieved request throughput >=
-    :data:`STABLE_FRACTION` × offered; True when either is unknown, e.g. a closed loop)."""
+    (req/s, :func:`offered_rate`) and ``stable``: achieved >= :data:`STABLE_FRACTION` ×
+    offered over the window of :func:`window_rates` (whole-run figures when that window
+    is too short); True when the rates are unknown (e.g. a closed loop)."""
     s = result.summary
     offered = offered_rate(result)
-    achieved = s.get("request_throughput")
-    stable = True
-    if offered and achieved is not None:
-        stable = achieved >= STABLE_FRACTION * offered
-    elif offered and achieved is None:
-        stable = False
+    rates = window_rates(result)
+    if rates is None:
+        rates = (offered, s.get("request_throughput") or 0.0) if offered else None
+    stable = rates is None or rates[1] >= STABLE_FRACTION * rates[0]
     return {"summary": s, "offered_rate": offered, "stable": bool(stable)}
 
 
@@ -208,4 +233,5 @@ def make_executor(kind: str = "local", *, workers: int | None = None,
 
 
 __all__ = ["EXECUTORS", "Job", "LocalExecutor", "RayExecutor", "STABLE_FRACTION",
-           "SerialExecutor", "job_output", "make_executor", "offered_rate", "run_job"]
+           "SerialExecutor", "job_output", "make_executor", "offered_rate", "run_job",
+           "window_rates"]
