@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .executors import STABLE_FRACTION, offered_rate
+from .executors import job_output, offered_rate
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
 #: engine makes every arrival wait for the running step, so some queueing is inherent).
@@ -76,7 +76,7 @@ def find_limits(scenario, result) -> dict:
     split = ttft_split(result)
     offered = offered_rate(result)
     achieved = s.get("request_throughput")
-    stable = not (offered and (achieved or 0.0) < STABLE_FRACTION * offered)
+    stable = job_output(result)["stable"]   # the planner's stability test
     conc = s.get("concurrency") or {}
     running = (conc.get("running_mean") or 0.0) / nrep
     running_max = conc.get("running_max_per_replica") or 0

@@ -389,6 +389,17 @@ def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int =
     return n, _trail(tried)
 
 
+def _confirmed_interval(n: int, trail: list[dict]) -> tuple[int, int]:
+    """95% interval of a confirmed replica count: ``[n, n]`` when both "n meets the SLOs"
+    and "n − 1 does not" were decided by their confidence intervals; a side decided by
+    the indifference zone or the replication cap widens by one replica."""
+    by_n = {t["replicas"]: t for t in trail}
+    below = by_n.get(n - 1)
+    lo = n if n == 1 or (below is not None and below["confident"]) else n - 1
+    hi = n if by_n[n]["confident"] else n + 1
+    return lo, hi
+
+
 def _trail(tried):
     return [{"replicas": n, "feasible": e.feasible, "confident": e.confident,
              "unstable": e.unstable, "mean_ratio": e.mean_ratio, "ci95": e.ci95}
@@ -447,6 +458,7 @@ def plan(scenario, executor, *, target_rate: float | None = None,
                 r.replicas = None
                 continue
             r.replicas, r.confirmed = n, True
+            r.replicas_ci95 = _confirmed_interval(n, trail)
             _set_costs(r, target)
             if best is None or cost(r) < cost(best):
                 best = r

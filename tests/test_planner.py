@@ -81,6 +81,8 @@ def test_plan_sizes_replicas_confirmed_by_simulation():
     trail = {c["replicas"]: c["feasible"] for c in best.confirmation}
     n = best.replicas
     assert trail[n] is True and trail[n - 1] is False      # N meets the SLOs, N − 1 not
+    lo, hi = best.replicas_ci95
+    assert lo <= n <= hi and hi - lo <= 2
     assert best.costs["cost_per_hour"] == pytest.approx(n * 2.0)
     mean_out = 8.0
     assert best.costs["cost_per_million_output_tokens"] == pytest.approx(
