@@ -1,7 +1,7 @@
 """Capacity planning: sweeps, maximum rate under SLO, replica sizing, plan comparison.
 
-* :func:`sweep`: the cross product of ``--set key=v1,v2,...`` values, every point × its
-  replications as one batch of jobs; a table and latency–throughput curves.
+* :func:`~simulator.sweep.sweep` (re-exported here): the cross product of ``--set
+  key=v1,v2,...`` values; a table and latency–throughput curves.
 * :func:`plan`: for each candidate (cross product of ``plan.candidates``), the maximum
   arrival rate per replica meeting every SLO (:mod:`simulator.search`), the replicas
   needed for a target rate, cost per hour and per million output tokens, and the cheapest
@@ -14,189 +14,20 @@ Every job runs on one executor (:mod:`simulator.executors`); results do not depe
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from .errors import InputError
 from .executors import Job
 from .metrics import combine_replications
 from .search import (SearchResult, drive, evaluate, max_rate_search, run_generator,
                      with_rate)
-
-
-# == deriving scenarios ====================================================================
-
-def derive(scenario, overrides: list[str]):
-    """``scenario`` with ``key.path=value`` overrides applied and revalidated.
-
-    Raises:
-        InputError: as :func:`simulator.scenario.scenario_from_dict` (names the ``--set``).
-    """
-    from .scenario import scenario_from_dict
-
-    if not overrides:
-        return scenario
-    raw = scenario.model_dump(mode="python", exclude_none=True)
-    return scenario_from_dict(raw, scenario.base_dir, overrides=list(overrides),
-                              source=scenario.source)
-
-
-def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """Split ``--set`` flags into plain overrides and sweep axes.
-
-    A value with top-level commas (``workload.arrival.rate=1,2,4``) is a list of sweep
-    values; a YAML flow collection (``slo.ttft_ms={p99: 500, mean: 200}``) or a single
-    value is a plain override.
-
-    Returns:
-        ``(plain overrides, {key: [value strings]})``, axes in flag order.
-
-    Raises:
-        InputError: a malformed flag, an empty value in a list, or a key swept twice.
-    """
-    plain, axes = [], {}
-    for s in sets:
-        key, sep, value = s.partition("=")
-        v = value.strip()
-        if not sep or not key.strip():
-            raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
-        if v.startswith(("[", "{")) or "," not in v:
-            plain.append(s)
-            continue
-        vals = [x.strip() for x in v.split(",")]
-        if not all(vals):
-            raise InputError(f"--set {s}: empty value in the list (use v1,v2,...)")
-        k = key.strip()
-        if k in axes:
-            raise InputError(f"--set {s}: {k} is already swept")
-        axes[k] = vals
-    return plain, axes
-
-
-def _parse(v):
-    return yaml.safe_load(v) if isinstance(v, str) else v
-
-
-def _fmt_value(v) -> str:
-    return v if isinstance(v, str) else yaml.safe_dump(v, default_flow_style=True).strip() \
-        .removesuffix("...").strip()
-
-
-def grid(axes: dict[str, list]) -> list[dict[str, Any]]:
-    """Cross product of ``axes`` (first axis varies slowest), values parsed as YAML."""
-    keys = list(axes)
-    return [dict(zip(keys, (_parse(v) for v in combo)))
-            for combo in itertools.product(*(axes[k] for k in keys))]
-
-
-def _point_overrides(point: dict) -> list[str]:
-    return [f"{k}={_fmt_value(v)}" for k, v in point.items()]
-
-
-def _run(jobs: list[Job], executor, progress=None) -> list:
-    return executor.run(jobs, progress)
-
-
-# == sweep ==================================================================================
-
-@dataclass
-class SweepResult:
-    """Result of :func:`sweep`.
-
-    Attributes:
-        axes: ``{key: [values]}`` swept (first axis = the x of each curve).
-        table: one row per point: the swept values, ``offered_rate`` and
-            ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``,
-            TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
-            ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications.
-        knees: per line (combination of the other axes), the highest stable value of the
-            first axis: ``[{...other axis values, "knee": value}]``.
-        summaries: per point, the replication summaries.
-    """
-
-    axes: dict[str, list]
-    table: pd.DataFrame
-    knees: list[dict]
-    summaries: list[list[dict]] = field(repr=False)
-
-
-_SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
-                  ("ttft_ms", "p50"), ("ttft_ms", "p99"), ("tpot_ms", "p50"),
-                  ("tpot_ms", "p99"), ("itl_ms", "p99"), ("e2el_ms", "p99"),
-                  ("queue_ms", "mean")]
-
-
-def _get(d, path):
-    for k in path:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d
-
-
-def sweep(scenario, axes: dict[str, list], executor, *,
-          progress: Callable[[int, int], None] | None = None) -> SweepResult:
-    """Run every point of the cross product of ``axes`` (``sim.replications`` each).
-
-    Args:
-        scenario: the base scenario (plain overrides already applied).
-        axes: ``{key path: [values]}`` (strings are parsed as YAML).
-        executor: from :func:`simulator.executors.make_executor`.
-
-    Raises:
-        InputError: a point that is not a valid scenario (names the ``--set``).
-    """
-    points = grid(axes)
-    scs = [derive(scenario, _point_overrides(p)) for p in points]
-    jobs = [Job(sc, k) for sc in scs for k in range(sc.sim.replications)]
-    outs = _run(jobs, executor, progress)
-    rows, per_point = [], []
-    i = 0
-    for p, sc in zip(points, scs):
-        n = sc.sim.replications
-        group = outs[i:i + n]
-        i += n
-        sums = [o["summary"] for o in group]
-        per_point.append(sums)
-        comb = combine_replications(sums) if n > 1 else None
-        row = dict(p)
-        offered = [o["offered_rate"] for o in group if o["offered_rate"]]
-        row["offered_rate"] = float(np.mean(offered)) if offered else None
-        row["stable"] = all(o["stable"] for o in group)
-        for path in _SWEEP_FIGURES:
-            name = "_".join(path).replace("_ms_", "_") if len(path) > 1 else path[0]
-            vals = [_get(s, path) for s in sums]
-            vals = [v for v in vals if v is not None]
-            row[name] = float(np.mean(vals)) if vals else None
-            if comb is not None:
-                node = _get(comb, path)
-                row[name + "_ci95"] = node.get("ci95") if isinstance(node, dict) else None
-        row["slo_met"] = (all(s.get("slo_met") for s in sums)
-                          if sums[0].get("slo_met") is not None else None)
-        row["cost_kind"] = sums[0].get("cost_kind")
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    return SweepResult(dict(axes), table, knees(table, list(axes)), per_point)
-
-
-def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
-    """Per line (other axes' values), the highest stable value of the first axis."""
-    if not keys or table.empty:
-        return []
-    x, others = keys[0], keys[1:]
-    groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
-    out = []
-    for vals, df in groups:
-        vals = vals if isinstance(vals, tuple) else (vals,)
-        stable = df[df["stable"]]
-        knee = stable[x].max() if len(stable) else None
-        out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
-                    "knee": getattr(knee, "item", lambda: knee)()})
-    return out
+from .sweep import (SweepResult, _fmt_value, _get, _point_overrides, _run, derive, grid,
+                    knees, split_sets, sweep)
 
 
 # == candidates and plans ==================================================================
@@ -345,12 +176,15 @@ def _candidate_search(c: Candidate, target: float, kw: dict):
                          replicas_needed(target, lo) if lo else None)
     ev = yield from evaluate(with_rate(sc, target / n), min_replications=kw["min_replications"],
                              max_replications=kw["min_replications"], tolerance=kw["tolerance"])
-    sums = [o["summary"] for o in ev.outputs]
+    _set_operating(row, [o["summary"] for o in ev.outputs])
+    _set_costs(row, target)
+    return row
+
+
+def _set_operating(row: PlanRow, sums: list[dict]) -> None:
     row.operating = combine_replications(sums)
     toks = [s["total_output_tokens"] / s["completed"] for s in sums if s.get("completed")]
     row.mean_output_tokens = float(np.mean(toks)) if toks else None
-    _set_costs(row, target)
-    return row
 
 
 def _set_costs(row: PlanRow, target: float) -> None:
@@ -369,7 +203,7 @@ def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int =
     """Generator: the fewest replicas meeting every SLO at ``target`` req/s behind the
     scenario's router, starting from the estimate ``start``: up while infeasible, down
     while N − 1 is feasible. Returns ``(N or None, [{replicas, feasible, confident,
-    mean_ratio}])``."""
+    unstable, mean_ratio, ci95}], RateEval at N or None)``."""
     kw = dict(min_replications=min_replications, max_replications=max_replications,
               tolerance=tolerance)
     tried: dict[int, Any] = {}
@@ -383,10 +217,10 @@ def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int =
     while not (yield from ok(n)):
         n += 1
         if n > max_replicas:
-            return None, _trail(tried)
+            return None, _trail(tried), None
     while n > 1 and (yield from ok(n - 1)):
         n -= 1
-    return n, _trail(tried)
+    return n, _trail(tried), tried[n]
 
 
 def _confirmed_interval(n: int, trail: list[dict]) -> tuple[int, int]:
@@ -450,7 +284,7 @@ def plan(scenario, executor, *, target_rate: float | None = None,
         for r in feasible:
             if best is not None and cost(best) <= cost(r):
                 break
-            n, trail = run_generator(confirm_replicas(
+            n, trail, at_n = run_generator(confirm_replicas(
                 r.candidate.scenario, target, r.replicas, max_replicas=cfg.max_replicas,
                 **kw), executor)
             r.confirmation = trail
@@ -459,6 +293,7 @@ def plan(scenario, executor, *, target_rate: float | None = None,
                 continue
             r.replicas, r.confirmed = n, True
             r.replicas_ci95 = _confirmed_interval(n, trail)
+            _set_operating(r, [o["summary"] for o in at_n.outputs])   # the deployment itself
             _set_costs(r, target)
             if best is None or cost(r) < cost(best):
                 best = r

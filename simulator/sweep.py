@@ -1,0 +1,192 @@
+"""Scenario grids and sweeps: ``--set key=v1,v2,...`` values, their cross product, and
+one run (× replications) per point, with a table and the knee of each curve.
+
+Every point × replication is one :class:`~simulator.executors.Job`; all of a sweep's jobs
+go to the executor as one batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from .errors import InputError
+from .executors import Job
+from .metrics import combine_replications
+
+
+# == deriving scenarios ====================================================================
+
+def derive(scenario, overrides: list[str]):
+    """``scenario`` with ``key.path=value`` overrides applied and revalidated.
+
+    Raises:
+        InputError: as :func:`simulator.scenario.scenario_from_dict` (names the ``--set``).
+    """
+    from .scenario import scenario_from_dict
+
+    if not overrides:
+        return scenario
+    raw = scenario.model_dump(mode="python", exclude_none=True)
+    return scenario_from_dict(raw, scenario.base_dir, overrides=list(overrides),
+                              source=scenario.source)
+
+
+def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Split ``--set`` flags into plain overrides and sweep axes.
+
+    A value with top-level commas (``workload.arrival.rate=1,2,4``) is a list of sweep
+    values; a YAML flow collection (``slo.ttft_ms={p99: 500, mean: 200}``) or a single
+    value is a plain override.
+
+    Returns:
+        ``(plain overrides, {key: [value strings]})``, axes in flag order.
+
+    Raises:
+        InputError: a malformed flag, an empty value in a list, or a key swept twice.
+    """
+    plain, axes = [], {}
+    for s in sets:
+        key, sep, value = s.partition("=")
+        v = value.strip()
+        if not sep or not key.strip():
+            raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+        if v.startswith(("[", "{")) or "," not in v:
+            plain.append(s)
+            continue
+        vals = [x.strip() for x in v.split(",")]
+        if not all(vals):
+            raise InputError(f"--set {s}: empty value in the list (use v1,v2,...)")
+        k = key.strip()
+        if k in axes:
+            raise InputError(f"--set {s}: {k} is already swept")
+        axes[k] = vals
+    return plain, axes
+
+
+def _parse(v):
+    return yaml.safe_load(v) if isinstance(v, str) else v
+
+
+def _fmt_value(v) -> str:
+    return v if isinstance(v, str) else yaml.safe_dump(v, default_flow_style=True).strip() \
+        .removesuffix("...").strip()
+
+
+def grid(axes: dict[str, list]) -> list[dict[str, Any]]:
+    """Cross product of ``axes`` (first axis varies slowest), values parsed as YAML."""
+    keys = list(axes)
+    return [dict(zip(keys, (_parse(v) for v in combo)))
+            for combo in itertools.product(*(axes[k] for k in keys))]
+
+
+def _point_overrides(point: dict) -> list[str]:
+    return [f"{k}={_fmt_value(v)}" for k, v in point.items()]
+
+
+def _run(jobs: list[Job], executor, progress=None) -> list:
+    return executor.run(jobs, progress)
+
+
+# == sweep ==================================================================================
+
+@dataclass
+class SweepResult:
+    """Result of :func:`sweep`.
+
+    Attributes:
+        axes: ``{key: [values]}`` swept (first axis = the x of each curve).
+        table: one row per point: the swept values, ``offered_rate`` and
+            ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``,
+            TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
+            ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications.
+        knees: per line (combination of the other axes), the highest stable value of the
+            first axis: ``[{...other axis values, "knee": value}]``.
+        summaries: per point, the replication summaries.
+    """
+
+    axes: dict[str, list]
+    table: pd.DataFrame
+    knees: list[dict]
+    summaries: list[list[dict]] = field(repr=False)
+
+
+_SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
+                  ("ttft_ms", "p50"), ("ttft_ms", "p99"), ("tpot_ms", "p50"),
+                  ("tpot_ms", "p99"), ("itl_ms", "p99"), ("e2el_ms", "p99"),
+                  ("queue_ms", "mean")]
+
+
+def _get(d, path):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def sweep(scenario, axes: dict[str, list], executor, *,
+          progress: Callable[[int, int], None] | None = None) -> SweepResult:
+    """Run every point of the cross product of ``axes`` (``sim.replications`` each).
+
+    Args:
+        scenario: the base scenario (plain overrides already applied).
+        axes: ``{key path: [values]}`` (strings are parsed as YAML).
+        executor: from :func:`simulator.executors.make_executor`.
+
+    Raises:
+        InputError: a point that is not a valid scenario (names the ``--set``).
+    """
+    points = grid(axes)
+    scs = [derive(scenario, _point_overrides(p)) for p in points]
+    jobs = [Job(sc, k) for sc in scs for k in range(sc.sim.replications)]
+    outs = _run(jobs, executor, progress)
+    rows, per_point = [], []
+    i = 0
+    for p, sc in zip(points, scs):
+        n = sc.sim.replications
+        group = outs[i:i + n]
+        i += n
+        sums = [o["summary"] for o in group]
+        per_point.append(sums)
+        comb = combine_replications(sums) if n > 1 else None
+        row = dict(p)
+        offered = [o["offered_rate"] for o in group if o["offered_rate"]]
+        row["offered_rate"] = float(np.mean(offered)) if offered else None
+        row["stable"] = all(o["stable"] for o in group)
+        for path in _SWEEP_FIGURES:
+            name = "_".join(path).replace("_ms_", "_") if len(path) > 1 else path[0]
+            vals = [_get(s, path) for s in sums]
+            vals = [v for v in vals if v is not None]
+            row[name] = float(np.mean(vals)) if vals else None
+            if comb is not None:
+                node = _get(comb, path)
+                row[name + "_ci95"] = node.get("ci95") if isinstance(node, dict) else None
+        row["slo_met"] = (all(s.get("slo_met") for s in sums)
+                          if sums[0].get("slo_met") is not None else None)
+        row["cost_kind"] = sums[0].get("cost_kind")
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return SweepResult(dict(axes), table, knees(table, list(axes)), per_point)
+
+
+def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
+    """Per line (other axes' values), the highest stable value of the first axis."""
+    if not keys or table.empty:
+        return []
+    x, others = keys[0], keys[1:]
+    groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
+    out = []
+    for vals, df in groups:
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        stable = df[df["stable"]]
+        knee = stable[x].max() if len(stable) else None
+        out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
+                    "knee": getattr(knee, "item", lambda: knee)()})
+    return out
+
+
+__all__ = ["SweepResult", "derive", "grid", "knees", "split_sets", "sweep"]
