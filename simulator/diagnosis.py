@@ -128,12 +128,13 @@ def find_limits(scenario, result) -> dict:
     itl = s.get("itl_ms") or {}
     if itl.get("p50") and itl.get("p99") and itl["p99"] > ITL_SPIKE * itl["p50"] \
             and (s.get("total_prompt_tokens") or 0) > 0:
-        half = max(e.max_num_batched_tokens // 2, e.max_num_seqs)
+        # 512-token chunks: a common vLLM setting when ITL matters more than prefill speed.
+        chunk = max(min(e.max_num_batched_tokens // 2, 512), e.max_num_seqs)
         found.append(_finding(
             "prefill_interference", f"ITL p99 {itl['p99']:.3g} ms is "
             f"{itl['p99'] / itl['p50']:.1f}× its median: prefill chunks stall decodes",
             "lower max_num_batched_tokens (shorter prefill chunks per step)",
-            f"engine.max_num_batched_tokens={half}" if half < e.max_num_batched_tokens
+            f"engine.max_num_batched_tokens={chunk}" if chunk < e.max_num_batched_tokens
             else None))
     pf = getattr(scenario.workload, "prefix", None)
     if pf is not None and s.get("total_prompt_tokens"):
@@ -155,15 +156,24 @@ def find_limits(scenario, result) -> dict:
             "queued": queued}
 
 
-def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None]:
-    """The figure a counterfactual should move: the worst SLO ratio when SLOs are given,
-    else TTFT p99 for queueing limits and ITL p99 for interference."""
+def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None, bool]:
+    """The figure a counterfactual should move, and whether lower is better: the hit rate
+    for prefix-cache findings, else the worst SLO ratio when SLOs are given, else TTFT p99
+    for queueing limits and ITL p99 for interference."""
     from .search import slo_ratio
 
+    if limit == "prefix_cache":
+        return "prefix-cache hit rate", summary.get("prefix_cache_hit_rate"), False
     if summary.get("slo"):
-        return "worst SLO value / threshold", slo_ratio(summary)
+        return "worst SLO value / threshold", slo_ratio(summary), True
     key = "itl_ms" if limit == "prefill_interference" else "ttft_ms"
-    return f"{key[:-3].upper()} p99 (ms)", (summary.get(key) or {}).get("p99")
+    return f"{key[:-3].upper()} p99 (ms)", (summary.get(key) or {}).get("p99"), True
+
+
+def _moved(before, after, lower_better: bool) -> bool:
+    if before is None or after is None:
+        return False
+    return after < 0.9 * before if lower_better else after > 1.1 * before + 0.01
 
 
 def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
@@ -194,12 +204,12 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         sc = scenario_from_dict(raw, scenario.base_dir, source=scenario.source,
                                 overrides=first["change"].split(","))
         alt = simulate(sc, replication=result.summary.get("replication") or 0).summary
-        name, before = _headline(scenario, result.summary, first["limit"])
-        _, after = _headline(scenario, alt, first["limit"])
+        name, before, lower = _headline(scenario, result.summary, first["limit"])
+        _, after, _ = _headline(scenario, alt, first["limit"])
         d["counterfactual"] = {
             "change": first["change"], "figure": name, "before": before, "after": after,
             "slo_met_before": result.summary.get("slo_met"), "slo_met_after": alt.get("slo_met"),
-            "moved": (before is not None and after is not None and after < 0.9 * before)}
+            "moved": _moved(before, after, lower)}
     return d
 
 

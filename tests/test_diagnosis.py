@@ -58,3 +58,55 @@ def test_light_load_has_no_binding_limit_and_ttft_splits_exactly():
     # One prefill step (10 ms) from first scheduled to first token for every request.
     assert sp["prefill_ms"]["p50"] == pytest.approx(10.0) and sp["prefill_ms"]["p99"] == pytest.approx(10.0)
     assert sp["ttft_ms"]["mean"] == pytest.approx(sp["queue_ms"]["mean"] + 10.0)
+
+
+def test_long_prefills_stalling_decodes():
+    # 1900-token prompts add 38 ms to a 5 ms decode step: ITL p99 ≈ 43 ms vs p50 5 ms.
+    # 512-token chunks bound the stall at ~15 ms, which the counterfactual confirms.
+    s = sc({"max_num_seqs": 64}, {"base_s": 0.005, "per_prefill_token_s": 2e-5}, 2,
+           prompt=1900, out=64, n=300)
+    d = diagnose(s, simulate(s))
+    assert d["binding"] == "prefill_interference" and not d["queued"]
+    cf = d["counterfactual"]
+    assert cf["change"] == "engine.max_num_batched_tokens=512"
+    assert cf["before"] == pytest.approx(5 + 38, rel=0.01)
+    assert cf["after"] < 20 and cf["moved"]
+
+
+def test_prefix_cache_misses():
+    s = scenario_from_dict({
+        "name": "d", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_model_len": 2048, "max_num_seqs": 64, "enable_prefix_caching": False},
+        "workload": {"seed": 0, "num_requests": 300,
+                     "arrival": {"process": "poisson", "rate": 5},
+                     "prompt_tokens": {"dist": "fixed", "value": 600},
+                     "output_tokens": {"dist": "fixed", "value": 8},
+                     "prefix": {"shared_tokens": 512, "groups": 2}}})
+    d = diagnose(s, simulate(s))
+    assert d["binding"] == "prefix_cache"
+    cf = d["counterfactual"]
+    assert cf["change"] == "engine.enable_prefix_caching=true"
+    # Two groups of 512 shared tokens (32 blocks): all but the first request of each group
+    # hit all 512 tokens of their 600.
+    assert cf["before"] == 0 and cf["after"] == pytest.approx(298 * 512 / (300 * 600), rel=1e-3)
+
+
+def test_run_report_has_diagnosis(tmp_path):
+    import json
+
+    from simulator.cli import main
+
+    y = tmp_path / "s.yaml"
+    y.write_text("""model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 300
+  arrival: {process: poisson, rate: 16}
+  prompt_tokens: {dist: fixed, value: 16}
+  output_tokens: {dist: fixed, value: 32}
+""")
+    assert main(["run", str(y), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    d = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
+    assert d["binding"] == "max_num_seqs"
+    assert "## Diagnosis" in (tmp_path / "r" / "report.md").read_text()

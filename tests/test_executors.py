@@ -59,3 +59,24 @@ def test_unknown_executor():
     from simulator.errors import InputError
     with pytest.raises(InputError, match="allowed"):
         make_executor("dask")
+
+
+def test_plan_is_identical_on_serial_and_local():
+    from simulator.planner import plan, plan_table
+
+    sc = scenario_from_dict({
+        "name": "p", "model": "llama-test",
+        "hardware": {"step_time": {"constant_s": 0.01}, "price_per_gpu_hour": 1.0},
+        "engine": {"max_num_seqs": 2, "max_model_len": 512},
+        "workload": {"seed": 1, "num_requests": 200,
+                     "arrival": {"process": "poisson", "rate": 10},
+                     "prompt_tokens": {"dist": "fixed", "value": 8},
+                     "output_tokens": {"dist": "fixed", "value": 4}},
+        "slo": {"ttft_ms": {"p99": 100}},
+        "plan": {"target_rate": 60, "candidates": {"engine.max_num_seqs": [2, 4]},
+                 "max_replications": 3}})
+    with make_executor("serial") as ex:
+        a = plan_table(plan(sc, ex))
+    with make_executor("local", workers=2) as ex:
+        b = plan_table(plan(sc, ex))
+    assert a.equals(b)
