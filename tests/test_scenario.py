@@ -106,7 +106,7 @@ def test_unknown_keys_reported_before_consequences(tmp_path):
     p.write_text(yaml.safe_dump({**raw, "hardwre": BASE["hardware"]}))
     assert err(load_scenario, p).startswith(
         "s.yaml: hardwre: unknown key (allowed: name, model, dtype, hardware, engine, cluster, "
-        "workload, slo, sim) (and 1 more error)")
+        "workload, slo, sim, plan) (and 1 more error)")
 
 
 def test_yaml_syntax_error_names_line(tmp_path):
