@@ -11,6 +11,9 @@ import json
 import sys
 from pathlib import Path
 
+from calibration import cli as calibration_cli
+
+from . import planner_cli
 from .errors import InputError
 
 
@@ -80,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("schema", help="print the scenario JSON Schema")
     p.set_defaults(func=_cmd_schema)
-    __import__("simulator.planner_cli", fromlist=["add_parsers"]).add_parsers(sub)
-    __import__("calibration.cli", fromlist=["add_parsers"]).add_parsers(sub)
+    planner_cli.add_parsers(sub)
+    # calibrate / profiles / validate: calibration.cli imports torch only when one runs,
+    # so a planner-only install (no torch) keeps every other command.
+    calibration_cli.add_parsers(sub)
     return ap
 
 
