@@ -45,12 +45,13 @@ def replay_workload(device: str, quick: bool, seconds_fn, max_model_len: int, se
     """A Poisson workload for the replay check, scaled to the device.
 
     Lengths are lognormal (CPU: prompts median 96 / p90 320, outputs 24 / 64; GPU: the
-    Azure 2023 conversation trace's 1020 / 2735 and 129 / 424, as ``scenarios/chat.yaml``).
-    The rate keeps about ``C`` requests in flight (CPU 4, GPU 32): ``rate = C / E2E`` with
-    ``E2E`` the fitted model's time for one median request alone (``seconds_fn(n, c, B)``
-    prices a step of ``B`` decodes at context ``c`` plus an ``n``-token prefill).
-    ``duration_s`` (default CPU 20 s quick / 40 s, GPU 30 / 60 s) sets the request count.
-    Lengths are capped so that a request fits ``max_model_len``.
+    Azure 2023 conversation trace's 1020 / 2735 and 129 / 424, as ``scenarios/chat.yaml``),
+    capped so that a request fits ``max_model_len``. The rate loads the engine to about
+    60 %: ``rate = 0.6 / W`` with ``W`` the fitted engine time of one median request when
+    ``C`` run together (CPU 4, GPU 32) — its prefill plus its share of each decode step,
+    ``t(prefill P) + O · t(C decodes) / C``; ``seconds_fn(n, c, B)`` prices a step of ``B``
+    decodes at context ``c`` plus an ``n``-token prefill. ``duration_s`` (default CPU 20 s
+    quick / 40 s, GPU 30 / 60 s) sets the request count.
 
     Returns:
         :class:`simulator.workload.WorkloadConfig`.
@@ -63,8 +64,8 @@ def replay_workload(device: str, quick: bool, seconds_fn, max_model_len: int, se
     p_max = min(4 * p90, max_model_len // 2, max_model_len - o_max)
     conc = 4 if cpu else 32
     dur = duration_s or ((20 if quick else 40) if cpu else (30 if quick else 60))
-    e2e = seconds_fn(p_med, 0, 0) + o_med * seconds_fn(0, p_med + o_med // 2, 1)
-    rate = conc / e2e
+    work = seconds_fn(p_med, 0, 0) + o_med * seconds_fn(0, p_med + o_med // 2, conc) / conc
+    rate = 0.6 / work
     n = max(8, int(math.ceil(rate * dur)))
     return WorkloadConfig.model_validate({
         "seed": seed, "num_requests": n,
@@ -230,7 +231,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         def seconds(n, c, B):
             X = {"tokens": [n + B], "requests": [int(n > 0) + B], "prefill_tokens": [n],
                  "decodes": [B], "context_tokens": [(n and c + n) + B * c],
-                 "attn_pairs": [n * (n + 1) / 2 + B * c], "sampled": [1]}
+                 "attn_pairs": [n * (n + 1) / 2 + B * c], "sampled": [B + int(n > 0)]}
             return float(fitmod.predict(result.form, result.coefficients, k, X)[0])
 
         if replay_path.is_file() and read_csv_identity(replay_path) == _identity(header):

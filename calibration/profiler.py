@@ -4,8 +4,8 @@ The grid covers what the scheduler produces:
 
 * ``prefill n=N c=C``: one prompt chunk of ``N`` new tokens after ``C`` cached ones (a
   prefix-cache hit), no decodes;
-* ``decode B=B L=L``: ``B`` requests decoding one token each, contexts spread over
-  ``[L/2, 3L/2]``;
+* ``decode B=B L=L``: ``B`` requests decoding one token each, contexts of mean ``L``
+  spread as in served traffic (:func:`decode_lengths`);
 * ``mixed B=B L=L n=N c=C``: both in one step (vLLM V1 chunked-prefill steps).
 
 Each measurement is one real :meth:`LLMEngine.step` of the engine (schedule, inputs,
@@ -102,13 +102,15 @@ class Grid:
         head = self.decode_headroom(len(self.mixed_chunks))
         for L in self.decode_contexts:
             for B in self.decode_batches:
-                if L * 3 // 2 + head <= max_model_len and B * (L + head + bs) <= kv_tokens:
+                if max(decode_lengths(B, L)) + head <= max_model_len \
+                        and B * (L + head + bs) <= kv_tokens:
                     out.append(Cell("decode", B=B, L=L))
         for L in self.mixed_contexts:
             for B in self.mixed_batches:
                 for n, c in self.mixed_chunks:
                     need = B * (L + head + bs) + rc(c) + n + bs
-                    if L * 3 // 2 + head <= max_model_len and rc(c) + n <= max_model_len \
+                    if max(decode_lengths(B, L)) + head <= max_model_len \
+                            and rc(c) + n <= max_model_len \
                             and need <= kv_tokens:
                         out.append(Cell("mixed", B=B, L=L, n=n, c=rc(c)))
         return out
@@ -283,6 +285,21 @@ def _no_forward(engine):
         del engine._execute
 
 
+# Contexts of one decode batch span this factor, as in served traffic: the Azure LLM
+# inference 2023 conversation trace's prompt lengths have p90 / p10 ≈ 7-8 (lognormal σ ≈
+# 0.8). The runner batches decodes in groups of similar length, so the spread matters.
+CONTEXT_SPREAD = 8.0
+
+
+def decode_lengths(B: int, L: int) -> list[int]:
+    """Context lengths of a ``decode B=B L=L`` cell: ``B`` values spaced geometrically over
+    a factor :data:`CONTEXT_SPREAD`, scaled to mean ``L`` (``[L]`` for ``B = 1``)."""
+    if B == 1:
+        return [L]
+    g = CONTEXT_SPREAD ** (np.arange(B) / (B - 1))
+    return [max(1, int(round(x))) for x in L * g / g.mean()]
+
+
 class _Driver:
     """Builds the contexts of the grid's cells on one engine and measures steps."""
 
@@ -329,11 +346,9 @@ class _Driver:
             self.until_first_tokens([rid])
 
     def start_decodes(self, B: int, L: int) -> list:
-        """``B`` requests with fresh prompts prefilled without a forward, decoding until
-        stopped (or ``max_model_len``). Prompt lengths spread evenly over ``[L/2, 3L/2]``
-        (mean ``L``), as contexts in a served batch do: the runner then batches them in
-        several length groups, as it does when serving."""
-        lens = [L] if B == 1 else [max(1, round(L * (0.5 + (i + 0.5) / B))) for i in range(B)]
+        """``B`` requests with fresh prompts (:func:`decode_lengths`) prefilled without a
+        forward, decoding until stopped (or ``max_model_len``)."""
+        lens = decode_lengths(B, L)
         with _no_forward(self.engine):
             rids = [self.add(self.tokens(n), self.engine.max_model_len - n) for n in lens]
             self.until_first_tokens(rids)
@@ -555,6 +570,6 @@ def memory_bytes(device: str) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-__all__ = ["CSV_COLUMNS", "Cell", "Grid", "GridRun", "MeasurementLog", "cpu_name",
+__all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "Grid", "GridRun", "MeasurementLog", "cpu_name",
            "default_grid", "measure_ceilings", "measure_grid", "memory_bytes",
            "read_measurements", "record_features", "warm_up"]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from calibration.engine import LLMEngine
-from calibration.profiler import (Cell, Grid, MeasurementLog, measure_grid, read_measurements,
-                                  record_features)
+from calibration.profiler import (Cell, Grid, MeasurementLog, decode_lengths, measure_grid,
+                                  read_measurements, record_features)
 from simulator.errors import InputError
 
 GRID = Grid(prefill_chunks=(16, 48), prefill_contexts=(0, 32), decode_batches=(1, 3),
@@ -68,11 +68,11 @@ def test_every_row_has_its_cells_step_shape(tmp_path):
         assert r["decodes"] == c.B and r["requests"] == c.B + (c.kind != "decode")
         if c.kind == "decode":
             assert r["prefills"] == ""
-            # prompts spread evenly over [L/2, 3L/2] (sum B·L, up to rounding), each
+            # prompts of mean L spread over a factor 8 (sum B·L up to rounding), each
             # decode attending its prompt plus the tokens generated so far (a few)
-            lens = [c.L] if c.B == 1 else [round(c.L * (0.5 + (i + 0.5) / c.B))
-                                           for i in range(c.B)]
+            lens = decode_lengths(c.B, c.L)
             assert abs(sum(lens) - c.B * c.L) <= c.B
+            assert max(lens) / min(lens) == pytest.approx(8, rel=0.1) or c.B == 1
             assert sum(lens) + c.B <= r["context_tokens"] <= sum(lens) + 12 * c.B
         else:
             assert r["prefills"] == f"{c.n}@{c.c}"
@@ -154,6 +154,12 @@ def test_record_features_hand_computed():
     # causal pairs: 10·(32 + 11/2) + 4·(0 + 5/2) + decode contexts
     assert f["attn_pairs"] == pytest.approx(375 + 10 + 300)
     assert f["sampled"] == 4
+
+
+def test_decode_lengths_hand_computed():
+    # B = 3: 8^0, 8^0.5, 8^1 = 1, 2.828, 8 (mean 3.943), scaled to mean 100
+    assert decode_lengths(3, 100) == [25, 72, 203]
+    assert decode_lengths(1, 100) == [100]
 
 
 def test_cell_key_names_its_shape():
