@@ -17,7 +17,7 @@ joins them to HF parameter names.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +69,6 @@ class ModelConfig:
     model_type: str = "llama"
     eos_token_id: int | list | None = None
     bos_token_id: int | None = None
-    extra: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_hf(cls, d: dict, source: str = "config") -> "ModelConfig":
@@ -144,7 +143,7 @@ class ModelConfig:
             "model_type": self.model_type,
             "hidden_act": "silu",
             **{k: v for k, v in asdict(self).items()
-               if k not in ("qkv_bias", "o_bias", "model_type", "extra", "rope_scaling")},
+               if k not in ("qkv_bias", "o_bias", "model_type", "rope_scaling")},
             "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
         }
         if self.model_type == "llama":
