@@ -307,6 +307,9 @@ def _write_csv_atomic(path: Path, header: dict, df) -> None:
     import os
     import tempfile
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are ordinary files
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write("# " + json.dumps(header, sort_keys=True) + "\n")

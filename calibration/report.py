@@ -100,6 +100,9 @@ def _figure(profile, result, df, replay_df, k, peaks):
 
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are ordinary files
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

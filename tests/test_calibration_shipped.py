@@ -1,0 +1,78 @@
+"""The shipped CPU profile: its CSVs reproduce the errors it reports, it meets the accuracy
+target on replay steps the fit never saw, and `servesim run` refuses it for another model
+or dtype."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from calibration.fit import refit_profile, replay_errors
+from simulator.cli import main
+from simulator.cost_model import PROFILES_DIR, RooflineConstants, build_cost_model, load_profile
+from simulator.scenario import load_scenario
+
+NAME = "cpu-llama-tiny-56m-bfloat16"
+SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_profile(PROFILES_DIR / f"{NAME}.yaml")
+
+
+def test_shipped_profile_is_a_measurement_of_the_tiny_model(profile):
+    assert profile.measured and profile.engine.startswith("servesim-torch ")
+    assert (profile.model.name, profile.dtype, profile.device.kind) == (
+        "llama-tiny-56m", "bfloat16", "cpu")
+    # 2 (K, V) x 8 layers x 4 kv heads x 64 x 2 bytes; 2 GiB budget / (16 x 8 KiB)
+    assert profile.kv.bytes_per_token == 8192
+    assert profile.kv.num_gpu_blocks == (2 << 30) // (16 * 8192)
+    assert (PROFILES_DIR / profile.provenance.measurements_csv).is_file()
+    assert profile.noise.relative_residuals and profile.efficiencies.mbu > 0
+
+
+def test_csv_reproduces_the_reported_heldout_error(profile):
+    refit = refit_profile(profile)
+    assert refit.form == profile.cost.form
+    for key in ("mape", "p90", "max", "n"):
+        assert refit.heldout[key] == pytest.approx(getattr(profile.error.heldout, key),
+                                                   rel=1e-9)
+    for name, v in profile.cost.coefficients.items():
+        assert refit.coefficients[name] == pytest.approx(v, rel=1e-9)
+
+
+def test_replay_error_meets_the_target(profile):
+    steps = pd.read_csv(PROFILES_DIR / f"{NAME}.replay.csv", comment="#",
+                        keep_default_na=False, dtype={"prefills": str})
+    k = RooflineConstants.of(profile.model_shape, profile.dtype)
+    err = replay_errors(profile.cost.form, profile.cost.coefficients, k, steps)
+    assert err == pytest.approx(profile.error.replay.model_dump(), rel=1e-9)
+    assert err["mape"] <= 0.10 and err["p90"] <= 0.20
+
+
+def test_cpu_tiny_scenario_prices_steps_with_the_profile(profile):
+    sc = load_scenario(SCENARIO)
+    cost = build_cost_model(sc)
+    assert cost.measured and cost.profile.name == NAME
+    assert cost.num_gpu_blocks == profile.kv.memory_budget_bytes // (
+        sc.engine.block_size * profile.kv.bytes_per_token)
+
+
+@pytest.mark.parametrize("override, shown", [
+    ("model=llama-test", "the scenario runs llama-test (bfloat16)"),
+    ("dtype=float32", "the scenario runs llama-tiny-56m (float32)")])
+def test_run_refuses_profile_of_another_model_or_dtype(override, shown, tmp_path, capsys):
+    rc = main(["run", str(SCENARIO), "--set", override, "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert f"profile {NAME} was measured for model llama-tiny-56m (bfloat16)" in err[0]
+    assert shown in err[0] and "hardware.profile" in err[0]
+    assert not any(tmp_path.iterdir())
+
+
+def test_run_with_the_profile(tmp_path, capsys):
+    rc = main(["run", str(SCENARIO), "--set", "workload.num_requests=20", "--out",
+               str(tmp_path), "--quiet"])
+    assert rc == 0
+    assert (tmp_path / "summary.json").is_file()
