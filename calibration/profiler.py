@@ -25,6 +25,7 @@ measured; a rerun with the same CSV skips what it already holds.
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
 import time
@@ -140,11 +141,11 @@ def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
     """
     fit = lambda xs: tuple(x for x in xs if x < max_model_len)  # noqa: E731
     if device == "cpu":
-        if quick:
-            return Grid(prefill_chunks=(16, 128, 512), prefill_contexts=fit((0, 512)),
-                        decode_batches=(1, 4, 16), decode_contexts=fit((64, 512)),
-                        mixed_batches=(4,), mixed_contexts=fit((256,)),
-                        mixed_chunks=((64, 0), (256, 256)), repeats=3,
+        if quick:  # the full grid's shapes, thinned: every batch size, fewer contexts
+            return Grid(prefill_chunks=(16, 64, 256, 768), prefill_contexts=fit((0, 1024)),
+                        decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 512)),
+                        mixed_batches=(2, 8), mixed_contexts=fit((256,)),
+                        mixed_chunks=((32, 0), (256, 256)), repeats=3,
                         decode_steps_per_visit=2)
         return Grid(prefill_chunks=(16, 64, 256, 768), prefill_contexts=fit((0, 256, 1024)),
                     decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 256, 1024)),
@@ -228,7 +229,7 @@ class MeasurementLog:
 
     Raises:
         InputError: the file exists but was measured for another model, dtype, device or
-            block size (its header says which).
+            block size (its header says which), or another run holds it (``flock``).
     """
 
     def __init__(self, path: str | Path, header: dict):
@@ -251,6 +252,11 @@ class MeasurementLog:
                 f.write("# " + json.dumps(header, sort_keys=True) + "\n")
                 csv.writer(f).writerow(CSV_COLUMNS)
         self._f = open(self.path, "a", encoding="utf-8", newline="")
+        try:  # one writer at a time: two runs on one CSV would each miss the other's rows
+            fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._f.close()
+            raise InputError(f"{self.path}: another calibration is writing this file") from None
         self._w = csv.writer(self._f)
 
     def _repair_tail(self) -> None:

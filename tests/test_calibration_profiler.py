@@ -135,6 +135,14 @@ def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
     assert len(read_measurements(path)) == 1
 
 
+def test_second_writer_is_refused(tmp_path):
+    first = MeasurementLog(tmp_path / "m.csv", HEADER)
+    with pytest.raises(InputError, match="another calibration is writing"):
+        MeasurementLog(tmp_path / "m.csv", HEADER)
+    first.close()
+    MeasurementLog(tmp_path / "m.csv", HEADER).close()
+
+
 def test_csv_of_another_model_is_refused(tmp_path):
     MeasurementLog(tmp_path / "m.csv", HEADER).close()
     with pytest.raises(InputError, match="dtype = 'float32', this run has 'bfloat16'"):
