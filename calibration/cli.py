@@ -304,20 +304,10 @@ def read_csv_identity(path: Path) -> dict | None:
 
 def _write_csv_atomic(path: Path, header: dict, df) -> None:
     import json
-    import os
-    import tempfile
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are ordinary files
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write("# " + json.dumps(header, sort_keys=True) + "\n")
-            df.to_csv(f, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    from simulator.files import atomic_write
+    atomic_write(path, "# " + json.dumps(header, sort_keys=True) + "\n"
+                 + df.to_csv(index=False, lineterminator="\n"))
 
 
 def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:

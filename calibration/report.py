@@ -13,11 +13,11 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from simulator.files import atomic_write
 
 from .fit import error_stats, predict
 
@@ -98,20 +98,6 @@ def _figure(profile, result, df, replay_df, k, peaks):
     return fig
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are ordinary files
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
     """Write ``html_path`` and the PNG beside it (``.png`` instead of ``.html``).
 
@@ -133,7 +119,7 @@ def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
     import matplotlib.pyplot as plt
     plt.close(fig)
     png = buf.getvalue()
-    _atomic_write(png_path, png)
+    atomic_write(png_path, png)
 
     e = html.escape
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
@@ -184,7 +170,7 @@ Poisson workload that the fit never saw. In-sample (all cells fitted): MAPE
 <th>fit error</th><th>held-out error</th></tr>{cell_html}</table>
 <p>{e(profile.provenance.source)}</p>
 </body></html>"""
-    _atomic_write(html_path, page.encode("utf-8"))
+    atomic_write(html_path, page.encode("utf-8"))
     return {"html": html_path, "png": png_path}
 
 

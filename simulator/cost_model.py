@@ -32,7 +32,6 @@ import datetime
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -44,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
 from .errors import InputError
+from .files import atomic_write
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -301,18 +301,9 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
 def save_profile(profile: Profile, path: str | Path) -> Path:
     """Write ``profile`` as YAML to ``path`` atomically (temp file in the same folder, then
     rename), creating the folder. Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False,
                           default_flow_style=None, width=100)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    path = atomic_write(path, text)
     profile._path = path
     return path
 

@@ -1,6 +1,5 @@
 """Diagnosis: the binding limit in constructed cases, the TTFT split, counterfactuals."""
 
-import numpy as np
 import pytest
 
 from simulator.diagnosis import diagnose, ttft_split

@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.executors import Job, STABLE_FRACTION, make_executor
+from simulator.executors import STABLE_FRACTION, make_executor
 from simulator.planner import sweep
 from simulator.scenario import scenario_from_dict
 

@@ -1,7 +1,6 @@
 """Planner: max rate under SLO against Pollaczek–Khinchine, replica sizing confirmed by
 simulation, hand-computed costs, sweep knee against max_num_seqs / (O × step), CLI."""
 
-import math
 
 import pytest
 

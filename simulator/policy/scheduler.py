@@ -29,7 +29,7 @@ O(requests whose state changes) plus O(1/block_size) per running request.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .kv_cache import KVCacheManager, cdiv
 from .request import Request, RequestState
@@ -262,7 +262,7 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         """Decide the next step (see module docstring). Must be followed by :meth:`update`."""
-        cfg, kv, clock = self.config, self.kv, self._clock
+        cfg, clock = self.config, self._clock
         clock.sched_tick += 1
         tick = clock.sched_tick
         self.stats.num_steps += 1
