@@ -282,13 +282,11 @@ class MeasurementLog:
 def _no_forward(engine):
     """Steps run scheduling and KV allocation but not the model: set-up requests only need
     their KV *slots* (their values do not change a later step's cost). Samples token 0."""
-    def fake_execute(entries):
-        return {e.request: 0 for e in entries if e.samples_token}
-    engine._execute = fake_execute
+    engine.skip_forward = True
     try:
         yield
     finally:
-        del engine._execute
+        engine.skip_forward = False
 
 
 # Contexts of one decode batch span this factor, as in served traffic: the Azure LLM

@@ -192,6 +192,10 @@ class LLMEngine:
         self.eos_token_id = eos_list[0] if eos_list else None
         self._extra_stops = tuple(eos_list[1:])
         self.capture_logits = capture_logits
+        # Steps schedule and allocate KV but skip the model (every sampling request gets
+        # token 0): calibration sets up long contexts this way, since a later step's cost
+        # depends on how many K/V slots it reads, not on their values.
+        self.skip_forward = False
         self.captured_logits: list = []
         self.records: dict = {}
         self.step_records: list[StepRecord] = []
@@ -358,7 +362,8 @@ class LLMEngine:
                 rec.first_scheduled_ns = t_start
                 rec.cached_tokens = e.num_cached_tokens
         t_exec = self.now_ns()
-        sampled = self._execute(entries)
+        sampled = ({e.request: 0 for e in entries if e.samples_token} if self.skip_forward
+                   else self._execute(entries))
         if self._cuda:
             torch.cuda.synchronize()
         t_done = self.now_ns()
