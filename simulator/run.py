@@ -23,7 +23,8 @@ def _replication_seed(seed: int, replication: int) -> int:
     return int(np.random.SeedSequence([seed, replication]).generate_state(1)[0])
 
 
-def simulate(scenario, replication: int = 0, specs=None, progress=None) -> RunResult:
+def simulate(scenario, replication: int = 0, specs=None, progress=None,
+             cost_models=None) -> RunResult:
     """Simulate one replication of ``scenario``.
 
     Args:
@@ -32,6 +33,10 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None) -> RunRe
         specs: a prepared ``RequestSpec`` list to serve instead of building the workload
             (validation replays the exact requests an engine served).
         progress: optional callback ``(done, total)`` called as requests finish.
+        cost_models: one step pricer per replica to use instead of the scenario's (each
+            with ``step_time_ns(plan)``, ``num_gpu_blocks``, ``label`` and ``kv_note``, as
+            :class:`simulator.cost_model.CostModel`); validation uses it to replay an
+            engine's recorded step durations or to scale the profile's costs.
 
     Returns:
         The :class:`RunResult` (summary, per-request table, time series, ITL runs).
@@ -41,8 +46,11 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None) -> RunRe
         wl = scenario.workload.model_copy(update={"seed": seed})
         specs = build_workload(wl, base_dir=scenario.base_dir)
     n_rep = scenario.cluster.replicas
-    cost_models = [build_cost_model(scenario, np.random.default_rng(
-        np.random.SeedSequence([seed, replication, 1, i]))) for i in range(n_rep)]
+    if cost_models is None:
+        cost_models = [build_cost_model(scenario, np.random.default_rng(
+            np.random.SeedSequence([seed, replication, 1, i]))) for i in range(n_rep)]
+    elif len(cost_models) != n_rep:
+        raise ValueError(f"cost_models: {len(cost_models)} given for {n_rep} replicas")
     cost = cost_models[0]
     config = scenario.scheduler_config(cost.num_gpu_blocks)
     env = simpy.Environment()

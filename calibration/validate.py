@@ -1,0 +1,485 @@
+"""Measured fidelity of the simulator against the real engine, across load.
+
+Two modes (DESIGN.md §2: the simulator differs from the engine only in where a step's
+duration comes from):
+
+* **timing replay** — the simulator takes the engine's recorded duration for each step
+  (:class:`StepReplayCost`); policy and simulator are then checked exactly: the same
+  per-step batches, prefix hits and preemptions, every request timestamp within 1 ms
+  (:func:`compare_timing`).
+* **predicted** — the profile's cost model prices every step; this is the fidelity users
+  get (:func:`validate`).
+
+Timing boundaries are the same on both sides: a request's arrival is when it reaches the
+engine's queue (its scheduled arrival on the replay clock); a step sees every request that
+arrived before the engine looked at its queue, which is where a simulated step starts
+(:func:`run_engine` records that instant for every step). The engine's work between steps
+(turning arrivals into token ids, detokenising finished requests) is measured as the
+front-end gap and reported; it enters a prediction only with ``front_end=True``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.errors import InputError
+from simulator.metrics import MetricsCollector, RunResult
+
+NS_PER_MS = 1_000_000
+#: figures compared per load: (label, summary path)
+FIGURES = tuple(
+    [(f"{m.split('_')[0].upper()} p{q}", (m, f"p{q}"))
+     for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") for q in (50, 90, 99)]
+    + [("throughput req/s", ("request_throughput",)),
+       ("throughput out tok/s", ("output_throughput",)),
+       ("concurrency mean", ("concurrency", "requests_mean")),
+       ("concurrency max", ("concurrency", "requests_max")),
+       ("preemptions", ("preemptions",)),
+       ("prefix hit rate", ("prefix_cache_hit_rate",))])
+BAND_FIGURES = ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2EL p50", "E2EL p99")
+
+
+# == the engine side ========================================================================
+
+class _CheckClock:
+    """Engine proxy that remembers, for every step, when the replay loop last read the
+    clock before it (the instant the loop looked at arrivals, where a simulated step
+    starts) and first read it after it (where the loop looked again: the next step's
+    check when the engine went straight on, else the moment it found nothing to do)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self._last = 0
+        self._after = False
+        self.checks: list[int] = []
+        self.after_checks: list[int] = []
+
+    def now_ns(self) -> int:
+        self._last = self._engine.now_ns()
+        if self._after:
+            self.after_checks.append(self._last)
+            self._after = False
+        return self._last
+
+    def step(self):
+        n = len(self._engine.step_records)
+        out = self._engine.step()
+        if len(self._engine.step_records) > n:  # an empty plan records no step
+            self.checks.append(self._last)
+            self._after = True
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@dataclass
+class EngineRun:
+    """One real-time replay on the engine (ns on the replay clock).
+
+    Attributes:
+        records: :class:`simulator.policy.RequestRecord` per spec, in spec order.
+        steps: :class:`calibration.engine.StepRecord` per step.
+        checks_ns: per step, when the loop read the queue before it (<= ``start_ns``).
+        after_checks_ns: per step, when the loop next read the queue (equal to the next
+            step's check unless the engine went idle).
+        prefix_queries, prefix_hits, preempted_queries, preempted_hits: scheduler
+            counters of this replay alone (tokens).
+        num_gpu_blocks, block_size: the engine's KV cache.
+        wall_s: wall time of the replay.
+    """
+
+    records: list
+    steps: list
+    checks_ns: list
+    after_checks_ns: list
+    prefix_queries: int
+    prefix_hits: int
+    preempted_queries: int
+    preempted_hits: int
+    num_gpu_blocks: int
+    block_size: int
+    wall_s: float
+
+    def front_end_gaps_ns(self) -> np.ndarray:
+        """Per step but the last, ns from the end of a step to the next queue check when
+        the engine stayed busy (arrivals tokenised, finished requests detokenised)."""
+        gaps = []
+        for a, b, c in zip(self.steps, self.steps[1:], self.checks_ns[1:]):
+            if a.num_running + a.num_waiting > 0:
+                gaps.append(c - (a.start_ns + a.duration_ns))
+        return np.asarray(gaps, dtype=np.int64)
+
+
+def engine_config(scenario, num_gpu_blocks: int, seed: int = 0) -> dict:
+    """The real engine's configuration for ``scenario`` (same knobs as the simulator).
+
+    Raises:
+        InputError: an unlimited KV cache (the engine needs a block count).
+    """
+    if num_gpu_blocks is None:
+        raise InputError(f"{scenario.source}: engine.num_gpu_blocks: validation needs a "
+                         f"finite KV cache (set it, or use a profile that records one)")
+    e = scenario.engine
+    return {"block_size": e.block_size, "max_num_seqs": e.max_num_seqs,
+            "max_num_batched_tokens": e.max_num_batched_tokens,
+            "max_model_len": scenario.max_model_len,
+            "enable_prefix_caching": e.enable_prefix_caching,
+            "num_gpu_blocks": int(num_gpu_blocks), "dtype": scenario.dtype, "device": "cpu",
+            "seed": seed}
+
+
+def run_engine(model, config: dict, specs, warmup: int = 2) -> EngineRun:
+    """Serve ``specs`` in real time on a fresh engine over ``model`` (a
+    :class:`calibration.engine.Transformer`, shared across runs so weights are built once).
+
+    A fresh engine per run starts with an empty prefix cache, as the simulator does;
+    ``warmup`` short requests (other token ids, never hit by the workload) run first.
+    """
+    from calibration.engine import LLMEngine, SamplingParams
+    from calibration.engine.replay import replay
+
+    eng = LLMEngine(model, config)
+    if warmup:
+        vocab = eng.model_config.vocab_size
+        params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+        for i in range(warmup):  # ids of their own, so no workload id is taken
+            eng.add_request([(7 * i + j) % vocab for j in range(32)], params,
+                            request_id=("warmup", i))
+        while eng.has_unfinished_requests():
+            eng.step()
+    s0 = dataclasses.replace(eng.stats)
+    proxy = _CheckClock(eng)
+    t0 = time.perf_counter()
+    res = replay(proxy, specs)  # the shipped replay loop, through the clock proxy
+    wall = time.perf_counter() - t0
+    s1 = eng.stats
+    after = proxy.after_checks + [proxy.now_ns()] * (len(proxy.checks) - len(proxy.after_checks))
+    return EngineRun(res.records, res.steps, proxy.checks, after,
+                     s1.prefix_queries - s0.prefix_queries, s1.prefix_hits - s0.prefix_hits,
+                     s1.preempted_queries - s0.preempted_queries,
+                     s1.preempted_hits - s0.preempted_hits, eng.num_gpu_blocks,
+                     eng.config.block_size, wall)
+
+
+def engine_result(run: EngineRun, slo: dict | None = None) -> RunResult:
+    """The engine's figures, computed by the simulator's own metrics code."""
+    m = MetricsCollector(num_replicas=1)
+    for rec in run.records:
+        m.record_request(rec)
+        if rec.token_times_ns:
+            m.record_token_times(rec.token_times_ns)
+    for s in run.steps:
+        m.record_step(0, s.start_ns, s.start_ns + s.duration_ns,
+                      s.num_scheduled_tokens - s.num_decodes, s.num_decodes,
+                      s.num_decodes + len(s.prefills), s.num_waiting, s.kv_cache_usage,
+                      len(s.preempted))
+    q = run.prefix_queries
+    return m.finalize(slo=slo, extra={
+        "prefix_cache_hit_rate": run.prefix_hits / q if q else 0.0,
+        "prefix_cache_queried_tokens": q, "prefix_cache_hit_tokens": run.prefix_hits,
+        "engine_steps": len(run.steps), "num_gpu_blocks": run.num_gpu_blocks})
+
+
+# == the simulator side =====================================================================
+
+@dataclass
+class SimStep:
+    """A simulated step as the timing check sees it."""
+
+    prefills: list
+    num_decodes: int
+    decode_context_tokens: int
+    preempted: list
+    sampled: list
+    start_ns: int
+    end_ns: int
+
+
+def plan_summary(plan):
+    """``(prefills [(id, n, computed_before)], num_decodes, decode_context, preempted ids,
+    sampled ids)`` of a :class:`simulator.policy.StepPlan`."""
+    prefills = [(e.request.request_id, e.num_new_tokens, e.num_computed_before)
+                for e in plan.prefills]
+    sampled = [e.request.request_id for e in plan.prefills if e.samples_token]
+    sampled += [r.request_id for r in plan.decodes]
+    return (prefills, plan.num_decodes, plan.decode_context_tokens,
+            [r.request_id for r in plan.preempted], sampled)
+
+
+class StepReplayCost:
+    """Timing replay: step ``k`` of the simulation lasts as the engine's step ``k`` did.
+
+    Step boundaries are the engine's queue checks: step ``k`` ends where the loop next
+    looked at its queue (so the simulator delivers the same arrivals to step ``k + 1``);
+    the next step starts there when the engine went straight on, else — the engine
+    idle — at the waking arrival (the engine starts a sleep-overshoot later). Every plan is
+    recorded (:attr:`steps`) for :func:`compare_timing`.
+    """
+
+    def __init__(self, run: EngineRun):
+        self.num_gpu_blocks = run.num_gpu_blocks
+        self.label = "timing replay: the engine's recorded step durations"
+        self.kv_note = f"engine: {run.num_gpu_blocks} blocks of {run.block_size}"
+        self.profile = None
+        arrivals = sorted(r.arrival_ns for r in run.records if r.finish_reason != "rejected")
+        checks, after = run.checks_ns, run.after_checks_ns
+        n = len(run.steps)
+        start, end = [0] * n, [0] * n
+        for k in range(n):
+            if k == 0:
+                start[k] = min(arrivals[0], checks[0]) if arrivals else checks[0]
+            elif after[k - 1] == checks[k]:
+                start[k] = checks[k]
+            else:
+                j = bisect.bisect_right(arrivals, after[k - 1])
+                start[k] = min(arrivals[j], checks[k]) if j < len(arrivals) else checks[k]
+        for k in range(n):
+            end[k] = max(after[k], start[k] + 1)
+        self._start, self._end = start, end
+        self.steps: list[SimStep] = []
+
+    def step_time_ns(self, plan) -> int:
+        k = len(self.steps)
+        pre, nd, ctx, preempted, sampled = plan_summary(plan)
+        if k >= len(self._start):  # diverged: compare_timing reports it; 1 ms steps finish
+            t0 = self.steps[-1].end_ns if self.steps else 0
+            self.steps.append(SimStep(pre, nd, ctx, preempted, sampled, t0, t0 + NS_PER_MS))
+            return NS_PER_MS
+        self.steps.append(SimStep(pre, nd, ctx, preempted, sampled, self._start[k],
+                                  self._end[k]))
+        return self._end[k] - self._start[k]
+
+
+class ScaledCost:
+    """A cost model with every step scaled by ``factor`` (the MAPE band at high load),
+    plus an optional measured front-end gap per step."""
+
+    def __init__(self, base, factor: float = 1.0, front_end_ns: int = 0):
+        self.base = base
+        self.factor = factor
+        self.front_end_ns = int(front_end_ns)
+        self.num_gpu_blocks = base.num_gpu_blocks
+        self.kv_note = base.kv_note
+        self.profile = base.profile
+        self.label = base.label + (f" × {factor:g}" if factor != 1 else "") + (
+            f" + front end {front_end_ns / 1e3:.0f} us/step" if front_end_ns else "")
+
+    def step_time_ns(self, plan) -> int:
+        t = self.base.step_time_ns(plan)
+        return max(1, int(t * self.factor + 0.5) + self.front_end_ns)
+
+
+def simulate_specs(scenario, specs, cost_model) -> RunResult:
+    """Simulate exactly ``specs`` (one replica) with ``cost_model``."""
+    from simulator.run import simulate
+    sc = scenario.model_copy(update={"sim": scenario.sim.model_copy(
+        update={"warmup_requests": 0})})
+    return simulate(sc, specs=specs, cost_models=[cost_model])
+
+
+def simulate_timing(scenario, specs, run: EngineRun):
+    """Timing replay of ``run``; returns ``(RunResult, StepReplayCost)``."""
+    cost = StepReplayCost(run)
+    sc = scenario.model_copy(update={"sim": scenario.sim.model_copy(
+        update={"warmup_requests": 0, "exact_steps": True})})
+    from simulator.run import simulate
+    return simulate(sc, specs=specs, cost_models=[cost]), cost
+
+
+def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> dict:
+    """The exact check of a timing replay.
+
+    Returns:
+        ``steps_engine``, ``steps_sim``, ``step_mismatches`` (steps whose prefill chunks,
+        decode count, decode context or preemptions differ), ``first_mismatch`` (step
+        index or None), ``prefix_hits_equal`` (per request), ``preemptions_equal``
+        (per request), ``max_abs_diff_ms`` per timestamp kind (arrival, first_scheduled,
+        first_token, finish, token: every output token), ``outside_step_max_ms`` (the
+        engine's longest time between a step's tokens and its next queue check: the most a
+        timestamp can differ by construction; a disturbed run shows here),
+        ``tokens_not_before_engine``, and ``ok`` (all equal and every timestamp within
+        1 ms).
+    """
+    mism, first = 0, None
+    for k, (e, s) in enumerate(zip(run.steps, cost.steps)):
+        same = ([tuple(p) for p in e.prefills] == [tuple(p) for p in s.prefills]
+                and e.num_decodes == s.num_decodes
+                and e.decode_context_tokens == s.decode_context_tokens
+                and list(e.preempted) == list(s.preempted))
+        if not same:
+            mism += 1
+            first = k if first is None else first
+    mism += abs(len(run.steps) - len(cost.steps))
+    req = result.requests.set_index("request_id")
+    sim_tokens: dict = {}
+    for s in cost.steps:
+        for rid in s.sampled:
+            sim_tokens.setdefault(rid, []).append(s.end_ns)
+    diffs = {k: 0.0 for k in ("arrival", "first_scheduled", "first_token", "finish", "token")}
+    hits_eq = pre_eq = structural = True
+    for rec in run.records:
+        if rec.request_id not in req.index:
+            hits_eq = pre_eq = False
+            continue
+        row = req.loc[rec.request_id]
+        hits_eq &= int(row["cached_tokens"]) == rec.cached_tokens
+        pre_eq &= int(row["preemptions"]) == rec.preemptions
+        for kind, val in (("arrival", rec.arrival_ns), ("first_scheduled", rec.first_scheduled_ns),
+                          ("first_token", rec.first_token_ns), ("finish", rec.finish_ns)):
+            if val is None:
+                continue
+            d = abs(float(row[f"{kind}_s"]) * 1e3 - val / NS_PER_MS)
+            diffs[kind] = max(diffs[kind], d)
+        et, st = rec.token_times_ns or [], sim_tokens.get(rec.request_id, [])
+        if len(et) == len(st) and et:
+            # The simulator's token lands where the engine next looked at its queue: the
+            # engine's own time outside the step (update, detokenise, arrivals) apart.
+            d = np.asarray(st, dtype=np.int64) - np.asarray(et, dtype=np.int64)
+            structural = structural and bool(np.all(d >= 0))
+        if len(et) != len(st):
+            diffs["token"] = math.inf
+        elif et:
+            d = np.max(np.abs(np.asarray(et, dtype=np.int64) - np.asarray(st, dtype=np.int64)))
+            diffs["token"] = max(diffs["token"], float(d) / NS_PER_MS)
+    ok = (mism == 0 and hits_eq and pre_eq and max(diffs.values()) <= 1.0)
+    gaps = [a - (s.start_ns + s.execute_ns) for s, a in zip(run.steps, run.after_checks_ns)]
+    return {"outside_step_max_ms": max(gaps) / NS_PER_MS if gaps else 0.0,
+            "tokens_not_before_engine": structural,"steps_engine": len(run.steps), "steps_sim": len(cost.steps),
+            "step_mismatches": mism, "first_mismatch": first,
+            "prefix_hits_equal": bool(hits_eq), "preemptions_equal": bool(pre_eq),
+            "max_abs_diff_ms": diffs, "ok": bool(ok)}
+
+
+# == workloads ==============================================================================
+
+def load_specs(scenario, rate: float | None, num_requests: int, seed: int, burst=False):
+    """The scenario's request list with its arrival rate and count replaced (``burst``:
+    every request arrives at 0, for the saturation run)."""
+    from simulator.workload import build_workload
+    wl = scenario.workload
+    upd = {"seed": int(seed), "num_requests": int(num_requests)}
+    if rate is not None:
+        upd["arrival"] = wl.arrival.model_copy(update={"rate": float(rate)})
+    specs = build_workload(wl.model_copy(update=upd), base_dir=scenario.base_dir)
+    if burst:
+        specs = [dataclasses.replace(s, arrival_ns=0) for s in specs]
+    return specs
+
+
+def replication_seed(seed: int, key) -> int:
+    """Seed of one validation run, from ``numpy.random.SeedSequence([seed, *key])``."""
+    return int(np.random.SeedSequence([int(seed), *key]).generate_state(1)[0])
+
+
+def saturation_throughput(finish_ns) -> float:
+    """Requests/s of a burst run between its 10th and 90th percentile finishes (the ramp-up
+    and the drain left out, so the figure is the engine's steady capacity)."""
+    f = np.sort(np.asarray([x for x in finish_ns if x is not None], dtype=np.int64))
+    if f.size < 5:
+        raise ValueError("saturation run needs at least 5 finished requests")
+    i0, i1 = f.size // 10, f.size - 1 - f.size // 10
+    return (i1 - i0) / ((f[i1] - f[i0]) / 1e9)
+
+
+def profile_threads(profile) -> int | None:
+    """CPU threads the profile was measured with (its provenance), or None."""
+    if profile is None:
+        return None
+    m = re.search(r"(\d+) threads", profile.provenance.source or "") or \
+        re.search(r"(\d+) threads", profile.device.name)
+    return int(m.group(1)) if m else None
+
+
+def wait_quiet(max_wait_s: float = 120.0, busy_pct: float = 15.0, need_s: int = 3,
+               stat_path: str = "/proc/stat") -> float:
+    """Wait until the whole machine is at most ``busy_pct`` % busy for ``need_s``
+    consecutive seconds (from ``/proc/stat``), at most ``max_wait_s``; returns the wait."""
+    def read():
+        with open(stat_path) as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        idle = v[3] + (v[4] if len(v) > 4 else 0)
+        return sum(v), idle
+    t0 = time.monotonic()
+    quiet = 0
+    tot, idle = read()
+    while quiet < need_s and time.monotonic() - t0 < max_wait_s:
+        time.sleep(1.0)
+        tot2, idle2 = read()
+        dt = tot2 - tot
+        busy = 100.0 * (1 - (idle2 - idle) / dt) if dt > 0 else 0.0
+        quiet = quiet + 1 if busy <= busy_pct else 0
+        tot, idle = tot2, idle2
+    return time.monotonic() - t0
+
+
+# == the comparison =========================================================================
+
+def figure(summary: dict, path: tuple):
+    v = summary
+    for k in path:
+        if not isinstance(v, dict) or k not in v:
+            return None
+        v = v[k]
+    return v
+
+
+def signed_error(pred, meas):
+    """(predicted − measured) / measured, None when undefined."""
+    if pred is None or meas is None or meas == 0:
+        return None
+    return (pred - meas) / meas
+
+
+def _spread(values):
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if not v:
+        return None
+    a = np.asarray(v, dtype=float)
+    return {"mean": float(a.mean()), "min": float(a.min()), "max": float(a.max()),
+            "n": int(a.size)}
+
+
+@dataclass
+class LoadResult:
+    """One load level: per replication the measured, predicted and band summaries."""
+
+    load: float
+    rate: float
+    num_requests: int
+    measured: list = field(default_factory=list)
+    predicted: list = field(default_factory=list)
+    band_low: list = field(default_factory=list)
+    band_high: list = field(default_factory=list)
+    timing: list = field(default_factory=list)
+    cdf: list = field(default_factory=list)
+
+    def table(self) -> list[dict]:
+        """Per figure: measured, predicted, signed error (mean/min/max over replications)
+        and, for the band figures, whether the measured value lies in the MAPE band."""
+        rows = []
+        for label, path in FIGURES:
+            m = [figure(s, path) for s in self.measured]
+            p = [figure(s, path) for s in self.predicted]
+            e = [signed_error(b, a) for a, b in zip(m, p)]
+            row = {"figure": label, "measured": _spread(m), "predicted": _spread(p),
+                   "error": _spread(e)}
+            if label in BAND_FIGURES and self.band_low:
+                inside = []
+                for mv, lo, hi in zip(m, self.band_low, self.band_high):
+                    lo_v, hi_v = figure(lo, path), figure(hi, path)
+                    if None in (mv, lo_v, hi_v):
+                        continue
+                    inside.append(min(lo_v, hi_v) <= mv <= max(lo_v, hi_v))
+                row["in_band"] = all(inside) if inside else None
+                row["band"] = [_spread([figure(s, path) for s in self.band_low]),
+                               _spread([figure(s, path) for s in self.band_high])]
+            rows.append(row)
+        return rows
