@@ -377,7 +377,7 @@ def _cmd_calibrate(args) -> int:
 
 
 def add_parsers(subparsers) -> None:
-    """Register ``calibrate`` and ``profiles`` on the ``servesim`` sub-command parser."""
+    """Register ``calibrate``, ``profiles`` and ``validate`` on the ``servesim`` sub-command parser."""
     p = subparsers.add_parser(
         "calibrate", help="measure a device with the real engine and write a profile",
         description="Measure step times of servesim's paged-KV engine on this device (random "
@@ -409,6 +409,8 @@ def add_parsers(subparsers) -> None:
     p.set_defaults(func=_cmd_calibrate)
     p = subparsers.add_parser("profiles", help="list shipped and local calibration profiles")
     p.set_defaults(func=_cmd_profiles)
+    from .validate import add_parser as add_validate
+    add_validate(subparsers)
 
 
 __all__ = ["add_parsers", "calibrate", "parse_bytes", "profiles_table", "replay_workload"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -483,3 +484,318 @@ class LoadResult:
                                _spread([figure(s, path) for s in self.band_high])]
             rows.append(row)
         return rows
+
+
+# == the whole validation ===================================================================
+
+def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
+             seconds_per_load: float = 60.0, saturation_requests: int | None = None,
+             front_end: bool = False, quiet: bool = True, progress=print) -> dict:
+    """Validate ``scenario``'s profile against the real engine on this machine.
+
+    Steps: (1) saturation: every request of a burst arrives at 0; the engine's and the
+    simulator's throughput between the 10th and 90th percentile finishes
+    (:func:`saturation_throughput`); (2) per load ``x`` and replication ``r``: a workload
+    of the scenario's lengths at ``x × measured saturation`` req/s (about
+    ``seconds_per_load`` of arrivals, seed ``SeedSequence([seed, load‰, r])``) served in
+    real time, then simulated on the identical request list: timing replay (exact check),
+    predicted (the profile's costs) and the band with costs scaled by ``1 ± held-out
+    MAPE`` of the profile.
+
+    Args:
+        scenario: validated scenario with a measured CPU profile (``hardware.profile``) or
+            an inline step time; one replica.
+        front_end: add the measured mean front-end gap per step (tokenising arrivals,
+            detokenising finishes, between engine steps) to every predicted step.
+        quiet: wait for a quiet machine before each timed run (:func:`wait_quiet`).
+
+    Returns:
+        JSON-able dict: ``meta`` (machine, versions, engine knobs, seeds, threads),
+        ``saturation``, ``front_end``, ``loads`` (per load: rate, requests, ``table`` rows
+        as :meth:`LoadResult.table`, ``timing`` checks) and ``cdf`` (per load, first
+        replication: measured and predicted TTFT/TPOT/E2EL samples in ms).
+
+    Raises:
+        InputError: more than one replica, loads outside (0, 1.5], replications < 1.
+    """
+    import platform
+
+    import torch
+
+    from calibration.engine.weights import parse_dtype, random_model
+    from simulator.cost_model import build_cost_model
+
+    if scenario.cluster.replicas != 1:
+        raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
+                         f"engine; set 1")
+    if not loads or any(not 0 < x <= 1.5 for x in loads):
+        raise InputError(f"--loads: fractions of saturation in (0, 1.5], got {list(loads)}")
+    if replications < 1:
+        raise InputError(f"--replications: must be >= 1, got {replications}")
+    base = build_cost_model(scenario)
+    prof = base.profile
+    threads = profile_threads(prof)
+    if threads:
+        torch.set_num_threads(threads)
+    mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
+    cfg = engine_config(scenario, base.num_gpu_blocks, scenario.workload.seed)
+    sc1 = scenario.model_copy(update={"engine": scenario.engine.model_copy(
+        update={"num_gpu_blocks": cfg["num_gpu_blocks"]})})
+    model = random_model(scenario.model_shape.hf_config(), seed=cfg["seed"],
+                         dtype=parse_dtype(scenario.dtype))
+    seed = scenario.workload.seed
+    slo = scenario.slo.model_dump(exclude_none=True)
+
+    def timed(specs):
+        if quiet:
+            waited = wait_quiet()
+            if waited > 5:
+                progress(f"  waited {waited:.0f} s for a quiet machine")
+        return run_engine(model, cfg, specs)
+
+    # -- saturation ------------------------------------------------------------------------
+    n_sat = saturation_requests or 4 * scenario.engine.max_num_seqs
+    sat_specs = load_specs(sc1, None, n_sat, replication_seed(seed, (0,)), burst=True)
+    progress(f"saturation: {n_sat} requests at once on the engine")
+    sat_run = timed(sat_specs)
+    sat_meas = saturation_throughput([r.finish_ns for r in sat_run.records])
+    sat_sim = simulate_specs(sc1, sat_specs, base)
+    sat_pred = saturation_throughput((sat_sim.requests["finish_s"] * 1e9).tolist())
+    gaps = sat_run.front_end_gaps_ns()
+    fe_ns = int(gaps.mean()) if gaps.size else 0
+    steps_ns = np.asarray([s.duration_ns for s in sat_run.steps])
+    progress(f"  measured {sat_meas:.3f} req/s, predicted {sat_pred:.3f} "
+             f"({signed_error(sat_pred, sat_meas):+.1%})")
+
+    # -- loads -----------------------------------------------------------------------------
+    out_loads, cdf = [], []
+    for x in loads:
+        rate = x * sat_meas
+        n = max(10, int(round(rate * seconds_per_load)))
+        lr = LoadResult(load=x, rate=rate, num_requests=n)
+        for r in range(replications):
+            specs = load_specs(sc1, rate, n, replication_seed(seed, (int(x * 1000), r + 1)))
+            progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
+                     f"{replications} (about {n / rate:.0f} s)")
+            run = timed(specs)
+            meas = engine_result(run, slo)
+            tres, tcost = simulate_timing(sc1, specs, run)
+            lr.timing.append(compare_timing(run, tres, tcost))
+            pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe_ns if front_end else 0))
+            lr.measured.append(meas.summary)
+            lr.predicted.append(pred.summary)
+            if mape:
+                for f, dest in ((1 - mape, lr.band_low), (1 + mape, lr.band_high)):
+                    dest.append(simulate_specs(sc1, specs, ScaledCost(
+                        base, f, fe_ns if front_end else 0)).summary)
+            if r == 0:
+                cdf.append({"load": x, **{
+                    f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]
+                    for side, res in (("measured", meas), ("predicted", pred))
+                    for m in ("ttft_ms", "tpot_ms", "e2el_ms")}})
+        out_loads.append({"load": x, "rate": rate, "num_requests": n,
+                          "table": lr.table(), "timing": lr.timing})
+    meta = {
+        "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
+        "dtype": scenario.dtype, "engine": f"servesim-torch ({_version()})",
+        "engine_knobs": {k: v for k, v in cfg.items()},
+        "scheduling": "vLLM V1 semantics, synchronous (async_scheduling=False)",
+        "cost_model": base.label, "heldout_mape": mape,
+        "replay_mape": prof.error.replay.mape if prof is not None and prof.error.replay
+        else None,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "python": platform.python_version(), "machine": f"{platform.machine()} "
+        f"{os.cpu_count()} cpus", "cpu": _cpu_name(), "seed": seed,
+        "replications": replications, "seconds_per_load": seconds_per_load,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    return {"meta": meta,
+            "saturation": {"requests": n_sat, "measured_rps": sat_meas,
+                           "predicted_rps": sat_pred,
+                           "error": signed_error(sat_pred, sat_meas),
+                           "engine_step_ms_mean": float(steps_ns.mean() / 1e6)},
+            "front_end": {"gap_us_mean": fe_ns / 1e3,
+                          "gap_us_p99": float(np.percentile(gaps, 99) / 1e3) if gaps.size
+                          else 0.0,
+                          "in_prediction": bool(front_end),
+                          "note": "engine time between a step's end and the next queue "
+                                  "check (tokenising arrivals, detokenising finishes); "
+                                  "measured in the saturation run"},
+            "loads": out_loads, "cdf": cdf}
+
+
+def _version() -> str:
+    from calibration.cli import engine_version
+    return engine_version()
+
+
+def _cpu_name() -> str:
+    from calibration.profiler import cpu_name
+    return cpu_name()
+
+
+# == output ================================================================================
+
+def _fmt(v, pct=False):
+    if v is None:
+        return "–"
+    if pct:
+        return f"{v:+.1%}"
+    return f"{v:.4g}"
+
+
+def _cell(spread, pct=False):
+    if spread is None:
+        return "–"
+    if spread["n"] == 1 or spread["min"] == spread["max"]:
+        return _fmt(spread["mean"], pct)
+    return f"{_fmt(spread['mean'], pct)} [{_fmt(spread['min'], pct)}, {_fmt(spread['max'], pct)}]"
+
+
+def markdown_table(result: dict) -> str:
+    """The validation as markdown: saturation line, then per load one row per figure
+    (measured, predicted, signed error as mean [min, max] over replications)."""
+    sat = result["saturation"]
+    lines = [f"saturation throughput: measured {sat['measured_rps']:.3f} req/s, predicted "
+             f"{sat['predicted_rps']:.3f} req/s, error {sat['error']:+.1%}", ""]
+    lines += ["| load | figure | measured | predicted | error | in MAPE band |",
+              "|---|---|---|---|---|---|"]
+    for ld in result["loads"]:
+        for row in ld["table"]:
+            band = {True: "yes", False: "no", None: "–"}[row.get("in_band")] \
+                if "in_band" in row else ""
+            lines.append(f"| {ld['load']:g} | {row['figure']} | {_cell(row['measured'])} | "
+                         f"{_cell(row['predicted'])} | {_cell(row['error'], True)} | {band} |")
+    lines += ["", "timing replay (engine step durations): "
+              + "; ".join(f"load {ld['load']:g}: " + ", ".join(
+                  f"{'exact' if t['ok'] else 'NOT exact'} ({t['steps_engine']} steps, "
+                  f"{t['step_mismatches']} differ, max |Δt| "
+                  f"{max(t['max_abs_diff_ms'].values()):.3f} ms)" for t in ld["timing"])
+                  for ld in result["loads"])]
+    return "\n".join(lines)
+
+
+def write_outputs(result: dict, out_dir) -> dict:
+    """Write ``validation.json``, ``validation.md``, one CDF PNG per load and
+    ``validation.html`` into ``out_dir`` (each to a temp file, then renamed); returns the
+    paths."""
+    import base64
+    import io
+    import json
+    from pathlib import Path
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def put(name, data: bytes):
+        tmp = out / (name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(out / name)
+        return out / name
+
+    paths = {}
+    body = {k: v for k, v in result.items() if k != "cdf"}
+    paths["json"] = put("validation.json", json.dumps(body, indent=1).encode())
+    md = markdown_table(result)
+    paths["md"] = put("validation.md", md.encode())
+    imgs = []
+    for c in result.get("cdf", []):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "e2el_ms")):
+            for side, style in (("measured", "-"), ("predicted", "--")):
+                v = np.sort(np.asarray(c[f"{side}_{m}"], dtype=float))
+                if v.size:
+                    ax.step(v, np.arange(1, v.size + 1) / v.size, style, where="post",
+                            label=side)
+            ax.set_xlabel(m.replace("_ms", " (ms)").upper())
+            ax.set_ylabel("CDF")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.suptitle(f"load {c['load']:g} of saturation: measured (engine) vs predicted")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        name = f"cdf_load_{c['load']:g}.png"
+        paths[name] = put(name, buf.getvalue())
+        imgs.append(base64.b64encode(buf.getvalue()).decode())
+    meta = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in result["meta"].items())
+    rows = []
+    for line in md.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            cells = [x.strip() for x in line.strip("|").split("|")]
+            tag = "th" if cells[0] == "load" else "td"
+            rows.append("<tr>" + "".join(f"<{tag}>{x}</{tag}>" for x in cells) + "</tr>")
+    other = [x for x in md.splitlines() if x and not x.startswith("|")]
+    html = ("<!doctype html><meta charset='utf-8'><title>servesim validation</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
+            "border-bottom:1px solid #ddd;text-align:left}</style>"
+            f"<h1>Validation: {result['meta']['scenario']}</h1><table>{meta}</table>"
+            + "".join(f"<p>{x}</p>" for x in other)
+            + "<p>error = (predicted − measured) / measured; cells: mean [min, max] over "
+              "replications. TTFT/TPOT/ITL/E2EL as vllm bench serve.</p>"
+            + f"<table>{''.join(rows)}</table>"
+            + "".join(f"<p><img src='data:image/png;base64,{b}'></p>" for b in imgs))
+    paths["html"] = put("validation.html", html.encode())
+    return paths
+
+
+def add_parser(subparsers) -> None:
+    """Register ``servesim validate``."""
+    p = subparsers.add_parser(
+        "validate", help="measure the simulator's error against the real engine across load",
+        description="Measure the engine's saturation throughput for the scenario's lengths, "
+                    "serve workloads at fractions of it in real time, simulate the identical "
+                    "requests (timing replay and predicted) and report every error.")
+    p.add_argument("--profile", help="profile name or path (overrides hardware.profile)")
+    p.add_argument("--scenario", required=True, help="scenario YAML")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key")
+    p.add_argument("--loads", default="0.3,0.6,0.9",
+                   help="fractions of saturation throughput (default 0.3,0.6,0.9)")
+    p.add_argument("--replications", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=60.0,
+                   help="seconds of arrivals per load (default 60)")
+    p.add_argument("--saturation-requests", type=int,
+                   help="burst size of the saturation run (default 4 × max_num_seqs)")
+    p.add_argument("--front-end", action="store_true",
+                   help="add the measured front-end gap per step to predictions")
+    p.add_argument("--backend", default="servesim", choices=("servesim",),
+                   help="engine to validate against")
+    p.add_argument("--no-quiet-wait", action="store_true",
+                   help="do not wait for a quiet machine before timed runs")
+    p.add_argument("--out", default="reports/validation", help="output folder")
+    p.set_defaults(func=_cmd_validate)
+
+
+def parse_loads(text: str) -> list[float]:
+    """``"0.3,0.6,0.9"`` → floats.
+
+    Raises:
+        InputError: not a comma-separated list of numbers.
+    """
+    try:
+        return [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--loads: {text!r} is not a comma-separated list of fractions "
+                         f"such as 0.3,0.6,0.9") from None
+
+
+def _cmd_validate(args) -> int:
+    from simulator.scenario import load_scenario
+    overrides = list(args.set)
+    if args.profile:
+        overrides.append(f"hardware.profile={args.profile}")
+    sc = load_scenario(args.scenario, overrides)
+    result = validate(sc, parse_loads(args.loads), args.replications,
+                      seconds_per_load=args.seconds,
+                      saturation_requests=args.saturation_requests,
+                      front_end=args.front_end, quiet=not args.no_quiet_wait)
+    paths = write_outputs(result, args.out)
+    print(markdown_table(result))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
