@@ -94,3 +94,16 @@ def test_signed_error_and_band_table():
     assert rows["TTFT p99"]["error"]["mean"] == pytest.approx(-0.20)
     assert rows["TTFT p50"]["in_band"] is True     # 90 <= 100 <= 150
     assert rows["TTFT p99"]["in_band"] is False    # 300 > 280
+
+
+def test_bad_input_is_one_line():
+    from simulator.cli import main
+    from simulator.errors import InputError
+    with pytest.raises(InputError, match="--loads"):
+        V.parse_loads("0.3,high")
+    sc = scenario_from_dict({**SCENARIO, "cluster": {"replicas": 2}})
+    with pytest.raises(InputError, match="cluster.replicas"):
+        V.validate(sc, [0.3], 1, quiet=False)
+    with pytest.raises(InputError, match="--loads"):
+        V.validate(scenario_from_dict(SCENARIO), [0.0], 1, quiet=False)
+    assert main(["validate", "--scenario", "/nonexistent.yaml", "--no-quiet-wait"]) == 2
