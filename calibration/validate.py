@@ -129,8 +129,8 @@ def engine_config(scenario, num_gpu_blocks: int, seed: int = 0) -> dict:
         raise InputError(f"{scenario.source}: engine.num_gpu_blocks: validation needs a "
                          f"finite KV cache (set it, or use a profile that records one)")
     e = scenario.engine
-    return {"block_size": e.block_size, "max_num_seqs": e.max_num_seqs,
-            "max_num_batched_tokens": e.max_num_batched_tokens,
+    return {"block_size": e.block_size, "max_num_seqs": scenario.max_num_seqs,
+            "max_num_batched_tokens": scenario.max_num_batched_tokens,
             "max_model_len": scenario.max_model_len,
             "enable_prefix_caching": e.enable_prefix_caching,
             "num_gpu_blocks": int(num_gpu_blocks), "dtype": scenario.dtype, "device": "cpu",
@@ -554,7 +554,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         return run_engine(model, cfg, specs)
 
     # -- saturation ------------------------------------------------------------------------
-    n_sat = saturation_requests or 4 * scenario.engine.max_num_seqs
+    n_sat = saturation_requests or 4 * scenario.max_num_seqs
     sat_specs = load_specs(sc1, None, n_sat, replication_seed(seed, (0,)), burst=True)
     progress(f"saturation: {n_sat} requests at once on the engine")
     sat_run = timed(sat_specs)

@@ -741,13 +741,13 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             src = _gpu_efficiency_profile(gpu.name)
             prof = project_profile(shape, dtype, gpu, tp, block_size=eng.block_size,
                                    gpu_memory_utilization=eng.gpu_memory_utilization,
-                                   max_num_batched_tokens=eng.max_num_batched_tokens,
-                                   max_num_seqs=eng.max_num_seqs, source=src)
+                                   max_num_batched_tokens=scenario.max_num_batched_tokens,
+                                   max_num_seqs=scenario.max_num_seqs, source=src)
             if hw.cost_noise == "empirical":
                 raise scenario.error("hardware.cost_noise", "empirical needs a measured "
                                      "profile's residuals; a projection has none")
             cap = kv_capacity(shape, dtype, gpu, tp, eng.block_size, eng.gpu_memory_utilization,
-                              eng.max_num_batched_tokens, eng.max_num_seqs)
+                              scenario.max_num_batched_tokens, scenario.max_num_seqs)
             blocks, note = override(cap.num_gpu_blocks,
                                     cap.note(gpu.name, tp, eng.gpu_memory_utilization,
                                              eng.block_size))

@@ -92,7 +92,7 @@ def find_limits(scenario, result) -> dict:
             busy = float(np.average(all_rows["busy"], weights=all_rows["bin_s"]))
     figures = {"offered_rate": offered, "achieved_rate": achieved, "stable": stable,
                "running_per_replica_mean": running, "running_per_replica_max": running_max,
-               "max_num_seqs": e.max_num_seqs, "kv_usage_mean": kv_mean,
+               "max_num_seqs": scenario.max_num_seqs, "kv_usage_mean": kv_mean,
                "preemptions": pre, "busy_fraction": busy,
                "num_gpu_blocks": s.get("num_gpu_blocks")}
 
@@ -104,19 +104,19 @@ def find_limits(scenario, result) -> dict:
     if pre > 0:
         found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "
                               f"mean KV usage {kv_mean:.0%})", kv_knob, kv_change))
-    elif queued and kv_mean >= KV_FULL and running_max < e.max_num_seqs:
+    elif queued and kv_mean >= KV_FULL and running_max < scenario.max_num_seqs:
         found.append(_finding("kv_capacity", f"requests queue while the KV cache is "
-                              f"{kv_mean:.0%} full and {running:.1f} of {e.max_num_seqs} "
+                              f"{kv_mean:.0%} full and {running:.1f} of {scenario.max_num_seqs} "
                               f"sequence slots are used", kv_knob, kv_change))
-    if queued and not found and running_max >= e.max_num_seqs \
-            and running >= SEQS_BUSY * e.max_num_seqs:
-        mns = 2 * e.max_num_seqs
+    if queued and not found and running_max >= scenario.max_num_seqs \
+            and running >= SEQS_BUSY * scenario.max_num_seqs:
+        mns = 2 * scenario.max_num_seqs
         change = f"engine.max_num_seqs={mns}"
-        if e.max_num_batched_tokens < mns:
+        if scenario.max_num_batched_tokens < mns:
             change += f",engine.max_num_batched_tokens={mns}"
         found.append(_finding(
             "max_num_seqs", f"requests queue while a replica runs {running:.1f} requests on "
-            f"average against max_num_seqs {e.max_num_seqs}",
+            f"average against max_num_seqs {scenario.max_num_seqs}",
             "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
     if queued and not found and (busy is None or busy >= BUSY or not stable):
         found.append(_finding(
@@ -129,12 +129,12 @@ def find_limits(scenario, result) -> dict:
     if itl.get("p50") and itl.get("p99") and itl["p99"] > ITL_SPIKE * itl["p50"] \
             and (s.get("total_prompt_tokens") or 0) > 0:
         # 512-token chunks: a common vLLM setting when ITL matters more than prefill speed.
-        chunk = max(min(e.max_num_batched_tokens // 2, 512), e.max_num_seqs)
+        chunk = max(min(scenario.max_num_batched_tokens // 2, 512), scenario.max_num_seqs)
         found.append(_finding(
             "prefill_interference", f"ITL p99 {itl['p99']:.3g} ms is "
             f"{itl['p99'] / itl['p50']:.1f}× its median: prefill chunks stall decodes",
             "lower max_num_batched_tokens (shorter prefill chunks per step)",
-            f"engine.max_num_batched_tokens={chunk}" if chunk < e.max_num_batched_tokens
+            f"engine.max_num_batched_tokens={chunk}" if chunk < scenario.max_num_batched_tokens
             else None))
     pf = getattr(scenario.workload, "prefix", None)
     if pf is not None and s.get("total_prompt_tokens"):

@@ -104,7 +104,9 @@ def report_meta(scenario) -> dict:
         "model": f"{shape.name} ({scenario.dtype})",
         "hardware": (f"{hw.profile} × tensor_parallel {hw.tensor_parallel}" if hw.profile
                      else f"inline step time ({hw.step_time.form})"),
-        "engine": ", ".join(f"{k}={v}" for k, v in e.model_dump().items()),
+        "engine": ", ".join(f"{k}={v}" for k, v in {
+            **e.model_dump(), "max_num_seqs": scenario.max_num_seqs,
+            "max_num_batched_tokens": scenario.max_num_batched_tokens}.items()),
         "cluster": f"{scenario.cluster.replicas} replica(s), router {scenario.cluster.router}",
         "workload": (f"trace {wl.trace.path} ({wl.trace.format})" if wl.trace else
                      f"{wl.num_requests} requests, arrival {wl.arrival.process}"),

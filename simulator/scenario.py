@@ -105,11 +105,21 @@ class HardwareConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    """vLLM engine knobs (same names, same defaults)."""
+    """vLLM engine knobs (same names, same defaults).
+
+    ``max_num_seqs`` and ``max_num_batched_tokens`` default, as in ``vllm serve``, by device
+    (see :meth:`Scenario.serving_defaults`); the resolved values are
+    :attr:`Scenario.max_num_seqs` and :attr:`Scenario.max_num_batched_tokens`.
+    """
 
     block_size: int = Field(16, ge=1, description="tokens per KV block")
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget of one step")
+    max_num_seqs: Optional[int] = Field(
+        None, ge=1, description="default as vllm serve: 1024 on GPUs with >= 70 GiB other "
+        "than A100 (H100, H200), 256 on other GPUs, 128 per rank on CPU; at most "
+        "max_num_batched_tokens")
+    max_num_batched_tokens: Optional[int] = Field(
+        None, ge=1, description="token budget of one step; default as vllm serve: 8192 on "
+        "GPUs with >= 70 GiB other than A100, 2048 on other GPUs, 2048 per rank on CPU")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
     max_model_len: Optional[int] = Field(
@@ -119,7 +129,8 @@ class EngineConfig(_Strict):
 
     @model_validator(mode="after")
     def _budget_covers_seqs(self):
-        if self.max_num_batched_tokens < self.max_num_seqs:
+        if None not in (self.max_num_batched_tokens, self.max_num_seqs) \
+                and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
                              f">= max_num_seqs ({self.max_num_seqs}), as vLLM requires")
         return self
@@ -248,6 +259,7 @@ class Scenario(_Strict):
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
     _shape: Optional[ModelShape] = PrivateAttr(default=None)
+    _defaults: Optional[tuple] = PrivateAttr(default=None)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -288,6 +300,50 @@ class Scenario(_Strict):
         """``engine.max_model_len``, or the model's ``max_position_embeddings`` (vLLM default)."""
         return self.engine.max_model_len or self.model_shape.max_position_embeddings
 
+    def serving_defaults(self) -> tuple[int, int]:
+        """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` picks when they
+        are not given (vLLM ``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER context):
+        8192 / 1024 on GPUs with >= 70 GiB other than A100 (H100, H200); 2048 / 256 on other
+        GPUs; 2048 / 128 per tensor-parallel rank on CPU. An inline ``step_time`` names no
+        device and gets the generic GPU defaults, 2048 / 256.
+        """
+        if self._defaults is None:
+            hw, tp = self.hardware, self.hardware.tensor_parallel
+            kind, mem, name = "gpu", 0, ""
+            if hw.profile is not None:
+                from .catalog import list_hardware, load_hardware
+                if hw.profile in list_hardware():
+                    mem, name = load_hardware(hw.profile).memory_bytes, hw.profile
+                else:
+                    from .cost_model import load_profile
+                    try:
+                        dev = load_profile(hw.profile, self.base_dir).device
+                        kind, mem, name = dev.kind, dev.memory_bytes, dev.name
+                    except InputError:
+                        pass  # the cost model reports a bad profile with its own message
+            if kind == "cpu":
+                self._defaults = (2048 * tp, 128 * tp)
+            elif mem >= 70 * 2**30 and "a100" not in name.lower():
+                self._defaults = (8192, 1024)
+            else:
+                self._defaults = (2048, 256)
+        return self._defaults
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """``engine.max_num_batched_tokens``, or vLLM's default for the device."""
+        given = self.engine.max_num_batched_tokens
+        return given if given is not None else self.serving_defaults()[0]
+
+    @property
+    def max_num_seqs(self) -> int:
+        """``engine.max_num_seqs``, or vLLM's default for the device capped at
+        max_num_batched_tokens (as vLLM does)."""
+        given = self.engine.max_num_seqs
+        if given is not None:
+            return given
+        return min(self.serving_defaults()[1], self.max_num_batched_tokens)
+
     def scheduler_config(self, num_gpu_blocks: int | None) -> SchedulerConfig:
         """The :class:`~simulator.policy.SchedulerConfig` of this scenario.
 
@@ -313,7 +369,8 @@ class Scenario(_Strict):
                 f"max_model_len or give the KV cache more memory"))
         try:
             return SchedulerConfig(
-                max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
                 max_model_len=max(1, max_len), block_size=e.block_size,
                 num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=e.enable_prefix_caching)
         except ValueError as err:
@@ -400,6 +457,10 @@ def _check_semantics(sc: Scenario, origins: dict) -> None:
         fail(("hardware", "tensor_parallel"),
              f"{tp} does not divide the model's num_attention_heads "
              f"({shape.num_attention_heads}), as vLLM requires")
+    mnbt, mns = sc.max_num_batched_tokens, sc.max_num_seqs
+    if mnbt < mns:
+        fail(("engine",), f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}), "
+                          f"as vLLM requires")
     if sc.engine.max_model_len and sc.engine.max_model_len > shape.max_position_embeddings:
         fail(("engine", "max_model_len"),
              f"{sc.engine.max_model_len} is longer than the model's max_position_embeddings "

@@ -37,8 +37,9 @@ def err(fn, *a, **kw) -> str:
 def test_defaults_are_vllms(chat):
     sc = load_scenario(chat)
     e = sc.engine
-    assert (e.block_size, e.max_num_seqs, e.max_num_batched_tokens, e.gpu_memory_utilization,
-            e.enable_prefix_caching) == (16, 256, 8192, 0.9, True)
+    assert (e.block_size, e.gpu_memory_utilization, e.enable_prefix_caching) == (16, 0.9, True)
+    # vllm serve's defaults depend on the device (vLLM EngineArgs.get_batch_defaults).
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == sc.serving_defaults()
     assert sc.dtype == "bfloat16" and sc.cluster.replicas == 1
     assert sc.cluster.router == "round_robin" and sc.hardware.tensor_parallel == 1
     assert sc.max_model_len == 2048  # llama-test's max_position_embeddings
@@ -85,9 +86,8 @@ def test_brief_error_examples(chat):
     ("hardware.step_time.constant_s=0", "greater than 0"),
     ("engine.max_model_len=4096", "--set engine.max_model_len=4096: 4096 is longer than the "
      "model's max_position_embeddings (2048)"),
-    ("engine.max_num_batched_tokens=100", "chat.yaml (with --set "
-     "engine.max_num_batched_tokens=100): engine: max_num_batched_tokens (100) must be >= "
-     "max_num_seqs (256)"),
+    ("engine.max_num_seqs=4096", "chat.yaml (with --set engine.max_num_seqs=4096): engine: "
+     "max_num_batched_tokens (2048) must be >= max_num_seqs (4096)"),
     ("workload.arrival.rate=-1", "--set workload.arrival.rate=-1: Input should be greater "
      "than 0"),
     ("model=llama-9", "--set model=llama-9: model: 'llama-9' is neither a catalog model"),
@@ -173,4 +173,27 @@ def test_json_schema():
     assert set(s["required"]) == {"model", "hardware", "workload"}
     eng = s["$defs"]["EngineConfig"]
     assert eng["additionalProperties"] is False
-    assert eng["properties"]["max_num_batched_tokens"]["default"] == 8192
+    assert "max_num_batched_tokens" in eng["properties"]
+
+
+@pytest.mark.parametrize("hardware,expected", [
+    ({"profile": "h100-sxm"}, (8192, 1024)),          # >= 70 GiB, not A100
+    ({"profile": "h200"}, (8192, 1024)),
+    ({"profile": "a100-80gb"}, (2048, 256)),          # A100 excluded (vLLM PR #17885)
+    ({"profile": "l40s"}, (2048, 256)),
+    ({"profile": "cpu-llama-tiny-56m-bfloat16"}, (2048, 128)),   # CPU, per rank
+    ({"step_time": {"constant_s": 0.01}}, (2048, 256)),
+])
+def test_batch_defaults_follow_vllm_serve_by_device(hardware, expected):
+    model = "llama-tiny-56m" if "cpu" in str(hardware) else "llama-3.1-8b"
+    d = {"name": "d", "model": model, "hardware": hardware,
+         "workload": BASE["workload"]}
+    if "cpu" in str(hardware):
+        d["dtype"] = "bfloat16"
+    sc = scenario_from_dict(d)
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == expected
+    cfg = sc.scheduler_config(None)
+    assert (cfg.max_num_batched_tokens, cfg.max_num_seqs) == expected
+    # max_num_seqs defaults to at most the token budget, as vLLM does.
+    small = scenario_from_dict({**d, "engine": {"max_num_batched_tokens": 100}})
+    assert small.max_num_seqs == 100
