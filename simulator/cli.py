@@ -43,6 +43,8 @@ def _cmd_run(args) -> int:
     if sim:
         scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(update=sim)})
     out = Path(args.out) if args.out else Path("reports") / scenario.name
+    if out.exists() and not out.is_dir():  # fail before simulating, not after
+        raise InputError(f"--out {out}: exists and is not a directory")
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,

@@ -16,7 +16,7 @@ limits a vLLM operator can turn, in this order:
   shared share of the prompts (caching off, or a router that scatters a prefix group).
 
 The first queueing limit found binds; without queueing, an interference or prefix finding
-is reported as the binding one, else ``none``. Where cheap, one counterfactual run with the
+binds while some SLO is missed (or none is given), else ``none`` (findings are still listed). Where cheap, one counterfactual run with the
 suggested knob turned confirms (or not) that it moves the figure.
 """
 
@@ -29,6 +29,8 @@ from .executors import job_output, offered_rate
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
 #: engine makes every arrival wait for the running step, so some queueing is inherent).
 QUEUE_SHARE = 0.5
+#: Queue p99 in mean step times above which waits exceed the step in flight.
+QUEUE_STEPS = 4.0
 #: Busy fraction above which the engine counts as saturated.
 BUSY = 0.85
 #: Mean KV usage above which the cache counts as nearly full.
@@ -83,17 +85,25 @@ def find_limits(scenario, result) -> dict:
     kv = s.get("kv_usage") or {}
     kv_mean = kv.get("mean") or 0.0
     pre = s.get("preemptions") or 0
-    queued = split["queue_share"] >= QUEUE_SHARE or not stable
     ts = result.timeseries
     busy = None
     if ts is not None and len(ts):
         all_rows = ts[ts["replica"] == "all"]
         if len(all_rows):
             busy = float(np.average(all_rows["busy"], weights=all_rows["bin_s"]))
+    # A synchronous engine makes every arrival wait for the step in flight, so a queue
+    # share alone says little when steps are long; queueing counts when waits are also
+    # several steps long (or the run is unstable).
+    steps = s.get("engine_steps") or 0
+    dur = s.get("duration_s") or 0.0
+    step_ms = 1e3 * dur * (busy if busy is not None else 1.0) * nrep / steps if steps else 0.0
+    q_p99 = split["queue_ms"]["p99"] or 0.0
+    queued = (split["queue_share"] >= QUEUE_SHARE and q_p99 >= QUEUE_STEPS * step_ms) \
+        or not stable
     figures = {"offered_rate": offered, "achieved_rate": achieved, "stable": stable,
                "running_per_replica_mean": running, "running_per_replica_max": running_max,
                "max_num_seqs": scenario.max_num_seqs, "kv_usage_mean": kv_mean,
-               "preemptions": pre, "busy_fraction": busy,
+               "preemptions": pre, "busy_fraction": busy, "mean_step_ms": step_ms,
                "num_gpu_blocks": s.get("num_gpu_blocks")}
 
     found = []
@@ -151,7 +161,12 @@ def find_limits(scenario, result) -> dict:
             found.append(_finding(
                 "prefix_cache", f"prefix-cache hit rate {hit:.0%} while shared prefixes are "
                 f"{expected:.0%} of the prompts", knob, change))
-    binding = found[0]["limit"] if found else "none"
+    # A queueing limit binds; an ITL or prefix-cache observation binds only while some
+    # SLO is missed (or none is given): with every SLO met, nothing binds yet.
+    binding = "none"
+    if found and (found[0]["limit"] in ("kv_capacity", "max_num_seqs", "compute")
+                  or s.get("slo_met") is not True):
+        binding = found[0]["limit"]
     return {"ttft_split": split, "figures": figures, "findings": found, "binding": binding,
             "queued": queued}
 

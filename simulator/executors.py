@@ -87,17 +87,40 @@ def window_rates(result) -> tuple[float, float] | None:
             float(((done >= t0) & (done <= t1)).sum() / w))
 
 
+def backlog_grows(result) -> bool:
+    """Whether requests pile up: the number waiting to be scheduled at the last arrival
+    exceeds both 1 and the most that waited at any point of the first half of the arrival
+    span. A short stable run can fall below ``STABLE_FRACTION`` by chance (the requests
+    still in flight at the end of the window); it cannot build a growing queue.
+    """
+    req = result.requests
+    req = req[~req["warmup"]]
+    arr = req["arrival_s"].to_numpy(dtype=float)
+    if arr.size < 2:
+        return False
+    sched = req["first_scheduled_s"].to_numpy(dtype=float)
+    sched = np.where(np.isnan(sched), np.inf, sched)   # never scheduled: waits for ever
+
+    def waiting(t):
+        return int(((arr <= t) & (sched > t)).sum())
+    t_first, t_last = float(arr.min()), float(arr.max())
+    early = max(waiting(t) for t in np.linspace(t_first, (t_first + t_last) / 2, 64))
+    return waiting(t_last) > max(1, early)
+
+
 def job_output(result) -> dict:
     """The compact output of a job: ``summary`` (the run summary), ``offered_rate``
     (req/s, :func:`offered_rate`) and ``stable``: achieved >= :data:`STABLE_FRACTION` ×
     offered over the window of :func:`window_rates` (whole-run figures when that window
-    is too short); True when the rates are unknown (e.g. a closed loop)."""
+    is too short), or else no growing backlog (:func:`backlog_grows`); True when the rates
+    are unknown (e.g. a closed loop)."""
     s = result.summary
     offered = offered_rate(result)
     rates = window_rates(result)
     if rates is None:
         rates = (offered, s.get("request_throughput") or 0.0) if offered else None
-    stable = rates is None or rates[1] >= STABLE_FRACTION * rates[0]
+    stable = rates is None or rates[1] >= STABLE_FRACTION * rates[0] \
+        or not backlog_grows(result)
     return {"summary": s, "offered_rate": offered, "stable": bool(stable)}
 
 

@@ -540,7 +540,36 @@ class MetricsCollector:
                 totals["wait_max"] = np.maximum(totals["wait_max"], agg["wait_max"])
                 totals["kv_max"] = np.maximum(totals["kv_max"], agg["kv_max"])
         frames.append(_ts_frame(start, width, out_w, "all", totals, self._nrep()))
-        return pd.concat(frames, ignore_index=True), out_w
+        ts = pd.concat(frames, ignore_index=True)
+        # Queue length from the requests themselves (arrival -> first scheduled), exact at
+        # any instant: the steps only see the queue at their start, which misses requests
+        # that arrive and are admitted between two step starts.
+        arrival = np.asarray(self._ns["arrival"], dtype=np.int64)
+        sched = np.asarray(self._ns["sched"], dtype=np.int64)
+        replica = np.asarray(self._ints["replica"], dtype=np.int64)
+        edges = np.append(start, start[-1] + width[-1])
+        for rep in [str(r) for r in sorted(self._bins)] + ["all"]:
+            pick = sched >= 0 if rep == "all" else (sched >= 0) & (replica == int(rep))
+            rows = (ts["replica"] == rep).to_numpy()
+            integral = _interval_integral(arrival[pick], sched[pick], edges)
+            ts.loc[rows, "waiting"] = integral / width.astype(np.float64)
+        return ts, out_w
+
+
+def _interval_integral(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per bin ``[edges[k], edges[k+1])``: the integral over time of the number of intervals
+    ``[starts[i], ends[i])`` that are open (ns × count), in O((n + bins) log n).
+
+    ``F(e) = Σ_i max(0, min(e, end_i) − start_i) = Σ_{start_i < e} (e − start_i) −
+    Σ_{end_i < e} (e − end_i)``, computed with sorted endpoints and prefix sums.
+    """
+    def ramp(points):
+        p = np.sort(points.astype(np.float64))
+        csum = np.concatenate([[0.0], np.cumsum(p)])
+        k = np.searchsorted(p, edges, side="left")
+        return k * edges.astype(np.float64) - csum[k]
+    f = ramp(starts) - ramp(ends)
+    return np.diff(f)
 
 
 def _ts_frame(start, width, out_w, replica, agg, nrep) -> pd.DataFrame:
@@ -657,10 +686,17 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
     its value is <= every threshold given for that metric. A request with <= 1 output
     token has no TPOT and passes the TPOT check. ITL entries are judged on the run
     statistic only (a request's ITL is not one number), so they do not affect goodput.
+    Latency statistics cover served requests only, so requests that were never served
+    (rejected: prompt longer than max_model_len) fail the SLO outright: they appear as a
+    ``rejected_requests`` row whose threshold is 0.
     """
     if not spec:
         return {"slo": {}, "slo_met": None, "goodput": None, "good_requests": None}
     table, met_all = {}, True
+    if s.get("rejected"):
+        table["rejected_requests"] = {"count": {"threshold": 0, "value": s["rejected"],
+                                                "met": False}}
+        met_all = False
     for metric, entries in spec.items():
         table[metric] = {}
         for stat, thr in entries.items():
@@ -737,7 +773,9 @@ def combine_replications(summaries: list[dict]) -> dict:
         ci = None
         if n > 1:
             h = float(sps.t.ppf(0.975, n - 1)) * float(np.std(nums, ddof=1)) / math.sqrt(n)
-            ci = [m - h, m + h]
+            # Figures that cannot be negative (latencies, rates, counts) keep a lower
+            # bound of at least 0.
+            ci = [max(m - h, 0.0) if min(nums) >= 0 else m - h, m + h]
         return {"mean": m, "ci95": ci, "n": n}
 
     return _jsonable(walk(list(summaries)) or {})

@@ -400,6 +400,8 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
         raise InputError(f"{path}: scenario file not found") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read scenario: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file (a scenario is UTF-8 YAML)") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:

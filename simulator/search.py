@@ -61,10 +61,11 @@ def slo_ratio(summary: dict) -> float:
     worst = 0.0
     for entries in (summary.get("slo") or {}).values():
         for e in entries.values():
-            v = e.get("value")
-            if v is None:
+            v, thr = e.get("value"), e["threshold"]
+            if v is None or (thr == 0 and v > 0):  # nothing completed; rejected requests
                 return math.inf
-            worst = max(worst, v / e["threshold"])
+            if thr:
+                worst = max(worst, v / thr)
     return worst
 
 

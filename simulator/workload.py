@@ -355,7 +355,7 @@ class WorkloadConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seed: int = Field(0, ge=0)
-    num_requests: Optional[int] = Field(None, ge=1)
+    num_requests: Optional[int] = Field(None, ge=1, le=100_000_000)  # memory: ~1 KiB each
     arrival: Optional[Arrival] = None
     prompt_tokens: Optional[Dist] = None
     output_tokens: Optional[Dist] = None

@@ -109,7 +109,12 @@ def test_goodput_needs_every_slo():
     assert s["slo"]["ttft_ms"]["p99"] == {"threshold": 100.0, "value": approx(89.4),
                                           "met": True}
     assert s["slo"]["tpot_ms"]["p50"]["met"] is True
-    assert s["slo_met"] is True
+    # r3 was never served (rejected): an SLO cannot be met while requests are refused.
+    assert s["slo"]["rejected_requests"]["count"] == {"threshold": 0, "value": 1, "met": False}
+    assert s["slo_met"] is False
+    served = collect(timeline()[1:]).finalize(
+        slo={"ttft_ms": {"p99": 100}, "tpot_ms": {"p50": 25}}).summary
+    assert served["slo_met"] is True and "rejected_requests" not in served["slo"]
     # Only r0 has E2EL <= 160 and TTFT <= 55; run mean TTFT 66.7 > 55 fails the SLO.
     s = c.finalize(slo={"e2el_ms": {"mean": 160}, "ttft_ms": {"mean": 55}}).summary
     assert s["good_requests"] == 1
@@ -237,7 +242,8 @@ def test_timeseries_bins_per_replica_and_total():
     assert col("0", "running") == approx([40 / 50, 2, 2, 0])
     assert col("1", "running") == approx([3 * 30 / 50, 3, 0, 0])
     assert col("all", "running") == approx([0.8 + 1.8, 5, 2, 0])
-    assert col("all", "waiting") == approx([(2 * 40 + 30) / 50, 1, 0, 0])
+    # The queue comes from the requests (arrival -> first scheduled): request 1 never waits.
+    assert col("all", "waiting") == approx([0, 0, 0, 0])
     assert col("all", "kv_usage") == approx([(0.1 * 40 + 0.5 * 30) / 50 / 2,
                                              (0.3 + 0.5) / 2, 0.3 / 2, 0])
     # tokens count in the bin where the step ends: 40 ms -> bin 0, 100 -> 1, 150 -> 2
@@ -278,8 +284,29 @@ def test_combine_replications_student_t():
     got = out["ttft_ms"]["p99"]
     assert got["n"] == 3
     assert got["mean"] == approx(mean)
-    assert got["ci95"] == [approx(lo), approx(hi)]
+    assert lo < 0  # the t interval crosses 0; a latency's lower bound is clipped there
+    assert got["ci95"] == [0.0, approx(hi)]
+    signed = combine_replications([{"err": v - 3.0} for v in vals])["err"]["ci95"]
+    assert signed == [approx(lo - 3.0), approx(hi - 3.0)]
     assert out["only_first"] == {"mean": 3.5, "ci95": None, "n": 1}
     assert "label" not in out and "slo_met" not in out
     same = combine_replications([{"a": 2.0}, {"a": 2.0}])
     assert same["a"] == {"mean": 2.0, "ci95": [2.0, 2.0], "n": 2}
+
+
+def test_queue_length_series_integrates_each_requests_wait():
+    # A waits [0, 30) ms on replica 0; B waits [20, 70) ms on replica 1; bins of 50 ms.
+    c = MetricsCollector(timeseries_bin_ns=50 * MS)
+    c.record_request(RequestRecord("A", 0, 30 * MS, 40 * MS, 60 * MS, 10, 0, 2, replica=0,
+                                   finish_reason="length"))
+    c.record_request(RequestRecord("B", 20 * MS, 70 * MS, 80 * MS, 190 * MS, 10, 0, 2,
+                                   replica=1, finish_reason="length"))
+    c.record_step(0, 30 * MS, 60 * MS, 10, 0, 1, 0, 0.1, 0)
+    c.record_step(1, 70 * MS, 190 * MS, 10, 1, 1, 0, 0.1, 0)
+    ts = c.finalize(slo=None).timeseries
+
+    def col(rep):
+        return ts[ts["replica"] == rep]["waiting"].tolist()
+    assert col("0") == approx([30 / 50, 0, 0, 0])
+    assert col("1") == approx([30 / 50, 20 / 50, 0, 0])
+    assert col("all") == approx([60 / 50, 20 / 50, 0, 0])
