@@ -333,18 +333,24 @@ class StepFeatures:
     sampled: int
 
 
-def step_features(plan) -> StepFeatures:
-    """:class:`StepFeatures` of a StepPlan (or any object with ``prefills``,
-    ``num_decodes`` and ``decode_context_tokens``)."""
+def _prefill_sums(prefills) -> tuple:
+    """(chunk tokens, chunk contexts c+n, causal pairs, sampling chunks) over prefills."""
     pt = ctx = sampled = 0
     pairs = 0.0
-    for e in plan.prefills:
+    for e in prefills:
         n, c = e.num_new_tokens, e.num_computed_before
         pt += n
         ctx += c + n
         pairs += n * (c + (n + 1) * 0.5)
         if e.samples_token:
             sampled += 1
+    return pt, ctx, pairs, sampled
+
+
+def step_features(plan) -> StepFeatures:
+    """:class:`StepFeatures` of a StepPlan (or any object with ``prefills``,
+    ``num_decodes`` and ``decode_context_tokens``)."""
+    pt, ctx, pairs, sampled = _prefill_sums(plan.prefills)
     nd, dctx = plan.num_decodes, plan.decode_context_tokens
     return StepFeatures(pt + nd, nd + len(plan.prefills), pt, nd, ctx + dctx, pairs + dctx,
                         sampled + nd)
@@ -433,11 +439,7 @@ def _seconds_fn(form: str, coef: dict, k: RooflineConstants | None):
         pd, pc = coef["per_decode_seq_s"], coef["per_context_token_s"]
 
         def linear(plan):
-            pt = ctx = 0
-            for e in plan.prefills:
-                n = e.num_new_tokens
-                pt += n
-                ctx += e.num_computed_before + n
+            pt, ctx, _, _ = _prefill_sums(plan.prefills)
             return (base + pp * pt + pd * plan.num_decodes
                     + pc * (ctx + plan.decode_context_tokens))
         return linear
@@ -451,15 +453,7 @@ def _seconds_fn(form: str, coef: dict, k: RooflineConstants | None):
     ar0, ar_tok = k.allreduce_fixed_s, k.allreduce_s_per_token
 
     def roofline(plan):
-        pt = ctx = sampled = 0
-        pairs = 0.0
-        for e in plan.prefills:
-            n, c = e.num_new_tokens, e.num_computed_before
-            pt += n
-            ctx += c + n
-            pairs += n * (c + (n + 1) * 0.5)
-            if e.samples_token:
-                sampled += 1
+        pt, ctx, pairs, sampled = _prefill_sums(plan.prefills)
         nd, dctx = plan.num_decodes, plan.decode_context_tokens
         tokens = pt + nd
         dense = s_tok * tokens
