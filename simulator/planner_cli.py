@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -117,6 +118,11 @@ def _cmd_compare(args) -> int:
 
     scenarios = [load_scenario(p, args.overrides) for p in args.scenarios]
     out = Path(args.out) if args.out else Path("reports") / "compare"
+    ignored = [sc.source for sc in scenarios[1:]
+               if (sc.workload, sc.slo) != (scenarios[0].workload, scenarios[0].slo)]
+    if ignored:  # a comparison holds the traffic fixed: say whose is used
+        print(f"servesim: note: workload and SLO of {scenarios[0].source} used for every "
+              f"plan; those of {', '.join(ignored)} are ignored", file=sys.stderr)
     with _executor(args) as ex, _progress(args, "comparing") as prog:
         entries = compare(scenarios, ex, progress=prog)
     for e in entries:
