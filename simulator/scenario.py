@@ -112,7 +112,8 @@ class EngineConfig(_Strict):
     :attr:`Scenario.max_num_seqs` and :attr:`Scenario.max_num_batched_tokens`.
     """
 
-    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    block_size: int = Field(16, ge=1, description="tokens per KV block: 1, 8, 16, 32, 64 or "
+                                                  "128 (the values vLLM's --block-size takes)")
     max_num_seqs: Optional[int] = Field(
         None, ge=1, description="default as vllm serve: 1024 on GPUs with >= 70 GiB other "
         "than A100 (H100, H200), 256 on other GPUs, 128 per rank on CPU; at most "
@@ -126,6 +127,14 @@ class EngineConfig(_Strict):
         None, ge=1, description="default: the model's max_position_embeddings")
     num_gpu_blocks: Optional[int] = Field(
         None, ge=2, description="KV blocks incl. the null block; overrides the computed count")
+
+    @field_validator("block_size")
+    @classmethod
+    def _vllm_block_size(cls, v: int) -> int:
+        if v not in (1, 8, 16, 32, 64, 128):
+            raise ValueError(f"must be 1, 8, 16, 32, 64 or 128, as vLLM's --block-size "
+                             f"(got {v})")
+        return v
 
     @model_validator(mode="after")
     def _budget_covers_seqs(self):

@@ -34,7 +34,7 @@ def scenarios(draw):
         "model": "llama-test",
         "hardware": {"step_time": {"base_s": 0.004, "per_prefill_token_s": 1e-5,
                                    "per_decode_seq_s": 2e-4, "per_context_token_s": 1e-7}},
-        "engine": {"block_size": draw(st.sampled_from([4, 16])),
+        "engine": {"block_size": draw(st.sampled_from([8, 16])),
                    "max_num_seqs": draw(st.integers(2, 16)),
                    "max_num_batched_tokens": draw(st.sampled_from([32, 64, 512])),
                    "max_model_len": mml,

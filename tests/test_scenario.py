@@ -68,6 +68,8 @@ def test_brief_error_examples(chat):
      "should be less than or equal to 1"),
     ("engine.gpu_memory_utilization=0", "greater than 0"),
     ("engine.block_size=true", "--set engine.block_size=true: Input should be a valid integer"),
+    ("engine.block_size=7", "--set engine.block_size=7: must be 1, 8, 16, 32, 64 or 128, as "
+     "vLLM's --block-size (got 7)"),
     ("cluster.replicas=0", "--set cluster.replicas=0: Input should be greater than or equal to 1"),
     ("cluster.router=random", "Input should be 'round_robin', 'least_outstanding' or "
      "'prefix_affinity'"),
