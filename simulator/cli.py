@@ -42,13 +42,16 @@ def _cmd_run(args) -> int:
         sim["exact_steps"] = True
     if sim:
         scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(update=sim)})
+    if args.out is not None and not args.out.strip():
+        raise InputError("--out: empty path (give a folder, or leave --out out)")
     out = Path(args.out) if args.out else Path("reports") / scenario.name
     if out.exists() and not out.is_dir():  # fail before simulating, not after
         raise InputError(f"--out {out}: exists and is not a directory")
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=True, disable=args.quiet) as bar:
+                  transient=True,
+                  disable=args.quiet or not console.is_terminal) as bar:
         task = bar.add_task(f"simulating {scenario.name}", total=None)
         results, combined = simulate_replications(
             scenario, progress=lambda done, total: bar.update(task, completed=done,

@@ -538,6 +538,13 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     block_bytes = block_size * RooflineConstants.of(shape, dtype, tp).kv_bytes_per_token
     blocks = int(budget // block_bytes) if budget > 0 else 0
     if blocks < 2:
+        if act > weights:  # the profiling-run reserve, not the weights, fills the GPU
+            raise InputError(
+                f"{shape.name} on {gpu.name} ×{tp}: the activation reserve for "
+                f"max_num_batched_tokens {max_num_batched_tokens} / max_num_seqs "
+                f"{max_num_seqs} ({act / GiB:.1f} GiB) plus {weights / GiB:.1f} GiB of weights "
+                f"leaves no room for a KV cache in {usable / GiB:.1f} GiB per GPU: lower "
+                f"engine.max_num_batched_tokens")
         raise InputError(
             f"{shape.name} in {dtype} ({weights / GiB:.1f} GiB of weights per GPU) "
             f"leaves no room for a KV cache on {gpu.name} ×{tp} at gpu_memory_utilization "

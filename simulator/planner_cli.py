@@ -26,9 +26,11 @@ def _progress(args, what: str):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
-                  transient=True, disable=args.quiet) as bar:
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=True,
+                  disable=args.quiet or not console.is_terminal) as bar:
         task = bar.add_task(what, total=None)
 
         def update(done, total=None):

@@ -497,8 +497,10 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
         parts = tuple(p.strip() for p in key.strip().split("."))
         if not sep or not all(parts):
             raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+        if not value.strip():  # a typo must not quietly reset a knob; null says it outright
+            raise InputError(f"--set {s}: empty value (write null to use the default)")
         try:
-            val = yaml.safe_load(value) if value.strip() else None
+            val = yaml.safe_load(value)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise InputError(f"--set {s}: value is not valid YAML: {problem}") from None

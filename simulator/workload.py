@@ -228,7 +228,7 @@ def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
 class _OpenLoop(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rate: float = Field(gt=0, description="mean request rate, requests/s")
+    rate: float = Field(gt=0, allow_inf_nan=False, description="mean request rate, requests/s")
     normalize_duration: bool = Field(
         False, description="scale all arrivals so the last one lands at num_requests/rate, "
                            "as `vllm bench serve` does when it has no ramp-up")
