@@ -13,6 +13,7 @@ import simpy
 from simpy.events import URGENT
 
 from .policy import Request
+from .policy.request import first_content_key
 from .replica import _NEVER, Replica, new_request
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_affinity")
@@ -100,6 +101,7 @@ class Cluster:
         self.num_done = 0
         self._next_root_ns = _NEVER
         self._timers: list[int] = []  # heap of pending follow-up arrival times
+        self._shared_first: set = set()
 
     def next_event_ns(self, replica: Replica) -> int:
         """Earliest time anything outside ``replica`` can happen: the next arrival, a
@@ -120,11 +122,21 @@ class Cluster:
     def start(self, specs) -> None:
         """Start serving ``specs`` (RequestSpec list); follow-ups wait for their parent."""
         roots = []
+        seen: set = set()
+        shared: set = set()
         for s in specs:
             if s.after is None:
                 roots.append(s)
             else:
                 self._children.setdefault(s.after, []).append(s)
+            key = first_content_key(s.prompt)
+            if key in seen:
+                shared.add(key)
+            else:
+                seen.add(key)
+        # Requests whose first token begins no other request's content cannot share KV
+        # blocks: their block hashes are computed only if they are preempted.
+        self._shared_first = shared
         roots.sort(key=lambda s: s.arrival_ns)
         self.env.process(self._arrivals(roots))
 
@@ -142,6 +154,7 @@ class Cluster:
 
     def _deliver(self, spec) -> None:
         req = new_request(spec, self.env.now)
+        req.cache_private = first_content_key(spec.prompt) not in self._shared_first
         self.router.choose(req, self.replicas).submit(req)
 
     def _on_finish(self, req: Request, t_ns: int) -> None:

@@ -18,8 +18,6 @@ The real engine stores K/V tensors indexed by the block ids handed out here.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from .request import Request
 
 
@@ -30,6 +28,12 @@ def cdiv(a: int, b: int) -> int:
 
 class BlockPool:
     """Block ids, reference counts, the LRU free queue and the prefix-cache hash map.
+
+    The free queue is a list read from a head index (allocation takes a slice, freeing
+    extends it), so bookkeeping costs a few C-level operations per block. A block taken
+    out of the middle of the queue (a prefix hit on a free block) leaves a *stale* entry
+    behind, counted in ``_stale[b]``: stale entries of a block always precede its live one,
+    so the head skips the first ``_stale[b]`` entries of ``b`` it meets.
 
     Args:
         num_gpu_blocks: total blocks including the null block 0; ``None`` means unlimited
@@ -48,23 +52,38 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.ref_cnt: list[int] = [0] * n
         self.block_hash: list[bytes | None] = [None] * n
-        # OrderedDict as an O(1) doubly linked free list: head = next to allocate.
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, n))
+        self._queue: list[int] = list(range(1, n))   # live entries from _head on
+        self._head = 0
+        self._stale: dict[int, int] = {}   # block -> stale entries of it in the queue
+        self._num_stale = 0
+        self._num_free = n - 1
+        self._num_shared = 0                # blocks with ref_cnt >= 2
         self.cached: dict[bytes, dict[int, None]] = {}
+
+    @property
+    def free_queue(self) -> list[int]:
+        """The free blocks, head (next to allocate) first (O(queue); for tests)."""
+        out, seen = [], dict(self._stale)
+        for b in self._queue[self._head:]:
+            if seen.get(b):
+                seen[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be allocated now (unlimited: a very large number)."""
         if self.unlimited:
             return 1 << 62
-        return len(self.free_queue)
+        return self._num_free
 
     @property
     def usage(self) -> float:
         """Fraction of usable blocks in use (0 for an unlimited pool)."""
         if self.unlimited:
             return 0.0
-        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+        return 1.0 - self._num_free / (self.num_gpu_blocks - 1)
 
     def get_cached_block(self, block_hash: bytes) -> int | None:
         """The first block registered under ``block_hash``, or ``None``."""
@@ -75,11 +94,44 @@ class BlockPool:
 
     def touch(self, block_ids) -> None:
         """Take a reference on hit blocks, removing free ones from the free queue."""
-        ref, free = self.ref_cnt, self.free_queue
+        ref = self.ref_cnt
         for b in block_ids:
-            if ref[b] == 0 and b in free:
-                del free[b]
-            ref[b] += 1
+            c = ref[b]
+            if c == 0:
+                # Free (a hit block has a hash, so an unlimited pool never queued it).
+                if not self.unlimited:
+                    self._stale[b] = self._stale.get(b, 0) + 1
+                    self._num_stale += 1
+                    self._num_free -= 1
+            elif c == 1:
+                self._num_shared += 1
+            ref[b] = c + 1
+
+    def _pop(self, n: int) -> list[int]:
+        """The ``n`` blocks at the head of the free queue, skipping stale entries."""
+        q, h = self._queue, self._head
+        if not self._num_stale:
+            out = q[h:h + n]
+            h += n
+        else:
+            out, stale = [], self._stale
+            while len(out) < n:
+                b = q[h]
+                h += 1
+                k = stale.get(b)
+                if k:
+                    if k == 1:
+                        del stale[b]
+                    else:
+                        stale[b] = k - 1
+                    self._num_stale -= 1
+                else:
+                    out.append(b)
+        if h > 4096 and h * 2 > len(q):
+            del q[:h]
+            h = 0
+        self._head = h
+        return out
 
     def allocate(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the head of the free queue, evicting their hashes.
@@ -89,48 +141,66 @@ class BlockPool:
         """
         if self.unlimited:
             return self._allocate_unlimited(n)
-        free = self.free_queue
-        if n > len(free):
-            raise RuntimeError(f"need {n} blocks, {len(free)} free")
-        out = []
-        ref, block_hash, cached = self.ref_cnt, self.block_hash, self.cached
-        for _ in range(n):
-            b, _ = free.popitem(last=False)
-            h = block_hash[b]
-            if h is not None:  # lazy eviction: only now does the block lose its hash
-                same = cached[h]
-                del same[b]
-                if not same:
-                    del cached[h]
-                block_hash[b] = None
-            ref[b] = 1
-            out.append(b)
+        if n > self._num_free:
+            raise RuntimeError(f"need {n} blocks, {self._num_free} free")
+        out = self._pop(n)
+        self._num_free -= n
+        ref = self.ref_cnt
+        if self.cached:
+            block_hash, cached = self.block_hash, self.cached
+            for b in out:
+                ref[b] = 1
+                h = block_hash[b]
+                if h is not None:  # lazy eviction: only now does the block lose its hash
+                    same = cached[h]
+                    del same[b]
+                    if not same:
+                        del cached[h]
+                    block_hash[b] = None
+        else:
+            for b in out:
+                ref[b] = 1
         return out
 
     def _allocate_unlimited(self, n: int) -> list[int]:
         # Reuse freed blocks without a hash; cached blocks are kept forever.
-        out = []
-        free = self.free_queue
-        while free and len(out) < n:
-            b, _ = free.popitem(last=False)
-            self.ref_cnt[b] = 1
-            out.append(b)
-        extra = n - len(out)
+        take = min(n, self._num_free)
+        out = self._pop(take) if take else []
+        self._num_free -= take
+        ref = self.ref_cnt
+        for b in out:
+            ref[b] = 1
+        extra = n - take
         if extra:
-            start = len(self.ref_cnt)
-            self.ref_cnt.extend([1] * extra)
+            start = len(ref)
+            ref.extend([1] * extra)
             self.block_hash.extend([None] * extra)
             out.extend(range(start, start + extra))
         return out
 
     def free_blocks(self, block_ids) -> None:
         """Drop one reference on each block; blocks reaching 0 join the queue tail in order."""
-        ref, free = self.ref_cnt, self.free_queue
+        ref = self.ref_cnt
+        if not isinstance(block_ids, list):
+            block_ids = list(block_ids)
+        if not self._num_shared and not self.unlimited:
+            for b in block_ids:
+                ref[b] = 0
+            self._queue.extend(block_ids)
+            self._num_free += len(block_ids)
+            return
+        q = self._queue
         keep_cached = self.unlimited
+        block_hash = self.block_hash
         for b in block_ids:
-            ref[b] -= 1
-            if ref[b] == 0 and not (keep_cached and self.block_hash[b] is not None):
-                free[b] = None
+            c = ref[b] - 1
+            ref[b] = c
+            if c == 0:
+                if not (keep_cached and block_hash[b] is not None):
+                    q.append(b)
+                    self._num_free += 1
+            elif c == 1:
+                self._num_shared -= 1
 
     def cache_blocks(self, block_ids, hashes) -> None:
         """Register full blocks under their hashes; a block is registered once."""
@@ -179,7 +249,9 @@ class KVCacheManager:
             ``< req.num_tokens`` (the last token is always recomputed so a token can be
             sampled, vLLM ``get_computed_blocks``).
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or (req.cache_private and not req.num_preemptions):
+            # A private request's content starts no other request, so before it has been
+            # preempted no cached block can hold its tokens.
             return [], 0
         bs = self.block_size
         max_blocks = (req.num_tokens - 1) // bs
@@ -197,7 +269,9 @@ class KVCacheManager:
         """Make ``req`` hold blocks for its first ``num_tokens`` tokens.
 
         ``num_tokens`` = computed tokens (incl. prefix hits) + tokens scheduled now.
-        Blocks that become full of scheduled tokens are registered in the prefix cache.
+        Blocks that become full of scheduled tokens are registered in the prefix cache
+        (for a :attr:`~simulator.policy.Request.cache_private` request only when it is
+        preempted, see :meth:`free`: until then no other request can look them up).
 
         Returns:
             The newly allocated block ids, or ``None`` (nothing changed) when the free
@@ -214,12 +288,12 @@ class KVCacheManager:
             for b in new_computed_blocks:
                 if pool.ref_cnt[b] == 0:
                     evictable += 1
-            if need + evictable > len(pool.free_queue):
+            if need + evictable > pool._num_free:
                 return None
         if new_computed_blocks:
             pool.touch(new_computed_blocks)
             req.block_ids.extend(new_computed_blocks)
-            req.num_registered_blocks = len(req.block_ids)
+            req.num_registered_blocks = req.num_hashed_blocks = len(req.block_ids)
         new = pool.allocate(need) if need else []
         if new:
             req.block_ids.extend(new)
@@ -227,14 +301,30 @@ class KVCacheManager:
             full = min(num_tokens, req.num_tokens) // bs
             start = req.num_registered_blocks
             if full > start:
-                hashes = req.block_hashes(full, bs)
-                pool.cache_blocks(req.block_ids[start:full], hashes[start:full])
                 req.num_registered_blocks = full
+                if not req.cache_private:
+                    self._register(req)
         return new
 
-    def free(self, req: Request) -> None:
-        """Release all of ``req``'s blocks, deepest first (vLLM ``free``)."""
+    def _register(self, req: Request) -> None:
+        """Put ``req``'s registered-but-unhashed full blocks into the prefix cache."""
+        start, full = req.num_hashed_blocks, req.num_registered_blocks
+        if full > start:
+            hashes = req.block_hashes(full, self.block_size)
+            self.pool.cache_blocks(req.block_ids[start:full], hashes[start:full])
+            req.num_hashed_blocks = full
+
+    def free(self, req: Request, preempted: bool = False) -> None:
+        """Release all of ``req``'s blocks, deepest first (vLLM ``free``).
+
+        Args:
+            req: the request.
+            preempted: the request will be re-admitted later, so a private request's
+                full blocks are registered first (its re-admission may hit them).
+        """
+        if preempted and req.cache_private:
+            self._register(req)
         if req.block_ids:
-            self.pool.free_blocks(reversed(req.block_ids))
+            self.pool.free_blocks(req.block_ids[::-1])
         req.block_ids = []
-        req.num_registered_blocks = 0
+        req.num_registered_blocks = req.num_hashed_blocks = 0

@@ -52,6 +52,20 @@ def segments_length(segments) -> int:
     return sum(length for _, length in segments)
 
 
+def first_content_key(segments) -> int | None:
+    """A key for the content of a segment list's first token (its first non-empty
+    segment's content id), or ``None`` for empty content.
+
+    Equal first tokens give equal keys (``hash`` of the content id; block hashes use its
+    ``repr``, which is equal only for equal ids), so requests with distinct keys can never
+    share a KV block; an accidental key collision only loses that knowledge.
+    """
+    for cid, length in segments:
+        if length > 0:
+            return hash(cid)
+    return None
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """What to serve: one request of a workload.
@@ -157,6 +171,11 @@ class Request:
     output. Content is either segments (simulator, engine replay) or token ids (engine
     requests made from text); block hashes follow whichever the request has.
 
+    ``cache_private`` may be set (by whoever knows the whole workload) when no other
+    request's content begins with this request's first token: no other request can then
+    hit its blocks, so the KV manager skips hashing them unless it is preempted (its own
+    re-admission is then the only possible hit). Schedules are identical either way.
+
     While a request is a *steady decode* (one token per step, see
     :class:`simulator.policy.scheduler.Scheduler`) its ``num_computed_tokens`` and
     ``num_output_tokens`` advance implicitly with the scheduler's clock, so a step costs
@@ -170,7 +189,8 @@ class Request:
         "request_id", "arrival_ns", "spec", "prompt_segments", "num_prompt_tokens",
         "max_tokens", "output_content_id", "prompt_token_ids", "output_token_ids",
         "stop_token_ids", "eos_token_id", "sampling", "state", "num_cached_tokens",
-        "num_preemptions", "block_ids", "num_registered_blocks", "_block_hashes",
+        "num_preemptions", "block_ids", "num_registered_blocks", "num_hashed_blocks",
+        "cache_private", "_block_hashes",
         "_content", "_computed", "_output", "_steady", "_clock", "_epoch", "_seq",
         "finish_reason", "record",
     )
@@ -212,7 +232,9 @@ class Request:
         self.num_cached_tokens = -1
         self.num_preemptions = 0
         self.block_ids: list[int] = []
-        self.num_registered_blocks = 0
+        self.num_registered_blocks = 0   # full blocks registered (as vLLM would)
+        self.num_hashed_blocks = 0       # of those, put in the prefix cache so far
+        self.cache_private = False
         self._block_hashes: list[bytes] = []
         self._content = None  # content table, built on first hash
         self._computed = 0

@@ -359,7 +359,7 @@ class Scheduler:
             self._budget += 1  # its implicit decode token is withdrawn
         else:
             self._prefilling.pop(r, None)
-        self.kv.free(r)
+        self.kv.free(r, preempted=True)
         r._computed = 0
         r.state = RequestState.PREEMPTED
         r.num_preemptions += 1
@@ -489,6 +489,7 @@ class Scheduler:
         pool, bs = self.kv.pool, self.config.block_size
         if not pool.unlimited:
             used = pool.num_used_blocks()
+            assert len(pool.free_queue) == pool.num_free_blocks, "free count drifted"
             assert len(pool.free_queue) + used == pool.num_gpu_blocks - 1, (
                 f"free {len(pool.free_queue)} + used {used} != N-1")
         assert len(self.running) <= self.config.max_num_seqs, "running > max_num_seqs"
