@@ -13,7 +13,12 @@ Workloads (greedy, ignore_eos):
                each; HF batched with left padding; output tok/s.
   prefill-512  one 512-token prompt, 1 output token; prompt tok/s.
 
+On ``--device cuda`` both engines run on the GPU (timings synchronised), and the table adds
+our batch-1 decode step time next to the bound of reading every weight once per step
+(weight bytes / the device's memory bandwidth, ``--bandwidth`` in GB/s; H200: 4800).
+
 Usage: python benchmarks/engine_speed.py [--repeats 3] [--threads 2] [--dtype bfloat16]
+                                         [--device cpu|cuda] [--bandwidth GB/s]
 """
 
 from __future__ import annotations
@@ -50,10 +55,17 @@ def workloads(rng: np.random.Generator):
     }
 
 
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run_ours(engine: LLMEngine, prompts, out_tokens) -> float:
     params = SamplingParams(temperature=0.0, max_tokens=out_tokens, ignore_eos=True)
+    _sync(engine.model.device)
     t = time.perf_counter()
     outs = engine.generate(prompts, params)
+    _sync(engine.model.device)
     dt = time.perf_counter() - t
     assert all(len(o.output_token_ids) == out_tokens for o in outs)
     return dt
@@ -67,9 +79,12 @@ def run_hf(model, prompts, out_tokens) -> float:
     for i, p in enumerate(prompts):           # left padding
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    _sync(model.device)
     t = time.perf_counter()
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=out_tokens,
                          min_new_tokens=out_tokens, do_sample=False, pad_token_id=0)
+    _sync(model.device)
     dt = time.perf_counter() - t
     assert out.shape[1] == width + out_tokens
     return dt
@@ -82,6 +97,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", help="workload names to run (default: all)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:n]")
+    ap.add_argument("--bandwidth", type=float, default=4800.0,
+                    help="device memory bandwidth in GB/s for the batch-1 bound (cuda)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
@@ -91,9 +109,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(random_model(SHAPE, seed=args.seed), d)
         hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
+        hf = hf.to(args.device)
         ours = LLMEngine(d, dict(dtype=args.dtype, block_size=16, max_num_seqs=256,
                                  max_num_batched_tokens=4096, max_model_len=4096,
-                                 kv_cache_memory_bytes=512 * 2**20, seed=args.seed))
+                                 kv_cache_memory_bytes=512 * 2**20, seed=args.seed,
+                                 device=args.device))
 
     load_before = os.getloadavg()[0]
     rng = np.random.default_rng(args.seed)
@@ -127,6 +147,18 @@ def main() -> None:
         table.add_row(name, unit, f"{ours_tps:,.0f}", f"{hf_tps:,.0f}",
                       f"{ours_tps / hf_tps:.2f}x")
     console.print(table)
+    if args.device.startswith("cuda") and "decode-b1" in tokens:
+        # Our batch-1 decode steps, from the engine's own step records (synchronised).
+        ours.step_records.clear()
+        run_ours(ours, workloads(rng)["decode-b1"][0], OUT_TOKENS)
+        steps = [s.duration_ns * 1e-9 for s in ours.step_records if not s.prefills]
+        weight_bytes = sum(p.numel() * p.element_size() for p in ours.model.parameters())
+        bound = weight_bytes / (args.bandwidth * 1e9)
+        med = statistics.median(steps)
+        console.print(f"batch-1 decode step: median {med * 1e3:.3f} ms over {len(steps)} "
+                      f"steps; weights {weight_bytes / 1e6:.1f} MB / {args.bandwidth:g} GB/s "
+                      f"= {bound * 1e3:.3f} ms bound ({bound / med:.1%} of it reached); "
+                      f"{torch.cuda.get_device_name()}")
     console.print(f"machine: {platform.processor() or platform.machine()}, "
                   f"{os.cpu_count()} CPUs; python {platform.python_version()}, torch "
                   f"{torch.__version__}, transformers {transformers.__version__}; "

@@ -7,8 +7,9 @@
 #   FULL=1 bash benchmarks/gpu_calibrate.sh     # the full grid (more cells and repeats)
 #   GPU=h200 bash benchmarks/gpu_calibrate.sh   # catalog name, if the CUDA name is not matched
 #
-# Installs nothing beyond `pip install -e .[engine]` (torch must already be there with
-# CUDA). Writes $OUT/gpu-calibration/ (or reports/gpu-calibration/): the profile YAML,
+# Needs torch with CUDA; installs servesim (`pip install -e .[engine]`) only when it is not
+# importable already (PYTHONPATH=. does for an offline machine). TIMEOUT (s, default 470)
+# bounds the calibration itself. Writes $OUT/gpu-calibration/ (or reports/gpu-calibration/): the profile YAML,
 # its measurements and replay CSVs, the HTML/PNG report, and env.txt with versions.
 # An interrupted run resumes from the CSV when started again with the same OUT.
 set -euo pipefail
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 DEST="${OUT:-reports}/gpu-calibration"
 mkdir -p "$DEST"
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
-pip install -q -e '.[engine]' >/dev/null
+python -c "import simulator.cli, calibration" 2>/dev/null || pip install -q -e '.[engine]' >/dev/null
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
@@ -35,6 +36,6 @@ ARGS=(calibrate --model llama-3.1-8b --device cuda --dtype bfloat16
 
 # Stop before 8 minutes whatever happens; a rerun resumes from the CSV.
 start=$(date +%s)
-timeout 470 servesim "${ARGS[@]}" 2>&1 | tee "$DEST/calibrate.log"
+timeout "${TIMEOUT:-470}" python -m simulator.cli "${ARGS[@]}" 2>&1 | tee "$DEST/calibrate.log"
 echo "calibration took $(( $(date +%s) - start )) s"
-SERVESIM_PROFILES="$DEST" servesim profiles | tee -a "$DEST/calibrate.log"
+SERVESIM_PROFILES="$DEST" python -m simulator.cli profiles | tee -a "$DEST/calibrate.log"

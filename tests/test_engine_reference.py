@@ -4,7 +4,13 @@ Teacher forcing: HF sees each request's full sequence (prompt + the engine's out
 one forward; the engine's logits at every position it computed, in whatever steps, chunks,
 cache hits and preemptions the scheduler chose, must agree within 1e-4, and its greedy
 tokens must equal HF's argmax wherever HF's top-2 margin exceeds 1e-3.
+
+The engine runs on ``SERVESIM_TEST_DEVICE`` (default ``cpu``; ``cuda`` on a GPU machine);
+HF always runs on the CPU in float32, so a GPU run checks the engine's device path against
+the same reference.
 """
+
+import os
 
 import pytest
 import torch
@@ -15,6 +21,10 @@ from calibration.engine import LLMEngine, SamplingParams, random_model, save_pre
 
 TOL = 1e-4
 MARGIN = 1e-3
+DEVICE = os.environ.get("SERVESIM_TEST_DEVICE", "cpu")
+if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+    pytest.skip("SERVESIM_TEST_DEVICE=cuda but torch sees no CUDA device",
+                allow_module_level=True)
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
@@ -50,7 +60,7 @@ def run_and_compare(model_dir, hf, prompts, engine_cfg, max_tokens=8, schedule=N
     ``schedule``: optional list of prompt indices per step at which to add them (default:
     all at once before the first step).
     """
-    eng = LLMEngine(model_dir, engine_cfg, capture_logits=True)
+    eng = LLMEngine(model_dir, {**engine_cfg, "device": DEVICE}, capture_logits=True)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outs = {}
     waves = schedule or [list(range(len(prompts)))]
@@ -158,7 +168,7 @@ def test_bfloat16_engine_tracks_float32():
     prompt = _prompt(20, 40)
     logits = {}
     for dtype in ("float32", "bfloat16"):
-        eng = LLMEngine(cfg, dict(num_gpu_blocks=32, block_size=16, dtype=dtype),
+        eng = LLMEngine(cfg, dict(num_gpu_blocks=32, block_size=16, dtype=dtype, device=DEVICE),
                         capture_logits=True)
         eng.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
         logits[dtype] = eng.captured_logits[0][2]

@@ -199,11 +199,11 @@ class Rotary:
     """
 
     def __init__(self, cfg: ModelConfig):
-        self.inv_freq = rope_inv_freq(cfg)
+        self.inv_freq = rope_inv_freq(cfg).cpu()   # host-side, whatever the default device
         self._table(cfg.max_position_embeddings, torch.device("cpu"))
 
     def _table(self, n: int, device) -> None:
-        t = torch.arange(n, dtype=torch.float32)
+        t = torch.arange(n, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(device), emb.sin().to(device)
