@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from simulator.policy import (KVCacheManager, Request, RequestRejected, RequestSpec,
                               Scheduler, SchedulerConfig)
 from simulator.policy.kv_cache import cdiv
+from simulator.policy.request import first_content_key
 
 
 class NaiveScheduler:
@@ -193,3 +194,40 @@ def test_hit_tokens_do_not_depend_on_block_size_when_prefix_is_a_multiple_of_32(
         hits[bs] = got
     assert hits[16] == hits[32]
     assert all(h == shared for rid, h in hits[16][1:])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_private_requests_schedule_exactly_as_hashed_ones(case):
+    """Marking requests whose first token starts no other request ``cache_private`` (their
+    blocks are hashed only on preemption) changes nothing: plans, hits, block ids,
+    preemptions and finishes agree step by step. (An unlimited pool keeps hashed blocks
+    forever but reuses unhashed ones, so only there may block ids differ.)"""
+    cfg, reqs = case
+    firsts = [first_content_key(segs) for _, _, segs, _ in reqs]
+    private = {rid for (_, rid, _, _), k in zip(reqs, firsts) if firsts.count(k) == 1}
+    runs = []
+    for mark in (False, True):
+        s, log, pending = Scheduler(cfg), [], deque(reqs)
+        for t in range(3000):
+            while pending and pending[0][0] <= t:
+                _, rid, segs, mt = pending.popleft()
+                r = Request(RequestSpec(rid, 0, segs, mt))
+                r.cache_private = mark and rid in private
+                try:
+                    s.add_request(r)
+                except RequestRejected:
+                    pass
+            if not pending and not s.has_unfinished_requests():
+                break
+            plan = s.schedule()
+            log.append((sorted((e.request_id, e.num_new_tokens, e.num_computed_before,
+                                e.num_cached_tokens,
+                                tuple(e.new_block_ids) if cfg.num_gpu_blocks else ())
+                               for e in plan.scheduled()),
+                        [p.request_id for p in plan.preempted],
+                        sorted(f.request_id for f in s.update(plan)),
+                        s.kv.pool.num_free_blocks))
+            s.check_invariants()
+        runs.append((log, s.stats))
+    assert runs[0] == runs[1]

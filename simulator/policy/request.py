@@ -174,7 +174,8 @@ class Request:
     ``cache_private`` may be set (by whoever knows the whole workload) when no other
     request's content begins with this request's first token: no other request can then
     hit its blocks, so the KV manager skips hashing them unless it is preempted (its own
-    re-admission is then the only possible hit). Schedules are identical either way.
+    re-admission is then the only possible hit). Schedules are identical either way (in an
+    unlimited pool, which keeps hashed blocks forever, only the block ids may differ).
 
     While a request is a *steady decode* (one token per step, see
     :class:`simulator.policy.scheduler.Scheduler`) its ``num_computed_tokens`` and

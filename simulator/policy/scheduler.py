@@ -280,8 +280,8 @@ class Scheduler:
                     work.append(r)
         if self._prefilling:
             work.extend(self._prefilling)
-            if len(work) > 1:
-                work.sort(key=_seq_key)
+        if len(work) > 1:
+            work.sort(key=_seq_key)  # running requests in admission order, as vLLM
         for r in work:
             if r.state != _RUNNING:
                 continue  # preempted earlier in this pass
@@ -355,6 +355,11 @@ class Scheduler:
 
     def _preempt(self, r: Request) -> None:
         if r._steady:
+            if r.cache_private and self.kv.enable_prefix_caching:
+                # No event visited it when a block filled: the blocks full before this
+                # step are the ones registered (a victim's visit in this step comes after
+                # the request that preempts it, so it never happened).
+                r.num_registered_blocks = (r.num_computed_tokens - 1) // self.config.block_size
             self._leave_steady(r)
             self._budget += 1  # its implicit decode token is withdrawn
         else:
@@ -472,11 +477,16 @@ class Scheduler:
 
     def _schedule_alloc_event(self, r: Request, tick: int) -> None:
         # Visit r at the first tick >= `tick` whose step fills a block (registers its
-        # hash) or starts a new one (allocates it): after-step count % bs in {0, 1}.
+        # hash) or starts a new one (allocates it): after-step count % bs in {0, 1}. A
+        # request whose hashes nobody can look up is visited only to allocate (% bs == 1).
         bs = self.config.block_size
-        m = (r._computed + tick) % bs
-        if bs > 1 and m > 1:
-            tick += bs - m
+        if bs > 1:
+            m = (r._computed + tick) % bs
+            if r.cache_private or not self.kv.enable_prefix_caching:
+                if m != 1:
+                    tick += (1 - m) % bs
+            elif m > 1:
+                tick += bs - m
         self._alloc_events[tick].append((r, r._epoch))
 
     # -- checks ---------------------------------------------------------------------
