@@ -1,10 +1,40 @@
-"""Atomic file output: a reader sees the old file or the whole new one, never half of it."""
+"""File input and output: atomic writes (a reader sees the old file or the whole new one,
+never half of it) and YAML reading that refuses duplicate keys."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Hashable
 from pathlib import Path
+
+import yaml
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error
+    (plain PyYAML keeps the last value silently, so a typo'd override would go unseen)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue               # PyYAML itself refuses these below
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str):
+    """Parse YAML text safely (``yaml.safe_load``), refusing duplicate mapping keys.
+
+    Raises:
+        yaml.YAMLError: a syntax error or a duplicate key; ``problem_mark`` gives the line.
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

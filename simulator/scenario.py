@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .catalog import ModelShape, load_model
 from .errors import InputError
+from .files import load_yaml
 from .policy import SchedulerConfig
 from .policy.kv_cache import cdiv
 
@@ -412,7 +413,7 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file (a scenario is UTF-8 YAML)") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{name}:{mark.line + 1}" if mark is not None else name

@@ -64,6 +64,8 @@ BAD_CASES = [
     ("name: x\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm\n", [], "s.yaml:4: YAML"),
     (SCENARIO.replace("max_num_seqs: 64", "max_num_seq: 64"), [], "engine.max_num_seq"),
     (SCENARIO.replace("max_num_seqs: 64", "max_num_seqs: -3"), [], "engine.max_num_seqs"),
+    (SCENARIO.replace("max_num_seqs: 64", "max_num_seqs: 64, max_num_seqs: 32"), [],
+     "duplicate key 'max_num_seqs'"),
     (SCENARIO.replace("rate: 20", "rate: fast"), [], "workload.arrival"),
     (None, ["--set", "engine.block_size=abc"], "engine.block_size"),
     (None, ["--set", "engine.nope=1"], "engine.nope"),
