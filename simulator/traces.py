@@ -150,7 +150,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 def _require_file(path: Path) -> None:
     if not path.is_file():
-        raise InputError(f"{path}: file not found")
+        raise InputError(f"workload.trace.path: {path}: file not found")
 
 
 def _require_columns(df: pd.DataFrame, path: Path, names) -> None:
