@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from simulator.catalog import rope_from_hf
 from simulator.errors import InputError
 
 from .attention import AttentionMetadata, paged_attention
@@ -101,11 +102,7 @@ class ModelConfig:
             raise InputError(f"{source}.num_key_value_heads: {kv_heads} must divide "
                              f"num_attention_heads {heads}")
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
-        rope = d.get("rope_parameters") or {}
-        theta = float(d.get("rope_theta", rope.get("rope_theta", 10000.0)))
-        scaling = d.get("rope_scaling")
-        if scaling is None and rope.get("rope_type", "default") != "default":
-            scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        theta, scaling = rope_from_hf(d)
         if scaling is not None:
             rtype = scaling.get("rope_type", scaling.get("type"))
             if rtype == "default":

@@ -270,6 +270,19 @@ def load_model(spec, base_dir=".") -> ModelShape:
     return _shape_from_hf(cfg, name, f"model ({path})")
 
 
+def rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
+    """``(rope_theta, rope_scaling)`` from an HF config: the transformers-4 keys
+    (``rope_theta``, ``rope_scaling``) or the transformers-5 ``rope_parameters`` mapping,
+    whose ``rope_type`` other than ``default`` makes it the scaling. The scaling is returned
+    as given (validated by the caller)."""
+    rope = cfg.get("rope_parameters") or {}
+    theta = float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0)))
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and rope.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return theta, scaling
+
+
 def _shape_from_hf(cfg: dict, name: str, where: str) -> ModelShape:
     """Build a ModelShape from HF config keys; ``where`` prefixes error messages."""
     arch = cfg.get("architecture")
@@ -298,16 +311,12 @@ def _shape_from_hf(cfg: dict, name: str, where: str) -> ModelShape:
     if vals["num_attention_heads"] % vals["num_key_value_heads"]:
         raise InputError(f"{where}: num_attention_heads ({vals['num_attention_heads']}) must "
                          f"be a multiple of num_key_value_heads ({vals['num_key_value_heads']})")
-    rope = cfg.get("rope_parameters") or {}
-    rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-    rope_scaling = cfg.get("rope_scaling")
-    if rope_scaling is None and rope.get("rope_type", "default") != "default":
-        rope_scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    rope_theta, rope_scaling = rope_from_hf(cfg)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise InputError(f"{where}: rope_scaling must be a mapping or null")
     try:
         return ModelShape(
-            name=name, architecture=arch, **vals, rope_theta=float(rope_theta),
+            name=name, architecture=arch, **vals, rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2")),
@@ -332,4 +341,4 @@ def shape_from_dict(d: dict) -> ModelShape:
 
 
 __all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes", "list_hardware",
-           "list_models", "load_hardware", "load_model", "shape_from_dict"]
+           "list_models", "load_hardware", "load_model", "rope_from_hf", "shape_from_dict"]
