@@ -152,7 +152,11 @@ class RunResult:
 
 
 class _Bins:
-    """Per-replica accumulators over fixed-width time bins (integrals in value x ns)."""
+    """Per-replica accumulators over fixed-width time bins (integrals in value x ns).
+
+    Plain lists: a step updates a dozen entries, and list items are cheaper to update
+    than ``array`` items (no unboxing). Values are the same doubles either way.
+    """
 
     SUM = ("run", "wait", "kv", "busy", "prefill", "decode", "preempt", "steps")
     MAX = ("run_max", "wait_max", "kv_max", "cmax")
@@ -160,7 +164,7 @@ class _Bins:
 
     def __init__(self):
         for name in self.SUM + self.MAX + self.MIN:
-            setattr(self, name, array("d"))
+            setattr(self, name, [])
 
     def __len__(self):
         return len(self.run)
@@ -170,23 +174,26 @@ class _Bins:
         if extra <= 0:
             return
         for name in self.SUM:
-            getattr(self, name).extend(array("d", bytes(8 * extra)))
+            getattr(self, name).extend([0.0] * extra)
         for name in self.MAX:
-            getattr(self, name).extend(array("d", [-math.inf]) * extra)
-        self.cmin.extend(array("d", [math.inf]) * extra)
+            getattr(self, name).extend([-math.inf] * extra)
+        self.cmin.extend([math.inf] * extra)
 
     def halve(self) -> None:
         """Merge bin pairs (2i, 2i+1) into one bin of twice the width."""
         if len(self.run) % 2:
             self.grow(len(self.run) + 1)
-        for name in self.SUM + self.MAX + self.MIN:
-            x = np.frombuffer(getattr(self, name), dtype=np.float64).reshape(-1, 2)
-            y = x.sum(axis=1) if name in self.SUM else (
-                x.max(axis=1) if name in self.MAX else x.min(axis=1))
-            setattr(self, name, array("d", y.tobytes()))
+        for name in self.SUM:
+            x = getattr(self, name)
+            setattr(self, name, [float(a + b) for a, b in zip(x[::2], x[1::2])])
+        for name in self.MAX:
+            x = getattr(self, name)
+            setattr(self, name, [float(max(a, b)) for a, b in zip(x[::2], x[1::2])])
+        x = self.cmin
+        self.cmin = [float(min(a, b)) for a, b in zip(x[::2], x[1::2])]
 
     def as_arrays(self) -> dict:
-        return {name: np.frombuffer(getattr(self, name), dtype=np.float64).copy()
+        return {name: np.asarray(getattr(self, name), dtype=np.float64)
                 for name in self.SUM + self.MAX + self.MIN}
 
 
@@ -252,6 +259,11 @@ class MetricsCollector:
         code = self._reasons.setdefault(rec.finish_reason, len(self._reasons))
         ints["reason"].append(code)
 
+    def itl_counter(self) -> Counter:
+        """The pooled ITL as a live ``Counter`` ``{gap_ns: count}`` that hot loops may add
+        to directly (``counter[gap_ns] += count`` is :meth:`record_itl`)."""
+        return self._itl
+
     def record_itl(self, gap_ns: int, count: int) -> None:
         """Add ``count`` inter-token gaps of ``gap_ns`` ns each to the pooled ITL."""
         if count:
@@ -277,9 +289,38 @@ class MetricsCollector:
         Raises:
             ValueError: ``end_ns < start_ns``.
         """
+        w = self._w
+        b0 = start_ns // w
+        bins = self._bins.get(replica)
+        if (bins is not None and start_ns < end_ns and (end_ns - 1) // w == b0
+                and b0 < len(bins.run)):
+            # The common case: the step lies inside one existing bin.
+            d = end_ns - start_ns
+            bins.run[b0] += num_running * d
+            bins.wait[b0] += num_waiting * d
+            bins.kv[b0] += kv_usage * d
+            bins.busy[b0] += d
+            if start_ns < bins.cmin[b0]:
+                bins.cmin[b0] = start_ns
+            if end_ns > bins.cmax[b0]:
+                bins.cmax[b0] = end_ns
+            if num_running > bins.run_max[b0]:
+                bins.run_max[b0] = num_running
+            if num_waiting > bins.wait_max[b0]:
+                bins.wait_max[b0] = num_waiting
+            if kv_usage > bins.kv_max[b0]:
+                bins.kv_max[b0] = kv_usage
+            if num_prefill_tokens:
+                bins.prefill[b0] += num_prefill_tokens
+            bins.decode[b0] += num_decodes
+            if num_preempted:
+                bins.preempt[b0] += num_preempted
+            bins.steps[b0] += 1
+            if end_ns > self._last_step_end:
+                self._last_step_end = end_ns
+            return
         if end_ns < start_ns:
             raise ValueError(f"step ends before it starts: {start_ns} > {end_ns}")
-        w = self._w
         while (end_ns - 1 if end_ns > start_ns else end_ns) // w >= self._cap:
             self._coarsen()
             w = self._w

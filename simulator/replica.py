@@ -52,6 +52,9 @@ class Replica:
         # Next time this replica acts (the end of its step in flight; now while a wake-up
         # is pending; never while idle): only then can it release a follow-up request.
         self.busy_until_ns = _NEVER
+        self._pool = self.scheduler.kv.pool
+        self._itl = metrics.itl_counter()
+        self._record_step = metrics.record_step
         self.process = env.process(self._run())
 
     @property
@@ -79,6 +82,8 @@ class Replica:
     def _run(self):
         env, sched, cost = self.env, self.scheduler, self.cost_model
         exact = self.exact_steps
+        step_time_ns, finishes_in = cost.step_time_ns, sched.finishes_in
+        begin, end = self._begin_step, self._end_step
         while True:
             if not sched.has_unfinished_requests():
                 self.busy_until_ns = _NEVER
@@ -92,50 +97,56 @@ class Replica:
             # follow-up) and that finish no request run here without SimPy events; nothing
             # outside this replica can observe the difference, so results are identical.
             while True:
-                plan, batch, waiting, usage = self._begin_step(t0)
-                t1 = t0 + cost.step_time_ns(plan)
-                if exact or t1 >= bound or sched.finishes_in(plan):
+                plan, batch, waiting, usage = begin(t0)
+                t1 = t0 + step_time_ns(plan)
+                if exact or t1 >= bound or finishes_in(plan):
                     break
-                self._end_step(plan, t0, t1, batch, waiting, usage)
+                end(plan, t0, t1, batch, waiting, usage)
                 t0 = t1
             self.busy_until_ns = t1
             yield env.timeout(t1 - env.now)
-            self._end_step(plan, t0, t1, batch, waiting, usage)
+            end(plan, t0, t1, batch, waiting, usage)
 
     def _begin_step(self, t0: int):
         """Schedule a step starting at ``t0``; returns the plan and the load it runs with."""
         sched = self.scheduler
         plan = sched.schedule()
-        if plan.is_empty:
+        if not plan.num_scheduled_tokens:
             raise RuntimeError(f"replica {self.index}: scheduler made an empty step with "
                                f"{sched.num_waiting} waiting, {sched.num_running} running")
-        for e in plan.prefills:
-            if e.admitted and e.request.record.first_scheduled_ns is None:
-                e.request.record.first_scheduled_ns = t0
-        for r in plan.preempted:
-            if r.num_output_tokens:
-                # Its last token came out of the previous step, which ended at t0.
-                self._last_token_ns[r] = t0
+        prefills = plan.prefills
+        for e in prefills:
+            if e.admitted:
+                rec = e.request.record
+                if rec.first_scheduled_ns is None:
+                    rec.first_scheduled_ns = t0
+        if plan.preempted:
+            for r in plan.preempted:
+                if r.num_output_tokens:
+                    # Its last token came out of the previous step, which ended at t0.
+                    self._last_token_ns[r] = t0
         # The step's batch and KV usage as it runs (before finished requests leave).
-        return plan, plan.num_decodes + len(plan.prefills), len(sched.waiting), sched.kv.usage
+        return plan, plan.num_decodes + len(prefills), len(sched.waiting), self._pool.usage
 
     def _end_step(self, plan, t0: int, t1: int, batch: int, waiting: int, usage: float):
         """Take back a step that ran [t0, t1): tokens, finishes, metrics."""
         metrics = self.metrics
         dur = t1 - t0
         self.busy_ns += dur
-        if plan.num_decodes:
-            metrics.record_itl(dur, plan.num_decodes)
-        for e in plan.prefills:
+        nd = plan.num_decodes
+        if nd:
+            self._itl[dur] += nd
+        prefills = plan.prefills
+        for e in prefills:
             if e.samples_token:
-                r = e.request
-                if r.record.first_token_ns is None:
-                    r.record.first_token_ns = t1
+                rec = e.request.record
+                if rec.first_token_ns is None:
+                    rec.first_token_ns = t1
                 else:  # a resumed request's first token after preemption
-                    metrics.record_itl(t1 - self._last_token_ns.pop(r), 1)
+                    metrics.record_itl(t1 - self._last_token_ns.pop(e.request), 1)
         finished = self.scheduler.update(plan)
-        metrics.record_step(self.index, t0, t1, plan.num_scheduled_tokens - plan.num_decodes,
-                            plan.num_decodes, batch, waiting, usage, len(plan.preempted))
+        self._record_step(self.index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
+                          waiting, usage, len(plan.preempted))
         for r in finished:
             rec = r.record
             rec.finish_ns = t1

@@ -162,6 +162,31 @@ class BlockPool:
                 ref[b] = 1
         return out
 
+    def allocate_one(self) -> int:
+        """Pop one block (:meth:`allocate` for ``n = 1``, without building a list).
+
+        Raises:
+            RuntimeError: no free block (callers check first).
+        """
+        if self.unlimited or self._num_stale:
+            return self.allocate(1)[0]
+        if not self._num_free:
+            raise RuntimeError("need 1 block, 0 free")
+        h = self._head
+        b = self._queue[h]
+        self._head = h + 1
+        self._num_free -= 1
+        self.ref_cnt[b] = 1
+        if self.cached:
+            bh = self.block_hash[b]
+            if bh is not None:
+                same = self.cached[bh]
+                del same[b]
+                if not same:
+                    del self.cached[bh]
+                self.block_hash[b] = None
+        return b
+
     def _allocate_unlimited(self, n: int) -> list[int]:
         # Reuse freed blocks without a hash; cached blocks are kept forever.
         take = min(n, self._num_free)

@@ -282,10 +282,20 @@ class Scheduler:
             work.extend(self._prefilling)
         if len(work) > 1:
             work.sort(key=_seq_key)  # running requests in admission order, as vLLM
+        pool = self.kv.pool
+        light = not self.kv.enable_prefix_caching
         for r in work:
             if r.state != _RUNNING:
                 continue  # preempted earlier in this pass
             if r._steady:
+                if (light or r.cache_private) and (pool._num_free or pool.unlimited):
+                    # Visited only when it starts a new block (see _schedule_alloc_event):
+                    # exactly one block, nothing to register.
+                    b = pool.allocate_one()
+                    r.block_ids.append(b)
+                    plan.decode_new_blocks[r] = [b]
+                    self._alloc_events[tick + cfg.block_size].append((r, r._epoch))
+                    continue
                 new = self._allocate(r, r.num_computed_tokens, preempted)
                 if new is None:
                     break
