@@ -46,19 +46,71 @@ def _executor(args):
     return make_executor(args.executor, workers=args.workers, address=args.ray_address)
 
 
-def _print_table(df, title: str, columns=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+# Terminal headers: short enough that a plan or sweep table fits 80 columns.
+_LABELS = {"max_rate_per_replica": "req/s per replica", "replicas": "replicas",
+           "cost_per_hour": "USD/h", "cost_per_hour_ci95": "95% CI",
+           "ttft_p99_ms": "TTFT p99 ms", "offered_rate": "offered req/s",
+           "request_throughput": "served req/s", "ttft_p50": "TTFT p50 ms",
+           "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms", "tpot_p99": "TPOT p99 ms",
+           "slo_met": "SLO met", "tensor_parallel": "TP", "max_num_seqs": "max seqs",
+           "max_num_batched_tokens": "max batched tokens"}
+
+
+def _label(column: str) -> str:
+    """Header for a column: a swept key shows its last part (``engine.max_num_seqs`` ->
+    ``max seqs``), known figures their short name."""
+    last = str(column).rsplit(".", 1)[-1]
+    return _LABELS.get(column, _LABELS.get(last, last))
+
+
+def _short(v) -> str:
+    """A terminal cell: 3 significant figures, a CI as ``lo-hi``, missing as ``-``."""
+    import math
 
     from .planner_report import _cell
 
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(
+            isinstance(x, (int, float)) for x in v):
+        return f"{v[0]:.3g}-{v[1]:.3g}"
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return _cell(v)
+
+
+_STATUS = {"cheapest feasible": "best", "feasible": "ok", "infeasible": "fails SLO"}
+
+
+def _print_table(df, title: str, columns=None) -> None:
+    """Print ``df``'s ``columns`` as a compact table; a ``status`` longer than a word is
+    numbered and printed in full under the table."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     cols = columns or list(df.columns)
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(str(c), justify="right")
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    rows, notes = [], []
     for _, r in df.iterrows():
-        t.add_row(*(_cell(r[c]) for c in cols))
-    Console().print(t)
+        row = [_short(r[c]) for c in cols]
+        if "status" in cols:
+            i = cols.index("status")
+            if row[i] in _STATUS:
+                row[i] = _STATUS[row[i]]
+            else:
+                notes.append(row[i])
+                row[i] = f"note {len(notes)}"
+        rows.append(row)
+    for c in cols:   # one word per header line keeps columns as narrow as their values
+        t.add_column(_label(c).replace(" ", "\n"),
+                     justify="left" if c == "status" else "right")
+    for row in rows:
+        t.add_row(*row)
+    console = Console()
+    console.print(t)
+    for i, note in enumerate(notes, 1):
+        console.print(f"note {i}: {note}", highlight=False)
 
 
 def _cmd_sweep(args) -> int:
