@@ -159,3 +159,26 @@ plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replicati
     assert main(["sweep", str(y), "--out", str(tmp_path / "x")] + args) == 2
     assert "swept key" in capsys.readouterr().err
     assert main(["plan", str(y), "--target-rate", "-1"] + args) == 2
+
+
+def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys, monkeypatch):
+    import pandas as pd
+
+    from simulator.planner_cli import _print_table
+
+    monkeypatch.setenv("COLUMNS", "80")
+    df = pd.DataFrame([
+        {"hardware.profile": "a100-80gb", "hardware.tensor_parallel": 2,
+         "engine.max_num_seqs": 256, "max_rate_per_replica": 8.31312, "replicas": 5,
+         "cost_per_hour": 17.9, "cost_per_hour_ci95": [17.93, 25.14], "ttft_p99_ms": 636.26,
+         "status": "cheapest feasible"},
+        {"hardware.profile": "l4", "hardware.tensor_parallel": 1,
+         "engine.max_num_seqs": 64, "max_rate_per_replica": float("nan"), "replicas": None,
+         "cost_per_hour": None, "cost_per_hour_ci95": None, "ttft_p99_ms": None,
+         "status": "model does not fit: 16.1 GB of weights on a 24 GB GPU leaves no KV room"},
+    ])
+    _print_table(df, "Plans", list(df.columns))
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "8.31" in out and "17.9-25.1" in out and "best" in out and "note 1" in out
+    assert "note 1: model does not fit: 16.1 GB of weights" in out.replace("\n", " ")
