@@ -119,8 +119,29 @@ class Cluster:
                     t = rep.busy_until_ns
         return t
 
+    def run(self, specs) -> None:
+        """Serve ``specs`` (RequestSpec list) to the end; follow-ups wait for their parent.
+
+        One replica without follow-ups (and without ``exact_steps``) runs as a plain loop
+        (:meth:`Replica.serve_alone`): with nothing else to interleave, SimPy would only
+        deliver the arrivals, and the loop delivers them at the same instants and in the
+        same order. Otherwise the arrivals and replicas run as SimPy processes.
+        """
+        roots = self._prepare(specs)
+        rep = self.replicas[0]
+        if len(self.replicas) == 1 and not self._children and not rep.exact_steps:
+            rep.serve_alone([max(s.arrival_ns, 0) for s in roots],
+                            lambda k, now: self._deliver(roots[k], now))
+            return
+        self.env.process(self._arrivals(roots))
+        self.env.run()
+
     def start(self, specs) -> None:
-        """Start serving ``specs`` (RequestSpec list); follow-ups wait for their parent."""
+        """Start serving ``specs`` as SimPy processes (``env.run()`` then serves them)."""
+        self.env.process(self._arrivals(self._prepare(specs)))
+
+    def _prepare(self, specs) -> list:
+        """Root requests by arrival; follow-ups filed under their parent."""
         roots = []
         seen: set = set()
         shared: set = set()
@@ -138,7 +159,7 @@ class Cluster:
         # blocks: their block hashes are computed only if they are preempted.
         self._shared_first = shared
         roots.sort(key=lambda s: s.arrival_ns)
-        self.env.process(self._arrivals(roots))
+        return roots
 
     def _arrivals(self, specs):
         env, i, n = self.env, 0, len(specs)
@@ -152,8 +173,8 @@ class Cluster:
                 i += 1
         self._next_root_ns = _NEVER
 
-    def _deliver(self, spec) -> None:
-        req = new_request(spec, self.env.now)
+    def _deliver(self, spec, now: int | None = None) -> None:
+        req = new_request(spec, self.env.now if now is None else now)
         req.cache_private = first_content_key(spec.prompt) not in self._shared_first
         self.router.choose(req, self.replicas).submit(req)
 

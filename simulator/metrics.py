@@ -26,6 +26,7 @@ window edge, which always holds without warm-up).
 from __future__ import annotations
 
 import math
+import operator
 from array import array
 from collections import Counter
 from dataclasses import dataclass
@@ -185,12 +186,12 @@ class _Bins:
             self.grow(len(self.run) + 1)
         for name in self.SUM:
             x = getattr(self, name)
-            setattr(self, name, [float(a + b) for a, b in zip(x[::2], x[1::2])])
+            setattr(self, name, list(map(operator.add, x[::2], x[1::2])))
         for name in self.MAX:
             x = getattr(self, name)
-            setattr(self, name, [float(max(a, b)) for a, b in zip(x[::2], x[1::2])])
+            setattr(self, name, list(map(max, x[::2], x[1::2])))
         x = self.cmin
-        self.cmin = [float(min(a, b)) for a, b in zip(x[::2], x[1::2])]
+        self.cmin = list(map(min, x[::2], x[1::2]))
 
     def as_arrays(self) -> dict:
         return {name: np.asarray(getattr(self, name), dtype=np.float64)

@@ -82,8 +82,10 @@ class Replica:
     def _run(self):
         env, sched, cost = self.env, self.scheduler, self.cost_model
         exact = self.exact_steps
-        step_time_ns, finishes_in = cost.step_time_ns, sched.finishes_in
-        begin, end = self._begin_step, self._end_step
+        schedule, update, finishes_in = sched.schedule, sched.update, sched.finishes_in
+        step_time_ns, record_step, itl = cost.step_time_ns, self._record_step, self._itl
+        waiting_q, pool, index = sched.waiting, self._pool, self.index
+        usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         while True:
             if not sched.has_unfinished_requests():
                 self.busy_until_ns = _NEVER
@@ -97,36 +99,122 @@ class Replica:
             # follow-up) and that finish no request run here without SimPy events; nothing
             # outside this replica can observe the difference, so results are identical.
             while True:
-                plan, batch, waiting, usage = begin(t0)
+                plan = schedule()
+                prefills = plan.prefills
+                if prefills or plan.preempted or not plan.num_scheduled_tokens:
+                    self._note_scheduled(plan, t0)
+                # The step's batch, queue and KV usage as it runs (before finishes leave).
+                nd = plan.num_decodes
+                batch = nd + len(prefills)
+                waiting = len(waiting_q)
+                usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
                 t1 = t0 + step_time_ns(plan)
                 if exact or t1 >= bound or finishes_in(plan):
                     break
-                end(plan, t0, t1, batch, waiting, usage)
+                # A step that finishes nothing: take it back here (see _end_step).
+                dur = t1 - t0
+                self.busy_ns += dur
+                if nd:
+                    itl[dur] += nd
+                if prefills:
+                    self._note_tokens(prefills, t1)
+                update(plan)
+                record_step(index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
+                            waiting, usage, len(plan.preempted))
                 t0 = t1
             self.busy_until_ns = t1
             yield env.timeout(t1 - env.now)
-            end(plan, t0, t1, batch, waiting, usage)
+            self._end_step(plan, t0, t1, batch, waiting, usage)
 
-    def _begin_step(self, t0: int):
-        """Schedule a step starting at ``t0``; returns the plan and the load it runs with."""
+    def serve_alone(self, arrivals_ns: list, deliver) -> None:
+        """Serve every request without SimPy: this replica is the only actor.
+
+        Mirrors :meth:`_run` with the arrival process of :class:`simulator.cluster.Cluster`
+        folded in: arrivals at or before a step's end are delivered before the step is
+        taken back (SimPy fires them, URGENT, while the replica waits for the step to
+        end), so a step starting at t sees every request that arrived at t; an idle
+        replica jumps to the next arrival.
+
+        Args:
+            arrivals_ns: arrival times, ns, ascending.
+            deliver: ``deliver(k, now_ns)`` submits arrival ``k`` (at ``now_ns``).
+        """
+        sched, cost = self.scheduler, self.cost_model
+        schedule, update = sched.schedule, sched.update
+        step_time_ns, record_step, itl = cost.step_time_ns, self._record_step, self._itl
+        finishes_in, end_step = sched.finishes_in, self._end_step
+        waiting_q, pool, index = sched.waiting, self._pool, self.index
+        usable = None if pool.unlimited else pool.num_gpu_blocks - 1
+        has_work = sched.has_unfinished_requests
+        k, n = 0, len(arrivals_ns)
+        t0 = 0
+        while True:
+            if not has_work():
+                if k >= n:
+                    return
+                t0 = max(t0, arrivals_ns[k])
+                while k < n and arrivals_ns[k] <= t0:
+                    deliver(k, arrivals_ns[k])
+                    k += 1
+                continue
+            bound = arrivals_ns[k] if k < n else _NEVER
+            plan = schedule()
+            prefills = plan.prefills
+            if prefills or plan.preempted or not plan.num_scheduled_tokens:
+                self._note_scheduled(plan, t0)
+            nd = plan.num_decodes
+            batch = nd + len(prefills)
+            waiting = len(waiting_q)
+            usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
+            t1 = t0 + step_time_ns(plan)
+            if t1 >= bound:
+                while k < n and arrivals_ns[k] <= t1:
+                    deliver(k, arrivals_ns[k])
+                    k += 1
+            if finishes_in(plan):
+                end_step(plan, t0, t1, batch, waiting, usage)
+            else:
+                dur = t1 - t0
+                self.busy_ns += dur
+                if nd:
+                    itl[dur] += nd
+                if prefills:
+                    self._note_tokens(prefills, t1)
+                update(plan)
+                record_step(index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
+                            waiting, usage, len(plan.preempted))
+            t0 = t1
+
+    def _note_scheduled(self, plan, t0: int) -> None:
+        """First-scheduled times and preempted requests' last token times of a step that
+        starts at ``t0``.
+
+        Raises:
+            RuntimeError: an empty step while requests are unfinished (a scheduler bug).
+        """
         sched = self.scheduler
-        plan = sched.schedule()
         if not plan.num_scheduled_tokens:
             raise RuntimeError(f"replica {self.index}: scheduler made an empty step with "
                                f"{sched.num_waiting} waiting, {sched.num_running} running")
-        prefills = plan.prefills
-        for e in prefills:
+        for e in plan.prefills:
             if e.admitted:
                 rec = e.request.record
                 if rec.first_scheduled_ns is None:
                     rec.first_scheduled_ns = t0
-        if plan.preempted:
-            for r in plan.preempted:
-                if r.num_output_tokens:
-                    # Its last token came out of the previous step, which ended at t0.
-                    self._last_token_ns[r] = t0
-        # The step's batch and KV usage as it runs (before finished requests leave).
-        return plan, plan.num_decodes + len(prefills), len(sched.waiting), self._pool.usage
+        for r in plan.preempted:
+            if r.num_output_tokens:
+                # Its last token came out of the previous step, which ended at t0.
+                self._last_token_ns[r] = t0
+
+    def _note_tokens(self, prefills, t1: int) -> None:
+        """First tokens (TTFT) and resumed requests' first gaps of a step ending at t1."""
+        for e in prefills:
+            if e.samples_token:
+                rec = e.request.record
+                if rec.first_token_ns is None:
+                    rec.first_token_ns = t1
+                else:  # a resumed request's first token after preemption
+                    self.metrics.record_itl(t1 - self._last_token_ns.pop(e.request), 1)
 
     def _end_step(self, plan, t0: int, t1: int, batch: int, waiting: int, usage: float):
         """Take back a step that ran [t0, t1): tokens, finishes, metrics."""
@@ -136,14 +224,8 @@ class Replica:
         nd = plan.num_decodes
         if nd:
             self._itl[dur] += nd
-        prefills = plan.prefills
-        for e in prefills:
-            if e.samples_token:
-                rec = e.request.record
-                if rec.first_token_ns is None:
-                    rec.first_token_ns = t1
-                else:  # a resumed request's first token after preemption
-                    metrics.record_itl(t1 - self._last_token_ns.pop(e.request), 1)
+        if plan.prefills:
+            self._note_tokens(plan.prefills, t1)
         finished = self.scheduler.update(plan)
         self._record_step(self.index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
                           waiting, usage, len(plan.preempted))

@@ -262,18 +262,32 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         """Decide the next step (see module docstring). Must be followed by :meth:`update`."""
-        cfg, clock = self.config, self._clock
-        clock.sched_tick += 1
-        tick = clock.sched_tick
-        self.stats.num_steps += 1
+        clock, stats = self._clock, self.stats
+        tick = clock.sched_tick = clock.sched_tick + 1
+        stats.num_steps += 1
         steady = self._steady
-        plan = StepPlan(self.stats.num_steps, steady)
+        plan = StepPlan(stats.num_steps, steady)
         # Every steady decode gets its one token (max_num_batched_tokens >= max_num_seqs).
-        self._budget = cfg.max_num_batched_tokens - len(steady)
-        preempted = plan.preempted
-
-        work = []
+        max_tokens = self.config.max_num_batched_tokens
+        self._budget = max_tokens - len(steady)
         events = self._alloc_events.pop(tick, None)
+        if events or self._prefilling:
+            self._schedule_running(plan, tick, events)
+        if (self.waiting and not plan.preempted and self._budget > 0
+                and len(self.running) < self.config.max_num_seqs):
+            self._admit(plan)
+        n = len(steady)
+        plan.num_decodes = n
+        plan.decode_context_tokens = self._steady_offset_sum + n * tick
+        plan.num_scheduled_tokens = max_tokens - self._budget
+        return plan
+
+    def _schedule_running(self, plan: StepPlan, tick: int, events) -> None:
+        """Step 1: block events of steady decodes and the chunks of prefilling requests,
+        in admission order."""
+        cfg = self.config
+        preempted = plan.preempted
+        work = []
         if events:
             for r, epoch in events:
                 if r._epoch == epoch:
@@ -313,14 +327,6 @@ class Scheduler:
             self._budget -= n
             r._computed = before + n
             plan.prefills.append(ScheduledRequest(r, n, before, before + n == r.num_tokens, new))
-
-        if not preempted:
-            self._admit(plan)
-
-        plan.num_decodes = len(steady)
-        plan.decode_context_tokens = self._steady_offset_sum + len(steady) * tick
-        plan.num_scheduled_tokens = cfg.max_num_batched_tokens - self._budget
-        return plan
 
     def _admit(self, plan: StepPlan) -> None:
         cfg, kv, stats = self.config, self.kv, self.stats
