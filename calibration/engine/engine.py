@@ -373,22 +373,27 @@ class LLMEngine:
                    [r.request_id for r in plan.preempted])
         finished = sched.update(plan, sampled)
         t_end = self.now_ns()
-        for req in sampled:
-            rec = self._live[req].record
-            if rec.first_token_ns is None:
-                rec.first_token_ns = t_done
-            rec.token_times_ns.append(t_done)
+        records = [self._live[req].record for req in sampled]
         outputs = []
         for req in finished:
             live = self._live.pop(req)
             rec = live.record
-            rec.finish_ns = t_done
             rec.output_tokens = req.num_output_tokens
             rec.preemptions = req.num_preemptions
             rec.finish_reason = req.finish_reason
             outputs.append(RequestOutput(
                 req.request_id, req.prompt_token_ids, list(req.output_token_ids),
                 self.tokenizer.decode(req.output_token_ids), req.finish_reason, rec))
+        # A token counts as produced when step() hands it back (after the scheduler update
+        # and detokenisation), as vLLM stamps outputs when its output processor sees them;
+        # a replay's next queue check follows at once, so both clocks meet there.
+        t_out = self.now_ns()
+        for rec in records:
+            if rec.first_token_ns is None:
+                rec.first_token_ns = t_out
+            rec.token_times_ns.append(t_out)
+        for out in outputs:
+            out.record.finish_ns = t_out
         self.step_records.append(StepRecord(
             plan.step, t_start, t_end - t_start, t_done - t_exec, *summary,
             sched.num_running, sched.num_waiting, sched.kv_cache_usage))

@@ -40,6 +40,9 @@ class ReplayResult:
     duration_ns: int
 
 
+_SPIN_NS = 1_000_000   # the last 1 ms before an arrival is polled, not slept
+
+
 def materialise(spec, answers: dict, vocab_size: int) -> list[int]:
     """Token ids of ``spec``'s prompt (see module docstring)."""
     if spec.prompt_token_ids is not None:
@@ -111,7 +114,11 @@ def replay(engine, specs, sampling: SamplingParams | None = None) -> ReplayResul
                 for f in followers.get(out.request_id, ()):
                     arrive(f, out.record.finish_ns + f.think_time_ns)
         elif pending:
-            time.sleep(max(0, pending[0][0] - engine.now_ns()) / 1e9)
+            # Sleep to within a millisecond of the next arrival, then poll: a sleep
+            # overshoots by up to milliseconds, and the step would start that late.
+            wait_ns = pending[0][0] - engine.now_ns()
+            if wait_ns > _SPIN_NS:
+                time.sleep((wait_ns - _SPIN_NS) / 1e9)
         else:
             break
     return ReplayResult([engine.records[rid] for rid in ids],
