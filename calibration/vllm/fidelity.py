@@ -1,0 +1,152 @@
+"""The simulator's fidelity against vLLM on this machine (``benchmarks/vllm_fidelity.sh``).
+
+Runs :func:`calibration.vllm.commands.validate_vllm` on the CPU fidelity workloads of
+``benchmarks/fidelity.py`` — ``scenarios/cpu_tiny.yaml`` (Poisson, Azure-conversation-like
+lengths scaled to the CPU) and the same with a shared system prompt — priced by a profile
+calibrated on vLLM (``calibrate --backend vllm``), at vLLM-CPU's block size (128), and
+writes one markdown file with every figure, the knobs, machine, versions and seeds.
+
+    python -m calibration.vllm.fidelity --profile reports/vllm/vllm-cpu-llama-tiny-56m.yaml \
+        [--replications 2] [--seconds 30] [--loads 0.3,0.6] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The workloads of benchmarks/fidelity.py (scenario overrides).
+WORKLOADS = {
+    "poisson-chat": [],
+    "shared-system-prompt": ["workload.prefix.shared_tokens=128", "workload.prefix.groups=4"],
+}
+#: Targets of the fidelity issue: |error| of saturation throughput, p50s and p99s.
+TARGETS = {"saturation": 0.10, "p50": 0.15, "p99": 0.25}
+
+
+def verdicts(result: dict) -> list[str]:
+    """One line per target: the worst |error| over replications of each figure kind, and
+    whether it meets :data:`TARGETS`."""
+    lines = []
+    sat = result["saturation"]["error"]
+    lines.append(f"saturation throughput {sat:+.1%} (target ±{TARGETS['saturation']:.0%}): "
+                 f"{'met' if abs(sat) <= TARGETS['saturation'] else 'NOT met'}")
+    for ld in result["loads"]:
+        for q in ("p50", "p99"):
+            worst = []
+            for row in ld["table"]:
+                if row["figure"].endswith(" " + q) and row["error"] is not None:
+                    e = row["error"]
+                    worst.append((max(abs(e["min"]), abs(e["max"])), row["figure"]))
+            if worst:
+                w, fig = max(worst)
+                ok = w <= TARGETS[q]
+                lines.append(f"load {ld['load']:g}: worst {q} error {w:.1%} ({fig}; target "
+                             f"{TARGETS[q]:.0%}): {'met' if ok else 'NOT met'}")
+    return lines
+
+
+def section(name: str, overrides: list[str], result: dict) -> list[str]:
+    """Markdown of one workload's validation."""
+    from calibration.validate import markdown_table
+
+    meta = result["meta"]
+    sat_t = result["saturation"].get("timing") or {}
+    fl = meta["foreign_cpu_pct"]
+    return [
+        f"## {name}", "",
+        f"scenario {meta['source']} {' '.join(overrides)}; model {meta['model']} "
+        f"({meta['dtype']}); engine {meta['engine']}; {meta['cpu']}, {meta['machine']}, torch "
+        f"{meta['torch']}, Python {meta['python']}; cost model {meta['cost_model']} (held-out "
+        f"MAPE {meta['heldout_mape']:.3f}, replay MAPE "
+        f"{(meta['replay_mape'] or 0):.3f}); seed {meta['seed']}, {meta['replications']} "
+        f"replications (seeds SeedSequence([seed, load‰, r])), {meta['seconds_per_load']:g} s "
+        f"of arrivals per load; {meta['date']}.",
+        "", f"vLLM knobs (effective, read from the engine): `{json.dumps(meta['engine_knobs'])}`",
+        "", f"scheduling: {meta['scheduling']}.",
+        "foreign CPU load per timed run (% of one core, runs above 15 % rerun): "
+        + ", ".join(f"{x['run']} {x['pct']:g}" + (f" ({x['attempts']} tries)"
+                                                   if x["attempts"] > 1 else "") for x in fl)
+        + ".",
+        f"front end (between vLLM steps, not in the prediction): mean "
+        f"{result['front_end']['gap_us_mean']:.0f} us, p99 "
+        f"{result['front_end']['gap_us_p99']:.0f} us per step; vLLM step mean in the "
+        f"saturation run {result['saturation']['engine_step_ms_mean']:.2f} ms.",
+        f"saturation run, timing replay: {sat_t.get('steps_engine')} vLLM steps, "
+        f"{sat_t.get('step_mismatches')} whose batch differs from the simulator's (first at "
+        f"step {sat_t.get('first_mismatch')}), prefix hits equal: "
+        f"{sat_t.get('prefix_hits_equal')}.", "",
+        *[f"- {v}" for v in verdicts(result)], "",
+        markdown_table(result), ""]
+
+
+def profile_section(path) -> list[str]:
+    """Markdown lines on the vLLM profile: fit form, coefficients, errors, provenance."""
+    from simulator.cost_model import load_profile
+
+    p = load_profile(Path(path).resolve())
+    e = p.error
+    fmt = lambda s: (f"MAPE {s.mape:.1%}, p90 {s.p90:.1%}, max {s.max:.1%} (n={s.n})"  # noqa
+                     if s else "–")
+    return ["## calibration (profile)", "",
+            f"profile `{p.name}`: engine {p.engine}, device {p.device.name}, {p.dtype}, KV "
+            f"{p.kv.num_gpu_blocks} blocks of {p.kv.block_size}; measured {p.provenance.date} "
+            f"by `{p.provenance.command}`.", "",
+            f"step-cost form {p.cost.form}: "
+            + ", ".join(f"{k} {v:.4g}" for k, v in p.cost.coefficients.items()) + ".", "",
+            f"held-out grid cells: {fmt(e.heldout if e else None)}; replay steps (never "
+            f"fitted): {fmt(e.replay if e else None)}.", "",
+            f"provenance: {p.provenance.source}", ""]
+
+
+def main(argv=None) -> int:
+    from calibration.validate import write_outputs
+    from simulator.scenario import load_scenario
+
+    from .commands import validate_vllm
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", required=True, help="profile from calibrate --backend vllm")
+    ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "cpu_tiny.yaml"))
+    ap.add_argument("--block-size", type=int, default=128, help="vLLM-CPU's default: 128")
+    ap.add_argument("--loads", default="0.3,0.6")
+    ap.add_argument("--replications", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--model-dir")
+    ap.add_argument("--only", choices=list(WORKLOADS), action="append")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity_vllm.md"))
+    args = ap.parse_args(argv)
+    loads = [float(x) for x in args.loads.split(",")]
+    parts = ["# servesim fidelity against vLLM (vllm-cpu, predicted mode)", "",
+             "error = (predicted − measured) / measured; cells are mean [min, max] over "
+             "replications; 'in MAPE band': the measured figure lies between simulations with "
+             "every step cost scaled by (1 − MAPE) and (1 + MAPE). Figures as `vllm bench "
+             "serve` defines them (TTFT incl. queueing; TPOT per request excl. the first "
+             "token; ITL pooled).", ""]
+    parts += profile_section(args.profile)
+    engine = None
+    for name in args.only or list(WORKLOADS):
+        overrides = WORKLOADS[name] + [f"hardware.profile={Path(args.profile).resolve()}",
+                                       f"engine.block_size={args.block_size}"]
+        sc = load_scenario(args.scenario, overrides)
+        print(f"== {name}", file=sys.stderr)
+        res = validate_vllm(sc, loads, args.replications, seconds_per_load=args.seconds,
+                            model_dir_arg=args.model_dir, engine=engine,
+                            progress=lambda m: print(m, file=sys.stderr, flush=True))
+        engine = res.pop("engine_object")
+        write_outputs(res, ROOT / "reports" / "fidelity-vllm" / name)
+        parts += section(name, overrides, res)
+        out = Path(args.out)  # written after each workload, so a partial run leaves a file
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text("\n".join(parts))
+        tmp.replace(out)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
