@@ -220,6 +220,10 @@ class Scheduler:
         self._prefilling: dict[Request, None] = {}  # running, explicit
         self._clock = _Clock()
         self._alloc_events: dict[int, list] = defaultdict(list)   # sched tick -> reqs
+        # Light steady decodes (nothing to hash) by phase: offset % block_size. Those of
+        # phase p start a new block at the ticks t with (p + t) % block_size == 1 %
+        # block_size, so a step finds its block demand without per-request events.
+        self._phase: list[dict[Request, None]] = [{} for _ in range(config.block_size)]
         self._finish_events: dict[int, list] = defaultdict(list)  # update tick -> reqs
         self._steady_offset_sum = 0
         self._seq = 0
@@ -271,8 +275,21 @@ class Scheduler:
         max_tokens = self.config.max_num_batched_tokens
         self._budget = max_tokens - len(steady)
         events = self._alloc_events.pop(tick, None)
+        bs = self.config.block_size
+        crossing = self._phase[(1 - tick) % bs]
         if events or self._prefilling:
-            self._schedule_running(plan, tick, events)
+            self._schedule_running(plan, tick, events, crossing)
+        elif crossing:
+            pool = self.kv.pool
+            if pool.unlimited or pool._num_free >= len(crossing):
+                # Each starts a new block; with enough free blocks the order of these
+                # allocations only relabels unhashed blocks.
+                new_blocks = plan.decode_new_blocks
+                for r, b in zip(crossing, pool.allocate(len(crossing))):
+                    r.block_ids.append(b)
+                    new_blocks[r] = [b]
+            else:
+                self._schedule_running(plan, tick, None, crossing)
         if (self.waiting and not plan.preempted and self._budget > 0
                 and len(self.running) < self.config.max_num_seqs):
             self._admit(plan)
@@ -282,8 +299,9 @@ class Scheduler:
         plan.num_scheduled_tokens = max_tokens - self._budget
         return plan
 
-    def _schedule_running(self, plan: StepPlan, tick: int, events) -> None:
-        """Step 1: block events of steady decodes and the chunks of prefilling requests,
+    def _schedule_running(self, plan: StepPlan, tick: int, events, crossing) -> None:
+        """Step 1: blocks of steady decodes (``events``: visits of hashed ones;
+        ``crossing``: light ones starting a block) and the chunks of prefilling requests,
         in admission order."""
         cfg = self.config
         preempted = plan.preempted
@@ -292,6 +310,8 @@ class Scheduler:
             for r, epoch in events:
                 if r._epoch == epoch:
                     work.append(r)
+        if crossing:
+            work.extend(crossing)
         if self._prefilling:
             work.extend(self._prefilling)
         if len(work) > 1:
@@ -302,20 +322,20 @@ class Scheduler:
             if r.state != _RUNNING:
                 continue  # preempted earlier in this pass
             if r._steady:
-                if (light or r.cache_private) and (pool._num_free or pool.unlimited):
-                    # Visited only when it starts a new block (see _schedule_alloc_event):
-                    # exactly one block, nothing to register.
+                is_light = light or r.cache_private
+                if is_light and (pool._num_free or pool.unlimited):
+                    # Light: here only when it starts a new block; nothing to register.
                     b = pool.allocate_one()
                     r.block_ids.append(b)
                     plan.decode_new_blocks[r] = [b]
-                    self._alloc_events[tick + cfg.block_size].append((r, r._epoch))
                     continue
                 new = self._allocate(r, r.num_computed_tokens, preempted)
                 if new is None:
                     break
                 if new:
                     plan.decode_new_blocks[r] = new
-                self._schedule_alloc_event(r, tick + 1)
+                if not is_light:
+                    self._schedule_alloc_event(r, tick + 1)
                 continue
             before = r._computed
             n = min(r.num_tokens - before, self._budget, cfg.max_model_len - before)
@@ -481,28 +501,27 @@ class Scheduler:
         r._steady = True
         self._steady[r] = None
         self._steady_offset_sum += r._computed
-        self._schedule_alloc_event(r, clock.sched_tick + 1)
+        if r.cache_private or not self.kv.enable_prefix_caching:
+            self._phase[r._computed % self.config.block_size][r] = None
+        else:
+            self._schedule_alloc_event(r, clock.sched_tick + 1)
         self._finish_events[r.max_tokens - r._output].append((r, r._epoch))
 
     def _leave_steady(self, r: Request) -> None:
         c, o = r.num_computed_tokens, r.num_output_tokens
         self._steady_offset_sum -= r._computed
+        self._phase[r._computed % self.config.block_size].pop(r, None)
         del self._steady[r]
         r._steady = False
         r._computed, r._output = c, o
 
     def _schedule_alloc_event(self, r: Request, tick: int) -> None:
         # Visit r at the first tick >= `tick` whose step fills a block (registers its
-        # hash) or starts a new one (allocates it): after-step count % bs in {0, 1}. A
-        # request whose hashes nobody can look up is visited only to allocate (% bs == 1).
+        # hash) or starts a new one (allocates it): after-step count % bs in {0, 1}.
         bs = self.config.block_size
-        if bs > 1:
-            m = (r._computed + tick) % bs
-            if r.cache_private or not self.kv.enable_prefix_caching:
-                if m != 1:
-                    tick += (1 - m) % bs
-            elif m > 1:
-                tick += bs - m
+        m = (r._computed + tick) % bs
+        if bs > 1 and m > 1:
+            tick += bs - m
         self._alloc_events[tick].append((r, r._epoch))
 
     # -- checks ---------------------------------------------------------------------
