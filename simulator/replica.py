@@ -142,7 +142,6 @@ class Replica:
         sched, cost = self.scheduler, self.cost_model
         schedule, update = sched.schedule, sched.update
         step_time_ns, record_step, itl = cost.step_time_ns, self._record_step, self._itl
-        finishes_in, end_step = sched.finishes_in, self._end_step
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         has_work = sched.has_unfinished_requests
@@ -171,18 +170,18 @@ class Replica:
                 while k < n and arrivals_ns[k] <= t1:
                     deliver(k, arrivals_ns[k])
                     k += 1
-            if finishes_in(plan):
-                end_step(plan, t0, t1, batch, waiting, usage)
-            else:
-                dur = t1 - t0
-                self.busy_ns += dur
-                if nd:
-                    itl[dur] += nd
-                if prefills:
-                    self._note_tokens(prefills, t1)
-                update(plan)
-                record_step(index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
-                            waiting, usage, len(plan.preempted))
+            # _end_step, inline.
+            dur = t1 - t0
+            self.busy_ns += dur
+            if nd:
+                itl[dur] += nd
+            if prefills:
+                self._note_tokens(prefills, t1)
+            finished = update(plan)
+            record_step(index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
+                        waiting, usage, len(plan.preempted))
+            if finished:
+                self._note_finished(finished, t1)
             t0 = t1
 
     def _note_scheduled(self, plan, t0: int) -> None:
@@ -218,7 +217,6 @@ class Replica:
 
     def _end_step(self, plan, t0: int, t1: int, batch: int, waiting: int, usage: float):
         """Take back a step that ran [t0, t1): tokens, finishes, metrics."""
-        metrics = self.metrics
         dur = t1 - t0
         self.busy_ns += dur
         nd = plan.num_decodes
@@ -229,6 +227,12 @@ class Replica:
         finished = self.scheduler.update(plan)
         self._record_step(self.index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
                           waiting, usage, len(plan.preempted))
+        if finished:
+            self._note_finished(finished, t1)
+
+    def _note_finished(self, finished, t1: int) -> None:
+        """Records of the requests that finished in a step ending at ``t1``."""
+        metrics = self.metrics
         for r in finished:
             rec = r.record
             rec.finish_ns = t1

@@ -224,6 +224,9 @@ class Scheduler:
         # phase p start a new block at the ticks t with (p + t) % block_size == 1 %
         # block_size, so a step finds its block demand without per-request events.
         self._phase: list[dict[Request, None]] = [{} for _ in range(config.block_size)]
+        self._block_size = config.block_size
+        self._max_tokens = config.max_num_batched_tokens
+        self._max_seqs = config.max_num_seqs
         self._finish_events: dict[int, list] = defaultdict(list)  # update tick -> reqs
         self._steady_offset_sum = 0
         self._seq = 0
@@ -272,11 +275,10 @@ class Scheduler:
         steady = self._steady
         plan = StepPlan(stats.num_steps, steady)
         # Every steady decode gets its one token (max_num_batched_tokens >= max_num_seqs).
-        max_tokens = self.config.max_num_batched_tokens
+        max_tokens = self._max_tokens
         self._budget = max_tokens - len(steady)
         events = self._alloc_events.pop(tick, None)
-        bs = self.config.block_size
-        crossing = self._phase[(1 - tick) % bs]
+        crossing = self._phase[(1 - tick) % self._block_size]
         if events or self._prefilling:
             self._schedule_running(plan, tick, events, crossing)
         elif crossing:
@@ -291,7 +293,7 @@ class Scheduler:
             else:
                 self._schedule_running(plan, tick, None, crossing)
         if (self.waiting and not plan.preempted and self._budget > 0
-                and len(self.running) < self.config.max_num_seqs):
+                and len(self.running) < self._max_seqs):
             self._admit(plan)
         n = len(steady)
         plan.num_decodes = n
