@@ -159,7 +159,8 @@ class _Bins:
     than ``array`` items (no unboxing). Values are the same doubles either way.
     """
 
-    SUM = ("run", "wait", "kv", "busy", "prefill", "decode", "preempt", "steps")
+    # No waiting integral: the queue-length series comes from the requests' own waits.
+    SUM = ("run", "kv", "busy", "prefill", "decode", "preempt", "steps")
     MAX = ("run_max", "wait_max", "kv_max", "cmax")
     MIN = ("cmin",)
 
@@ -169,6 +170,11 @@ class _Bins:
 
     def __len__(self):
         return len(self.run)
+
+    def lists(self) -> tuple:
+        """The accumulators in the order SUM, MAX, MIN (the same objects)."""
+        return (self.run, self.kv, self.busy, self.prefill, self.decode, self.preempt,
+                self.steps, self.run_max, self.wait_max, self.kv_max, self.cmax, self.cmin)
 
     def grow(self, nbins: int) -> None:
         extra = nbins - len(self.run)
@@ -297,26 +303,27 @@ class MetricsCollector:
                 and b0 < len(bins.run)):
             # The common case: the step lies inside one existing bin.
             d = end_ns - start_ns
-            bins.run[b0] += num_running * d
-            bins.wait[b0] += num_waiting * d
-            bins.kv[b0] += kv_usage * d
-            bins.busy[b0] += d
-            if start_ns < bins.cmin[b0]:
-                bins.cmin[b0] = start_ns
-            if end_ns > bins.cmax[b0]:
-                bins.cmax[b0] = end_ns
-            if num_running > bins.run_max[b0]:
-                bins.run_max[b0] = num_running
-            if num_waiting > bins.wait_max[b0]:
-                bins.wait_max[b0] = num_waiting
-            if kv_usage > bins.kv_max[b0]:
-                bins.kv_max[b0] = kv_usage
+            (run, kv, busy, prefill, decode, preempt, steps, run_max, wait_max, kv_max, cmax,
+             cmin) = bins.lists()
+            run[b0] += num_running * d
+            kv[b0] += kv_usage * d
+            busy[b0] += d
+            if start_ns < cmin[b0]:
+                cmin[b0] = start_ns
+            if end_ns > cmax[b0]:
+                cmax[b0] = end_ns
+            if num_running > run_max[b0]:
+                run_max[b0] = num_running
+            if num_waiting > wait_max[b0]:
+                wait_max[b0] = num_waiting
+            if kv_usage > kv_max[b0]:
+                kv_max[b0] = kv_usage
             if num_prefill_tokens:
-                bins.prefill[b0] += num_prefill_tokens
-            bins.decode[b0] += num_decodes
+                prefill[b0] += num_prefill_tokens
+            decode[b0] += num_decodes
             if num_preempted:
-                bins.preempt[b0] += num_preempted
-            bins.steps[b0] += 1
+                preempt[b0] += num_preempted
+            steps[b0] += 1
             if end_ns > self._last_step_end:
                 self._last_step_end = end_ns
             return
@@ -332,13 +339,12 @@ class MetricsCollector:
         b1 = (end_ns - 1) // w if end_ns > start_ns else b0
         if b1 >= len(bins):
             bins.grow(max(b1 + 1, 2 * len(bins)))
-        run, wait, kv, busy = bins.run, bins.wait, bins.kv, bins.busy
+        run, kv, busy = bins.run, bins.kv, bins.busy
         t = start_ns
         for b in range(b0, b1 + 1):
             e = min(end_ns, (b + 1) * w)
             d = e - t
             run[b] += num_running * d
-            wait[b] += num_waiting * d
             kv[b] += kv_usage * d
             busy[b] += d
             if t < bins.cmin[b]:
@@ -623,7 +629,7 @@ def _ts_frame(start, width, out_w, replica, agg, nrep) -> pd.DataFrame:
         "bin_s": np.full(len(start), out_w / NS_PER_S),
         "replica": replica,
         "running": agg["run"] / wd,
-        "waiting": agg["wait"] / wd,
+        "waiting": np.zeros(len(start)),   # replaced by the requests' exact queue
         "kv_usage": agg["kv"] / wd / nrep,
         "busy": agg["busy"] / wd / nrep,
         "running_max": maxes["run_max"].astype(np.int64),
