@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import simpy
 
-from .policy import Request, RequestRecord, RequestRejected, Scheduler, SchedulerConfig
+from .policy import (Request, RequestRecord, RequestRejected, Scheduler, SchedulerConfig,
+                     StepPlan)
 
 _NEVER = 1 << 62
 
@@ -145,9 +146,29 @@ class Replica:
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         has_work = sched.has_unfinished_requests
+        quiet_step = sched.quiet_step
+        quiet = StepPlan(0, sched._steady)   # the plan of every quiet decode step
         k, n = 0, len(arrivals_ns)
         t0 = 0
         while True:
+            ctx = quiet_step()
+            if ctx is not None:
+                # All running requests decode, nothing else changes (Scheduler.quiet_step).
+                nd = quiet.num_decodes = quiet.num_scheduled_tokens = len(sched._steady)
+                quiet.decode_context_tokens = ctx
+                usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
+                waiting = len(waiting_q)
+                t1 = t0 + step_time_ns(quiet)
+                if k < n and t1 >= arrivals_ns[k]:
+                    while k < n and arrivals_ns[k] <= t1:
+                        deliver(k, arrivals_ns[k])
+                        k += 1
+                dur = t1 - t0
+                self.busy_ns += dur
+                itl[dur] += nd
+                record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
+                t0 = t1
+                continue
             if not has_work():
                 if k >= n:
                     return

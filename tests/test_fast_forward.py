@@ -82,3 +82,26 @@ def test_fast_forward_case_with_preemption_is_exercised():
     a, b = _run(d, True), _run(d, False)
     assert a.summary["preemptions"] > 0
     assert a.summary == b.summary and a.requests.equals(b.requests)
+    # The same on one replica, which runs as a plain loop with quiet steps taken whole.
+    d["cluster"]["replicas"] = 1
+    a, b = _run(d, True), _run(d, False)
+    assert a.summary["preemptions"] > 0 and a.summary["prefix_cache_hit_tokens"] > 0
+    assert a.summary == b.summary and a.requests.equals(b.requests)
+    assert a.timeseries.equals(b.timeseries) and a.itl_runs.equals(b.itl_runs)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_single_replica_plain_loop_equals_step_by_step(d):
+    """One replica without follow-ups runs without SimPy (Replica.serve_alone, quiet decode
+    steps taken whole); it must still equal the SimPy step-by-step reference."""
+    d["cluster"]["replicas"] = 1
+    d["workload"].pop("sessions", None)
+    bs = d["engine"]["block_size"]
+    if d["engine"]["num_gpu_blocks"] is not None:
+        d["engine"]["num_gpu_blocks"] = 1024 // bs + 2   # tight: preemptions likely
+    a, b = _run(d, True), _run(d, False)
+    assert a.summary == b.summary
+    assert a.requests.equals(b.requests)
+    assert a.timeseries.equals(b.timeseries)
+    assert a.itl_runs.equals(b.itl_runs)

@@ -234,3 +234,42 @@ def test_private_requests_schedule_exactly_as_hashed_ones(case):
             s.check_invariants()
         runs.append((log, s.stats))
     assert runs[0] == runs[1]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_quiet_steps_equal_scheduled_steps(case):
+    """``quiet_step`` (schedule + update in one, for all-decode steps) leaves the scheduler
+    exactly where ``schedule`` + ``update`` would, step by step."""
+    cfg, reqs = case
+    firsts = [first_content_key(segs) for _, _, segs, _ in reqs]
+    private = {rid for (_, rid, _, _), k in zip(reqs, firsts) if firsts.count(k) == 1}
+    runs, quiet_seen = [], 0
+    for use_quiet in (False, True):
+        s, log, pending = Scheduler(cfg), [], deque(reqs)
+        for t in range(3000):
+            while pending and pending[0][0] <= t:
+                _, rid, segs, mt = pending.popleft()
+                r = Request(RequestSpec(rid, 0, segs, mt))
+                r.cache_private = rid in private
+                try:
+                    s.add_request(r)
+                except RequestRejected:
+                    pass
+            if not pending and not s.has_unfinished_requests():
+                break
+            ctx = s.quiet_step() if use_quiet else None
+            if ctx is not None:
+                quiet_seen += 1
+                log.append((len(s._steady), ctx, [], [], [], s.kv.pool.num_free_blocks))
+            else:
+                plan = s.schedule()
+                prefills = sorted((e.request_id, e.num_new_tokens, e.num_computed_before)
+                                  for e in plan.prefills)
+                pre = [p.request_id for p in plan.preempted]
+                fin = sorted(f.request_id for f in s.update(plan))
+                log.append((plan.num_decodes, plan.decode_context_tokens, prefills, pre, fin,
+                            s.kv.pool.num_free_blocks))
+            s.check_invariants()
+        runs.append((log, s.stats, s._clock.sched_tick, s._clock.update_tick))
+    assert runs[0] == runs[1]

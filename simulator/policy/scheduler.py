@@ -301,6 +301,38 @@ class Scheduler:
         plan.num_scheduled_tokens = max_tokens - self._budget
         return plan
 
+    def quiet_step(self) -> int | None:
+        """Take the next step whole, :meth:`schedule` and :meth:`update` in one, when it is
+        a *quiet* decode step: every running request is a steady decode, no hashed one
+        is visited, the light ones that start a block all get one, nothing finishes and
+        no waiting request can be admitted. Such a step's plan is ``num_decodes =
+        len(steady)`` decodes and nothing else (the simulator prices it from those two
+        numbers); the engine does not use this.
+
+        Returns:
+            The step's ``decode_context_tokens``, or ``None`` when the step is not quiet
+            (nothing changed; call :meth:`schedule`).
+        """
+        clock = self._clock
+        tick = clock.sched_tick + 1
+        n = len(self._steady)
+        if (not n or self._prefilling or tick in self._alloc_events
+                or tick in self._finish_events):   # update tick == sched tick, then
+            return None
+        if (self.waiting and self._max_tokens > n and len(self.running) < self._max_seqs):
+            return None
+        crossing = self._phase[(1 - tick) % self._block_size]
+        if crossing:
+            pool = self.kv.pool
+            if not pool.unlimited and pool._num_free < len(crossing):
+                return None
+            for r, b in zip(crossing, pool.allocate(len(crossing))):
+                r.block_ids.append(b)
+        clock.sched_tick = clock.update_tick = tick
+        self.stats.num_steps += 1
+        self._budget = self._max_tokens - n
+        return self._steady_offset_sum + n * tick
+
     def _schedule_running(self, plan: StepPlan, tick: int, events, crossing) -> None:
         """Step 1: blocks of steady decodes (``events``: visits of hashed ones;
         ``crossing``: light ones starting a block) and the chunks of prefilling requests,
