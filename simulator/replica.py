@@ -8,6 +8,11 @@ Timing rules (DESIGN.md §2): steps run back to back while there is work; an arr
 time t is seen by a step that starts at t (arrivals are delivered with SimPy's URGENT
 priority, ahead of the step boundary at the same instant); an idle replica starts a step
 at the arrival that wakes it.
+
+Three ways to run, with identical results: ``exact_steps`` (one SimPy event per step, the
+reference); fast-forward (steps that nothing outside the replica can observe run without
+SimPy events); and, for one replica without follow-up requests, a plain loop with no SimPy
+at all (:meth:`Replica.serve_alone`) that also takes quiet all-decode steps whole.
 """
 
 from __future__ import annotations

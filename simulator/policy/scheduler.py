@@ -21,9 +21,14 @@ DESIGN.md §3):
 
 Cost per step: a running request that decodes one token per step and needs no new block
 (a *steady decode*) is not touched at all. Its counters advance with a shared clock and it
-is revisited only at block boundaries (one event per block to register the filled block's
-hash and one to allocate the next) and at its known ``max_tokens`` finish, so a step costs
-O(requests whose state changes) plus O(1/block_size) per running request.
+is revisited only at block boundaries and at its known ``max_tokens`` finish, so a step
+costs O(requests whose state changes) plus O(1/block_size) per running request. A steady
+decode whose blocks are hashed (prefix caching on, content others may share) is visited by
+an event when a block fills (to register its hash) and when it starts the next one. A
+*light* one (prefix caching off, or a ``cache_private`` request) has nothing to register:
+it sits in a list by block phase (``offset % block_size``), and a step finds the light
+decodes that start a block with one lookup. The simulator takes all-decode steps in which
+nothing else changes in one call (:meth:`Scheduler.quiet_step`).
 """
 
 from __future__ import annotations
@@ -326,8 +331,11 @@ class Scheduler:
             pool = self.kv.pool
             if not pool.unlimited and pool._num_free < len(crossing):
                 return None
-            for r, b in zip(crossing, pool.allocate(len(crossing))):
-                r.block_ids.append(b)
+            if len(crossing) == 1:
+                next(iter(crossing)).block_ids.append(pool.allocate_one())
+            else:
+                for r, b in zip(crossing, pool.allocate(len(crossing))):
+                    r.block_ids.append(b)
         clock.sched_tick = clock.update_tick = tick
         self.stats.num_steps += 1
         self._budget = self._max_tokens - n
