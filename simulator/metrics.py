@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import operator
 from array import array
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +57,7 @@ DEFAULT_OUTPUT_BINS = 500         # default time series length: span / 500
 _MAX_FINE_BINS = 1 << 15          # default bins kept per replica (memory bound)
 _MAX_GIVEN_BINS = 1 << 20         # bins kept per replica for an explicit bin width
 _SIG_DIGITS = 6
+_ITL_FOLD = 1 << 23               # appended ITL runs kept before folding (16 bytes each)
 
 
 def round_sig(x, digits: int = _SIG_DIGITS):
@@ -207,7 +207,7 @@ class _Bins:
 class MetricsCollector:
     """Collects what a run produces; :meth:`finalize` turns it into a :class:`RunResult`.
 
-    Memory: one compact row per request (typed arrays), ITL as a ``Counter`` of distinct
+    Memory: one compact row per request (typed arrays), ITL as runs of distinct
     gaps, and per replica at most 2**15 fine time bins (2**20 with an explicit
     ``timeseries_bin_ns``): bins start at 10 ms and double in width when a run outgrows
     them. Nothing is stored per token or per step.
@@ -236,7 +236,10 @@ class MetricsCollector:
         self._num_replicas = num_replicas
         self._bins: dict[int, _Bins] = {}
         self._last_step_end = 0
-        self._itl: Counter = Counter()
+        # Pooled ITL: runs (gap, count) appended as steps end, folded into sorted distinct
+        # gaps (exact counts) when the buffers grow long and at the end.
+        self._itl_gap, self._itl_cnt = array("q"), array("q")
+        self._itl_runs = (np.empty(0, np.int64), np.empty(0, np.int64))
         self._ids: list = []
         self._ns = {k: array("q") for k in ("arrival", "sched", "first", "finish")}
         self._ints = {k: array("q") for k in ("prompt", "cached", "output", "preempt",
@@ -265,24 +268,42 @@ class MetricsCollector:
         ints["replica"].append(rec.replica)
         code = self._reasons.setdefault(rec.finish_reason, len(self._reasons))
         ints["reason"].append(code)
+        if len(self._itl_gap) > _ITL_FOLD:
+            self._fold_itl()
 
-    def itl_counter(self) -> Counter:
-        """The pooled ITL as a live ``Counter`` ``{gap_ns: count}`` that hot loops may add
-        to directly (``counter[gap_ns] += count`` is :meth:`record_itl`)."""
-        return self._itl
+    def itl_appenders(self) -> tuple:
+        """``(append_gap, append_count)`` for hot loops: appending ``gap_ns`` and a count
+        >= 1 to them is :meth:`record_itl` (folded by :meth:`itl_runs`)."""
+        return self._itl_gap.append, self._itl_cnt.append
 
     def record_itl(self, gap_ns: int, count: int) -> None:
         """Add ``count`` inter-token gaps of ``gap_ns`` ns each to the pooled ITL."""
         if count:
-            self._itl[gap_ns] += count
+            self._itl_gap.append(gap_ns)
+            self._itl_cnt.append(count)
 
     def record_token_times(self, token_times_ns) -> None:
         """Add the gaps between consecutive output tokens of one request (engine records)."""
         t = np.asarray(token_times_ns, dtype=np.int64)
         if t.size > 1:
             gaps, counts = np.unique(np.diff(t), return_counts=True)
-            for g, c in zip(gaps.tolist(), counts.tolist()):
-                self._itl[g] += c
+            self._itl_gap.extend(gaps.tolist())
+            self._itl_cnt.extend(counts.tolist())
+
+    def _fold_itl(self) -> None:
+        """Merge the appended ITL runs into the sorted distinct-gap runs (exact counts)."""
+        if not self._itl_gap:
+            return
+        g0, c0 = self._itl_runs
+        g = np.concatenate([g0, np.frombuffer(self._itl_gap, dtype=np.int64)])
+        c = np.concatenate([c0, np.frombuffer(self._itl_cnt, dtype=np.int64)])
+        gaps, inv = np.unique(g, return_inverse=True)
+        counts = np.zeros(gaps.size, dtype=np.int64)
+        np.add.at(counts, inv, c)
+        self._itl_runs = (gaps, counts)
+        # Emptied in place: hot loops hold their append methods (itl_appenders).
+        del self._itl_gap[:]
+        del self._itl_cnt[:]
 
     def record_step(self, replica: int, start_ns: int, end_ns: int, num_prefill_tokens: int,
                     num_decodes: int, num_running: int, num_waiting: int, kv_usage: float,
@@ -462,8 +483,8 @@ class MetricsCollector:
 
     def itl_runs(self) -> pd.DataFrame:
         """Pooled ITL runs so far: columns ``gap_ns`` (ascending) and ``count``."""
-        gaps = np.array(sorted(self._itl), dtype=np.int64)
-        counts = np.array([self._itl[g] for g in gaps.tolist()], dtype=np.int64)
+        self._fold_itl()
+        gaps, counts = self._itl_runs
         return pd.DataFrame({"gap_ns": gaps, "count": counts})
 
     def _request_frame(self) -> tuple[pd.DataFrame, dict, np.ndarray]:

@@ -59,7 +59,7 @@ class Replica:
         # is pending; never while idle): only then can it release a follow-up request.
         self.busy_until_ns = _NEVER
         self._pool = self.scheduler.kv.pool
-        self._itl = metrics.itl_counter()
+        self._itl_gap, self._itl_cnt = metrics.itl_appenders()
         self._record_step = metrics.record_step
         self.process = env.process(self._run())
 
@@ -89,7 +89,8 @@ class Replica:
         env, sched, cost = self.env, self.scheduler, self.cost_model
         exact = self.exact_steps
         schedule, update, finishes_in = sched.schedule, sched.update, sched.finishes_in
-        step_time_ns, record_step, itl = cost.step_time_ns, self._record_step, self._itl
+        step_time_ns, record_step = cost.step_time_ns, self._record_step
+        itl_gap, itl_cnt = self._itl_gap, self._itl_cnt
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         while True:
@@ -121,7 +122,8 @@ class Replica:
                 dur = t1 - t0
                 self.busy_ns += dur
                 if nd:
-                    itl[dur] += nd
+                    itl_gap(dur)
+                    itl_cnt(nd)
                 if prefills:
                     self._note_tokens(prefills, t1)
                 update(plan)
@@ -147,7 +149,8 @@ class Replica:
         """
         sched, cost = self.scheduler, self.cost_model
         schedule, update = sched.schedule, sched.update
-        step_time_ns, record_step, itl = cost.step_time_ns, self._record_step, self._itl
+        step_time_ns, record_step = cost.step_time_ns, self._record_step
+        itl_gap, itl_cnt = self._itl_gap, self._itl_cnt
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         has_work = sched.has_unfinished_requests
@@ -170,7 +173,8 @@ class Replica:
                         k += 1
                 dur = t1 - t0
                 self.busy_ns += dur
-                itl[dur] += nd
+                itl_gap(dur)
+                itl_cnt(nd)
                 record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
                 t0 = t1
                 continue
@@ -200,7 +204,8 @@ class Replica:
             dur = t1 - t0
             self.busy_ns += dur
             if nd:
-                itl[dur] += nd
+                itl_gap(dur)
+                itl_cnt(nd)
             if prefills:
                 self._note_tokens(prefills, t1)
             finished = update(plan)
@@ -247,7 +252,8 @@ class Replica:
         self.busy_ns += dur
         nd = plan.num_decodes
         if nd:
-            self._itl[dur] += nd
+            self._itl_gap(dur)
+            self._itl_cnt(nd)
         if plan.prefills:
             self._note_tokens(plan.prefills, t1)
         finished = self.scheduler.update(plan)
