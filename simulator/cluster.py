@@ -102,6 +102,7 @@ class Cluster:
         self._next_root_ns = _NEVER
         self._timers: list[int] = []  # heap of pending follow-up arrival times
         self._shared_first: set = set()
+        self._quoted: set = set()
 
     def next_event_ns(self, replica: Replica) -> int:
         """Earliest time anything outside ``replica`` can happen: the next arrival, a
@@ -145,6 +146,7 @@ class Cluster:
         roots = []
         seen: set = set()
         shared: set = set()
+        quoted: set = set()
         for s in specs:
             if s.after is None:
                 roots.append(s)
@@ -155,9 +157,14 @@ class Cluster:
                 shared.add(key)
             else:
                 seen.add(key)
+            for cid, _ in s.prompt:
+                quoted.add(hash(cid))
         # Requests whose first token begins no other request's content cannot share KV
-        # blocks: their block hashes are computed only if they are preempted.
+        # blocks, nor can blocks holding an answer that no prompt quotes: those are
+        # hashed only if their request is preempted (Request.cache_private,
+        # Request.output_private).
         self._shared_first = shared
+        self._quoted = quoted
         roots.sort(key=lambda s: s.arrival_ns)
         return roots
 
@@ -176,6 +183,7 @@ class Cluster:
     def _deliver(self, spec, now: int | None = None) -> None:
         req = new_request(spec, self.env.now if now is None else now)
         req.cache_private = first_content_key(spec.prompt) not in self._shared_first
+        req.output_private = hash(req.output_content_id) not in self._quoted
         self.router.choose(req, self.replicas).submit(req)
 
     def _on_finish(self, req: Request, t_ns: int) -> None:

@@ -200,7 +200,8 @@ def test_hit_tokens_do_not_depend_on_block_size_when_prefix_is_a_multiple_of_32(
 @given(scenarios())
 def test_private_requests_schedule_exactly_as_hashed_ones(case):
     """Marking requests whose first token starts no other request ``cache_private`` (their
-    blocks are hashed only on preemption) changes nothing: plans, hits, the blocks taken
+    blocks are hashed only on preemption), and every request ``output_private`` (no prompt
+    here quotes an answer), changes nothing: plans, hits, the blocks taken
     from the free queue, preemptions and finishes agree step by step. (An unlimited pool
     keeps hashed blocks forever but reuses unhashed ones, so there block ids may differ.)"""
     cfg, reqs = case
@@ -214,6 +215,7 @@ def test_private_requests_schedule_exactly_as_hashed_ones(case):
                 _, rid, segs, mt = pending.popleft()
                 r = Request(RequestSpec(rid, 0, segs, mt))
                 r.cache_private = mark and rid in private
+                r.output_private = mark   # no prompt here quotes an answer
                 try:
                     s.add_request(r)
                 except RequestRejected:
@@ -252,6 +254,7 @@ def test_quiet_steps_equal_scheduled_steps(case):
                 _, rid, segs, mt = pending.popleft()
                 r = Request(RequestSpec(rid, 0, segs, mt))
                 r.cache_private = rid in private
+                r.output_private = rid % 2 == 0
                 try:
                     s.add_request(r)
                 except RequestRejected:

@@ -169,3 +169,28 @@ def test_config_refuses_a_cache_smaller_than_one_max_model_len_request():
         SchedulerConfig(max_model_len=64, block_size=4, num_gpu_blocks=16)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8)
+
+
+def test_output_private_request_rehits_its_decode_blocks_after_preemption():
+    # A and B decode together until A needs a block and B (the tail) is preempted; B is
+    # re-admitted when A finishes. Hashing B's decode blocks lazily (output_private: only
+    # when preempted) must give the same steps as registering each as it fills, and B's
+    # re-admission must hit blocks it filled while decoding (beyond its 4-token prompt).
+    def run(private):
+        s = make(num_gpu_blocks=12, max_model_len=36, block_size=4)
+        a = req("A", [("a", 4)], max_tokens=24)
+        b = req("B", [("b", 4)], max_tokens=30)
+        for r in (a, b):
+            r.output_private = private
+            s.add_request(r)
+        log = []
+        while s.has_unfinished_requests():
+            rows, pre, fin, plan = step(s)
+            log.append((rows, pre, fin, [(e.request_id, e.num_cached_tokens)
+                                         for e in plan.prefills if e.admitted]))
+        return log
+    eager, lazy = run(False), run(True)
+    assert lazy == eager
+    readmits = [hits for _, _, _, hits in eager[1:] if hits]
+    assert [p for _, p, _, _ in eager if p] == [["B"]]
+    assert readmits == [[("B", 16)]]

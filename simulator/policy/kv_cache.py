@@ -344,10 +344,11 @@ class KVCacheManager:
 
         Args:
             req: the request.
-            preempted: the request will be re-admitted later, so a private request's
-                full blocks are registered first (its re-admission may hit them).
+            preempted: the request will be re-admitted later, so the full blocks of a
+                private request (``cache_private`` or ``output_private``) not hashed yet
+                are registered first (its re-admission may hit them).
         """
-        if preempted and req.cache_private:
+        if preempted and (req.cache_private or req.output_private):
             self._register(req)
         if req.block_ids:
             self.pool.free_blocks(req.block_ids[::-1])

@@ -174,8 +174,12 @@ class Request:
     ``cache_private`` may be set (by whoever knows the whole workload) when no other
     request's content begins with this request's first token: no other request can then
     hit its blocks, so the KV manager skips hashing them unless it is preempted (its own
-    re-admission is then the only possible hit). Schedules are identical either way (in an
-    unlimited pool, which keeps hashed blocks forever, only the block ids may differ).
+    re-admission is then the only possible hit). ``output_private`` may be set likewise
+    when no request's prompt contains this request's answer (``output_content_id``): no
+    other request can then hit a block holding any of its output tokens, so the blocks
+    filled while it decodes are hashed only if it is preempted. Schedules are identical
+    either way (in an unlimited pool, which keeps hashed blocks forever, only the block ids
+    may differ).
 
     While a request is a *steady decode* (one token per step, see
     :class:`simulator.policy.scheduler.Scheduler`) its ``num_computed_tokens`` and
@@ -191,7 +195,7 @@ class Request:
         "max_tokens", "output_content_id", "prompt_token_ids", "output_token_ids",
         "stop_token_ids", "eos_token_id", "sampling", "state", "num_cached_tokens",
         "num_preemptions", "block_ids", "num_registered_blocks", "num_hashed_blocks",
-        "cache_private", "_block_hashes",
+        "cache_private", "output_private", "_block_hashes",
         "_content", "_computed", "_output", "_steady", "_clock", "_epoch", "_seq",
         "finish_reason", "record",
     )
@@ -236,6 +240,7 @@ class Request:
         self.num_registered_blocks = 0   # full blocks registered (as vLLM would)
         self.num_hashed_blocks = 0       # of those, put in the prefix cache so far
         self.cache_private = False
+        self.output_private = False
         self._block_hashes: list[bytes] = []
         self._content = None  # content table, built on first hash
         self._computed = 0

@@ -25,7 +25,8 @@ is revisited only at block boundaries and at its known ``max_tokens`` finish, so
 costs O(requests whose state changes) plus O(1/block_size) per running request. A steady
 decode whose blocks are hashed (prefix caching on, content others may share) is visited by
 an event when a block fills (to register its hash) and when it starts the next one. A
-*light* one (prefix caching off, or a ``cache_private`` request) has nothing to register:
+*light* one (prefix caching off, or a ``cache_private`` or ``output_private`` request: no
+other request can hit the blocks it fills while decoding) has nothing to register:
 it sits in a list by block phase (``offset % block_size``), and a step finds the light
 decodes that start a block with one lookup. The simulator takes all-decode steps in which
 nothing else changes in one call (:meth:`Scheduler.quiet_step`).
@@ -364,7 +365,7 @@ class Scheduler:
             if r.state != _RUNNING:
                 continue  # preempted earlier in this pass
             if r._steady:
-                is_light = light or r.cache_private
+                is_light = light or r.cache_private or r.output_private
                 if is_light and (pool._num_free or pool.unlimited):
                     # Light: here only when it starts a new block; nothing to register.
                     b = pool.allocate_one()
@@ -433,7 +434,7 @@ class Scheduler:
 
     def _preempt(self, r: Request) -> None:
         if r._steady:
-            if r.cache_private and self.kv.enable_prefix_caching:
+            if (r.cache_private or r.output_private) and self.kv.enable_prefix_caching:
                 # No event visited it when a block filled: the blocks full before this
                 # step are the ones registered (a victim's visit in this step comes after
                 # the request that preempts it, so it never happened).
@@ -543,7 +544,7 @@ class Scheduler:
         r._steady = True
         self._steady[r] = None
         self._steady_offset_sum += r._computed
-        if r.cache_private or not self.kv.enable_prefix_caching:
+        if r.cache_private or r.output_private or not self.kv.enable_prefix_caching:
             self._phase[r._computed % self.config.block_size][r] = None
         else:
             self._schedule_alloc_event(r, clock.sched_tick + 1)
