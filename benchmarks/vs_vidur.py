@@ -21,7 +21,7 @@ Vidur lives in its own venv (/work/shared/peers/vidur, README.md there); without
 benchmark prints how to make it and exits 0, or runs its setup.sh with ``--setup``.
 
 Usage: python benchmarks/vs_vidur.py [--requests 10000,100000] [--load 0.7] [--seed 42]
-       [--setup] [--venv /tmp/vidur-venv] [--md benchmarks/results/vs_vidur.md]
+       [--repeats 1] [--setup] [--venv /tmp/vidur-venv] [--md benchmarks/results/vs_vidur.md]
 """
 
 from __future__ import annotations
@@ -130,6 +130,11 @@ def run_vidur(tmp: Path, venv: Path, csv_path: Path, tag: str, a) -> tuple[dict,
     return m, summary
 
 
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median wall time (the lower middle one for an even count)."""
+    return sorted(runs, key=lambda m: m["wall_s"])[(len(runs) - 1) // 2]
+
+
 def startup(fn, runs: int) -> float:
     return statistics.median(fn(k)[0]["wall_s"] for k in range(runs))
 
@@ -173,6 +178,8 @@ def main() -> None:
     ap.add_argument("--batch-cap", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--startup-runs", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed runs per size and tool, alternating; medians are reported")
     ap.add_argument("--venv", default=os.environ.get("VIDUR_VENV", "/tmp/vidur-venv"))
     ap.add_argument("--setup", action="store_true", help="run the peer's setup.sh if needed")
     ap.add_argument("--keep", action="store_true", help="keep Vidur's output folders")
@@ -213,14 +220,21 @@ def main() -> None:
         su_s = startup(lambda k: run_servesim(tmp, scen, one, f"startup{k}"), a.startup_runs)
         su_v = startup(lambda k: run_vidur(tmp, venv, one, f"startup{k}", a), a.startup_runs)
         console.print(f"start-up: servesim {su_s:.2f} s, vidur {su_v:.2f} s")
-        rows = []
+        rows, loads = [], []
         for n in sizes:
             req = make_requests(tmp / f"req{n}.csv", n, rate, a.seed, a.max_tokens)
-            ms, ss = run_servesim(tmp, scen, req, str(n))
-            console.print(f"{n}: servesim {ms['wall_s']:.2f} s")
-            mv, sv = run_vidur(tmp, venv, req, str(n), a)
-            console.print(f"{n}: vidur {mv['wall_s']:.2f} s")
-            rows.append((n, ms, ss, mv, sv))
+            runs_s, runs_v = [], []
+            for k in range(a.repeats):
+                load = os.getloadavg()[0]
+                ms, ss = run_servesim(tmp, scen, req, f"{n}-{k}")
+                console.print(f"{n}: servesim {ms['wall_s']:.2f} s (load {load:.2f})")
+                mv, sv = run_vidur(tmp, venv, req, f"{n}-{k}", a)
+                console.print(f"{n}: vidur {mv['wall_s']:.2f} s")
+                runs_s.append(ms)
+                runs_v.append(mv)
+                loads.append(load)
+            rows.append((n, _median_run(runs_s), ss, _median_run(runs_v), sv,
+                         [m["wall_s"] for m in runs_s], [m["wall_s"] for m in runs_v]))
             req.unlink()
 
     head = [f"machine: {machine()}",
@@ -235,7 +249,10 @@ def main() -> None:
             f"vidur: Llama-3-8B fp16 A100-80GB TP1, scheduler vllm, --batch-cap {a.batch_cap},"
             f" --max-tokens {a.max_tokens}, --no-token-metrics, 1 replica",
             f"start-up (median of {a.startup_runs} 1-request runs): servesim {su_s:.2f} s, "
-            f"vidur {su_v:.2f} s"]
+            f"vidur {su_v:.2f} s",
+            f"timed runs: {a.repeats} per size and tool, alternating; medians shown "
+            f"(wall s of every run below); 1-min load average at the runs "
+            f"{min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} CPUs"]
 
     speed = Table(title="Speed (req/s = requests / (wall - start-up))")
     for c in ("requests", "servesim wall s", "servesim req/s", "servesim peak MiB",
@@ -246,7 +263,7 @@ def main() -> None:
               "preemptions"):
         lat.add_column(c, justify="right")
     md_speed, md_lat = [], []
-    for n, ms, ss, mv, sv in rows:
+    for n, ms, ss, mv, sv, _, _ in rows:
         rs = n / max(ms["wall_s"] - su_s, 1e-9)
         rv = n / max(mv["wall_s"] - su_v, 1e-9)
         cells = [f"{n:,}", f"{ms['wall_s']:.2f}", f"{rs:,.0f}", f"{ms['peak_rss_mib']:,.0f}",
@@ -269,6 +286,9 @@ def main() -> None:
         if not sv.get("all_completed", True) or not sv.get("token_counts_match_input", True):
             console.print(f"[yellow]vidur {n}: all_completed={sv.get('all_completed')}, "
                           f"token_counts_match_input={sv.get('token_counts_match_input')}")
+    for n, _, _, _, _, ws, wv in rows:
+        head.append(f"{n:,} requests, wall s: servesim {', '.join(f'{w:.2f}' for w in ws)}; "
+                    f"vidur {', '.join(f'{w:.2f}' for w in wv)}")
     for line in head:
         console.print(line)
     console.print(speed)
@@ -281,7 +301,7 @@ def main() -> None:
                              + ["| " + " | ".join(r) + " |" for r in body])
         text = ["# servesim vs Vidur (benchmarks/vs_vidur.py)", "",
                 f"Command: `python benchmarks/vs_vidur.py --requests {a.requests} "
-                f"--load {a.load} --seed {a.seed}`", ""]
+                f"--load {a.load} --seed {a.seed} --repeats {a.repeats}`", ""]
         text += [f"- {h}" for h in head]
         text += ["", "## Speed", "", "req/s = requests / (wall − start-up); target ratio ≥ 20.",
                  "", table([c.header for c in speed.columns], md_speed), "",
