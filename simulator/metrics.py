@@ -26,7 +26,6 @@ window edge, which always holds without warm-up).
 from __future__ import annotations
 
 import math
-import operator
 from array import array
 from dataclasses import dataclass
 
@@ -57,6 +56,7 @@ DEFAULT_OUTPUT_BINS = 500         # default time series length: span / 500
 _MAX_FINE_BINS = 1 << 15          # default bins kept per replica (memory bound)
 _MAX_GIVEN_BINS = 1 << 20         # bins kept per replica for an explicit bin width
 _SIG_DIGITS = 6
+_STEP_BUFFER = 1 << 13            # steps buffered before binning them in bulk
 _ITL_FOLD = 1 << 23               # appended ITL runs kept before folding (16 bytes each)
 
 
@@ -153,11 +153,8 @@ class RunResult:
 
 
 class _Bins:
-    """Per-replica accumulators over fixed-width time bins (integrals in value x ns).
-
-    Plain lists: a step updates a dozen entries, and list items are cheaper to update
-    than ``array`` items (no unboxing). Values are the same doubles either way.
-    """
+    """Per-replica accumulators over fixed-width time bins (integrals in value x ns),
+    float64 arrays filled in bulk from buffered steps (:meth:`MetricsCollector._flush`)."""
 
     # No waiting integral: the queue-length series comes from the requests' own waits.
     SUM = ("run", "kv", "busy", "prefill", "decode", "preempt", "steps")
@@ -165,43 +162,30 @@ class _Bins:
     MIN = ("cmin",)
 
     def __init__(self):
-        for name in self.SUM + self.MAX + self.MIN:
-            setattr(self, name, [])
+        self.a = {name: np.empty(0) for name in self.SUM + self.MAX + self.MIN}
 
     def __len__(self):
-        return len(self.run)
-
-    def lists(self) -> tuple:
-        """The accumulators in the order SUM, MAX, MIN (the same objects)."""
-        return (self.run, self.kv, self.busy, self.prefill, self.decode, self.preempt,
-                self.steps, self.run_max, self.wait_max, self.kv_max, self.cmax, self.cmin)
+        return len(self.a["run"])
 
     def grow(self, nbins: int) -> None:
-        extra = nbins - len(self.run)
+        extra = nbins - len(self)
         if extra <= 0:
             return
-        for name in self.SUM:
-            getattr(self, name).extend([0.0] * extra)
-        for name in self.MAX:
-            getattr(self, name).extend([-math.inf] * extra)
-        self.cmin.extend([math.inf] * extra)
+        for name, x in self.a.items():
+            fill = 0.0 if name in self.SUM else (-math.inf if name in self.MAX else math.inf)
+            self.a[name] = np.concatenate([x, np.full(extra, fill)])
 
     def halve(self) -> None:
         """Merge bin pairs (2i, 2i+1) into one bin of twice the width."""
-        if len(self.run) % 2:
-            self.grow(len(self.run) + 1)
-        for name in self.SUM:
-            x = getattr(self, name)
-            setattr(self, name, list(map(operator.add, x[::2], x[1::2])))
-        for name in self.MAX:
-            x = getattr(self, name)
-            setattr(self, name, list(map(max, x[::2], x[1::2])))
-        x = self.cmin
-        self.cmin = list(map(min, x[::2], x[1::2]))
+        if len(self) % 2:
+            self.grow(len(self) + 1)
+        for name, x in self.a.items():
+            x = x.reshape(-1, 2)
+            self.a[name] = (x[:, 0] + x[:, 1] if name in self.SUM else
+                            x.max(axis=1) if name in self.MAX else x.min(axis=1))
 
     def as_arrays(self) -> dict:
-        return {name: np.asarray(getattr(self, name), dtype=np.float64)
-                for name in self.SUM + self.MAX + self.MIN}
+        return {name: x.copy() for name, x in self.a.items()}
 
 
 class MetricsCollector:
@@ -235,6 +219,8 @@ class MetricsCollector:
         self._cap = _MAX_GIVEN_BINS if timeseries_bin_ns else _MAX_FINE_BINS
         self._num_replicas = num_replicas
         self._bins: dict[int, _Bins] = {}
+        self._limit = self._cap * self._w   # steps ending past this need coarser bins
+        self._steps: list[tuple] = []       # steps not yet binned (see _flush)
         self._last_step_end = 0
         # Pooled ITL: runs (gap, count) appended as steps end, folded into sorted distinct
         # gaps (exact counts) when the buffers grow long and at the end.
@@ -312,84 +298,86 @@ class MetricsCollector:
 
         ``num_running``/``num_waiting``/``kv_usage`` (fraction of usable blocks) hold over
         the step; prefill tokens, decode tokens (one per decode) and preemptions count in
-        the bin where the step ends.
+        the bin where the step ends. Steps are buffered and binned in bulk; the result is
+        bit for bit that of adding each step to its bins in turn.
 
         Raises:
             ValueError: ``end_ns < start_ns``.
         """
-        w = self._w
-        b0 = start_ns // w
-        bins = self._bins.get(replica)
-        if (bins is not None and start_ns < end_ns and (end_ns - 1) // w == b0
-                and b0 < len(bins.run)):
-            # The common case: the step lies inside one existing bin.
-            d = end_ns - start_ns
-            (run, kv, busy, prefill, decode, preempt, steps, run_max, wait_max, kv_max, cmax,
-             cmin) = bins.lists()
-            run[b0] += num_running * d
-            kv[b0] += kv_usage * d
-            busy[b0] += d
-            if start_ns < cmin[b0]:
-                cmin[b0] = start_ns
-            if end_ns > cmax[b0]:
-                cmax[b0] = end_ns
-            if num_running > run_max[b0]:
-                run_max[b0] = num_running
-            if num_waiting > wait_max[b0]:
-                wait_max[b0] = num_waiting
-            if kv_usage > kv_max[b0]:
-                kv_max[b0] = kv_usage
-            if num_prefill_tokens:
-                prefill[b0] += num_prefill_tokens
-            decode[b0] += num_decodes
-            if num_preempted:
-                preempt[b0] += num_preempted
-            steps[b0] += 1
-            if end_ns > self._last_step_end:
-                self._last_step_end = end_ns
+        if (end_ns - 1 if end_ns > start_ns else end_ns) >= self._limit or end_ns < start_ns:
+            if end_ns < start_ns:
+                raise ValueError(f"step ends before it starts: {start_ns} > {end_ns}")
+            # Past the last bin: bin what came before at the old width, then coarsen.
+            self._flush()
+            while (end_ns - 1 if end_ns > start_ns else end_ns) // self._w >= self._cap:
+                self._coarsen()
+        buf = self._steps
+        buf.append((replica, start_ns, end_ns, num_prefill_tokens, num_decodes, num_running,
+                    num_waiting, kv_usage, num_preempted))
+        if len(buf) >= _STEP_BUFFER:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Add the buffered steps to their bins.
+
+        Sums of integers (running x ns, busy ns, token and step counts) are exact in
+        float64, so their order does not matter; KV usage x ns is not, so it is added
+        step by step in arrival order (``np.add.at`` is unbuffered), as a loop would.
+        """
+        buf = self._steps
+        if not buf:
             return
-        if end_ns < start_ns:
-            raise ValueError(f"step ends before it starts: {start_ns} > {end_ns}")
-        while (end_ns - 1 if end_ns > start_ns else end_ns) // w >= self._cap:
-            self._coarsen()
-            w = self._w
-        bins = self._bins.get(replica)
-        if bins is None:
-            bins = self._bins[replica] = _Bins()
-        b0 = start_ns // w
-        b1 = (end_ns - 1) // w if end_ns > start_ns else b0
-        if b1 >= len(bins):
-            bins.grow(max(b1 + 1, 2 * len(bins)))
-        run, kv, busy = bins.run, bins.kv, bins.busy
-        t = start_ns
-        for b in range(b0, b1 + 1):
-            e = min(end_ns, (b + 1) * w)
-            d = e - t
-            run[b] += num_running * d
-            kv[b] += kv_usage * d
-            busy[b] += d
-            if t < bins.cmin[b]:
-                bins.cmin[b] = t
-            if e > bins.cmax[b]:
-                bins.cmax[b] = e
-            if num_running > bins.run_max[b]:
-                bins.run_max[b] = num_running
-            if num_waiting > bins.wait_max[b]:
-                bins.wait_max[b] = num_waiting
-            if kv_usage > bins.kv_max[b]:
-                bins.kv_max[b] = kv_usage
-            t = e
-        bins.prefill[b1] += num_prefill_tokens
-        bins.decode[b1] += num_decodes
-        bins.preempt[b1] += num_preempted
-        bins.steps[b1] += 1
-        if end_ns > self._last_step_end:
-            self._last_step_end = end_ns
+        cols = list(zip(*buf))
+        buf.clear()
+        rep = np.array(cols[0], dtype=np.int64)
+        start = np.array(cols[1], dtype=np.int64)
+        end = np.array(cols[2], dtype=np.int64)
+        ints = {k: np.array(cols[i], dtype=np.float64) for k, i in (
+            ("prefill", 3), ("decode", 4), ("running", 5), ("waiting", 6), ("preempt", 8))}
+        kv_usage = np.array(cols[7], dtype=np.float64)
+        self._last_step_end = max(self._last_step_end, int(end.max()))
+        w = self._w
+        reps = dict.fromkeys(cols[0])   # replicas in order of their first step
+        for r in reps:
+            pick = None if len(reps) == 1 else rep == r
+            s0, e0 = (start, end) if pick is None else (start[pick], end[pick])
+            cols_r = {k: (v if pick is None else v[pick]) for k, v in ints.items()}
+            kv_r = kv_usage if pick is None else kv_usage[pick]
+            bins = self._bins.get(r)
+            if bins is None:
+                bins = self._bins[r] = _Bins()
+            b0 = s0 // w
+            b1 = np.where(e0 > s0, (e0 - 1) // w, b0)
+            top = int(b1.max())
+            if top >= len(bins):
+                bins.grow(max(top + 1, 2 * len(bins)))
+            # One piece per (step, bin) it covers, in step order.
+            cnt = b1 - b0 + 1
+            step = np.repeat(np.arange(len(s0)), cnt)
+            first = np.repeat(np.cumsum(cnt) - cnt, cnt)
+            b = b0[step] + (np.arange(len(step)) - first)
+            ps = np.maximum(s0[step], b * w)
+            pe = np.minimum(e0[step], (b + 1) * w)
+            d = (pe - ps).astype(np.float64)
+            a, n = bins.a, len(bins)
+            a["run"] += np.bincount(b, weights=cols_r["running"][step] * d, minlength=n)
+            np.add.at(a["kv"], b, kv_r[step] * d)
+            a["busy"] += np.bincount(b, weights=d, minlength=n)
+            np.minimum.at(a["cmin"], b, ps.astype(np.float64))
+            np.maximum.at(a["cmax"], b, pe.astype(np.float64))
+            np.maximum.at(a["run_max"], b, cols_r["running"][step])
+            np.maximum.at(a["wait_max"], b, cols_r["waiting"][step])
+            np.maximum.at(a["kv_max"], b, kv_r[step])
+            for name, key in (("prefill", "prefill"), ("decode", "decode"),
+                              ("preempt", "preempt")):
+                a[name] += np.bincount(b1, weights=cols_r[key], minlength=n)
+            a["steps"] += np.bincount(b1, minlength=n)
 
     def _coarsen(self) -> None:
         for bins in self._bins.values():
             bins.halve()
         self._w *= 2
+        self._limit = self._cap * self._w
 
     # -- finalize ---------------------------------------------------------------------
     def finalize(self, *, slo: dict | None, extra: dict | None = None) -> RunResult:
@@ -424,6 +412,7 @@ class MetricsCollector:
             TypeError: an ``extra`` value that is not JSON-able.
         """
         slo_spec = parse_slo(slo)
+        self._flush()
         req, ns, code = self._request_frame()
         counted = ~req["warmup"].to_numpy()
         is_rej = code == self._reasons.get("rejected", -1)
