@@ -12,7 +12,8 @@ at the arrival that wakes it.
 Three ways to run, with identical results: ``exact_steps`` (one SimPy event per step, the
 reference); fast-forward (steps that nothing outside the replica can observe run without
 SimPy events); and, for one replica without follow-up requests, a plain loop with no SimPy
-at all (:meth:`Replica.serve_alone`) that also takes quiet all-decode steps whole.
+at all (:meth:`Replica.serve_alone`). The last two take quiet all-decode steps whole
+(:meth:`simulator.policy.Scheduler.quiet_step`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class Replica:
         itl_gap, itl_cnt = self._itl_gap, self._itl_cnt
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
+        quiet_step, steady = sched.quiet_step, sched._steady
+        quiet = StepPlan(0, steady)   # the plan of every quiet decode step
         while True:
             if not sched.has_unfinished_requests():
                 self.busy_until_ns = _NEVER
@@ -106,6 +109,26 @@ class Replica:
             # follow-up) and that finish no request run here without SimPy events; nothing
             # outside this replica can observe the difference, so results are identical.
             while True:
+                ctx = None if exact else quiet_step()
+                if ctx is not None:
+                    # All running requests decode and nothing else changes: the scheduler
+                    # took the step whole (its update is invisible to the rest of the
+                    # cluster: no finish, no admission, no hash).
+                    nd = quiet.num_decodes = quiet.num_scheduled_tokens = len(steady)
+                    quiet.decode_context_tokens = ctx
+                    usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
+                    waiting = len(waiting_q)
+                    t1 = t0 + step_time_ns(quiet)
+                    if t1 >= bound:
+                        plan = None
+                        break
+                    dur = t1 - t0
+                    self.busy_ns += dur
+                    itl_gap(dur)
+                    itl_cnt(nd)
+                    record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
+                    t0 = t1
+                    continue
                 plan = schedule()
                 prefills = plan.prefills
                 if prefills or plan.preempted or not plan.num_scheduled_tokens:
@@ -132,7 +155,14 @@ class Replica:
                 t0 = t1
             self.busy_until_ns = t1
             yield env.timeout(t1 - env.now)
-            self._end_step(plan, t0, t1, batch, waiting, usage)
+            if plan is None:   # a quiet step
+                dur = t1 - t0
+                self.busy_ns += dur
+                itl_gap(dur)
+                itl_cnt(nd)
+                record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
+            else:
+                self._end_step(plan, t0, t1, batch, waiting, usage)
 
     def serve_alone(self, arrivals_ns: list, deliver) -> None:
         """Serve every request without SimPy: this replica is the only actor.

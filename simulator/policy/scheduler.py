@@ -339,7 +339,6 @@ class Scheduler:
                     r.block_ids.append(b)
         clock.sched_tick = clock.update_tick = tick
         self.stats.num_steps += 1
-        self._budget = self._max_tokens - n
         return self._steady_offset_sum + n * tick
 
     def _schedule_running(self, plan: StepPlan, tick: int, events, crossing) -> None:
