@@ -10,7 +10,8 @@
 #   benchmarks/vllm_fidelity.sh [--quick] [-- extra args for calibration.vllm.fidelity]
 #
 # Environment: VLLM_PEER_DIR (default ../shared/peers/vllm), VLLM_PEER_VENV (/tmp/vllm-venv),
-# VLLM_PEER_MODEL (/tmp/vllm-peer-model), OUT (reports/vllm). Timed phases run under the
+# VLLM_PEER_MODEL (/tmp/vllm-peer-model), OUT (reports/vllm), CALIBRATE_ARGS (extra flags for
+# calibrate, e.g. "--repeats 2"). Timed phases run under the
 # peer's quiet_run.py, which waits for a quiet machine and logs other processes' CPU use to
 # $OUT/logs/*.cpu.json. Wall clock: about 5 min calibration + 6 min per workload.
 set -euo pipefail
@@ -36,10 +37,11 @@ NUMPY="$("$PY" -c 'import numpy; print(numpy.__version__)')"
 mkdir -p "$OUT/logs"
 PROFILE="$OUT/vllm-cpu-llama-tiny-56m-bfloat16.yaml"
 cd "$ROOT"
-"$PY" "$PEER/quiet_run.py" --tag calibrate --log-dir "$OUT/logs" -- \
+# shellcheck disable=SC2086
+"$PY" "$PEER/quiet_run.py" --tag calibrate --log-dir "$OUT/logs" --max-wait 60 -- \
   "$VLLM_PEER_VENV/bin/servesim" calibrate --backend vllm --model llama-tiny-56m \
-  --dtype bfloat16 --out "$PROFILE" --no-progress "${QUICK[@]}"
-"$PY" "$PEER/quiet_run.py" --tag fidelity --log-dir "$OUT/logs" -- \
+  --dtype bfloat16 --out "$PROFILE" --no-progress "${QUICK[@]}" ${CALIBRATE_ARGS:-}
+"$PY" "$PEER/quiet_run.py" --tag fidelity --log-dir "$OUT/logs" --max-wait 60 -- \
   "$PY" -m calibration.vllm.fidelity --profile "$PROFILE" "$@"
 echo "profile: $PROFILE"
 echo "results: $ROOT/benchmarks/results/fidelity_vllm.md (logs and CPU-load records: $OUT/logs)"

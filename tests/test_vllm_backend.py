@@ -210,3 +210,18 @@ def test_cli_without_vllm_exits_2_with_one_line(cmd, tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "vLLM is not installed" in lines[0]
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_engine_scenario_takes_vllms_effective_knobs():
+    from calibration.vllm.commands import engine_scenario
+    from simulator.scenario import load_scenario
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sc = load_scenario(root / "scenarios" / "cpu_tiny.yaml")
+    eng = SimpleNamespace(block_size=128, num_gpu_blocks=2048, max_num_seqs=32,
+                          max_num_batched_tokens=512, max_model_len=2048,
+                          enable_prefix_caching=True)
+    sc1 = engine_scenario(sc, eng)
+    assert sc1.engine.block_size == 128 and sc1.engine.num_gpu_blocks == 2048
+    assert (sc1.max_num_seqs, sc1.max_num_batched_tokens, sc1.max_model_len) == (32, 512, 2048)
+    assert sc.engine.block_size == 16            # the scenario itself is unchanged

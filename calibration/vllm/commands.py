@@ -32,6 +32,9 @@ MAX_ATTEMPTS = 3
 #: Wait for a quiet machine before timed runs (``validate --no-quiet-wait`` turns it off;
 #: contaminated runs are still measured and rerun).
 QUIET_WAIT = True
+#: Longest wait for a quiet machine before one attempt (s): on a machine that others keep
+#: busy, a rerun after a bounded wait beats waiting indefinitely.
+QUIET_MAX_WAIT_S = 30.0
 
 
 def model_dir(given: str | None, shape) -> Path:
@@ -64,7 +67,7 @@ def _timed(fn, label: str, progress, wait: bool = True) -> tuple:
 
     for attempt in range(1, MAX_ATTEMPTS + 1):
         if QUIET_WAIT and (wait or attempt > 1):
-            waited = wait_quiet()
+            waited = wait_quiet(max_wait_s=QUIET_MAX_WAIT_S)
             if waited > 5:
                 progress(f"  waited {waited:.0f} s for a quiet machine")
         with LoadMeter() as m:
