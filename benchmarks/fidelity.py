@@ -10,14 +10,19 @@ HTML reports and CDF plots go to ``reports/fidelity/<workload>/``).
     python benchmarks/fidelity.py [--replications 2] [--seconds 30] [--out PATH]
 
 Wall clock: about (saturation + loads × replications × seconds) per workload; the defaults
-take about 10 minutes on 2 cores. Timed runs wait for a quiet machine.
+take about 8 minutes on 2 cores. Timed runs wait for a quiet machine, and the CPU time that
+other processes used during each timed run is measured (:class:`CpuWatch`) and reported, so
+a run disturbed by other work on a shared machine is visible in the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +32,66 @@ WORKLOADS = {
 }
 
 
+# A timed run is disturbed when other processes used more than this share of one core.
+BUSY_PCT = 10.0
+
+
+class CpuWatch:
+    """CPU time used by *other* processes during each timed run of a validation.
+
+    ``servesim validate`` reports progress once before each timed engine run (saturation,
+    then every load and replication); :meth:`progress` closes the previous segment and opens
+    a new one at each message. Others' CPU in a segment = machine busy time (``/proc/stat``:
+    all but idle and iowait) − this process's CPU time (``os.times``), in % of one core.
+    """
+
+    def __init__(self, echo=None):
+        self.echo = echo
+        self.runs: list[dict] = []
+        self._open = None
+
+    @staticmethod
+    def _sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+        t = os.times()
+        return time.monotonic(), busy, t.user + t.system
+
+    def progress(self, msg: str) -> None:
+        if self.echo:
+            self.echo(msg)
+        if msg.startswith(("saturation:", "load ")):
+            self.close()
+            rep = re.search(r"replication (\d+)", msg)
+            label = msg.split(":")[0] + (f" r{rep.group(1)}" if rep else "")
+            self._open = (label, self._sample())
+        elif msg.startswith("  waited") and self._open:  # the quiet wait is not the run
+            self._open = (self._open[0], self._sample())
+
+    def close(self) -> None:
+        if self._open is None:
+            return
+        label, (t0, b0, s0) = self._open
+        t1, b1, s1 = self._sample()
+        wall = max(t1 - t0, 1e-9)
+        self.runs.append({"run": label, "seconds": wall,
+                          "others_pct": max(0.0, 100.0 * ((b1 - b0) - (s1 - s0)) / wall)})
+        self._open = None
+
+    def summary(self) -> str:
+        """One line: mean and worst others' CPU, and the disturbed runs."""
+        if not self.runs:
+            return "other processes' CPU during timed runs: not measured"
+        v = [r["others_pct"] for r in self.runs]
+        bad = [f"{r['run']} ({r['others_pct']:.0f}%)" for r in self.runs
+               if r["others_pct"] > BUSY_PCT]
+        return (f"other processes' CPU during the timed runs (and the simulations after each, "
+                f"% of one core): mean {sum(v) / len(v):.1f}%, max {max(v):.1f}% over "
+                f"{len(v)} runs; " + (f"disturbed (> {BUSY_PCT:g}%): {', '.join(bad)}" if bad
+                                       else "no run disturbed"))
+
+
 def main(argv=None) -> int:
     from calibration.validate import markdown_table, validate, write_outputs
     from simulator.scenario import load_scenario
@@ -34,8 +99,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "cpu_tiny.yaml"))
     ap.add_argument("--loads", default="0.3,0.6,0.9")
-    ap.add_argument("--replications", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--replications", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--only", choices=list(WORKLOADS), action="append")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity.md"))
     args = ap.parse_args(argv)
@@ -45,8 +110,11 @@ def main(argv=None) -> int:
     for name in args.only or list(WORKLOADS):
         sc = load_scenario(args.scenario, WORKLOADS[name])
         print(f"== {name}", file=sys.stderr)
+        watch = CpuWatch(lambda m: print(m, file=sys.stderr, flush=True))
         res = validate(sc, loads, args.replications, seconds_per_load=args.seconds,
-                       progress=lambda m: print(m, file=sys.stderr, flush=True))
+                       progress=watch.progress)
+        watch.close()
+        print(watch.summary(), file=sys.stderr)
         write_outputs(res, ROOT / "reports" / "fidelity" / name)
         results[name] = res
         meta = res["meta"]
@@ -61,7 +129,8 @@ def main(argv=None) -> int:
                   f"engine knobs: {json.dumps(meta['engine_knobs'])}; {meta['scheduling']}.",
                   f"front end (between steps, not in the prediction): mean "
                   f"{res['front_end']['gap_us_mean']:.0f} us, p99 "
-                  f"{res['front_end']['gap_us_p99']:.0f} us per step.", "",
+                  f"{res['front_end']['gap_us_p99']:.0f} us per step.",
+                  watch.summary() + ".", "",
                   markdown_table(res), ""]
     parts += ["error = (predicted − measured) / measured; cells are mean [min, max] over "
               "replications; 'in MAPE band': the measured figure lies between simulations "

@@ -172,3 +172,40 @@ def test_decode_lengths_hand_computed():
 
 def test_cell_key_names_its_shape():
     assert Cell("mixed", B=8, L=256, n=64, c=0).key == "mixed B=8 L=256 n=64 c=0"
+
+
+def test_disturbed_threshold_hand_computed():
+    from calibration.profiler import disturbed
+    # 5 % of a 40 ms step is 2 ms; the floor is 1 ms; unknown waits never count
+    assert not disturbed(1_900_000, 40_000_000) and disturbed(2_100_000, 40_000_000)
+    assert not disturbed(900_000, 4_000_000) and disturbed(1_100_000, 4_000_000)
+    assert not disturbed(None, 1)
+
+
+def test_run_queue_wait_is_read_on_linux():
+    from calibration.profiler import run_queue_wait_ns
+    a = run_queue_wait_ns()
+    sum(range(10 ** 5))
+    b = run_queue_wait_ns()
+    assert a is not None and b >= a >= 0
+
+
+def test_disturbed_steps_are_measured_again(tmp_path, monkeypatch):
+    """Every other measured step looks disturbed (a 50 ms wait): each is taken again, and
+    the CSV still holds exactly the grid's rows, every one of its cell's shape."""
+    from calibration import profiler
+    waits = iter(range(10 ** 9))
+
+    def wait_ns():
+        # step k reads the counter twice (before, after): odd steps wait 50 ms, even ones 0
+        i = next(waits)
+        k, second = divmod(i, 2)
+        return (k // 2) * 50_000_000 + (50_000_000 if second and k % 2 else 0)
+    monkeypatch.setattr(profiler, "run_queue_wait_ns", wait_ns)
+    log = MeasurementLog(tmp_path / "m.csv", HEADER)
+    run = measure_grid(engine(), GRID, log, progress=False)
+    log.close()
+    cells, total = expected_rows()
+    assert run.measured == total and run.retried > 0 and run.kept_disturbed == 0
+    df = read_measurements(tmp_path / "m.csv")
+    assert len(df) == total
