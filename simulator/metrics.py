@@ -284,8 +284,9 @@ class MetricsCollector:
         g = np.concatenate([g0, np.frombuffer(self._itl_gap, dtype=np.int64)])
         c = np.concatenate([c0, np.frombuffer(self._itl_cnt, dtype=np.int64)])
         gaps, inv = np.unique(g, return_inverse=True)
-        counts = np.zeros(gaps.size, dtype=np.int64)
-        np.add.at(counts, inv, c)
+        del g
+        # Counts are integers far below 2**53, so float64 sums are exact.
+        counts = np.bincount(inv, weights=c, minlength=gaps.size).astype(np.int64)
         self._itl_runs = (gaps, counts)
         # Emptied in place: hot loops hold their append methods (itl_appenders).
         del self._itl_gap[:]
@@ -413,6 +414,7 @@ class MetricsCollector:
         """
         slo_spec = parse_slo(slo)
         self._flush()
+        self._fold_itl()   # before the request table exists: a lower memory peak
         req, ns, code = self._request_frame()
         counted = ~req["warmup"].to_numpy()
         is_rej = code == self._reasons.get("rejected", -1)
