@@ -34,7 +34,8 @@ class Replica:
         index: replica number (0-based), written into every record.
         config: scheduler / KV cache configuration.
         cost_model: object with ``step_time_ns(plan) -> int``.
-        metrics: collector with ``record_request``, ``record_itl``, ``record_step``.
+        metrics: collector with ``record_request``, ``record_itl``, ``itl_appenders``,
+            ``record_step`` (:class:`simulator.metrics.MetricsCollector`).
         on_finish: callback ``(request, finish_ns)`` for finished requests (sessions).
         next_event_ns: callback ``(replica) -> int``: the earliest time at which anything
             outside this replica can happen (an arrival, a follow-up released by another
