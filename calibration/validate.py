@@ -306,6 +306,8 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
         first_token, finish, token: every output token), ``outside_step_max_ms`` (the
         engine's longest time between a step's tokens and its next queue check: the most a
         timestamp can differ by construction; a disturbed run shows here),
+        ``idle_wake_max_ms`` (the longest an idle engine took to notice an arrival, which
+        the simulator serves at once),
         ``tokens_not_before_engine``, and ``ok`` (all equal and every timestamp within
         1 ms).
     """
@@ -352,7 +354,10 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
             diffs["token"] = max(diffs["token"], float(d) / NS_PER_MS)
     ok = (mism == 0 and hits_eq and pre_eq and max(diffs.values()) <= 1.0)
     gaps = [a - (s.start_ns + s.execute_ns) for s, a in zip(run.steps, run.after_checks_ns)]
+    # An idle engine notices an arrival when it wakes; the simulator starts at the arrival.
+    wake = [c - s for c, s in zip(run.checks_ns, cost._start)]
     return {"outside_step_max_ms": max(gaps) / NS_PER_MS if gaps else 0.0,
+            "idle_wake_max_ms": max(wake) / NS_PER_MS if wake else 0.0,
             "tokens_not_before_engine": structural,"steps_engine": len(run.steps), "steps_sim": len(cost.steps),
             "step_mismatches": mism, "first_mismatch": first,
             "prefix_hits_equal": bool(hits_eq), "preemptions_equal": bool(pre_eq),

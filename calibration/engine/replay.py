@@ -40,7 +40,7 @@ class ReplayResult:
     duration_ns: int
 
 
-_SPIN_NS = 1_000_000   # the last 1 ms before an arrival is polled, not slept
+_SPIN_NS = 5_000_000   # the last 5 ms before an arrival are polled, not slept
 
 
 def materialise(spec, answers: dict, vocab_size: int) -> list[int]:
@@ -114,7 +114,7 @@ def replay(engine, specs, sampling: SamplingParams | None = None) -> ReplayResul
                 for f in followers.get(out.request_id, ()):
                     arrive(f, out.record.finish_ns + f.think_time_ns)
         elif pending:
-            # Sleep to within a millisecond of the next arrival, then poll: a sleep
+            # Sleep to within _SPIN_NS of the next arrival, then poll: a sleep
             # overshoots by up to milliseconds, and the step would start that late.
             wait_ns = pending[0][0] - engine.now_ns()
             if wait_ns > _SPIN_NS:
