@@ -381,7 +381,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
         "python": platform.python_version(),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus", "cpu": cpu_name(),
         "seed": seed, "replications": replications, "seconds_per_load": seconds_per_load,
-        "foreign_cpu_pct": foreign, "date": time.strftime("%Y-%m-%d %H:%M"),
+        "foreign_cpu_pct": foreign, "attempts": MAX_ATTEMPTS, "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     return {"meta": meta,
             "saturation": {"requests": n_sat, "measured_rps": sat_meas,
