@@ -1,16 +1,23 @@
 """Attention for one engine step's mixed batch, reading K/V through block tables.
 
-The step's tokens are flattened: single-token queries (decodes) first, grouped by context
-length, then one contiguous run of tokens per prefill chunk. Per layer:
+The step's tokens are flattened: single-token queries (decodes) first, then one contiguous
+run of tokens per prefill chunk. Per layer:
 
 1. The K/V of *every* scheduled token are written to the cache first, so a request can
    read blocks that another request of the same step fills (a prefix hit registered in the
    same scheduling pass, DESIGN.md §3).
-2. Decode groups: each group gathers its block tables (padded with the null block) into
-   ``[kv_heads, batch, context, head_dim]`` and runs one batched matmul / softmax / matmul
-   with a padding mask. Cost follows context length, not its square. The query heads of one
-   KV head are laid out as rows of one matrix (``[kv_heads, batch, group, head_dim]``), so
-   grouped-query attention needs no repeated K/V.
+2. Decodes, all at once, split-K (vLLM ``paged_attention_v2``'s partitions; "flash
+   decoding"): every decode's context is cut into pieces of ``piece_tokens`` (whole blocks;
+   the last piece padded with the null block and masked). One gather of all pieces' blocks
+   gives ``[kv_heads, pieces, piece_tokens, head_dim]``; one batched matmul scores each
+   piece against its request's query, the softmax is taken over each request's pieces
+   together (a per-request maximum, then per-request sums, by index), and one more batched
+   matmul and an index-add give the outputs. The number of tensor operations per layer is
+   the same for any batch, and the work is ``pieces × piece_tokens ≈ context tokens +
+   decodes × piece_tokens / 2``: the step cost follows the decode count and the summed
+   context, the two quantities the cost model prices, however the contexts are spread.
+   The query heads of one KV head are rows of one matrix (``[kv_heads, pieces, group,
+   head_dim]``), so grouped-query attention needs no repeated K/V.
 3. Prefill chunks: queries at positions ``c0 .. c0+n-1`` attend to the ``c0`` cached tokens
    and causally to the chunk itself (one ``scaled_dot_product_attention`` per chunk). A
    chunk with no cached context uses its fresh K/V directly.
@@ -27,19 +34,25 @@ import torch.nn.functional as F
 
 
 @dataclass
-class DecodeGroup:
-    """Single-token queries at flat tokens ``start .. start+n-1``.
+class DecodeBatch:
+    """Single-token queries at flat tokens ``start .. start+n-1``, their contexts split
+    into pieces of ``piece_tokens`` tokens.
 
     Attributes:
-        start, n: token range. blocks: ``[n * max_blocks]`` int64 block tables, row-major,
-        padded with block 0. context: ``max_blocks * block_size``.
-        mask: ``[1, n, 1, context]`` float32, 0 where a key is visible, -inf for padding.
+        start, n: token range (one token per decoding request).
+        blocks: ``[pieces * piece_tokens / block_size]`` int64 block ids, piece by piece,
+            padded with block 0.
+        piece_req: ``[pieces]`` int64, the decode (``0 .. n-1``) each piece belongs to.
+        piece_tokens: tokens per piece.
+        mask: ``[1, pieces, 1, piece_tokens]`` float32, 0 where a key is visible, -inf for
+            padding.
     """
 
     start: int
     n: int
     blocks: torch.Tensor
-    context: int
+    piece_req: torch.Tensor
+    piece_tokens: int
     mask: torch.Tensor
 
 
@@ -66,14 +79,14 @@ class AttentionMetadata:
     Attributes:
         slot_mapping: ``[T]`` int64 cache slot of every flat token (None: no cache, e.g.
             the memory-profiling forward, which must be prefills from position 0).
-        decode_groups, prefills: see :class:`DecodeGroup`, :class:`PrefillChunk`.
+        decodes: :class:`DecodeBatch` or None. prefills: :class:`PrefillChunk` per chunk.
         max_position: largest position in the step (sizes the rotary table without a
             device sync).
     """
 
     slot_mapping: torch.Tensor | None
     max_position: int = 0
-    decode_groups: list = field(default_factory=list)
+    decodes: DecodeBatch | None = None
     prefills: list = field(default_factory=list)
 
 
@@ -88,15 +101,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     n_kv = k.shape[1]
     group = n_heads // n_kv
     scale = head_dim ** -0.5
-    for g in meta.decode_groups:
-        kc, vc = kv_store.gather(layer, g.blocks)                   # [kv, n*ctx, d]
-        kc = kc.view(n_kv, g.n, g.context, head_dim)
-        vc = vc.view(n_kv, g.n, g.context, head_dim)
-        qg = q[g.start:g.start + g.n].view(g.n, n_kv, group, head_dim).transpose(0, 1)
-        scores = torch.matmul(qg, kc.transpose(-1, -2)).float() * scale + g.mask
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)         # [kv, n, group, ctx]
-        og = torch.matmul(probs, vc)                               # [kv, n, group, d]
-        out[g.start:g.start + g.n] = og.transpose(0, 1).reshape(g.n, n_heads, head_dim)
+    if meta.decodes is not None:
+        d = meta.decodes
+        out[d.start:d.start + d.n] = _decode_attention(
+            q[d.start:d.start + d.n], d, kv_store, layer, n_kv, group, scale)
     for c in meta.prefills:
         qc = q[c.start:c.start + c.n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
         if c.c0 == 0:
@@ -112,3 +120,32 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                                enable_gqa=group > 1)
         out[c.start:c.start + c.n] = o[0].transpose(0, 1)
     return out
+
+
+def _decode_attention(q: torch.Tensor, d: DecodeBatch, kv_store, layer: int, n_kv: int,
+                      group: int, scale: float) -> torch.Tensor:
+    """Split-K attention of ``q [n, heads, head_dim]`` (one query per decode) over the
+    pieces of :class:`DecodeBatch` ``d``; returns ``[n, heads, head_dim]`` in ``q``'s dtype.
+
+    Per request ``r`` with pieces ``p``: ``m_r = max_p max(s_p)``, ``l_r = Σ_p Σ exp(s_p −
+    m_r)``, ``o_r = Σ_p exp(s_p − m_r) · V_p / l_r`` (the softmax over the whole context,
+    computed in float32; the products with V run in the cache's dtype).
+    """
+    n, n_heads, head_dim = q.shape
+    pieces, P = d.piece_req.numel(), d.piece_tokens
+    kc, vc = kv_store.gather(layer, d.blocks)                      # [kv, pieces*P, d]
+    kc = kc.view(n_kv, pieces, P, head_dim)
+    vc = vc.view(n_kv, pieces, P, head_dim)
+    qr = q.view(n, n_kv, group, head_dim).transpose(0, 1)          # [kv, n, group, d]
+    qp = qr.index_select(1, d.piece_req)                            # [kv, pieces, group, d]
+    s = torch.matmul(qp, kc.transpose(-1, -2)).float()             # [kv, pieces, group, P]
+    s = s.mul_(scale).add_(d.mask)
+    idx = d.piece_req.view(1, pieces, 1).expand(n_kv, pieces, group)
+    m = s.new_full((n_kv, n, group), float("-inf")).scatter_reduce_(
+        1, idx, s.amax(dim=-1), "amax", include_self=True)
+    s = s.sub_(m.index_select(1, d.piece_req).unsqueeze(-1)).exp_()
+    denom = s.new_zeros((n_kv, n, group)).index_add_(1, d.piece_req, s.sum(dim=-1))
+    o = torch.matmul(s.to(q.dtype), vc)                             # [kv, pieces, group, d]
+    acc = s.new_zeros((n_kv, n, group, head_dim)).index_add_(1, d.piece_req, o.float())
+    acc = acc.div_(denom.unsqueeze(-1)).to(q.dtype)
+    return acc.transpose(0, 1).reshape(n, n_heads, head_dim)

@@ -1,10 +1,10 @@
 """Model runner: turns one step's scheduled requests into tensors and runs the model.
 
 Given ``plan.scheduled()`` (decodes first, then prefill chunks), it lays the step's tokens
-out flat: single-token entries (decodes, and 1-token chunks) first, sorted by context length
-and cut into groups of similar length, so padding a group's block tables to its longest
-member wastes at most half of its shortest context; then each longer chunk's tokens. It
-builds the slot mapping, block tables and masks (:class:`.attention.AttentionMetadata`),
+out flat: single-token entries (decodes, and 1-token chunks) first, in plan order, their
+contexts cut into pieces of whole blocks for split-K attention
+(:class:`.attention.DecodeBatch`); then each longer chunk's tokens. It builds the slot
+mapping, block tables and masks (:class:`.attention.AttentionMetadata`),
 runs the forward under ``torch.inference_mode`` and returns the final hidden states of the
 tokens that sample (or of every token, for tests).
 """
@@ -13,10 +13,38 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata, DecodeGroup, PrefillChunk
+import ctypes
+import sys
 
-# A decode group ends when a context exceeds this multiple of the group's shortest one.
-_GROUP_RATIO = 1.5
+from .attention import AttentionMetadata, DecodeBatch, PrefillChunk
+
+# Tokens per split-K piece of a decode's context (rounded up to whole blocks). Padding costs
+# half a piece per decode on average; smaller pieces mean more, smaller matmuls. On the
+# 2-core CPU, pieces of 16 to 128 tokens timed alike within noise; 32 keeps the padding
+# (16 tokens per decode) small next to served contexts.
+PIECE_TOKENS = 32
+
+
+def retain_freed_memory() -> bool:
+    """Make glibc keep freed memory for reuse instead of returning it to the OS.
+
+    A CPU step allocates and frees tens of MB per layer (the gathered K/V of every decode's
+    context). By default glibc serves blocks that large with ``mmap`` or trims them off the
+    heap when freed, so every layer touches fresh pages: 75k page faults per step at 32
+    decodes × 1k context, and with two threads faulting at once the step took 3.5× as long.
+    With ``mmap`` off (``M_MMAP_MAX = 0``) and no trimming (``M_TRIM_THRESHOLD``), the
+    heap keeps those pages, as the tcmalloc / jemalloc that vLLM's CPU backend recommends
+    would. Process-wide; a no-op off glibc. Returns whether it was applied.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_max = -1, -4          # glibc <malloc.h>
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(
+            libc.mallopt(m_trim_threshold, ctypes.c_int(2 ** 31 - 1)))
+    except (OSError, AttributeError):
+        return False
 
 
 def token_at(req, p: int) -> int:
@@ -36,6 +64,8 @@ class ModelRunner:
     def __init__(self, model, kv_store, block_size: int):
         self.model, self.kv_store, self.block_size = model, kv_store, block_size
         self.device = model.device
+        if self.device.type == "cpu":
+            retain_freed_memory()
 
     def prepare(self, entries):
         """Flat inputs for ``entries`` (:class:`simulator.policy.ScheduledRequest`).
@@ -47,35 +77,36 @@ class ModelRunner:
         bs, dev = self.block_size, self.device
         ids, pos, slots = [], [], []
         spans = [None] * len(entries)
-        singles = sorted((e.num_computed_before + 1, i) for i, e in enumerate(entries)
-                         if e.num_new_tokens == 1)
-        groups = []
-        for ctx, i in singles:
-            if not groups or ctx > _GROUP_RATIO * groups[-1][0][0]:
-                groups.append([])
-            groups[-1].append((ctx, i))
         meta = AttentionMetadata(slot_mapping=None)
-        for grp in groups:
-            start = len(ids)
-            width = -(-grp[-1][0] // bs)
-            tables, lens = [], []
-            for ctx, i in grp:
-                r = entries[i].request
-                p = ctx - 1
-                ids.append(token_at(r, p))
-                pos.append(p)
-                slots.append(r.block_ids[p // bs] * bs + p % bs)
-                nb = -(-ctx // bs)
-                tables.extend(r.block_ids[:nb])
-                tables.extend([0] * (width - nb))
-                lens.append(ctx)
-                spans[i] = (len(ids) - 1, 1)
-            keys = torch.arange(width * bs)
-            mask = torch.zeros(len(grp), width * bs).masked_fill(
-                keys[None, :] >= torch.tensor(lens)[:, None], float("-inf"))
-            meta.decode_groups.append(DecodeGroup(
-                start, len(grp), torch.tensor(tables, device=dev), width * bs,
-                mask.view(1, len(grp), 1, -1).to(dev)))
+        pb = max(1, -(-PIECE_TOKENS // bs))       # blocks per piece
+        ptok = pb * bs
+        tables, piece_req, piece_first, piece_len = [], [], [], []
+        for i, e in enumerate(entries):
+            if e.num_new_tokens != 1:
+                continue
+            r = e.request
+            p = e.num_computed_before
+            ctx = p + 1
+            j = len(ids)
+            ids.append(token_at(r, p))
+            pos.append(p)
+            slots.append(r.block_ids[p // bs] * bs + p % bs)
+            spans[i] = (j, 1)
+            nb = -(-ctx // bs)
+            npc = -(-nb // pb)
+            tables.extend(r.block_ids[:nb])
+            tables.extend([0] * (npc * pb - nb))
+            piece_req.extend([j] * npc)
+            piece_first.extend(range(0, npc * ptok, ptok))
+            piece_len.extend([ctx] * npc)
+        if ids:
+            first = torch.tensor(piece_first)
+            keys = first[:, None] + torch.arange(ptok)[None, :]
+            mask = torch.zeros(len(piece_req), ptok).masked_fill(
+                keys >= torch.tensor(piece_len)[:, None], float("-inf"))
+            meta.decodes = DecodeBatch(0, len(ids), torch.tensor(tables, device=dev),
+                                       torch.tensor(piece_req, device=dev), ptok,
+                                       mask.view(1, len(piece_req), 1, ptok).to(dev))
         for i, e in enumerate(entries):
             n = e.num_new_tokens
             if n == 1:
