@@ -408,6 +408,10 @@ def add_parsers(subparsers) -> None:
                         "(needs a Python with vllm; README 'vLLM backend')")
     p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
                                        "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   help="--backend vllm: the engine's token budget (default 2048); vLLM-CPU "
+                        "compiles for it, and step costs depend on it: use the serving value")
+    p.add_argument("--max-num-seqs", type=int, help="--backend vllm: default 128")
     p.add_argument("--max-model-len", type=int,
                    help="default min(max_position_embeddings, 8192)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")

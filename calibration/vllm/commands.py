@@ -133,8 +133,10 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     threads = args.threads or 1
     torch.set_num_threads(threads)
     flops, bw = measure_ceilings("cpu", dtype, args.quick)
-    eng = VllmEngine(mdir, dtype=dtype, max_model_len=max_len, max_num_seqs=CALIB_MAX_NUM_SEQS,
-                     max_num_batched_tokens=CALIB_MAX_NUM_BATCHED_TOKENS,
+    eng = VllmEngine(mdir, dtype=dtype, max_model_len=max_len,
+                     max_num_seqs=getattr(args, "max_num_seqs", None) or CALIB_MAX_NUM_SEQS,
+                     max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None)
+                     or CALIB_MAX_NUM_BATCHED_TOKENS,
                      block_size=args.block_size, seed=args.seed)
     knobs = eng.knobs
     print(f"vLLM engine: {ver}; knobs {knobs}", file=sys.stderr)
