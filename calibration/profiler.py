@@ -457,15 +457,23 @@ def warm_up(engine, grid: Grid, cells: list[Cell], seed: int = 1) -> None:
     """Unrecorded steps of every kind before measuring: first calls allocate buffers and
     pick kernels, and would otherwise inflate the first cells' times."""
     d = _Driver(engine, seed)
-    for cell in cells:
-        if cell.kind == "prefill" and cell.c == 0:
-            d.chunk_step(cell.n, 0)
+    for cell in cells:   # cached contexts too: on cuda a new attention shape picks kernels
+        if cell.kind == "prefill":
+            d.chunk_step(cell.n, cell.c)
     dec = [c for c in cells if c.kind != "prefill"]
     if dec:
         big = max(dec, key=lambda c: c.B * c.L)
         rids = d.start_decodes(big.B, big.L)
         for _ in range(3):
             d.step()
+        d.stop(rids)
+    mixed = [c for c in cells if c.kind == "mixed"]
+    if mixed:   # each chunk beside the decodes it was sized for (so the KV cache holds it)
+        big = max(mixed, key=lambda c: c.B * c.L)
+        rids = d.start_decodes(big.B, big.L)
+        for cell in mixed:
+            if (cell.B, cell.L) == (big.B, big.L):
+                d.chunk_step(cell.n, cell.c)
         d.stop(rids)
 
 
