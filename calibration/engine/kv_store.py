@@ -46,6 +46,9 @@ class KVStore:
         shape = (num_kv_heads, num_blocks, block_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Gathers land in one reused workspace (K half, V half), grown on demand: a fresh
+        # tensor of tens of MB per layer would be mmapped and page-faulted every time on CPU.
+        self._workspace = torch.empty(0, dtype=dtype, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -69,8 +72,17 @@ class KVStore:
 
     def gather(self, layer: int, block_ids: torch.Tensor):
         """K, V of the blocks ``block_ids [n]``: each ``[kv_heads, n * block_size,
-        head_dim]`` (a copy)."""
-        h, d = self.num_kv_heads, self.head_dim
-        k = self.k[layer].index_select(1, block_ids).view(h, -1, d)
-        v = self.v[layer].index_select(1, block_ids).view(h, -1, d)
-        return k, v
+        head_dim]``, copied into a workspace that the next ``gather`` overwrites (use them
+        before gathering again; attention does, one layer and one gather at a time)."""
+        h, bs, d = self.num_kv_heads, self.block_size, self.head_dim
+        n = block_ids.numel()
+        size = h * n * bs * d
+        if self._workspace.numel() < 2 * size:
+            self._workspace = torch.empty(max(2 * size, 2 * self._workspace.numel()),
+                                          dtype=self._workspace.dtype,
+                                          device=self._workspace.device)
+        k = self._workspace[:size].view(h, n, bs, d)
+        v = self._workspace[size:2 * size].view(h, n, bs, d)
+        torch.index_select(self.k[layer], 1, block_ids, out=k)
+        torch.index_select(self.v[layer], 1, block_ids, out=v)
+        return k.view(h, -1, d), v.view(h, -1, d)

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import torch
 
-import ctypes
-import sys
-
 from .attention import AttentionMetadata, DecodeBatch, PrefillChunk
 
 # Tokens per split-K piece of a decode's context (rounded up to whole blocks). Padding costs
@@ -23,28 +20,6 @@ from .attention import AttentionMetadata, DecodeBatch, PrefillChunk
 # 2-core CPU, pieces of 16 to 128 tokens timed alike within noise; 32 keeps the padding
 # (16 tokens per decode) small next to served contexts.
 PIECE_TOKENS = 32
-
-
-def retain_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse instead of returning it to the OS.
-
-    A CPU step allocates and frees tens of MB per layer (the gathered K/V of every decode's
-    context). By default glibc serves blocks that large with ``mmap`` or trims them off the
-    heap when freed, so every layer touches fresh pages: 75k page faults per step at 32
-    decodes × 1k context, and with two threads faulting at once the step took 3.5× as long.
-    With ``mmap`` off (``M_MMAP_MAX = 0``) and no trimming (``M_TRIM_THRESHOLD``), the
-    heap keeps those pages, as the tcmalloc / jemalloc that vLLM's CPU backend recommends
-    would. Process-wide; a no-op off glibc. Returns whether it was applied.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_max = -1, -4          # glibc <malloc.h>
-        return bool(libc.mallopt(m_mmap_max, 0)) and bool(
-            libc.mallopt(m_trim_threshold, ctypes.c_int(2 ** 31 - 1)))
-    except (OSError, AttributeError):
-        return False
 
 
 def token_at(req, p: int) -> int:
@@ -64,8 +39,6 @@ class ModelRunner:
     def __init__(self, model, kv_store, block_size: int):
         self.model, self.kv_store, self.block_size = model, kv_store, block_size
         self.device = model.device
-        if self.device.type == "cpu":
-            retain_freed_memory()
 
     def prepare(self, entries):
         """Flat inputs for ``entries`` (:class:`simulator.policy.ScheduledRequest`).
