@@ -493,6 +493,77 @@ class LoadResult:
 
 # == the whole validation ===================================================================
 
+def measure_fidelity(sc1, base, timed, *, loads, replications: int,
+                     seconds_per_load: float, saturation_requests: int | None,
+                     front_end: bool, progress, engine_name: str) -> dict:
+    """The measurement loop of :func:`validate`, whatever engine serves: ``timed(specs,
+    label)`` serves a request list in real time and returns its :class:`EngineRun`;
+    ``sc1`` is the scenario with the engine's effective knobs and ``base`` its cost model.
+
+    Returns:
+        ``saturation`` (requests, measured/predicted req/s, error, mean engine step ms,
+        ``timing`` check of the burst), ``front_end`` (gap mean/p99 us, whether predictions
+        include it), ``loads`` and ``cdf`` as :func:`validate` describes.
+    """
+    prof = base.profile
+    mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
+    seed = sc1.workload.seed
+    slo = sc1.slo.model_dump(exclude_none=True)
+    # -- saturation ------------------------------------------------------------------------
+    n_sat = saturation_requests or 4 * sc1.max_num_seqs
+    sat_specs = load_specs(sc1, None, n_sat, replication_seed(seed, (0,)), burst=True)
+    progress(f"saturation: {n_sat} requests at once on {engine_name}")
+    sat_run = timed(sat_specs, "saturation")
+    sat_meas = saturation_throughput([r.finish_ns for r in sat_run.records])
+    sat_sim = simulate_specs(sc1, sat_specs, base)
+    sat_pred = saturation_throughput((sat_sim.requests["finish_s"] * 1e9).tolist())
+    gaps = sat_run.front_end_gaps_ns()
+    fe_ns = int(gaps.mean()) if gaps.size else 0
+    steps_ns = np.asarray([s.duration_ns for s in sat_run.steps])
+    progress(f"  measured {sat_meas:.3f} req/s, predicted {sat_pred:.3f} "
+             f"({signed_error(sat_pred, sat_meas):+.1%})")
+
+    # -- loads -----------------------------------------------------------------------------
+    out_loads, cdf = [], []
+    for x in loads:
+        rate = x * sat_meas
+        n = max(10, int(round(rate * seconds_per_load)))
+        lr = LoadResult(load=x, rate=rate, num_requests=n)
+        for r in range(replications):
+            specs = load_specs(sc1, rate, n, replication_seed(seed, (int(x * 1000), r + 1)))
+            progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
+                     f"{replications} (about {n / rate:.0f} s)")
+            run = timed(specs, f"load {x:g} r{r + 1}")
+            meas = engine_result(run, slo)
+            tres, tcost = simulate_timing(sc1, specs, run)
+            lr.timing.append(compare_timing(run, tres, tcost))
+            pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe_ns if front_end else 0))
+            lr.measured.append(meas.summary)
+            lr.predicted.append(pred.summary)
+            if mape:
+                for f, dest in ((1 - mape, lr.band_low), (1 + mape, lr.band_high)):
+                    dest.append(simulate_specs(sc1, specs, ScaledCost(
+                        base, f, fe_ns if front_end else 0)).summary)
+            if r == 0:
+                cdf.append({"load": x, **{
+                    f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]
+                    for side, res in (("measured", meas), ("predicted", pred))
+                    for m in ("ttft_ms", "tpot_ms", "e2el_ms")}})
+        out_loads.append({"load": x, "rate": rate, "num_requests": n,
+                          "table": lr.table(), "timing": lr.timing})
+    return {"saturation": {"requests": n_sat, "measured_rps": sat_meas,
+                           "predicted_rps": sat_pred,
+                           "error": signed_error(sat_pred, sat_meas),
+                           "engine_step_ms_mean": float(steps_ns.mean() / 1e6),
+                           "timing": compare_timing(sat_run, *simulate_timing(
+                               sc1, sat_specs, sat_run))},
+            "front_end": {"gap_us_mean": fe_ns / 1e3,
+                          "gap_us_p99": float(np.percentile(gaps, 99) / 1e3) if gaps.size
+                          else 0.0,
+                          "in_prediction": bool(front_end)},
+            "loads": out_loads, "cdf": cdf}
+
+
 def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
              seconds_per_load: float = 60.0, saturation_requests: int | None = None,
              front_end: bool = False, quiet: bool = True, progress=print) -> dict:
@@ -548,58 +619,18 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         update={"num_gpu_blocks": cfg["num_gpu_blocks"]})})
     model = random_model(scenario.model_shape.hf_config(), seed=cfg["seed"],
                          dtype=parse_dtype(scenario.dtype))
-    seed = scenario.workload.seed
-    slo = scenario.slo.model_dump(exclude_none=True)
 
-    def timed(specs):
+    def timed(specs, label):
         if quiet:
             waited = wait_quiet()
             if waited > 5:
-                progress(f"  waited {waited:.0f} s for a quiet machine")
+                progress(f"  waited {waited:.0f} s for a quiet machine ({label})")
         return run_engine(model, cfg, specs)
 
-    # -- saturation ------------------------------------------------------------------------
-    n_sat = saturation_requests or 4 * scenario.max_num_seqs
-    sat_specs = load_specs(sc1, None, n_sat, replication_seed(seed, (0,)), burst=True)
-    progress(f"saturation: {n_sat} requests at once on the engine")
-    sat_run = timed(sat_specs)
-    sat_meas = saturation_throughput([r.finish_ns for r in sat_run.records])
-    sat_sim = simulate_specs(sc1, sat_specs, base)
-    sat_pred = saturation_throughput((sat_sim.requests["finish_s"] * 1e9).tolist())
-    gaps = sat_run.front_end_gaps_ns()
-    fe_ns = int(gaps.mean()) if gaps.size else 0
-    steps_ns = np.asarray([s.duration_ns for s in sat_run.steps])
-    progress(f"  measured {sat_meas:.3f} req/s, predicted {sat_pred:.3f} "
-             f"({signed_error(sat_pred, sat_meas):+.1%})")
-
-    # -- loads -----------------------------------------------------------------------------
-    out_loads, cdf = [], []
-    for x in loads:
-        rate = x * sat_meas
-        n = max(10, int(round(rate * seconds_per_load)))
-        lr = LoadResult(load=x, rate=rate, num_requests=n)
-        for r in range(replications):
-            specs = load_specs(sc1, rate, n, replication_seed(seed, (int(x * 1000), r + 1)))
-            progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
-                     f"{replications} (about {n / rate:.0f} s)")
-            run = timed(specs)
-            meas = engine_result(run, slo)
-            tres, tcost = simulate_timing(sc1, specs, run)
-            lr.timing.append(compare_timing(run, tres, tcost))
-            pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe_ns if front_end else 0))
-            lr.measured.append(meas.summary)
-            lr.predicted.append(pred.summary)
-            if mape:
-                for f, dest in ((1 - mape, lr.band_low), (1 + mape, lr.band_high)):
-                    dest.append(simulate_specs(sc1, specs, ScaledCost(
-                        base, f, fe_ns if front_end else 0)).summary)
-            if r == 0:
-                cdf.append({"load": x, **{
-                    f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]
-                    for side, res in (("measured", meas), ("predicted", pred))
-                    for m in ("ttft_ms", "tpot_ms", "e2el_ms")}})
-        out_loads.append({"load": x, "rate": rate, "num_requests": n,
-                          "table": lr.table(), "timing": lr.timing})
+    result = measure_fidelity(sc1, base, timed, loads=loads,
+                              replications=replications, seconds_per_load=seconds_per_load,
+                              saturation_requests=saturation_requests, front_end=front_end,
+                              progress=progress, engine_name="the engine")
     meta = {
         "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
         "dtype": scenario.dtype, "engine": f"servesim-torch ({_version()})",
@@ -610,23 +641,14 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         else None,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "python": platform.python_version(), "machine": f"{platform.machine()} "
-        f"{os.cpu_count()} cpus", "cpu": _cpu_name(), "seed": seed,
+        f"{os.cpu_count()} cpus", "cpu": _cpu_name(), "seed": scenario.workload.seed,
         "replications": replications, "seconds_per_load": seconds_per_load,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
-    return {"meta": meta,
-            "saturation": {"requests": n_sat, "measured_rps": sat_meas,
-                           "predicted_rps": sat_pred,
-                           "error": signed_error(sat_pred, sat_meas),
-                           "engine_step_ms_mean": float(steps_ns.mean() / 1e6)},
-            "front_end": {"gap_us_mean": fe_ns / 1e3,
-                          "gap_us_p99": float(np.percentile(gaps, 99) / 1e3) if gaps.size
-                          else 0.0,
-                          "in_prediction": bool(front_end),
-                          "note": "engine time between a step's end and the next queue "
-                                  "check (tokenising arrivals, detokenising finishes); "
-                                  "measured in the saturation run"},
-            "loads": out_loads, "cdf": cdf}
+    result["front_end"]["note"] = ("engine time between a step's end and the next queue "
+                                   "check (tokenising arrivals, detokenising finishes); "
+                                   "measured in the saturation run")
+    return {"meta": meta, **result}
 
 
 def _version() -> str:

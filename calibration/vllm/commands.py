@@ -285,9 +285,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     ver = require_vllm()
     import torch
 
-    from calibration.validate import (LoadResult, ScaledCost, engine_result, load_specs,
-                                      replication_seed, saturation_throughput, signed_error,
-                                      simulate_specs, simulate_timing, compare_timing)
+    from calibration.validate import measure_fidelity
     from calibration.profiler import cpu_name
     from simulator.cost_model import build_cost_model
 
@@ -318,7 +316,6 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     base = build_cost_model(sc1)
     prof = base.profile
     mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
-    slo = scenario.slo.model_dump(exclude_none=True)
     progress(f"vLLM {ver}: block_size {eng.block_size}, num_gpu_blocks {eng.num_gpu_blocks}, "
              f"max_num_seqs {eng.max_num_seqs}, max_num_batched_tokens "
              f"{eng.max_num_batched_tokens}, max_model_len {eng.max_model_len}")
@@ -329,47 +326,10 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
         foreign.append({"run": label, "pct": round(pct, 1), "attempts": attempts})
         return run
 
-    n_sat = saturation_requests or 4 * sc1.max_num_seqs
-    sat_specs = load_specs(sc1, None, n_sat, replication_seed(seed, (0,)), burst=True)
-    progress(f"saturation: {n_sat} requests at once on vLLM")
-    sat_run = timed(sat_specs, "saturation")
-    sat_meas = saturation_throughput([r.finish_ns for r in sat_run.records])
-    sat_sim = simulate_specs(sc1, sat_specs, base)
-    sat_pred = saturation_throughput((sat_sim.requests["finish_s"] * 1e9).tolist())
-    sat_timing = compare_timing(sat_run, *simulate_timing(sc1, sat_specs, sat_run))
-    gaps = sat_run.front_end_gaps_ns()
-    fe_ns = int(gaps.mean()) if gaps.size else 0
-    steps_ns = np.asarray([s.duration_ns for s in sat_run.steps])
-    progress(f"  measured {sat_meas:.3f} req/s, predicted {sat_pred:.3f} "
-             f"({signed_error(sat_pred, sat_meas):+.1%})")
-
-    out_loads, cdf = [], []
-    for x in loads:
-        rate = x * sat_meas
-        n = max(10, int(round(rate * seconds_per_load)))
-        lr = LoadResult(load=x, rate=rate, num_requests=n)
-        for r in range(replications):
-            specs = load_specs(sc1, rate, n, replication_seed(seed, (int(x * 1000), r + 1)))
-            progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
-                     f"{replications} (about {n / rate:.0f} s)")
-            run = timed(specs, f"load {x:g} r{r + 1}")
-            meas = engine_result(run, slo)
-            tres, tcost = simulate_timing(sc1, specs, run)
-            lr.timing.append(compare_timing(run, tres, tcost))
-            pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe_ns if front_end else 0))
-            lr.measured.append(meas.summary)
-            lr.predicted.append(pred.summary)
-            if mape:
-                for f, dest in ((1 - mape, lr.band_low), (1 + mape, lr.band_high)):
-                    dest.append(simulate_specs(sc1, specs, ScaledCost(
-                        base, f, fe_ns if front_end else 0)).summary)
-            if r == 0:
-                cdf.append({"load": x, **{
-                    f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]
-                    for side, res in (("measured", meas), ("predicted", pred))
-                    for m in ("ttft_ms", "tpot_ms", "e2el_ms")}})
-        out_loads.append({"load": x, "rate": rate, "num_requests": n,
-                          "table": lr.table(), "timing": lr.timing})
+    result = measure_fidelity(sc1, base, timed, loads=loads, replications=replications,
+                              seconds_per_load=seconds_per_load,
+                              saturation_requests=saturation_requests, front_end=front_end,
+                              progress=progress, engine_name="vLLM")
     meta = {
         "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
         "dtype": scenario.dtype, "engine": f"{ver} (in-process LLMEngine, {mdir})",
@@ -385,19 +345,10 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
         "seed": seed, "replications": replications, "seconds_per_load": seconds_per_load,
         "foreign_cpu_pct": foreign, "attempts": MAX_ATTEMPTS, "date": time.strftime("%Y-%m-%d %H:%M"),
     }
-    return {"meta": meta,
-            "saturation": {"requests": n_sat, "measured_rps": sat_meas,
-                           "predicted_rps": sat_pred,
-                           "error": signed_error(sat_pred, sat_meas),
-                           "engine_step_ms_mean": float(steps_ns.mean() / 1e6),
-                           "timing": sat_timing},
-            "front_end": {"gap_us_mean": fe_ns / 1e3,
-                          "gap_us_p99": float(np.percentile(gaps, 99) / 1e3) if gaps.size
-                          else 0.0,
-                          "in_prediction": bool(front_end),
-                          "note": "time between the end of vLLM's step() and the next queue "
-                                  "check (adding arrivals); measured in the saturation run"},
-            "loads": out_loads, "cdf": cdf, "engine_object": eng}
+    result["front_end"]["note"] = ("time between the end of vLLM's step() and the next "
+                                   "queue check (adding arrivals); measured in the "
+                                   "saturation run")
+    return {"meta": meta, **result, "engine_object": eng}
 
 
 __all__ = ["CALIB_MAX_NUM_BATCHED_TOKENS", "CALIB_MAX_NUM_SEQS", "CONTAMINATED_PCT",
