@@ -123,6 +123,24 @@ def _device_info(device: str, dtype: str, flops: float, bw: float, name: str | N
                       memory_bytes=memory_bytes(device)), "measured ceilings"
 
 
+def _check_fits(shape, device: str, kv_bytes: int) -> None:
+    """Refuse a model whose random weights (drawn in float32, :func:`random_model`) and KV
+    cache cannot fit the device's memory (host RAM on cpu), before allocating anything.
+
+    Raises:
+        InputError: naming ``--model`` and both sizes.
+    """
+    from .profiler import memory_bytes
+
+    need = shape.weight_bytes("float32") + kv_bytes
+    have = memory_bytes(device)
+    if need > have:
+        raise InputError(f"--model {shape.name}: its weights (drawn in float32) and KV cache "
+                         f"need {need / 1e9:.1f} GB but the {device} device has "
+                         f"{have / 1e9:.1f} GB; calibrate a smaller model or on a bigger "
+                         f"device")
+
+
 def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     """Run a calibration as ``servesim calibrate`` does (see :func:`add_parsers` for the
     arguments); returns the profile path.
@@ -175,6 +193,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         grid = type(grid)(**{**grid.__dict__, "repeats": args.repeats})
     budget_tokens = grid.max_chunk() + grid.max_batch()
     max_seqs = grid.max_batch() + 2
+    _check_fits(shape, device, args.kv_cache_memory if args.kv_cache_memory is not None
+                else (DEFAULT_CPU_KV_BYTES if device == "cpu" else 0))
 
     # -- device ceilings and KV facts ------------------------------------------------------
     csv_path = out.with_name(out.stem + ".measurements.csv")

@@ -186,3 +186,17 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("servesim: error: model")
     assert main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "x.csv")]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_a_model_too_big_for_the_device_is_refused_before_allocating(tmp_path, capsys):
+    from simulator.catalog import load_model
+
+    from calibration.profiler import memory_bytes
+
+    # 70B params drawn in float32 = 4 bytes each, far beyond this machine's RAM.
+    assert load_model("llama-3.1-70b").weight_bytes("float32") > memory_bytes("cpu")
+    assert main(["calibrate", "--model", "llama-3.1-70b", "--device", "cpu",
+                 "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--model llama-3.1-70b" in err[0] and "GB" in err[0]
+    assert not any(tmp_path.iterdir())
