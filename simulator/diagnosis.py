@@ -22,6 +22,8 @@ suggested knob turned confirms (or not) that it moves the figure.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .executors import job_output, offered_rate
@@ -180,7 +182,9 @@ def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None, b
     if limit == "prefix_cache":
         return "prefix-cache hit rate", summary.get("prefix_cache_hit_rate"), False
     if summary.get("slo"):
-        return "worst SLO value / threshold", slo_ratio(summary), True
+        # Rejected requests make the ratio infinite: no finite figure to compare then.
+        ratio = slo_ratio(summary)
+        return "worst SLO value / threshold", (ratio if math.isfinite(ratio) else None), True
     key = "itl_ms" if limit == "prefill_interference" else "ttft_ms"
     return f"{key[:-3].upper()} p99 (ms)", (summary.get(key) or {}).get("p99"), True
 

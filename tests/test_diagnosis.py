@@ -109,3 +109,22 @@ workload:
     d = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
     assert d["binding"] == "max_num_seqs"
     assert "## Diagnosis" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_a_run_with_rejected_requests_writes_its_diagnosis(tmp_path):
+    """Prompts over max_model_len are rejected and fail the SLO (an infinite worst-SLO
+    ratio): the counterfactual has no finite figure to compare, and the run still writes
+    valid JSON."""
+    import json
+    from pathlib import Path
+
+    from simulator.cli import main
+
+    scen = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+    out = tmp_path / "o"
+    assert main(["run", str(scen), "--out", str(out), "--quiet",
+                 "--set", "engine.max_model_len=300"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["rejected"] > 0 and s["slo_met"] is False
+    cf = json.loads((out / "diagnosis.json").read_text())["counterfactual"]
+    assert cf is None or (cf["before"] is None and cf["moved"] is False)
