@@ -123,6 +123,16 @@ def _device_info(device: str, dtype: str, flops: float, bw: float, name: str | N
                       memory_bytes=memory_bytes(device)), "measured ceilings"
 
 
+def require_torch() -> None:
+    """Raise a one-line :class:`InputError` saying how to install the engine's extras when
+    torch is missing (the planner-only install has no torch)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise InputError('this command runs the engine, which needs torch: pip install '
+                         'torch==2.13.0 && pip install -e ".[engine]" (README)')
+
+
 def _check_fits(shape, device: str, kv_bytes: int) -> None:
     """Refuse a model whose random weights (drawn in float32, :func:`random_model`) and KV
     cache cannot fit the device's memory (host RAM on cpu), before allocating anything.
@@ -149,6 +159,18 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         InputError: bad flags, unknown model, a CSV measured for something else, a KV cache
             too small.
     """
+    from simulator.scenario import BLOCK_SIZES
+
+    require_torch()
+    if args.block_size is not None and args.block_size not in BLOCK_SIZES:
+        raise InputError(f"--block-size {args.block_size}: allowed "
+                         f"{', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise InputError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be "
+                         f"in (0, 1]")
+    parent = Path(args.out).parent
+    if parent.exists() and not parent.is_dir():
+        raise InputError(f"--out {args.out}: {parent} is not a directory")
     import torch
 
     from simulator.catalog import load_model

@@ -27,6 +27,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -610,6 +611,10 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         raise InputError(f"--replications: must be >= 1, got {replications}")
     base = build_cost_model(scenario)
     prof = base.profile
+    if prof is not None and prof.provenance.kind != "measured":
+        raise InputError(f"{scenario.source}: hardware: validate serves the scenario on this "
+                         f"machine's engine, so it needs a profile measured here (servesim "
+                         f"calibrate) or an inline step_time, not a projection ({base.label})")
     threads = profile_threads(prof)
     if threads:
         torch.set_num_threads(threads)
@@ -817,6 +822,11 @@ def parse_loads(text: str) -> list[float]:
 
 def _cmd_validate(args) -> int:
     from simulator.scenario import load_scenario
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise InputError(f"--out {args.out}: exists and is not a directory")
+    if args.backend == "servesim":
+        from .cli import require_torch
+        require_torch()
     overrides = list(args.set)
     if args.profile:
         overrides.append(f"hardware.profile={args.profile}")

@@ -142,8 +142,9 @@ def _cmd_plan(args) -> int:
     from .scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
-    if args.target_rate is not None and args.target_rate <= 0:
-        raise InputError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
+    if args.target_rate is not None and not 0 < args.target_rate < float("inf"):
+        raise InputError(f"--target-rate must be a finite rate > 0 req/s, got "
+                         f"{args.target_rate}")
     out = Path(args.out) if args.out else Path("reports") / f"{scenario.name}-plan"
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,

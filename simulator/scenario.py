@@ -37,6 +37,9 @@ from .policy.kv_cache import cdiv
 from .workload import WorkloadConfig
 
 
+# The values vLLM's --block-size accepts (vllm/config/cache.py BlockSize).
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+
 class _Strict(BaseModel):
     # Unknown keys are errors; no silent coercion of "16" or true into numbers.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -132,7 +135,7 @@ class EngineConfig(_Strict):
     @field_validator("block_size")
     @classmethod
     def _vllm_block_size(cls, v: int) -> int:
-        if v not in (1, 8, 16, 32, 64, 128):
+        if v not in BLOCK_SIZES:
             raise ValueError(f"must be 1, 8, 16, 32, 64 or 128, as vLLM's --block-size "
                              f"(got {v})")
         return v

@@ -59,7 +59,7 @@ _PURPOSES = ("arrival", "prompt", "output", "prefix", "turns", "session_think",
 class _Dist(BaseModel):
     """Common clip bounds: every sample is clipped to ``[min, max]`` (``None`` = open)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     min: Optional[float] = None
     max: Optional[float] = None

@@ -3,6 +3,7 @@ predicts the fitted step times from it, the CSV reproduces its held-out error, a
 interrupted run resumes; `servesim profiles` lists it."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,3 +201,28 @@ def test_a_model_too_big_for_the_device_is_refused_before_allocating(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--model llama-3.1-70b" in err[0] and "GB" in err[0]
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--block-size", "7"], "--block-size 7"),
+    (["--gpu-memory-utilization", "2"], "--gpu-memory-utilization"),
+])
+def test_calibrate_checks_engine_flags_before_measuring(tmp_path, capsys, flags, fragment):
+    assert main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml"),
+                 *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0]
+    assert not any(tmp_path.iterdir())
+
+
+def test_engine_commands_without_torch_say_how_to_install(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    assert main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "pip install torch==2.13.0" in capsys.readouterr().err
+    scen = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+    assert main(["validate", "--scenario", str(scen), "--out", str(tmp_path / "v")]) == 2
+    assert "pip install torch==2.13.0" in capsys.readouterr().err

@@ -107,3 +107,10 @@ def test_bad_input_is_one_line():
     with pytest.raises(InputError, match="--loads"):
         V.validate(scenario_from_dict(SCENARIO), [0.0], 1, quiet=False)
     assert main(["validate", "--scenario", "/nonexistent.yaml", "--no-quiet-wait"]) == 2
+
+
+def test_validate_refuses_a_projected_cost_model():
+    from simulator.errors import InputError
+    sc = scenario_from_dict({**SCENARIO, "hardware": {"profile": "h100-sxm"}})
+    with pytest.raises(InputError, match="measured here"):
+        V.validate(sc, loads=(0.3,), replications=1)
