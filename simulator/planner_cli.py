@@ -48,7 +48,7 @@ def _executor(args):
 
 # Terminal headers: short enough that a plan or sweep table fits 80 columns.
 _LABELS = {"max_rate_per_replica": "req/s per replica", "replicas": "replicas",
-           "cost_per_hour": "USD/h", "cost_per_hour_ci95": "95% CI",
+           "cost_per_hour": "USD/h", "cost_per_hour_ci95": "USD/h 95% CI",
            "ttft_p99_ms": "TTFT p99 ms", "offered_rate": "offered req/s",
            "request_throughput": "served req/s", "ttft_p50": "TTFT p50 ms",
            "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms", "tpot_p99": "TPOT p99 ms",
