@@ -157,8 +157,9 @@ def _cmd_plan(args) -> int:
         "max_rate_per_replica", "replicas", "cost_per_hour", "cost_per_hour_ci95",
         "ttft_p99_ms", "status"])
     if res.best is not None:
+        cost = res.best.costs.get("cost_per_hour")
         print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s), "
-              f"{res.best.costs['cost_per_hour']} USD/h")
+              + (f"{cost} USD/h" if cost is not None else "no price for this hardware"))
     else:
         print("no candidate meets every SLO")
     print(f"report: {paths['report.html']}")
