@@ -130,8 +130,10 @@ def _cmd_sweep(args) -> int:
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
         "offered_rate", "request_throughput", "stable", "ttft_p50", "ttft_p99", "tpot_p50",
         "tpot_p99", "slo_met"] if c in res.table])
-    for k in res.knees:
-        print("knee:", ", ".join(f"{a}={v}" for a, v in k.items()))
+    first = list(axes)[0]
+    for k in res.knees:   # the highest stable value of the first swept key, per line
+        others = ", ".join(f"{a}={v}" for a, v in k.items() if a != "knee")
+        print(f"highest stable {first}: {k['knee']}" + (f" (with {others})" if others else ""))
     print(f"report: {paths['report.html']}")
     return 0
 
