@@ -137,6 +137,13 @@ def find_limits(scenario, result) -> dict:
             "requests queue although sequence slots and KV blocks are free",
             "more replicas, a faster GPU or a higher tensor_parallel",
             f"cluster.replicas={2 * nrep}"))
+    rejected = s.get("rejected") or 0
+    if rejected:   # they fail the SLO whatever else happens: the first thing to fix
+        found.insert(0, _finding(
+            "max_model_len", f"{rejected} requests rejected: prompt longer than "
+            f"max_model_len {scenario.max_model_len}",
+            "raise max_model_len (the KV cache must hold one such request) or cap prompts "
+            "upstream", None))
     itl = s.get("itl_ms") or {}
     if itl.get("p50") and itl.get("p99") and itl["p99"] > ITL_SPIKE * itl["p50"] \
             and (s.get("total_prompt_tokens") or 0) > 0:

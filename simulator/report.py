@@ -176,7 +176,8 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     return b
 
 
-_LIMITS = {"kv_capacity": "KV-cache capacity", "max_num_seqs": "max_num_seqs",
+_LIMITS = {"max_model_len": "prompts longer than max_model_len (rejected)",
+           "kv_capacity": "KV-cache capacity", "max_num_seqs": "max_num_seqs",
            "compute": "compute saturation", "prefill_interference":
            "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
            "none": "none: headroom at this load"}

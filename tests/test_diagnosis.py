@@ -113,8 +113,7 @@ workload:
 
 def test_a_run_with_rejected_requests_writes_its_diagnosis(tmp_path):
     """Prompts over max_model_len are rejected and fail the SLO (an infinite worst-SLO
-    ratio): the counterfactual has no finite figure to compare, and the run still writes
-    valid JSON."""
+    ratio): the rejections are the binding limit, and the run still writes valid JSON."""
     import json
     from pathlib import Path
 
@@ -126,5 +125,8 @@ def test_a_run_with_rejected_requests_writes_its_diagnosis(tmp_path):
                  "--set", "engine.max_model_len=300"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["rejected"] > 0 and s["slo_met"] is False
-    cf = json.loads((out / "diagnosis.json").read_text())["counterfactual"]
+    d = json.loads((out / "diagnosis.json").read_text())
+    assert d["binding"] == "max_model_len"
+    assert d["findings"][0]["evidence"].startswith(f"{s['rejected']} requests rejected")
+    cf = d["counterfactual"]
     assert cf is None or (cf["before"] is None and cf["moved"] is False)
