@@ -504,6 +504,21 @@ class LoadResult:
 
 # == the whole validation ===================================================================
 
+def check_validation_args(scenario, loads, replications: int) -> None:
+    """What every validation needs, checked before any engine starts.
+
+    Raises:
+        InputError: more than one replica, loads outside (0, 1.5], replications < 1.
+    """
+    if scenario.cluster.replicas != 1:
+        raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
+                         f"engine; set 1")
+    if not loads or any(not 0 < x <= 1.5 for x in loads):
+        raise InputError(f"--loads: fractions of saturation in (0, 1.5], got {list(loads)}")
+    if replications < 1:
+        raise InputError(f"--replications: must be >= 1, got {replications}")
+
+
 def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                      seconds_per_load: float, saturation_requests: int | None,
                      front_end: bool, progress, engine_name: str) -> dict:
@@ -612,13 +627,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     from calibration.engine.weights import parse_dtype, random_model
     from simulator.cost_model import build_cost_model
 
-    if scenario.cluster.replicas != 1:
-        raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
-                         f"engine; set 1")
-    if not loads or any(not 0 < x <= 1.5 for x in loads):
-        raise InputError(f"--loads: fractions of saturation in (0, 1.5], got {list(loads)}")
-    if replications < 1:
-        raise InputError(f"--replications: must be >= 1, got {replications}")
+    check_validation_args(scenario, loads, replications)
     base = build_cost_model(scenario)
     prof = base.profile
     if prof is not None and prof.provenance.kind != "measured":

@@ -285,19 +285,13 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     ver = require_vllm()
     import torch
 
-    from calibration.validate import measure_fidelity
+    from calibration.validate import check_validation_args, measure_fidelity
     from calibration.profiler import cpu_name
     from simulator.cost_model import build_cost_model
 
     from .runner import VllmEngine
 
-    if scenario.cluster.replicas != 1:
-        raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
-                         f"engine; set 1")
-    if not loads or any(not 0 < x <= 1.5 for x in loads):
-        raise InputError(f"--loads: fractions of saturation in (0, 1.5], got {list(loads)}")
-    if replications < 1:
-        raise InputError(f"--replications: must be >= 1, got {replications}")
+    check_validation_args(scenario, loads, replications)
     build_cost_model(scenario)  # the profile fits the scenario: fail before starting vLLM
     mdir = model_dir(model_dir_arg, scenario.model_shape)
     seed = scenario.workload.seed
