@@ -123,6 +123,22 @@ def _device_info(device: str, dtype: str, flops: float, bw: float, name: str | N
                       memory_bytes=memory_bytes(device)), "measured ceilings"
 
 
+def profile_out(args) -> tuple[Path, str]:
+    """``(--out path, profile name)`` of a calibration (``--name`` or the file's stem).
+
+    Raises:
+        InputError: ``--out`` not a ``.yaml`` file, or a name with other characters than
+            letters, digits, '.', '_' and '-'.
+    """
+    out = Path(args.out)
+    if out.suffix not in (".yaml", ".yml"):
+        raise InputError(f"--out: {out} must end in .yaml (the profile file)")
+    name = args.name or out.stem
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
+    return out, name
+
+
 def require_torch() -> None:
     """Raise a one-line :class:`InputError` saying how to install the engine's extras when
     torch is missing (the planner-only install has no torch)."""
@@ -201,12 +217,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     shape = load_model(args.model)
-    out = Path(args.out)
-    if out.suffix not in (".yaml", ".yml"):
-        raise InputError(f"--out: {out} must end in .yaml (the profile file)")
-    name = args.name or out.stem
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
+    out, name = profile_out(args)
     max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
     grid = default_grid(device, args.quick, max_len)
     if args.repeats is not None:

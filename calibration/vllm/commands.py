@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import re
 import shlex
 import sys
 import time
@@ -101,7 +100,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 
     from calibration import fit as fitmod
     from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic,
-                                 replay_workload)
+                                 profile_out, replay_workload)
     from calibration.profiler import GridRun, cpu_name, measure_ceilings, memory_bytes, \
         read_measurements
     from calibration.report import write_report
@@ -115,12 +114,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     shape = load_model(args.model)
     mdir = model_dir(getattr(args, "model_dir", None), shape)
     dtype = args.dtype or "bfloat16"
-    out = Path(args.out)
-    if out.suffix not in (".yaml", ".yml"):
-        raise InputError(f"--out: {out} must end in .yaml (the profile file)")
-    name = args.name or out.stem
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
+    out, name = profile_out(args)
     max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
     grid = default_vllm_grid(args.quick)
     if args.repeats is not None:
