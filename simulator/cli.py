@@ -71,8 +71,16 @@ def _cmd_schema(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (``servesim run: error: ...``, exit 2) instead of the
+    usage block; ``--help`` still shows the usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="servesim",
         description="Capacity planning for LLM inference: simulate a vLLM-style serving "
                     "engine on a workload and report TTFT, TPOT, ITL, E2EL, throughput.")
