@@ -11,10 +11,12 @@ Formats (``TraceConfig.format``):
 * ``csv`` / ``jsonl`` — any table with a ``columns`` mapping for arrival, prompt and output
   tokens and an ``arrival_unit`` (``s``, ``ms``, ``us`` or ``iso`` timestamps).
 
-Every trace is re-based so its earliest arrival is at 0, then multiplied by ``time_scale``,
-then cut to ``window_s = [start, end)`` (arrival becomes ``t - start``), then sorted by
-arrival (stable, so ties keep file order) and cut to the first ``num_requests`` requests.
-Request ids are ``0..N-1`` in that order.
+A trace lists its requests in arrival order (equal timestamps allowed); a timestamp
+earlier than the one before it is refused with its line, since a shuffled file or a wrong
+arrival column would otherwise replay silently as some other traffic. Every trace is
+re-based so its first arrival is at 0, then multiplied by ``time_scale``, then cut to
+``window_s = [start, end)`` (arrival becomes ``t - start``) and to the first
+``num_requests`` requests. Request ids are ``0..N-1`` in file order.
 
 Content: Mooncake blocks become segments ``(("mc", hash_id), 512)`` (the last one shorter),
 so prefix reuse follows the trace; traces without content give every request a unique
@@ -105,7 +107,8 @@ class TraceTable:
     """A trace after re-basing, scaling, windowing, sorting and truncation.
 
     Attributes:
-        arrival_ns: int64 array (N,), arrival times in ns, non-decreasing, from 0.
+        arrival_ns: int64 array (N,), arrival times in ns, non-decreasing (from 0 once
+            :func:`load_trace` has re-based them).
         prompt_tokens: int64 array (N,), prompt lengths (>= 1).
         output_tokens: int64 array (N,), output lengths (>= 1).
         hash_ids: per request the list of 512-token block ids (Mooncake), else ``None``.
@@ -197,10 +200,20 @@ def _timestamps_ns(values: pd.Series, lines: np.ndarray, path: Path, name: str) 
 
 
 def _arrivals_ns(values: pd.Series, lines, path: Path, name: str, unit: str) -> np.ndarray:
+    """Arrival times in ns, in file order; the first one earlier than its predecessor
+    raises InputError naming its line."""
     if unit == "iso":
-        return _timestamps_ns(values, lines, path, name)
-    num = _numbers(values, lines, path, name, integer=False, minimum=0)
-    return np.rint(num * _UNIT_NS[unit]).astype(np.int64)
+        ns = _timestamps_ns(values, lines, path, name)
+    else:
+        num = _numbers(values, lines, path, name, integer=False, minimum=0)
+        ns = np.rint(num * _UNIT_NS[unit]).astype(np.int64)
+    back = np.flatnonzero(np.diff(ns) < 0)
+    if back.size:
+        i = int(back[0]) + 1
+        raise InputError(f"{path}:{lines[i]}: {name}: {values.iloc[i]!r} is earlier than "
+                         f"{values.iloc[i - 1]!r} on line {lines[i - 1]} (a trace lists "
+                         f"requests in arrival order; sort the file by {name})")
+    return ns
 
 
 def _table_from_frame(df: pd.DataFrame, path: Path, arrival: str, prompt: str, output: str,
@@ -316,7 +329,7 @@ def _read_mooncake(path: Path) -> TraceTable:
 
 def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = None
                ) -> TraceTable:
-    """Read a trace and apply re-basing, ``time_scale``, ``window_s``, order and truncation.
+    """Read a trace and apply re-basing, ``time_scale``, ``window_s`` and truncation.
 
     Args:
         trace_cfg: the ``workload.trace`` section.
@@ -324,12 +337,13 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
         num_requests: keep only the first this many requests (after windowing), if set.
 
     Returns:
-        A :class:`TraceTable` sorted by arrival (stable), arrivals in ns from 0.
+        A :class:`TraceTable` in file (= arrival) order, arrivals in ns from 0.
 
     Raises:
         InputError: missing/empty file, bad JSON, missing column or key, non-numeric,
-            non-integer or negative value, zero tokens, Mooncake ``hash_ids`` of the wrong
-            length (all as ``file:line: ...``), or a window that keeps no request.
+            non-integer or negative value, zero tokens, an arrival earlier than the one
+            before it, Mooncake ``hash_ids`` of the wrong length (all as
+            ``file:line: ...``), or a window that keeps no request.
     """
     path = _resolve(trace_cfg.path, base_dir)
     fmt = trace_cfg.format
@@ -344,7 +358,7 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
     if len(table) == 0:
         raise InputError(f"{path}:2: no requests (only a header line)")
 
-    t = table.arrival_ns - table.arrival_ns.min()
+    t = table.arrival_ns - table.arrival_ns[0]   # non-decreasing: the first is the earliest
     if trace_cfg.time_scale != 1.0:
         t = np.rint(t.astype(np.float64) * trace_cfg.time_scale).astype(np.int64)
     keep = np.ones(len(t), dtype=bool)
@@ -358,8 +372,7 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
                              f"{trace_cfg.window_s[1]:g}) keeps no request of {path} "
                              f"(its arrivals span 0..{span:.3f} s after time_scale)")
         t = t - start_ns
-    idx = np.flatnonzero(keep)
-    idx = idx[np.argsort(t[idx], kind="stable")]
+    idx = np.flatnonzero(keep)   # rint of a non-decreasing series keeps it non-decreasing
     if num_requests is not None:
         idx = idx[:num_requests]
     return TraceTable(
@@ -391,7 +404,7 @@ def read_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
                ) -> list[RequestSpec]:
     """Read a trace as request specs (see :func:`load_trace` for the processing order).
 
-    Request ids are ``0..N-1`` in arrival order (ties keep file order). Mooncake prompts
+    Request ids are ``0..N-1`` in file order, which is arrival order. Mooncake prompts
     are block segments (:func:`mooncake_segments`); other formats get one unique segment
     ``(("user", request_id), prompt_tokens)`` per request.
 

@@ -110,20 +110,55 @@ def test_trace_workload_with_prefix_and_relative_path():
 
 # -- generic formats -------------------------------------------------------------------
 
-def test_generic_csv_units_sorting_and_iso(tmp_path):
+def test_generic_csv_units_ties_and_iso(tmp_path):
     f = tmp_path / "t.csv"
-    f.write_text("ts,in,out\n2500,10,3\n1000,20,4\n1000,30,5\n")
+    f.write_text("ts,in,out\n1000,20,4\n1000,30,5\n2500,10,3\n")
     specs = read_trace(trace(path=str(f), format="csv", arrival_unit="ms",
                              columns={"arrival": "ts", "prompt_tokens": "in",
                                       "output_tokens": "out"}))
-    # re-based to the earliest arrival, stable sort keeps file order on ties
-    assert [(s.arrival_ns, s.prompt_tokens, s.max_tokens) for s in specs] == [
-        (0, 20, 4), (0, 30, 5), (1_500_000_000, 10, 3)]
+    # re-based to the first arrival; equal timestamps keep file order
+    assert [(s.request_id, s.arrival_ns, s.prompt_tokens, s.max_tokens) for s in specs] == [
+        (0, 0, 20, 4), (1, 0, 30, 5), (2, 1_500_000_000, 10, 3)]
     f.write_text("ts,in,out\n2024-01-01T00:00:00.5,10,3\n2024-01-01T00:00:02.25,20,4\n")
     specs = read_trace(trace(path=str(f), format="csv", arrival_unit="iso",
                              columns={"arrival": "ts", "prompt_tokens": "in",
                                       "output_tokens": "out"}))
     assert [s.arrival_ns for s in specs] == [0, 1_750_000_000]
+
+
+COLS = {"arrival": "ts", "prompt_tokens": "in", "output_tokens": "out"}
+
+
+@pytest.mark.parametrize("fmt, unit, text, line, earlier", [
+    # the blank line 3 still counts: the error names line 5, the row before line 4
+    ("csv", "s", "ts,in,out\n1.0,10,3\n\n2.0,20,4\n1.5,30,5\n3.0,40,6\n", 5, "'1.5'"),
+    ("csv", "iso", "ts,in,out\n2024-01-01T00:00:01,10,3\n2024-01-01T00:00:00.9,20,4\n",
+     3, "'2024-01-01T00:00:00.9'"),
+    ("jsonl", "ms", '{"ts": 5, "in": 1, "out": 1}\n\n{"ts": 4, "in": 1, "out": 1}\n', 3, "'4'"),
+])
+def test_out_of_order_arrivals_name_the_first_late_line(tmp_path, fmt, unit, text, line,
+                                                         earlier):
+    f = tmp_path / f"t.{fmt}"
+    f.write_text(text)
+    with pytest.raises(InputError) as e:
+        read_trace(trace(path=str(f), format=fmt, arrival_unit=unit, columns=COLS))
+    msg = str(e.value)
+    assert msg.startswith(f"{f}:{line}: ts: {earlier} is earlier than ")
+    assert "\n" not in msg and "arrival order" in msg
+
+
+def test_out_of_order_mooncake_and_azure(tmp_path):
+    m = tmp_path / "m.jsonl"
+    m.write_text('{"timestamp": 10, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
+                 '{"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": [2]}\n')
+    with pytest.raises(InputError, match=rf"^{m}:2: timestamp: '9' is earlier than '10' "
+                                         r"on line 1 "):
+        read_trace(trace(path=str(m), format="mooncake"))
+    a = tmp_path / "a.csv"
+    a.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.6805900,10,2\n2023-11-16 18:15:46.6805899,10,2\n")
+    with pytest.raises(InputError, match=rf"^{a}:3: TIMESTAMP: .* on line 2 "):
+        read_trace(trace(path=str(a), format="azure"))
 
 
 def test_generic_jsonl(tmp_path):
