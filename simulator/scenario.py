@@ -161,13 +161,15 @@ SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
 
 
 class SLOTarget(_Strict):
-    """Upper bounds (ms) on statistics of one metric; an entry is met when stat <= bound."""
+    """Upper bounds (ms) on statistics of one metric; an entry is met when stat <= bound.
+    Bounds are finite (``.inf`` is refused here, with the file's name, rather than after
+    the run by :func:`simulator.metrics.parse_slo`); leave a statistic out to not bound it."""
 
-    mean: Optional[float] = Field(None, gt=0)
-    p50: Optional[float] = Field(None, gt=0)
-    p90: Optional[float] = Field(None, gt=0)
-    p95: Optional[float] = Field(None, gt=0)
-    p99: Optional[float] = Field(None, gt=0)
+    mean: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    p50: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    p90: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    p95: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    p99: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _not_empty(self):

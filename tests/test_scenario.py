@@ -102,6 +102,17 @@ def test_bad_values_one_line(chat, override, expected):
     assert expected in err(load_scenario, chat, [override])
 
 
+@pytest.mark.parametrize("bound, got", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"),
+                                        ("-5", "-5"), ("0", "0")])
+def test_slo_bound_errors_name_the_file_like_other_keys(chat, bound, got):
+    # every bad SLO bound fails at load time with the file prefix (an infinite one used to
+    # pass the schema and fail after the run, as a bare "slo.ttft_ms.p99: ...")
+    chat.write_text(chat.read_text() + f"slo: {{ttft_ms: {{p99: {bound}}}}}\n")
+    msg = err(load_scenario, chat)
+    assert msg.startswith("chat.yaml: slo.ttft_ms.p99: Input should be ") and msg.endswith(
+        f"(got {got})")
+
+
 def test_unknown_keys_reported_before_consequences(tmp_path):
     p = tmp_path / "s.yaml"
     raw = {k: v for k, v in BASE.items() if k != "hardware"}
