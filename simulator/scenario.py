@@ -378,10 +378,12 @@ class Scenario(_Strict):
         if e.max_model_len is None and num_gpu_blocks is not None:
             max_len = min(max_len, (num_gpu_blocks - 1) * e.block_size)
         if num_gpu_blocks is not None and cdiv(max_len, e.block_size) > num_gpu_blocks - 1:
+            usable = num_gpu_blocks - 1
             raise self.error("engine.max_model_len", (
                 f"{max_len} tokens need {cdiv(max_len, e.block_size)} KV blocks of "
-                f"{e.block_size} but the cache holds {num_gpu_blocks - 1}: lower "
-                f"max_model_len or give the KV cache more memory"))
+                f"{e.block_size} but the cache holds {usable} for requests "
+                f"({num_gpu_blocks} blocks less block 0, which vLLM reserves as its null "
+                f"block): lower max_model_len or give the KV cache more memory"))
         try:
             return SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,

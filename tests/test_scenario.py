@@ -166,7 +166,19 @@ def test_scheduler_config():
     assert sc.scheduler_config(200).max_model_len == 1000
     msg = err(sc.scheduler_config, 101)
     assert msg == ("<scenario>: engine.max_model_len: 1000 tokens need 125 KV blocks of 8 but "
-                   "the cache holds 100: lower max_model_len or give the KV cache more memory")
+                   "the cache holds 100 for requests (101 blocks less block 0, which vLLM "
+                   "reserves as its null block): lower max_model_len or give the KV cache "
+                   "more memory")
+
+
+def test_two_block_cache_message_explains_the_null_block(chat):
+    # num_gpu_blocks 2 leaves one block for requests: block 0 is vLLM's null block
+    # (BlockPool.null_block). 64 tokens in blocks of 16 need ceil(64/16) = 4.
+    sc = load_scenario(chat, ["engine.num_gpu_blocks=2", "engine.max_model_len=64"])
+    assert err(sc.scheduler_config, sc.engine.num_gpu_blocks) == (
+        "chat.yaml: engine.max_model_len: 64 tokens need 4 KV blocks of 16 but the cache "
+        "holds 1 for requests (2 blocks less block 0, which vLLM reserves as its null "
+        "block): lower max_model_len or give the KV cache more memory")
 
 
 def test_inline_model_mapping():
