@@ -493,8 +493,9 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
         ``(new mapping, {key path tuple: override string})``.
 
     Raises:
-        InputError: ``--set <override>: ...`` for a malformed override, a YAML error in
-            its value, or a path through a non-mapping.
+        InputError: ``--set <override>: ...`` for a malformed override, a key given twice
+            (the later one would silently win), a YAML error in its value, or a path
+            through a non-mapping.
     """
     import copy
 
@@ -505,6 +506,9 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
         parts = tuple(p.strip() for p in key.strip().split("."))
         if not sep or not all(parts):
             raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+        if parts in origins:
+            raise InputError(f"--set {s}: {'.'.join(parts)} is already set by --set "
+                             f"{origins[parts]} (give each key once)")
         if not value.strip():  # a typo must not quietly reset a knob; null says it outright
             raise InputError(f"--set {s}: empty value (write null to use the default)")
         try:

@@ -48,23 +48,27 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
         ``(plain overrides, {key: [value strings]})``, axes in flag order.
 
     Raises:
-        InputError: a malformed flag, an empty value in a list, or a key swept twice.
+        InputError: a malformed flag, an empty value in a list, or a key given twice
+            (swept or not).
     """
     plain, axes = [], {}
+    seen: dict[str, str] = {}
     for s in sets:
         key, sep, value = s.partition("=")
         v = value.strip()
         if not sep or not key.strip():
             raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+        k = ".".join(p.strip() for p in key.strip().split("."))
+        if k in seen:
+            raise InputError(f"--set {s}: {k} is already set by --set {seen[k]} (give each "
+                             f"key once; sweep values go in one flag: {k}=v1,v2,...)")
+        seen[k] = s
         if v.startswith(("[", "{")) or "," not in v:
             plain.append(s)
             continue
         vals = [x.strip() for x in v.split(",")]
         if not all(vals):
             raise InputError(f"--set {s}: empty value in the list (use v1,v2,...)")
-        k = key.strip()
-        if k in axes:
-            raise InputError(f"--set {s}: {k} is already swept")
         axes[k] = vals
     return plain, axes
 

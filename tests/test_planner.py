@@ -110,8 +110,12 @@ def test_split_sets_and_candidates():
                               "slo.ttft_ms={p99: 500, mean: 200}"])
     assert axes == {"workload.arrival.rate": ["1", "2", "4"]}
     assert plain == ["engine.max_num_seqs=8", "slo.ttft_ms={p99: 500, mean: 200}"]
-    with pytest.raises(InputError, match="already swept"):
-        split_sets(["a.b=1,2", "a.b=3,4"])
+    # a key given twice, swept or not, is refused (the later flag would silently win)
+    for sets in (["a.b=1,2", "a.b=3,4"], ["a.b=1", "a.b=2"], ["a.b=1", "a . b=2,3"],
+                 ["a.b=1,2", "a.b={c: 1}"]):
+        with pytest.raises(InputError, match=rf"^--set {sets[1]}: a\.b is already set by "
+                                             rf"--set {sets[0]} \(give each key once"):
+            split_sets(sets)
     d = {"name": "c", "model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"},
          "workload": {"num_requests": 10, "arrival": {"process": "poisson", "rate": 1},
                       "prompt_tokens": {"dist": "fixed", "value": 8},
