@@ -2,7 +2,8 @@
 
 The reference is plain softmax attention in float64 over each request's own context, read
 straight from the K/V the test wrote (no block tables, no pieces); the engine's path pieces
-the same contexts through the runner's block tables and must agree in float32.
+the same contexts (one partition per block) through the runner's block tables and must
+agree in float32.
 """
 
 import math
@@ -14,7 +15,7 @@ from calibration.engine import runner as runner_mod
 from calibration.engine.attention import paged_attention
 from calibration.engine.kv_store import KVStore
 
-BS, KV_HEADS, HEADS, HEAD_DIM = 4, 2, 4, 8
+KV_HEADS, HEADS, HEAD_DIM = 2, 4, 8
 
 
 class _Req:
@@ -33,9 +34,9 @@ class _Model:
     device = torch.device("cpu")
 
 
-@pytest.mark.parametrize("piece_tokens", [4, 8, 12])
-def test_split_k_matches_dense_attention(monkeypatch, piece_tokens):
-    # Contexts: one token, exactly one block, piece boundaries, ragged lengths.
+@pytest.mark.parametrize("BS", [2, 4, 8])
+def test_split_k_matches_dense_attention(BS):
+    # Contexts: one token, exactly one block, block boundaries, ragged lengths.
     ctxs = [1, 4, 8, 9, 13, 24, 31]
     g = torch.Generator().manual_seed(0)
     store = KVStore(1, 64, BS, KV_HEADS, HEAD_DIM, torch.float32)
@@ -46,7 +47,6 @@ def test_split_k_matches_dense_attention(monkeypatch, piece_tokens):
     for c in ctxs:
         nb = -(-c // BS)
         entries.append(_Entry(_Req(c, [free.pop() for _ in range(nb)]), c))
-    monkeypatch.setattr(runner_mod, "PIECE_TOKENS", piece_tokens)
     run = runner_mod.ModelRunner(_Model(), store, BS)
     _, _, meta, spans = run.prepare(entries)
     meta.slot_mapping = None
@@ -80,7 +80,7 @@ def test_split_k_matches_dense_attention(monkeypatch, piece_tokens):
 
 
 def test_pieces_cover_each_context_once():
-    """Piece count per decode is ceil(blocks / blocks-per-piece); padding only in the last."""
+    """One partition per block of each decode's context; padding only in the last block."""
     ctxs = [1, 16, 17, 40]
     store = KVStore(1, 32, 8, 1, 4, torch.float32)
     entries, nxt = [], 1
@@ -91,9 +91,7 @@ def test_pieces_cover_each_context_once():
     run = runner_mod.ModelRunner(_Model(), store, 8)
     _, _, meta, _ = run.prepare(entries)
     d = meta.decodes
-    pb = max(1, -(-runner_mod.PIECE_TOKENS // 8))
-    want = [-(-(-(-c // 8)) // pb) for c in ctxs]
-    assert [int((d.piece_req == i).sum()) for i in range(len(ctxs))] == want
-    visible = (d.mask.view(-1, d.piece_tokens) == 0).sum(dim=1)
-    per_req = [int(visible[d.piece_req == i].sum()) for i in range(len(ctxs))]
-    assert per_req == ctxs
+    assert [int((d.piece_req == i).sum()) for i in range(len(ctxs))] == [1, 2, 3, 5]
+    assert d.blocks.tolist() == list(range(1, 12))
+    visible = (d.mask.view(-1, 8) == 0).sum(dim=1)
+    assert visible.tolist() == [1, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8]

@@ -7,16 +7,16 @@ run of tokens per prefill chunk. Per layer:
    read blocks that another request of the same step fills (a prefix hit registered in the
    same scheduling pass, DESIGN.md §3).
 2. Decodes, all at once, split-K (vLLM ``paged_attention_v2``'s partitions; "flash
-   decoding"): every decode's context is cut into pieces of ``piece_tokens`` (whole blocks;
-   the last piece padded with the null block and masked). One gather of all pieces' blocks
-   gives ``[kv_heads, pieces, piece_tokens, head_dim]``; one batched matmul scores each
-   piece against its request's query, the softmax is taken over each request's pieces
-   together (a per-request maximum, then per-request sums, by index), and one more batched
-   matmul and an index-add give the outputs. The number of tensor operations per layer is
-   the same for any batch, and the work is ``pieces × piece_tokens ≈ context tokens +
-   decodes × piece_tokens / 2``: the step cost follows the decode count and the summed
+   decoding") with one block per partition: one gather of every decode's blocks gives
+   ``[blocks, kv_heads, block_size, head_dim]`` (the cache's own layout, so no transpose);
+   one batched matmul scores each block against its request's query, the softmax is taken
+   over each request's blocks together (a per-request maximum, then per-request sums, by
+   index), and one more batched matmul and an index-add give the outputs. Padding past a
+   context's end (in its last block) is masked. The number of tensor operations per layer
+   is the same for any batch, and the work is ``blocks × block_size ≈ context tokens +
+   decodes × block_size / 2``: the step cost follows the decode count and the summed
    context, the two quantities the cost model prices, however the contexts are spread.
-   The query heads of one KV head are rows of one matrix (``[kv_heads, pieces, group,
+   The query heads of one KV head are rows of one matrix (``[blocks, kv_heads, group,
    head_dim]``), so grouped-query attention needs no repeated K/V.
 3. Prefill chunks: queries at positions ``c0 .. c0+n-1`` attend to the ``c0`` cached tokens
    and causally to the chunk itself (one ``scaled_dot_product_attention`` per chunk). A
@@ -35,24 +35,21 @@ import torch.nn.functional as F
 
 @dataclass
 class DecodeBatch:
-    """Single-token queries at flat tokens ``start .. start+n-1``, their contexts split
-    into pieces of ``piece_tokens`` tokens.
+    """Single-token queries at flat tokens ``start .. start+n-1`` and the blocks of their
+    contexts.
 
     Attributes:
         start, n: token range (one token per decoding request).
-        blocks: ``[pieces * piece_tokens / block_size]`` int64 block ids, piece by piece,
-            padded with block 0.
-        piece_req: ``[pieces]`` int64, the decode (``0 .. n-1``) each piece belongs to.
-        piece_tokens: tokens per piece.
-        mask: ``[1, pieces, 1, piece_tokens]`` float32, 0 where a key is visible, -inf for
-            padding.
+        blocks: ``[pieces]`` int64, every decode's block table in turn.
+        piece_req: ``[pieces]`` int64, the decode (``0 .. n-1``) each block belongs to.
+        mask: ``[pieces, 1, 1, block_size]`` float32, 0 where a key is visible, -inf past
+            the context's end.
     """
 
     start: int
     n: int
     blocks: torch.Tensor
     piece_req: torch.Tensor
-    piece_tokens: int
     mask: torch.Tensor
 
 
@@ -114,8 +111,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                                enable_gqa=group > 1)
         else:
             ctx = c.c0 + c.n
-            kc, vc = kv_store.gather(layer, c.blocks)
-            kc, vc = kc[:, :ctx].unsqueeze(0), vc[:, :ctx].unsqueeze(0)
+            kc, vc = kv_store.gather(layer, c.blocks)               # [blocks, kv, bs, d]
+            kc, vc = (x.transpose(0, 1).reshape(n_kv, -1, head_dim)[:, :ctx].unsqueeze(0)
+                      for x in (kc, vc))
             o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask,
                                                enable_gqa=group > 1)
         out[c.start:c.start + c.n] = o[0].transpose(0, 1)
@@ -125,27 +123,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _decode_attention(q: torch.Tensor, d: DecodeBatch, kv_store, layer: int, n_kv: int,
                       group: int, scale: float) -> torch.Tensor:
     """Split-K attention of ``q [n, heads, head_dim]`` (one query per decode) over the
-    pieces of :class:`DecodeBatch` ``d``; returns ``[n, heads, head_dim]`` in ``q``'s dtype.
+    blocks of :class:`DecodeBatch` ``d``; returns ``[n, heads, head_dim]`` in ``q``'s dtype.
 
-    Per request ``r`` with pieces ``p``: ``m_r = max_p max(s_p)``, ``l_r = Σ_p Σ exp(s_p −
-    m_r)``, ``o_r = Σ_p exp(s_p − m_r) · V_p / l_r`` (the softmax over the whole context,
+    Per request ``r`` with blocks ``b``: ``m_r = max_b max(s_b)``, ``l_r = Σ_b Σ exp(s_b −
+    m_r)``, ``o_r = Σ_b exp(s_b − m_r) · V_b / l_r`` (the softmax over the whole context,
     computed in float32; the products with V run in the cache's dtype).
     """
     n, n_heads, head_dim = q.shape
-    pieces, P = d.piece_req.numel(), d.piece_tokens
-    kc, vc = kv_store.gather(layer, d.blocks)                      # [kv, pieces*P, d]
-    kc = kc.view(n_kv, pieces, P, head_dim)
-    vc = vc.view(n_kv, pieces, P, head_dim)
-    qr = q.view(n, n_kv, group, head_dim).transpose(0, 1)          # [kv, n, group, d]
-    qp = qr.index_select(1, d.piece_req)                            # [kv, pieces, group, d]
-    s = torch.matmul(qp, kc.transpose(-1, -2)).float()             # [kv, pieces, group, P]
+    pieces = d.piece_req.numel()
+    kc, vc = kv_store.gather(layer, d.blocks)                      # [pieces, kv, bs, d]
+    qp = q.view(n, n_kv, group, head_dim).index_select(0, d.piece_req)
+    s = torch.matmul(qp, kc.transpose(-1, -2)).float()             # [pieces, kv, group, bs]
     s = s.mul_(scale).add_(d.mask)
-    idx = d.piece_req.view(1, pieces, 1).expand(n_kv, pieces, group)
-    m = s.new_full((n_kv, n, group), float("-inf")).scatter_reduce_(
-        1, idx, s.amax(dim=-1), "amax", include_self=True)
-    s = s.sub_(m.index_select(1, d.piece_req).unsqueeze(-1)).exp_()
-    denom = s.new_zeros((n_kv, n, group)).index_add_(1, d.piece_req, s.sum(dim=-1))
-    o = torch.matmul(s.to(q.dtype), vc)                             # [kv, pieces, group, d]
-    acc = s.new_zeros((n_kv, n, group, head_dim)).index_add_(1, d.piece_req, o.float())
-    acc = acc.div_(denom.unsqueeze(-1)).to(q.dtype)
-    return acc.transpose(0, 1).reshape(n, n_heads, head_dim)
+    idx = d.piece_req.view(pieces, 1, 1).expand(pieces, n_kv, group)
+    m = s.new_full((n, n_kv, group), float("-inf")).scatter_reduce_(
+        0, idx, s.amax(dim=-1), "amax", include_self=True)
+    s = s.sub_(m.index_select(0, d.piece_req).unsqueeze(-1)).exp_()
+    denom = s.new_zeros((n, n_kv, group)).index_add_(0, d.piece_req, s.sum(dim=-1))
+    o = torch.matmul(s.to(q.dtype), vc)                             # [pieces, kv, group, d]
+    acc = s.new_zeros((n, n_kv, group, head_dim)).index_add_(0, d.piece_req, o.float())
+    return acc.div_(denom.unsqueeze(-1)).to(q.dtype).view(n, n_heads, head_dim)

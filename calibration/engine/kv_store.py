@@ -5,14 +5,18 @@ the null block (never written; padding in gathered block tables points at it). A
 position ``p`` of a request lives in slot ``block_ids[p // block_size] * block_size +
 p % block_size`` (vLLM's slot mapping).
 
-Memory is head-major, ``[kv_heads, num_blocks, block_size, head_dim]``: gathering a batch's
-block tables along dim 1 then yields ``[kv_heads, batch, context, head_dim]`` directly, the
-layout a batched matmul wants, without a transpose copy (which costs more than the
-attention itself on CPU). :meth:`KVStore.key` / :meth:`KVStore.value` give the logical
+Memory is block-major, ``[num_blocks, kv_heads, block_size, head_dim]`` (vLLM's CPU
+attention layout): a block's keys of all heads are one contiguous run, so gathering a step's
+block tables is one row copy per block, and the gathered ``[blocks, kv_heads, block_size,
+head_dim]`` is the batch a per-block matmul wants. On the 2-core CPU this gathers a decode
+batch's context about twice as fast as a head-major cache gathered along its block dimension
+(four short runs per block). :meth:`KVStore.key` / :meth:`KVStore.value` give the logical
 ``[num_blocks, block_size, kv_heads, head_dim]`` view.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -43,12 +47,13 @@ class KVStore:
                              f"got {num_blocks}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        shape = (num_kv_heads, num_blocks, block_size, head_dim)
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         # Gathers land in one reused workspace (K half, V half), grown on demand: a fresh
         # tensor of tens of MB per layer would be mmapped and page-faulted every time on CPU.
         self._workspace = torch.empty(0, dtype=dtype, device=device)
+        self._rows_for = self._rows_cache = None
 
     @property
     def nbytes(self) -> int:
@@ -57,32 +62,45 @@ class KVStore:
 
     def key(self, layer: int) -> torch.Tensor:
         """Layer's K as ``[num_blocks, block_size, kv_heads, head_dim]`` (a view)."""
-        return self.k[layer].permute(1, 2, 0, 3)
+        return self.k[layer].transpose(1, 2)
 
     def value(self, layer: int) -> torch.Tensor:
         """Layer's V as ``[num_blocks, block_size, kv_heads, head_dim]`` (a view)."""
-        return self.v[layer].permute(1, 2, 0, 3)
+        return self.v[layer].transpose(1, 2)
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
         """Store ``k, v [T, kv_heads, head_dim]`` at ``slot_mapping [T]`` (int64)."""
-        h, d = self.num_kv_heads, self.head_dim
-        self.k[layer].view(h, -1, d).index_copy_(1, slot_mapping, k.transpose(0, 1))
-        self.v[layer].view(h, -1, d).index_copy_(1, slot_mapping, v.transpose(0, 1))
+        rows = self._rows(slot_mapping)
+        d = self.head_dim
+        self.k[layer].view(-1, d).index_copy_(0, rows, k.reshape(-1, d))
+        self.v[layer].view(-1, d).index_copy_(0, rows, v.reshape(-1, d))
+
+    def _rows(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """Rows ``[T * kv_heads]`` of the ``[num_blocks * kv_heads * block_size, head_dim]``
+        view that hold each token's heads: ``(block * kv_heads + head) * block_size +
+        offset``. Every layer of a step writes the same slots: computed once per step."""
+        if slot_mapping is not self._rows_for:
+            h, bs = self.num_kv_heads, self.block_size
+            base = (slot_mapping // bs) * (h * bs) + slot_mapping % bs
+            heads = torch.arange(h, device=slot_mapping.device) * bs
+            self._rows_cache = (base[:, None] + heads[None, :]).reshape(-1)
+            self._rows_for = slot_mapping
+        return self._rows_cache
 
     def gather(self, layer: int, block_ids: torch.Tensor):
-        """K, V of the blocks ``block_ids [n]``: each ``[kv_heads, n * block_size,
+        """K, V of the blocks ``block_ids [n]``: each ``[n, kv_heads, block_size,
         head_dim]``, copied into a workspace that the next ``gather`` overwrites (use them
         before gathering again; attention does, one layer and one gather at a time)."""
-        h, bs, d = self.num_kv_heads, self.block_size, self.head_dim
         n = block_ids.numel()
-        size = h * n * bs * d
+        shape = (n,) + tuple(self.k[layer].shape[1:])
+        size = math.prod(shape)
         if self._workspace.numel() < 2 * size:
             self._workspace = torch.empty(max(2 * size, 2 * self._workspace.numel()),
                                           dtype=self._workspace.dtype,
                                           device=self._workspace.device)
-        k = self._workspace[:size].view(h, n, bs, d)
-        v = self._workspace[size:2 * size].view(h, n, bs, d)
-        torch.index_select(self.k[layer], 1, block_ids, out=k)
-        torch.index_select(self.v[layer], 1, block_ids, out=v)
-        return k.view(h, -1, d), v.view(h, -1, d)
+        k = self._workspace[:size].view(shape)
+        v = self._workspace[size:2 * size].view(shape)
+        torch.index_select(self.k[layer], 0, block_ids, out=k)
+        torch.index_select(self.v[layer], 0, block_ids, out=v)
+        return k, v

@@ -1,9 +1,9 @@
 """Model runner: turns one step's scheduled requests into tensors and runs the model.
 
 Given ``plan.scheduled()`` (decodes first, then prefill chunks), it lays the step's tokens
-out flat: single-token entries (decodes, and 1-token chunks) first, in plan order, their
-contexts cut into pieces of whole blocks for split-K attention
-(:class:`.attention.DecodeBatch`); then each longer chunk's tokens. It builds the slot
+out flat: single-token entries (decodes, and 1-token chunks) first, in plan order, with
+their block tables for split-K attention (:class:`.attention.DecodeBatch`); then each
+longer chunk's tokens. It builds the slot
 mapping, block tables and masks (:class:`.attention.AttentionMetadata`),
 runs the forward under ``torch.inference_mode`` and returns the final hidden states of the
 tokens that sample (or of every token, for tests).
@@ -14,13 +14,6 @@ from __future__ import annotations
 import torch
 
 from .attention import AttentionMetadata, DecodeBatch, PrefillChunk
-
-# Tokens per split-K piece of a decode's context (rounded up to whole blocks). Padding costs
-# half a piece per decode on average; smaller pieces mean more, smaller matmuls. On the
-# 2-core CPU, pieces of 16 to 128 tokens timed alike within noise; 32 keeps the padding
-# (16 tokens per decode) small next to served contexts.
-PIECE_TOKENS = 32
-
 
 def token_at(req, p: int) -> int:
     """Token id at position ``p`` of a request (prompt, then output)."""
@@ -51,8 +44,6 @@ class ModelRunner:
         ids, pos, slots = [], [], []
         spans = [None] * len(entries)
         meta = AttentionMetadata(slot_mapping=None)
-        pb = max(1, -(-PIECE_TOKENS // bs))       # blocks per piece
-        ptok = pb * bs
         tables, piece_req, piece_first, piece_len = [], [], [], []
         for i, e in enumerate(entries):
             if e.num_new_tokens != 1:
@@ -66,20 +57,17 @@ class ModelRunner:
             slots.append(r.block_ids[p // bs] * bs + p % bs)
             spans[i] = (j, 1)
             nb = -(-ctx // bs)
-            npc = -(-nb // pb)
             tables.extend(r.block_ids[:nb])
-            tables.extend([0] * (npc * pb - nb))
-            piece_req.extend([j] * npc)
-            piece_first.extend(range(0, npc * ptok, ptok))
-            piece_len.extend([ctx] * npc)
+            piece_req.extend([j] * nb)
+            piece_first.extend(range(0, nb * bs, bs))
+            piece_len.extend([ctx] * nb)
         if ids:
-            first = torch.tensor(piece_first)
-            keys = first[:, None] + torch.arange(ptok)[None, :]
-            mask = torch.zeros(len(piece_req), ptok).masked_fill(
+            keys = torch.tensor(piece_first)[:, None] + torch.arange(bs)[None, :]
+            mask = torch.zeros(len(piece_req), bs).masked_fill(
                 keys >= torch.tensor(piece_len)[:, None], float("-inf"))
             meta.decodes = DecodeBatch(0, len(ids), torch.tensor(tables, device=dev),
-                                       torch.tensor(piece_req, device=dev), ptok,
-                                       mask.view(1, len(piece_req), 1, ptok).to(dev))
+                                       torch.tensor(piece_req, device=dev),
+                                       mask.view(len(piece_req), 1, 1, bs).to(dev))
         for i, e in enumerate(entries):
             n = e.num_new_tokens
             if n == 1:
