@@ -1,9 +1,10 @@
 """File input and output: atomic writes (a reader sees the old file or the whole new one,
-never half of it) and YAML reading that refuses duplicate keys."""
+never half of it) and YAML reading that refuses duplicate keys and reads YAML 1.2 floats."""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Hashable
 from pathlib import Path
@@ -28,8 +29,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+# PyYAML resolves floats by YAML 1.1, which wants a dot and a signed exponent: ``1e30``,
+# ``1E-3``, ``+1e5`` and ``1.5e3`` would stay strings. These are floats in YAML 1.2's core
+# schema (yaml.org/spec/1.2.2, 10.2.1.4) and in JSON; plain integers and dotted numbers
+# keep PyYAML's own resolvers.
+_FLOAT_WITH_EXPONENT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$")
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITH_EXPONENT,
+                                       list("-+.0123456789"))
+
+
 def load_yaml(text: str):
     """Parse YAML text safely (``yaml.safe_load``), refusing duplicate mapping keys.
+
+    Numbers with an exponent resolve as YAML 1.2 floats (``1e30``, ``1E-3``, ``+1e5``,
+    ``1.5e3``), which PyYAML's YAML 1.1 rules leave as strings; everything else resolves
+    as in ``yaml.safe_load``.
 
     Raises:
         yaml.YAMLError: a syntax error or a duplicate key; ``problem_mark`` gives the line.

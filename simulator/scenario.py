@@ -402,7 +402,8 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     Args:
         path: the scenario YAML.
         overrides: ``key.path=value`` strings (``--set``); values parse as YAML scalars or
-            flow collections (``engine.max_num_seqs=128``, ``slo.ttft_ms={p99: 500}``).
+            flow collections (``engine.max_num_seqs=128``, ``slo.ttft_ms={p99: 500}``),
+            read as the file is (:func:`simulator.files.load_yaml`).
 
     Raises:
         InputError: missing/unreadable file, YAML syntax error (with its line), bad
@@ -512,7 +513,7 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
         if not value.strip():  # a typo must not quietly reset a knob; null says it outright
             raise InputError(f"--set {s}: empty value (write null to use the default)")
         try:
-            val = yaml.safe_load(value)
+            val = load_yaml(value)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise InputError(f"--set {s}: value is not valid YAML: {problem}") from None

@@ -17,6 +17,7 @@ import yaml
 
 from .errors import InputError
 from .executors import Job
+from .files import load_yaml
 from .metrics import combine_replications
 
 
@@ -74,7 +75,7 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def _parse(v):
-    return yaml.safe_load(v) if isinstance(v, str) else v
+    return load_yaml(v) if isinstance(v, str) else v
 
 
 def _fmt_value(v) -> str:

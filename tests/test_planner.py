@@ -110,6 +110,10 @@ def test_split_sets_and_candidates():
                               "slo.ttft_ms={p99: 500, mean: 200}"])
     assert axes == {"workload.arrival.rate": ["1", "2", "4"]}
     assert plain == ["engine.max_num_seqs=8", "slo.ttft_ms={p99: 500, mean: 200}"]
+    # swept values read as the scenario file does: 1e3 is a float (YAML 1.2), 8 an int
+    from simulator.sweep import grid
+    assert grid({"a": ["1e3", "8"]}) == [{"a": 1000.0}, {"a": 8}]
+    assert [type(p["a"]) for p in grid({"a": ["1e3", "8"]})] == [float, int]
     # a key given twice, swept or not, is refused (the later flag would silently win)
     for sets in (["a.b=1,2", "a.b=3,4"], ["a.b=1", "a.b=2"], ["a.b=1", "a . b=2,3"],
                  ["a.b=1,2", "a.b={c: 1}"]):

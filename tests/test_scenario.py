@@ -113,6 +113,15 @@ def test_slo_bound_errors_name_the_file_like_other_keys(chat, bound, got):
         f"(got {got})")
 
 
+def test_exponent_numbers_read_as_floats_in_file_and_flags(chat):
+    # PyYAML's YAML 1.1 rules would leave 1e30 and 1E-3 as strings ("valid number" errors)
+    chat.write_text(chat.read_text() + "slo: {ttft_ms: {p99: 1e30}, tpot_ms: {p90: 2E+2}}\n")
+    sc = load_scenario(chat, ["hardware.step_time.constant_s=1E-3",
+                              "workload.arrival.rate=+1e1"])
+    assert sc.slo.targets() == [("ttft_ms", "p99", 1e30), ("tpot_ms", "p90", 200.0)]
+    assert sc.hardware.step_time.constant_s == 0.001 and sc.workload.arrival.rate == 10.0
+
+
 def test_unknown_keys_reported_before_consequences(tmp_path):
     p = tmp_path / "s.yaml"
     raw = {k: v for k, v in BASE.items() if k != "hardware"}

@@ -1,0 +1,40 @@
+"""The project's YAML reader: duplicate keys refused, YAML 1.2 floats with an exponent."""
+
+import math
+
+import pytest
+import yaml
+
+from simulator.files import load_yaml
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1e30", 1e30), ("1E-3", 0.001), ("+1e5", 100000.0), ("-2e-2", -0.02),
+    ("1.5e3", 1500.0), (".5e1", 5.0), ("7.E2", 700.0),
+])
+def test_exponent_numbers_are_floats_as_in_yaml_1_2(text, value):
+    got = load_yaml(f"x: {text}")["x"]
+    assert type(got) is float and got == value
+    # the same number as JSON (a YAML 1.2 subset) reads it
+    assert got == float(text)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("10", 10), ("-3", -3), ("1.5", 1.5), ("1_000", 1000), ("0x10", 16),
+    ("1e", "1e"), ("e5", "e5"), ("1e30x", "1e30x"), ("'1e30'", "1e30"), ("1.0e+3", 1000.0),
+])
+def test_other_scalars_resolve_as_safe_load(text, value):
+    got = load_yaml(f"x: {text}")["x"]
+    assert got == value and type(got) is type(value)
+    assert got == yaml.safe_load(f"x: {text}")["x"]
+
+
+def test_infinity_and_plain_pyyaml_untouched():
+    assert math.isinf(load_yaml("x: .inf")["x"])
+    assert yaml.safe_load("x: 1e30")["x"] == "1e30"   # the resolver is ours alone
+
+
+def test_duplicate_key_names_its_line():
+    with pytest.raises(yaml.YAMLError) as e:
+        load_yaml("a: 1\nb:\n  c: 2\n  c: 3\n")
+    assert "duplicate key 'c'" in str(e.value) and e.value.problem_mark.line + 1 == 4
