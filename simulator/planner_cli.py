@@ -128,14 +128,29 @@ def _cmd_sweep(args) -> int:
         res = sweep(scenario, axes, ex, progress=prog)
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
-        "offered_rate", "request_throughput", "stable", "ttft_p50", "ttft_p99", "tpot_p50",
+        "offered_rate", "request_throughput", "stability", "ttft_p50", "ttft_p99", "tpot_p50",
         "tpot_p99", "slo_met"] if c in res.table])
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line
         others = ", ".join(f"{a}={v}" for a, v in k.items() if a != "knee")
-        print(f"highest stable {first}: {k['knee']}" + (f" (with {others})" if others else ""))
+        print(f"highest stable {first}: {_knee_text(res.table, k)}"
+              + (f" (with {others})" if others else ""))
     print(f"report: {paths['report.html']}")
     return 0
+
+
+def _knee_text(table, knee: dict) -> str:
+    """A knee's value, or why a line has none (every point unstable or rejecting)."""
+    if knee["knee"] is not None:
+        return _short(knee["knee"])
+    line = table
+    for a, v in knee.items():
+        if a != "knee":
+            line = line[line[a] == v]
+    if len(line) and (line["stability"] == "rejects requests").all():
+        return ("none (every point rejects requests: prompts longer than max_model_len; "
+                "raise engine.max_model_len or shorten the prompts)")
+    return "none (no point is stable)"
 
 
 def _cmd_plan(args) -> int:

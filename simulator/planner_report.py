@@ -32,7 +32,8 @@ def _json(obj) -> bytes:
 # -- sweep --------------------------------------------------------------------------------
 def plot_sweep(result) -> bytes:
     """PNG: TTFT and TPOT (p50 solid, p99 dashed) vs achieved request throughput, one line
-    per combination of the other swept keys; unstable points marked ×."""
+    per combination of the other swept keys; points not ``stable`` (unstable, or
+    rejecting requests) marked ×."""
     t = result.table
     keys = list(result.axes)
     others = keys[1:]
@@ -48,14 +49,14 @@ def plot_sweep(result) -> bytes:
             for st, ls in (("p50", "-"), ("p99", "--")):
                 ax.plot(df["request_throughput"], df[f"{m}_{st}"], ls, color=colour,
                         marker="o", label=f"{name} {st}")
-            bad = df[~df["stable"]]
+            bad = df[df["stability"] != "stable"]
             ax.plot(bad["request_throughput"], bad[f"{m}_p99"], "x", color="k", ms=9)
     for ax, m in zip(axes, ("TTFT", "TPOT")):
         ax.set_xlabel("achieved throughput (req/s)")
         ax.set_ylabel(f"{m} (ms)")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.set_title(f"{m} p50 (solid), p99 (dashed); × unstable")
+        ax.set_title(f"{m} p50 (solid), p99 (dashed); × unstable or rejecting")
     axes[0].legend(fontsize="x-small")
     return _png(fig)
 
@@ -64,14 +65,17 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     """``sweep.csv``, ``sweep.json``, ``curves.png``, ``report.md``, ``report.html``."""
     t = result.table
     kinds = sorted(set(map(str, t["cost_kind"].dropna()))) if "cost_kind" in t else []
-    shown = list(result.axes) + ["offered_rate", "request_throughput", "stable", "ttft_p50",
-                                 "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "goodput",
-                                 "slo_met"]
+    shown = list(result.axes) + ["offered_rate", "request_throughput", "stability",
+                                 "rejected", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
+                                 "itl_p99", "goodput", "slo_met"]
     shown = [c for c in shown if c in t]
     b: list = [("h1", title),
                ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. A point is unstable when "
                      "its achieved throughput is below 0.98 × the offered rate (an "
-                     "overloaded queue); its latencies then depend on the run length.")]
+                     "overloaded queue); its latencies then depend on the run length. A "
+                     "point *rejects requests* when some prompts are longer than "
+                     "max_model_len (vLLM refuses them; `rejected` counts them per run): "
+                     "they never finish, so the throughput test cannot judge its queue.")]
     b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))
     first = list(result.axes)[0]
     b.append(("h2", f"Knee: highest stable {first}"))

@@ -107,11 +107,14 @@ class SweepResult:
     Attributes:
         axes: ``{key: [values]}`` swept (first axis = the x of each curve).
         table: one row per point: the swept values, ``offered_rate`` and
-            ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``,
+            ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``
+            (every replication passed the throughput test), ``rejected`` (requests
+            rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
             ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications.
-        knees: per line (combination of the other axes), the highest stable value of the
-            first axis: ``[{...other axis values, "knee": value}]``.
+        knees: per line (combination of the other axes), the highest value of the first
+            axis whose stability is ``stable``: ``[{...other axis values, "knee": value}]``
+            (``None`` when there is none).
         summaries: per point, the replication summaries.
     """
 
@@ -125,6 +128,21 @@ _SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
                   ("ttft_ms", "p50"), ("ttft_ms", "p99"), ("tpot_ms", "p50"),
                   ("tpot_ms", "p99"), ("itl_ms", "p99"), ("e2el_ms", "p99"),
                   ("queue_ms", "mean")]
+
+
+#: Values of the sweep table's ``stability`` column.
+STABILITY = ("stable", "unstable", "rejects requests")
+
+
+def stability_label(stable: bool, rejected: float) -> str:
+    """``rejects requests`` when a run rejected any request (a prompt longer than
+    max_model_len, as vLLM refuses it): those never finish, so the run falls short of the
+    offered rate whatever the load and the throughput test says nothing about the queue.
+    Otherwise ``stable`` or ``unstable`` as the test (:func:`simulator.executors.job_output`)
+    says."""
+    if rejected:
+        return "rejects requests"
+    return "stable" if stable else "unstable"
 
 
 def _get(d, path):
@@ -162,6 +180,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         offered = [o["offered_rate"] for o in group if o["offered_rate"]]
         row["offered_rate"] = float(np.mean(offered)) if offered else None
         row["stable"] = all(o["stable"] for o in group)
+        row["rejected"] = float(np.mean([s.get("rejected") or 0 for s in sums]))
+        row["stability"] = stability_label(row["stable"], row["rejected"])
         for path in _SWEEP_FIGURES:
             name = "_".join(path).replace("_ms_", "_") if len(path) > 1 else path[0]
             vals = [_get(s, path) for s in sums]
@@ -179,7 +199,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
 
 
 def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
-    """Per line (other axes' values), the highest stable value of the first axis."""
+    """Per line (other axes' values), the highest value of the first axis whose
+    ``stability`` is ``stable`` (``stable`` alone for a table without that column)."""
     if not keys or table.empty:
         return []
     x, others = keys[0], keys[1:]
@@ -187,11 +208,13 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     out = []
     for vals, df in groups:
         vals = vals if isinstance(vals, tuple) else (vals,)
-        stable = df[df["stable"]]
+        ok = df["stability"] == "stable" if "stability" in df else df["stable"].astype(bool)
+        stable = df[ok]
         knee = stable[x].max() if len(stable) else None
         out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
                     "knee": getattr(knee, "item", lambda: knee)()})
     return out
 
 
-__all__ = ["SweepResult", "derive", "grid", "knees", "split_sets", "sweep"]
+__all__ = ["STABILITY", "SweepResult", "derive", "grid", "knees", "split_sets",
+           "stability_label", "sweep"]

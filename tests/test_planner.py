@@ -105,6 +105,48 @@ def test_sweep_knee_matches_max_num_seqs_bound():
     assert not res.table["stable"].iloc[-1]
 
 
+def test_sweep_labels_points_that_reject_requests(tmp_path, capsys):
+    import pandas as pd
+
+    from simulator.workload import build_workload
+
+    # prompts uniform in [8, 2000] against max_model_len 1024: the scheduler rejects every
+    # prompt longer than 1024, as vLLM does, at whatever rate
+    y = tmp_path / "r.yaml"
+    y.write_text("""name: r
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 4, max_model_len: 1024}
+workload:
+  seed: 0
+  num_requests: 200
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: uniform, min: 8, max: 2000}
+  output_tokens: {dist: fixed, value: 2}
+""")
+    from simulator.scenario import load_scenario
+    want = sum(s.prompt_tokens > 1024 for s in build_workload(load_scenario(y).workload))
+    assert 0 < want < 200
+    out = tmp_path / "sw"
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--out", str(out),
+                 "--executor", "serial", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    table = pd.read_csv(out / "sweep.csv")
+    assert list(table["stability"]) == ["rejects requests"] * 2
+    assert list(table["rejected"]) == [want, want]
+    assert printed.count("rejects requests") == 3   # two rows and the knee line
+    assert "highest stable workload.arrival.rate: none (every point rejects requests" in printed
+    md = (out / "report.md").read_text()
+    assert md.count("| rejects requests |") == 2 and "| stability |" in md
+    # the same scenario with room for every prompt is labelled stable, and has a knee
+    assert main(["sweep", str(y), "--set", "engine.max_model_len=2048", "--set",
+                 "workload.arrival.rate=5,10", "--out", str(out), "--executor", "serial",
+                 "--quiet"]) == 0
+    table = pd.read_csv(out / "sweep.csv")
+    assert list(table["stability"]) == ["stable"] * 2 and list(table["rejected"]) == [0, 0]
+    assert "highest stable workload.arrival.rate: 10" in capsys.readouterr().out
+
+
 def test_split_sets_and_candidates():
     plain, axes = split_sets(["workload.arrival.rate=1,2,4", "engine.max_num_seqs=8",
                               "slo.ttft_ms={p99: 500, mean: 200}"])
