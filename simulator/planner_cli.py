@@ -53,7 +53,8 @@ _LABELS = {"max_rate_per_replica": "req/s per replica", "replicas": "replicas",
            "request_throughput": "served req/s", "ttft_p50": "TTFT p50 ms",
            "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms", "tpot_p99": "TPOT p99 ms",
            "slo_met": "SLO met", "tensor_parallel": "TP", "max_num_seqs": "max seqs",
-           "max_num_batched_tokens": "max batched tokens"}
+           "max_num_batched_tokens": "max batched tokens", "goodput": "goodput req/s",
+           "binding": "binding limit"}
 
 
 def _label(column: str) -> str:
@@ -104,7 +105,7 @@ def _print_table(df, title: str, columns=None) -> None:
         rows.append(row)
     for c in cols:   # one word per header line keeps columns as narrow as their values
         t.add_column(_label(c).replace(" ", "\n"),
-                     justify="left" if c == "status" else "right")
+                     justify="left" if c in ("status", "plan", "binding") else "right")
     for row in rows:
         t.add_row(*row)
     console = Console()
@@ -203,13 +204,27 @@ def _cmd_compare(args) -> int:
     paths = write_compare_report(
         out, entries, title="Plan comparison",
         note=f"Every plan serves the workload and SLO of {scenarios[0].source}.")
-    for e in entries:
-        s = e["result"].summary
-        print(f"{e['name']}: TTFT p99 {s['ttft_ms']['p99']} ms, TPOT p99 "
-              f"{s['tpot_ms']['p99']} ms, {s['request_throughput']} req/s, SLO met "
-              f"{s['slo_met']}, binding {e['binding']}")
+    _print_table(compare_table(entries), f"Plans serving the workload of "
+                                         f"{scenarios[0].source}")
     print(f"report: {paths['report.html']}")
     return 0
+
+
+def compare_table(entries: list[dict]):
+    """One row per plan of :func:`simulator.planner.compare` (replication 0): ``plan``,
+    ``ttft_p99`` and ``tpot_p99`` (ms), ``request_throughput`` and ``goodput`` (req/s),
+    ``slo_met`` (None without SLO) and ``binding`` (the diagnosis's binding limit)."""
+    import pandas as pd
+
+    rows = []
+    for e in entries:
+        s = e["result"].summary
+        rows.append({"plan": e["name"], "ttft_p99": (s.get("ttft_ms") or {}).get("p99"),
+                     "tpot_p99": (s.get("tpot_ms") or {}).get("p99"),
+                     "request_throughput": s.get("request_throughput"),
+                     "goodput": s.get("goodput"), "slo_met": s.get("slo_met"),
+                     "binding": e.get("binding")})
+    return pd.DataFrame(rows)
 
 
 def add_parsers(sub) -> None:
@@ -239,4 +254,4 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=_cmd_compare)
 
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "compare_table"]

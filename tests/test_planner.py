@@ -211,6 +211,36 @@ plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replicati
     assert main(["plan", str(y), "--target-rate", "-1"] + args) == 2
 
 
+def test_compare_prints_a_formatted_table(tmp_path, capsys):
+    import re
+
+    text = """name: {name}
+model: llama-test
+hardware: {{step_time: {{constant_s: {step}}}}}
+engine: {{max_num_seqs: 4, max_model_len: 512}}
+workload:
+  num_requests: 60
+  arrival: {{process: poisson, rate: 7}}
+  prompt_tokens: {{dist: fixed, value: 8}}
+  output_tokens: {{dist: fixed, value: 5}}
+"""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(text.format(name="fast", step=0.01))    # no SLO: goodput, SLO met unknown
+    b.write_text(text.format(name="slow", step=0.03))
+    args = ["--executor", "serial", "--quiet", "--out", str(tmp_path / "cmp")]
+    assert main(["compare", str(a), str(b)] + args) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "True" not in out and "nan" not in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split()[:1] in (["fast"], ["slow"])}
+    # one token per engine step: TPOT is the step time, 10 and 30 ms
+    assert rows["fast"][2] == "10" and rows["slow"][2] == "30"
+    for r in rows.values():
+        assert all(re.fullmatch(r"\d+(\.\d+)?", c) and len(c.replace(".", "")) <= 3
+                   for c in r[1:4])                      # 3 significant figures
+        assert r[4:6] == ["-", "-"]                      # goodput, SLO met: no SLO given
+
+
 def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys, monkeypatch):
     import pandas as pd
 
