@@ -190,6 +190,10 @@ def _cmd_compare(args) -> int:
     from .report import write_compare_report
     from .scenario import load_scenario
 
+    if len(args.scenarios) < 2:   # README: one workload through several plans
+        raise InputError(f"compare needs two or more scenario files, got "
+                         f"{len(args.scenarios)} ({args.scenarios[0]}); to simulate one "
+                         f"scenario use servesim run")
     scenarios = [load_scenario(p, args.overrides) for p in args.scenarios]
     out = Path(args.out) if args.out else Path("reports") / "compare"
     ignored = [sc.source for sc in scenarios[1:]
@@ -246,8 +250,8 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("compare", help="the same workload through several scenarios")
-    p.add_argument("scenarios", nargs="+", help="scenario YAML files (workload and SLO of "
-                                                "the first are used for all)")
+    p.add_argument("scenarios", nargs="+", help="two or more scenario YAML files (workload "
+                                                "and SLO of the first are used for all)")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override applied to every scenario")
     _executor_args(p)

@@ -211,7 +211,7 @@ plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replicati
     assert main(["plan", str(y), "--target-rate", "-1"] + args) == 2
 
 
-def test_compare_prints_a_formatted_table(tmp_path, capsys):
+def test_compare_prints_a_formatted_table_and_needs_two_scenarios(tmp_path, capsys):
     import re
 
     text = """name: {name}
@@ -239,6 +239,10 @@ workload:
         assert all(re.fullmatch(r"\d+(\.\d+)?", c) and len(c.replace(".", "")) <= 3
                    for c in r[1:4])                      # 3 significant figures
         assert r[4:6] == ["-", "-"]                      # goodput, SLO met: no SLO given
+    assert main(["compare", str(a)] + args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"servesim: error: compare needs two or more scenario files, got 1 ({a}); "
+                   "to simulate one scenario use servesim run"]
 
 
 def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys, monkeypatch):
