@@ -58,7 +58,10 @@ def expand_candidates(scenario) -> list[Candidate]:
     cache, ...) is kept with its ``error``.
 
     Raises:
-        InputError: a candidate key or value the schema refuses (names ``plan.candidates``).
+        InputError: a candidate key or value the schema refuses (names ``plan.candidates``),
+            or a ``hardware.profile`` that is neither a catalog GPU nor a readable
+            calibration profile (names the key and the known GPUs): a typo, not a plan
+            that does not fit.
     """
     from .cost_model import build_cost_model
 
@@ -73,6 +76,10 @@ def expand_candidates(scenario) -> list[Candidate]:
             raise InputError(f"{scenario.source}: plan.candidates "
                              f"({', '.join(_point_overrides(point))}): {msg}") from None
         gpu = sc.hardware.profile
+        if gpu is not None:
+            key = ("plan.candidates.hardware.profile" if "hardware.profile" in point
+                   else "hardware.profile")
+            _check_profile(gpu, sc, key)
         if (cfg and gpu in cfg.prices and sc.hardware.price_per_gpu_hour is None
                 and "hardware.price_per_gpu_hour" not in point):
             sc = derive(sc, [f"hardware.price_per_gpu_hour={cfg.prices[gpu]}"])
@@ -88,6 +95,24 @@ def expand_candidates(scenario) -> list[Candidate]:
             c.cost_kind = cm.label.split(":", 1)[0]
         out.append(c)
     return out
+
+
+def _check_profile(name: str, sc, key: str) -> None:
+    """Raise InputError ``<file>: <key>: ...`` unless ``name`` is a catalog GPU or a
+    calibration profile that loads."""
+    from .catalog import list_hardware
+    from .cost_model import list_profiles, load_profile
+
+    if name in list_hardware():
+        return
+    try:
+        load_profile(name, sc.base_dir)
+    except InputError as e:
+        msg = str(e)
+        if msg.startswith("unknown profile"):
+            msg = (f"{name!r} is neither a catalog GPU ({', '.join(list_hardware())}) nor a "
+                   f"calibration profile (known: {', '.join(list_profiles()) or 'none'})")
+        raise InputError(f"{sc.source}: {key}: {msg}") from None
 
 
 def replicas_needed(target_rate: float, per_replica_rate: float) -> int | None:

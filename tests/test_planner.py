@@ -179,6 +179,37 @@ def test_split_sets_and_candidates():
         expand_candidates(scenario_from_dict(d))
 
 
+def test_plan_with_an_unknown_gpu_is_an_input_error(tmp_path, capsys):
+    from simulator.catalog import list_hardware
+    from simulator.cost_model import list_profiles
+
+    y = tmp_path / "p.yaml"
+    y.write_text("""name: p
+model: llama-test
+hardware: {profile: h100-sxm}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 50
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 4}
+slo: {ttft_ms: {p99: 500}}
+plan: {target_rate: 10, candidates: {hardware.profile: [h100-sxm, h100-pcie]}}
+""")
+    out = tmp_path / "pl"
+    assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"servesim: error: p.yaml: plan.candidates.hardware.profile: 'h100-pcie' is "
+                   f"neither a catalog GPU ({', '.join(list_hardware())}) nor a calibration "
+                   f"profile (known: {', '.join(list_profiles())})"]
+    assert not out.exists()
+    # a plan whose own hardware (not a candidate) is unknown names that key
+    y.write_text(y.read_text().replace("{profile: h100-sxm}", "{profile: h100-pcie}")
+                 .replace("hardware.profile: [h100-sxm, h100-pcie]", "engine.max_num_seqs: [2]"))
+    assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out", str(out)]) == 2
+    assert "p.yaml: hardware.profile: 'h100-pcie' is neither" in capsys.readouterr().err
+
+
 def test_pareto_front():
     assert pareto_front([1, 2, 3, 2], [5, 3, 1, 4]) == [0, 1, 2]
     assert pareto_front([1, None], [1, 2]) == [0]
