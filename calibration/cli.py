@@ -26,16 +26,30 @@ _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 
 
 
 def parse_bytes(text: str, flag: str = "--kv-cache-memory") -> int:
-    """``2147483648``, ``2GiB``, ``512 MiB``, ``1.5GB`` → bytes.
+    """``2147483648``, ``2GiB``, ``512 MiB``, ``1.5GB`` → bytes (at least 1).
 
     Raises:
-        InputError: anything else, naming ``flag``.
+        InputError: anything else (negative, zero, no number), naming ``flag``.
     """
     m = _SIZE.match(str(text))
     if not m:
-        raise InputError(f"{flag}: {text!r} is not a size (bytes, or a number with KiB, MiB, "
-                         f"GiB, KB, MB, GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise InputError(f"{flag}: {text!r} is not a size: give a positive number of bytes, "
+                         f"or one with KiB, MiB, GiB, KB, MB or GB (e.g. 2GiB)")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < 1:
+        raise InputError(f"{flag}: {text!r} is {n} bytes: give a positive size (e.g. 2GiB)")
+    return n
+
+
+def _kv_cache_memory(text: str) -> int:
+    """argparse type of ``--kv-cache-memory``: :func:`parse_bytes`, its message given to
+    argparse (which prefixes the flag) rather than argparse's generic 'invalid value'."""
+    import argparse
+
+    try:
+        return parse_bytes(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--kv-cache-memory: ")) from None
 
 
 # == replay workload =========================================================================
@@ -450,7 +464,7 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller grid (minutes)")
     p.add_argument("--out", required=True, help="profile YAML to write (CSV beside it)")
     p.add_argument("--name", help="profile name (default: the file name without .yaml)")
-    p.add_argument("--kv-cache-memory", type=parse_bytes, metavar="BYTES",
+    p.add_argument("--kv-cache-memory", type=_kv_cache_memory, metavar="BYTES",
                    help="KV cache budget (cpu default 2GiB; cuda default: profiled from "
                         "--gpu-memory-utilization)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)

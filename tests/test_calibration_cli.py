@@ -176,8 +176,25 @@ def test_parse_bytes():
     assert parse_bytes("512 MiB") == 512 << 20
     assert parse_bytes("1.5GB") == 1_500_000_000
     assert parse_bytes("4096") == 4096
-    with pytest.raises(InputError, match="--kv-cache-memory"):
-        parse_bytes("lots")
+    for bad in ("lots", "-1", "0", "0.5"):
+        with pytest.raises(InputError, match=rf"^--kv-cache-memory: '{bad}' is "):
+            parse_bytes(bad)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-1", "'-1' is not a size: give a positive number of bytes, or one with KiB, MiB, "
+           "GiB, KB, MB or GB (e.g. 2GiB)"),
+    ("0", "'0' is 0 bytes: give a positive size (e.g. 2GiB)"),
+])
+def test_kv_cache_memory_error_names_the_flag(tmp_path, capsys, value, message):
+    # argparse's own wording would name the parsing function ("invalid parse_bytes value")
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml"),
+              "--kv-cache-memory", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"servesim calibrate: error: argument --kv-cache-memory: {message}"]
+    assert not any(tmp_path.iterdir())
 
 
 def test_bad_flags_are_one_line_errors(tmp_path, capsys):
