@@ -423,18 +423,60 @@ def profiles_table():
     return rows
 
 
-def _cmd_profiles(args) -> int:
-    from rich.console import Console
+_PROFILE_COLUMNS = ("name", "kind", "device", "model", "dtype", "engine", "date",
+                    "held-out MAPE", "replay MAPE", "where")
+
+
+def _profile_headers() -> list[str]:
+    return [c.replace(" MAPE", "\nMAPE") for c in _PROFILE_COLUMNS]   # two words, two lines
+
+
+def profile_column_widths(rows, terminal: int) -> list[int]:
+    """Text widths of the ``servesim profiles`` columns for a terminal ``terminal`` wide
+    (at least 160 is used, as before). A name is never wrapped or cut (it is what
+    ``hardware.profile`` takes) and no other column is narrower than its longest word, so
+    cells wrap only between words; the room left over goes to the columns that would wrap
+    in proportion to what they lack. When even that does not fit, lines run past the
+    terminal rather than cut a name. A column also takes 2 of padding and 1 of border,
+    the table 1 more for its closing border."""
+    heads = _profile_headers()
+    mins, nats = [], []
+    for i, header in enumerate(heads):
+        cells = [str(r[i]) for r in rows]
+        words = header.split() + (cells if i == 0 else [w for c in cells for w in c.split()])
+        mins.append(max(map(len, words)))
+        nats.append(max([len(line) for line in header.split("\n")] + list(map(len, cells))))
+    room = max(160, terminal) - 1 - 3 * len(heads)
+    if sum(nats) <= room:
+        return nats
+    extra = max(0, room - sum(mins))
+    lack = [n - m for n, m in zip(nats, mins)]
+    return [m + extra * d // sum(lack) for m, d in zip(mins, lack)]
+
+
+def profiles_rich_table(rows, terminal: int = 160):
+    """A ``rich`` table of :func:`profiles_table` rows, columns as
+    :func:`profile_column_widths` sizes them (print it on a console at least
+    ``sum(widths) + 3 × columns + 1`` wide)."""
     from rich.table import Table
 
     t = Table(title="calibration profiles")
-    for col in ("name", "kind", "device", "model", "dtype", "engine", "date",
-                "held-out MAPE", "replay MAPE", "where"):
-        t.add_column(col)
-    rows = profiles_table()
+    widths = profile_column_widths(rows, terminal) if rows else [None] * len(_PROFILE_COLUMNS)
+    for header, w in zip(_profile_headers(), widths):
+        t.add_column(header, width=w, overflow="fold")
     for r in rows:
-        t.add_row(*r)
-    Console(width=max(160, Console().width)).print(t)
+        t.add_row(*map(str, r))
+    return t
+
+
+def _cmd_profiles(args) -> int:
+    from rich.console import Console
+
+    rows = profiles_table()
+    terminal = Console().width
+    t = profiles_rich_table(rows, terminal)
+    need = sum(c.width or 0 for c in t.columns) + 3 * len(t.columns) + 1
+    Console(width=max(160, terminal, need)).print(t)
     if not rows:
         print("no profiles found")
     return 0
@@ -496,4 +538,5 @@ def add_parsers(subparsers) -> None:
     add_validate(subparsers)
 
 
-__all__ = ["add_parsers", "calibrate", "parse_bytes", "profiles_table", "replay_workload"]
+__all__ = ["add_parsers", "calibrate", "parse_bytes", "profile_column_widths",
+           "profiles_rich_table", "profiles_table", "replay_workload"]

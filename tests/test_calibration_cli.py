@@ -161,6 +161,39 @@ def test_profiles_lists_shipped_and_local(tmp_path, monkeypatch, capsys):
     assert "broken" in printed and "calibration profiles" in printed
 
 
+def test_profiles_table_never_cuts_or_wraps_a_name():
+    import io
+
+    from rich.console import Console
+
+    from calibration.cli import profile_column_widths, profiles_rich_table
+
+    long = "a-very-long-profile-name-for-the-h200-nodes-in-rack-12-with-fp8-kv-cache-v2"
+    row = (long, "measured", "cpu AMD EPYC 7763 64-Core Processor (16 threads)",
+           "llama-3.1-8b", "bfloat16", "servesim-torch 0.1.0", "2026-01-01", "4.9%", "8.6%",
+           "/home/someone/.servesim/profiles")
+    rows = [row, ("short", *row[1:])]
+    for terminal in (80, 160, 300):
+        widths = profile_column_widths(rows, terminal)
+        assert widths[0] == len(long)
+        # no column narrower than its longest word: cells wrap between words only
+        assert widths[2] >= len("64-Core") and widths[5] >= len("servesim-torch")
+        assert widths[9] >= len("/home/someone/.servesim/profiles")
+        width = sum(widths) + 3 * len(widths) + 1
+        if terminal == 300:   # room for every cell unwrapped: nothing wraps
+            assert widths[2] == len(row[2]) and width <= 300
+        else:                 # 160 columns are too few here: only as wide as needed
+            assert width > 160 and widths[2] < len(row[2])
+        buf = io.StringIO()
+        Console(file=buf, width=width).print(profiles_rich_table(rows, terminal))
+        lines = buf.getvalue().splitlines()
+        assert max(map(len, lines)) <= width
+        assert sum(long in line for line in lines) == 1          # whole, on one line
+        text = " ".join(lines)
+        for word in " ".join(row[1:]).split():                   # no word broken
+            assert word in text, word
+
+
 def test_device_ceilings_are_plausible():
     n = torch.get_num_threads()
     torch.set_num_threads(1)
