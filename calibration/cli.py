@@ -163,6 +163,52 @@ def require_torch() -> None:
                          'torch==2.13.0 && pip install -e ".[engine]" (README)')
 
 
+#: Cores' worth of other work (1-minute load average) above which ``calibrate`` on the cpu
+#: device warns: half a core already shares caches, memory bandwidth and, on a small
+#: machine, the measuring cores themselves (a run beside a test suite gave 40 % held-out
+#: error against 5 % on a quiet machine).
+BUSY_OTHER_LOAD = 0.5
+
+
+def busy_cpu_warning(load1: float, cpus: int | None) -> str | None:
+    """The warning line for a busy machine, or None.
+
+    Args:
+        load1: the 1-minute load average (runnable threads, ``os.getloadavg()[0]``), read
+            before calibrate starts measuring: none of it is calibrate's own threads yet,
+            so all of it is other work (subtracting the threads calibrate will use would
+            hide the very case warned about: a machine already full of other work).
+        cpus: logical CPUs (``os.cpu_count()``), for the message.
+
+    Returns:
+        One line when other work exceeds :data:`BUSY_OTHER_LOAD` cores.
+    """
+    if load1 <= BUSY_OTHER_LOAD:
+        return None
+    on = f" on {cpus} CPUs" if cpus else ""
+    return (f"servesim: warning: the CPU is busy (1-minute load average {load1:.2f}{on} "
+            f"before calibrating: other work on about {load1:.1f} cores): step-time "
+            f"measurements will be noisy; calibrate on a quiet machine for a trustworthy "
+            f"profile")
+
+
+def warn_if_busy(device: str) -> str | None:
+    """Print :func:`busy_cpu_warning` to stderr on the cpu device (GPUs time their own
+    kernels); returns the line printed, if any."""
+    import os
+
+    if device != "cpu":
+        return None
+    try:
+        load1 = os.getloadavg()[0]
+    except (AttributeError, OSError):   # no load average on this platform
+        return None
+    line = busy_cpu_warning(load1, os.cpu_count())
+    if line:
+        print(line, file=sys.stderr)
+    return line
+
+
 def _check_fits(shape, device: str, kv_bytes: int) -> None:
     """Refuse a model whose random weights (drawn in float32, :func:`random_model`) and KV
     cache cannot fit the device's memory (host RAM on cpu), before allocating anything.
@@ -242,6 +288,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     max_seqs = grid.max_batch() + 2
     _check_fits(shape, device, args.kv_cache_memory if args.kv_cache_memory is not None
                 else (DEFAULT_CPU_KV_BYTES if device == "cpu" else 0))
+    warn_if_busy(device)   # the flags are good: measuring starts now
 
     # -- device ceilings and KV facts ------------------------------------------------------
     csv_path = out.with_name(out.stem + ".measurements.csv")
@@ -485,6 +532,7 @@ def _cmd_profiles(args) -> int:
 def _cmd_calibrate(args) -> int:
     if args.backend == "vllm":
         from .vllm.commands import calibrate_vllm
+        warn_if_busy(args.device)
         calibrate_vllm(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)
         return 0
     calibrate(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)
@@ -538,5 +586,6 @@ def add_parsers(subparsers) -> None:
     add_validate(subparsers)
 
 
-__all__ = ["add_parsers", "calibrate", "parse_bytes", "profile_column_widths",
-           "profiles_rich_table", "profiles_table", "replay_workload"]
+__all__ = ["BUSY_OTHER_LOAD", "add_parsers", "busy_cpu_warning", "calibrate", "parse_bytes",
+           "profile_column_widths", "profiles_rich_table", "profiles_table", "replay_workload",
+           "warn_if_busy"]

@@ -194,6 +194,43 @@ def test_profiles_table_never_cuts_or_wraps_a_name():
             assert word in text, word
 
 
+@pytest.mark.parametrize("load1, warned", [(0.0, False), (0.5, False), (0.51, True),
+                                           (1.84, True)])
+def test_busy_cpu_warning_rule(load1, warned):
+    from calibration.cli import busy_cpu_warning
+
+    line = busy_cpu_warning(load1, 2)
+    assert (line is not None) == warned     # other work above half a core
+    if warned:
+        assert "\n" not in line and line.startswith("servesim: warning: the CPU is busy")
+        assert f"load average {load1:.2f} on 2 CPUs" in line and "noisy" in line
+
+
+def test_calibrate_warns_on_a_busy_cpu_before_measuring(tmp_path, monkeypatch, capsys,
+                                                        tiny_grid):
+    import os
+
+    from calibration.cli import warn_if_busy
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.84, 1.0, 0.5))
+    assert warn_if_busy("cuda") is None and capsys.readouterr().err == ""
+    monkeypatch.setattr(profiler, "measure_ceilings", stop)   # the first measurement
+    with pytest.raises(Stop):
+        run_calibrate(tmp_path / "p.yaml")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "load average 1.84" in err[0] and "noisy" in err[0]
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    with pytest.raises(Stop):
+        run_calibrate(tmp_path / "p.yaml")
+    assert capsys.readouterr().err == ""
+
+
 def test_device_ceilings_are_plausible():
     n = torch.get_num_threads()
     torch.set_num_threads(1)
