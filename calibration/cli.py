@@ -209,8 +209,9 @@ def warn_if_busy(device: str) -> str | None:
     return line
 
 
-def _check_fits(shape, device: str, kv_bytes: int) -> None:
-    """Refuse a model whose random weights (drawn in float32, :func:`random_model`) and KV
+def _check_fits(shape, device: str, kv_bytes: int, dtype: str = "float32") -> None:
+    """Refuse a model whose random weights (drawn in float32, :func:`random_model`; on cpu
+    also the engine's prepacked copy in ``dtype``, :meth:`Transformer.prepack`) and KV
     cache cannot fit the device's memory (host RAM on cpu), before allocating anything.
 
     Raises:
@@ -218,7 +219,8 @@ def _check_fits(shape, device: str, kv_bytes: int) -> None:
     """
     from .profiler import memory_bytes
 
-    need = shape.weight_bytes("float32") + kv_bytes
+    packed = shape.weight_bytes(dtype) if device == "cpu" else 0
+    need = shape.weight_bytes("float32") + packed + kv_bytes
     have = memory_bytes(device)
     if need > have:
         raise InputError(f"--model {shape.name}: its weights (drawn in float32) and KV cache "
@@ -287,7 +289,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     budget_tokens = grid.max_chunk() + grid.max_batch()
     max_seqs = grid.max_batch() + 2
     _check_fits(shape, device, args.kv_cache_memory if args.kv_cache_memory is not None
-                else (DEFAULT_CPU_KV_BYTES if device == "cpu" else 0))
+                else (DEFAULT_CPU_KV_BYTES if device == "cpu" else 0), dtype)
     warn_if_busy(device)   # the flags are good: measuring starts now
 
     # -- device ceilings and KV facts ------------------------------------------------------

@@ -164,6 +164,8 @@ class LLMEngine:
             self.model = load_pretrained(model_dir, dtype=dtype, device=cfg.device)
         mcfg: ModelConfig = self.model.config
         self.model_config = mcfg
+        # oneDNN layouts for CPU matmuls, packed once (vLLM's CPU backend does the same).
+        self.model.prepack(cfg.device == "cpu" and dtype in (torch.float32, torch.bfloat16))
         self.tokenizer = tokenizer or load_tokenizer(model_dir, mcfg.vocab_size)
         max_len = cfg.max_model_len or mcfg.max_position_embeddings
         if max_len > mcfg.max_position_embeddings:

@@ -148,6 +148,38 @@ class ModelConfig:
         return d
 
 
+# Batch-size hint for oneDNN's weight layout: vLLM's CPU path prepacks with 32 too
+# (vllm/model_executor/layers/utils.py, ``dispatch_cpu_unquantized_gemm``).
+PREPACK_BATCH_HINT = 32
+
+
+def prepack_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w [out, in]`` reordered once into oneDNN's blocked layout for CPU matmuls.
+
+    ``F.linear`` on CPU reorders the weight on every call; a decode step's small batches
+    then spend as long reordering as multiplying. The product is bitwise the same (the same
+    oneDNN kernel runs), so only speed changes.
+    """
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PREPACK_BATCH_HINT)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias=None) -> torch.Tensor:
+    """``x [T, in] @ W^T + bias`` with ``packed`` from :func:`prepack_weight`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state dict) that runs on a prepacked copy of its
+    weight when :meth:`Transformer.prepack` gave it one."""
+
+    packed: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return super().forward(x)
+        return packed_linear(x, self.packed, self.bias)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm (Zhang & Sennrich 2019), computed in float32 as HF ``LlamaRMSNorm``."""
 
@@ -233,9 +265,9 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = (cfg.num_attention_heads,
                                                   cfg.num_key_value_heads, cfg.head_dim)
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_store):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -252,8 +284,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = Linear(self.inter, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -292,7 +324,8 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
         self.lm_head = (None if cfg.tie_word_embeddings
-                        else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+                        else Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        self._tied_head_packed = None
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_store=None):
         x = self.embed_tokens(input_ids)
@@ -302,8 +335,24 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, w).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        if self._tied_head_packed is not None:
+            return packed_linear(hidden, self._tied_head_packed).float()
+        return F.linear(hidden, self.embed_tokens.weight).float()
+
+    def prepack(self, enabled: bool) -> None:
+        """Give every linear layer (and a tied LM head) a copy of its weight prepacked for
+        oneDNN (:func:`prepack_weight`), or drop the copies. The engine enables it on CPU
+        for float32 and bfloat16 after moving the model, as vLLM's CPU backend does; the
+        copies are not parameters, so call it again after changing weights, dtype or
+        device. Costs one more copy of the linear weights in memory."""
+        enabled = enabled and torch.backends.mkldnn.is_available()
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.packed = prepack_weight(m.weight) if enabled else None
+        self._tied_head_packed = (prepack_weight(self.embed_tokens.weight)
+                                  if enabled and self.lm_head is None else None)
 
     @property
     def dtype(self) -> torch.dtype:
