@@ -534,7 +534,6 @@ def _cmd_profiles(args) -> int:
 def _cmd_calibrate(args) -> int:
     if args.backend == "vllm":
         from .vllm.commands import calibrate_vllm
-        warn_if_busy(args.device)
         calibrate_vllm(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)
         return 0
     calibrate(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)

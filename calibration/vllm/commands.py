@@ -100,7 +100,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 
     from calibration import fit as fitmod
     from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic,
-                                 profile_out, replay_workload)
+                                 profile_out, replay_workload, warn_if_busy)
     from calibration.profiler import GridRun, cpu_name, measure_ceilings, memory_bytes, \
         read_measurements
     from calibration.report import write_report
@@ -121,6 +121,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
         if args.repeats < 1:
             raise InputError(f"--repeats must be >= 1, got {args.repeats}")
         grid = type(grid)(**{**grid.__dict__, "repeats": args.repeats})
+    warn_if_busy("cpu")   # the flags are good: measuring starts now
 
     eng = VllmEngine(mdir, dtype=dtype, max_model_len=max_len,
                      max_num_seqs=getattr(args, "max_num_seqs", None) or CALIB_MAX_NUM_SEQS,
