@@ -163,47 +163,46 @@ def require_torch() -> None:
                          'torch==2.13.0 && pip install -e ".[engine]" (README)')
 
 
-#: Cores' worth of other work (1-minute load average) above which ``calibrate`` on the cpu
-#: device warns: half a core already shares caches, memory bandwidth and, on a small
-#: machine, the measuring cores themselves (a run beside a test suite gave 40 % held-out
-#: error against 5 % on a quiet machine).
+#: Cores' worth of other work above which ``calibrate`` on the cpu device warns: half a
+#: core already shares caches, memory bandwidth and, on a small machine, the measuring
+#: cores themselves (a run beside a test suite gave 40 % held-out error against 5 % on a
+#: quiet machine).
 BUSY_OTHER_LOAD = 0.5
 
 
-def busy_cpu_warning(load1: float, cpus: int | None) -> str | None:
+def busy_cpu_warning(busy: float, cpus: int | None) -> str | None:
     """The warning line for a busy machine, or None.
 
     Args:
-        load1: the 1-minute load average (runnable threads, ``os.getloadavg()[0]``), read
-            before calibrate starts measuring: none of it is calibrate's own threads yet,
-            so all of it is other work (subtracting the threads calibrate will use would
-            hide the very case warned about: a machine already full of other work).
+        busy: cores' worth of CPU in use just before calibrate starts measuring
+            (:func:`calibration.profiler.busy_cores`): none of it is calibrate's own work
+            yet, so all of it is other work.
         cpus: logical CPUs (``os.cpu_count()``), for the message.
 
     Returns:
         One line when other work exceeds :data:`BUSY_OTHER_LOAD` cores.
     """
-    if load1 <= BUSY_OTHER_LOAD:
+    if busy <= BUSY_OTHER_LOAD:
         return None
-    on = f" on {cpus} CPUs" if cpus else ""
-    return (f"servesim: warning: the CPU is busy (1-minute load average {load1:.2f}{on} "
-            f"before calibrating: other work on about {load1:.1f} cores): step-time "
-            f"measurements will be noisy; calibrate on a quiet machine for a trustworthy "
-            f"profile")
+    on = f" of {cpus} CPUs" if cpus else ""
+    return (f"servesim: warning: the CPU is busy (other work used {busy:.1f} cores{on} "
+            f"in the second before calibrating): step-time measurements will be noisy; "
+            f"calibrate on a quiet machine for a trustworthy profile")
 
 
 def warn_if_busy(device: str) -> str | None:
     """Print :func:`busy_cpu_warning` to stderr on the cpu device (GPUs time their own
-    kernels); returns the line printed, if any."""
+    kernels), after sampling the machine for a second; returns the line printed, if any."""
     import os
+
+    from .profiler import busy_cores
 
     if device != "cpu":
         return None
-    try:
-        load1 = os.getloadavg()[0]
-    except (AttributeError, OSError):   # no load average on this platform
+    busy = busy_cores(1.0)
+    if busy is None:
         return None
-    line = busy_cpu_warning(load1, os.cpu_count())
+    line = busy_cpu_warning(busy, os.cpu_count())
     if line:
         print(line, file=sys.stderr)
     return line

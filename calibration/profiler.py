@@ -76,6 +76,29 @@ def run_queue_wait_ns() -> int | None:
     return total
 
 
+def cpu_times(stat_path: str = "/proc/stat") -> tuple[int, int] | None:
+    """``(total, idle)`` clock ticks of all CPUs since boot (``/proc/stat``; idle includes
+    iowait), or None where there is no such file."""
+    try:
+        with open(stat_path) as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
+
+
+def busy_cores(interval_s: float = 1.0, stat_path: str = "/proc/stat") -> float | None:
+    """Cores' worth of CPU the whole machine used over the next ``interval_s`` seconds
+    (this process sleeps meanwhile, so it is other work), or None without ``/proc/stat``.
+    Unlike the load average, it does not remember work that ended a minute ago."""
+    a = cpu_times(stat_path)
+    time.sleep(interval_s)
+    b = cpu_times(stat_path)
+    if a is None or b is None or b[0] <= a[0]:
+        return None
+    return (os.cpu_count() or 1) * (1 - (b[1] - a[1]) / (b[0] - a[0]))
+
+
 def disturbed(wait_ns: int | None, duration_ns: int) -> bool:
     """Whether a step that waited ``wait_ns`` for a CPU (None: unknown) was disturbed."""
     return wait_ns is not None and wait_ns > max(1_000_000, MAX_WAIT_SHARE * duration_ns)

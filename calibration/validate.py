@@ -419,21 +419,16 @@ def wait_quiet(max_wait_s: float = 120.0, busy_pct: float = 15.0, need_s: int = 
                stat_path: str = "/proc/stat") -> float:
     """Wait until the whole machine is at most ``busy_pct`` % busy for ``need_s``
     consecutive seconds (from ``/proc/stat``), at most ``max_wait_s``; returns the wait."""
-    def read():
-        with open(stat_path) as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        idle = v[3] + (v[4] if len(v) > 4 else 0)
-        return sum(v), idle
+    from .profiler import busy_cores
+
     t0 = time.monotonic()
     quiet = 0
-    tot, idle = read()
+    cpus = os.cpu_count() or 1
     while quiet < need_s and time.monotonic() - t0 < max_wait_s:
-        time.sleep(1.0)
-        tot2, idle2 = read()
-        dt = tot2 - tot
-        busy = 100.0 * (1 - (idle2 - idle) / dt) if dt > 0 else 0.0
-        quiet = quiet + 1 if busy <= busy_pct else 0
-        tot, idle = tot2, idle2
+        busy = busy_cores(1.0, stat_path)
+        if busy is None:
+            break
+        quiet = quiet + 1 if 100.0 * busy / cpus <= busy_pct else 0
     return time.monotonic() - t0
 
 

@@ -194,22 +194,34 @@ def test_profiles_table_never_cuts_or_wraps_a_name():
             assert word in text, word
 
 
-@pytest.mark.parametrize("load1, warned", [(0.0, False), (0.5, False), (0.51, True),
-                                           (1.84, True)])
-def test_busy_cpu_warning_rule(load1, warned):
+@pytest.mark.parametrize("busy, warned", [(0.0, False), (0.5, False), (0.51, True),
+                                          (1.84, True)])
+def test_busy_cpu_warning_rule(busy, warned):
     from calibration.cli import busy_cpu_warning
 
-    line = busy_cpu_warning(load1, 2)
+    line = busy_cpu_warning(busy, 2)
     assert (line is not None) == warned     # other work above half a core
     if warned:
         assert "\n" not in line and line.startswith("servesim: warning: the CPU is busy")
-        assert f"load average {load1:.2f} on 2 CPUs" in line and "noisy" in line
+        assert f"used {busy:.1f} cores of 2 CPUs" in line and "noisy" in line
+
+
+def test_busy_cores_reads_the_interval_not_the_past(tmp_path, monkeypatch):
+    """Cores busy = CPUs × (1 − Δidle / Δtotal) between two /proc/stat samples."""
+    import os
+
+    stat = tmp_path / "stat"
+    samples = iter(["cpu 100 0 100 700 100 0 0 0 0 0", "cpu 175 0 125 750 150 0 0 0 0 0"])
+    monkeypatch.setattr(profiler.time, "sleep", lambda s: stat.write_text(next(samples, "")))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    stat.write_text(next(samples))
+    # Δtotal = 200 ticks, Δidle (idle + iowait) = 100: half of 2 CPUs busy
+    assert profiler.busy_cores(1.0, str(stat)) == pytest.approx(1.0)
+    assert profiler.busy_cores(1.0, str(tmp_path / "none")) is None
 
 
 def test_calibrate_warns_on_a_busy_cpu_before_measuring(tmp_path, monkeypatch, capsys,
                                                         tiny_grid):
-    import os
-
     from calibration.cli import warn_if_busy
 
     class Stop(Exception):
@@ -218,14 +230,14 @@ def test_calibrate_warns_on_a_busy_cpu_before_measuring(tmp_path, monkeypatch, c
     def stop(*a, **k):
         raise Stop
 
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.84, 1.0, 0.5))
+    monkeypatch.setattr(profiler, "busy_cores", lambda s: 1.84)
     assert warn_if_busy("cuda") is None and capsys.readouterr().err == ""
     monkeypatch.setattr(profiler, "measure_ceilings", stop)   # the first measurement
     with pytest.raises(Stop):
         run_calibrate(tmp_path / "p.yaml")
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "load average 1.84" in err[0] and "noisy" in err[0]
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert len(err) == 1 and "used 1.8 cores" in err[0] and "noisy" in err[0]
+    monkeypatch.setattr(profiler, "busy_cores", lambda s: 0.2)
     with pytest.raises(Stop):
         run_calibrate(tmp_path / "p.yaml")
     assert capsys.readouterr().err == ""
