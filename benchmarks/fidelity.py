@@ -127,6 +127,7 @@ def main(argv=None) -> int:
                   f"replications (seeds SeedSequence([seed, load‰, r])), "
                   f"{meta['seconds_per_load']:g} s of arrivals per load; {meta['date']}.",
                   f"engine knobs: {json.dumps(meta['engine_knobs'])}; {meta['scheduling']}.",
+                  f"host speed probe: {meta['host_speed_probe'] or 'none'}.",
                   f"front end (between steps, not in the prediction): mean "
                   f"{res['front_end']['gap_us_mean']:.0f} us, p99 "
                   f"{res['front_end']['gap_us_p99']:.0f} us per step.",
@@ -134,7 +135,12 @@ def main(argv=None) -> int:
                   markdown_table(res), ""]
     parts += ["error = (predicted − measured) / measured; cells are mean [min, max] over "
               "replications; 'in MAPE band': the measured figure lies between simulations "
-              "with every step cost scaled by (1 − MAPE) and (1 + MAPE).", ""]
+              "with every step cost scaled by (1 − MAPE) and (1 + MAPE). 'At host speed': "
+              "the same prediction with every step cost scaled by the host's speed during "
+              "that run relative to the calibration (one grid cell of the profile "
+              "re-measured before and after the run, geometric mean; "
+              "calibration.validate.SpeedProbe): what is left is the cost model's own error.",
+              ""]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")

@@ -432,6 +432,67 @@ def wait_quiet(max_wait_s: float = 120.0, busy_pct: float = 15.0, need_s: int = 
     return time.monotonic() - t0
 
 
+# == the host's speed =====================================================================
+
+# The probe re-measures the profile's decode grid cell nearest to B=8, L=256 (a mid-sized
+# step of the CPU grids), as the grid measured it: a visit sets up the batch, then times
+# two consecutive steps.
+PROBE_CELL = (8, 256)
+PROBE_VISITS = 10
+
+
+def probe_cell(profile) -> tuple[str, int, int, float] | None:
+    """``(cell key, B, L, mean seconds)`` of the decode cell in ``profile``'s measurements
+    CSV nearest to :data:`PROBE_CELL` (log distance), or None without a CSV or decode
+    cells."""
+    from calibration.profiler import read_measurements
+
+    rel = profile.provenance.measurements_csv if profile is not None else None
+    if not rel or profile.path is None or not (profile.path.parent / rel).is_file():
+        return None
+    df = read_measurements(profile.path.parent / rel)
+    best = None
+    for key, g in df.groupby("cell"):
+        m = re.fullmatch(r"decode B=(\d+) L=(\d+)", key)
+        if not m:
+            continue
+        B, L = int(m[1]), int(m[2])
+        d = abs(math.log(B / PROBE_CELL[0])) + abs(math.log(L / PROBE_CELL[1]))
+        if best is None or d < best[0]:
+            best = (d, key, B, L, float(g["duration_ns"].mean()) / 1e9)
+    return None if best is None else best[1:]
+
+
+class SpeedProbe:
+    """The host's speed now relative to when the profile was measured: the median of
+    ``2 × PROBE_VISITS`` steps of the grid cell :func:`probe_cell` on an engine of its own,
+    divided by that cell's mean in the profile's CSV (> 1: the host is slower now).
+
+    A GPU keeps its speed; a shared CPU host does not (on this project's 2-core machine,
+    the same step's time moved by 10-50 % between minutes with no other process running),
+    and a cost model measured minutes earlier then errs by that factor whatever its form.
+    :func:`validate` probes before and after every timed run and reports the predictions
+    both as they are and with every step cost scaled by the probe's factor.
+    """
+
+    def __init__(self, model, config: dict, cell: tuple):
+        from calibration.engine import LLMEngine
+        from calibration.profiler import _Driver
+
+        self.key, self.B, self.L, self.reference_s = cell
+        need = self.B * (-(-(4 * self.L + 64) // config["block_size"])) + 16
+        self.engine = LLMEngine(model, {**config, "num_gpu_blocks": need})
+        self.driver = _Driver(self.engine, seed=config.get("seed", 0) + 7)
+
+    def __call__(self) -> float:
+        times = []
+        for _ in range(PROBE_VISITS):
+            rids = self.driver.start_decodes(self.B, self.L)
+            times += [self.driver.step().duration_ns for _ in range(2)]
+            self.driver.stop(rids)
+        return float(np.median(times)) / 1e9 / self.reference_s
+
+
 # == the comparison =========================================================================
 
 def figure(summary: dict, path: tuple):
@@ -472,6 +533,8 @@ class LoadResult:
     band_high: list = field(default_factory=list)
     timing: list = field(default_factory=list)
     cdf: list = field(default_factory=list)
+    speed: list = field(default_factory=list)       # host speed factor per replication
+    adjusted: list = field(default_factory=list)    # predicted at that speed
 
     def table(self) -> list[dict]:
         """Per figure: measured, predicted, signed error (mean/min/max over replications)
@@ -483,6 +546,10 @@ class LoadResult:
             e = [signed_error(b, a) for a, b in zip(m, p)]
             row = {"figure": label, "measured": _spread(m), "predicted": _spread(p),
                    "error": _spread(e)}
+            if self.adjusted:
+                a = [figure(s, path) for s in self.adjusted]
+                row["adjusted"] = _spread(a)
+                row["adjusted_error"] = _spread([signed_error(b, x) for x, b in zip(m, a)])
             if label in BAND_FIGURES and self.band_low:
                 inside = []
                 for mv, lo, hi in zip(m, self.band_low, self.band_high):
@@ -516,7 +583,7 @@ def check_validation_args(scenario, loads, replications: int) -> None:
 
 def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                      seconds_per_load: float, saturation_requests: int | None,
-                     front_end: bool, progress, engine_name: str) -> dict:
+                     front_end: bool, progress, engine_name: str, speed=None) -> dict:
     """The measurement loop of :func:`validate`, whatever engine serves: ``timed(specs,
     label)`` serves a request list in real time and returns its :class:`EngineRun`;
     ``sc1`` is the scenario with the engine's effective knobs and ``base`` its cost model.
@@ -530,19 +597,34 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
     mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
     seed = sc1.workload.seed
     slo = sc1.slo.model_dump(exclude_none=True)
+
+    def run_at(specs, label):
+        """The timed run and the host's speed factor over it (geometric mean of the
+        probes before and after; None without a probe)."""
+        before = speed() if speed else None
+        run = timed(specs, label)
+        return run, (math.sqrt(before * speed()) if speed else None)
+
     # -- saturation ------------------------------------------------------------------------
     n_sat = saturation_requests or 4 * sc1.max_num_seqs
     sat_specs = load_specs(sc1, None, n_sat, replication_seed(seed, (0,)), burst=True)
     progress(f"saturation: {n_sat} requests at once on {engine_name}")
-    sat_run = timed(sat_specs, "saturation")
+    sat_run, sat_speed = run_at(sat_specs, "saturation")
     sat_meas = saturation_throughput([r.finish_ns for r in sat_run.records])
-    sat_sim = simulate_specs(sc1, sat_specs, base)
-    sat_pred = saturation_throughput((sat_sim.requests["finish_s"] * 1e9).tolist())
+
+    def sat_predicted(cost):
+        sim = simulate_specs(sc1, sat_specs, cost)
+        return saturation_throughput((sim.requests["finish_s"] * 1e9).tolist())
+
+    sat_pred = sat_predicted(base)
+    sat_adj = sat_predicted(ScaledCost(base, sat_speed)) if sat_speed else None
     gaps = sat_run.front_end_gaps_ns()
     fe_ns = int(gaps.mean()) if gaps.size else 0
     steps_ns = np.asarray([s.duration_ns for s in sat_run.steps])
     progress(f"  measured {sat_meas:.3f} req/s, predicted {sat_pred:.3f} "
-             f"({signed_error(sat_pred, sat_meas):+.1%})")
+             f"({signed_error(sat_pred, sat_meas):+.1%})" + (
+                 f"; host speed ×{sat_speed:.3f} of the calibration's, predicted at it "
+                 f"{sat_adj:.3f} ({signed_error(sat_adj, sat_meas):+.1%})" if sat_speed else ""))
 
     # -- loads -----------------------------------------------------------------------------
     out_loads, cdf = [], []
@@ -554,11 +636,15 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
             specs = load_specs(sc1, rate, n, replication_seed(seed, (int(x * 1000), r + 1)))
             progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
                      f"{replications} (about {n / rate:.0f} s)")
-            run = timed(specs, f"load {x:g} r{r + 1}")
+            run, sp = run_at(specs, f"load {x:g} r{r + 1}")
             meas = engine_result(run, slo)
             tres, tcost = simulate_timing(sc1, specs, run)
             lr.timing.append(compare_timing(run, tres, tcost))
             pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe_ns if front_end else 0))
+            if sp:
+                lr.speed.append(sp)
+                lr.adjusted.append(simulate_specs(sc1, specs, ScaledCost(
+                    base, sp, fe_ns if front_end else 0)).summary)
             lr.measured.append(meas.summary)
             lr.predicted.append(pred.summary)
             if mape:
@@ -571,10 +657,12 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                     for side, res in (("measured", meas), ("predicted", pred))
                     for m in ("ttft_ms", "tpot_ms", "e2el_ms")}})
         out_loads.append({"load": x, "rate": rate, "num_requests": n,
-                          "table": lr.table(), "timing": lr.timing})
+                          "table": lr.table(), "timing": lr.timing, "host_speed": lr.speed})
     return {"saturation": {"requests": n_sat, "measured_rps": sat_meas,
                            "predicted_rps": sat_pred,
                            "error": signed_error(sat_pred, sat_meas),
+                           "host_speed": sat_speed, "adjusted_rps": sat_adj,
+                           "adjusted_error": signed_error(sat_adj, sat_meas),
                            "engine_step_ms_mean": float(steps_ns.mean() / 1e6),
                            "timing": compare_timing(sat_run, *simulate_timing(
                                sc1, sat_specs, sat_run))},
@@ -587,7 +675,8 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
 
 def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
              seconds_per_load: float = 60.0, saturation_requests: int | None = None,
-             front_end: bool = False, quiet: bool = True, progress=print) -> dict:
+             front_end: bool = False, quiet: bool = True, host_speed: bool = True,
+             progress=print) -> dict:
     """Validate ``scenario``'s profile against the real engine on this machine.
 
     Steps: (1) saturation: every request of a burst arrives at 0; the engine's and the
@@ -605,6 +694,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         front_end: add the measured mean front-end gap per step (tokenising arrivals,
             detokenising finishes, between engine steps) to every predicted step.
         quiet: wait for a quiet machine before each timed run (:func:`wait_quiet`).
+        host_speed: probe the host's speed before and after each timed run
+            (:class:`SpeedProbe`) and add predictions at that speed (``adjusted``).
 
     Returns:
         JSON-able dict: ``meta`` (machine, versions, engine knobs, seeds, threads),
@@ -646,10 +737,15 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
                 progress(f"  waited {waited:.0f} s for a quiet machine ({label})")
         return run_engine(model, cfg, specs)
 
+    cell = probe_cell(prof) if host_speed else None
+    probe = SpeedProbe(model, cfg, cell) if cell else None
+    if host_speed and probe is None:
+        progress("host speed: not probed (the profile has no measurements CSV with a "
+                 "decode cell)")
     result = measure_fidelity(sc1, base, timed, loads=loads,
                               replications=replications, seconds_per_load=seconds_per_load,
                               saturation_requests=saturation_requests, front_end=front_end,
-                              progress=progress, engine_name="the engine")
+                              progress=progress, engine_name="the engine", speed=probe)
     meta = {
         "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
         "dtype": scenario.dtype, "engine": f"servesim-torch ({_version()})",
@@ -663,6 +759,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         f"{os.cpu_count()} cpus", "cpu": _cpu_name(), "seed": scenario.workload.seed,
         "replications": replications, "seconds_per_load": seconds_per_load,
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "host_speed_probe": (f"{probe.key} ({2 * PROBE_VISITS} steps; calibration mean "
+                             f"{probe.reference_s * 1e3:.2f} ms)") if probe else None,
     }
     result["front_end"]["note"] = ("engine time between a step's end and the next queue "
                                    "check (tokenising arrivals, detokenising finishes); "
@@ -700,18 +798,35 @@ def _cell(spread, pct=False):
 
 def markdown_table(result: dict) -> str:
     """The validation as markdown: saturation line, then per load one row per figure
-    (measured, predicted, signed error as mean [min, max] over replications)."""
+    (measured, predicted, signed error as mean [min, max] over replications; with a host
+    speed probe also the prediction at the probed speed and its error)."""
     sat = result["saturation"]
+    adj = sat.get("host_speed") is not None
     lines = [f"saturation throughput: measured {sat['measured_rps']:.3f} req/s, predicted "
-             f"{sat['predicted_rps']:.3f} req/s, error {sat['error']:+.1%}", ""]
-    lines += ["| load | figure | measured | predicted | error | in MAPE band |",
-              "|---|---|---|---|---|---|"]
+             f"{sat['predicted_rps']:.3f} req/s, error {sat['error']:+.1%}" + (
+                 f"; host speed ×{sat['host_speed']:.3f} of the calibration's, predicted at "
+                 f"it {sat['adjusted_rps']:.3f} req/s, error {sat['adjusted_error']:+.1%}"
+                 if adj else ""), ""]
+    if adj:
+        lines.append("host speed per replication (step time of the probe cell / its "
+                     "calibration mean): " + "; ".join(
+                         f"load {ld['load']:g}: " + ", ".join(f"×{v:.3f}" for v in
+                                                              ld["host_speed"])
+                         for ld in result["loads"]))
+        lines.append("")
+    head = ["load", "figure", "measured", "predicted", "error", "in MAPE band"]
+    if adj:
+        head += ["predicted at host speed", "error at host speed"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ld in result["loads"]:
         for row in ld["table"]:
             band = {True: "yes", False: "no", None: "–"}[row.get("in_band")] \
                 if "in_band" in row else ""
-            lines.append(f"| {ld['load']:g} | {row['figure']} | {_cell(row['measured'])} | "
-                         f"{_cell(row['predicted'])} | {_cell(row['error'], True)} | {band} |")
+            cells = [f"{ld['load']:g}", row["figure"], _cell(row["measured"]),
+                     _cell(row["predicted"]), _cell(row["error"], True), band]
+            if adj:
+                cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True)]
+            lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "timing replay (engine step durations): "
               + "; ".join(f"load {ld['load']:g}: " + ", ".join(
                   f"{'exact' if t['ok'] else 'NOT exact'} ({t['steps_engine']} steps, "
@@ -817,6 +932,10 @@ def add_parser(subparsers) -> None:
                                        "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
     p.add_argument("--no-quiet-wait", action="store_true",
                    help="do not wait for a quiet machine before timed runs")
+    p.add_argument("--no-host-speed", action="store_true",
+                   help="do not probe the host's speed around timed runs (the probe "
+                        "re-measures one grid cell of the profile; predictions at the probed "
+                        "speed are reported beside the plain ones)")
     p.add_argument("--out", default="reports/validation", help="output folder")
     p.set_defaults(func=_cmd_validate)
 
@@ -860,7 +979,8 @@ def _cmd_validate(args) -> int:
     result = validate(sc, parse_loads(args.loads), args.replications,
                       seconds_per_load=args.seconds,
                       saturation_requests=args.saturation_requests,
-                      front_end=args.front_end, quiet=not args.no_quiet_wait)
+                      front_end=args.front_end, quiet=not args.no_quiet_wait,
+                      host_speed=not args.no_host_speed)
     paths = write_outputs(result, args.out)
     print(markdown_table(result))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

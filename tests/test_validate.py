@@ -120,3 +120,45 @@ def test_validate_refuses_a_projected_cost_model():
     sc = scenario_from_dict({**SCENARIO, "hardware": {"profile": "h100-sxm"}})
     with pytest.raises(InputError, match="measured here"):
         V.validate(sc, loads=(0.3,), replications=1)
+
+
+def test_probe_cell_is_the_nearest_decode_cell_of_the_profile():
+    from simulator.cost_model import PROFILES_DIR, load_profile
+    import pandas as pd
+    prof = load_profile(PROFILES_DIR / "cpu-llama-tiny-56m-bfloat16.yaml")
+    key, B, L, ref = V.probe_cell(prof)
+    assert (key, B, L) == ("decode B=8 L=256", 8, 256)   # the full CPU grid has it
+    df = pd.read_csv(prof.path.parent / prof.provenance.measurements_csv, comment="#")
+    assert ref == pytest.approx(df.loc[df.cell == key, "duration_ns"].mean() / 1e9)
+    assert V.probe_cell(prof.model_copy(update={"provenance": prof.provenance.model_copy(
+        update={"measurements_csv": None})})) is None
+
+
+def test_speed_probe_times_the_cell_shape_against_its_reference():
+    from calibration.profiler import decode_lengths
+    sc = scenario_from_dict(SCENARIO)
+    cfg = {**V.engine_config(sc, 400), "max_model_len": 300}
+    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
+    probe = V.SpeedProbe(model, cfg, ("decode B=4 L=40", 4, 40, 1e-3))
+    factor = probe()
+    steps = probe.engine.step_records
+    timed = [s for s in steps if s.num_decodes == 4 and not s.prefills]
+    assert len(timed) == 2 * V.PROBE_VISITS
+    # each visit times two consecutive steps of the cell's contexts (sum of decode_lengths,
+    # plus the few tokens decoded while the batch was set up): one token more per decode
+    base = sum(decode_lengths(4, 40))
+    ctx = [s.decode_context_tokens for s in timed]
+    assert all(b - a == 4 for a, b in zip(ctx[::2], ctx[1::2]))
+    assert all(4 <= c - base <= 16 for c in ctx)
+    want = float(np.median([s.duration_ns for s in timed])) / 1e9 / 1e-3
+    assert factor == pytest.approx(want)
+
+
+def test_host_speed_columns_in_the_table():
+    lr = V.LoadResult(load=0.3, rate=1.0, num_requests=10)
+    lr.measured = [{"ttft_ms": {"p50": 100.0}}]
+    lr.predicted = [{"ttft_ms": {"p50": 80.0}}]
+    lr.adjusted = [{"ttft_ms": {"p50": 96.0}}]
+    row = {r["figure"]: r for r in lr.table()}["TTFT p50"]
+    assert row["error"]["mean"] == pytest.approx(-0.20)
+    assert row["adjusted_error"]["mean"] == pytest.approx(-0.04)
