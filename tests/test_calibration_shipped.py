@@ -48,10 +48,10 @@ def test_replay_error_meets_the_target(profile):
     k = RooflineConstants.of(profile.model_shape, profile.dtype)
     err = replay_errors(profile.cost.form, profile.cost.coefficients, k, steps)
     assert err == pytest.approx(profile.error.replay.model_dump(), rel=1e-9)
-    # The replay MAPE target (10%) holds. Its p90 (21.7%) is over the 20% aimed at: on
-    # this shared machine the same calibration gave 8.6-14.7% MAPE and 21.7-26.6% p90 in
-    # three quiet runs within five minutes, the host's speed drifting between the grid and
-    # the replay (benchmarks/results/fidelity.md), so the p90 is reported, not asserted.
+    # The replay MAPE target (10%) holds. Its p90 (22.0%) is over the 20% aimed at: on
+    # this shared machine the host's speed drifts by 10-50% between minutes with nothing
+    # else running (validate's host-speed probe, benchmarks/results/fidelity.md), and the
+    # replay runs minutes after the grid, so the p90 is reported, not asserted.
     assert err["mape"] <= 0.10
 
 
