@@ -647,10 +647,10 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                     base, sp, fe_ns if front_end else 0)).summary)
             lr.measured.append(meas.summary)
             lr.predicted.append(pred.summary)
-            if mape:
+            if mape:   # around the prediction at the host's speed, when probed
                 for f, dest in ((1 - mape, lr.band_low), (1 + mape, lr.band_high)):
                     dest.append(simulate_specs(sc1, specs, ScaledCost(
-                        base, f, fe_ns if front_end else 0)).summary)
+                        base, f * (sp or 1.0), fe_ns if front_end else 0)).summary)
             if r == 0:
                 cdf.append({"load": x, **{
                     f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]
@@ -695,7 +695,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
             detokenising finishes, between engine steps) to every predicted step.
         quiet: wait for a quiet machine before each timed run (:func:`wait_quiet`).
         host_speed: probe the host's speed before and after each timed run
-            (:class:`SpeedProbe`) and add predictions at that speed (``adjusted``).
+            (:class:`SpeedProbe`) and add predictions at that speed (``adjusted``); the
+            MAPE band is then taken around them.
 
     Returns:
         JSON-able dict: ``meta`` (machine, versions, engine knobs, seeds, threads),
