@@ -138,8 +138,9 @@ def main(argv=None) -> int:
               "with every step cost scaled by (1 − MAPE) and (1 + MAPE) (times the host speed "
               "factor below, when probed). 'At host speed': "
               "the same prediction with every step cost scaled by the host's speed during "
-              "that run relative to the calibration (one grid cell of the profile "
-              "re-measured before and after the run, geometric mean; "
+              "that run relative to the calibration (three grid cells of the profile, two "
+              "decode batches and a prefill, re-measured before and after the run; "
+              "geometric mean; "
               "calibration.validate.SpeedProbe): what is left is the cost model's own error.",
               ""]
     out = Path(args.out)

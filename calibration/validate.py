@@ -434,39 +434,47 @@ def wait_quiet(max_wait_s: float = 120.0, busy_pct: float = 15.0, need_s: int = 
 
 # == the host's speed =====================================================================
 
-# The probe re-measures the profile's decode grid cell nearest to B=8, L=256 (a mid-sized
-# step of the CPU grids), as the grid measured it: a visit sets up the batch, then times
-# two consecutive steps.
-PROBE_CELL = (8, 256)
+# The probe re-measures three of the profile's grid cells, as the grid measured them: the
+# cells nearest a small and a mid-sized decode batch (memory-bound steps) and a 256-token
+# prefill (a compute-bound one); a shared host's slowdowns hit the two kinds differently.
+PROBE_TARGETS = (("decode", 2, 256), ("decode", 8, 256), ("prefill", 256, 0))
 PROBE_VISITS = 10
+_CELL_RE = {"decode": r"decode B=(\d+) L=(\d+)", "prefill": r"prefill n=(\d+) c=(\d+)"}
 
 
-def probe_cell(profile) -> tuple[str, int, int, float] | None:
-    """``(cell key, B, L, mean seconds)`` of the decode cell in ``profile``'s measurements
-    CSV nearest to :data:`PROBE_CELL` (log distance), or None without a CSV or decode
-    cells."""
-    from calibration.profiler import read_measurements
+def probe_cells(profile) -> list | None:
+    """Per :data:`PROBE_TARGETS` entry, ``(Cell, mean seconds)`` of the cell of that kind in
+    ``profile``'s measurements CSV nearest to it (log distance); None without a CSV or
+    without such cells."""
+    from calibration.profiler import Cell, read_measurements
 
     rel = profile.provenance.measurements_csv if profile is not None else None
     if not rel or profile.path is None or not (profile.path.parent / rel).is_file():
         return None
-    df = read_measurements(profile.path.parent / rel)
-    best = None
-    for key, g in df.groupby("cell"):
-        m = re.fullmatch(r"decode B=(\d+) L=(\d+)", key)
-        if not m:
-            continue
-        B, L = int(m[1]), int(m[2])
-        d = abs(math.log(B / PROBE_CELL[0])) + abs(math.log(L / PROBE_CELL[1]))
-        if best is None or d < best[0]:
-            best = (d, key, B, L, float(g["duration_ns"].mean()) / 1e9)
-    return None if best is None else best[1:]
+    means = read_measurements(profile.path.parent / rel).groupby("cell")["duration_ns"].mean()
+    out = []
+    for kind, a0, b0 in PROBE_TARGETS:
+        best = None
+        for key, mean_ns in means.items():
+            m = re.fullmatch(_CELL_RE[kind], key)
+            if not m:
+                continue
+            a, b = int(m[1]), int(m[2])
+            d = abs(math.log1p(a) - math.log1p(a0)) + abs(math.log1p(b) - math.log1p(b0))
+            if best is None or d < best[0]:
+                cell = Cell(kind, B=a, L=b) if kind == "decode" else Cell(kind, n=a, c=b)
+                best = (d, cell, float(mean_ns) / 1e9)
+        if best is None:
+            return None
+        out.append(best[1:])
+    return out
 
 
 class SpeedProbe:
-    """The host's speed now relative to when the profile was measured: the median of
-    ``2 × PROBE_VISITS`` steps of the grid cell :func:`probe_cell` on an engine of its own,
-    divided by that cell's mean in the profile's CSV (> 1: the host is slower now).
+    """The host's speed now relative to when the profile was measured: per probe cell
+    (:func:`probe_cells`), the median of its steps measured now (``PROBE_VISITS`` visits,
+    as the grid measured them) over its mean in the profile's CSV; the factor is the
+    geometric mean over the cells (> 1: the host is slower now).
 
     A GPU keeps its speed; a shared CPU host does not (on this project's 2-core machine,
     the same step's time moved by 10-50 % between minutes with no other process running),
@@ -475,22 +483,45 @@ class SpeedProbe:
     both as they are and with every step cost scaled by the probe's factor.
     """
 
-    def __init__(self, model, config: dict, cell: tuple):
+    def __init__(self, model, config: dict, cells: list):
         from calibration.engine import LLMEngine
         from calibration.profiler import _Driver
 
-        self.key, self.B, self.L, self.reference_s = cell
-        need = self.B * (-(-(4 * self.L + 64) // config["block_size"])) + 16
-        self.engine = LLMEngine(model, {**config, "num_gpu_blocks": need})
+        self.cells = cells
+        bs = config["block_size"]
+        blocks = max(c.B * -(-(4 * c.L + 64) // bs) + -(-(c.n + c.c) // bs) for c, _ in cells)
+        # Only the shapes matter: knobs large enough that every cell runs as one step.
+        self.engine = LLMEngine(model, {
+            **config, "num_gpu_blocks": blocks + 16,
+            "max_num_seqs": max([config["max_num_seqs"]] + [c.B + 1 for c, _ in cells]),
+            "max_num_batched_tokens": max([config["max_num_batched_tokens"]]
+                                          + [c.n + c.B for c, _ in cells])})
         self.driver = _Driver(self.engine, seed=config.get("seed", 0) + 7)
 
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{c.key} ({ref * 1e3:.2f} ms)" for c, ref in self.cells)
+
+    def _measure(self, cell) -> list[int]:
+        from calibration.profiler import _check
+
+        d = self.driver
+        if cell.kind == "prefill":
+            recs = [d.chunk_step(cell.n, cell.c)]
+        else:
+            rids = d.start_decodes(cell.B, cell.L)
+            recs = [d.step() for _ in range(2)]
+            d.stop(rids)
+        for r in recs:
+            _check(cell, r)
+        return [r.duration_ns for r in recs]
+
     def __call__(self) -> float:
-        times = []
-        for _ in range(PROBE_VISITS):
-            rids = self.driver.start_decodes(self.B, self.L)
-            times += [self.driver.step().duration_ns for _ in range(2)]
-            self.driver.stop(rids)
-        return float(np.median(times)) / 1e9 / self.reference_s
+        logs = []
+        for cell, ref in self.cells:
+            times = [t for _ in range(PROBE_VISITS) for t in self._measure(cell)]
+            logs.append(math.log(float(np.median(times)) / 1e9 / ref))
+        return math.exp(sum(logs) / len(logs))
 
 
 # == the comparison =========================================================================
@@ -738,11 +769,11 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
                 progress(f"  waited {waited:.0f} s for a quiet machine ({label})")
         return run_engine(model, cfg, specs)
 
-    cell = probe_cell(prof) if host_speed else None
-    probe = SpeedProbe(model, cfg, cell) if cell else None
+    cells = probe_cells(prof) if host_speed else None
+    probe = SpeedProbe(model, cfg, cells) if cells else None
     if host_speed and probe is None:
-        progress("host speed: not probed (the profile has no measurements CSV with a "
-                 "decode cell)")
+        progress("host speed: not probed (the profile has no measurements CSV with "
+                 "decode and prefill cells)")
     result = measure_fidelity(sc1, base, timed, loads=loads,
                               replications=replications, seconds_per_load=seconds_per_load,
                               saturation_requests=saturation_requests, front_end=front_end,
@@ -760,8 +791,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         f"{os.cpu_count()} cpus", "cpu": _cpu_name(), "seed": scenario.workload.seed,
         "replications": replications, "seconds_per_load": seconds_per_load,
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "host_speed_probe": (f"{probe.key} ({2 * PROBE_VISITS} steps; calibration mean "
-                             f"{probe.reference_s * 1e3:.2f} ms)") if probe else None,
+        "host_speed_probe": (f"{probe.label} (calibration means), {PROBE_VISITS} visits "
+                             f"each") if probe else None,
     }
     result["front_end"]["note"] = ("engine time between a step's end and the next queue "
                                    "check (tokenising arrivals, detokenising finishes); "

@@ -122,36 +122,41 @@ def test_validate_refuses_a_projected_cost_model():
         V.validate(sc, loads=(0.3,), replications=1)
 
 
-def test_probe_cell_is_the_nearest_decode_cell_of_the_profile():
+def test_probe_cells_are_the_nearest_cells_of_the_profile():
     from simulator.cost_model import PROFILES_DIR, load_profile
     import pandas as pd
     prof = load_profile(PROFILES_DIR / "cpu-llama-tiny-56m-bfloat16.yaml")
-    key, B, L, ref = V.probe_cell(prof)
-    assert (key, B, L) == ("decode B=8 L=256", 8, 256)   # the full CPU grid has it
+    cells = V.probe_cells(prof)
+    assert [c.key for c, _ in cells] == ["decode B=2 L=256", "decode B=8 L=256",
+                                         "prefill n=256 c=0"]   # the full CPU grid has them
     df = pd.read_csv(prof.path.parent / prof.provenance.measurements_csv, comment="#")
-    assert ref == pytest.approx(df.loc[df.cell == key, "duration_ns"].mean() / 1e9)
-    assert V.probe_cell(prof.model_copy(update={"provenance": prof.provenance.model_copy(
+    for c, ref in cells:
+        assert ref == pytest.approx(df.loc[df.cell == c.key, "duration_ns"].mean() / 1e9)
+    assert V.probe_cells(prof.model_copy(update={"provenance": prof.provenance.model_copy(
         update={"measurements_csv": None})})) is None
 
 
-def test_speed_probe_times_the_cell_shape_against_its_reference():
-    from calibration.profiler import decode_lengths
+def test_speed_probe_times_the_cells_against_their_references():
+    from calibration.profiler import Cell, decode_lengths
     sc = scenario_from_dict(SCENARIO)
     cfg = {**V.engine_config(sc, 400), "max_model_len": 300}
     model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
-    probe = V.SpeedProbe(model, cfg, ("decode B=4 L=40", 4, 40, 1e-3))
+    probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=4, L=40), 1e-3),
+                                      (Cell("prefill", n=160, c=32), 4e-3)])
     factor = probe()
     steps = probe.engine.step_records
-    timed = [s for s in steps if s.num_decodes == 4 and not s.prefills]
-    assert len(timed) == 2 * V.PROBE_VISITS
+    dec = [s for s in steps if s.num_decodes == 4 and not s.prefills]
+    pre = [s for s in steps if s.prefills and s.prefills[0][1:] == (160, 32)]
+    assert len(dec) == 2 * V.PROBE_VISITS and len(pre) == V.PROBE_VISITS
+    assert all(s.num_decodes == 0 for s in pre)    # 160 > the scenario's 128-token budget
     # each visit times two consecutive steps of the cell's contexts (sum of decode_lengths,
     # plus the few tokens decoded while the batch was set up): one token more per decode
     base = sum(decode_lengths(4, 40))
-    ctx = [s.decode_context_tokens for s in timed]
+    ctx = [s.decode_context_tokens for s in dec]
     assert all(b - a == 4 for a, b in zip(ctx[::2], ctx[1::2]))
     assert all(4 <= c - base <= 16 for c in ctx)
-    want = float(np.median([s.duration_ns for s in timed])) / 1e9 / 1e-3
-    assert factor == pytest.approx(want)
+    med = lambda xs: float(np.median([s.duration_ns for s in xs])) / 1e9  # noqa: E731
+    assert factor == pytest.approx(np.sqrt(med(dec) / 1e-3 * med(pre) / 4e-3))
 
 
 def test_host_speed_columns_in_the_table():
