@@ -840,8 +840,8 @@ def markdown_table(result: dict) -> str:
                  f"it {sat['adjusted_rps']:.3f} req/s, error {sat['adjusted_error']:+.1%}"
                  if adj else ""), ""]
     if adj:
-        lines.append("host speed per replication (step time of the probe cell / its "
-                     "calibration mean): " + "; ".join(
+        lines.append("host speed per replication (probe cells' step times / their "
+                     "calibration means, geometric mean): " + "; ".join(
                          f"load {ld['load']:g}: " + ", ".join(f"×{v:.3f}" for v in
                                                               ld["host_speed"])
                          for ld in result["loads"]))
