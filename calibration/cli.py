@@ -41,6 +41,20 @@ def parse_bytes(text: str, flag: str = "--kv-cache-memory") -> int:
     return n
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type for durations: a positive finite number of seconds."""
+    import argparse
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    return v
+
+
 def _kv_cache_memory(text: str) -> int:
     """argparse type of ``--kv-cache-memory``: :func:`parse_bytes`, its message given to
     argparse (which prefixes the flag) rather than argparse's generic 'invalid value'."""
@@ -573,7 +587,8 @@ def add_parsers(subparsers) -> None:
                    help="default min(max_position_embeddings, 8192)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
     p.add_argument("--repeats", type=int, help="passes over the grid (default 3 quick, 4)")
-    p.add_argument("--replay-seconds", type=float, help="length of the replay check")
+    p.add_argument("--replay-seconds", type=positive_seconds,
+                   help="length of the replay check (seconds)")
     p.add_argument("--no-replay", action="store_true", help="skip the replay check")
     p.add_argument("--device-name", help="catalog GPU name (e.g. h200) or a label")
     p.add_argument("--report-dir", help="folder for the report (default: beside --out)")

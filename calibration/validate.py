@@ -597,11 +597,13 @@ class LoadResult:
 
 # == the whole validation ===================================================================
 
-def check_validation_args(scenario, loads, replications: int) -> None:
+def check_validation_args(scenario, loads, replications: int, seconds_per_load: float = 1.0,
+                          saturation_requests: int | None = None) -> None:
     """What every validation needs, checked before any engine starts.
 
     Raises:
-        InputError: more than one replica, loads outside (0, 1.5], replications < 1.
+        InputError: more than one replica, loads outside (0, 1.5], replications < 1,
+            seconds per load not a positive finite number, saturation requests < 1.
     """
     if scenario.cluster.replicas != 1:
         raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
@@ -610,6 +612,11 @@ def check_validation_args(scenario, loads, replications: int) -> None:
         raise InputError(f"--loads: fractions of saturation in (0, 1.5], got {list(loads)}")
     if replications < 1:
         raise InputError(f"--replications: must be >= 1, got {replications}")
+    if not (math.isfinite(seconds_per_load) and seconds_per_load > 0):
+        raise InputError(f"--seconds: seconds of arrivals per load, a positive number; got "
+                         f"{seconds_per_load}")
+    if saturation_requests is not None and saturation_requests < 1:
+        raise InputError(f"--saturation-requests: must be >= 1, got {saturation_requests}")
 
 
 def measure_fidelity(sc1, base, timed, *, loads, replications: int,
@@ -654,8 +661,9 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
     steps_ns = np.asarray([s.duration_ns for s in sat_run.steps])
     progress(f"  measured {sat_meas:.3f} req/s, predicted {sat_pred:.3f} "
              f"({signed_error(sat_pred, sat_meas):+.1%})" + (
-                 f"; host speed ×{sat_speed:.3f} of the calibration's, predicted at it "
-                 f"{sat_adj:.3f} ({signed_error(sat_adj, sat_meas):+.1%})" if sat_speed else ""))
+                 f"; probed steps took ×{sat_speed:.3f} their calibration time, predicted "
+                 f"at that host speed {sat_adj:.3f} ({signed_error(sat_adj, sat_meas):+.1%})"
+                 if sat_speed else ""))
 
     # -- loads -----------------------------------------------------------------------------
     out_loads, cdf = [], []
@@ -745,7 +753,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     from calibration.engine.weights import parse_dtype, random_model
     from simulator.cost_model import build_cost_model
 
-    check_validation_args(scenario, loads, replications)
+    check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
     base = build_cost_model(scenario)
     prof = base.profile
     if prof is not None and prof.provenance.kind != "measured":
@@ -828,6 +836,19 @@ def _cell(spread, pct=False):
     return f"{_fmt(spread['mean'], pct)} [{_fmt(spread['min'], pct)}, {_fmt(spread['max'], pct)}]"
 
 
+def _timing_verdict(t: dict) -> str:
+    """One timing-replay check in words (:func:`compare_timing`'s dict)."""
+    dt = max(t["max_abs_diff_ms"].values())
+    if t["ok"]:
+        return f"exact ({t['steps_engine']} steps, max |Δt| {dt:.3f} ms)"
+    if t["step_mismatches"] == 0 and t.get("prefix_hits_equal") and t.get("preemptions_equal"):
+        return (f"same batches, hits and preemptions in all {t['steps_engine']} steps; "
+                f"timestamps within {dt:.3f} ms, over the 1 ms tolerance (engine time "
+                f"outside steps up to {t.get('outside_step_max_ms', 0.0):.3f} ms)")
+    return (f"NOT exact ({t['steps_engine']} engine steps, {t['step_mismatches']} differ, "
+            f"max |Δt| {dt:.3f} ms)")
+
+
 def markdown_table(result: dict) -> str:
     """The validation as markdown: saturation line, then per load one row per figure
     (measured, predicted, signed error as mean [min, max] over replications; with a host
@@ -836,12 +857,14 @@ def markdown_table(result: dict) -> str:
     adj = sat.get("host_speed") is not None
     lines = [f"saturation throughput: measured {sat['measured_rps']:.3f} req/s, predicted "
              f"{sat['predicted_rps']:.3f} req/s, error {sat['error']:+.1%}" + (
-                 f"; host speed ×{sat['host_speed']:.3f} of the calibration's, predicted at "
-                 f"it {sat['adjusted_rps']:.3f} req/s, error {sat['adjusted_error']:+.1%}"
+                 f"; probed steps took ×{sat['host_speed']:.3f} their calibration time, "
+                 f"predicted at that host speed {sat['adjusted_rps']:.3f} req/s, error "
+                 f"{sat['adjusted_error']:+.1%}"
                  if adj else ""), ""]
     if adj:
         lines.append("host speed per replication (probe cells' step times / their "
-                     "calibration means, geometric mean): " + "; ".join(
+                     "calibration means, geometric mean; > 1: slower than at calibration): "
+                     + "; ".join(
                          f"load {ld['load']:g}: " + ", ".join(f"×{v:.3f}" for v in
                                                               ld["host_speed"])
                          for ld in result["loads"]))
@@ -861,9 +884,7 @@ def markdown_table(result: dict) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "timing replay (engine step durations): "
               + "; ".join(f"load {ld['load']:g}: " + ", ".join(
-                  f"{'exact' if t['ok'] else 'NOT exact'} ({t['steps_engine']} steps, "
-                  f"{t['step_mismatches']} differ, max |Δt| "
-                  f"{max(t['max_abs_diff_ms'].values()):.3f} ms)" for t in ld["timing"])
+                  _timing_verdict(t) for t in ld["timing"])
                   for ld in result["loads"])]
     return "\n".join(lines)
 
@@ -966,7 +987,7 @@ def add_parser(subparsers) -> None:
                    help="do not wait for a quiet machine before timed runs")
     p.add_argument("--no-host-speed", action="store_true",
                    help="do not probe the host's speed around timed runs (the probe "
-                        "re-measures one grid cell of the profile; predictions at the probed "
+                        "re-measures three grid cells of the profile; predictions at the probed "
                         "speed are reported beside the plain ones)")
     p.add_argument("--out", default="reports/validation", help="output folder")
     p.set_defaults(func=_cmd_validate)

@@ -325,3 +325,17 @@ def test_engine_commands_without_torch_say_how_to_install(tmp_path, capsys, monk
     scen = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
     assert main(["validate", "--scenario", str(scen), "--out", str(tmp_path / "v")]) == 2
     assert "pip install torch==2.13.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "inf", "soon"])
+def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
+    from simulator.cli import main
+    out = tmp_path / "p.yaml"
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--model", "llama-test", "--out", str(out), "--replay-seconds",
+              value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"servesim calibrate: error: argument --replay-seconds: {value!r}: give a "
+                   f"positive number of seconds"]
+    assert not out.exists()

@@ -167,3 +167,30 @@ def test_host_speed_columns_in_the_table():
     row = {r["figure"]: r for r in lr.table()}["TTFT p50"]
     assert row["error"]["mean"] == pytest.approx(-0.20)
     assert row["adjusted_error"]["mean"] == pytest.approx(-0.04)
+
+
+@pytest.mark.parametrize("flags, field", [(["--seconds", "-1"], "--seconds"),
+                                          (["--seconds", "nan"], "--seconds"),
+                                          (["--saturation-requests", "0"],
+                                           "--saturation-requests")])
+def test_validate_refuses_bad_durations_before_serving(flags, field, tmp_path, capsys):
+    from simulator.cli import main
+    import yaml
+    y = tmp_path / "s.yaml"
+    y.write_text(yaml.safe_dump(SCENARIO))
+    out = tmp_path / "v"
+    assert main(["validate", "--scenario", str(y), "--no-quiet-wait", "--out", str(out),
+                 *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+    assert not out.exists()
+
+
+def test_timing_verdict_words():
+    t = {"ok": False, "steps_engine": 10, "step_mismatches": 0, "prefix_hits_equal": True,
+         "preemptions_equal": True, "outside_step_max_ms": 1.2,
+         "max_abs_diff_ms": {"token": 1.4, "finish": 0.1}}
+    assert V._timing_verdict(t).startswith("same batches, hits and preemptions in all 10")
+    assert "1.400 ms, over the 1 ms tolerance" in V._timing_verdict(t)
+    assert V._timing_verdict({**t, "ok": True}) == "exact (10 steps, max |Δt| 1.400 ms)"
+    assert V._timing_verdict({**t, "step_mismatches": 3}).startswith("NOT exact")

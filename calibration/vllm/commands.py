@@ -286,7 +286,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
 
     from .runner import VllmEngine
 
-    check_validation_args(scenario, loads, replications)
+    check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
     build_cost_model(scenario)  # the profile fits the scenario: fail before starting vLLM
     mdir = model_dir(model_dir_arg, scenario.model_shape)
     seed = scenario.workload.seed
