@@ -198,12 +198,37 @@ class LocalExecutor(SerialExecutor):
             self._pool = None
 
 
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a Ray address nobody listens at (``ray.init`` would retry for
+    minutes): ``host:port`` or ``ray://host[:port]`` must accept a TCP connection within
+    ``timeout_s``. ``auto`` and ``local`` are left to Ray.
+
+    Raises:
+        InputError: naming ``--ray-address`` and the socket error.
+    """
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host:   # no port given: Ray's defaults (GCS 6379, client server 10001)
+        host, port = hostport, "10001" if address.startswith("ray://") else "6379"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise InputError(f"--ray-address {address}: no Ray cluster answers there "
+                         f"({e.__class__.__name__}: {e}); start one with 'ray start --head' "
+                         f"or leave out --ray-address for a local Ray") from None
+
+
 class RayExecutor(SerialExecutor):
     """One Ray task per job on the cluster at ``address`` (``None``: a local Ray, or the
     one ``RAY_ADDRESS`` names). Results come back in job order.
 
     Raises:
-        InputError: Ray is not installed.
+        InputError: Ray is not installed, or nothing answers at ``address``.
     """
 
     name = "ray"
@@ -215,7 +240,14 @@ class RayExecutor(SerialExecutor):
             raise InputError("--executor ray needs Ray: pip install 'servesim[ray]'") from None
         self._ray = ray
         if not ray.is_initialized():
-            ray.init(address=address, **init_kwargs)
+            if address:
+                _check_reachable(address)
+            try:
+                ray.init(address=address, **init_kwargs)
+            except ConnectionError as e:
+                raise InputError(f"--ray-address {address}: Ray did not connect: "
+                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                                 ) from None
         self._task = ray.remote(run_job)
 
     def run(self, jobs, progress=None) -> list:

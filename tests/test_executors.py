@@ -80,3 +80,17 @@ def test_plan_is_identical_on_serial_and_local():
     with make_executor("local", workers=2) as ex:
         b = plan_table(plan(sc, ex))
     assert a.equals(b)
+
+
+def test_ray_address_nobody_listens_at_is_one_error():
+    """A closed port is refused at once (ray.init alone retried for minutes)."""
+    import socket
+
+    from simulator.errors import InputError
+    pytest.importorskip("ray")
+    with socket.socket() as s:          # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(InputError, match=rf"^--ray-address 127.0.0.1:{port}: no Ray cluster "
+                                         r"answers there \(ConnectionRefusedError"):
+        make_executor("ray", address=f"127.0.0.1:{port}")
