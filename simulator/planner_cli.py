@@ -195,6 +195,12 @@ def _cmd_compare(args) -> int:
                          f"{len(args.scenarios)} ({args.scenarios[0]}); to simulate one "
                          f"scenario use servesim run")
     scenarios = [load_scenario(p, args.overrides) for p in args.scenarios]
+    seen: dict = {}
+    for sc in scenarios:   # plans are keyed by name in the table, CSV and report
+        if sc.name in seen:
+            raise InputError(f"{sc.source}: name: {sc.name!r} is also the name of "
+                             f"{seen[sc.name]}; give each plan a distinct name")
+        seen[sc.name] = sc.source
     out = Path(args.out) if args.out else Path("reports") / "compare"
     ignored = [sc.source for sc in scenarios[1:]
                if (sc.workload, sc.slo) != (scenarios[0].workload, scenarios[0].slo)]

@@ -235,7 +235,9 @@ plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replicati
     assert (tmp_path / "sw" / "report.html").is_file()
     assert main(["plan", str(y), "--out", str(tmp_path / "pl")] + args) == 0
     assert "cheapest feasible" in capsys.readouterr().out
-    assert main(["compare", str(y), str(y), "--out", str(tmp_path / "cmp")] + args) == 0
+    y2 = tmp_path / "s2.yaml"
+    y2.write_text(y.read_text().replace("name: s\n", "name: s2\n"))
+    assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 0
     assert (tmp_path / "cmp" / "compare.csv").is_file()
     assert main(["sweep", str(y), "--out", str(tmp_path / "x")] + args) == 2
     assert "swept key" in capsys.readouterr().err
@@ -274,6 +276,11 @@ workload:
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"servesim: error: compare needs two or more scenario files, got 1 ({a}); "
                    "to simulate one scenario use servesim run"]
+    # the same plan twice (or two plans of one name) would share one column of compare.csv
+    assert main(["compare", str(a), str(a)] + args) == 2
+    assert capsys.readouterr().err.strip() == (
+        "servesim: error: a.yaml: name: 'fast' is also the name of a.yaml; give each plan a "
+        "distinct name")
 
 
 def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys, monkeypatch):
