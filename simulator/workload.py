@@ -87,12 +87,27 @@ class UniformDist(_Dist):
     max: float = Field(ge=0)
 
 
+def _centre_inside(d: _Dist, centre: float, name: str) -> None:
+    """Clip bounds that cut off the centre would turn most samples into the bound."""
+    if d.max is not None and d.max < centre:
+        raise ValueError(f"max ({d.max:g}) is below the {name} ({centre:g}): most samples "
+                         f"would be clipped to max")
+    if d.min is not None and d.min > centre:
+        raise ValueError(f"min ({d.min:g}) is above the {name} ({centre:g}): most samples "
+                         f"would be clipped to min")
+
+
 class NormalDist(_Dist):
     """``{dist: normal, mean, std}``: ``N(mean, std²)`` (clipped, lengths rounded)."""
 
     dist: Literal["normal"]
     mean: float
     std: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _centre(self):
+        _centre_inside(self, self.mean, "mean")
+        return self
 
 
 class LognormalDist(_Dist):
@@ -108,6 +123,7 @@ class LognormalDist(_Dist):
     def _order(self):
         if self.p90 < self.median:
             raise ValueError(f"p90 ({self.p90:g}) must be >= median ({self.median:g})")
+        _centre_inside(self, self.median, "median")
         return self
 
     @property

@@ -1,6 +1,7 @@
 """Synthetic workloads: distributions, arrival processes, prefixes, sessions, closed loop."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -54,6 +55,19 @@ def test_lengths_are_clipped_and_at_least_one():
     assert sample_lengths(d, 10_000, rng()).min() == 1
     d = DIST.validate_python({"dist": "fixed", "value": 0})
     assert set(sample_lengths(d, 10, rng())) == {1}
+
+
+@pytest.mark.parametrize("d, msg", [
+    ({"dist": "lognormal", "median": 96, "p90": 320, "max": 10},
+     "max (10) is below the median (96)"),
+    ({"dist": "lognormal", "median": 96, "p90": 320, "min": 200},
+     "min (200) is above the median (96)"),
+    ({"dist": "normal", "mean": 500, "std": 50, "max": 100}, "max (100) is below the mean"),
+])
+def test_clip_bounds_that_cut_off_the_centre_are_refused(d, msg):
+    with pytest.raises(ValidationError, match=re.escape(msg)):
+        DIST.validate_python(d)
+    DIST.validate_python({**d, "max": None, "min": None})      # without them: fine
 
 
 def test_uniform_is_integer_and_inclusive():
