@@ -459,6 +459,28 @@ def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:
     c.print(f"{run.measured} steps measured, {run.skipped} already in the CSV; "
             f"{seconds:.0f} s in all")
     c.print(f"profile: {out}\nreport: {paths['html']}")
+    line = fit_warning(result.heldout, rep_err)
+    if line:
+        print(line, file=sys.stderr)
+
+
+#: Errors above which ``calibrate`` warns at the end: a quiet 2-core CPU and a GPU both
+#: fit within these (held-out ≈ 4-5%, replay ≈ 9%); a run beside other work did not.
+HELDOUT_WARN, REPLAY_WARN = 0.10, 0.20
+
+
+def fit_warning(heldout: dict, replay: dict | None) -> str | None:
+    """One warning line when the fit's held-out or replay MAPE is high, else None."""
+    bad = []
+    if heldout and heldout["mape"] > HELDOUT_WARN:
+        bad.append(f"held-out MAPE {heldout['mape']:.1%} (> {HELDOUT_WARN:.0%})")
+    if replay and replay["mape"] > REPLAY_WARN:
+        bad.append(f"replay MAPE {replay['mape']:.1%} (> {REPLAY_WARN:.0%})")
+    if not bad:
+        return None
+    return (f"servesim: warning: this profile's {' and '.join(bad)} is high: step times "
+            f"were noisy (other work on the machine?); calibrate again on a quiet machine "
+            f"before trusting its predictions")
 
 
 # == profiles ================================================================================

@@ -339,3 +339,13 @@ def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
     assert err == [f"servesim calibrate: error: argument --replay-seconds: {value!r}: give a "
                    f"positive number of seconds"]
     assert not out.exists()
+
+
+def test_fit_warning_when_errors_are_high():
+    from calibration.cli import fit_warning
+    assert fit_warning({"mape": 0.041}, {"mape": 0.091}) is None
+    assert fit_warning({"mape": 0.10}, None) is None              # at the bound: fine
+    line = fit_warning({"mape": 0.154}, {"mape": 0.337})
+    assert line.startswith("servesim: warning: this profile's held-out MAPE 15.4% (> 10%) "
+                           "and replay MAPE 33.7% (> 20%) is high")
+    assert "replay" in fit_warning({"mape": 0.05}, {"mape": 0.25}) and "\n" not in line
