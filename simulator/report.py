@@ -534,6 +534,10 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
             thr.add_row(name, _fmt(s.get(key)))
     console.print(lat)
     console.print(thr)
+    if s.get("rejected"):
+        console.print(f"{_fmt(s['rejected'])} requests rejected (prompt longer than "
+                      f"engine.max_model_len): they count as SLO failures and are not in the "
+                      f"latency figures.")
     if replications:
         rep = Table(title=f"Across replications ({label})")
         for col in ("figure", "mean", "95% CI", "n"):

@@ -119,3 +119,22 @@ def test_schema_prints_json_schema():
     assert code == 0
     schema = json.loads(out)
     assert "engine" in schema["properties"] and "workload" in schema["properties"]
+
+
+def test_run_says_why_rejected_requests_fail_the_slo(tmp_path, capsys):
+    # fixed 600-token prompts over max_model_len 512: every request is rejected
+    y = tmp_path / "r.yaml"
+    y.write_text("""model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 7
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: fixed, value: 600}
+  output_tokens: {dist: fixed, value: 4}
+slo: {ttft_ms: {p99: 500}}
+""")
+    assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("7 requests rejected (prompt longer than engine.max_model_len): they count as "
+            "SLO failures") in out
