@@ -223,7 +223,8 @@ def _cmd_compare(args) -> int:
 def compare_table(entries: list[dict]):
     """One row per plan of :func:`simulator.planner.compare` (replication 0): ``plan``,
     ``ttft_p99`` and ``tpot_p99`` (ms), ``request_throughput`` and ``goodput`` (req/s),
-    ``slo_met`` (None without SLO) and ``binding`` (the diagnosis's binding limit)."""
+    ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt exceeds
+    max_model_len) and ``binding`` (the diagnosis's binding limit)."""
     import pandas as pd
 
     rows = []
@@ -233,7 +234,7 @@ def compare_table(entries: list[dict]):
                      "tpot_p99": (s.get("tpot_ms") or {}).get("p99"),
                      "request_throughput": s.get("request_throughput"),
                      "goodput": s.get("goodput"), "slo_met": s.get("slo_met"),
-                     "binding": e.get("binding")})
+                     "rejected": s.get("rejected"), "binding": e.get("binding")})
     return pd.DataFrame(rows)
 
 

@@ -556,6 +556,7 @@ _COMPARE_FIGURES = [
     ("output throughput (tok/s)", ("output_throughput",)),
     ("goodput (req/s)", ("goodput",)),
     ("SLO met", ("slo_met",)),
+    ("rejected requests", ("rejected",)),
 ] + [(f"{_LABELS[m]} {st} (ms)", (m, st)) for m in METRICS for st in ("mean", "p50", "p99")] + [
     ("running requests, mean", ("concurrency", "running_mean")),
     ("KV cache usage, mean", ("kv_usage", "mean")),

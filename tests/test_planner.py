@@ -272,6 +272,9 @@ workload:
         assert all(re.fullmatch(r"\d+(\.\d+)?", c) and len(c.replace(".", "")) <= 3
                    for c in r[1:4])                      # 3 significant figures
         assert r[4:6] == ["-", "-"]                      # goodput, SLO met: no SLO given
+        assert r[6] == "0"                               # rejected requests
+    csv = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
+    assert any(line.startswith("rejected requests,0,0") for line in csv)
     assert main(["compare", str(a)] + args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"servesim: error: compare needs two or more scenario files, got 1 ({a}); "
