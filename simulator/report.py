@@ -539,6 +539,11 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
                       f"engine.max_model_len): they count as SLO failures and are not in the "
                       f"latency figures.")
     if replications:
+        n = max(((v.get("n") or 0) for v in replications.values()
+                 if isinstance(v, dict) and "n" in v), default=0)
+        console.print("The tables above are replication 1" + (f" of {n}" if n else "")
+                      + "; means and 95% confidence intervals over all of them follow.",
+                      style="dim")
         rep = Table(title=f"Across replications ({label})")
         for col in ("figure", "mean", "95% CI", "n"):
             rep.add_column(col, justify="left" if col == "figure" else "right")

@@ -51,9 +51,10 @@ def test_same_scenario_and_seed_give_byte_identical_summary(scen, tmp_path):
     assert (a / "summary.json").read_bytes() != (c / "summary.json").read_bytes()
 
 
-def test_replications_give_confidence_intervals(scen, tmp_path):
+def test_replications_give_confidence_intervals(scen, tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["run", str(scen), "--out", str(out), "--quiet", "--replications", "3"]) == 0
+    assert "tables above are replication 1 of 3" in " ".join(capsys.readouterr().out.split())
     rep = json.loads((out / "replications.json").read_text())
     ttft = rep["ttft_ms"]["p99"]
     assert ttft["n"] == 3 and ttft["ci95"][0] <= ttft["mean"] <= ttft["ci95"][1]
