@@ -256,6 +256,7 @@ def test_device_ceilings_are_plausible():
 def test_parse_bytes():
     assert parse_bytes("2GiB") == 2 << 30
     assert parse_bytes("512 MiB") == 512 << 20
+    assert parse_bytes("2e9") == 2 * 10 ** 9 and parse_bytes("1.5e3 MiB") == 1500 << 20
     assert parse_bytes("1.5GB") == 1_500_000_000
     assert parse_bytes("4096") == 4096
     for bad in ("lots", "-1", "0", "0.5"):
