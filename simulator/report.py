@@ -445,7 +445,9 @@ def write_files(out_dir, contents: dict) -> dict[str, Path]:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     except OSError as e:
-        raise InputError(f"output directory {out}: cannot create it ({e.strerror})") from e
+        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker else e.strerror
+        raise InputError(f"output directory {out}: cannot create it ({why})") from e
     try:
         for name, data in contents.items():
             (tmp / name).write_bytes(data)

@@ -80,6 +80,9 @@ def test_out_dir_that_is_a_file_fails_and_leaves_nothing(tmp_path, result):
         write_run_outputs(target, result, title="t", meta={})
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert target.read_text() == "not a directory"
+    with pytest.raises(InputError, match=f"cannot create it \\({target} is a file, not a "
+                                         f"folder\\)$"):
+        write_run_outputs(target / "sub", result, title="t", meta={})
 
 
 def test_failure_while_building_leaves_nothing_half_written(tmp_path, result, monkeypatch):
