@@ -566,6 +566,12 @@ def _format_error(err: dict, source: str, origins: dict, root: type) -> str:
         msg = str(err["ctx"]["error"])
     elif typ == "missing":
         msg = "required key missing"
+    elif typ == "model_type":   # pydantic says "a valid dictionary or instance of <Model>"
+        msg = f"must be a mapping of keys (got {err.get('input')!r})"
+    elif typ == "union_tag_invalid":   # pydantic's "Input tag ... found using ..." wording
+        ctx = err.get("ctx", {})
+        msg = (f"{ctx.get('discriminator', 'tag').strip(chr(39))}: "
+               f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
     else:
         msg = err["msg"]
         inp = err.get("input")
