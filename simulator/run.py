@@ -13,6 +13,7 @@ import simpy
 
 from .cluster import Cluster
 from .cost_model import build_cost_model
+from .errors import InputError
 from .metrics import MetricsCollector, RunResult, combine_replications
 from .workload import build_workload
 
@@ -44,7 +45,13 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
     seed = _replication_seed(scenario.workload.seed, replication)
     if specs is None:
         wl = scenario.workload.model_copy(update={"seed": seed})
-        specs = build_workload(wl, base_dir=scenario.base_dir)
+        try:
+            specs = build_workload(wl, base_dir=scenario.base_dir)
+        except InputError as e:   # name the scenario unless a data file's line is named
+            msg = str(e)
+            if msg.split(":")[0].endswith((".csv", ".jsonl", ".json", ".yaml", ".yml")):
+                raise
+            raise InputError(f"{scenario.source}: {msg}") from None
     n_rep = scenario.cluster.replicas
     if cost_models is None:
         cost_models = [build_cost_model(scenario, np.random.default_rng(
