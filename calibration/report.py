@@ -165,6 +165,11 @@ Poisson workload that the fit never saw. In-sample (all cells fitted): MAPE
 {err_html}</table>
 <h2>Coefficients</h2><table>{coef_html}</table>
 <h2>Efficiencies (achieved / peak)</h2><table>{eff_html}</table>
+<p>Achieved rates of the fitted cost model over the ceilings measured above (mbu: weight
+bytes per second over the copy ceiling; mfu: FLOP/s over the matmul ceiling; attn_*: the
+same for attention). Above 1 means the fit's rate beats the measured ceiling: on a CPU the
+weights of a small model partly stay in cache between steps, which a streaming copy
+ceiling does not see. They are fitted figures, not device limits.</p>
 <h2>Grid cells</h2>
 <table><tr><th>cell</th><th>repeats</th><th>mean ms</th><th>cv</th><th>fitted ms</th>
 <th>fit error</th><th>held-out error</th></tr>{cell_html}</table>
