@@ -52,9 +52,10 @@ class CpuWatch:
 
     @staticmethod
     def _sample():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+        from calibration.profiler import cpu_times
+
+        total, idle = cpu_times()
+        busy = (total - idle) / os.sysconf("SC_CLK_TCK")
         t = os.times()
         return time.monotonic(), busy, t.user + t.system
 
