@@ -125,6 +125,17 @@ class Cell:
                  "mixed": (("B", self.B), ("L", self.L), ("n", self.n), ("c", self.c))}
         return self.kind + " " + " ".join(f"{k}={v}" for k, v in parts[self.kind])
 
+    @classmethod
+    def from_key(cls, key: str) -> "Cell | None":
+        """The cell whose :attr:`key` is ``key``, or None for another string."""
+        kind, _, rest = key.partition(" ")
+        try:
+            fields = {k: int(v) for k, v in (p.split("=") for p in rest.split())}
+            cell = cls(kind, **fields)
+        except (TypeError, ValueError):
+            return None
+        return cell if kind in ("prefill", "decode", "mixed") and cell.key == key else None
+
 
 @dataclass(frozen=True)
 class Grid:

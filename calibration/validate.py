@@ -439,7 +439,6 @@ def wait_quiet(max_wait_s: float = 120.0, busy_pct: float = 15.0, need_s: int = 
 # prefill (a compute-bound one); a shared host's slowdowns hit the two kinds differently.
 PROBE_TARGETS = (("decode", 2, 256), ("decode", 8, 256), ("prefill", 256, 0))
 PROBE_VISITS = 10
-_CELL_RE = {"decode": r"decode B=(\d+) L=(\d+)", "prefill": r"prefill n=(\d+) c=(\d+)"}
 
 
 def probe_cells(profile) -> list | None:
@@ -456,13 +455,12 @@ def probe_cells(profile) -> list | None:
     for kind, a0, b0 in PROBE_TARGETS:
         best = None
         for key, mean_ns in means.items():
-            m = re.fullmatch(_CELL_RE[kind], key)
-            if not m:
+            cell = Cell.from_key(key)
+            if cell is None or cell.kind != kind:
                 continue
-            a, b = int(m[1]), int(m[2])
+            a, b = (cell.B, cell.L) if kind == "decode" else (cell.n, cell.c)
             d = abs(math.log1p(a) - math.log1p(a0)) + abs(math.log1p(b) - math.log1p(b0))
             if best is None or d < best[0]:
-                cell = Cell(kind, B=a, L=b) if kind == "decode" else Cell(kind, n=a, c=b)
                 best = (d, cell, float(mean_ns) / 1e9)
         if best is None:
             return None

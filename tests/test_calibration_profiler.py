@@ -209,3 +209,10 @@ def test_disturbed_steps_are_measured_again(tmp_path, monkeypatch):
     assert run.measured == total and run.retried > 0 and run.kept_disturbed == 0
     df = read_measurements(tmp_path / "m.csv")
     assert len(df) == total
+
+
+def test_cell_keys_parse_back():
+    from calibration.profiler import Cell, default_grid
+    cells = default_grid("cpu", False, 4096).cells(16, 4096, 1 << 20)
+    assert cells and all(Cell.from_key(c.key) == c for c in cells)
+    assert Cell.from_key("decode B=8") is None and Cell.from_key("decode B=x L=1") is None
