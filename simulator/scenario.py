@@ -487,6 +487,25 @@ def _check_semantics(sc: Scenario, origins: dict) -> None:
              f"({shape.max_position_embeddings})")
 
 
+def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
+    """``key.path=value`` → ``(key path parts, value)``, recording the flag in ``seen``
+    (``{parts: flag}``).
+
+    Raises:
+        InputError: ``--set <s>: ...`` for a malformed flag or a key already in ``seen``
+            (the later flag would silently win); ``hint`` ends that message.
+    """
+    key, sep, value = s.partition("=")
+    parts = tuple(p.strip() for p in key.strip().split("."))
+    if not sep or not all(parts):
+        raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+    if parts in seen:
+        raise InputError(f"--set {s}: {'.'.join(parts)} is already set by --set "
+                         f"{seen[parts]} (give each key once{hint})")
+    seen[parts] = s
+    return parts, value
+
+
 def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dict]:
     """Apply ``key.path=value`` overrides to a deep copy of ``d``.
 
@@ -503,13 +522,7 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
     raw = copy.deepcopy(d)
     origins: dict[tuple, str] = {}
     for s in overrides:
-        key, sep, value = s.partition("=")
-        parts = tuple(p.strip() for p in key.strip().split("."))
-        if not sep or not all(parts):
-            raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
-        if parts in origins:
-            raise InputError(f"--set {s}: {'.'.join(parts)} is already set by --set "
-                             f"{origins[parts]} (give each key once)")
+        parts, value = split_override(s, origins)
         if not value.strip():  # a typo must not quietly reset a knob; null says it outright
             raise InputError(f"--set {s}: empty value (write null to use the default)")
         try:
@@ -525,7 +538,6 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
             if not isinstance(node, dict):
                 raise InputError(f"--set {s}: {'.'.join(parts[:i + 1])} is not a mapping")
         node[parts[-1]] = val
-        origins[parts] = s
     return raw, origins
 
 

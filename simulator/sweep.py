@@ -18,6 +18,7 @@ import yaml
 from .errors import InputError
 from .executors import Job
 from .files import load_yaml
+from .scenario import split_override
 from .metrics import combine_replications
 
 
@@ -53,17 +54,11 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
             (swept or not).
     """
     plain, axes = [], {}
-    seen: dict[str, str] = {}
+    seen: dict = {}
     for s in sets:
-        key, sep, value = s.partition("=")
-        v = value.strip()
-        if not sep or not key.strip():
-            raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
-        k = ".".join(p.strip() for p in key.strip().split("."))
-        if k in seen:
-            raise InputError(f"--set {s}: {k} is already set by --set {seen[k]} (give each "
-                             f"key once; sweep values go in one flag: {k}=v1,v2,...)")
-        seen[k] = s
+        k = ".".join(p.strip() for p in s.partition("=")[0].strip().split("."))
+        split_override(s, seen, f"; sweep values go in one flag: {k}=v1,v2,...")
+        v = s.partition("=")[2].strip()
         if v.startswith(("[", "{")) or "," not in v:
             plain.append(s)
             continue
