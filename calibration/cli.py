@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from simulator.errors import InputError
+from simulator.files import check_folder
 
 DEFAULT_CPU_KV_BYTES = 2 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE is set explicitly on CPU
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*"
@@ -54,6 +55,28 @@ def positive_seconds(text: str) -> float:
     if not (math.isfinite(v) and v > 0):
         raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
     return v
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts and lengths: a whole number >= 1."""
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
+    return v
+
+
+def non_empty(text: str) -> str:
+    """argparse type for names: not blank."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a name")
+    return text
 
 
 def _kv_cache_memory(text: str) -> int:
@@ -156,12 +179,16 @@ def profile_out(args) -> tuple[Path, str]:
     """``(--out path, profile name)`` of a calibration (``--name`` or the file's stem).
 
     Raises:
-        InputError: ``--out`` not a ``.yaml`` file, or a name with other characters than
-            letters, digits, '.', '_' and '-'.
+        InputError: ``--out`` not a ``.yaml`` file or under a file, ``--report-dir`` a
+            file or under one, or a name with other characters than letters, digits, '.',
+            '_' and '-'.
     """
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         raise InputError(f"--out: {out} must end in .yaml (the profile file)")
+    check_folder(out.parent, "--out")
+    if getattr(args, "report_dir", None):
+        check_folder(args.report_dir, "--report-dir")
     name = args.name or out.stem
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
@@ -254,15 +281,16 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     from simulator.scenario import BLOCK_SIZES
 
     require_torch()
+    for flag in ("max_num_batched_tokens", "max_num_seqs"):
+        if getattr(args, flag, None) is not None:   # the grid sizes its own batches
+            raise InputError(f"--{flag.replace('_', '-')}: only for --backend vllm; "
+                             f"servesim's grid sets the budget its cells need")
     if args.block_size is not None and args.block_size not in BLOCK_SIZES:
         raise InputError(f"--block-size {args.block_size}: allowed "
                          f"{', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be "
                          f"in (0, 1]")
-    parent = Path(args.out).parent
-    if parent.exists() and not parent.is_dir():
-        raise InputError(f"--out {args.out}: {parent} is not a directory")
     import torch
 
     from simulator.catalog import load_model
@@ -602,18 +630,18 @@ def add_parsers(subparsers) -> None:
                         "(needs a Python with vllm; README 'vLLM backend')")
     p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
                                        "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
-    p.add_argument("--max-num-batched-tokens", type=int,
+    p.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="--backend vllm: the engine's token budget (default 2048); vLLM-CPU "
                         "compiles for it, and step costs depend on it: use the serving value")
-    p.add_argument("--max-num-seqs", type=int, help="--backend vllm: default 128")
-    p.add_argument("--max-model-len", type=int,
+    p.add_argument("--max-num-seqs", type=positive_int, help="--backend vllm: default 128")
+    p.add_argument("--max-model-len", type=positive_int,
                    help="default min(max_position_embeddings, 8192)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
-    p.add_argument("--repeats", type=int, help="passes over the grid (default 3 quick, 4)")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default torch's)")
+    p.add_argument("--repeats", type=positive_int, help="passes over the grid (default 3 quick, 4)")
     p.add_argument("--replay-seconds", type=positive_seconds,
                    help="length of the replay check (seconds)")
     p.add_argument("--no-replay", action="store_true", help="skip the replay check")
-    p.add_argument("--device-name", help="catalog GPU name (e.g. h200) or a label")
+    p.add_argument("--device-name", type=non_empty, help="catalog GPU name (e.g. h200) or a label")
     p.add_argument("--report-dir", help="folder for the report (default: beside --out)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")

@@ -27,11 +27,11 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from simulator.errors import InputError
+from simulator.files import check_folder
 from simulator.metrics import MetricsCollector, RunResult
 
 NS_PER_MS = 1_000_000
@@ -868,17 +868,19 @@ def markdown_table(result: dict) -> str:
                          for ld in result["loads"]))
         lines.append("")
     head = ["load", "figure", "measured", "predicted", "error", "in MAPE band"]
-    if adj:
-        head += ["predicted at host speed", "error at host speed"]
+    if adj:   # the band is then taken around the prediction at host speed
+        head = head[:5] + ["predicted at host speed", "error at host speed",
+                           "in MAPE band around it"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ld in result["loads"]:
         for row in ld["table"]:
             band = {True: "yes", False: "no", None: "–"}[row.get("in_band")] \
                 if "in_band" in row else ""
             cells = [f"{ld['load']:g}", row["figure"], _cell(row["measured"]),
-                     _cell(row["predicted"]), _cell(row["error"], True), band]
+                     _cell(row["predicted"]), _cell(row["error"], True)]
             if adj:
                 cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True)]
+            cells.append(band)
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "timing replay (engine step durations): "
               + "; ".join(f"load {ld['load']:g}: " + ", ".join(
@@ -1006,8 +1008,8 @@ def parse_loads(text: str) -> list[float]:
 
 def _cmd_validate(args) -> int:
     from simulator.scenario import load_scenario
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise InputError(f"--out {args.out}: exists and is not a directory")
+    if args.out:
+        check_folder(args.out, "--out")
     if args.backend == "servesim":
         from .cli import require_torch
         require_torch()

@@ -51,6 +51,24 @@ def load_yaml(text: str):
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
+def check_folder(path: str | Path, flag: str) -> None:
+    """Refuse, before any work, an output folder that cannot be one: ``path`` is a file,
+    or a folder above it is.
+
+    Raises:
+        InputError: ``<flag> <path>: <which> is a file, not a folder``.
+    """
+    from .errors import InputError
+
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                raise InputError(f"{flag} {path}: {'it' if q == p else q} is a file, not a "
+                                 f"folder")
+            return
+
+
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 

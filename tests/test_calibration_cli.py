@@ -350,3 +350,34 @@ def test_fit_warning_when_errors_are_high():
     assert line.startswith("servesim: warning: this profile's held-out MAPE 15.4% (> 10%) "
                            "and replay MAPE 33.7% (> 20%) is high")
     assert "replay" in fit_warning({"mape": 0.05}, {"mape": 0.25}) and "\n" not in line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-model-len", "0"], "argument --max-model-len: '0': give a whole number >= 1"),
+    (["--threads", "-2"], "argument --threads: '-2': give a whole number >= 1"),
+    (["--device-name", " "], "argument --device-name: empty: give a name"),
+])
+def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys):
+    from simulator.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml"), *flags])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"servesim calibrate: error: {message}"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-num-batched-tokens", "512"], "--max-num-batched-tokens: only for --backend vllm"),
+    (["--out", "{f}/x/p.yaml"], "--out {f}/x: {f} is a file, not a folder"),
+    (["--report-dir", "{f}/x"], "--report-dir {f}/x: {f} is a file, not a folder"),
+])
+def test_calibrate_refuses_before_measuring(flags, message, tmp_path, capsys):
+    from simulator.cli import main
+    f = tmp_path / "afile"
+    f.write_text("x")
+    flags = [a.format(f=f) for a in flags]
+    argv = ["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml")]
+    assert main(argv + flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message.format(f=f) in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

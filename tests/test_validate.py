@@ -169,7 +169,8 @@ def test_host_speed_columns_in_the_table():
     assert row["adjusted_error"]["mean"] == pytest.approx(-0.04)
 
 
-@pytest.mark.parametrize("flags, field", [(["--seconds", "-1"], "--seconds"),
+@pytest.mark.parametrize("flags, field", [(["--out", "FILE/x"], "is a file, not a folder"),
+                                          (["--seconds", "-1"], "--seconds"),
                                           (["--seconds", "nan"], "--seconds"),
                                           (["--saturation-requests", "0"],
                                            "--saturation-requests")])
@@ -179,6 +180,8 @@ def test_validate_refuses_bad_durations_before_serving(flags, field, tmp_path, c
     y = tmp_path / "s.yaml"
     y.write_text(yaml.safe_dump(SCENARIO))
     out = tmp_path / "v"
+    (tmp_path / "FILE").write_text("x")
+    flags = [str(tmp_path / a) if a.startswith("FILE") else a for a in flags]
     assert main(["validate", "--scenario", str(y), "--no-quiet-wait", "--out", str(out),
                  *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
