@@ -305,8 +305,9 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
         index or None), ``prefix_hits_equal`` (per request), ``preemptions_equal``
         (per request), ``max_abs_diff_ms`` per timestamp kind (arrival, first_scheduled,
         first_token, finish, token: every output token), ``outside_step_max_ms`` (the
-        engine's longest time between a step's tokens and its next queue check: the most a
-        timestamp can differ by construction; a disturbed run shows here),
+        engine's longest time outside a step: from its queue check to its start, arrivals
+        being added, or from its end to the next check, tokens being handed back; the most
+        a timestamp can differ by construction; a disturbed run shows here),
         ``idle_wake_max_ms`` (the longest an idle engine took to notice an arrival, which
         the simulator serves at once), ``late_wakes`` (idle wake-ups after which two or
         more arrivals were waiting: the batches then differ by construction),
@@ -355,7 +356,10 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
             d = np.max(np.abs(np.asarray(et, dtype=np.int64) - np.asarray(st, dtype=np.int64)))
             diffs["token"] = max(diffs["token"], float(d) / NS_PER_MS)
     ok = (mism == 0 and hits_eq and pre_eq and max(diffs.values()) <= 1.0)
-    gaps = [a - (s.start_ns + s.execute_ns) for s, a in zip(run.steps, run.after_checks_ns)]
+    # The engine's own time outside step k: adding arrivals between its queue check and
+    # the step's start, and handing tokens back between the step's end and the next check.
+    gaps = [max(s.start_ns - c, a - (s.start_ns + s.duration_ns))
+            for s, c, a in zip(run.steps, run.checks_ns, run.after_checks_ns)]
     # An idle engine notices an arrival when it wakes; the simulator starts at the arrival.
     wake = [c - s for c, s in zip(run.checks_ns, cost._start)]
     # A wake-up so late that a second arrival came first: the engine batches both, the
@@ -369,7 +373,8 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
     return {"outside_step_max_ms": max(gaps) / NS_PER_MS if gaps else 0.0,
             "idle_wake_max_ms": max(wake) / NS_PER_MS if wake else 0.0,
             "late_wakes": late,
-            "tokens_not_before_engine": structural,"steps_engine": len(run.steps), "steps_sim": len(cost.steps),
+            "tokens_not_before_engine": structural,
+            "steps_engine": len(run.steps), "steps_sim": len(cost.steps),
             "step_mismatches": mism, "first_mismatch": first,
             "prefix_hits_equal": bool(hits_eq), "preemptions_equal": bool(pre_eq),
             "max_abs_diff_ms": diffs, "ok": bool(ok)}

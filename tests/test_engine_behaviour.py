@@ -3,6 +3,9 @@ reports the policy's prefix-cache figures, rejects bad input by field, samples a
 replays workloads on time, and sizes its KV cache as stated."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ from calibration.engine import (KVStore, LLMEngine, ModelConfig, SamplingParams,
                                 kv_bytes_per_block)
 from calibration.engine.replay import materialise
 from calibration.engine.sampling import sample
-from calibration.engine.tokenizer import ByteTokenizer, content_token
+from calibration.engine.tokenizer import ByteTokenizer, content_tokens
 from simulator.errors import InputError
 from simulator.policy import Request, RequestSpec, Scheduler, SchedulerConfig
 
@@ -229,9 +232,24 @@ def test_replay_arrivals_followups_and_answer_reuse():
     # a2's prompt holds a's real answer where it quotes it.
     a_out = eng.records["a"]
     toks = materialise(specs[2], {("out", "a"): [9] * 20}, 128)
-    assert toks[40:60] == [9] * 20 and toks[:32] == [content_token("sys", i, 128)
-                                                     for i in range(32)]
+    assert toks[40:60] == [9] * 20 and toks[:32] == content_tokens("sys", 32, 128)
     assert a_out.output_tokens == 20
+    # An answer shorter than the segment quoting it is continued by the answer's stream.
+    short = materialise(specs[2], {("out", "a"): [9] * 12}, 128)
+    assert short[40:60] == [9] * 12 + content_tokens(("out", "a"), 20, 128)[12:]
+
+
+def test_content_tokens_are_prefix_consistent_and_not_salted():
+    long = content_tokens(("conv", 3), 500, 1000)
+    assert content_tokens(("conv", 3), 37, 1000) == long[:37]
+    assert all(0 <= t < 1000 for t in long) and len(set(long)) > 300
+    assert content_tokens(("conv", 4), 500, 1000) != long
+    # Same tokens in another process with another hash salt.
+    code = ("from calibration.engine.tokenizer import content_tokens;"
+            "print(content_tokens(('conv', 3), 500, 1000))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    assert out.stdout.strip() == str(long)
 
 
 def test_byte_tokenizer_roundtrip_and_text_prompts():

@@ -51,10 +51,10 @@ def test_timing_replay_is_exact(timing_run):
     assert cmp["prefix_hits_equal"] and cmp["preemptions_equal"]
     assert cmp["tokens_not_before_engine"]
     assert cmp["max_abs_diff_ms"]["arrival"] < 1e-6
-    # Every timestamp differs from the engine's by at most the engine's own time between a
-    # step's tokens and its next queue check, or its wake-up delay when idle, plus 1 ms.
-    # (On a quiet machine the difference stays under 1 ms; a shared CI machine can
-    # interrupt those gaps, so the test bounds it by the gaps the engine actually had.)
+    # Every timestamp differs from the engine's by at most the engine's own time outside a
+    # step (adding arrivals before it, handing tokens back after it), or its wake-up delay
+    # when idle, plus 1 ms. (On a quiet machine the difference stays under 1 ms; a shared
+    # CI machine can interrupt those gaps, so the test bounds it by the gaps it had.)
     worst = max(cmp["max_abs_diff_ms"].values())
     assert worst <= max(cmp["outside_step_max_ms"], cmp["idle_wake_max_ms"]) + 1.0
     # Same totals through both metric paths.

@@ -6,7 +6,7 @@ finished (after its arrival, if that one was rejected). Prompt segments become t
 ``spec.prompt_token_ids`` when given; else, per segment ``(content_id, length)``, the
 answer tokens the engine actually generated when ``content_id`` is an earlier request's
 answer (so the KV that a later turn hits holds exactly the tokens its prompt claims), and
-:func:`.tokenizer.content_token` otherwise. Block hashes follow the segments, as in the
+:func:`.tokenizer.content_tokens` otherwise. Block hashes follow the segments, as in the
 simulator, so both see the same prefix-cache hits.
 """
 
@@ -20,7 +20,7 @@ from simulator.errors import InputError
 from simulator.policy import Request
 
 from .sampling import SamplingParams
-from .tokenizer import content_token
+from .tokenizer import content_tokens
 
 
 @dataclass
@@ -49,9 +49,10 @@ def materialise(spec, answers: dict, vocab_size: int) -> list[int]:
         return list(spec.prompt_token_ids)
     ids = []
     for content_id, length in spec.prompt:
-        known = answers.get(content_id, ())
-        ids.extend(known[o] if o < len(known) else content_token(content_id, o, vocab_size)
-                   for o in range(length))
+        known = list(answers.get(content_id, ()))[:length]
+        ids.extend(known)
+        if length > len(known):
+            ids.extend(content_tokens(content_id, length, vocab_size)[len(known):])
     return ids
 
 
