@@ -40,7 +40,7 @@ from typing import Annotated, Literal, Optional, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError
 from .policy.request import NS_PER_S, RequestSpec
@@ -178,11 +178,9 @@ def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool
     if isinstance(cfg, FixedDist):
         return np.full(n, cfg.value, dtype=float)
     if isinstance(cfg, UniformDist):
-        if integer:
-            lo, hi = math.ceil(cfg.min), math.floor(cfg.max)
-            if hi < lo:
-                raise InputError(f"uniform [{cfg.min:g}, {cfg.max:g}] holds no integer")
-            return rng.integers(lo, hi + 1, size=n).astype(float)
+        if integer:   # length_bounds has checked that [min, max] holds an integer
+            return rng.integers(math.ceil(cfg.min), math.floor(cfg.max) + 1,
+                                size=n).astype(float)
         return rng.uniform(cfg.min, cfg.max, size=n)
     if isinstance(cfg, NormalDist):
         return rng.normal(cfg.mean, cfg.std, size=n)
@@ -193,11 +191,34 @@ def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool
     raise TypeError(f"unknown distribution {cfg!r}")
 
 
-def sample_lengths(dist_cfg, n: int, rng: np.random.Generator, base_dir=".") -> np.ndarray:
+def length_bounds(dist_cfg) -> tuple[int, int | None]:
+    """The integer range ``[lo, hi]`` that count samples (tokens, turns) are clipped to:
+    ``lo = max(ceil(min), 1)``, ``hi = floor(max)`` (``None`` = open).
+
+    Raises:
+        ValueError: the bounds hold no integer >= 1 (a uniform ``[min, max]`` with no
+            integer inside, or ``max`` below 1); the message says which and what to give.
+    """
+    if isinstance(dist_cfg, UniformDist) and math.floor(dist_cfg.max) < math.ceil(dist_cfg.min):
+        raise ValueError(f"uniform [{dist_cfg.min:g}, {dist_cfg.max:g}] holds no integer "
+                         f"(a count is a whole number: give min and max with an integer "
+                         f">= 1 between them)")
+    lo = max(1, math.ceil(dist_cfg.min)) if dist_cfg.min is not None else 1
+    hi = math.floor(dist_cfg.max) if dist_cfg.max is not None else None
+    if hi is not None and hi < lo:
+        what = (f"max ({dist_cfg.max:g})" if dist_cfg.min is None or dist_cfg.min <= 1
+                else f"[min, max] = [{dist_cfg.min:g}, {dist_cfg.max:g}]")
+        raise ValueError(f"{what} holds no integer >= 1 (a count is a whole number >= 1)")
+    return lo, hi
+
+
+def sample_lengths(dist_cfg, n: int, rng: np.random.Generator, base_dir=".",
+                   key: str = "lengths") -> np.ndarray:
     """Draw ``n`` token counts (or turn counts) from a distribution config.
 
-    Samples are rounded to the nearest integer and clipped to ``[max(min, 1), max]``
-    (``min`` rounded up, ``max`` rounded down), so every value is >= 1.
+    Samples are rounded to the nearest integer and clipped to :func:`length_bounds`
+    (``[max(min, 1), max]``, ``min`` rounded up, ``max`` rounded down), so every value
+    is >= 1.
 
     Args:
         dist_cfg: one of :class:`FixedDist`, :class:`UniformDist` (integers, inclusive),
@@ -205,18 +226,21 @@ def sample_lengths(dist_cfg, n: int, rng: np.random.Generator, base_dir=".") -> 
         n: number of samples.
         rng: the generator to draw from.
         base_dir: folder an empirical ``path`` is relative to.
+        key: key path of ``dist_cfg`` in the scenario (``workload.output_tokens``), named
+            by a bounds error.
 
     Returns:
         int64 array of shape ``(n,)``, tokens.
 
     Raises:
-        InputError: empirical file missing or malformed; bounds that hold no integer >= 1.
+        InputError: empirical file missing or malformed (naming the file and line);
+            ``<key>: ...`` for bounds that hold no integer >= 1.
     """
+    try:
+        lo, hi = length_bounds(dist_cfg)
+    except ValueError as e:
+        raise InputError(f"{key}: {e}") from None
     x = _raw_samples(dist_cfg, n, rng, base_dir, integer=True)
-    lo = max(1, math.ceil(dist_cfg.min)) if dist_cfg.min is not None else 1
-    hi = math.floor(dist_cfg.max) if dist_cfg.max is not None else None
-    if hi is not None and hi < lo:
-        raise InputError(f"length bounds [{lo}, {dist_cfg.max:g}] hold no integer >= 1")
     return np.clip(np.rint(x), lo, hi).astype(np.int64)
 
 
@@ -359,6 +383,12 @@ class SessionConfig(BaseModel):
     turns: Dist
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
 
+    @field_validator("turns")
+    @classmethod
+    def _turns_hold_integers(cls, v):
+        length_bounds(v)   # refused here, where the error names workload.sessions.turns
+        return v
+
 
 class WorkloadConfig(BaseModel):
     """``workload:`` section of a scenario.
@@ -395,15 +425,16 @@ class WorkloadConfig(BaseModel):
             if self.prefix is not None and self.trace.format == "mooncake":
                 raise ValueError("prefix not allowed with a mooncake trace "
                                  "(its hash_ids give the prompt content)")
-        for name in ("prompt_tokens", "output_tokens"):
-            d = getattr(self, name)
-            if d is not None and d.max is not None and d.max < 1:
-                raise ValueError(f"{name}.max must be >= 1, got {d.max:g}")
-        if self.sessions is not None and self.sessions.turns.max is not None \
-                and self.sessions.turns.max < 1:
-            raise ValueError(f"sessions.turns.max must be >= 1, "
-                             f"got {self.sessions.turns.max:g}")
         return self
+
+    @field_validator("prompt_tokens", "output_tokens")
+    @classmethod
+    def _lengths_hold_integers(cls, v):
+        # Refused at validation, where the error names the key path and line, rather
+        # than when the workload is drawn.
+        if v is not None:
+            length_bounds(v)
+        return v
 
 
 # -- building the request list ---------------------------------------------------------
@@ -434,7 +465,8 @@ def _groups(cfg: WorkloadConfig, n: int, rng) -> np.ndarray | None:
 
 def _session_plan(cfg: WorkloadConfig, n: int, rng, base_dir) -> np.ndarray:
     """Turns per session so that they sum to exactly ``n`` (last session truncated)."""
-    turns = sample_lengths(cfg.sessions.turns, n, rng, base_dir)  # >= 1 each: n suffice
+    turns = sample_lengths(cfg.sessions.turns, n, rng, base_dir,
+                           "workload.sessions.turns")  # >= 1 each: n suffice
     ends = np.cumsum(turns)
     s = int(np.searchsorted(ends, n)) + 1
     turns = turns[:s].copy()
@@ -444,8 +476,10 @@ def _session_plan(cfg: WorkloadConfig, n: int, rng, base_dir) -> np.ndarray:
 
 def _build_open_loop(cfg, r, base_dir) -> list[RequestSpec]:
     n = cfg.num_requests
-    prompt_len = sample_lengths(cfg.prompt_tokens, n, r["prompt"], base_dir)
-    output_len = sample_lengths(cfg.output_tokens, n, r["output"], base_dir)
+    prompt_len = sample_lengths(cfg.prompt_tokens, n, r["prompt"], base_dir,
+                                "workload.prompt_tokens")
+    output_len = sample_lengths(cfg.output_tokens, n, r["output"], base_dir,
+                                "workload.output_tokens")
     if cfg.sessions is None:
         groups = _groups(cfg, n, r["prefix"])
         arrivals = arrival_times_ns(cfg.arrival, n, r["arrival"])
@@ -490,8 +524,10 @@ def _next_turn(prev: RequestSpec, rid: int, new_tokens: int, max_tokens: int,
 def _build_closed_loop(cfg, r, base_dir) -> list[RequestSpec]:
     n = cfg.num_requests
     c = min(cfg.arrival.concurrency, n)
-    prompt_len = sample_lengths(cfg.prompt_tokens, n, r["prompt"], base_dir)
-    output_len = sample_lengths(cfg.output_tokens, n, r["output"], base_dir)
+    prompt_len = sample_lengths(cfg.prompt_tokens, n, r["prompt"], base_dir,
+                                "workload.prompt_tokens")
+    output_len = sample_lengths(cfg.output_tokens, n, r["output"], base_dir,
+                                "workload.output_tokens")
     loop_think = sample_durations_ns(cfg.arrival.think_time_s, n, r["loop_think"], base_dir)
     groups = _groups(cfg, n, r["prefix"])  # indexed by the request starting a chain/session
     g = (lambda j: None) if groups is None else (lambda j: int(groups[j]))
@@ -510,7 +546,8 @@ def _build_closed_loop(cfg, r, base_dir) -> list[RequestSpec]:
 
     # Sessions run back to back per user; a new session waits the loop's think time, a
     # next turn the session's think time. Turn counts are taken in order of session start.
-    turns = sample_lengths(cfg.sessions.turns, n, r["turns"], base_dir)
+    turns = sample_lengths(cfg.sessions.turns, n, r["turns"], base_dir,
+                           "workload.sessions.turns")
     sess_think = sample_durations_ns(cfg.sessions.think_time_s, n, r["session_think"],
                                      base_dir)
     left = [0] * c              # turns left in each user's current session

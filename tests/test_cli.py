@@ -70,7 +70,7 @@ BAD_CASES = [
     (SCENARIO.replace("rate: 20", "rate: fast"), [], "workload.arrival"),
     (SCENARIO.replace("{dist: lognormal, median: 100, p90: 300, max: 1000}",
                       "{dist: uniform, min: 1.2, max: 1.8}"), [],
-     "s.yaml: uniform [1.2, 1.8] holds no integer"),
+     "workload.output_tokens: uniform [1.2, 1.8] holds no integer"),
     (SCENARIO.replace("engine: {max_num_seqs: 64, max_model_len: 8192}", "engine: 5"), [],
      "s.yaml: engine: must be a mapping of keys (got 5)"),
     (SCENARIO.replace("{dist: lognormal, median: 500", "{dist: weibull, median: 500"), [],

@@ -356,3 +356,34 @@ def test_bad_config_is_rejected(bad, where):
     base = {k: v for k, v in base.items() if v is not None}
     with pytest.raises(ValidationError, match=where):
         WorkloadConfig.model_validate(base)
+
+
+@pytest.mark.parametrize("field, d, msg", [
+    ("output_tokens", {"dist": "uniform", "min": 1.2, "max": 1.8},
+     "uniform [1.2, 1.8] holds no integer"),
+    ("prompt_tokens", {"dist": "uniform", "min": 0, "max": 0.5}, "max (0.5) holds no integer >= 1"),
+    ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
+     "[min, max] = [5.2, 5.8] holds no integer >= 1"),
+])
+def test_count_bounds_without_an_integer_are_refused_at_their_key(field, d, msg):
+    with pytest.raises(ValidationError) as e:
+        cfg(**{field: d})
+    (error,) = e.value.errors()
+    assert error["loc"] == (field,) and msg in error["msg"]
+
+
+def test_session_turn_bounds_without_an_integer_are_refused_at_their_key():
+    with pytest.raises(ValidationError) as e:
+        cfg(sessions={"turns": {"dist": "uniform", "min": 2.1, "max": 2.9}})
+    (error,) = e.value.errors()
+    assert error["loc"] == ("sessions", "turns")
+    assert "uniform [2.1, 2.9] holds no integer" in error["msg"]
+
+
+def test_sample_lengths_bounds_error_names_the_key():
+    d = DIST.validate_python({"dist": "uniform", "min": 3.2, "max": 3.7})
+    with pytest.raises(InputError, match=r"^workload\.output_tokens: uniform \[3\.2, 3\.7\] "
+                                         r"holds no integer"):
+        sample_lengths(d, 5, rng(), key="workload.output_tokens")
+    d = DIST.validate_python({"dist": "uniform", "min": 3, "max": 3.7})   # holds 3
+    assert set(sample_lengths(d, 20, rng())) == {3}
