@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
 from .errors import InputError
-from .files import atomic_write
+from .files import atomic_write, load_yaml
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -280,7 +280,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
             raise InputError(f"{path}: profile file not found" if looks_like_path else
                              f"unknown profile {s!r} (known: {', '.join(known) or 'none'})")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
     except yaml.YAMLError as e:

@@ -107,3 +107,19 @@ def test_hardware_catalog():
         load_hardware("v100")
     assert {"llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "mistral-7b", "llama-tiny-56m",
             "llama-test"} <= set(list_models())
+
+
+def test_yaml_model_config_reads_as_scenarios_do(tmp_path):
+    # one YAML loader: 8e0 is a float (YAML 1.2), not the string YAML 1.1 makes of it,
+    # and a key given twice is refused
+    cfg = {**load_model("llama-test").hf_config(), "rope_scaling": None}
+    lines = [f"{k}: {json.dumps(v)}" for k, v in cfg.items() if k != "rope_scaling"]
+    lines.append("rope_scaling: {rope_type: linear, factor: 8e0}")
+    (tmp_path / "m.yaml").write_text("\n".join(lines) + "\n")
+    m = load_model("m.yaml", base_dir=tmp_path)
+    assert m.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert isinstance(m.rope_scaling["factor"], float)
+    (tmp_path / "m.yaml").write_text("\n".join(lines + ["hidden_size: 64"]) + "\n")
+    with pytest.raises(InputError, match=r"^model: cannot read .*m\.yaml: .*duplicate key "
+                                         r"'hidden_size'"):
+        load_model("m.yaml", base_dir=tmp_path)

@@ -318,3 +318,18 @@ def test_cpu_efficiencies_never_carried_to_gpu(tmp_path, monkeypatch):
                         "h100-measured (MBU 0.6, MFU 0.4)")
     assert cm.profile.cost.coefficients["w_eff_bytes_per_s"] == pytest.approx(0.6 * 3.35e12)
     assert cm.profile.cost.coefficients["a0_s"] == COEF["a0_s"]
+
+
+def test_profile_reads_exponent_numbers_as_the_scenario_loader_does(tmp_path):
+    # YAML 1.1 (yaml.safe_load) leaves 25e9 a string, which then fails as an integer
+    text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
+    mem = yaml.safe_load(text)["device"]["memory_bytes"]
+    p = tmp_path / "e.yaml"
+    p.write_text(text.replace(f"memory_bytes: {mem}", "memory_bytes: 25e9"))
+    assert "memory_bytes: 25e9" in p.read_text()
+    assert load_profile(p).device.memory_bytes == 25_000_000_000
+    n = len(text.splitlines()) + 1
+    p.write_text(text + "name: again\n")     # a key given twice is refused, as in scenarios
+    with pytest.raises(InputError, match=rf"^e\.yaml:{n}: YAML syntax error: duplicate key "
+                                         r"'name'$"):
+        load_profile(p)

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import InputError
+from ..files import load_yaml
 
 _HERE = Path(__file__).resolve().parent
 
@@ -191,8 +192,7 @@ class HardwareSpec:
 
 @functools.lru_cache(maxsize=None)
 def _catalog(filename: str) -> dict:
-    with open(_HERE / filename, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+    return load_yaml((_HERE / filename).read_text(encoding="utf-8"))
 
 
 def list_models() -> list[str]:
@@ -261,7 +261,7 @@ def load_model(spec, base_dir=".") -> ModelShape:
                          f"{', '.join(models)}) nor an HF config.json file")
     try:
         with open(path, encoding="utf-8") as f:
-            cfg = json.load(f) if path.suffix == ".json" else yaml.safe_load(f)
+            cfg = json.load(f) if path.suffix == ".json" else load_yaml(f.read())
     except (OSError, ValueError, yaml.YAMLError) as e:
         raise InputError(f"model: cannot read {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, dict):
