@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 import yaml
@@ -49,6 +49,35 @@ def load_yaml(text: str):
         yaml.YAMLError: a syntax error or a duplicate key; ``problem_mark`` gives the line.
     """
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def yaml_line(text: str, path: Sequence) -> int | None:
+    """1-based line of key path ``path`` (mapping keys and list indices, as in a pydantic
+    error ``loc``) in the YAML document ``text``, found through PyYAML's node marks.
+
+    The line is that of the last key (or list item) of ``path`` that the document holds:
+    a present key gives its own line, a missing one its parent's. ``None`` when not even
+    the first part is in the document, or ``text`` does not parse.
+    """
+    try:
+        node = yaml.compose(text, Loader=_UniqueKeyLoader)  # noqa: S506 (safe: no objects)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            hit = next(((k, v) for k, v in node.value
+                        if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None)
+            if hit is None:
+                break
+            line, node = hit[0].start_mark.line + 1, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and str(part).isdigit() \
+                and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
 
 
 def check_folder(path: str | Path, flag: str) -> None:

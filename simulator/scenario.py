@@ -6,9 +6,12 @@ overrides to the raw mapping, validates, and turns every problem into ONE
 :class:`~simulator.errors.InputError` line naming the file (or the ``--set`` flag), the
 key path and what is allowed, e.g.::
 
-    chat.yaml: engine.max_num_seqs: Input should be greater than or equal to 1 (got 0)
-    chat.yaml: engine.max_num_seq: unknown key (allowed: block_size, max_num_seqs, ...)
+    chat.yaml:12: engine.max_num_seqs: Input should be greater than or equal to 1 (got 0)
+    chat.yaml:12: engine.max_num_seq: unknown key (allowed: block_size, max_num_seqs, ...)
     --set engine.block_size=abc: Input should be a valid integer
+
+The line is the key's (a missing key: its parent's), from the YAML node marks
+(:func:`simulator.files.yaml_line`).
 
 Engine knobs carry vLLM's names and defaults (``vllm/config/scheduler.py``,
 ``vllm/config/cache.py``): block_size 16, max_num_seqs 256, max_num_batched_tokens 8192,
@@ -30,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .catalog import ModelShape, load_model
 from .errors import InputError
-from .files import load_yaml
+from .files import load_yaml, yaml_line
 from .policy import SchedulerConfig
 from .policy.kv_cache import cdiv
 
@@ -433,12 +436,12 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
         raise InputError(f"{name}: a scenario is a mapping of keys (name, model, hardware, "
                          f"...), got {type(raw).__name__}")
     raw.setdefault("name", path.stem)
-    return scenario_from_dict(raw, path.parent, overrides=overrides, source=name)
+    return scenario_from_dict(raw, path.parent, overrides=overrides, source=name, text=text)
 
 
 def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
                        overrides: typing.Sequence[str] = (),
-                       source: str = "<scenario>") -> Scenario:
+                       source: str = "<scenario>", text: str | None = None) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario` (tests, programmatic use).
 
     Args:
@@ -446,6 +449,8 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
         base_dir: folder relative paths resolve against.
         overrides: ``key.path=value`` strings, applied before validation.
         source: name used in error messages.
+        text: the YAML ``d`` was read from; errors then give the key's line
+            (``source:LINE: key.path: ...``).
 
     Raises:
         InputError: as :func:`load_scenario`.
@@ -454,17 +459,18 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
     try:
         sc = Scenario.model_validate(raw)
     except ValidationError as e:
-        raise InputError(format_validation_error(e, source, Scenario, origins)) from None
+        raise InputError(format_validation_error(e, source, Scenario, origins,
+                                                 text=text)) from None
     sc._base_dir = Path(base_dir)
     sc._source = source
-    _check_semantics(sc, origins)
+    _check_semantics(sc, origins, text)
     return sc
 
 
-def _check_semantics(sc: Scenario, origins: dict) -> None:
+def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
     """Checks that need the resolved model."""
     def fail(loc: tuple, msg: str):
-        raise InputError(_prefix(loc, sc.source, origins, msg)) from None
+        raise InputError(_prefix(loc, sc.source, origins, msg, text)) from None
 
     try:
         shape = sc.model_shape
@@ -541,13 +547,18 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
     return raw, origins
 
 
-def _prefix(loc: tuple, source: str, origins: dict, msg: str) -> str:
-    """Compose ``<file>: <path>: msg``, or ``--set <flag>: msg`` when a flag set it."""
+def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None = None
+            ) -> str:
+    """Compose ``<file>[:LINE]: <path>: msg`` (the line when ``text``, the file's YAML, is
+    given), or ``--set <flag>: msg`` when a flag set it."""
     loc = tuple(str(p) for p in loc)
     path = ".".join(loc)
     for opath, flag in origins.items():
         if loc[:len(opath)] == opath:
             return f"--set {flag}: {msg}" if loc == opath else f"--set {flag}: {path}: {msg}"
+    line = yaml_line(text, loc) if text is not None and loc else None
+    if line is not None:
+        source = f"{source}:{line}"
     flags = [flag for opath, flag in origins.items() if loc and opath[:len(loc)] == loc]
     if flags:
         return f"{source} (with {', '.join('--set ' + f for f in flags)}): {path}: {msg}"
@@ -555,19 +566,21 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str) -> str:
 
 
 def format_validation_error(e: ValidationError, source: str, root: type | None = None,
-                            origins: dict | None = None) -> str:
+                            origins: dict | None = None, text: str | None = None) -> str:
     """One line for a pydantic ``ValidationError`` of model ``root`` read from ``source``:
-    ``"<source>: <key.path>: <what is wrong / allowed>"``, unknown keys first, with a count
-    of further errors."""
+    ``"<source>[:LINE]: <key.path>: <what is wrong / allowed>"``, unknown keys first, with
+    a count of further errors. ``LINE`` (the key's line, :func:`simulator.files.yaml_line`)
+    is given when ``text``, the YAML that was validated, is."""
     # Unknown keys first: a typo often causes the other errors (a required key "missing").
     errs = sorted(e.errors(include_url=False), key=lambda x: x["type"] != "extra_forbidden")
-    msg = _format_error(errs[0], source, origins or {}, root or Scenario)
+    msg = _format_error(errs[0], source, origins or {}, root or Scenario, text)
     if len(errs) > 1:
         msg += f" (and {len(errs) - 1} more error{'s' if len(errs) > 2 else ''})"
     return msg
 
 
-def _format_error(err: dict, source: str, origins: dict, root: type) -> str:
+def _format_error(err: dict, source: str, origins: dict, root: type,
+                  text: str | None = None) -> str:
     """One line for one pydantic error dict."""
     loc, parent = _resolve_loc(tuple(err["loc"]), root)
     typ = err["type"]
@@ -590,7 +603,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type) -> str:
         from_flag = any(tuple(map(str, loc))[:len(o)] == o for o in origins)
         if not from_flag and (inp is None or isinstance(inp, (int, float, str, bool))):
             msg += f" (got {inp!r})"
-    return _prefix(loc, source, origins, msg)
+    return _prefix(loc, source, origins, msg, text)
 
 
 def _resolve_loc(loc: tuple, root: type) -> tuple[tuple, Any]:

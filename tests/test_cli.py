@@ -72,7 +72,7 @@ BAD_CASES = [
                       "{dist: uniform, min: 1.2, max: 1.8}"), [],
      "workload.output_tokens: uniform [1.2, 1.8] holds no integer"),
     (SCENARIO.replace("engine: {max_num_seqs: 64, max_model_len: 8192}", "engine: 5"), [],
-     "s.yaml: engine: must be a mapping of keys (got 5)"),
+     "s.yaml:5: engine: must be a mapping of keys (got 5)"),
     (SCENARIO.replace("{dist: lognormal, median: 500", "{dist: weibull, median: 500"), [],
      "workload.prompt_tokens: dist: 'weibull' is not one of 'fixed', 'uniform', 'normal', "
      "'lognormal', 'empirical'"),

@@ -47,15 +47,22 @@ def test_defaults_are_vllms(chat):
     assert sc.slo.targets() == [] and sc.sim.replications == 1
 
 
+def line_of(path, needle: str) -> int:
+    """1-based number of the first line of ``path`` that contains ``needle``."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
 def test_brief_error_examples(chat):
     assert err(load_scenario, chat, ["engine.max_num_seqs=0"]) == (
         "--set engine.max_num_seqs=0: Input should be greater than or equal to 1")
     chat.write_text(chat.read_text() + "engine: {max_num_seqs: 0}\n")
     assert err(load_scenario, chat) == (
-        "chat.yaml: engine.max_num_seqs: Input should be greater than or equal to 1 (got 0)")
+        f"chat.yaml:{line_of(chat, 'max_num_seqs: 0')}: engine.max_num_seqs: Input should be "
+        f"greater than or equal to 1 (got 0)")
     chat.write_text(yaml.safe_dump({**BASE, "engine": {"max_num_seq": 8}}))
     assert err(load_scenario, chat) == (
-        "chat.yaml: engine.max_num_seq: unknown key (allowed: block_size, max_num_seqs, "
+        f"chat.yaml:{line_of(chat, 'max_num_seq: 8')}: engine.max_num_seq: unknown key "
+        "(allowed: block_size, max_num_seqs, "
         "max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
         "max_model_len, num_gpu_blocks)")
     chat.write_text(yaml.safe_dump(BASE))
@@ -82,7 +89,7 @@ def test_brief_error_examples(chat):
     ("sim.warmup_requests=-1", "greater than or equal to 0"),
     ("hardware.tensor_parallel=3", "--set hardware.tensor_parallel=3: 3 does not divide the "
      "model's num_attention_heads (4)"),
-    ("hardware.profile=h100-sxm", "chat.yaml (with --set hardware.profile=h100-sxm): hardware: "
+    ("hardware.profile=h100-sxm", "chat.yaml:3 (with --set hardware.profile=h100-sxm): hardware: "
      "give exactly one of profile"),
     ("hardware.step_time={constant_s: 1, base_s: 1}", "give either constant_s, or the linear"),
     ("hardware.step_time.constant_s=0", "greater than 0"),
@@ -109,7 +116,8 @@ def test_slo_bound_errors_name_the_file_like_other_keys(chat, bound, got):
     # pass the schema and fail after the run, as a bare "slo.ttft_ms.p99: ...")
     chat.write_text(chat.read_text() + f"slo: {{ttft_ms: {{p99: {bound}}}}}\n")
     msg = err(load_scenario, chat)
-    assert msg.startswith("chat.yaml: slo.ttft_ms.p99: Input should be ") and msg.endswith(
+    assert msg.startswith(f"chat.yaml:{line_of(chat, 'slo:')}: slo.ttft_ms.p99: Input should "
+                          f"be ") and msg.endswith(
         f"(got {got})")
 
 
@@ -127,7 +135,7 @@ def test_unknown_keys_reported_before_consequences(tmp_path):
     raw = {k: v for k, v in BASE.items() if k != "hardware"}
     p.write_text(yaml.safe_dump({**raw, "hardwre": BASE["hardware"]}))
     assert err(load_scenario, p).startswith(
-        "s.yaml: hardwre: unknown key (allowed: name, model, dtype, hardware, engine, cluster, "
+        f"s.yaml:{line_of(p, 'hardwre:')}: hardwre: unknown key (allowed: name, model, dtype, hardware, engine, cluster, "
         "workload, slo, sim, plan) (and 1 more error)")
 
 
@@ -231,3 +239,52 @@ def test_batch_defaults_follow_vllm_serve_by_device(hardware, expected):
     # max_num_seqs defaults to at most the token budget, as vLLM does.
     small = scenario_from_dict({**d, "engine": {"max_num_batched_tokens": 100}})
     assert small.max_num_seqs == 100
+
+
+LINED = """\
+name: lined
+model: llama-test
+hardware:
+  step_time: {{constant_s: 0.02}}
+engine:
+  block_size: 16
+  max_num_seqs: {seqs}
+workload:
+  num_requests: 10
+  arrival:
+    process: gamma
+    rate: {rate}
+  prompt_tokens: {{dist: fixed, value: 100}}
+  output_tokens: {{dist: fixed, value: 10}}
+slo:
+  ttft_ms: {{p99: 500}}
+plan:
+  candidates:
+    engine.max_num_seqs: {cands}
+"""
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"seqs": "0"}, "s.yaml:7: engine.max_num_seqs: Input should be greater than or equal to 1"),
+    # a union member's tag (gamma) is not a key of the file: the error names rate's line
+    ({"rate": "-1"}, "s.yaml:12: workload.arrival.rate: Input should be greater than 0"),
+    ({"cands": "[]"}, "s.yaml:18: plan.candidates: engine.max_num_seqs: give at least one"),
+    ({"rate": "[1]"}, "s.yaml:12: workload.arrival.rate: Input should be a valid number"),
+])
+def test_schema_errors_name_the_yaml_line(tmp_path, fields, expected):
+    p = tmp_path / "s.yaml"
+    p.write_text(LINED.format(**{"seqs": "8", "rate": "2.0", "cands": "[8, 16]", **fields}))
+    assert err(load_scenario, p).startswith(expected)
+
+
+def test_missing_key_names_its_parents_line_and_flags_no_line(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(LINED.format(seqs=8, rate=2.0, cands="[8]").replace("    rate: 2.0\n", ""))
+    assert err(load_scenario, p).startswith(
+        "s.yaml:10: workload.arrival.rate: required key missing")
+    p.write_text(LINED.format(seqs=8, rate=2.0, cands="[8]"))
+    assert err(load_scenario, p, ["engine.max_num_seqs=0"]) == (
+        "--set engine.max_num_seqs=0: Input should be greater than or equal to 1")
+    # a mapping without the YAML (programmatic use) has no line to give
+    assert err(scenario_from_dict, {**BASE, "engine": {"max_num_seqs": 0}}).startswith(
+        "<scenario>: engine.max_num_seqs: ")
