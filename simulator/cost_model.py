@@ -265,7 +265,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
 
     Raises:
         InputError: unknown name (listing the known ones), unreadable file, YAML syntax
-            error (with its line) or schema violation (naming the key path).
+            error (with its line) or schema violation (naming the line and key path).
     """
     s = str(name_or_path)
     path = Path(s).expanduser()
@@ -280,7 +280,8 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
             raise InputError(f"{path}: profile file not found" if looks_like_path else
                              f"unknown profile {s!r} (known: {', '.join(known) or 'none'})")
     try:
-        raw = load_yaml(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        raw = load_yaml(text)
     except OSError as e:
         raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
     except yaml.YAMLError as e:
@@ -293,7 +294,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     try:
         prof = Profile.model_validate(raw)
     except ValidationError as e:
-        raise InputError(format_validation_error(e, path.name, Profile)) from None
+        raise InputError(format_validation_error(e, path.name, Profile, text=text)) from None
     prof._path = path
     return prof
 

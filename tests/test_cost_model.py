@@ -239,13 +239,15 @@ def test_profile_schema_errors(tmp_path):
     d = make_profile().model_dump(mode="json")
     d["cost"]["coefficients"].pop("a0_s")
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
-    with pytest.raises(InputError, match=r"^bad.yaml: cost: roofline needs exactly the "
+    line = yaml.safe_dump(d).splitlines().index("cost:") + 1
+    with pytest.raises(InputError, match=rf"^bad.yaml:{line}: cost: roofline needs exactly the "
                                          r"coefficients a0_s, .*; missing a0_s$"):
         load_profile(tmp_path / "bad.yaml")
     d = make_profile().model_dump(mode="json")
     d["kv"]["blocks"] = 3
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
-    with pytest.raises(InputError, match=r"^bad.yaml: kv.blocks: unknown key \(allowed: "
+    line = yaml.safe_dump(d).splitlines().index("  blocks: 3") + 1
+    with pytest.raises(InputError, match=rf"^bad.yaml:{line}: kv.blocks: unknown key \(allowed: "
                                          r"bytes_per_token, block_size"):
         load_profile(tmp_path / "bad.yaml")
     (tmp_path / "bad.yaml").write_text("name: x\ndevice: [\n")
