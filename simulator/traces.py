@@ -165,7 +165,9 @@ def _require_columns(df: pd.DataFrame, path: Path, names) -> None:
 
 def _numbers(values: pd.Series, lines: np.ndarray, path: Path, name: str, *,
              integer: bool, minimum: float) -> np.ndarray:
-    """Parse a column of strings; first bad row raises InputError naming its line."""
+    """Parse a column of strings; the first bad row raises InputError naming its line,
+    e.g. ``trace.csv:7: prompt_tokens: 0 is below 1 (a length must be >= 1)``.
+    ``integer`` columns are lengths (tokens), the others arrival times."""
     num = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     bad = ~np.isfinite(num)
     if bad.any():
@@ -181,9 +183,9 @@ def _numbers(values: pd.Series, lines: np.ndarray, path: Path, name: str, *,
     low = num < minimum
     if low.any():
         i = int(np.argmax(low))
-        sign = "negative" if num[i] < 0 else f"below {minimum:g}"
-        raise InputError(f"{path}:{lines[i]}: {name}: {sign} value {values.iloc[i]!r} "
-                         f"(must be >= {minimum:g})")
+        what = "a length" if integer else "an arrival time"
+        raise InputError(f"{path}:{lines[i]}: {name}: {str(values.iloc[i]).strip()} is below "
+                         f"{minimum:g} ({what} must be >= {minimum:g})")
     return num
 
 
