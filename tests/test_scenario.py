@@ -135,7 +135,8 @@ def test_unknown_keys_reported_before_consequences(tmp_path):
     raw = {k: v for k, v in BASE.items() if k != "hardware"}
     p.write_text(yaml.safe_dump({**raw, "hardwre": BASE["hardware"]}))
     assert err(load_scenario, p).startswith(
-        f"s.yaml:{line_of(p, 'hardwre:')}: hardwre: unknown key (allowed: name, model, dtype, hardware, engine, cluster, "
+        f"s.yaml:{line_of(p, 'hardwre:')}: hardwre: unknown key (allowed: name, model, dtype, "
+        "hardware, engine, cluster, "
         "workload, slo, sim, plan) (and 1 more error)")
 
 
