@@ -15,6 +15,7 @@ from calibration import cli as calibration_cli
 
 from . import planner_cli
 from .errors import InputError
+from .files import check_folder
 
 
 def _add_scenario_args(p: argparse.ArgumentParser) -> None:
@@ -45,8 +46,7 @@ def _cmd_run(args) -> int:
     if args.out is not None and not args.out.strip():
         raise InputError("--out: empty path (give a folder, or leave --out out)")
     out = Path(args.out) if args.out else Path("reports") / scenario.name
-    if out.exists() and not out.is_dir():  # fail before simulating, not after
-        raise InputError(f"--out {out}: exists and is not a directory")
+    check_folder(out, "--out")   # fail before simulating, not after
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,

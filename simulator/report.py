@@ -26,6 +26,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .errors import InputError
+from .files import check_folder
 from .metrics import METRICS, RunResult
 
 FILES = {
@@ -431,23 +432,24 @@ def _json_bytes(obj) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
 
 
-def write_files(out_dir, contents: dict) -> dict[str, Path]:
+def write_files(out_dir, contents: dict, flag: str = "--out") -> dict[str, Path]:
     """Write ``{file name: bytes}`` into ``out_dir`` atomically (the scheme of
     :func:`write_run_outputs`); returns file name -> path.
 
+    Args:
+        flag: the option that named ``out_dir``, for error messages.
+
     Raises:
-        InputError: ``out_dir`` exists and is not a directory, or cannot be written.
+        InputError: ``out_dir`` or a folder above it is a file
+            (:func:`simulator.files.check_folder`), or it cannot be written.
     """
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"output directory {out}: exists and is not a directory")
+    check_folder(out, flag)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     except OSError as e:
-        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
-        why = f"{blocker} is a file, not a folder" if blocker else e.strerror
-        raise InputError(f"output directory {out}: cannot create it ({why})") from e
+        raise InputError(f"{flag} {out}: cannot create it ({e.strerror})") from e
     try:
         for name, data in contents.items():
             (tmp / name).write_bytes(data)
@@ -460,7 +462,7 @@ def write_files(out_dir, contents: dict) -> dict[str, Path]:
             for name in contents:
                 os.replace(tmp / name, out / name)
     except OSError as e:
-        raise InputError(f"output directory {out}: cannot write it ({e.strerror})") from e
+        raise InputError(f"{flag} {out}: cannot write it ({e.strerror})") from e
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

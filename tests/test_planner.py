@@ -307,3 +307,35 @@ def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "8.31" in out and "17.9-25.1" in out and "best" in out and "note 1" in out
     assert "note 1: model does not fit: 16.1 GB of weights" in out.replace("\n", " ")
+
+
+@pytest.mark.parametrize("command", [["sweep", "--set", "workload.arrival.rate=1,2"], ["plan"],
+                                     ["compare", "SECOND"]])
+def test_an_out_folder_under_a_file_is_refused_before_any_run(tmp_path, capsys, monkeypatch,
+                                                                 command):
+    import simulator.executors as executors
+
+    y = tmp_path / "s.yaml"
+    y.write_text("""name: s
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+workload:
+  num_requests: 10
+  arrival: {process: poisson, rate: 1}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 4}
+plan: {target_rate: 3, candidates: {engine.max_num_seqs: [2]}}
+""")
+    y2 = tmp_path / "s2.yaml"
+    y2.write_text(y.read_text().replace("name: s\n", "name: s2\n"))
+    (tmp_path / "f").write_text("")
+
+    def no_runs(*a, **kw):
+        raise AssertionError("ran before checking --out")
+    monkeypatch.setattr(executors.SerialExecutor, "run", no_runs)
+    cmd = [command[0], str(y)] + [str(y2) if c == "SECOND" else c for c in command[1:]]
+    assert main(cmd + ["--out", str(tmp_path / "f" / "x"), "--executor", "serial",
+                       "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"servesim: error: --out {tmp_path / 'f' / 'x'}: {tmp_path / 'f'} is a file, not a "
+        f"folder")

@@ -76,12 +76,13 @@ def test_requests_csv_has_seconds_with_nine_decimals(tmp_path, result):
 def test_out_dir_that_is_a_file_fails_and_leaves_nothing(tmp_path, result):
     target = tmp_path / "out"
     target.write_text("not a directory")
-    with pytest.raises(InputError, match="out"):
+    # the one folder check (files.check_folder) speaks for every output folder
+    with pytest.raises(InputError, match=f"^--out {target}: it is a file, not a folder$"):
         write_run_outputs(target, result, title="t", meta={})
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert target.read_text() == "not a directory"
-    with pytest.raises(InputError, match=f"cannot create it \\({target} is a file, not a "
-                                         f"folder\\)$"):
+    with pytest.raises(InputError, match=f"^--out {target}/sub: {target} is a file, not a "
+                                         f"folder$"):
         write_run_outputs(target / "sub", result, title="t", meta={})
 
 
