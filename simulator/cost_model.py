@@ -515,7 +515,7 @@ class KVCapacity:
         g = lambda x: f"{x / GiB:.2f} GiB"  # noqa: E731
         return (f"projected: {gpu} {g(self.usable_bytes / util)} × {util:g} − weights "
                 f"{g(self.weight_bytes)} − activations {g(self.activation_bytes)} − non-torch "
-                f"{g(self.non_torch_bytes)} = {g(self.budget_bytes)} per GPU (×{tp}) → "
+                f"{g(self.non_torch_bytes)} = {g(self.budget_bytes)} per GPU (tensor_parallel={tp}) → "
                 f"{self.num_gpu_blocks} blocks of {block_size} tokens")
 
 
@@ -541,14 +541,16 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     if blocks < 2:
         if act > weights:  # the profiling-run reserve, not the weights, fills the GPU
             raise InputError(
-                f"{shape.name} on {gpu.name} ×{tp}: the activation reserve for "
+                f"{shape.name} on {gpu.name} with tensor_parallel={tp}: the activation "
+                f"reserve for "
                 f"max_num_batched_tokens {max_num_batched_tokens} / max_num_seqs "
                 f"{max_num_seqs} ({act / GiB:.1f} GiB) plus {weights / GiB:.1f} GiB of weights "
                 f"leaves no room for a KV cache in {usable / GiB:.1f} GiB per GPU: lower "
                 f"engine.max_num_batched_tokens")
         raise InputError(
             f"{shape.name} in {dtype} ({weights / GiB:.1f} GiB of weights per GPU) "
-            f"leaves no room for a KV cache on {gpu.name} ×{tp} at gpu_memory_utilization "
+            f"leaves no room for a KV cache on {gpu.name} with tensor_parallel={tp} at "
+            f"gpu_memory_utilization "
             f"{gpu_memory_utilization:g} ({usable / GiB:.1f} GiB per GPU): raise "
             f"tensor_parallel or choose a larger GPU")
     return KVCapacity(blocks, usable, weights, act, NON_TORCH_BYTES, int(budget),
@@ -756,7 +758,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             eff = prof.efficiencies
             how = (f"efficiencies of measured profile {src.name}" if src is not None
                    else "default efficiencies")
-            label = (f"projected: roofline {gpu.name} ×{tp}, {how} "
+            # tensor_parallel spelled out: a bare "×1" read like a GPU count or a scale
+            label = (f"projected: roofline {gpu.name}, tensor_parallel={tp}, {how} "
                      f"(MBU {eff.mbu:g}, MFU {eff.mfu:g})")
             k = RooflineConstants.of(shape, dtype, tp, gpu)
             price = hw.price_per_gpu_hour if hw.price_per_gpu_hour is not None \

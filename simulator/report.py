@@ -17,6 +17,7 @@ import base64
 import html
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -73,6 +74,25 @@ DEFINITIONS = [
 
 
 # -- content model: blocks rendered to markdown and html --------------------------------
+def fmt_number(x: float, sig: int = 5) -> str:
+    """``x`` to ``sig`` significant figures in positional notation, as report and terminal
+    cells show numbers: ``16657``, ``9.8033``, ``0.0123`` (``f"{x:.{sig}g}"`` would print
+    ``1.6657e+04`` from 16657 at 4 figures or 123456 at 5). Integer digits beyond ``sig``
+    are kept (``123457``); trailing zeros dropped. Magnitudes below 1e-4 keep the exponent
+    (``1.5e-07``), where positional notation would be a row of zeros; inf and nan print as
+    Python does.
+    """
+    if not math.isfinite(x) or x == 0:
+        return f"{x:g}"
+    if abs(x) < 1e-4:
+        return f"{x:.{sig}g}"
+    decimals = max(sig - 1 - math.floor(math.log10(abs(x))), 0)
+    text = f"{x:.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
 def _fmt(x) -> str:
     if x is None:
         return "n/a"
@@ -81,7 +101,7 @@ def _fmt(x) -> str:
     if isinstance(x, int):
         return f"{x:,}"
     if isinstance(x, float):
-        return f"{x:.5g}"
+        return fmt_number(x)
     return str(x)
 
 
@@ -517,7 +537,9 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     console = console or Console()
     s = result.summary
     label, basis = _basis(s)
-    lat = Table(title=f"Latency, ms (step costs {basis})")
+    # The source in full on its own line: in a table title it wraps to the table's width.
+    console.print(f"Step costs {basis}", highlight=False, markup=False)
+    lat = Table(title=f"Latency, ms ({label})")
     lat.add_column("metric")
     for st in ("mean", "p50", "p99"):
         lat.add_column(st, justify="right")

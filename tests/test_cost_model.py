@@ -163,6 +163,9 @@ def test_projection_label_and_tp_scaling():
     cm2 = build_cost_model(scenario(model="llama-3.1-8b",
                                     hardware={"profile": "h100-sxm", "tensor_parallel": 2}))
     assert not cm1.measured and cm1.profile.provenance.kind == "projected"
+    # the GPU count per replica is named as the knob it is, not a bare "×2"
+    assert cm2.label.startswith("projected: roofline h100-sxm, tensor_parallel=2, ")
+    assert "×" not in cm2.label and "tensor_parallel=2) →" in cm2.kv_note
     assert cm1.price_per_replica_hour == pytest.approx(2.99)
     assert cm2.price_per_replica_hour == pytest.approx(2 * 2.99)
     # one decode of 1000 tokens: weights + KV read over 0.7 x 3.35 TB/s, rest tiny
@@ -309,15 +312,16 @@ def test_cpu_efficiencies_never_carried_to_gpu(tmp_path, monkeypatch):
     save_profile(make_profile(), tmp_path / "local" / "cpu-llama-test.yaml")
     sc = scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"})
     assert build_cost_model(sc).label == (
-        "projected: roofline h100-sxm ×1, default efficiencies (MBU 0.7, MFU 0.5)")
+        "projected: roofline h100-sxm, tensor_parallel=1, default efficiencies (MBU 0.7, "
+        "MFU 0.5)")
     gpu = make_profile(name="h100-measured",
                        device={"name": "h100-sxm", "kind": "gpu", "peak_flops": 989.4e12,
                                "memory_bandwidth": 3.35e12, "memory_bytes": 81559 * 2**20},
                        efficiencies={"mbu": 0.6, "mfu": 0.4})
     save_profile(gpu, tmp_path / "local" / "h100-measured.yaml")
     cm = build_cost_model(sc)
-    assert cm.label == ("projected: roofline h100-sxm ×1, efficiencies of measured profile "
-                        "h100-measured (MBU 0.6, MFU 0.4)")
+    assert cm.label == ("projected: roofline h100-sxm, tensor_parallel=1, efficiencies of "
+                        "measured profile h100-measured (MBU 0.6, MFU 0.4)")
     assert cm.profile.cost.coefficients["w_eff_bytes_per_s"] == pytest.approx(0.6 * 3.35e12)
     assert cm.profile.cost.coefficients["a0_s"] == COEF["a0_s"]
 

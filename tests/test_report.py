@@ -142,3 +142,26 @@ def test_print_summary_table(result):
                    "Across replications"):
         assert needed in out
     assert "6 / 1" in out          # completed / rejected
+
+
+@pytest.mark.parametrize("x, sig, text", [
+    (16657.3, 5, "16657"), (123456.7, 5, "123457"),   # .5g: 1.2346e+05
+    (1871.0, 3, "1871"), (1234.5, 3, "1234"),         # .3g: 1.87e+03, 1.23e+03
+    (9.80333, 5, "9.8033"), (0.0123456, 3, "0.0123"), (2.0, 3, "2"), (-2500.0, 3, "-2500"),
+    (0.99999999, 3, "1"), (0.0, 3, "0"), (1.5e-7, 3, "1.5e-07"), (float("inf"), 3, "inf"),
+])
+def test_numbers_print_in_positional_notation(x, sig, text):
+    assert report.fmt_number(x, sig) == text
+
+
+def test_print_summary_names_the_step_cost_source_on_one_line(result):
+    buf = io.StringIO()
+    s = {**result.summary, "output_throughput": 123456.7,
+         "cost_model": "projected: roofline h100-sxm, tensor_parallel=1, default efficiencies "
+                       "(MBU 0.7, MFU 0.5)"}
+    print_summary(type(result)(**{**vars(result), "summary": s}),
+                  console=Console(file=buf, width=120, color_system=None))
+    out = buf.getvalue()
+    assert out.splitlines()[0] == ("Step costs projected: roofline h100-sxm, tensor_parallel=1, "
+                                   "default efficiencies (MBU 0.7, MFU 0.5)")
+    assert "Latency, ms (projected)" in out and "123457" in out and "e+" not in out
