@@ -330,7 +330,15 @@ def plan(scenario, executor, *, target_rate: float | None = None,
 def plan_table(result: PlanResult) -> pd.DataFrame:
     """One row per candidate: values, max rate per replica (+ 95% CI), replicas (+ CI,
     confirmed), cost per hour and per million output tokens (+ CI), operating-point TTFT
-    and TPOT p99 (+ CI), cost kind, status."""
+    and TPOT p99 (+ CI), cost kind, status.
+
+    A ``*_ci95`` cell is ``[lo, hi]``, ``None`` where there is no interval (one
+    replication, no max rate), or has one end ``None`` where the rate search bounded the
+    max rate on one side only (the replica and cost ends that follow from the other side
+    are then open). The TTFT/TPOT CIs are Student t intervals from
+    :func:`simulator.metrics.combine_replications`, whose lower end is clipped at 0: these
+    latencies cannot be negative. Rates, replicas and costs cannot be either; no CI here
+    is clipped for any other reason."""
     rows = []
     for r in result.rows:
         c = r.candidate

@@ -66,36 +66,72 @@ def _label(column: str) -> str:
 
 
 def _short(v) -> str:
-    """A terminal cell: 3 significant figures, a CI as ``lo-hi``, missing as ``-``."""
+    """A terminal cell: 3 significant figures in positional notation
+    (:func:`simulator.report.fmt_number`), a 95% CI as ``lo–hi``, ``≤hi`` / ``≥lo`` when
+    only one end is known, ``–`` when none is, a missing value as ``-``."""
     import math
 
     from .planner_report import _cell
+    from .report import fmt_number
 
-    if isinstance(v, (list, tuple)) and len(v) == 2 and all(
-            isinstance(x, (int, float)) for x in v):
-        return f"{v[0]:.3g}-{v[1]:.3g}"
+    if isinstance(v, (list, tuple)) and len(v) == 2:
+        lo, hi = (None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+                  for x in v)
+        if lo is None and hi is None:
+            return "–"
+        if lo is None:
+            return f"≤{_short(hi)}"
+        if hi is None:
+            return f"≥{_short(lo)}"
+        return f"{_short(lo)}–{_short(hi)}"
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, float):
-        return f"{v:.3g}"
+        return fmt_number(v, 3)
     return _cell(v)
 
 
 _STATUS = {"cheapest feasible": "best", "feasible": "ok", "infeasible": "fails SLO"}
+# Terminal words for the sweep's stability column; sweep.csv keeps the full label.
+_STABILITY = {"rejects requests": "rejects"}
+_CI_NOTES = {"–": "– in a 95% CI column: no interval (one replication, or no rate to "
+                  "bound)",
+             "≤": "≤x or ≥x: only one end of the 95% CI is known (the rate search bounded "
+                  "the max rate on one side only)"}
 
 
-def _print_table(df, title: str, columns=None) -> None:
-    """Print ``df``'s ``columns`` as a compact table; a ``status`` longer than a word is
-    numbered and printed in full under the table."""
+def _header(column: str) -> str:
+    """A column header folded one word per line, so a column is as narrow as its values
+    (``engine.max_model_len`` -> ``max/model/len``)."""
+    return _label(column).replace("_", " ").replace(" ", "\n")
+
+
+def _print_table(df, title: str, columns=None, console=None) -> None:
+    """Print ``df``'s ``columns`` as a compact table that fits 80 columns: one-word
+    header lines, one space between columns, numbers by :func:`_short`. A ``status``
+    longer than a word is numbered and printed in full under the table, and so is the
+    meaning of an undefined (``–``) or one-sided (``≤x``, ``≥x``) confidence interval.
+
+    Args:
+        console: a ``rich.console.Console``; a new one on stdout by default.
+    """
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     cols = columns or list(df.columns)
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-    rows, notes = [], []
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    rows, notes, ci_notes = [], [], []
     for _, r in df.iterrows():
         row = [_short(r[c]) for c in cols]
+        for j, (c, cell) in enumerate(zip(cols, row)):
+            if str(c).endswith("_ci95"):
+                if cell == "-":      # no interval at all
+                    cell = row[j] = "–"
+                key = "–" if cell == "–" else "≤" if cell[:1] in "≤≥" else None
+                if key and key not in ci_notes:
+                    ci_notes.append(key)
         if "status" in cols:
             i = cols.index("status")
             if row[i] in _STATUS:
@@ -103,16 +139,26 @@ def _print_table(df, title: str, columns=None) -> None:
             else:
                 notes.append(row[i])
                 row[i] = f"note {len(notes)}"
+        if "stability" in cols:
+            i = cols.index("stability")
+            row[i] = _STABILITY.get(row[i], row[i])
         rows.append(row)
-    for c in cols:   # one word per header line keeps columns as narrow as their values
-        t.add_column(_label(c).replace(" ", "\n"),
-                     justify="left" if c in ("status", "plan", "binding") else "right")
-    for row in rows:
-        t.add_row(*row)
-    console = Console()
+    for c in cols:
+        t.add_column(_header(c), overflow="fold",
+                     justify="left" if c in ("status", "plan", "binding", "stability")
+                     else "right")
+    for row in rows:   # Text: a cell such as "[a, b]" is not rich markup
+        t.add_row(*(Text(cell) for cell in row))
+    console = console or Console()
     console.print(t)
     for i, note in enumerate(notes, 1):
-        console.print(f"note {i}: {note}", highlight=False)
+        console.print(f"note {i}: {note}", highlight=False, markup=False)
+    for key in ci_notes:
+        console.print(_CI_NOTES[key], highlight=False, markup=False)
+    if "stability" in cols and any(r[cols.index("stability")] == "rejects" for r in rows):
+        console.print("rejects: some prompts are longer than max_model_len; vLLM refuses "
+                      "them (the rejected column counts them per run)", highlight=False,
+                      markup=False)
 
 
 def _cmd_sweep(args) -> int:
@@ -131,8 +177,8 @@ def _cmd_sweep(args) -> int:
         res = sweep(scenario, axes, ex, progress=prog)
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
-        "offered_rate", "request_throughput", "stability", "ttft_p50", "ttft_p99", "tpot_p50",
-        "tpot_p99", "slo_met"] if c in res.table])
+        "offered_rate", "request_throughput", "stability", "rejected", "ttft_p50", "ttft_p99",
+        "tpot_p50", "tpot_p99", "slo_met"] if c in res.table])
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line
         others = ", ".join(f"{a}={v}" for a, v in k.items() if a != "knee")

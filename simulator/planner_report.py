@@ -157,7 +157,12 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                    "numbers across candidates; runs below 0.98 × offered throughput count as "
                    "unstable. CIs: rates decided with 95% confidence bound the max rate; "
                    "replicas and costs follow from them. Latencies are at the operating "
-                   "point (target / replicas per replica), mean and 95% CI over replications."))
+                   "point (target / replicas per replica), mean and 95% CI over replications "
+                   "(Student t; a lower end below 0 is shown as 0, since a latency cannot "
+                   "be negative). A CI end shown n/a is not known: the rate search bounded "
+                   "the max rate on one side only, so the fewest replicas (and the lowest "
+                   "cost) or the most are open; a whole CI n/a means no interval (one "
+                   "replication, or no rate to bound)."))
     cols = list(table.columns)
     b.append(("table", None, ["#"] + cols,
               [[str(i)] + [_cell(r[c]) for c in cols] for i, r in table.iterrows()]))

@@ -134,7 +134,10 @@ workload:
     table = pd.read_csv(out / "sweep.csv")
     assert list(table["stability"]) == ["rejects requests"] * 2
     assert list(table["rejected"]) == [want, want]
-    assert printed.count("rejects requests") == 3   # two rows and the knee line
+    # the terminal's stability column says "rejects" beside the count; the knee line in full
+    rows = [line.split() for line in printed.splitlines() if line.split()[:1] in (["5"], ["10"])]
+    assert [r[3:5] for r in rows] == [["rejects", str(want)]] * 2
+    assert printed.count("rejects requests") == 1
     assert "highest stable workload.arrival.rate: none (every point rejects requests" in printed
     md = (out / "report.md").read_text()
     assert md.count("| rejects requests |") == 2 and "| stability |" in md
@@ -305,7 +308,7 @@ def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys
     _print_table(df, "Plans", list(df.columns))
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80
-    assert "8.31" in out and "17.9-25.1" in out and "best" in out and "note 1" in out
+    assert "8.31" in out and "17.9–25.1" in out and "best" in out and "note 1" in out
     assert "note 1: model does not fit: 16.1 GB of weights" in out.replace("\n", " ")
 
 
@@ -339,3 +342,38 @@ plan: {target_rate: 3, candidates: {engine.max_num_seqs: [2]}}
     assert capsys.readouterr().err.strip() == (
         f"servesim: error: --out {tmp_path / 'f' / 'x'}: {tmp_path / 'f'} is a file, not a "
         f"folder")
+
+
+def test_terminal_tables_fit_80_columns_without_exponents_or_lost_cells(monkeypatch):
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from simulator.planner_cli import _print_table
+
+    # a plan whose CIs are undefined or one-sided, big numbers, a long swept key
+    df = pd.DataFrame([
+        {"engine.max_num_batched_tokens": 16384, "max_rate_per_replica": 13.1143,
+         "max_rate_ci95": [11.64, None], "replicas": 4, "cost_per_hour": 11.96,
+         "cost_per_hour_ci95": [None, 11.96], "ttft_p99_ms": 12345.6,
+         "ttft_p99_ci95": [-3.5, 1380.46], "status": "feasible"},
+        {"engine.max_num_batched_tokens": 2048, "max_rate_per_replica": 1234.5,
+         "max_rate_ci95": None, "replicas": 1, "cost_per_hour": 2.99,
+         "cost_per_hour_ci95": None, "ttft_p99_ms": 0.5, "ttft_p99_ci95": None,
+         "status": "cheapest feasible"},
+    ])
+    buf = io.StringIO()
+    _print_table(df, "Plans", list(df.columns),
+                 console=Console(file=buf, width=80, color_system=None))
+    out = buf.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out and "e+" not in out
+    first, second = (line.split() for line in out.splitlines()
+                     if line.split()[:1] in (["16,384"], ["2,048"]))
+    assert first == ["16,384", "13.1", "≥11.6", "4", "12", "≤12", "12346", "-3.5–1380", "ok"]
+    assert second == ["2,048", "1234", "–", "1", "2.99", "–", "0.5", "–", "best"]
+    assert "– in a 95% CI column: no interval" in out
+    assert "only one end of the 95% CI is known" in out.replace("\n", " ")
+    head = out[:out.index("─")]
+    assert all(w in head.split() for w in ("max", "batched", "tokens"))
