@@ -33,7 +33,7 @@ def test_measured_h100_efficiencies_carried_to_other_gpus(tmp_path, monkeypatch)
     # Same efficiencies, the other GPU's ceilings: 0.6 × 2.039 TB/s, 0.4 × 312 TFLOP/s.
     assert c["w_eff_bytes_per_s"] == pytest.approx(0.6 * a100.memory_bandwidth)
     assert c["f_eff_flops_per_s"] == pytest.approx(0.4 * a100.peak_flops("bfloat16"))
-    assert cm.label.startswith("projected: roofline a100-80gb ×1, efficiencies of measured "
+    assert cm.label.startswith("projected: roofline a100-80gb, tensor_parallel=1, efficiencies of measured "
                                "profile h100-measured")
     cands = {(c.values["hardware.profile"], c.values["hardware.tensor_parallel"]): c
              for c in expand_candidates(sc)}
