@@ -597,6 +597,11 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         ctx = err.get("ctx", {})
         msg = (f"{ctx.get('discriminator', 'tag').strip(chr(39))}: "
                f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
+    elif typ == "union_tag_not_found":  # pydantic: "Unable to extract tag using ..."
+        tag = err.get("ctx", {}).get("discriminator", "tag").strip("'")
+        tags = _union_tags(parent, loc[-1] if loc else None, tag)
+        msg = f"{tag}: required key missing" + (f" (allowed: {', '.join(tags)})"
+                                                if tags else "")
     else:
         msg = err["msg"]
         inp = err.get("input")
@@ -604,6 +609,22 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         if not from_flag and (inp is None or isinstance(inp, (int, float, str, bool))):
             msg += f" (got {inp!r})"
     return _prefix(loc, source, origins, msg, text)
+
+
+def _union_tags(parent, field, tag: str) -> list[str]:
+    """The values the discriminator ``tag`` may take in the tagged union of ``parent``'s
+    field ``field`` (each member's ``Literal``), or [] when they cannot be read."""
+    info = getattr(parent, "model_fields", {}).get(field) if field is not None else None
+    out: list[str] = []
+    stack = [info.annotation] if info is not None else []
+    while stack:
+        t = stack.pop(0)
+        fields = getattr(t, "model_fields", None)
+        if fields and tag in fields:
+            out += [str(v) for v in typing.get_args(fields[tag].annotation)]
+        else:
+            stack += list(typing.get_args(t))
+    return out
 
 
 def _resolve_loc(loc: tuple, root: type) -> tuple[tuple, Any]:

@@ -289,3 +289,21 @@ def test_missing_key_names_its_parents_line_and_flags_no_line(tmp_path):
     # a mapping without the YAML (programmatic use) has no line to give
     assert err(scenario_from_dict, {**BASE, "engine": {"max_num_seqs": 0}}).startswith(
         "<scenario>: engine.max_num_seqs: ")
+
+
+@pytest.mark.parametrize("section, value, msg", [
+    ("arrival", {"rate": 2},
+     "workload.arrival: process: required key missing (allowed: poisson, gamma, constant, "
+     "closed_loop)"),
+    ("output_tokens", {"value": 3},
+     "workload.output_tokens: dist: required key missing (allowed: fixed, uniform, normal, "
+     "lognormal, empirical)"),
+])
+def test_a_missing_union_tag_names_the_tag_and_its_values(section, value, msg):
+    wl = {"num_requests": 5, "arrival": {"process": "poisson", "rate": 2},
+          "prompt_tokens": {"dist": "fixed", "value": 10},
+          "output_tokens": {"dist": "fixed", "value": 3}, section: value}
+    with pytest.raises(InputError) as e:
+        scenario_from_dict({"name": "t", "model": "llama-3.1-8b",
+                            "hardware": {"profile": "h100-sxm"}, "workload": wl})
+    assert str(e.value) == f"<scenario>: {msg}"
