@@ -53,7 +53,7 @@ def test_lengths_are_clipped_and_at_least_one():
     assert x.min() == 2 and x.max() == 40
     d = DIST.validate_python({"dist": "normal", "mean": 0, "std": 3})
     assert sample_lengths(d, 10_000, rng()).min() == 1
-    d = DIST.validate_python({"dist": "fixed", "value": 0})
+    d = DIST.validate_python({"dist": "fixed", "value": 1})
     assert set(sample_lengths(d, 10, rng())) == {1}
 
 
@@ -362,6 +362,8 @@ def test_bad_config_is_rejected(bad, where):
     ("output_tokens", {"dist": "uniform", "min": 1.2, "max": 1.8},
      "uniform [1.2, 1.8] holds no integer"),
     ("prompt_tokens", {"dist": "uniform", "min": 0, "max": 0.5}, "max (0.5) holds no integer >= 1"),
+    ("output_tokens", {"dist": "fixed", "value": 0}, "fixed value 0 is below 1"),
+    ("prompt_tokens", {"dist": "fixed", "value": 0.5}, "fixed value 0.5 is below 1"),
     ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
      "[min, max] = [5.2, 5.8] holds no integer >= 1"),
 ])
