@@ -452,12 +452,16 @@ def _json_bytes(obj) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
 
 
-def write_files(out_dir, contents: dict, flag: str = "--out") -> dict[str, Path]:
+def write_files(out_dir, contents: dict, flag: str = "--out",
+                stale: tuple = ()) -> dict[str, Path]:
     """Write ``{file name: bytes}`` into ``out_dir`` atomically (the scheme of
     :func:`write_run_outputs`); returns file name -> path.
 
     Args:
         flag: the option that named ``out_dir``, for error messages.
+        stale: names of files this command writes only sometimes: removed from an
+            existing ``out_dir`` when not in ``contents``, so that no file of an earlier
+            run is left beside this run's.
 
     Raises:
         InputError: ``out_dir`` or a folder above it is a file
@@ -481,6 +485,9 @@ def write_files(out_dir, contents: dict, flag: str = "--out") -> dict[str, Path]
                 raise
             for name in contents:
                 os.replace(tmp / name, out / name)
+            for name in stale:
+                if name not in contents:
+                    (out / name).unlink(missing_ok=True)
     except OSError as e:
         raise InputError(f"{flag} {out}: cannot write it ({e.strerror})") from e
     finally:
@@ -502,8 +509,9 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
 
     Everything is built in a temporary directory beside ``out_dir``; a new ``out_dir`` is
     then renamed into place in one step, an existing one has each file replaced by an
-    atomic rename. On any error the temporary directory is removed and nothing
-    half-written is left.
+    atomic rename, and a ``replications.json`` or ``diagnosis.json`` of an earlier run
+    that this one does not write is removed. On any error the temporary directory is
+    removed and nothing half-written is left.
 
     Args:
         out_dir: output directory (created with its parents if missing).
@@ -519,7 +527,8 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
     Raises:
         InputError: ``out_dir`` exists and is not a directory, or cannot be written.
     """
-    return write_files(out_dir, _contents(result, title, meta, replications, diagnosis))
+    return write_files(out_dir, _contents(result, title, meta, replications, diagnosis),
+                       stale=("replications.json", "diagnosis.json"))
 
 
 def print_summary(result: RunResult, console=None, *, replications: dict | None = None

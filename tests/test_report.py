@@ -165,3 +165,15 @@ def test_print_summary_names_the_step_cost_source_on_one_line(result):
     assert out.splitlines()[0] == ("Step costs projected: roofline h100-sxm, tensor_parallel=1, "
                                    "default efficiencies (MBU 0.7, MFU 0.5)")
     assert "Latency, ms (projected)" in out and "123457" in out and "e+" not in out
+
+
+def test_a_rerun_into_the_same_folder_leaves_no_file_of_the_earlier_run(tmp_path, result):
+    out = tmp_path / "out"
+    reps = combine_replications([result.summary, result.summary])
+    first = write_run_outputs(out, result, title="t", meta={}, replications=reps,
+                              diagnosis={"limit": "kv"})
+    assert {"replications.json", "diagnosis.json"} <= set(first)
+    (out / "notes.txt").write_text("the user's own file")
+    second = write_run_outputs(out, result, title="t", meta={})
+    assert sorted(p.name for p in out.iterdir()) == sorted([*second, "notes.txt"])
+    assert not (out / "replications.json").exists() and not (out / "diagnosis.json").exists()
