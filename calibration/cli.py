@@ -530,7 +530,8 @@ def profiles_table():
             continue
         pct = lambda s: f"{100 * s.mape:.1f}%" if s is not None else "-"  # noqa: E731
         err = p.error
-        rows.append((p.name, p.provenance.kind, p.device.name, p.model.name, p.dtype, p.engine,
+        rows.append((p.display_name, p.provenance.kind, p.device.name, p.model.name, p.dtype,
+                     p.engine,
                      p.provenance.date, pct(err.heldout if err else None),
                      pct(err.replay if err else None), where))
     return rows

@@ -234,6 +234,14 @@ class Profile(_P):
         """File this profile was loaded from (``None`` if built in memory)."""
         return self._path
 
+    @property
+    def display_name(self) -> str:
+        """The name ``hardware.profile`` selects this profile by (its file name without
+        ``.yaml``), followed by its ``name:`` field when that says something else (a
+        copied and renamed file)."""
+        stem = self._path.stem if self._path is not None else self.name
+        return stem if stem == self.name else f"{stem} (name field: {self.name})"
+
 
 # == profile files =========================================================================
 
@@ -601,7 +609,7 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
         per_req = source.cost.coefficients["per_request_s"]
     cap = kv_capacity(shape, dtype, gpu, tp, block_size, gpu_memory_utilization,
                       max_num_batched_tokens, max_num_seqs)
-    how = (f"efficiencies of measured profile {source.name}" if source is not None
+    how = (f"efficiencies of measured profile {source.display_name}" if source is not None
            else "default efficiencies")
     return Profile(
         name=re.sub(r"[^A-Za-z0-9._-]", "_", f"projected-{gpu.name}-x{tp}-{shape.name}")[:100],
@@ -756,7 +764,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                     cap.note(gpu.name, tp, eng.gpu_memory_utilization,
                                              eng.block_size))
             eff = prof.efficiencies
-            how = (f"efficiencies of measured profile {src.name}" if src is not None
+            how = (f"efficiencies of measured profile {src.display_name}" if src is not None
                    else "default efficiencies")
             # tensor_parallel spelled out: a bare "×1" read like a GPU count or a scale
             label = (f"projected: roofline {gpu.name}, tensor_parallel={tp}, {how} "
@@ -795,7 +803,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     k = RooflineConstants.of(prof.model_shape, prof.dtype, prof.tensor_parallel) \
         if prof.cost.form == "roofline" else None
     kind = "measured" if prof.measured else "projected"
-    label = f"{kind}: profile {prof.name} ({prof.engine}, {prof.provenance.date})"
+    label = f"{kind}: profile {prof.display_name} ({prof.engine}, {prof.provenance.date})"
     price = hw.price_per_gpu_hour
     if price is None and prof.device.kind == "gpu" and prof.device.name in list_hardware():
         price = load_hardware(prof.device.name).price_per_gpu_hour
@@ -811,12 +819,12 @@ def _check_profile_matches(scenario: Scenario, prof: Profile) -> None:
     pshape = prof.model_shape
     if pshape.shape_key() != shape.shape_key() or prof.dtype != scenario.dtype:
         raise scenario.error("hardware.profile", (
-            f"profile {prof.name} was measured for model {prof.model.name} ({prof.dtype}) but "
+            f"profile {prof.display_name} was measured for model {prof.model.name} ({prof.dtype}) but "
             f"the scenario runs {shape.name} ({scenario.dtype}): use a profile of this model "
             f"and dtype, or a catalog GPU for a projection"))
     if prof.tensor_parallel != scenario.hardware.tensor_parallel:
         raise scenario.error("hardware.tensor_parallel", (
-            f"profile {prof.name} was measured with tensor_parallel {prof.tensor_parallel}, "
+            f"profile {prof.display_name} was measured with tensor_parallel {prof.tensor_parallel}, "
             f"the scenario asks for {scenario.hardware.tensor_parallel}"))
 
 
@@ -824,7 +832,7 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
     """The profile's KV capacity in blocks of ``block_size`` tokens (+ a note)."""
     kv = prof.kv
     if kv.num_gpu_blocks is None and kv.memory_budget_bytes is None:
-        return None, f"unlimited (profile {prof.name} records no KV capacity)"
+        return None, f"unlimited (profile {prof.display_name} records no KV capacity)"
     if kv.memory_budget_bytes is not None:
         blocks = kv.memory_budget_bytes // (block_size * kv.bytes_per_token)
         src = f"{kv.memory_budget_bytes / GiB:.2f} GiB budget"
@@ -832,9 +840,9 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
         blocks = kv.num_gpu_blocks * kv.block_size // block_size
         src = f"{kv.num_gpu_blocks} blocks of {kv.block_size}"
     if blocks < 2:
-        raise InputError(f"profile {prof.name}: its KV capacity ({src}) holds fewer than 2 "
+        raise InputError(f"profile {prof.display_name}: its KV capacity ({src}) holds fewer than 2 "
                          f"blocks of {block_size} tokens")
-    return int(blocks), (f"{prof.provenance.kind}: profile {prof.name} ({src}) → {blocks} "
+    return int(blocks), (f"{prof.provenance.kind}: profile {prof.display_name} ({src}) → {blocks} "
                          f"blocks of {block_size} tokens")
 
 

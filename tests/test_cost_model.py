@@ -109,8 +109,8 @@ def test_linear_inline_on_real_scheduler_plans():
 
 
 def test_roofline_by_hand(tmp_path):
-    save_profile(make_profile(), tmp_path / "p.yaml")
-    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
+    save_profile(make_profile(), tmp_path / "cpu-llama-test.yaml")
+    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "cpu-llama-test.yaml"}))
     assert cm.measured and cm.form == "roofline"
     assert cm.label == "measured: profile cpu-llama-test (servesim-torch 0.1, 2026-11-30)"
     # Mixed step: chunk of 10 after 6 cached (samples), chunk of 5 (partial), 3 decodes
@@ -259,15 +259,15 @@ def test_profile_schema_errors(tmp_path):
 
 
 def test_profile_for_another_model_or_dtype_refused(tmp_path):
-    save_profile(make_profile(), tmp_path / "p.yaml")
+    save_profile(make_profile(), tmp_path / "cpu-llama-test.yaml")
     with pytest.raises(InputError, match=r"^t.yaml: hardware.profile: profile cpu-llama-test "
                                          r"was measured for model llama-test \(bfloat16\) but the "
                                          r"scenario runs llama-tiny-56m \(bfloat16\)"):
         build_cost_model(scenario(tmp_path, model="llama-tiny-56m",
-                                  hardware={"profile": "p.yaml"}))
+                                  hardware={"profile": "cpu-llama-test.yaml"}))
     with pytest.raises(InputError, match=r"llama-test \(bfloat16\) but the scenario runs "
                                          r"llama-test \(float32\)"):
-        build_cost_model(scenario(tmp_path, dtype="float32", hardware={"profile": "p.yaml"}))
+        build_cost_model(scenario(tmp_path, dtype="float32", hardware={"profile": "cpu-llama-test.yaml"}))
     with pytest.raises(InputError, match=r"^t.yaml: hardware.profile: 'nope' is neither a "
                                          r"catalog GPU \(h100-sxm"):
         build_cost_model(scenario(tmp_path, hardware={"profile": "nope"}))
@@ -339,3 +339,16 @@ def test_profile_reads_exponent_numbers_as_the_scenario_loader_does(tmp_path):
     with pytest.raises(InputError, match=rf"^e\.yaml:{n}: YAML syntax error: duplicate key "
                                          r"'name'$"):
         load_profile(p)
+
+
+def test_a_renamed_profile_copy_is_shown_by_the_name_that_selects_it(tmp_path):
+    from simulator.cost_model import PROFILES_DIR
+    stem = "cpu-llama-tiny-56m-bfloat16"
+    text = (PROFILES_DIR / f"{stem}.yaml").read_text()
+    (tmp_path / "mine.yaml").write_text(text)
+    prof = load_profile(tmp_path / "mine.yaml")
+    assert prof.display_name == f"mine (name field: {stem})"
+    assert load_profile(PROFILES_DIR / f"{stem}.yaml").display_name == stem
+    save_profile(make_profile(), tmp_path / "p.yaml")   # named cpu-llama-test inside
+    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
+    assert cm.label.startswith("measured: profile p (name field: cpu-llama-test) (")
