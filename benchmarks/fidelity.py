@@ -139,7 +139,7 @@ def main(argv=None) -> int:
               "with every step cost scaled by (1 − MAPE) and (1 + MAPE) (times the host speed "
               "factor below, when probed). 'At host speed': "
               "the same prediction with every step cost scaled by the host's speed during "
-              "that run relative to the calibration (three grid cells of the profile, two "
+              "that run relative to the calibration (four grid cells of the profile, three "
               "decode batches and a prefill, re-measured before and after the run; "
               "geometric mean; "
               "calibration.validate.SpeedProbe): what is left is the cost model's own error.",

@@ -439,10 +439,13 @@ def wait_quiet(max_wait_s: float = 120.0, busy_pct: float = 15.0, need_s: int = 
 
 # == the host's speed =====================================================================
 
-# The probe re-measures three of the profile's grid cells, as the grid measured them: the
-# cells nearest a small and a mid-sized decode batch (memory-bound steps) and a 256-token
-# prefill (a compute-bound one); a shared host's slowdowns hit the two kinds differently.
-PROBE_TARGETS = (("decode", 2, 256), ("decode", 8, 256), ("prefill", 256, 0))
+# The probe re-measures four of the profile's grid cells, as the grid measured them: the
+# cells nearest a small, a mid-sized and a full decode batch (memory-bound steps; a full
+# batch streams the most KV, and a shared host's slowdowns hit it hardest: a saturation
+# run ran 20% slow while the two smaller batches timed at their calibration speed) and a
+# 256-token prefill (a compute-bound one).
+PROBE_TARGETS = (("decode", 2, 256), ("decode", 8, 256), ("decode", 32, 256),
+                 ("prefill", 256, 0))
 PROBE_VISITS = 10
 
 
@@ -992,7 +995,7 @@ def add_parser(subparsers) -> None:
                    help="do not wait for a quiet machine before timed runs")
     p.add_argument("--no-host-speed", action="store_true",
                    help="do not probe the host's speed around timed runs (the probe "
-                        "re-measures three grid cells of the profile; predictions at the probed "
+                        "re-measures four grid cells of the profile; predictions at the probed "
                         "speed are reported beside the plain ones)")
     p.add_argument("--out", default="reports/validation", help="output folder")
     p.set_defaults(func=_cmd_validate)

@@ -128,6 +128,7 @@ def test_probe_cells_are_the_nearest_cells_of_the_profile():
     prof = load_profile(PROFILES_DIR / "cpu-llama-tiny-56m-bfloat16.yaml")
     cells = V.probe_cells(prof)
     assert [c.key for c, _ in cells] == ["decode B=2 L=256", "decode B=8 L=256",
+                                         "decode B=32 L=256",
                                          "prefill n=256 c=0"]   # the full CPU grid has them
     df = pd.read_csv(prof.path.parent / prof.provenance.measurements_csv, comment="#")
     for c, ref in cells:
