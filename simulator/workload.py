@@ -59,7 +59,7 @@ _PURPOSES = ("arrival", "prompt", "output", "prefix", "turns", "session_think",
 class _Dist(BaseModel):
     """Common clip bounds: every sample is clipped to ``[min, max]`` (``None`` = open)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     min: Optional[float] = None
     max: Optional[float] = None
@@ -270,7 +270,7 @@ def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
 # -- arrival processes -----------------------------------------------------------------
 
 class _OpenLoop(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     rate: float = Field(gt=0, allow_inf_nan=False, description="mean request rate, requests/s")
     normalize_duration: bool = Field(
@@ -303,7 +303,7 @@ class ClosedLoopArrival(BaseModel):
     """``{process: closed_loop, concurrency, think_time_s}``: ``concurrency`` virtual users,
     each sending its next request ``think_time_s`` after its previous one finished."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     process: Literal["closed_loop"]
     concurrency: int = Field(ge=1)
@@ -360,7 +360,7 @@ class PrefixConfig(BaseModel):
     (``zipf``, a finite Zipf law) or ``1/groups`` (``uniform``).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     shared_tokens: int = Field(ge=1)
     groups: int = Field(1, ge=1)
@@ -382,7 +382,7 @@ class SessionConfig(BaseModel):
     finish and the next turn's arrival (seconds, may be fractional).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     turns: Dist
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
@@ -402,7 +402,7 @@ class WorkloadConfig(BaseModel):
     traces without content, optional ``num_requests`` cap). Turns count as requests.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     seed: int = Field(0, ge=0)
     num_requests: Optional[int] = Field(None, ge=1, le=100_000_000)  # memory: ~1 KiB each

@@ -389,3 +389,12 @@ def test_sample_lengths_bounds_error_names_the_key():
         sample_lengths(d, 5, rng(), key="workload.output_tokens")
     d = DIST.validate_python({"dist": "uniform", "min": 3, "max": 3.7})   # holds 3
     assert set(sample_lengths(d, 20, rng())) == {3}
+
+
+@pytest.mark.parametrize("key, value", [("num_requests", True), ("num_requests", "30"),
+                                        ("output_tokens", {"dist": "fixed", "value": "3"}),
+                                        ("arrival", {"process": "poisson", "rate": "2"})])
+def test_no_silent_coercion_of_strings_or_booleans_into_numbers(key, value):
+    # as in the rest of the scenario: true is not 1 and "30" is not 30
+    with pytest.raises(ValidationError):
+        cfg(**{key: value})
