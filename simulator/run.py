@@ -110,9 +110,13 @@ def report_meta(scenario) -> dict:
         "model": f"{shape.name} ({scenario.dtype})",
         "hardware": (f"{hw.profile} × tensor_parallel {hw.tensor_parallel}" if hw.profile
                      else f"inline step time ({hw.step_time.form})"),
+        # Resolved values, not the file's unset ones (vLLM's defaults and derivations).
         "engine": ", ".join(f"{k}={v}" for k, v in {
             **e.model_dump(), "max_num_seqs": scenario.max_num_seqs,
-            "max_num_batched_tokens": scenario.max_num_batched_tokens}.items()),
+            "max_num_batched_tokens": scenario.max_num_batched_tokens,
+            "max_model_len": scenario.max_model_len,
+            "num_gpu_blocks": ("from the KV cache memory (see KV cache)"
+                               if e.num_gpu_blocks is None else e.num_gpu_blocks)}.items()),
         "cluster": f"{scenario.cluster.replicas} replica(s), router {scenario.cluster.router}",
         "workload": (f"trace {wl.trace.path} ({wl.trace.format})" if wl.trace else
                      f"{wl.num_requests} requests, arrival {wl.arrival.process}"),

@@ -177,3 +177,19 @@ def test_a_rerun_into_the_same_folder_leaves_no_file_of_the_earlier_run(tmp_path
     second = write_run_outputs(out, result, title="t", meta={})
     assert sorted(p.name for p in out.iterdir()) == sorted([*second, "notes.txt"])
     assert not (out / "replications.json").exists() and not (out / "diagnosis.json").exists()
+
+
+def test_report_meta_shows_resolved_engine_knobs():
+    from simulator.catalog import load_model
+    from simulator.run import report_meta
+    from simulator.scenario import scenario_from_dict
+    sc = scenario_from_dict({"name": "t", "model": "llama-3.1-8b",
+                             "hardware": {"profile": "h100-sxm"},
+                             "workload": {"num_requests": 2,
+                                          "arrival": {"process": "poisson", "rate": 1},
+                                          "prompt_tokens": {"dist": "fixed", "value": 8},
+                                          "output_tokens": {"dist": "fixed", "value": 2}}})
+    engine = report_meta(sc)["engine"]
+    # unset in the file: vLLM derives max_model_len from the model, blocks from memory
+    assert f"max_model_len={load_model('llama-3.1-8b').max_position_embeddings}" in engine
+    assert "num_gpu_blocks=from the KV cache memory" in engine and "None" not in engine
