@@ -74,8 +74,9 @@ def _parse(v):
 
 
 def _fmt_value(v) -> str:
-    return v if isinstance(v, str) else yaml.safe_dump(v, default_flow_style=True).strip() \
-        .removesuffix("...").strip()
+    # A string is dumped too: YAML quotes the ones that would read back as something else
+    # ("4" stays the string '4' and is refused by the schema, not run as the number 4).
+    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def grid(axes: dict[str, list]) -> list[dict[str, Any]]:

@@ -377,3 +377,28 @@ def test_terminal_tables_fit_80_columns_without_exponents_or_lost_cells(monkeypa
     assert "only one end of the 95% CI is known" in out.replace("\n", " ")
     head = out[:out.index("─")]
     assert all(w in head.split() for w in ("max", "batched", "tokens"))
+
+
+def test_a_quoted_number_in_a_sweep_list_is_refused_before_any_point_runs(tmp_path, capsys):
+    y = tmp_path / "s.yaml"
+    y.write_text("""name: s
+model: llama-test
+hardware: {profile: h100-sxm}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 20
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 4}
+""")
+    out = tmp_path / "sw"
+    # the string "4" is not the number 4 (as for a single --set value)
+    assert main(["sweep", str(y), "--set", 'workload.arrival.rate=2,"4"', "--executor",
+                 "serial", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["servesim: error: --set workload.arrival.rate='4': Input should be a "
+                   "valid number"]
+    assert not out.exists()
+    # names and numbers still travel unquoted
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=2,4", "--set",
+                 "model=llama-test", "--executor", "serial", "--out", str(out)]) == 0
