@@ -36,7 +36,7 @@ from typing import Literal, Optional
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError
 from .policy.request import NS_PER_S, RequestSpec
@@ -73,7 +73,8 @@ class TraceConfig(BaseModel):
             becomes ``t - start``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # Strict like the rest of the scenario ("1" and true are not numbers).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     path: str
     format: Literal["azure", "mooncake", "csv", "jsonl"]
@@ -81,6 +82,11 @@ class TraceConfig(BaseModel):
     arrival_unit: Optional[Literal["s", "ms", "us", "iso"]] = None
     time_scale: float = Field(1.0, gt=0)
     window_s: Optional[tuple[float, float]] = None
+
+    @field_validator("window_s", mode="before")
+    @classmethod
+    def _yaml_list(cls, v):
+        return tuple(v) if isinstance(v, list) else v   # YAML has lists, not tuples
 
     @model_validator(mode="after")
     def _check(self) -> "TraceConfig":

@@ -257,10 +257,17 @@ def test_missing_file_and_empty_window(tmp_path):
     ({"format": "azure", "window_s": [5, 1]}, "window_s"),
     ({"format": "azure", "time_scale": 0}, "time_scale"),
     ({"format": "parquet"}, "format"),
+    # strict: a string or a boolean is not a number
+    ({"format": "azure", "window_s": ["0", 60]}, "window_s.0"),
+    ({"format": "azure", "window_s": [True, 60]}, "window_s.0"),
+    ({"format": "azure", "time_scale": "1"}, "time_scale"),
 ])
 def test_bad_trace_config(kw, match):
     with pytest.raises(ValidationError, match=match):
         TraceConfig.model_validate({"path": "x", **kw})
+    # the same keys with proper values (a YAML list for the window) are accepted
+    assert TraceConfig.model_validate({"path": "x", "format": "azure", "window_s": [0, 60],
+                                       "time_scale": 1}).window_s == (0, 60)
 
 
 def test_prefix_not_allowed_with_mooncake():
