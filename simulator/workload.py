@@ -197,12 +197,13 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
 
     Raises:
         ValueError: the bounds hold no integer >= 1 (a uniform ``[min, max]`` with no
-            integer inside, or ``max`` below 1), or a fixed value below 1 (it would be
-            raised to 1 silently); the message says which and what to give.
+            integer inside, or ``max`` below 1), or a fixed value that is not a whole
+            number >= 1 (it would be rounded silently); the message says which.
     """
-    if isinstance(dist_cfg, FixedDist) and dist_cfg.value < 1:
-        raise ValueError(f"fixed value {dist_cfg.value:g} is below 1 (a count is a whole "
-                         f"number >= 1; vLLM refuses max_tokens < 1 too)")
+    if isinstance(dist_cfg, FixedDist) and (dist_cfg.value < 1
+                                            or dist_cfg.value != int(dist_cfg.value)):
+        raise ValueError(f"fixed value {dist_cfg.value:g} is not a whole number >= 1 (a "
+                         f"count of tokens or turns)")
     if isinstance(dist_cfg, UniformDist) and math.floor(dist_cfg.max) < math.ceil(dist_cfg.min):
         raise ValueError(f"uniform [{dist_cfg.min:g}, {dist_cfg.max:g}] holds no integer "
                          f"(a count is a whole number: give min and max with an integer "

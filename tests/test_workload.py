@@ -362,8 +362,9 @@ def test_bad_config_is_rejected(bad, where):
     ("output_tokens", {"dist": "uniform", "min": 1.2, "max": 1.8},
      "uniform [1.2, 1.8] holds no integer"),
     ("prompt_tokens", {"dist": "uniform", "min": 0, "max": 0.5}, "max (0.5) holds no integer >= 1"),
-    ("output_tokens", {"dist": "fixed", "value": 0}, "fixed value 0 is below 1"),
-    ("prompt_tokens", {"dist": "fixed", "value": 0.5}, "fixed value 0.5 is below 1"),
+    ("output_tokens", {"dist": "fixed", "value": 0}, "fixed value 0 is not a whole number >= 1"),
+    ("prompt_tokens", {"dist": "fixed", "value": 0.5}, "fixed value 0.5 is not a whole number"),
+    ("output_tokens", {"dist": "fixed", "value": 3.5}, "fixed value 3.5 is not a whole number"),
     ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
      "[min, max] = [5.2, 5.8] holds no integer >= 1"),
 ])
