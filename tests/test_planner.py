@@ -182,21 +182,26 @@ def test_split_sets_and_candidates():
         expand_candidates(scenario_from_dict(d))
 
 
+def small_scenario(name: str, num_requests: int) -> str:
+    """YAML of a small llama-test scenario on h100-sxm (fixed 8-token prompts, 4 out)."""
+    return f"""name: {name}
+model: llama-test
+hardware: {{profile: h100-sxm}}
+engine: {{max_num_seqs: 4, max_model_len: 512}}
+workload:
+  num_requests: {num_requests}
+  arrival: {{process: poisson, rate: 5}}
+  prompt_tokens: {{dist: fixed, value: 8}}
+  output_tokens: {{dist: fixed, value: 4}}
+"""
+
+
 def test_plan_with_an_unknown_gpu_is_an_input_error(tmp_path, capsys):
     from simulator.catalog import list_hardware
     from simulator.cost_model import list_profiles
 
     y = tmp_path / "p.yaml"
-    y.write_text("""name: p
-model: llama-test
-hardware: {profile: h100-sxm}
-engine: {max_num_seqs: 4, max_model_len: 512}
-workload:
-  num_requests: 50
-  arrival: {process: poisson, rate: 5}
-  prompt_tokens: {dist: fixed, value: 8}
-  output_tokens: {dist: fixed, value: 4}
-slo: {ttft_ms: {p99: 500}}
+    y.write_text(small_scenario("p", 50) + """slo: {ttft_ms: {p99: 500}}
 plan: {target_rate: 10, candidates: {hardware.profile: [h100-sxm, h100-pcie]}}
 """)
     out = tmp_path / "pl"
@@ -381,16 +386,7 @@ def test_terminal_tables_fit_80_columns_without_exponents_or_lost_cells(monkeypa
 
 def test_a_quoted_number_in_a_sweep_list_is_refused_before_any_point_runs(tmp_path, capsys):
     y = tmp_path / "s.yaml"
-    y.write_text("""name: s
-model: llama-test
-hardware: {profile: h100-sxm}
-engine: {max_num_seqs: 4, max_model_len: 512}
-workload:
-  num_requests: 20
-  arrival: {process: poisson, rate: 5}
-  prompt_tokens: {dist: fixed, value: 8}
-  output_tokens: {dist: fixed, value: 4}
-""")
+    y.write_text(small_scenario("s", 20))
     out = tmp_path / "sw"
     # the string "4" is not the number 4 (as for a single --set value)
     assert main(["sweep", str(y), "--set", 'workload.arrival.rate=2,"4"', "--executor",
