@@ -10,7 +10,9 @@ Executors (``make_executor``):
 * ``serial``: in this process (tests, one job).
 * ``local`` (default): a ``concurrent.futures.ProcessPoolExecutor`` over all cores. Workers
   come from a ``forkserver`` (``spawn`` where that is unavailable) so a parent holding
-  threads (progress bars) is never forked.
+  threads (progress bars) is never forked. Where workers cannot be started or die (a
+  sandbox that refuses the forkserver's socket, a worker killed for memory), the jobs run
+  in this process instead, after one warning line on stderr.
 * ``ray``: ``ray.init(address=...)`` then one remote task per job, for users who outgrow
   one machine. Needs the optional ``[ray]`` extra, and servesim installed on every node.
 """
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -184,13 +188,21 @@ class LocalExecutor(SerialExecutor):
     def run(self, jobs, progress=None) -> list:
         if self.workers == 1 or len(jobs) <= 1:
             return super().run(jobs, progress)
-        futures = [self._get_pool().submit(run_job, j) for j in jobs]
-        out = []
-        for i, f in enumerate(futures):
-            out.append(f.result())
-            if progress:
-                progress(i + 1, len(jobs))
-        return out
+        try:
+            futures = [self._get_pool().submit(run_job, j) for j in jobs]
+            out = []
+            for i, f in enumerate(futures):
+                out.append(f.result())
+                if progress:
+                    progress(i + 1, len(jobs))
+            return out
+        except (BrokenPipeError, BrokenProcessPool) as e:
+            # Jobs are deterministic wherever they run: the same results, only slower.
+            print(f"servesim: warning: worker processes failed ({e.__class__.__name__}: "
+                  f"{e}); running the jobs in this process (--workers 1)", file=sys.stderr)
+            self.close()
+            self.workers = 1
+            return super().run(jobs, progress)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -32,6 +32,24 @@ def test_serial_and_local_pool_agree():
     assert a.summaries[0][0] != a.summaries[0][1]
 
 
+def test_a_pool_that_cannot_start_workers_runs_the_jobs_here(monkeypatch, capsys):
+    """A sandbox that refuses the forkserver's socket breaks the pool with BrokenPipeError
+    (it used to end the command silently with status 0): the jobs run in-process."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    def refuse(self, *a, **k):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", refuse)
+    with make_executor("serial") as ex:
+        a = sweep(base(), AXES, ex)
+    with make_executor("local", workers=2) as ex:
+        b = sweep(base(), AXES, ex)
+    assert a.summaries == b.summaries
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert warning == ["servesim: warning: worker processes failed (BrokenPipeError: [Errno "
+                       "32] Broken pipe); running the jobs in this process (--workers 1)"]
+
+
 def test_stability_flag():
     # 2 slots × 4 tokens × 10 ms → 50 req/s; 60 req/s offered is unstable.
     with make_executor("serial") as ex:
