@@ -259,9 +259,12 @@ def list_profiles() -> dict[str, Path]:
     the same name."""
     found: dict[str, Path] = {}
     for d in profile_dirs():
-        if d.is_dir():
-            for p in sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")):
-                found.setdefault(p.stem, p)
+        try:
+            paths = sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")) if d.is_dir() else []
+        except OSError:   # a folder this user may not read holds no profile for them
+            continue
+        for p in paths:
+            found.setdefault(p.stem, p)
     return found
 
 

@@ -352,3 +352,17 @@ def test_a_renamed_profile_copy_is_shown_by_the_name_that_selects_it(tmp_path):
     save_profile(make_profile(), tmp_path / "p.yaml")   # named cpu-llama-test inside
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
     assert cm.label.startswith("measured: profile p (name field: cpu-llama-test) (")
+
+
+def test_an_unreadable_profile_folder_is_skipped(tmp_path, monkeypatch):
+    import pathlib
+    locked = tmp_path / "locked"
+    monkeypatch.setenv("SERVESIM_PROFILES", str(locked))
+    real = pathlib.Path.is_dir
+
+    def is_dir(self):   # as for another user's ~/.servesim (root ignores modes)
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+    monkeypatch.setattr(pathlib.Path, "is_dir", is_dir)
+    assert "cpu-llama-tiny-56m-bfloat16" in cmod.list_profiles()
