@@ -274,6 +274,15 @@ class Scenario(_Strict):
     sim: SimConfig = Field(default_factory=SimConfig)
     plan: Optional[PlanConfig] = None
 
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, v):
+        # It names the default output folder, reports/<name>: one folder, inside reports/.
+        if not v.strip() or v in (".", "..") or any(c in v for c in "/\\\0"):
+            raise ValueError(f"must be a non-empty folder name without '/' (it names the "
+                             f"default output folder reports/<name>), got {v!r}")
+        return v
+
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
     _shape: Optional[ModelShape] = PrivateAttr(default=None)

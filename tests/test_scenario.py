@@ -307,3 +307,16 @@ def test_a_missing_union_tag_names_the_tag_and_its_values(section, value, msg):
         scenario_from_dict({"name": "t", "model": "llama-3.1-8b",
                             "hardware": {"profile": "h100-sxm"}, "workload": wl})
     assert str(e.value) == f"<scenario>: {msg}"
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", "", " ", "..", "a/b", "a\\\\b"])
+def test_a_scenario_name_is_one_folder_name(name):
+    # reports/<name> is the default output folder: it must stay one folder inside reports/
+    with pytest.raises(InputError, match=r"^<scenario>: name: must be a non-empty folder "
+                                         r"name without '/'"):
+        scenario_from_dict({"name": name, "model": "llama-3.1-8b",
+                            "hardware": {"profile": "h100-sxm"},
+                            "workload": {"num_requests": 5,
+                                         "arrival": {"process": "poisson", "rate": 2},
+                                         "prompt_tokens": {"dist": "fixed", "value": 8},
+                                         "output_tokens": {"dist": "fixed", "value": 3}}})
