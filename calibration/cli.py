@@ -337,7 +337,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     # -- device ceilings and KV facts ------------------------------------------------------
     csv_path = out.with_name(out.stem + ".measurements.csv")
     identity = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype,
-                "device": device, "block_size": args.block_size}
+                "device": device, "block_size": args.block_size, "threads": threads,
+                "torch": torch.__version__}
     old = read_csv_header(csv_path) if csv_path.is_file() else None
     if old and _identity(old) == identity and old.get("ceilings"):
         flops, bw = old["ceilings"]  # a resumed run keeps the ceilings its rows were fitted with
@@ -368,8 +369,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     engine = LLMEngine(model, {**eng_cfg, "kv_cache_memory_bytes": kv_budget})
 
     # -- the grid --------------------------------------------------------------------------
-    header = {**identity, "engine": f"servesim-torch {__version__}", "torch": torch.__version__,
-              "threads": threads, "device_name": dev_info.name, "ceilings": [flops, bw]}
+    header = {**identity, "engine": f"servesim-torch {__version__}",
+              "device_name": dev_info.name, "ceilings": [flops, bw]}
     log = MeasurementLog(csv_path, header)
     try:
         run = measure_grid(engine, grid, log, seed=args.seed, progress=not args.no_progress,

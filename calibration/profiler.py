@@ -47,8 +47,9 @@ from simulator.errors import InputError
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
                "num_decodes", "decode_context_tokens", "num_sampled", "tokens", "requests",
                "prefill_tokens", "decodes", "context_tokens", "attn_pairs", "sampled")
-# Header keys that must agree before a CSV is resumed.
-IDENTITY_KEYS = ("model", "shape", "dtype", "device", "block_size")
+# Header keys that must agree before a CSV is resumed: rows measured with another thread
+# count or torch build ran at another speed and would be fitted as one machine.
+IDENTITY_KEYS = ("model", "shape", "dtype", "device", "block_size", "threads", "torch")
 
 
 # == disturbed steps ==========================================================================
@@ -298,8 +299,9 @@ class MeasurementLog:
         path: the CSV. header: run identity (:data:`IDENTITY_KEYS`) and facts to record.
 
     Raises:
-        InputError: the file exists but was measured for another model, dtype, device or
-            block size (its header says which), or another run holds it (``flock``).
+        InputError: the file exists but was measured for another model, dtype, device,
+            block size, thread count or torch version (its header says which), or another
+            run holds it (``flock``).
     """
 
     def __init__(self, path: str | Path, header: dict):

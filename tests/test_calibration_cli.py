@@ -134,6 +134,28 @@ def test_killed_calibration_resumes_from_the_csv(tmp_path, tiny_grid, monkeypatc
     assert len(read_measurements(tmp_path / "r.measurements.csv")) == total
 
 
+def test_resuming_with_another_thread_count_is_refused(tmp_path, tiny_grid, monkeypatch):
+    import calibration.report
+    monkeypatch.setattr(calibration.report, "write_report",
+                        lambda *a: {"html": "-", "png": "-"})
+    out = tmp_path / "r.yaml"
+    seen = []
+
+    def kill_after_3(row):
+        seen.append(row)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_calibrate(out, kill_after_3, "--no-replay")
+    before = (tmp_path / "r.measurements.csv").read_bytes()
+    with pytest.raises(InputError, match=r"r\.measurements\.csv: measured with threads = 1, "
+                                         r"this run has 2: use another --out"):
+        run_calibrate(out, None, "--no-replay", "--threads", "2")
+    assert (tmp_path / "r.measurements.csv").read_bytes() == before
+    assert not out.exists()
+
+
 def test_profiles_lists_shipped_and_local(tmp_path, monkeypatch, capsys):
     shipped = sorted(PROFILES_DIR.glob("*.yaml"))
     local = tmp_path / "local"

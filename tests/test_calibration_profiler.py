@@ -26,7 +26,7 @@ def one_thread():
 
 
 HEADER = {"model": "llama-test", "shape": {"hidden_size": 64}, "dtype": "float32",
-          "device": "cpu", "block_size": 16}
+          "device": "cpu", "block_size": 16, "threads": 1, "torch": "2.13.0+cpu"}
 
 
 def engine():
@@ -147,6 +147,9 @@ def test_csv_of_another_model_is_refused(tmp_path):
     MeasurementLog(tmp_path / "m.csv", HEADER).close()
     with pytest.raises(InputError, match="dtype = 'float32', this run has 'bfloat16'"):
         MeasurementLog(tmp_path / "m.csv", {**HEADER, "dtype": "bfloat16"})
+    # rows timed with another thread count ran at another speed: never fitted together
+    with pytest.raises(InputError, match="threads = 1, this run has 2: use another --out"):
+        MeasurementLog(tmp_path / "m.csv", {**HEADER, "threads": 2})
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     with pytest.raises(InputError, match="not a servesim measurements CSV"):
         MeasurementLog(tmp_path / "x.csv", HEADER)
