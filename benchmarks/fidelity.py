@@ -121,8 +121,8 @@ def main(argv=None) -> int:
         meta = res["meta"]
         parts += [f"## {name}", "",
                   f"scenario {meta['source']} {' '.join(WORKLOADS[name])}; model "
-                  f"{meta['model']} ({meta['dtype']}); {meta['cpu']}, {meta['threads']} torch "
-                  f"threads, torch {meta['torch']}, Python {meta['python']}, engine "
+                  f"{meta['model']} ({meta['dtype']}); {meta['cpu']}, torch threads "
+                  f"{meta['threads']}, torch {meta['torch']}, Python {meta['python']}, engine "
                   f"{meta['engine']}; cost model {meta['cost_model']} (held-out MAPE "
                   f"{meta['heldout_mape']:.3f}); seed {meta['seed']}, {meta['replications']} "
                   f"replications (seeds SeedSequence([seed, load‰, r])), "

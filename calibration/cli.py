@@ -156,7 +156,7 @@ def _device_info(device: str, dtype: str, flops: float, bw: float, name: str | N
     from .profiler import cpu_name, memory_bytes
 
     if device == "cpu":
-        label = name or f"cpu {cpu_name()} ({threads} threads)"
+        label = name or f"cpu {cpu_name()} ({threads_label(threads)})"
         return DeviceInfo(name=label, kind="cpu", peak_flops=flops, memory_bandwidth=bw,
                           memory_bytes=memory_bytes(device)), "measured ceilings"
     import torch
@@ -420,7 +420,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                            attn_mfu=roof["f_attn_flops_per_s"] / dev_info.peak_flops)
     n_cells = len(result.cells)
     source = (f"servesim calibrate: servesim-torch {__version__} on {device} (torch "
-              f"{torch.__version__}, {threads} threads); {len(df)} steps in {n_cells} grid "
+              f"{torch.__version__}, {threads_label(threads)}); {len(df)} steps in {n_cells} grid "
               f"cells, {grid.repeats} interleaved passes; ceilings measured: matmul "
               f"{flops:.3g} FLOP/s, copy {bw:.3g} B/s; efficiencies against {peak_src}; "
               f"held-out: {fitmod.HELDOUT_FOLDS}-fold over whole cells; forms tried: "
@@ -450,6 +450,11 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                          report_dir / f"{out.stem}.calibration-report.html")
     _print_summary(profile, result, rep_err, run, time.perf_counter() - t_start, out, paths)
     return out
+
+
+def threads_label(n: int) -> str:
+    """``"1 thread"`` / ``"N threads"``: how profiles and reports name torch's CPU threads."""
+    return f"{n} thread" + ("" if n == 1 else "s")
 
 
 def _identity(header: dict) -> dict:

@@ -48,11 +48,8 @@ def test_replay_error_meets_the_target(profile):
     k = RooflineConstants.of(profile.model_shape, profile.dtype)
     err = replay_errors(profile.cost.form, profile.cost.coefficients, k, steps)
     assert err == pytest.approx(profile.error.replay.model_dump(), rel=1e-9)
-    # The replay MAPE target (10%) holds. Its p90 (22.0%) is over the 20% aimed at: on
-    # this shared machine the host's speed drifts by 10-50% between minutes with nothing
-    # else running (validate's host-speed probe, benchmarks/results/fidelity.md), and the
-    # replay runs minutes after the grid, so the p90 is reported, not asserted.
-    assert err["mape"] <= 0.10
+    # The targets: MAPE <= 10% and p90 <= 20% on steps the fit never saw.
+    assert err["mape"] <= 0.10 and err["p90"] <= 0.20
 
 
 def test_cpu_tiny_scenario_prices_steps_with_the_profile(profile):

@@ -99,7 +99,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     from simulator.workload import build_workload
 
     from calibration import fit as fitmod
-    from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic,
+    from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic, threads_label,
                                  profile_out, replay_workload, warn_if_busy)
     from calibration.profiler import GridRun, cpu_name, measure_ceilings, memory_bytes, \
         read_measurements
@@ -195,7 +195,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
         _write_csv_atomic(replay_path, header, replay_df)
         rep_err = fitmod.replay_errors(result.form, result.coefficients, k, replay_df)
 
-    dev = DeviceInfo(name=f"cpu {cpu_name()} ({threads} threads)", kind="cpu",
+    dev = DeviceInfo(name=f"cpu {cpu_name()} ({threads_label(threads)})", kind="cpu",
                      peak_flops=flops, memory_bandwidth=bw, memory_bytes=memory_bytes("cpu"))
     roof = result.roofline
     eff = Efficiencies()
@@ -206,7 +206,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     budget = int(float(kv_space) * (1 << 30)) if kv_space else None
     source = (f"servesim calibrate --backend vllm: {ver} in-process LLMEngine on cpu (torch "
-              f"{torch.__version__}, {threads} threads); {len(df)} steps in "
+              f"{torch.__version__}, {threads_label(threads)}); {len(df)} steps in "
               f"{len(result.cells)} cells, {grid.repeats} interleaved passes; foreign CPU load "
               f"per run mean {np.mean(loads):.1f}% max {np.max(loads):.1f}% of a core; "
               f"ceilings measured: matmul {flops:.3g} FLOP/s, copy {bw:.3g} B/s; held-out: "
