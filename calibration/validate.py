@@ -412,11 +412,20 @@ def saturation_throughput(finish_ns) -> float:
 
 
 def profile_threads(profile) -> int | None:
-    """CPU threads the profile was measured with (its provenance), or None."""
+    """CPU threads the profile was measured with: ``threads`` in its measurements CSV's
+    header, else the count its provenance or device name states ("1 thread", "4 threads");
+    None when neither says."""
+    from calibration.profiler import read_csv_header
+
     if profile is None:
         return None
-    m = re.search(r"(\d+) threads", profile.provenance.source or "") or \
-        re.search(r"(\d+) threads", profile.device.name)
+    rel = profile.provenance.measurements_csv
+    if rel and profile.path is not None and (profile.path.parent / rel).is_file():
+        threads = (read_csv_header(profile.path.parent / rel) or {}).get("threads")
+        if isinstance(threads, int) and threads > 0:
+            return threads
+    m = re.search(r"(\d+) threads?\b", profile.provenance.source or "") or \
+        re.search(r"(\d+) threads?\b", profile.device.name)
     return int(m.group(1)) if m else None
 
 

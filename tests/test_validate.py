@@ -137,6 +137,26 @@ def test_probe_cells_are_the_nearest_cells_of_the_profile():
         update={"measurements_csv": None})})) is None
 
 
+def test_profile_threads_read_from_the_csv_header_else_the_text(tmp_path):
+    """validate runs the engine with the thread count the profile was measured with."""
+    import shutil
+    from simulator.cost_model import PROFILES_DIR, load_profile
+    name = "cpu-llama-tiny-56m-bfloat16"
+    for suffix in (".yaml", ".measurements.csv"):
+        shutil.copy(PROFILES_DIR / f"{name}{suffix}", tmp_path / f"{name}{suffix}")
+    csv = tmp_path / f"{name}.measurements.csv"
+    lines = csv.read_text().splitlines(keepends=True)
+    csv.write_text(lines[0].replace('"threads": 1', '"threads": 3') + "".join(lines[1:]))
+    prof = load_profile(tmp_path / f"{name}.yaml")
+    assert V.profile_threads(prof) == 3          # the header, not the text ("1 thread")
+    csv.unlink()                                 # no CSV: the text says it
+    for text, want in (("cpu X (1 thread)", 1), ("cpu X (12 threads)", 12), ("cpu X", None)):
+        p = prof.model_copy(update={
+            "device": prof.device.model_copy(update={"name": text}),
+            "provenance": prof.provenance.model_copy(update={"source": "s"})})
+        assert V.profile_threads(p) == want
+
+
 def test_speed_probe_times_the_cells_against_their_references():
     from calibration.profiler import Cell, decode_lengths
     sc = scenario_from_dict(SCENARIO)
