@@ -368,6 +368,90 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _worst_slo(outputs: list[dict]) -> tuple[str, float, float] | None:
+    """The SLO furthest from its threshold over ``outputs``' summaries, by mean
+    value / threshold: ``(\"<metric> <stat>\", mean value, threshold)``."""
+    worst, where = None, None
+    keys = {(m, st) for o in outputs for m, e in (o["summary"].get("slo") or {}).items()
+            for st in e}
+    for m, st in sorted(keys):
+        vals = [o["summary"]["slo"][m][st] for o in outputs]
+        if any(v.get("value") is None or not v["threshold"] for v in vals):
+            continue
+        value = float(np.mean([v["value"] for v in vals]))
+        ratio = value / vals[0]["threshold"]
+        if worst is None or ratio > worst:
+            worst, where = ratio, (f"{m} {st}", value, float(vals[0]["threshold"]))
+    return where
+
+
+def closest_miss(result: PlanResult) -> dict | None:
+    """When no candidate meets every SLO, the one that came closest; None when a plan was
+    found or no candidate ran to a finite SLO figure.
+
+    A candidate that met the SLOs on one replica but whose deployment (up to
+    ``plan.max_replicas`` replicas) did not comes before any that never met them; ties
+    and the rest are ranked by the lowest mean worst-SLO ratio (value / threshold, as
+    in :func:`simulator.search.slo_ratio`) among its stable evaluations, then by table
+    order.
+
+    Returns:
+        ``{"row": PlanRow, "per_replica": bool`` (met on one replica), ``"ratio"``
+        (worst SLO value / threshold), ``"rate"`` (req/s: per replica, or the target for a
+        deployment), ``"replicas"`` (deployment size; 1 for a per-replica run),
+        ``"slo"``, ``"value"``, ``"threshold"`` (the worst SLO's name, mean value and
+        threshold, ms or count; None when unknown)``}``.
+    """
+    if result.best is not None:
+        return None
+    found = []
+    for i, r in enumerate(result.rows):
+        if r.search is None:
+            continue
+        met = r.search.max_rate > 0
+        if met and r.confirmation:
+            t = min(r.confirmation, key=lambda c: (c["mean_ratio"], c["replicas"]))
+            if math.isfinite(t["mean_ratio"]):
+                found.append(((0, t["mean_ratio"], i), {
+                    "row": r, "per_replica": True, "ratio": t["mean_ratio"],
+                    "rate": result.target_rate, "replicas": t["replicas"],
+                    "slo": None, "value": None, "threshold": None}))
+            continue
+        evals = [e for e in r.search.evaluations
+                 if not e.unstable and not e.feasible and math.isfinite(e.mean_ratio)]
+        if not evals:
+            continue
+        e = min(evals, key=lambda e: (e.mean_ratio, e.rate))
+        slo, value, thr = _worst_slo(e.outputs) or (None, None, None)
+        found.append(((1, e.mean_ratio, i), {
+            "row": r, "per_replica": False, "ratio": e.mean_ratio, "rate": e.rate,
+            "replicas": 1, "slo": slo, "value": value, "threshold": thr}))
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
+def closest_text(miss: dict, max_replicas: int) -> str:
+    """One sentence on :func:`closest_miss`'s candidate, e.g. ``closest: profile=h100-sxm,
+    max_num_seqs=64, at 1.25 req/s per replica: TTFT p99 35.2 ms against an SLO of 1 ms
+    (35.2x the SLO)``."""
+    from .report import fmt_number
+
+    label = miss["row"].candidate.label
+    if miss["per_replica"]:
+        return (f"closest: {label} meets every SLO on one replica, but no deployment of up "
+                f"to {max_replicas} replicas did at {fmt_number(miss['rate'], 3)} req/s "
+                f"(best: {miss['replicas']} replicas, worst SLO at "
+                f"{fmt_number(miss['ratio'], 3)}x its threshold)")
+    what = "worst SLO"
+    if miss["slo"]:
+        metric, stat = miss["slo"].split(" ", 1)
+        unit = " ms" if metric.endswith("_ms") else ""
+        name = metric.removesuffix("_ms").upper() if unit else metric
+        what = (f"{name} {stat} {fmt_number(miss['value'], 3)}{unit} against an SLO of "
+                f"{fmt_number(miss['threshold'], 3)}{unit}")
+    return (f"closest: {label}, at {fmt_number(miss['rate'], 3)} req/s per replica: "
+            f"{what} ({fmt_number(miss['ratio'], 3)}x the SLO)")
+
+
 # == compare ===============================================================================
 
 def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
@@ -398,6 +482,6 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
     return res
 
 
-__all__ = ["Candidate", "PlanResult", "PlanRow", "SweepResult", "compare", "confirm_replicas",
-           "cost_figures", "derive", "expand_candidates", "grid", "knees", "plan",
+__all__ = ["Candidate", "PlanResult", "PlanRow", "SweepResult", "closest_miss", "closest_text",
+           "compare", "confirm_replicas", "cost_figures", "derive", "expand_candidates", "grid", "knees", "plan",
            "plan_table", "replicas_needed", "split_sets", "sweep"]

@@ -109,7 +109,8 @@ def _header(column: str) -> str:
 def _print_table(df, title: str, columns=None, console=None) -> None:
     """Print ``df``'s ``columns`` as a compact table that fits 80 columns: one-word
     header lines, one space between columns, numbers by :func:`_short`. A ``status``
-    longer than a word is numbered and printed in full under the table, and so is the
+    longer than a word is numbered (rows with the same text share a number) and printed
+    once in full under the table, and so is the
     meaning of an undefined (``–``) or one-sided (``≤x``, ``≥x``) confidence interval.
 
     Args:
@@ -136,9 +137,10 @@ def _print_table(df, title: str, columns=None, console=None) -> None:
             i = cols.index("status")
             if row[i] in _STATUS:
                 row[i] = _STATUS[row[i]]
-            else:
-                notes.append(row[i])
-                row[i] = f"note {len(notes)}"
+            else:   # one note per distinct text: every candidate may fail alike
+                if row[i] not in notes:
+                    notes.append(row[i])
+                row[i] = f"note {notes.index(row[i]) + 1}"
         if "stability" in cols:
             i = cols.index("stability")
             row[i] = _STABILITY.get(row[i], row[i])
@@ -202,8 +204,14 @@ def _knee_text(table, knee: dict) -> str:
     return "none (no point is stable)"
 
 
+# Exit status of `servesim plan` when it ran but no candidate meets every SLO: the report
+# is written (valid output), yet a script sizing a deployment must not take it as a plan.
+# 2 stays reserved for bad input, as argparse and every other command use it.
+NO_PLAN_STATUS = 1
+
+
 def _cmd_plan(args) -> int:
-    from .planner import plan, plan_table
+    from .planner import closest_miss, closest_text, plan, plan_table
     from .planner_report import write_plan_report
     from .scenario import load_scenario
 
@@ -227,10 +235,14 @@ def _cmd_plan(args) -> int:
         cost = res.best.costs.get("cost_per_hour")
         print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s), "
               + (f"{cost} USD/h" if cost is not None else "no price for this hardware"))
-    else:
-        print("no candidate meets every SLO")
+        print(f"report: {paths['report.html']}")
+        return 0
+    miss = closest_miss(res)
+    cfg = scenario.plan
+    print(f"no candidate meets every SLO at {res.target_rate:g} req/s"
+          + (f"; {closest_text(miss, cfg.max_replicas if cfg else 64)}" if miss else ""))
     print(f"report: {paths['report.html']}")
-    return 0
+    return NO_PLAN_STATUS
 
 
 def _cmd_compare(args) -> int:

@@ -152,7 +152,14 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
             f" max rate per replica {_cell(row['max_rate_per_replica'])} req/s (95% CI "
             f"{_cell(row['max_rate_ci95'])}); step costs {row['cost_kind']}.")))
     else:
-        b.append(("p", f"No candidate meets every SLO at {_fmt(result.target_rate)} req/s."))
+        from .planner import closest_miss, closest_text
+
+        miss = closest_miss(result)
+        cfg = result.rows[0].candidate.scenario.plan if result.rows and \
+            result.rows[0].candidate.scenario is not None else None
+        b.append(("p", f"No candidate meets every SLO at {_fmt(result.target_rate)} req/s"
+                       + (f"; {closest_text(miss, cfg.max_replicas if cfg else 64)}."
+                          if miss else ".")))
     b.append(("p", "Max rate per replica: bisection on the arrival rate with common random "
                    "numbers across candidates; runs below 0.98 × offered throughput count as "
                    "unstable. CIs: rates decided with 95% confidence bound the max rate; "

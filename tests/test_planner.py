@@ -398,3 +398,34 @@ def test_a_quoted_number_in_a_sweep_list_is_refused_before_any_point_runs(tmp_pa
     # names and numbers still travel unquoted
     assert main(["sweep", str(y), "--set", "workload.arrival.rate=2,4", "--set",
                  "model=llama-test", "--executor", "serial", "--out", str(out)]) == 0
+
+
+def test_plan_without_a_feasible_candidate_says_so_once_and_exits_1(tmp_path, capsys):
+    # One token per engine step: TPOT is the step time at any load, 20 ms and 10 ms here,
+    # so a 5 ms TPOT p99 SLO is out of reach for both; the 10 ms one is 2x over, the closest.
+    y = tmp_path / "p.yaml"
+    y.write_text("""name: p
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 100
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 4}
+slo: {tpot_ms: {p99: 5}}
+plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]},
+       max_replications: 2}
+""")
+    out = tmp_path / "pl"
+    assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out", str(out)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    notes = [line for line in lines if line.startswith("note ")]
+    assert notes == ["note 1: SLO not met even at low load"]
+    verdict = [line for line in lines if line.startswith("no candidate")]
+    assert len(verdict) == 1
+    assert verdict[0].startswith("no candidate meets every SLO at 10 req/s; closest: "
+                                 "constant_s=0.01, at ")
+    assert verdict[0].endswith("TPOT p99 10 ms against an SLO of 5 ms (2x the SLO)")
+    assert (out / "plan.csv").is_file() and (out / "report.html").is_file()
+    assert "closest: constant_s=0.01" in (out / "report.md").read_text()
