@@ -729,7 +729,10 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
 
     def override(blocks: int | None, note: str) -> tuple[int | None, str]:
         if eng.num_gpu_blocks is not None:
-            return eng.num_gpu_blocks, f"engine.num_gpu_blocks = {eng.num_gpu_blocks} (set in the scenario)"
+            flag = scenario.set_by("engine.num_gpu_blocks")
+            return eng.num_gpu_blocks, (
+                f"engine.num_gpu_blocks = {eng.num_gpu_blocks} "
+                + (f"(set with --set {flag})" if flag else "(set in the scenario)"))
         return blocks, note
 
     if hw.step_time is not None:

@@ -111,7 +111,11 @@ def find_limits(scenario, result) -> dict:
     found = []
     blocks = s.get("num_gpu_blocks")
     kv_change = f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
-    kv_knob = ("more KV cache: raise gpu_memory_utilization or tensor_parallel, or a GPU "
+    # A fixed engine.num_gpu_blocks ignores memory: only it (or removing it) moves the cache.
+    kv_knob = ("more KV cache: raise engine.num_gpu_blocks (or remove it to size the cache "
+               "from gpu_memory_utilization); or lower max_num_seqs so fewer requests share "
+               "it" if scenario.engine.num_gpu_blocks is not None else
+               "more KV cache: raise gpu_memory_utilization or tensor_parallel, or a GPU "
                "with more memory; or lower max_num_seqs so fewer requests share it")
     if pre > 0:
         found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "

@@ -287,6 +287,10 @@ class Scenario(_Strict):
     _source: str = PrivateAttr(default="<scenario>")
     _shape: Optional[ModelShape] = PrivateAttr(default=None)
     _defaults: Optional[tuple] = PrivateAttr(default=None)
+    # Where values came from, for error lines: {key path tuple: --set flag} and the YAML
+    # text the file was read from (None when built from a mapping).
+    _origins: dict = PrivateAttr(default_factory=dict)
+    _text: Optional[str] = PrivateAttr(default=None)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -316,6 +320,13 @@ class Scenario(_Strict):
     def error(self, key_path: str, message: str) -> InputError:
         """An :class:`InputError` ``"<file>: <key_path>: <message>"`` for this scenario."""
         return InputError(f"{self._source}: {key_path}: {message}")
+
+    def set_by(self, key_path: str) -> str | None:
+        """The ``--set`` flag (``"key=value"``) that gave ``key_path`` or a key above it;
+        None when the value is the file's or the default."""
+        loc = tuple(key_path.split("."))
+        return next((flag for opath, flag in self._origins.items()
+                     if loc[:len(opath)] == opath), None)
 
     def resolve_path(self, p: str | Path) -> Path:
         """``p`` if absolute, else ``base_dir / p``."""
@@ -395,7 +406,10 @@ class Scenario(_Strict):
                 f"{max_len} tokens need {cdiv(max_len, e.block_size)} KV blocks of "
                 f"{e.block_size} but the cache holds {usable} for requests "
                 f"({num_gpu_blocks} blocks less block 0, which vLLM reserves as its null "
-                f"block): lower max_model_len or give the KV cache more memory"))
+                f"block): lower max_model_len or "
+                + (f"raise engine.num_gpu_blocks (or remove it to size the cache from "
+                   f"gpu_memory_utilization)" if e.num_gpu_blocks is not None else
+                   "give the KV cache more memory")))
         try:
             return SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
@@ -472,6 +486,7 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
                                                  text=text)) from None
     sc._base_dir = Path(base_dir)
     sc._source = source
+    sc._origins, sc._text = origins, text
     _check_semantics(sc, origins, text)
     return sc
 

@@ -35,8 +35,12 @@ def derive(scenario, overrides: list[str]):
     if not overrides:
         return scenario
     raw = scenario.model_dump(mode="python", exclude_none=True)
-    return scenario_from_dict(raw, scenario.base_dir, overrides=list(overrides),
-                              source=scenario.source)
+    sc = scenario_from_dict(raw, scenario.base_dir, overrides=list(overrides),
+                            source=scenario.source)
+    # Keys the parent's file or flags gave keep their line or flag in later errors.
+    sc._origins = {**scenario._origins, **sc._origins}
+    sc._text = scenario._text
+    return sc
 
 
 def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:

@@ -211,6 +211,23 @@ def test_kv_override_and_no_room():
     assert cm.num_gpu_blocks > 1000
 
 
+def test_a_block_count_from_set_is_named_as_such_and_its_errors_suggest_raising_it():
+    d = {"name": "t", "model": "llama-test", "workload": WORKLOAD,
+         "hardware": {"step_time": {"constant_s": 0.02}}, "engine": {"max_model_len": 512}}
+    sc = scenario_from_dict(d, source="t.yaml", overrides=["engine.num_gpu_blocks=20"])
+    cm = build_cost_model(sc)
+    assert cm.kv_note == ("engine.num_gpu_blocks = 20 "
+                          "(set with --set engine.num_gpu_blocks=20)")
+    # 512 tokens need 32 blocks of 16; 19 usable: the fix is more blocks, not more memory
+    with pytest.raises(InputError) as e:
+        sc.scheduler_config(cm.num_gpu_blocks)
+    assert str(e.value) == (
+        "t.yaml: engine.max_model_len: 512 tokens need 32 KV blocks of 16 but the cache "
+        "holds 19 for requests (20 blocks less block 0, which vLLM reserves as its null "
+        "block): lower max_model_len or raise engine.num_gpu_blocks (or remove it to size "
+        "the cache from gpu_memory_utilization)")
+
+
 def test_measured_profile_blocks_converted_to_block_size(tmp_path):
     save_profile(make_profile(), tmp_path / "p.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))

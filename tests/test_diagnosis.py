@@ -34,6 +34,9 @@ def test_kv_capacity_binds():
     d = diagnose(s, simulate(s))
     assert d["binding"] == "kv_capacity"
     assert d["findings"][0]["change"] == "engine.num_gpu_blocks=128"
+    # A fixed block count ignores gpu_memory_utilization: the knob is the count itself.
+    knob = d["findings"][0]["knob"]
+    assert "raise engine.num_gpu_blocks" in knob and "raise gpu_memory_utilization" not in knob
 
 
 def test_compute_binds():

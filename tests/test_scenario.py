@@ -196,7 +196,8 @@ def test_two_block_cache_message_explains_the_null_block(chat):
     assert err(sc.scheduler_config, sc.engine.num_gpu_blocks) == (
         "chat.yaml: engine.max_model_len: 64 tokens need 4 KV blocks of 16 but the cache "
         "holds 1 for requests (2 blocks less block 0, which vLLM reserves as its null "
-        "block): lower max_model_len or give the KV cache more memory")
+        "block): lower max_model_len or raise engine.num_gpu_blocks (or remove it to size "
+        "the cache from gpu_memory_utilization)")
 
 
 def test_inline_model_mapping():
