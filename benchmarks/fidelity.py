@@ -5,14 +5,19 @@ workloads — ``scenarios/cpu_tiny.yaml`` (Poisson, Azure-conversation-like leng
 the CPU) and the same with a shared system prompt (4 groups of 128 tokens) — at loads 0.3,
 0.6 and 0.9 of the measured saturation, and writes one markdown file with every error,
 the machine, the versions and the seeds (default ``benchmarks/results/fidelity.md``; the
-HTML reports and CDF plots go to ``reports/fidelity/<workload>/``).
+HTML reports and CDF plots go to ``reports/fidelity/<workload>/``). Before each workload the
+model is calibrated anew on this machine (:func:`fresh_profile`, into
+``reports/fidelity/<workload>/profile/``), because a shared CPU host's speed drifts by tens of
+% over half an hour; ``--no-calibrate`` validates the scenario's own profile instead.
 
-    python benchmarks/fidelity.py [--replications 2] [--seconds 30] [--out PATH]
+    python benchmarks/fidelity.py [--replications 3] [--seconds 15] [--no-calibrate]
+                                  [--out PATH]
 
-Wall clock: about (saturation + loads × replications × seconds) per workload; the defaults
-take about 8 minutes on 2 cores. Timed runs wait for a quiet machine, and the CPU time that
-other processes used during each timed run is measured (:class:`CpuWatch`) and reported, so
-a run disturbed by other work on a shared machine is visible in the results.
+Wall clock: about (calibration + saturation + loads × replications × seconds) per workload;
+the defaults take about 10 minutes per workload on 2 cores. Timed runs wait for a quiet
+machine, and the CPU time that other processes used during each timed run is measured
+(:class:`CpuWatch`) and reported, so a run disturbed by other work on a shared machine is
+visible in the results.
 """
 
 from __future__ import annotations
@@ -93,6 +98,40 @@ class CpuWatch:
                                        else "no run disturbed"))
 
 
+def fresh_profile(scenario, out_dir: Path, repeats: int) -> tuple[Path, str]:
+    """Calibrate ``scenario``'s model on this machine now, with the dtype and torch threads
+    its profile was measured with, into an emptied ``out_dir``.
+
+    A shared CPU host's speed drifts by tens of % over half an hour
+    (``benchmarks/results/fidelity_runs.md``), so a profile measured earlier misprices every
+    step by that drift whatever the cost model; measured minutes before the validation, it
+    is priced at the speed the validation runs at.
+
+    Returns:
+        The new profile's path and one line for the results (command, time, errors).
+    """
+    import shutil
+
+    from calibration.cli import calibrate
+    from calibration.validate import profile_threads
+    from simulator.cli import build_parser
+    from simulator.cost_model import build_cost_model, load_profile
+
+    old = build_cost_model(scenario).profile
+    threads = profile_threads(old) or 1
+    shutil.rmtree(out_dir, ignore_errors=True)   # a leftover CSV would be resumed
+    path = out_dir / f"{old.name}.yaml"
+    argv = ["calibrate", "--model", scenario.model_shape.name, "--device", "cpu", "--dtype",
+            scenario.dtype, "--threads", str(threads), "--repeats", str(repeats), "--out",
+            str(path), "--no-progress"]
+    started = time.strftime("%H:%M")
+    calibrate(build_parser().parse_args(argv), argv=argv)
+    new = load_profile(path)
+    return path, (f"profile measured at {started}, just before this workload "
+                  f"(`servesim {' '.join(argv[:-3])} ...`): held-out MAPE "
+                  f"{new.error.heldout.mape:.1%}, replay MAPE {new.error.replay.mape:.1%}")
+
+
 def main(argv=None) -> int:
     from calibration.validate import markdown_table, validate, write_outputs
     from simulator.scenario import load_scenario
@@ -104,6 +143,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--only", choices=list(WORKLOADS), action="append")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity.md"))
+    ap.add_argument("--no-calibrate", action="store_true",
+                    help="validate the scenario's own profile instead of one measured just "
+                         "before each workload (fresh_profile)")
+    ap.add_argument("--calibrate-repeats", type=int, default=8)
     args = ap.parse_args(argv)
     loads = [float(x) for x in args.loads.split(",")]
     parts = ["# servesim fidelity against its own engine (predicted mode)", ""]
@@ -111,6 +154,11 @@ def main(argv=None) -> int:
     for name in args.only or list(WORKLOADS):
         sc = load_scenario(args.scenario, WORKLOADS[name])
         print(f"== {name}", file=sys.stderr)
+        cal_note = "profile: the scenario's own (--no-calibrate)"
+        if not args.no_calibrate:
+            path, cal_note = fresh_profile(sc, ROOT / "reports" / "fidelity" / name /
+                                           "profile", args.calibrate_repeats)
+            sc = load_scenario(args.scenario, WORKLOADS[name] + [f"hardware.profile={path}"])
         watch = CpuWatch(lambda m: print(m, file=sys.stderr, flush=True))
         res = validate(sc, loads, args.replications, seconds_per_load=args.seconds,
                        progress=watch.progress)
@@ -127,6 +175,7 @@ def main(argv=None) -> int:
                   f"{meta['heldout_mape']:.3f}); seed {meta['seed']}, {meta['replications']} "
                   f"replications (seeds SeedSequence([seed, load‰, r])), "
                   f"{meta['seconds_per_load']:g} s of arrivals per load; {meta['date']}.",
+                  cal_note + ".",
                   f"engine knobs: {json.dumps(meta['engine_knobs'])}; {meta['scheduling']}.",
                   f"host speed probe: {meta['host_speed_probe'] or 'none'}.",
                   f"front end (between steps, not in the prediction): mean "
