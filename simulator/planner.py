@@ -72,14 +72,12 @@ def expand_candidates(scenario) -> list[Candidate]:
         try:
             sc = derive(scenario, _point_overrides(point))
         except InputError as e:
-            msg = str(e).split(": ", 1)[-1]
-            raise InputError(f"{scenario.source}: plan.candidates "
-                             f"({', '.join(_point_overrides(point))}): {msg}") from None
+            raise InputError(_candidate_error(scenario, point, str(e))) from None
         gpu = sc.hardware.profile
         if gpu is not None:
-            key = ("plan.candidates.hardware.profile" if "hardware.profile" in point
-                   else "hardware.profile")
-            _check_profile(gpu, sc, key)
+            where = (_candidate_where(scenario, "hardware.profile", point)
+                     if "hardware.profile" in point else None)
+            _check_profile(gpu, sc, "hardware.profile", where)
         if (cfg and gpu in cfg.prices and sc.hardware.price_per_gpu_hour is None
                 and "hardware.price_per_gpu_hour" not in point):
             sc = derive(sc, [f"hardware.price_per_gpu_hour={cfg.prices[gpu]}"])
@@ -97,9 +95,53 @@ def expand_candidates(scenario) -> list[Candidate]:
     return out
 
 
-def _check_profile(name: str, sc, key: str) -> None:
-    """Raise InputError ``<file>: <key>: ...`` unless ``name`` is a catalog GPU or a
-    calibration profile that loads."""
+def _candidate_where(scenario, key: str | None = None, point: dict | None = None) -> str:
+    """``<file>:LINE: plan.candidates[.<key>[.<index>]]`` for one candidate key (and the
+    index of ``point``'s value in its list), the line from the scenario's YAML; ``--set
+    <flag>: ...`` when a flag gave the candidates."""
+    from .files import yaml_line
+    from .sweep import _parse
+
+    path: list = ["plan", "candidates"]
+    if key is not None:
+        path.append(key)
+        if point is not None:
+            vals = scenario.plan.candidates.get(key, [])
+            idx = next((i for i, v in enumerate(vals) if _parse(v) == point[key]
+                        and type(_parse(v)) is type(point[key])), None)
+            if idx is not None:
+                path.append(idx)
+    dotted = ".".join(map(str, path))
+    flag = scenario.set_by(dotted)
+    if flag:
+        return f"--set {flag}: {dotted}"
+    text = scenario._text
+    line = yaml_line(text, path) if text is not None else None
+    return f"{scenario.source}{f':{line}' if line else ''}: {dotted}"
+
+
+def _candidate_error(scenario, point: dict, err: str) -> str:
+    """The one-line error of a candidate the schema refuses, from ``err``, the error of
+    :func:`derive` (``--set <key>=<value>: ...`` when one candidate value is at fault)."""
+    flags = dict(zip(_point_overrides(point), point))
+    for flag, key in flags.items():
+        head = f"--set {flag}: "
+        if err.startswith(head):
+            msg = err[len(head):]
+            if msg.startswith("unknown key"):   # wrong in itself, whichever its values
+                return f"{_candidate_where(scenario, key)}: {msg}"
+            if "(got " not in msg:   # the flag showed the value; the file's line does not
+                msg += f" (got {point[key]!r})"
+            return f"{_candidate_where(scenario, key, point)}: {msg}"
+    # a combination (e.g. max_num_batched_tokens < max_num_seqs): no one value is at fault
+    msg = err.split(": ", 1)[-1]
+    return f"{_candidate_where(scenario)} ({', '.join(flags)}): {msg}"
+
+
+def _check_profile(name: str, sc, key: str, where: str | None = None) -> None:
+    """Raise InputError ``<file>: <key>: ...`` (or ``<where>: ...`` when given, a
+    candidate's place) unless ``name`` is a catalog GPU or a calibration profile that
+    loads."""
     from .catalog import list_hardware
     from .cost_model import list_profiles, load_profile
 
@@ -112,7 +154,7 @@ def _check_profile(name: str, sc, key: str) -> None:
         if msg.startswith("unknown profile"):
             msg = (f"{name!r} is neither a catalog GPU ({', '.join(list_hardware())}) nor a "
                    f"calibration profile (known: {', '.join(list_profiles()) or 'none'})")
-        raise InputError(f"{sc.source}: {key}: {msg}") from None
+        raise (InputError(f"{where}: {msg}") if where else sc.error(key, msg)) from None
 
 
 def replicas_needed(target_rate: float, per_replica_rate: float) -> int | None:

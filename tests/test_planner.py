@@ -207,7 +207,9 @@ plan: {target_rate: 10, candidates: {hardware.profile: [h100-sxm, h100-pcie]}}
     out = tmp_path / "pl"
     assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"servesim: error: p.yaml: plan.candidates.hardware.profile: 'h100-pcie' is "
+    # line 11 holds plan:, a flow mapping; h100-pcie is item 1 of the profile list
+    assert err == [f"servesim: error: p.yaml:11: plan.candidates.hardware.profile.1: "
+                   f"'h100-pcie' is "
                    f"neither a catalog GPU ({', '.join(list_hardware())}) nor a calibration "
                    f"profile (known: {', '.join(list_profiles())})"]
     assert not out.exists()
@@ -429,3 +431,26 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
     assert verdict[0].endswith("TPOT p99 10 ms against an SLO of 5 ms (2x the SLO)")
     assert (out / "plan.csv").is_file() and (out / "report.html").is_file()
     assert "closest: constant_s=0.01" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("candidates, want", [
+    ("    engine.max_num_seqs: [64, -3]\n",
+     "p.yaml:14: plan.candidates.engine.max_num_seqs.1: Input should be greater than or "
+     "equal to 1 (got -3)"),
+    ("    engine.max_num_seqs: [4]\n    engine.max_num_seqz: [64]\n",
+     "p.yaml:15: plan.candidates.engine.max_num_seqz: unknown key (allowed: block_size, "
+     "max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
+     "max_model_len, num_gpu_blocks)"),
+    # no one value is at fault: the line of plan.candidates and the combination
+    ("    engine.max_num_batched_tokens: [2]\n",
+     "p.yaml:13: plan.candidates (engine.max_num_batched_tokens=2): engine: "
+     "max_num_batched_tokens (2) must be >= max_num_seqs (4), as vLLM requires"),
+])
+def test_a_bad_candidate_names_its_line_and_key_path(tmp_path, capsys, candidates, want):
+    y = tmp_path / "p.yaml"
+    y.write_text(small_scenario("p", 50) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
+                 "  target_rate: 10\n  candidates:\n" + candidates)
+    out = tmp_path / "pl"
+    assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"servesim: error: {want}"]
+    assert not out.exists()
