@@ -191,6 +191,17 @@ def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool
     raise TypeError(f"unknown distribution {cfg!r}")
 
 
+def _fixed_count_first(v):
+    """Before the schema: a fixed count below 1 is refused with the count's bound (1),
+    not the schema's ``>= 0``, which holds for times (``think_time_s``)."""
+    if isinstance(v, dict) and v.get("dist") == "fixed":
+        x = v.get("value")
+        if isinstance(x, (int, float)) and not isinstance(x, bool) and x < 1:
+            raise ValueError(f"fixed value {x:g} is not a whole number >= 1 (a count of "
+                             f"tokens or turns)")
+    return v
+
+
 def length_bounds(dist_cfg) -> tuple[int, int | None]:
     """The integer range ``[lo, hi]`` that count samples (tokens, turns) are clipped to:
     ``lo = max(ceil(min), 1)``, ``hi = floor(max)`` (``None`` = open).
@@ -388,6 +399,8 @@ class SessionConfig(BaseModel):
     turns: Dist
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
 
+    _turns_count = field_validator("turns", mode="before")(_fixed_count_first)
+
     @field_validator("turns")
     @classmethod
     def _turns_hold_integers(cls, v):
@@ -431,6 +444,9 @@ class WorkloadConfig(BaseModel):
                 raise ValueError("prefix not allowed with a mooncake trace "
                                  "(its hash_ids give the prompt content)")
         return self
+
+    _lengths_count = field_validator("prompt_tokens", "output_tokens",
+                                     mode="before")(_fixed_count_first)
 
     @field_validator("prompt_tokens", "output_tokens")
     @classmethod

@@ -363,6 +363,8 @@ def test_bad_config_is_rejected(bad, where):
      "uniform [1.2, 1.8] holds no integer"),
     ("prompt_tokens", {"dist": "uniform", "min": 0, "max": 0.5}, "max (0.5) holds no integer >= 1"),
     ("output_tokens", {"dist": "fixed", "value": 0}, "fixed value 0 is not a whole number >= 1"),
+    # below the schema's >= 0 (which is for times): the message still gives a count's 1
+    ("output_tokens", {"dist": "fixed", "value": -1}, "fixed value -1 is not a whole number >= 1"),
     ("prompt_tokens", {"dist": "fixed", "value": 0.5}, "fixed value 0.5 is not a whole number"),
     ("output_tokens", {"dist": "fixed", "value": 3.5}, "fixed value 3.5 is not a whole number"),
     ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
@@ -381,6 +383,11 @@ def test_session_turn_bounds_without_an_integer_are_refused_at_their_key():
     (error,) = e.value.errors()
     assert error["loc"] == ("sessions", "turns")
     assert "uniform [2.1, 2.9] holds no integer" in error["msg"]
+    with pytest.raises(ValidationError) as e:
+        cfg(sessions={"turns": {"dist": "fixed", "value": -2}})
+    (error,) = e.value.errors()
+    assert error["loc"] == ("sessions", "turns")
+    assert "fixed value -2 is not a whole number >= 1" in error["msg"]
 
 
 def test_sample_lengths_bounds_error_names_the_key():
