@@ -86,7 +86,11 @@ class TraceConfig(BaseModel):
     @field_validator("window_s", mode="before")
     @classmethod
     def _yaml_list(cls, v):
-        return tuple(v) if isinstance(v, list) else v   # YAML has lists, not tuples
+        # Said here: pydantic's tuple errors read "window_s.1: required key missing".
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            raise ValueError(f"must be a [start, end] pair of seconds (arrivals kept "
+                             f"in [start, end)), got {v!r}")
+        return tuple(v)   # YAML has lists, not tuples
 
     @model_validator(mode="after")
     def _check(self) -> "TraceConfig":

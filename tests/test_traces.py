@@ -274,3 +274,17 @@ def test_prefix_not_allowed_with_mooncake():
     with pytest.raises(ValidationError, match="prefix not allowed with a mooncake"):
         WorkloadConfig.model_validate({"prefix": {"shared_tokens": 10},
                                        "trace": {"path": "x", "format": "mooncake"}})
+
+
+@pytest.mark.parametrize("window", ["[5]", "[1, 2, 3]", "5"])
+def test_a_window_that_is_not_a_pair_says_what_it_must_be(tmp_path, window):
+    from simulator.scenario import load_scenario
+
+    y = tmp_path / "t.yaml"
+    y.write_text("name: t\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                 f"workload:\n  trace:\n    path: x.csv\n    format: azure\n"
+                 f"    window_s: {window}\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(y)
+    assert str(e.value) == (f"t.yaml:8: workload.trace.window_s: must be a [start, end] pair "
+                            f"of seconds (arrivals kept in [start, end)), got {window}")
