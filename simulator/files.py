@@ -1,8 +1,10 @@
 """File input and output: atomic writes (a reader sees the old file or the whole new one,
-never half of it) and YAML reading that refuses duplicate keys and reads YAML 1.2 floats."""
+never half of it), YAML reading that refuses duplicate keys and reads YAML 1.2 floats, and
+JSON reading that refuses duplicate keys."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -49,6 +51,67 @@ def load_yaml(text: str):
         yaml.YAMLError: a syntax error or a duplicate key; ``problem_mark`` gives the line.
     """
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object gives one key twice. ``key``; ``line`` (1-based) of its second
+    occurrence, or None when it cannot be placed."""
+
+    def __init__(self, key: str, line: int | None):
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.line = key, line
+
+
+def _refuse_duplicates(pairs):
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise DuplicateKeyError(k, None)
+        seen.add(k)
+    return dict(pairs)
+
+
+def _json_key_line(text: str, key: str) -> int | None:
+    """Line of the first repeat of ``key`` within one object of the (valid) JSON
+    ``text``: a scan of strings and brackets, since ``json`` reports no positions."""
+    stack: list[list] = []   # per open bracket: [is object, keys seen, key expected next]
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if stack and stack[-1][0] and stack[-1][2]:
+                k = json.loads(text[i:j + 1])
+                if k == key and k in stack[-1][1]:
+                    return text.count("\n", 0, i) + 1
+                stack[-1][1].add(k)
+                stack[-1][2] = False
+            i = j + 1
+            continue
+        if c in "{[":
+            stack.append([c == "{", set(), c == "{"])
+        elif c in "}]":
+            stack.pop()
+        elif c == "," and stack and stack[-1][0]:
+            stack[-1][2] = True
+        i += 1
+    return None
+
+
+def load_json(text: str):
+    """Parse JSON text (``json.loads``), refusing a key given twice in one object (plain
+    ``json`` keeps the last value silently).
+
+    Raises:
+        json.JSONDecodeError: a syntax error (``lineno`` gives the line).
+        DuplicateKeyError: a duplicate key, with the line of its second occurrence.
+    """
+    try:
+        return json.loads(text, object_pairs_hook=_refuse_duplicates)
+    except DuplicateKeyError as e:
+        raise DuplicateKeyError(e.key, _json_key_line(text, e.key)) from None
 
 
 def yaml_line(text: str, path: Sequence) -> int | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import InputError
-from ..files import load_yaml
+from ..files import DuplicateKeyError, load_json, load_yaml
 
 _HERE = Path(__file__).resolve().parent
 
@@ -261,8 +261,22 @@ def load_model(spec, base_dir=".") -> ModelShape:
                          f"{', '.join(models)}) nor an HF config.json file")
     try:
         with open(path, encoding="utf-8") as f:
-            cfg = json.load(f) if path.suffix == ".json" else load_yaml(f.read())
-    except (OSError, ValueError, yaml.YAMLError) as e:
+            text = f.read()
+        cfg = load_json(text) if path.suffix == ".json" else load_yaml(text)
+    except DuplicateKeyError as e:   # json would keep the last value silently
+        where = f"{path}:{e.line}" if e.line else str(path)
+        raise InputError(f"model: {where}: duplicate key {e.key!r} (give each key "
+                         f"once)") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"model: {path}:{e.lineno}: not valid JSON: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if problem.startswith("duplicate key"):
+            problem += " (give each key once)"
+        raise InputError(f"model: {where}: {problem}") from None
+    except (OSError, ValueError) as e:
         raise InputError(f"model: cannot read {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, dict):
         raise InputError(f"model: {path} does not hold a mapping of config keys")
