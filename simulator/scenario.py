@@ -583,7 +583,10 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None =
     line = yaml_line(text, loc) if text is not None and loc else None
     if line is not None:
         source = f"{source}:{line}"
-    flags = [flag for opath, flag in origins.items() if loc and opath[:len(loc)] == loc]
+    # flags that set this key's value below it, or a key beside it in the same mapping
+    # (--set x.dist=uniform makes the file's x.median unknown)
+    flags = [flag for opath, flag in origins.items()
+             if loc and (opath[:len(loc)] == loc or opath[:-1] == loc[:-1])]
     if flags:
         return f"{source} (with {', '.join('--set ' + f for f in flags)}): {path}: {msg}"
     return f"{source}: {path}: {msg}" if path else f"{source}: {msg}"

@@ -109,6 +109,20 @@ def test_bad_values_one_line(chat, override, expected):
     assert expected in err(load_scenario, chat, [override])
 
 
+def test_a_flag_that_changes_a_distribution_is_named_in_the_errors_it_causes(chat):
+    # output_tokens.value is on line 16 of the dumped BASE; that key is now unknown
+    # because --set changed dist beside it
+    assert err(load_scenario, chat, ["workload.output_tokens.dist=uniform"]) == (
+        "chat.yaml:16 (with --set workload.output_tokens.dist=uniform): "
+        "workload.output_tokens.value: unknown key (allowed: min, max, dist) "
+        "(and 2 more errors)")
+    # a flag elsewhere in the workload is not named
+    assert err(load_scenario, chat, ["workload.num_requests=5",
+                                     "workload.output_tokens={dist: fixed, value: 1, x: 2}"]
+               ) == ("--set workload.output_tokens={dist: fixed, value: 1, x: 2}: "
+                     "workload.output_tokens.x: unknown key (allowed: min, max, dist, value)")
+
+
 @pytest.mark.parametrize("bound, got", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"),
                                         ("-5", "-5"), ("0", "0")])
 def test_slo_bound_errors_name_the_file_like_other_keys(chat, bound, got):
