@@ -300,6 +300,10 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
         where = f"{path.name}:{mark.line + 1}" if mark is not None else path.name
         raise InputError(f"{where}: YAML syntax error: "
                          f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
+    if raw is None:   # no bytes, or only comments
+        raise InputError(f"{path.name}: the profile file is empty (a profile is the YAML "
+                         f"mapping servesim calibrate writes: name, device, engine, model, "
+                         f"dtype, kv, cost, provenance)")
     if not isinstance(raw, dict):
         raise InputError(f"{path.name}: a profile is a mapping of keys")
     try:

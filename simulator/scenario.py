@@ -453,8 +453,9 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
         where = f"{name}:{mark.line + 1}" if mark is not None else name
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise InputError(f"{where}: YAML syntax error: {problem}") from None
-    if raw is None:
-        raw = {}
+    if raw is None:   # no bytes, or only comments
+        raise InputError(f"{name}: the scenario file is empty (a scenario needs at least "
+                         f"model, hardware and workload; servesim schema lists every key)")
     if not isinstance(raw, dict):
         raise InputError(f"{name}: a scenario is a mapping of keys (name, model, hardware, "
                          f"...), got {type(raw).__name__}")

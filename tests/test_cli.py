@@ -90,6 +90,11 @@ BAD_CASES = [
     ("name: t\nmodel: llama-3.1-8b\nhardware: {step_time: {constant_s: 0.01}}\n"
      "workload: {trace: {path: late.csv, format: azure}}\n", [],
      "late.csv:3: TIMESTAMP: '2023-11-16 18:15:45.0' is earlier than"),
+    ("", [], "s.yaml: the scenario file is empty (a scenario needs at least model, hardware "
+             "and workload"),
+    ("# nothing yet\n", [], "s.yaml: the scenario file is empty"),
+    (None, ["--set", "hardware.profile=empty.yaml"],
+     "hardware.profile: empty.yaml: the profile file is empty"),
     (None, ["--set", "engine.max_num_seqs=16", "--set", "engine. max_num_seqs=32"],
      "--set engine. max_num_seqs=32: engine.max_num_seqs is already set by --set "
      "engine.max_num_seqs=16"),
@@ -104,6 +109,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, text, args, f
     (tmp_path / "late.csv").write_text(
         "TIMESTAMP,ContextTokens,GeneratedTokens\n"
         "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:45.0,20,16\n")
+    (tmp_path / "empty.yaml").write_text("")
     p = tmp_path / "s.yaml"
     p.write_text(text if text is not None else SCENARIO)
     out = tmp_path / "out"
