@@ -330,8 +330,8 @@ def plan(scenario, executor, *, target_rate: float | None = None,
     cfg = scenario.plan or PlanConfig()
     target = target_rate or cfg.target_rate
     if not target:
-        raise InputError(f"{scenario.source}: plan.target_rate: give the rate to serve "
-                         f"(here or with --target-rate)")
+        raise scenario.error("plan.target_rate", "give the rate to serve (here or with "
+                                                 "--target-rate)")
     with_rate(scenario, 1.0)   # fail early on a workload without an arrival rate
     kw = dict(min_replications=cfg.min_replications, max_replications=cfg.max_replications,
               tolerance=cfg.tolerance)

@@ -259,8 +259,8 @@ def _cmd_compare(args) -> int:
     seen: dict = {}
     for sc in scenarios:   # plans are keyed by name in the table, CSV and report
         if sc.name in seen:
-            raise InputError(f"{sc.source}: name: {sc.name!r} is also the name of "
-                             f"{seen[sc.name]}; give each plan a distinct name")
+            raise sc.error("name", f"{sc.name!r} is also the name of {seen[sc.name]}; give "
+                                   f"each plan a distinct name")
         seen[sc.name] = sc.source
     out = Path(args.out) if args.out else Path("reports") / "compare"
     check_folder(out, "--out")   # before the runs, not after

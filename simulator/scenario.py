@@ -318,8 +318,13 @@ class Scenario(_Strict):
         return self._shape
 
     def error(self, key_path: str, message: str) -> InputError:
-        """An :class:`InputError` ``"<file>: <key_path>: <message>"`` for this scenario."""
-        return InputError(f"{self._source}: {key_path}: {message}")
+        """An :class:`InputError` for this scenario's key ``key_path`` (dotted):
+        ``"<file>:LINE: <key_path>: <message>"`` with the line of the key (or of its
+        nearest parent the file holds; no line when the scenario was not read from a
+        file), or ``"--set <flag>: <message>"`` when a ``--set`` flag gave the key, as in
+        schema errors (:func:`_prefix`)."""
+        return InputError(_prefix(tuple(key_path.split(".")), self._source, self._origins,
+                                  message, self._text))
 
     def set_by(self, key_path: str) -> str | None:
         """The ``--set`` flag (``"key=value"``) that gave ``key_path`` or a key above it;

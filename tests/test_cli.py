@@ -94,7 +94,7 @@ BAD_CASES = [
              "and workload"),
     ("# nothing yet\n", [], "s.yaml: the scenario file is empty"),
     (None, ["--set", "hardware.profile=empty.yaml"],
-     "hardware.profile: empty.yaml: the profile file is empty"),
+     "--set hardware.profile=empty.yaml: empty.yaml: the profile file is empty"),
     (None, ["--set", "engine.max_num_seqs=16", "--set", "engine. max_num_seqs=32"],
      "--set engine. max_num_seqs=32: engine.max_num_seqs is already set by --set "
      "engine.max_num_seqs=16"),

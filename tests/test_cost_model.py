@@ -222,7 +222,8 @@ def test_a_block_count_from_set_is_named_as_such_and_its_errors_suggest_raising_
     with pytest.raises(InputError) as e:
         sc.scheduler_config(cm.num_gpu_blocks)
     assert str(e.value) == (
-        "t.yaml: engine.max_model_len: 512 tokens need 32 KV blocks of 16 but the cache "
+        "t.yaml (with --set engine.num_gpu_blocks=20): engine.max_model_len: 512 tokens "
+        "need 32 KV blocks of 16 but the cache "
         "holds 19 for requests (20 blocks less block 0, which vLLM reserves as its null "
         "block): lower max_model_len or raise engine.num_gpu_blocks (or remove it to size "
         "the cache from gpu_memory_utilization)")

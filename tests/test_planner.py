@@ -217,7 +217,7 @@ plan: {target_rate: 10, candidates: {hardware.profile: [h100-sxm, h100-pcie]}}
     y.write_text(y.read_text().replace("{profile: h100-sxm}", "{profile: h100-pcie}")
                  .replace("hardware.profile: [h100-sxm, h100-pcie]", "engine.max_num_seqs: [2]"))
     assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out", str(out)]) == 2
-    assert "p.yaml: hardware.profile: 'h100-pcie' is neither" in capsys.readouterr().err
+    assert "p.yaml:3: hardware.profile: 'h100-pcie' is neither" in capsys.readouterr().err
 
 
 def test_pareto_front():
@@ -292,7 +292,7 @@ workload:
     # the same plan twice (or two plans of one name) would share one column of compare.csv
     assert main(["compare", str(a), str(a)] + args) == 2
     assert capsys.readouterr().err.strip() == (
-        "servesim: error: a.yaml: name: 'fast' is also the name of a.yaml; give each plan a "
+        "servesim: error: a.yaml:1: name: 'fast' is also the name of a.yaml; give each plan a "
         "distinct name")
 
 
@@ -454,3 +454,13 @@ def test_a_bad_candidate_names_its_line_and_key_path(tmp_path, capsys, candidate
     assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"servesim: error: {want}"]
     assert not out.exists()
+
+
+def test_a_plan_without_target_rate_names_the_line_of_plan(tmp_path, capsys):
+    y = tmp_path / "p.yaml"
+    y.write_text(small_scenario("p", 50) + "plan:\n  candidates: {engine.max_num_seqs: [2]}\n")
+    assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out",
+                 str(tmp_path / "pl")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "servesim: error: p.yaml:10: plan.target_rate: give the rate to serve (here or with "
+        "--target-rate)")

@@ -208,7 +208,7 @@ def test_two_block_cache_message_explains_the_null_block(chat):
     # (BlockPool.null_block). 64 tokens in blocks of 16 need ceil(64/16) = 4.
     sc = load_scenario(chat, ["engine.num_gpu_blocks=2", "engine.max_model_len=64"])
     assert err(sc.scheduler_config, sc.engine.num_gpu_blocks) == (
-        "chat.yaml: engine.max_model_len: 64 tokens need 4 KV blocks of 16 but the cache "
+        "--set engine.max_model_len=64: 64 tokens need 4 KV blocks of 16 but the cache "
         "holds 1 for requests (2 blocks less block 0, which vLLM reserves as its null "
         "block): lower max_model_len or raise engine.num_gpu_blocks (or remove it to size "
         "the cache from gpu_memory_utilization)")
@@ -335,3 +335,21 @@ def test_a_scenario_name_is_one_folder_name(name):
                                          "arrival": {"process": "poisson", "rate": 2},
                                          "prompt_tokens": {"dist": "fixed", "value": 8},
                                          "output_tokens": {"dist": "fixed", "value": 3}}})
+
+
+def test_errors_found_while_running_name_the_key_line_or_its_flag(tmp_path):
+    p = tmp_path / "k.yaml"
+    p.write_text("name: k\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.02}}\n"
+                 "engine:\n  num_gpu_blocks: 2\n  max_model_len: 64\n"
+                 "workload: {num_requests: 1, arrival: {process: poisson, rate: 1.0},\n"
+                 "  prompt_tokens: {dist: fixed, value: 1}, output_tokens: {dist: fixed, "
+                 "value: 1}}\n")
+    sc = load_scenario(p)
+    msg = err(sc.scheduler_config, sc.engine.num_gpu_blocks)
+    assert msg.startswith("k.yaml:6: engine.max_model_len: 64 tokens need 4 KV blocks")
+    # a key the file does not hold takes its parent's line
+    assert str(sc.error("engine.block_size", "m")) == "k.yaml:4: engine.block_size: m"
+    # a value from --set is named by its flag, with no line
+    sc = load_scenario(p, ["engine.max_model_len=48"])
+    assert err(sc.scheduler_config, sc.engine.num_gpu_blocks).startswith(
+        "--set engine.max_model_len=48: 48 tokens need 3 KV blocks")
