@@ -71,35 +71,6 @@ def _refuse_duplicates(pairs):
     return dict(pairs)
 
 
-def _json_key_line(text: str, key: str) -> int | None:
-    """Line of the first repeat of ``key`` within one object of the (valid) JSON
-    ``text``: a scan of strings and brackets, since ``json`` reports no positions."""
-    stack: list[list] = []   # per open bracket: [is object, keys seen, key expected next]
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == '"':
-            j = i + 1
-            while text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            if stack and stack[-1][0] and stack[-1][2]:
-                k = json.loads(text[i:j + 1])
-                if k == key and k in stack[-1][1]:
-                    return text.count("\n", 0, i) + 1
-                stack[-1][1].add(k)
-                stack[-1][2] = False
-            i = j + 1
-            continue
-        if c in "{[":
-            stack.append([c == "{", set(), c == "{"])
-        elif c in "}]":
-            stack.pop()
-        elif c == "," and stack and stack[-1][0]:
-            stack[-1][2] = True
-        i += 1
-    return None
-
-
 def load_json(text: str):
     """Parse JSON text (``json.loads``), refusing a key given twice in one object (plain
     ``json`` keeps the last value silently).
@@ -111,7 +82,15 @@ def load_json(text: str):
     try:
         return json.loads(text, object_pairs_hook=_refuse_duplicates)
     except DuplicateKeyError as e:
-        raise DuplicateKeyError(e.key, _json_key_line(text, e.key)) from None
+        # json reports no position; JSON is YAML flow syntax, and the YAML loader's
+        # duplicate-key error carries the line (None if it cannot read the text).
+        line = None
+        try:
+            load_yaml(text)
+        except yaml.MarkedYAMLError as y:
+            if y.problem == f"duplicate key {e.key!r}" and y.problem_mark is not None:
+                line = y.problem_mark.line + 1
+        raise DuplicateKeyError(e.key, line) from None
 
 
 def yaml_line(text: str, path: Sequence) -> int | None:

@@ -525,5 +525,5 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
 
 
 __all__ = ["Candidate", "PlanResult", "PlanRow", "SweepResult", "closest_miss", "closest_text",
-           "compare", "confirm_replicas", "cost_figures", "derive", "expand_candidates", "grid", "knees", "plan",
-           "plan_table", "replicas_needed", "split_sets", "sweep"]
+           "compare", "confirm_replicas", "cost_figures", "derive", "expand_candidates", "grid",
+           "knees", "plan", "plan_table", "replicas_needed", "split_sets", "sweep"]
