@@ -107,20 +107,25 @@ def refit_k(prof):
     return RooflineConstants.of(prof.model_shape, prof.dtype)
 
 
-def test_killed_calibration_resumes_from_the_csv(tmp_path, tiny_grid, monkeypatch):
+def killed_calibration(out, rows: int, monkeypatch) -> None:
+    """A calibration into ``out`` (no replay, no report) killed after ``rows`` rows."""
     import calibration.report
     monkeypatch.setattr(calibration.report, "write_report",
                         lambda *a: {"html": "-", "png": "-"})
-    out = tmp_path / "r.yaml"
     seen = []
 
-    def kill_after_5(row):
+    def kill(row):
         seen.append(row)
-        if len(seen) == 5:
+        if len(seen) == rows:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_calibrate(out, kill_after_5, "--no-replay")
+        run_calibrate(out, kill, "--no-replay")
+
+
+def test_killed_calibration_resumes_from_the_csv(tmp_path, tiny_grid, monkeypatch):
+    out = tmp_path / "r.yaml"
+    killed_calibration(out, 5, monkeypatch)
     assert not out.exists()
     assert len(read_measurements(tmp_path / "r.measurements.csv")) == 5
     # the resumed run fits with the ceilings recorded in the CSV, not new ones
@@ -135,19 +140,8 @@ def test_killed_calibration_resumes_from_the_csv(tmp_path, tiny_grid, monkeypatc
 
 
 def test_resuming_with_another_thread_count_is_refused(tmp_path, tiny_grid, monkeypatch):
-    import calibration.report
-    monkeypatch.setattr(calibration.report, "write_report",
-                        lambda *a: {"html": "-", "png": "-"})
     out = tmp_path / "r.yaml"
-    seen = []
-
-    def kill_after_3(row):
-        seen.append(row)
-        if len(seen) == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run_calibrate(out, kill_after_3, "--no-replay")
+    killed_calibration(out, 3, monkeypatch)
     before = (tmp_path / "r.measurements.csv").read_bytes()
     with pytest.raises(InputError, match=r"r\.measurements\.csv: measured with threads = 1, "
                                          r"this run has 2: use another --out"):
