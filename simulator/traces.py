@@ -80,7 +80,7 @@ class TraceConfig(BaseModel):
     format: Literal["azure", "mooncake", "csv", "jsonl"]
     columns: Optional[TraceColumns] = None
     arrival_unit: Optional[Literal["s", "ms", "us", "iso"]] = None
-    time_scale: float = Field(1.0, gt=0)
+    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
     window_s: Optional[tuple[float, float]] = None
 
     @field_validator("window_s", mode="before")
@@ -90,6 +90,9 @@ class TraceConfig(BaseModel):
         if not isinstance(v, (list, tuple)) or len(v) != 2:
             raise ValueError(f"must be a [start, end] pair of seconds (arrivals kept "
                              f"in [start, end)), got {v!r}")
+        if any(isinstance(x, float) and not math.isfinite(x) for x in v):
+            raise ValueError(f"start and end must be finite numbers of seconds, got "
+                             f"{list(v)}")
         return tuple(v)   # YAML has lists, not tuples
 
     @model_validator(mode="after")
@@ -372,18 +375,21 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
 
     t = table.arrival_ns - table.arrival_ns[0]   # non-decreasing: the first is the earliest
     if trace_cfg.time_scale != 1.0:
+        if float(t[-1]) * trace_cfg.time_scale >= 2.0 ** 62:   # int64 ns: ~146 years
+            raise InputError(f"workload.trace.time_scale: {trace_cfg.time_scale:g} scales "
+                             f"the last arrival of {path} ({t[-1] / NS_PER_S:g} s after the "
+                             f"first) beyond 4.6e9 s, more than a run can hold")
         t = np.rint(t.astype(np.float64) * trace_cfg.time_scale).astype(np.int64)
     keep = np.ones(len(t), dtype=bool)
-    if trace_cfg.window_s is not None:
-        start_ns = int(round(trace_cfg.window_s[0] * NS_PER_S))
-        end_ns = int(round(trace_cfg.window_s[1] * NS_PER_S))
+    if trace_cfg.window_s is not None:   # in float ns: an end of 1e300 s keeps all
+        start_ns, end_ns = (np.rint(x * NS_PER_S) for x in trace_cfg.window_s)
         keep = (t >= start_ns) & (t < end_ns)
         if not keep.any():
             span = t.max() / NS_PER_S
             raise InputError(f"workload.trace.window_s: [{trace_cfg.window_s[0]:g}, "
                              f"{trace_cfg.window_s[1]:g}) keeps no request of {path} "
                              f"(its arrivals span 0..{span:.3f} s after time_scale)")
-        t = t - start_ns
+        t = t - np.int64(start_ns)   # start <= the last arrival kept, so it fits
     idx = np.flatnonzero(keep)   # rint of a non-decreasing series keeps it non-decreasing
     if num_requests is not None:
         idx = idx[:num_requests]

@@ -241,6 +241,18 @@ def test_mooncake_last_segment_length(tmp_path):
     assert b.prompt == ((("mc", 7), 512),) and b.arrival_ns == 3_000_000_000
 
 
+def test_huge_window_end_keeps_all_and_huge_time_scale_is_refused(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text(AZ_HEADER + OK_ROW + "2023-11-16 18:15:50.6805900,10,5\n")
+    whole = read_trace(trace(path=str(f), format="azure"))
+    wide = read_trace(trace(path=str(f), format="azure", window_s=[0, 1e308]))
+    assert [r.arrival_ns for r in wide] == [r.arrival_ns for r in whole] == [0, 4 * 10 ** 9]
+    # the second arrival is 4 s after the first: x 1e10 is 4e10 s > 2^62 ns (4.6e9 s)
+    with pytest.raises(InputError, match=r"workload\.trace\.time_scale: 1e\+10 scales the "
+                                         r"last arrival .* beyond 4\.6e9 s"):
+        read_trace(trace(path=str(f), format="azure", time_scale=1e10))
+
+
 def test_missing_file_and_empty_window(tmp_path):
     with pytest.raises(InputError, match=r"nope\.csv: file not found"):
         read_trace(trace(path="nope.csv", format="azure"), base_dir=tmp_path)
@@ -261,6 +273,10 @@ def test_missing_file_and_empty_window(tmp_path):
     ({"format": "azure", "window_s": ["0", 60]}, "window_s.0"),
     ({"format": "azure", "window_s": [True, 60]}, "window_s.0"),
     ({"format": "azure", "time_scale": "1"}, "time_scale"),
+    # infinities: arrivals would become NaN casts (scale) or an int overflow (window)
+    ({"format": "azure", "time_scale": float("inf")}, "time_scale"),
+    ({"format": "azure", "window_s": [0, float("inf")]}, "finite numbers of seconds"),
+    ({"format": "azure", "window_s": [float("-inf"), 5]}, "finite numbers of seconds"),
 ])
 def test_bad_trace_config(kw, match):
     with pytest.raises(ValidationError, match=match):
