@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from simulator.errors import InputError
-from simulator.files import check_folder
+from simulator.files import check_folder, check_writable
 
 DEFAULT_CPU_KV_BYTES = 2 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE is set explicitly on CPU
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*"
@@ -332,6 +332,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     max_seqs = grid.max_batch() + 2
     _check_fits(shape, device, args.kv_cache_memory if args.kv_cache_memory is not None
                 else (DEFAULT_CPU_KV_BYTES if device == "cpu" else 0), dtype)
+    check_writable(out.parent, "--out")
+    if getattr(args, "report_dir", None):
+        check_writable(args.report_dir, "--report-dir")
     warn_if_busy(device)   # the flags are good: measuring starts now
 
     # -- device ceilings and KV facts ------------------------------------------------------

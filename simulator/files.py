@@ -140,6 +140,23 @@ def check_folder(path: str | Path, flag: str) -> None:
             return
 
 
+def check_writable(path: str | Path, flag: str) -> None:
+    """Create folder ``path`` if missing and make sure a file can be written in it, before
+    a long run that writes there at its end.
+
+    Raises:
+        InputError: ``<flag> <path>: cannot write there (<reason>)``.
+    """
+    from .errors import InputError
+
+    check_folder(path, flag)
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot write there ({e.strerror})") from None
+
+
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 

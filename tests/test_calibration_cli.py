@@ -150,6 +150,14 @@ def test_resuming_with_another_thread_count_is_refused(tmp_path, tiny_grid, monk
     assert not out.exists()
 
 
+def test_an_out_folder_that_cannot_be_written_is_refused_before_measuring(tiny_grid):
+    # /proc takes no new files (even for root); found before the first step, not after
+    measured = []
+    with pytest.raises(InputError, match=r"^--out /proc: cannot write there \("):
+        run_calibrate(Path("/proc/p.yaml"), measured.append)
+    assert measured == []
+
+
 def test_profiles_lists_shipped_and_local(tmp_path, monkeypatch, capsys):
     shipped = sorted(PROFILES_DIR.glob("*.yaml"))
     local = tmp_path / "local"

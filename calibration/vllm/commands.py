@@ -103,6 +103,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
                                  profile_out, replay_workload, warn_if_busy)
     from calibration.profiler import GridRun, cpu_name, measure_ceilings, memory_bytes, \
         read_measurements
+    from simulator.files import check_writable
     from calibration.report import write_report
 
     from .core import default_vllm_grid, measurement_rows, schedule_passes
@@ -121,6 +122,9 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
         if args.repeats < 1:
             raise InputError(f"--repeats must be >= 1, got {args.repeats}")
         grid = type(grid)(**{**grid.__dict__, "repeats": args.repeats})
+    check_writable(out.parent, "--out")
+    if args.report_dir:
+        check_writable(args.report_dir, "--report-dir")
     warn_if_busy("cpu")   # the flags are good: measuring starts now
 
     eng = VllmEngine(mdir, dtype=dtype, max_model_len=max_len,
