@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import re
 import shlex
 import sys
@@ -318,6 +319,10 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if args.threads is not None:
         if args.threads < 1:
             raise InputError(f"--threads must be >= 1, got {args.threads}")
+        cpus = len(os.sched_getaffinity(0))
+        if args.threads > cpus:   # threads sharing a core time the sharing, not the device
+            raise InputError(f"--threads {args.threads}: this process may use {cpus} CPUs; "
+                             f"give at most {cpus}")
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     shape = load_model(args.model)

@@ -158,6 +158,15 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_measuring(tiny_g
     assert measured == []
 
 
+def test_more_threads_than_usable_cpus_is_refused(tmp_path, tiny_grid):
+    import os
+    cpus = len(os.sched_getaffinity(0))
+    with pytest.raises(InputError, match=rf"^--threads {cpus + 1}: this process may use "
+                                         rf"{cpus} CPUs; give at most {cpus}$"):
+        run_calibrate(tmp_path / "p.yaml", None, "--threads", str(cpus + 1))
+    assert not any(tmp_path.iterdir())
+
+
 def test_profiles_lists_shipped_and_local(tmp_path, monkeypatch, capsys):
     shipped = sorted(PROFILES_DIR.glob("*.yaml"))
     local = tmp_path / "local"
