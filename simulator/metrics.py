@@ -8,6 +8,8 @@ Definitions follow ``vllm bench serve`` (``vllm/benchmarks/serve.py``; DESIGN.md
 * ITL   = every gap between consecutive tokens of a request, pooled over all requests.
 * E2EL  = finish (last token) time - arrival.  queue = first scheduled - arrival.
 * goodput = completed requests meeting every per-request SLO, per second of the run.
+* An SLO on a statistic with no samples (TPOT/ITL when every completed request has one
+  output token) is met vacuously, as goodput's per-request TPOT check passes such requests.
 
 Percentiles are ``numpy.percentile`` with its default ``linear`` method. The pooled ITL is
 kept as ``(gap_ns, count)`` runs, never per token, and its percentiles equal
@@ -400,7 +402,9 @@ class MetricsCollector:
             ``total_output_tokens``, ``total_cached_tokens``, one dict per metric of
             :data:`METRICS` with :data:`STATS` (ms), ``itl_tokens``, ``goodput`` (req/s,
             None without SLO), ``good_requests``, ``slo`` (``{metric: {stat: {threshold,
-            value, met}}}``), ``slo_met`` (None without SLO), ``concurrency``
+            value, met, samples}}}``; a statistic over no samples, e.g. TPOT when every
+            request has one output token, has value None and is met vacuously),
+            ``slo_met`` (None without SLO), ``concurrency``
             (``requests_mean`` = sum E2EL / duration as vllm bench serve, ``requests_max``,
             ``running_mean`` cluster total, ``running_max_per_replica``), ``kv_usage``
             (``mean`` time-weighted over replicas, ``max`` of any replica),
@@ -449,7 +453,9 @@ class MetricsCollector:
         s["itl_ms"] = _stats_runs(itl["gap_ns"].to_numpy(), itl["count"].to_numpy())
         s["itl_tokens"] = int(itl["count"].sum())
 
-        s.update(_evaluate_slo(slo_spec, s, req, done, dur_s))
+        samples = {m: int(lat[m].size) for m in PER_REQUEST_METRICS}
+        samples["itl_ms"] = s["itl_tokens"]
+        s.update(_evaluate_slo(slo_spec, s, req, done, dur_s, samples))
 
         e2el = req["e2el_ms"].to_numpy()[done]
         s["concurrency"] = {
@@ -739,16 +745,25 @@ def parse_slo(slo: dict | None) -> dict:
 
 
 def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
-                  dur_s: float | None) -> dict:
+                  dur_s: float | None, samples: dict) -> dict:
     """SLO table, ``slo_met`` and goodput (vllm bench serve ``--goodput`` semantics).
 
     A request is good when it completed and, for every per-request metric with an SLO,
     its value is <= every threshold given for that metric. A request with <= 1 output
     token has no TPOT and passes the TPOT check. ITL entries are judged on the run
     statistic only (a request's ITL is not one number), so they do not affect goodput.
-    Latency statistics cover served requests only, so requests that were never served
-    (rejected: prompt longer than max_model_len) fail the SLO outright: they appear as a
-    ``rejected_requests`` row whose threshold is 0.
+
+    Each table entry is ``{threshold, value, met, samples}``; ``samples`` is the number of
+    values the statistic is over (requests for TTFT/TPOT/E2EL/queue, token gaps for ITL).
+    A statistic over no samples while requests completed (TPOT and ITL when every request
+    produced <= 1 output token) has value None and is met vacuously, as the per-request
+    check in goodput passes those requests. With nothing completed every statistic is
+    None and not met (nothing was served). Latency statistics cover served requests only,
+    so requests that were never served (rejected: prompt longer than max_model_len) fail
+    the SLO outright: they appear as a ``rejected_requests`` row whose threshold is 0.
+
+    Args:
+        samples: ``{metric: sample count}`` for every metric of :data:`METRICS`.
     """
     if not spec:
         return {"slo": {}, "slo_met": None, "goodput": None, "good_requests": None}
@@ -761,9 +776,10 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
         table[metric] = {}
         for stat, thr in entries.items():
             value = s[metric][stat]
-            met = value is not None and value <= thr
+            met = value <= thr if value is not None else s["completed"] > 0
             met_all &= met
-            table[metric][stat] = {"threshold": thr, "value": value, "met": bool(met)}
+            table[metric][stat] = {"threshold": thr, "value": value, "met": bool(met),
+                                   "samples": samples[metric]}
     good = done.copy()
     for metric, entries in spec.items():
         if metric not in PER_REQUEST_METRICS:

@@ -109,11 +109,15 @@ def pareto_front(costs, latencies) -> list[int]:
 
 def plot_pareto(table, best_index: int | None) -> bytes:
     """PNG: cost per hour vs TTFT p99 and vs TPOT p99 at the operating point, with 95% CI
-    error bars, the Pareto front joined, the cheapest feasible plan starred."""
+    error bars, the Pareto front joined, the cheapest feasible plan starred. A panel whose
+    metric has no value (TPOT when every request has one output token) says so."""
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
-    ok = table[table["cost_per_hour"].notna() & table["ttft_p99_ms"].notna()]
     for ax, m in zip(axes, ("ttft", "tpot")):
+        ok = table[table["cost_per_hour"].notna() & table[f"{m}_p99_ms"].notna()]
+        if ok.empty:
+            ax.text(0.5, 0.5, f"no {m.upper()} p99 values", ha="center", va="center",
+                    transform=ax.transAxes)
         for i, r in ok.iterrows():
             ci = r[f"{m}_p99_ci95"]
             yerr = None

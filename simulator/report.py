@@ -105,6 +105,13 @@ def _fmt(x) -> str:
     return str(x)
 
 
+def _slo_value(entry: dict) -> str:
+    """An SLO entry's run value; ``n/a (no samples)`` for a statistic over no samples."""
+    if entry.get("value") is None and entry.get("samples") == 0:
+        return "n/a (no samples)"
+    return _fmt(entry.get("value"))
+
+
 def _basis(summary: dict) -> tuple[str, str]:
     """(label, label with source) of the step costs, e.g. ("projected", "projected (...)")."""
     label = summary.get("cost_kind") or summary.get("cost_label") or "unlabelled"
@@ -168,7 +175,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     b.append(("h2", "Service-level objectives"))
     slo = s.get("slo") or {}
     if slo:
-        rows = [[_LABELS.get(m, m), st, _fmt(e.get("threshold")), _fmt(e.get("value")),
+        rows = [[_LABELS.get(m, m), st, _fmt(e.get("threshold")), _slo_value(e),
                  _fmt(e.get("met"))] for m, entries in slo.items()
                 for st, e in entries.items()]
         b.append(("table", None, ["metric", "statistic", "threshold (ms)",

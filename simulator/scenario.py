@@ -164,7 +164,9 @@ SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
 
 
 class SLOTarget(_Strict):
-    """Upper bounds (ms) on statistics of one metric; an entry is met when stat <= bound.
+    """Upper bounds (ms) on statistics of one metric; an entry is met when stat <= bound,
+    or vacuously when the statistic has no samples (TPOT/ITL with every request at <= 1
+    output token) while requests completed.
     Bounds are finite (``.inf`` is refused here, with the file's name, rather than after
     the run by :func:`simulator.metrics.parse_slo`); leave a statistic out to not bound it."""
 

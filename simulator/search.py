@@ -57,11 +57,15 @@ def with_rate(scenario, rate: float):
 
 def slo_ratio(summary: dict) -> float:
     """Largest ``value / threshold`` over the run's SLO entries (<= 1: all met); 0 without
-    SLO; ``inf`` when a figure is missing (nothing completed)."""
+    SLO; ``inf`` when a figure is missing and not met (nothing completed). An entry met
+    with no value (a statistic over no samples, e.g. TPOT when every request has one
+    output token: :func:`simulator.metrics._evaluate_slo`) adds nothing."""
     worst = 0.0
     for entries in (summary.get("slo") or {}).values():
         for e in entries.values():
             v, thr = e.get("value"), e["threshold"]
+            if v is None and e.get("met"):
+                continue
             if v is None or (thr == 0 and v > 0):  # nothing completed; rejected requests
                 return math.inf
             if thr:

@@ -107,7 +107,7 @@ def test_goodput_needs_every_slo():
     assert s["good_requests"] == 2
     assert s["goodput"] == approx(2 / 0.2)
     assert s["slo"]["ttft_ms"]["p99"] == {"threshold": 100.0, "value": approx(89.4),
-                                          "met": True}
+                                          "met": True, "samples": 3}
     assert s["slo"]["tpot_ms"]["p50"]["met"] is True
     # r3 was never served (rejected): an SLO cannot be met while requests are refused.
     assert s["slo"]["rejected_requests"]["count"] == {"threshold": 0, "value": 1, "met": False}
@@ -128,9 +128,31 @@ def test_itl_slo_is_judged_on_the_run_statistic_only():
     c = collect(timeline())
     c.record_itl(10 * MS, 14)
     s = c.finalize(slo={"itl_ms": {"p99": 5}}).summary
-    assert s["slo"]["itl_ms"]["p99"] == {"threshold": 5.0, "value": 10.0, "met": False}
+    assert s["slo"]["itl_ms"]["p99"] == {"threshold": 5.0, "value": 10.0, "met": False,
+                                         "samples": 14}
     assert s["slo_met"] is False
     assert s["good_requests"] == 3
+
+
+def test_an_slo_over_no_samples_is_met_vacuously_as_goodput_counts_it():
+    # r2 alone: one output token, so no TPOT and no ITL gap; goodput passes it on TPOT,
+    # and the run-level TPOT/ITL entries agree (met, value None, 0 samples).
+    slo = {"ttft_ms": {"p99": 100}, "tpot_ms": {"p99": 50}, "itl_ms": {"mean": 5}}
+    s = collect(timeline()[1:2]).finalize(slo=slo).summary
+    assert s["good_requests"] == 1
+    assert s["slo"]["tpot_ms"]["p99"] == {"threshold": 50.0, "value": None, "met": True,
+                                          "samples": 0}
+    assert s["slo"]["itl_ms"]["mean"] == {"threshold": 5.0, "value": None, "met": True,
+                                          "samples": 0}
+    assert s["slo"]["ttft_ms"]["p99"]["met"] is True and s["slo_met"] is True
+    # Nothing completed (the only request aborted): nothing was served, no SLO is met.
+    abort = RequestRecord("a", 0, finish_ns=5 * MS, prompt_tokens=10, finish_reason="abort")
+    s = collect([abort]).finalize(slo=slo).summary
+    assert s["completed"] == 0 and s["good_requests"] == 0
+    assert s["slo"]["tpot_ms"]["p99"]["met"] is False
+    assert s["slo"]["ttft_ms"]["p99"] == {"threshold": 100.0, "value": None, "met": False,
+                                          "samples": 0}
+    assert s["slo_met"] is False
 
 
 def test_no_slo_gives_no_goodput():

@@ -254,6 +254,33 @@ plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replicati
     assert main(["plan", str(y), "--target-rate", "-1"] + args) == 2
 
 
+def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys):
+    # One output token per request: no TPOT exists, so a TPOT SLO cannot be missed (as
+    # goodput counts it). One step of 10 ms per request and max_num_seqs 4: a candidate
+    # serves well over the 30 req/s target with a 200 ms TTFT bound.
+    y = tmp_path / "s.yaml"
+    y.write_text("""name: s
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}, price_per_gpu_hour: 1.0}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 200
+  arrival: {process: poisson, rate: 10}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 1}
+slo: {ttft_ms: {p99: 200}, tpot_ms: {p99: 5}}
+plan: {target_rate: 30, candidates: {engine.max_num_seqs: [4]}, max_replications: 2}
+""")
+    args = ["--executor", "serial", "--quiet"]
+    assert main(["plan", str(y), "--out", str(tmp_path / "pl")] + args) == 0
+    assert "cheapest feasible" in capsys.readouterr().out
+    assert (tmp_path / "pl" / "pareto.png").is_file()
+    assert main(["run", str(y), "--out", str(tmp_path / "run")] + args[2:]) == 0
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "| TPOT | p99 | 5 | n/a (no samples) | yes |" in md
+    assert "All SLOs met: **yes**" in md
+
+
 def test_compare_prints_a_formatted_table_and_needs_two_scenarios(tmp_path, capsys):
     import re
 
