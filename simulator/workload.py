@@ -202,6 +202,18 @@ def _fixed_count_first(v):
     return v
 
 
+def _number_as_fixed(v):
+    """Before the schema: a plain number of seconds ``x`` is ``{dist: fixed, value: x}``
+    (``think_time_s: 0``); anything else but a mapping is refused with both forms."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return {"dist": "fixed", "value": v}
+    if not isinstance(v, dict):
+        raise ValueError(f"expected a number of seconds >= 0 or a distribution such as "
+                         f"{{dist: fixed, value: 0}} or {{dist: uniform, min: 1, max: 5}}, "
+                         f"got {v!r}")
+    return v
+
+
 def length_bounds(dist_cfg) -> tuple[int, int | None]:
     """The integer range ``[lo, hi]`` that count samples (tokens, turns) are clipped to:
     ``lo = max(ceil(min), 1)``, ``hi = floor(max)`` (``None`` = open).
@@ -313,13 +325,17 @@ class ConstantArrival(_OpenLoop):
 
 class ClosedLoopArrival(BaseModel):
     """``{process: closed_loop, concurrency, think_time_s}``: ``concurrency`` virtual users,
-    each sending its next request ``think_time_s`` after its previous one finished."""
+    each sending its next request ``think_time_s`` after its previous one finished.
+    ``think_time_s`` is a distribution of seconds or a plain number ``x >= 0``, read as
+    ``{dist: fixed, value: x}``; default 0."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     process: Literal["closed_loop"]
     concurrency: int = Field(ge=1)
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
+
+    _think_number = field_validator("think_time_s", mode="before")(_number_as_fixed)
 
 
 Arrival = Annotated[Union[PoissonArrival, GammaArrival, ConstantArrival, ClosedLoopArrival],
@@ -391,7 +407,8 @@ class SessionConfig(BaseModel):
     """``workload.sessions``: multi-turn conversations.
 
     ``turns`` is drawn per conversation (integers >= 1); ``think_time_s`` between a turn's
-    finish and the next turn's arrival (seconds, may be fractional).
+    finish and the next turn's arrival (seconds, may be fractional): a distribution or a
+    plain number ``x >= 0``, read as ``{dist: fixed, value: x}``; default 0.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -400,6 +417,7 @@ class SessionConfig(BaseModel):
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
 
     _turns_count = field_validator("turns", mode="before")(_fixed_count_first)
+    _think_number = field_validator("think_time_s", mode="before")(_number_as_fixed)
 
     @field_validator("turns")
     @classmethod

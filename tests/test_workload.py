@@ -314,6 +314,36 @@ def test_closed_loop_with_sessions():
     assert by_id[4].session_id != by_id[2].session_id == by_id[0].session_id
 
 
+def test_a_plain_number_of_think_seconds_is_a_fixed_distribution():
+    # think_time_s: 2 means {dist: fixed, value: 2} in the closed loop and in sessions:
+    # the same specs as the mapping form, every follow-up waiting exactly 2 s (or 0.5 s).
+    plain = cfg(num_requests=8, arrival={"process": "closed_loop", "concurrency": 2,
+                                          "think_time_s": 2},
+                sessions={"turns": {"dist": "fixed", "value": 2}, "think_time_s": 0.5})
+    mapped = cfg(num_requests=8, arrival={"process": "closed_loop", "concurrency": 2,
+                                           "think_time_s": {"dist": "fixed", "value": 2}},
+                 sessions={"turns": {"dist": "fixed", "value": 2},
+                           "think_time_s": {"dist": "fixed", "value": 0.5}})
+    specs = build_workload(plain)
+    assert specs == build_workload(mapped)
+    by_id = {s.request_id: s for s in specs}
+    assert by_id[2].think_time_ns == NS // 2 and by_id[4].think_time_ns == 2 * NS
+    loop0 = cfg(arrival={"process": "closed_loop", "concurrency": 8, "think_time_s": 0})
+    assert loop0.arrival.think_time_s.value == 0
+
+
+@pytest.mark.parametrize("value, msg", [
+    (-1, "greater than or equal to 0"),
+    (True, "a number of seconds >= 0 or a distribution such as {dist: fixed, value: 0}"),
+    ("2", "a number of seconds >= 0 or a distribution"),
+])
+def test_a_think_time_that_is_not_a_number_or_a_distribution_says_both_forms(value, msg):
+    with pytest.raises(ValidationError, match=re.escape(msg)):
+        cfg(arrival={"process": "closed_loop", "concurrency": 2, "think_time_s": value})
+    with pytest.raises(ValidationError, match=re.escape(msg)):
+        cfg(sessions={"turns": {"dist": "fixed", "value": 2}, "think_time_s": value})
+
+
 def test_concurrency_above_num_requests():
     specs = build_workload(cfg(num_requests=3, arrival={"process": "closed_loop",
                                                          "concurrency": 10}))
