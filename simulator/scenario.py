@@ -319,14 +319,17 @@ class Scenario(_Strict):
             self._shape = load_model(self.model, self._base_dir)
         return self._shape
 
-    def error(self, key_path: str, message: str) -> InputError:
+    def error(self, key_path: str, message: str,
+              depends: typing.Sequence[str] = ()) -> InputError:
         """An :class:`InputError` for this scenario's key ``key_path`` (dotted):
         ``"<file>:LINE: <key_path>: <message>"`` with the line of the key (or of its
         nearest parent the file holds; no line when the scenario was not read from a
         file), or ``"--set <flag>: <message>"`` when a ``--set`` flag gave the key, as in
-        schema errors (:func:`_prefix`)."""
+        schema errors (:func:`_prefix`). ``depends``: further dotted key paths the error
+        follows from (``engine.gpu_memory_utilization`` for a KV cache that does not fit);
+        ``--set`` flags on them are named too, ``"(with --set a=1, --set b=2)"``."""
         return InputError(_prefix(tuple(key_path.split(".")), self._source, self._origins,
-                                  message, self._text))
+                                  message, self._text, also=depends))
 
     def set_by(self, key_path: str) -> str | None:
         """The ``--set`` flag (``"key=value"``) that gave ``key_path`` or a key above it;
@@ -409,7 +412,12 @@ class Scenario(_Strict):
             max_len = min(max_len, (num_gpu_blocks - 1) * e.block_size)
         if num_gpu_blocks is not None and cdiv(max_len, e.block_size) > num_gpu_blocks - 1:
             usable = num_gpu_blocks - 1
-            raise self.error("engine.max_model_len", (
+            # the cache's size: the block count given, or what sizes it from memory
+            sized_by = (("engine.num_gpu_blocks", "engine.block_size")
+                        if e.num_gpu_blocks is not None else
+                        ("engine.block_size", "engine.gpu_memory_utilization", "hardware",
+                         "model", "dtype"))
+            raise self.error("engine.max_model_len", depends=sized_by, message=(
                 f"{max_len} tokens need {cdiv(max_len, e.block_size)} KV blocks of "
                 f"{e.block_size} but the cache holds {usable} for requests "
                 f"({num_gpu_blocks} blocks less block 0, which vLLM reserves as its null "
@@ -501,8 +509,8 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
 
 def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
     """Checks that need the resolved model."""
-    def fail(loc: tuple, msg: str):
-        raise InputError(_prefix(loc, sc.source, origins, msg, text)) from None
+    def fail(loc: tuple, msg: str, also=()):
+        raise InputError(_prefix(loc, sc.source, origins, msg, text, also)) from None
 
     try:
         shape = sc.model_shape
@@ -514,7 +522,7 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
     if shape.num_attention_heads % tp:
         fail(("hardware", "tensor_parallel"),
              f"{tp} does not divide the model's num_attention_heads "
-             f"({shape.num_attention_heads}), as vLLM requires")
+             f"({shape.num_attention_heads}), as vLLM requires", also=("model",))
     mnbt, mns = sc.max_num_batched_tokens, sc.max_num_seqs
     if mnbt < mns:
         fail(("engine",), f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}), "
@@ -522,7 +530,7 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
     if sc.engine.max_model_len and sc.engine.max_model_len > shape.max_position_embeddings:
         fail(("engine", "max_model_len"),
              f"{sc.engine.max_model_len} is longer than the model's max_position_embeddings "
-             f"({shape.max_position_embeddings})")
+             f"({shape.max_position_embeddings})", also=("model",))
 
 
 def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
@@ -579,10 +587,16 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
     return raw, origins
 
 
-def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None = None
-            ) -> str:
+#: Keys whose value picks the schema of the mapping that holds them (tagged unions).
+_TAGS = ("dist", "process")
+
+
+def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None = None,
+            also: typing.Sequence[str] = ()) -> str:
     """Compose ``<file>[:LINE]: <path>: msg`` (the line when ``text``, the file's YAML, is
-    given), or ``--set <flag>: msg`` when a flag set it."""
+    given), or ``--set <flag>: msg`` when a flag set it; ``(with --set ...)`` names the
+    flags that can have caused it: below ``loc``, the ``dist``/``process`` tag beside it,
+    or at/above/below a dotted key path of ``also``."""
     loc = tuple(str(p) for p in loc)
     path = ".".join(loc)
     for opath, flag in origins.items():
@@ -591,10 +605,16 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None =
     line = yaml_line(text, loc) if text is not None and loc else None
     if line is not None:
         source = f"{source}:{line}"
-    # flags that set this key's value below it, or a key beside it in the same mapping
-    # (--set x.dist=uniform makes the file's x.median unknown)
+    # Flags that can have caused the error: those that set this key's value below it,
+    # the tag of the mapping holding it (--set x.dist=uniform makes the file's x.median
+    # unknown), and those at, above or below a key in ``also``. A flag that sets an
+    # unrelated key beside it (workload.num_requests beside workload.seed) is not named.
+    deps = [tuple(a.split(".")) for a in also]
     flags = [flag for opath, flag in origins.items()
-             if loc and (opath[:len(loc)] == loc or opath[:-1] == loc[:-1])]
+             if loc and (opath[:len(loc)] == loc
+                         or (opath[-1] in _TAGS and opath[:-1] == loc[:-1])
+                         or any(opath[:len(d)] == d or d[:len(opath)] == opath
+                                for d in deps))]
     if flags:
         return f"{source} (with {', '.join('--set ' + f for f in flags)}): {path}: {msg}"
     return f"{source}: {path}: {msg}" if path else f"{source}: {msg}"

@@ -123,6 +123,46 @@ def test_a_flag_that_changes_a_distribution_is_named_in_the_errors_it_causes(cha
                      "workload.output_tokens.x: unknown key (allowed: min, max, dist, value)")
 
 
+def test_a_flag_beside_a_file_error_that_cannot_have_caused_it_is_not_named(chat):
+    # workload.num_requests is set beside workload.seed and workload.prompt_tokens, but
+    # neither a non-integer seed nor p90 < median can come from it.
+    text = chat.read_text()
+    chat.write_text(text.replace("  num_requests: 10\n", "  num_requests: 10\n  seed: 1.5\n"))
+    assert err(load_scenario, chat, ["workload.num_requests=100"]) == (
+        f"chat.yaml:{line_of(chat, 'seed: 1.5')}: workload.seed: Input should be a valid "
+        f"integer (got 1.5)")
+    lognormal = "  prompt_tokens:\n    dist: lognormal\n    median: 100\n    p90: 50\n"
+    chat.write_text(text.replace("  prompt_tokens:\n    dist: fixed\n    value: 100\n",
+                                 lognormal))
+    assert err(load_scenario, chat, ["workload.num_requests=100"]) == (
+        f"chat.yaml:{line_of(chat, 'prompt_tokens:')}: workload.prompt_tokens: p90 (50) must "
+        f"be >= median (100)")
+    # the arrival's process tag set by a flag does change what the file's keys may be
+    msg = err(load_scenario, chat, ["workload.arrival.process=closed_loop",
+                                    "workload.prompt_tokens.p90=500"])
+    assert msg.startswith(f"chat.yaml:{line_of(chat, 'rate:')} (with --set "
+                          f"workload.arrival.process=closed_loop): workload.arrival.rate: "
+                          f"unknown key")
+
+
+def test_an_error_names_every_flag_among_the_keys_it_depends_on(chat):
+    # Scenario.error(depends=...): the flags on keys the error follows from are named,
+    # flags on others are not.
+    sc = load_scenario(chat, ["engine.gpu_memory_utilization=0.5", "hardware.tensor_parallel=2",
+                              "workload.num_requests=5"])
+    msg = str(sc.error("hardware", "no room", depends=("engine.gpu_memory_utilization",)))
+    assert msg == (f"chat.yaml:{line_of(chat, 'hardware:')} (with --set "
+                   f"engine.gpu_memory_utilization=0.5, --set hardware.tensor_parallel=2): "
+                   f"hardware: no room")   # in command-line order
+    # a cache sized from memory: max_model_len that does not fit names the memory flag
+    chat.write_text(chat.read_text() + "engine: {max_model_len: 2048}\n")
+    sc = load_scenario(chat, ["engine.gpu_memory_utilization=0.5", "workload.seed=3"])
+    msg = err(sc.scheduler_config, 3)
+    assert msg.startswith(f"chat.yaml:{line_of(chat, 'max_model_len')} (with --set "
+                          f"engine.gpu_memory_utilization=0.5): engine.max_model_len: 2048 "
+                          f"tokens need 128 KV blocks")
+
+
 @pytest.mark.parametrize("bound, got", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"),
                                         ("-5", "-5"), ("0", "0")])
 def test_slo_bound_errors_name_the_file_like_other_keys(chat, bound, got):
