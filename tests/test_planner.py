@@ -413,6 +413,22 @@ def test_terminal_tables_fit_80_columns_without_exponents_or_lost_cells(monkeypa
     assert all(w in head.split() for w in ("max", "batched", "tokens"))
 
 
+@pytest.mark.parametrize("values, repeated", [("4,4", "4"), ("2,4,4.0", "4.0"),
+                                              ("1,2,1", "1")])
+def test_a_value_repeated_in_a_sweep_list_is_refused_before_any_point_runs(
+        tmp_path, capsys, values, repeated):
+    # the same point twice printed two identical rows; 4 and 4.0 are one rate
+    y = tmp_path / "s.yaml"
+    y.write_text(small_scenario("s", 20))
+    out = tmp_path / "sw"
+    assert main(["sweep", str(y), "--set", f"workload.arrival.rate={values}", "--executor",
+                 "serial", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"servesim: error: --set workload.arrival.rate={values}: {repeated} is given twice "
+        f"in the list (each value is one sweep point; give it once)"]
+    assert not out.exists()
+
+
 def test_a_quoted_number_in_a_sweep_list_is_refused_before_any_point_runs(tmp_path, capsys):
     y = tmp_path / "s.yaml"
     y.write_text(small_scenario("s", 20))
