@@ -767,7 +767,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                    max_num_seqs=scenario.max_num_seqs, source=src)
             if hw.cost_noise == "empirical":
                 raise scenario.error("hardware.cost_noise", "empirical needs a measured "
-                                     "profile's residuals; a projection has none")
+                                     "profile's residuals; a projection has none",
+                                     depends=("hardware.profile",))
             cap = kv_capacity(shape, dtype, gpu, tp, eng.block_size, eng.gpu_memory_utilization,
                               scenario.max_num_batched_tokens, scenario.max_num_seqs)
             blocks, note = override(cap.num_gpu_blocks,
@@ -788,7 +789,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     except InputError as e:
         if str(e).startswith(scenario.source + ": "):
             raise
-        raise scenario.error("hardware", str(e)) from None
+        raise scenario.error("hardware", str(e), depends=(
+            "engine.gpu_memory_utilization", "engine.block_size", "model", "dtype")) from None
     try:
         prof = load_profile(name, scenario.base_dir)
     except InputError as e:
@@ -807,7 +809,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     if hw.cost_noise == "empirical":
         if not prof.noise.relative_residuals:
             raise scenario.error("hardware.cost_noise", f"empirical needs residuals; profile "
-                                 f"{prof.name} has none (use cost_noise: none)")
+                                 f"{prof.name} has none (use cost_noise: none)",
+                                 depends=("hardware.profile",))
         residuals = prof.noise.relative_residuals
     blocks, note = override(kv_blocks, kv_note)
     k = RooflineConstants.of(prof.model_shape, prof.dtype, prof.tensor_parallel) \
@@ -829,13 +832,15 @@ def _check_profile_matches(scenario: Scenario, prof: Profile) -> None:
     pshape = prof.model_shape
     if pshape.shape_key() != shape.shape_key() or prof.dtype != scenario.dtype:
         raise scenario.error("hardware.profile", (
-            f"profile {prof.display_name} was measured for model {prof.model.name} ({prof.dtype}) but "
-            f"the scenario runs {shape.name} ({scenario.dtype}): use a profile of this model "
-            f"and dtype, or a catalog GPU for a projection"))
+            f"profile {prof.display_name} was measured for model {prof.model.name} "
+            f"({prof.dtype}) but the scenario runs {shape.name} ({scenario.dtype}): use a "
+            f"profile of this model and dtype, or a catalog GPU for a projection"),
+            depends=("model", "dtype"))
     if prof.tensor_parallel != scenario.hardware.tensor_parallel:
         raise scenario.error("hardware.tensor_parallel", (
-            f"profile {prof.display_name} was measured with tensor_parallel {prof.tensor_parallel}, "
-            f"the scenario asks for {scenario.hardware.tensor_parallel}"))
+            f"profile {prof.display_name} was measured with tensor_parallel "
+            f"{prof.tensor_parallel}, the scenario asks for "
+            f"{scenario.hardware.tensor_parallel}"), depends=("hardware.profile",))
 
 
 def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:

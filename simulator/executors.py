@@ -249,7 +249,7 @@ class RayExecutor(SerialExecutor):
         try:
             import ray
         except ImportError:
-            raise InputError("--executor ray needs Ray: pip install 'servesim[ray]'") from None
+            raise InputError('--executor ray needs Ray: pip install -e ".[ray]"') from None
         self._ray = ray
         if not ray.is_initialized():
             if address:
