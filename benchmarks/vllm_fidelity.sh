@@ -35,6 +35,13 @@ NUMPY="$("$PY" -c 'import numpy; print(numpy.__version__)')"
 "$PY" -m pip install -q -e "$ROOT" --no-deps
 # shellcheck disable=SC1091
 . "$PEER/env.sh"
+# One OpenMP thread, as servesim's own CPU profile is measured: the in-process engine
+# (VLLM_ENABLE_V1_MULTIPROCESSING=0) otherwise computes with torch's default of 2 threads on
+# the 2 cores it shares with the serving loop, and its step times drift with them (with 2
+# threads, validation saw decode steps ~30% slower than its calibration minutes before;
+# benchmarks/results/vllm_fidelity_bind0.md). vLLM's log says the same: "Set
+# OMP_NUM_THREADS in the external environment to override".
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 mkdir -p "$OUT/logs"
 PROFILE="$OUT/vllm-cpu-llama-tiny-56m-bfloat16.yaml"
