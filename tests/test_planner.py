@@ -225,9 +225,8 @@ def test_pareto_front():
     assert pareto_front([1, None], [1, 2]) == [0]
 
 
-def test_cli_sweep_plan_compare(tmp_path, capsys):
-    y = tmp_path / "s.yaml"
-    y.write_text("""name: s
+# 10 ms per step, max_num_seqs 4 or 2: a small plan that finds a feasible candidate
+SMALL_PLAN = """name: s
 model: llama-test
 hardware: {step_time: {constant_s: 0.01}, price_per_gpu_hour: 1.0}
 engine: {max_num_seqs: 4, max_model_len: 512}
@@ -238,7 +237,12 @@ workload:
   output_tokens: {dist: fixed, value: 4}
 slo: {ttft_ms: {p99: 200}}
 plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replications: 2}
-""")
+"""
+
+
+def test_cli_sweep_plan_compare(tmp_path, capsys):
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN)
     args = ["--executor", "serial", "--quiet"]
     assert main(["sweep", str(y), "--set", "workload.arrival.rate=10,20", "--out",
                  str(tmp_path / "sw")] + args) == 0
@@ -259,18 +263,11 @@ def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys)
     # goodput counts it). One step of 10 ms per request and max_num_seqs 4: a candidate
     # serves well over the 30 req/s target with a 200 ms TTFT bound.
     y = tmp_path / "s.yaml"
-    y.write_text("""name: s
-model: llama-test
-hardware: {step_time: {constant_s: 0.01}, price_per_gpu_hour: 1.0}
-engine: {max_num_seqs: 4, max_model_len: 512}
-workload:
-  num_requests: 200
-  arrival: {process: poisson, rate: 10}
-  prompt_tokens: {dist: fixed, value: 8}
-  output_tokens: {dist: fixed, value: 1}
-slo: {ttft_ms: {p99: 200}, tpot_ms: {p99: 5}}
-plan: {target_rate: 30, candidates: {engine.max_num_seqs: [4]}, max_replications: 2}
-""")
+    y.write_text(SMALL_PLAN.replace("output_tokens: {dist: fixed, value: 4}",
+                                    "output_tokens: {dist: fixed, value: 1}")
+                 .replace("slo: {ttft_ms: {p99: 200}}",
+                          "slo: {ttft_ms: {p99: 200}, tpot_ms: {p99: 5}}")
+                 .replace("[2, 4]", "[4]"))
     args = ["--executor", "serial", "--quiet"]
     assert main(["plan", str(y), "--out", str(tmp_path / "pl")] + args) == 0
     assert "cheapest feasible" in capsys.readouterr().out
