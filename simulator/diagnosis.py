@@ -100,8 +100,10 @@ def find_limits(scenario, result) -> dict:
     dur = s.get("duration_s") or 0.0
     step_ms = 1e3 * dur * (busy if busy is not None else 1.0) * nrep / steps if steps else 0.0
     q_p99 = split["queue_ms"]["p99"] or 0.0
-    queued = (split["queue_share"] >= QUEUE_SHARE and q_p99 >= QUEUE_STEPS * step_ms) \
-        or not stable
+    # With nothing completed (every prompt rejected) nothing queued: the run is "unstable"
+    # only because nothing was served, and the rejections are the finding.
+    queued = ((split["queue_share"] >= QUEUE_SHARE and q_p99 >= QUEUE_STEPS * step_ms)
+              or not stable) and (s.get("completed") or 0) > 0
     figures = {"offered_rate": offered, "achieved_rate": achieved, "stable": stable,
                "running_per_replica_mean": running, "running_per_replica_max": running_max,
                "max_num_seqs": scenario.max_num_seqs, "kv_usage_mean": kv_mean,

@@ -133,3 +133,12 @@ def test_a_run_with_rejected_requests_writes_its_diagnosis(tmp_path):
     assert d["findings"][0]["evidence"].startswith(f"{s['rejected']} requests rejected")
     cf = d["counterfactual"]
     assert cf is None or (cf["before"] is None and cf["moved"] is False)
+
+
+def test_when_every_request_is_rejected_the_rejections_are_the_only_finding():
+    # 4096-token prompts against max_model_len 2048: nothing is served, nothing queues
+    res = simulate(sc({"max_num_seqs": 8}, {"constant_s": 0.01}, 5.0, prompt=4096, n=50))
+    assert res.summary["completed"] == 0 and res.summary["rejected"] == 50
+    d = diagnose(sc({"max_num_seqs": 8}, {"constant_s": 0.01}, 5.0, prompt=4096, n=50), res)
+    assert [f["limit"] for f in d["findings"]] == ["max_model_len"]
+    assert d["binding"] == "max_model_len" and d["queued"] is False
