@@ -206,6 +206,9 @@ def _number_as_fixed(v):
     """Before the schema: a plain number of seconds ``x`` is ``{dist: fixed, value: x}``
     (``think_time_s: 0``); anything else but a mapping is refused with both forms."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if not (math.isfinite(v) and v >= 0):   # said here: the schema would name ".value"
+            raise ValueError(f"must be a finite number of seconds >= 0 (or a distribution "
+                             f"such as {{dist: fixed, value: 0}}), got {v!r}")
         return {"dist": "fixed", "value": v}
     if not isinstance(v, dict):
         raise ValueError(f"expected a number of seconds >= 0 or a distribution such as "

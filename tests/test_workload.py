@@ -333,7 +333,8 @@ def test_a_plain_number_of_think_seconds_is_a_fixed_distribution():
 
 
 @pytest.mark.parametrize("value, msg", [
-    (-1, "greater than or equal to 0"),
+    (-1, "must be a finite number of seconds >= 0 (or a distribution such as"),
+    (float("inf"), "must be a finite number of seconds >= 0"),
     (True, "a number of seconds >= 0 or a distribution such as {dist: fixed, value: 0}"),
     ("2", "a number of seconds >= 0 or a distribution"),
 ])
