@@ -169,7 +169,6 @@ def _cmd_sweep(args) -> int:
     from .scenario import load_scenario
 
     plain, axes = split_sets(args.overrides)
-    _refuse_repeated_values(args.overrides, axes)
     scenario = load_scenario(args.scenario, plain)
     if not axes:
         raise InputError("--set: give at least one swept key with comma-separated values, "
@@ -189,37 +188,6 @@ def _cmd_sweep(args) -> int:
               + (f" (with {others})" if others else ""))
     print(f"report: {paths['report.html']}")
     return 0
-
-
-def _refuse_repeated_values(sets: list[str], axes: dict[str, list[str]]) -> None:
-    """A value given twice in one swept ``--set`` list would run the same point twice.
-
-    Values are compared as YAML reads them (``4`` and ``4.0`` are one rate).
-
-    Raises:
-        InputError: ``--set <flag>: <value> is given twice in the list (...)``.
-    """
-    import yaml
-
-    from .files import load_yaml
-
-    def read(v):
-        try:
-            return load_yaml(v)
-        except yaml.YAMLError:   # the scenario load reports it, with the flag
-            return v
-
-    for key, vals in axes.items():
-        seen = []
-        for v in vals:
-            x = read(v)
-            if any(x == y and isinstance(x, bool) == isinstance(y, bool) for y in seen):
-                flag = next(s for s in sets
-                            if ".".join(p.strip() for p in s.partition("=")[0].split("."))
-                            == key)
-                raise InputError(f"--set {flag}: {v} is given twice in the list (each value "
-                                 f"is one sweep point; give it once)")
-            seen.append(x)
 
 
 def _knee_text(table, knee: dict) -> str:

@@ -54,8 +54,8 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
         ``(plain overrides, {key: [value strings]})``, axes in flag order.
 
     Raises:
-        InputError: a malformed flag, an empty value in a list, or a key given twice
-            (swept or not).
+        InputError: a malformed flag, an empty value in a list, a value given twice in
+            one list, or a key given twice (swept or not).
     """
     plain, axes = [], {}
     seen: dict = {}
@@ -69,6 +69,16 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
         vals = [x.strip() for x in v.split(",")]
         if not all(vals):
             raise InputError(f"--set {s}: empty value in the list (use v1,v2,...)")
+        read = []   # as YAML reads them: 4 and 4.0 are one point (True and 1 are not)
+        for x in vals:
+            try:
+                y = _parse(x)
+            except yaml.YAMLError:   # the scenario load reports it, with the flag
+                y = x
+            if any(y == z and isinstance(y, bool) == isinstance(z, bool) for z in read):
+                raise InputError(f"--set {s}: {x} is given twice in the list (each value "
+                                 f"is one sweep point; give it once)")
+            read.append(y)
         axes[k] = vals
     return plain, axes
 
