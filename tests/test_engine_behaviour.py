@@ -281,3 +281,36 @@ def test_from_catalog_builds_the_catalog_shape():
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads) == (
         shape.hidden_size, shape.num_hidden_layers, shape.num_key_value_heads)
     assert sum(p.numel() for p in eng.model.parameters()) == shape.num_params
+
+
+def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
+    """Start-up builds oneDNN kernels: each of layer 0's four prepacked weights sees every
+    row count 1..max_num_batched_tokens once (capped), the LM head 1..max_num_seqs; counts
+    already built in the process are not run again; unpacked weights are left alone."""
+    from calibration.engine import model as M
+    from calibration.engine.weights import random_model
+
+    cfg = dict(CFG, hidden_size=24, intermediate_size=40)  # a shape no other test warms
+    tm = random_model(cfg, seed=0, dtype=torch.bfloat16)
+    seen = []
+    orig = M.Linear.forward
+    monkeypatch.setattr(M.Linear, "forward",
+                        lambda self, x: seen.append((id(self), x.shape[0])) or orig(self, x))
+    monkeypatch.setattr(M, "_warmed", {})
+    layer = tm.layers[0]
+    dense = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+             layer.mlp.down_proj]
+
+    assert tm.warm_up(6, 3) == (0, 0) and seen == []         # not prepacked: nothing built
+    tm.prepack(True)
+    assert tm.warm_up(6, 3) == (6, 3)
+    for m in dense:
+        assert [n for i, n in seen if i == id(m)] == [1, 2, 3, 4, 5, 6]
+    assert [n for i, n in seen if i == id(tm.lm_head)] == [1, 2, 3]
+    assert {i for i, _ in seen} == {id(m) for m in dense} | {id(tm.lm_head)}
+    seen.clear()
+    assert tm.warm_up(8, 2) == (8, 3)                        # only rows 7 and 8 are new
+    assert [n for i, n in seen if i == id(dense[0])] == [7, 8] and len(seen) == 8
+    seen.clear()
+    assert tm.warm_up(10**6, 10**6)[0] == M.WARMUP_MAX_ROWS
+    assert [n for i, n in seen if i == id(dense[0])] == list(range(9, M.WARMUP_MAX_ROWS + 1))

@@ -2,6 +2,12 @@
 cache, driven step by step by :mod:`simulator.policy` (what calibration measures and
 validation compares the simulator with)."""
 
+import os
+
+# Before torch builds its first oneDNN kernel: room for the kernels the engine builds at
+# start-up (model.WARMUP_MAX_ROWS row counts of each weight shape) beside the default 1024.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
+
 from .engine import EngineConfig, LLMEngine, RequestOutput, StepRecord
 from .kv_store import KVStore, kv_bytes_per_block
 from .model import ModelConfig, Transformer

@@ -17,6 +17,7 @@ joins them to HF parameter names.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -166,6 +167,18 @@ def prepack_weight(w: torch.Tensor) -> torch.Tensor:
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias=None) -> torch.Tensor:
     """``x [T, in] @ W^T + bias`` with ``packed`` from :func:`prepack_weight`."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+# oneDNN builds (JIT-compiles) a kernel the first time a weight meets a new row count: ~2 ms
+# per step with a new token count for the 56M model on the 2-core CPU (a 40 ms mixed step
+# pays 5 %). Served steps change their token count nearly every step, so the engine builds
+# them at start-up (:meth:`Transformer.warm_up`) up to this many rows; above it a build is
+# under 2 % of the step. ``calibration/engine/__init__.py`` raises oneDNN's kernel cache
+# (default 1024 kernels, ~250 row counts of a layer's four weights) so they stay built.
+WARMUP_MAX_ROWS = 512
+# Wall-clock bound on one warm-up (a large model on CPU would otherwise spend minutes).
+WARMUP_MAX_SECONDS = 20.0
+_warmed: dict = {}  # weight shapes and dtype -> (rows, samples) already built in this process
 
 
 class Linear(nn.Linear):
@@ -353,6 +366,45 @@ class Transformer(nn.Module):
                 m.packed = prepack_weight(m.weight) if enabled else None
         self._tied_head_packed = (prepack_weight(self.embed_tokens.weight)
                                   if enabled and self.lm_head is None else None)
+
+    def warm_up(self, max_rows: int, max_samples: int,
+                max_seconds: float = WARMUP_MAX_SECONDS) -> tuple[int, int]:
+        """Run each prepacked weight of layer 0 once on ``1..max_rows`` rows of zeros (the LM
+        head on ``1..max_samples``), so that oneDNN builds its kernels now rather than inside
+        served steps (vLLM warms its GPU engine the same way, capturing CUDA graphs per batch
+        size). Layer 0 suffices: every layer has the same shapes and oneDNN keys kernels by
+        shape, not by weight. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the whole
+        call at ``max_seconds``; counts built earlier in the process are skipped. Does
+        nothing without prepacked weights (:meth:`prepack`; cuda needs no builds).
+
+        Returns:
+            ``(rows, samples)``: the row counts now built for the dense layers and the head.
+        """
+        layer = self.layers[0]
+        dense = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                 layer.mlp.down_proj]
+        head = self.lm_head.packed if self.lm_head is not None else self._tied_head_packed
+        if head is None or any(m.packed is None for m in dense):
+            return (0, 0)
+        key = (tuple(tuple(m.weight.shape) for m in dense), self.config.vocab_size,
+               self.dtype)
+        done_rows, done_samples = _warmed.get(key, (0, 0))
+        rows = min(max_rows, WARMUP_MAX_ROWS)
+        samples = min(max_samples, rows)
+        t_end = time.perf_counter() + max_seconds
+        with torch.inference_mode():
+            for n in range(1, max(rows, samples) + 1):
+                if time.perf_counter() > t_end:
+                    rows, samples = min(rows, n - 1), min(samples, n - 1)
+                    break
+                if done_rows < n <= rows:
+                    for m in dense:
+                        m(torch.zeros(n, m.in_features, dtype=self.dtype, device=self.device))
+                if done_samples < n <= samples:
+                    self.compute_logits(torch.zeros(n, self.config.hidden_size,
+                                                    dtype=self.dtype, device=self.device))
+        _warmed[key] = (max(done_rows, rows), max(done_samples, samples))
+        return _warmed[key]
 
     @property
     def dtype(self) -> torch.dtype:
