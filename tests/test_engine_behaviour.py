@@ -314,3 +314,20 @@ def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
     seen.clear()
     assert tm.warm_up(10**6, 10**6)[0] == M.WARMUP_MAX_ROWS
     assert [n for i, n in seen if i == id(dense[0])] == list(range(9, M.WARMUP_MAX_ROWS + 1))
+
+
+def test_packed_linear_pads_listed_row_counts_and_returns_the_rows_asked_for():
+    """Two rows run as three (model.PAD_ROWS): same values as the unpadded product, two rows
+    back; other counts are not padded."""
+    from calibration.engine import model as M
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 16, generator=g).to(torch.bfloat16)
+    packed = M.prepack_weight(w)
+    for t in (1, 2, 3, 5):
+        x = torch.randn(t, 16, generator=g).to(torch.bfloat16)
+        y = M.packed_linear(x, packed)
+        ref = (x.float() @ w.float().T)
+        assert y.shape == (t, 24)
+        torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
+    assert 2 in M.PAD_ROWS  # the padded path was exercised

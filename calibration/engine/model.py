@@ -164,8 +164,21 @@ def prepack_weight(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PREPACK_BATCH_HINT)
 
 
+# oneDNN's kernel for exactly two rows streams a prepacked weight slower than the one for
+# three (bfloat16 on this AVX512-BF16 CPU, in a decode step: 104 against 80 us for q/k/v),
+# so a 2-decode step took longer than a 3-decode one (by 0.35-1.3 ms of ~11;
+# benchmarks/results/small_batches.md). Two rows run as three, the third zero.
+PAD_ROWS = {2: 3}
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias=None) -> torch.Tensor:
-    """``x [T, in] @ W^T + bias`` with ``packed`` from :func:`prepack_weight`."""
+    """``x [T, in] @ W^T + bias`` with ``packed`` from :func:`prepack_weight` (``T`` in
+    :data:`PAD_ROWS` runs padded with zero rows; the result has ``T`` rows)."""
+    t = x.shape[0]
+    if t in PAD_ROWS:
+        y = torch.ops.mkldnn._linear_pointwise(F.pad(x, (0, 0, 0, PAD_ROWS[t] - t)), packed,
+                                               bias, "none", [], "")
+        return y[:t]
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
