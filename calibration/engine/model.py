@@ -191,7 +191,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias=None) -> torch.Ten
 WARMUP_MAX_ROWS = 512
 # Wall-clock bound on one warm-up (a large model on CPU would otherwise spend minutes).
 WARMUP_MAX_SECONDS = 20.0
-_warmed: dict = {}  # weight shapes and dtype -> (rows, samples) already built in this process
+_warmed: dict = {}  # weight shapes, biases, dtype -> (rows, samples) built in this process
 
 
 class Linear(nn.Linear):
@@ -399,8 +399,8 @@ class Transformer(nn.Module):
         head = self.lm_head.packed if self.lm_head is not None else self._tied_head_packed
         if head is None or any(m.packed is None for m in dense):
             return (0, 0)
-        key = (tuple(tuple(m.weight.shape) for m in dense), self.config.vocab_size,
-               self.dtype)
+        key = (tuple((*m.weight.shape, m.bias is not None) for m in dense),
+               self.config.vocab_size, self.dtype)
         done_rows, done_samples = _warmed.get(key, (0, 0))
         rows = min(max_rows, WARMUP_MAX_ROWS)
         samples = min(max_samples, rows)
