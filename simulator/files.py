@@ -1,6 +1,7 @@
 """File input and output: atomic writes (a reader sees the old file or the whole new one,
-never half of it), YAML reading that refuses duplicate keys and reads YAML 1.2 floats, and
-JSON reading that refuses duplicate keys."""
+never half of it), YAML reading that refuses duplicate keys and reads YAML 1.2 floats, JSON
+reading that refuses duplicate keys, key lines (:func:`yaml_line`) and the error of a value
+at a known scenario key (:class:`KeyedInputError`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,29 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 import yaml
+
+from .errors import InputError
+
+
+class KeyedInputError(InputError):
+    """Bad input at a known scenario key, raised by a loader that knows the key but not
+    where its value came from (the file's line or a ``--set`` flag); the scenario prefixes
+    it with that through :meth:`simulator.scenario.Scenario.error`.
+
+    Attributes:
+        key: dotted key path (``workload.trace.path``, ``model.hidden_size``).
+        detail: what is wrong and what is allowed, without the key.
+        depends: further dotted key paths the error follows from (a window that keeps no
+            request depends on the trace file and its time_scale too).
+
+    ``str()`` is ``message`` when given (a loader's own wording for callers without a
+    scenario), else ``"<key>: <detail>"``.
+    """
+
+    def __init__(self, key: str, detail: str, message: str | None = None,
+                 depends: Sequence[str] = ()):
+        super().__init__(message if message is not None else f"{key}: {detail}")
+        self.key, self.detail, self.depends = key, detail, tuple(depends)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -129,8 +153,6 @@ def check_folder(path: str | Path, flag: str) -> None:
     Raises:
         InputError: ``<flag> <path>: <which> is a file, not a folder``.
     """
-    from .errors import InputError
-
     p = Path(path)
     for q in (p, *p.parents):
         if q.exists():
@@ -147,8 +169,6 @@ def check_writable(path: str | Path, flag: str) -> None:
     Raises:
         InputError: ``<flag> <path>: cannot write there (<reason>)``.
     """
-    from .errors import InputError
-
     check_folder(path, flag)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import simpy
 from .cluster import Cluster
 from .cost_model import build_cost_model
 from .errors import InputError
+from .files import KeyedInputError
 from .metrics import MetricsCollector, RunResult, combine_replications
 from .workload import build_workload
 
@@ -47,6 +48,8 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
         wl = scenario.workload.model_copy(update={"seed": seed})
         try:
             specs = build_workload(wl, base_dir=scenario.base_dir)
+        except KeyedInputError as e:   # the key's line in the file, or its --set flag
+            raise scenario.error(e.key, e.detail, depends=e.depends) from None
         except InputError as e:   # name the scenario unless a data file's line is named
             msg = str(e)
             if msg.split(":")[0].endswith((".csv", ".jsonl", ".json", ".yaml", ".yml")):

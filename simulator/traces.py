@@ -22,7 +22,9 @@ Content: Mooncake blocks become segments ``(("mc", hash_id), 512)`` (the last on
 so prefix reuse follows the trace; traces without content give every request a unique
 prompt segment ``(("user", request_id), prompt_tokens)``.
 
-Bad files raise :class:`simulator.errors.InputError` with ``file:line: what is wrong``.
+Bad files raise :class:`simulator.errors.InputError` with ``file:line: what is wrong``; a
+missing file, a time_scale past what int64 ns hold and a window that keeps no request raise
+:class:`simulator.files.KeyedInputError` naming their ``workload.trace`` key.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError
+from .files import KeyedInputError
 from .policy.request import NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
@@ -166,7 +169,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 def _require_file(path: Path) -> None:
     if not path.is_file():
-        raise InputError(f"workload.trace.path: {path}: file not found")
+        raise KeyedInputError("workload.trace.path", f"{path}: file not found")
 
 
 def _require_columns(df: pd.DataFrame, path: Path, names) -> None:
@@ -376,9 +379,10 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
     t = table.arrival_ns - table.arrival_ns[0]   # non-decreasing: the first is the earliest
     if trace_cfg.time_scale != 1.0:
         if float(t[-1]) * trace_cfg.time_scale >= 2.0 ** 62:   # int64 ns: ~146 years
-            raise InputError(f"workload.trace.time_scale: {trace_cfg.time_scale:g} scales "
-                             f"the last arrival of {path} ({t[-1] / NS_PER_S:g} s after the "
-                             f"first) beyond 4.6e9 s, more than a run can hold")
+            raise KeyedInputError(
+                "workload.trace.time_scale", f"{trace_cfg.time_scale:g} scales the last "
+                f"arrival of {path} ({t[-1] / NS_PER_S:g} s after the first) beyond 4.6e9 s, "
+                f"more than a run can hold", depends=("workload.trace.path",))
         t = np.rint(t.astype(np.float64) * trace_cfg.time_scale).astype(np.int64)
     keep = np.ones(len(t), dtype=bool)
     if trace_cfg.window_s is not None:   # in float ns: an end of 1e300 s keeps all
@@ -386,9 +390,11 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
         keep = (t >= start_ns) & (t < end_ns)
         if not keep.any():
             span = t.max() / NS_PER_S
-            raise InputError(f"workload.trace.window_s: [{trace_cfg.window_s[0]:g}, "
-                             f"{trace_cfg.window_s[1]:g}) keeps no request of {path} "
-                             f"(its arrivals span 0..{span:.3f} s after time_scale)")
+            raise KeyedInputError(
+                "workload.trace.window_s", f"[{trace_cfg.window_s[0]:g}, "
+                f"{trace_cfg.window_s[1]:g}) keeps no request of {path} (its arrivals span "
+                f"0..{span:.3f} s after time_scale)",
+                depends=("workload.trace.path", "workload.trace.time_scale"))
         t = t - np.int64(start_ns)   # start <= the last arrival kept, so it fits
     idx = np.flatnonzero(keep)   # rint of a non-decreasing series keeps it non-decreasing
     if num_requests is not None:

@@ -153,3 +153,45 @@ slo: {ttft_ms: {p99: 500}}
     out = " ".join(capsys.readouterr().out.split())
     assert ("7 requests rejected (prompt longer than engine.max_model_len): they count as "
             "SLO failures") in out
+
+
+TRACE_SCENARIO = """name: tr
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+workload:
+  trace:
+    path: t.csv
+    format: csv
+    columns: {arrival: at, prompt_tokens: p, output_tokens: o}
+    time_scale: 1.0
+    window_s: [0, 100]
+"""
+
+
+@pytest.mark.parametrize("old,new,args,expected", [
+    ("path: t.csv", "path: gone.csv", [], "tr.yaml:6: workload.trace.path: {d}/gone.csv: "
+                                          "file not found"),
+    (None, None, ["--set", "workload.trace.path=gone.csv"],
+     "--set workload.trace.path=gone.csv: {d}/gone.csv: file not found"),
+    ("time_scale: 1.0", "time_scale: 1e300", [],
+     "tr.yaml:9: workload.trace.time_scale: 1e+300 scales the last arrival of {d}/t.csv "
+     "(2 s after the first) beyond 4.6e9 s"),
+    ("window_s: [0, 100]", "window_s: [50, 100]", [],
+     "tr.yaml:10: workload.trace.window_s: [50, 100) keeps no request of {d}/t.csv"),
+    # the flag the empty window follows from is named beside the file's line
+    ("window_s: [0, 100]", "window_s: [50, 100]", ["--set", "workload.trace.time_scale=0.5"],
+     "tr.yaml:10 (with --set workload.trace.time_scale=0.5): workload.trace.window_s: "
+     "[50, 100) keeps no request"),
+    (None, None, ["--set", "workload.trace.window_s=[50, 100]"],
+     "--set workload.trace.window_s=[50, 100]: [50, 100) keeps no request"),
+])
+def test_trace_errors_found_while_loading_name_the_key_line(tmp_path, capsys, old, new, args,
+                                                            expected):
+    (tmp_path / "t.csv").write_text("at,p,o\n0,10,5\n1,20,5\n2,30,5\n")
+    p = tmp_path / "tr.yaml"
+    p.write_text(TRACE_SCENARIO if old is None else TRACE_SCENARIO.replace(old, new))
+    out = tmp_path / "out"
+    assert main(["run", str(p), "--out", str(out), "--quiet", *args]) == 2
+    msg = capsys.readouterr().err.strip()
+    assert msg.startswith("servesim: error: " + expected.format(d=tmp_path)), msg
+    assert not out.exists()
