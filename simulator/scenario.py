@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .catalog import ModelShape, load_model
 from .errors import InputError
-from .files import load_yaml, yaml_line
+from .files import KeyedInputError, load_yaml, yaml_line
 from .policy import SchedulerConfig
 from .policy.kv_cache import cdiv
 
@@ -514,6 +514,8 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
 
     try:
         shape = sc.model_shape
+    except KeyedInputError as e:   # the key's line in the file, or the --set flag
+        fail(tuple(e.key.split(".")), e.detail)
     except InputError as e:
         # load_model's messages already start with "model".
         flag = origins.get(("model",))

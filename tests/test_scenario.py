@@ -99,7 +99,7 @@ def test_brief_error_examples(chat):
      "max_num_batched_tokens (2048) must be >= max_num_seqs (4096)"),
     ("workload.arrival.rate=-1", "--set workload.arrival.rate=-1: Input should be greater "
      "than 0"),
-    ("model=llama-9", "--set model=llama-9: model: 'llama-9' is neither a catalog model"),
+    ("model=llama-9", "--set model=llama-9: 'llama-9' is neither a catalog model"),
     ("model=3", "--set model=3: expected a catalog name"),
     ("name.x=1", "--set name.x=1: name is not a mapping"),
     ("engine", "--set engine: expected key.path=value"),
@@ -393,3 +393,52 @@ def test_errors_found_while_running_name_the_key_line_or_its_flag(tmp_path):
     sc = load_scenario(p, ["engine.max_model_len=48"])
     assert err(sc.scheduler_config, sc.engine.num_gpu_blocks).startswith(
         "--set engine.max_model_len=48: 48 tokens need 3 KV blocks")
+
+
+MODEL_FILE = """name: m
+model:
+  hidden_size: 64
+  intermediate_size: 128
+  num_hidden_layers: 2
+  num_attention_heads: 4
+  vocab_size: 100
+  max_position_embeddings: 512
+hardware: {step_time: {constant_s: 0.02}}
+workload: {num_requests: 1, arrival: {process: poisson, rate: 1.0},
+  prompt_tokens: {dist: fixed, value: 1}, output_tokens: {dist: fixed, value: 1}}
+"""
+
+
+@pytest.mark.parametrize("old,new,key,msg", [
+    ("num_attention_heads: 4", "num_attention_heads: abc", "num_attention_heads",
+     "must be a positive integer (got 'abc')"),
+    ("vocab_size: 100", "vocab_size: 0", "vocab_size", "must be a positive integer (got 0)"),
+    ("num_attention_heads: 4", "num_attention_heads: 4\n  num_key_value_heads: 3",
+     "num_key_value_heads", "num_attention_heads (4) must be a multiple of "
+                            "num_key_value_heads (3)"),
+    ("vocab_size: 100", "vocab_size: 100\n  model_type: gpt2", "model_type",
+     "architecture 'gpt2' is not supported (supported: Llama, Qwen2, Mistral)"),
+    ("vocab_size: 100", "vocab_size: 100\n  rope_theta: abc", "rope_theta",
+     "must be a finite number > 0 (got 'abc')"),   # was a ValueError traceback
+    ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: 3", "rope_scaling",
+     "must be a mapping or null"),
+])
+def test_inline_model_errors_name_the_key_line(tmp_path, old, new, key, msg):
+    p = tmp_path / "m.yaml"
+    p.write_text(MODEL_FILE.replace(old, new))
+    assert err(load_scenario, p) == f"m.yaml:{line_of(p, key + ':')}: model.{key}: {msg}"
+
+
+def test_model_errors_after_the_schema_name_the_line_or_the_flag(tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_text(MODEL_FILE.replace("  intermediate_size: 128\n", ""))
+    # a missing key takes its parent's line, as in schema errors
+    assert err(load_scenario, p) == ("m.yaml:2: model.intermediate_size: required key "
+                                     "missing (an HF config key)")
+    p.write_text(MODEL_FILE)
+    assert err(load_scenario, p, ["model.num_attention_heads=abc"]) == (
+        "--set model.num_attention_heads=abc: must be a positive integer (got 'abc')")
+    q = tmp_path / "n.yaml"
+    q.write_text(yaml.safe_dump(BASE, sort_keys=False).replace("llama-test", "llama-9"))
+    assert err(load_scenario, q).startswith(
+        f"n.yaml:{line_of(q, 'llama-9')}: model: 'llama-9' is neither a catalog model")

@@ -3,20 +3,23 @@
 A model is given by catalog name, by the path of a Hugging Face ``config.json`` (or a folder
 holding one) or by an inline mapping of HF config keys; :func:`load_model` turns any of them
 into a :class:`ModelShape`. :func:`load_hardware` returns a :class:`HardwareSpec`. Unknown
-names raise :class:`simulator.errors.InputError` listing the known ones.
+names raise :class:`simulator.errors.InputError` listing the known ones; a bad model spec
+raises :class:`simulator.files.KeyedInputError` naming the ``model`` key (inside an inline
+mapping, the key at fault) so a scenario can give the key's line.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
 from ..errors import InputError
-from ..files import DuplicateKeyError, load_json, load_yaml
+from ..files import DuplicateKeyError, KeyedInputError, load_json, load_yaml
 
 _HERE = Path(__file__).resolve().parent
 
@@ -242,12 +245,12 @@ def load_model(spec, base_dir=".") -> ModelShape:
     if isinstance(spec, dict):
         unknown = [k for k in spec if k not in _SHAPE_KEYS and k not in _INLINE_EXTRA]
         if unknown:
-            raise InputError(f"model.{unknown[0]}: unknown key (allowed: "
-                             f"{', '.join(_SHAPE_KEYS + ('name',))})")
-        return _shape_from_hf(spec, str(spec.get("name", "inline")), "model")
+            raise KeyedInputError(f"model.{unknown[0]}", f"unknown key (allowed: "
+                                  f"{', '.join(_SHAPE_KEYS + ('name',))})")
+        return _shape_from_hf(spec, str(spec.get("name", "inline")), "model", inline=True)
     if not isinstance(spec, (str, Path)):
-        raise InputError(f"model: expected a catalog name, a path or a mapping, got "
-                         f"{type(spec).__name__}")
+        raise KeyedInputError("model", f"expected a catalog name, a path or a mapping, "
+                                       f"got {type(spec).__name__}")
     models = _catalog("models.yaml")
     if isinstance(spec, str) and spec in models:
         return _shape_from_hf(models[spec], spec, f"model {spec}")
@@ -257,29 +260,29 @@ def load_model(spec, base_dir=".") -> ModelShape:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise InputError(f"model: {str(spec)!r} is neither a catalog model (known: "
-                         f"{', '.join(models)}) nor an HF config.json file")
+        raise KeyedInputError("model", f"{str(spec)!r} is neither a catalog model (known: "
+                                       f"{', '.join(models)}) nor an HF config.json file")
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         cfg = load_json(text) if path.suffix == ".json" else load_yaml(text)
     except DuplicateKeyError as e:   # json would keep the last value silently
         where = f"{path}:{e.line}" if e.line else str(path)
-        raise InputError(f"model: {where}: duplicate key {e.key!r} (give each key "
-                         f"once)") from None
+        raise KeyedInputError("model", f"{where}: duplicate key {e.key!r} (give each key "
+                                       f"once)") from None
     except json.JSONDecodeError as e:
-        raise InputError(f"model: {path}:{e.lineno}: not valid JSON: {e.msg}") from None
+        raise KeyedInputError("model", f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         if problem.startswith("duplicate key"):
             problem += " (give each key once)"
-        raise InputError(f"model: {where}: {problem}") from None
+        raise KeyedInputError("model", f"{where}: {problem}") from None
     except (OSError, ValueError) as e:
-        raise InputError(f"model: cannot read {path}: {str(e).splitlines()[0]}") from None
+        raise KeyedInputError("model", f"cannot read {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, dict):
-        raise InputError(f"model: {path} does not hold a mapping of config keys")
+        raise KeyedInputError("model", f"{path} does not hold a mapping of config keys")
     name = path.parent.name if path.name == "config.json" else path.stem
     return _shape_from_hf(cfg, name, f"model ({path})")
 
@@ -297,18 +300,31 @@ def rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
     return theta, scaling
 
 
-def _shape_from_hf(cfg: dict, name: str, where: str) -> ModelShape:
-    """Build a ModelShape from HF config keys; ``where`` prefixes error messages."""
-    arch = cfg.get("architecture")
+def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> ModelShape:
+    """Build a ModelShape from HF config keys; ``where`` prefixes error messages.
+
+    Errors are :class:`KeyedInputError`: keyed ``model.<key>`` for the key at fault in an
+    inline mapping (``inline``), else ``model`` with the file or catalog entry in the
+    detail; their text stays ``<where>: <what is wrong>``.
+    """
+    def fail(key: str | None, msg: str, keyed: str | None = None):
+        text = f"{where}: {msg}"
+        if inline and key:
+            return KeyedInputError(f"model.{key}", keyed or msg, message=text)
+        place = where.removeprefix("model").strip().strip("()")
+        return KeyedInputError("model", f"{place}: {msg}" if place else msg, message=text)
+
+    arch, arch_key = cfg.get("architecture"), "architecture"
     if arch is None and cfg.get("architectures"):
-        arch = _ARCH_BY_HF.get(cfg["architectures"][0], cfg["architectures"][0])
+        arch, arch_key = _ARCH_BY_HF.get(cfg["architectures"][0], cfg["architectures"][0]), \
+            "architectures"
     if arch is None and "model_type" in cfg:
-        arch = _ARCH_BY_TYPE.get(cfg["model_type"], cfg["model_type"])
+        arch, arch_key = _ARCH_BY_TYPE.get(cfg["model_type"], cfg["model_type"]), "model_type"
     if arch is None:
         arch = "Llama"
     if arch not in _HF_BY_ARCH:
-        raise InputError(f"{where}: architecture {arch!r} is not supported (supported: "
-                         f"{', '.join(_HF_BY_ARCH)})")
+        raise fail(arch_key, f"architecture {arch!r} is not supported (supported: "
+                             f"{', '.join(_HF_BY_ARCH)})")
     vals = {}
     for key in _INT_KEYS:
         v = cfg.get(key)
@@ -318,16 +334,31 @@ def _shape_from_hf(cfg: dict, name: str, where: str) -> ModelShape:
             if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
                 v = cfg["hidden_size"] // cfg["num_attention_heads"]
         if v is None:
-            raise InputError(f"{where}: missing key {key}")
+            raise fail(key, f"missing key {key}", "required key missing (an HF config key)")
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise InputError(f"{where}: {key} must be a positive integer (got {v!r})")
+            raise fail(key, f"{key} must be a positive integer (got {v!r})",
+                       f"must be a positive integer (got {v!r})")
         vals[key] = v
     if vals["num_attention_heads"] % vals["num_key_value_heads"]:
-        raise InputError(f"{where}: num_attention_heads ({vals['num_attention_heads']}) must "
-                         f"be a multiple of num_key_value_heads ({vals['num_key_value_heads']})")
+        raise fail("num_key_value_heads",
+                   f"num_attention_heads ({vals['num_attention_heads']}) must be a multiple "
+                   f"of num_key_value_heads ({vals['num_key_value_heads']})")
+    rope = cfg.get("rope_parameters")
+    if rope is not None and not isinstance(rope, dict):
+        raise fail("rope_parameters", "rope_parameters must be a mapping or null",
+                   "must be a mapping or null")
+    for key, holder in (("rope_theta", cfg), ("rope_theta", rope or {}),
+                        ("rms_norm_eps", cfg)):
+        v = holder.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 < v < math.inf):
+            where_key = key if holder is cfg else f"rope_parameters.{key}"
+            raise fail(where_key, f"{where_key} must be a finite number > 0 (got {v!r})",
+                       f"must be a finite number > 0 (got {v!r})")
     rope_theta, rope_scaling = rope_from_hf(cfg)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
-        raise InputError(f"{where}: rope_scaling must be a mapping or null")
+        raise fail("rope_scaling", "rope_scaling must be a mapping or null",
+                   "must be a mapping or null")
     try:
         return ModelShape(
             name=name, architecture=arch, **vals, rope_theta=rope_theta,
@@ -336,7 +367,7 @@ def _shape_from_hf(cfg: dict, name: str, where: str) -> ModelShape:
             attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2")),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)))
     except (TypeError, ValueError) as e:
-        raise InputError(f"{where}: {e}") from None
+        raise fail(None, str(e)) from None
 
 
 def shape_from_dict(d: dict) -> ModelShape:
