@@ -98,6 +98,15 @@ class TraceConfig(BaseModel):
                              f"{list(v)}")
         return tuple(v)   # YAML has lists, not tuples
 
+    @field_validator("window_s")
+    @classmethod
+    def _ordered(cls, v):
+        # A field check, so the error names trace.window_s rather than trace.
+        if v is not None and not (0 <= v[0] < v[1]):
+            raise ValueError(f"must be [start, end) with 0 <= start < end, got "
+                             f"[{v[0]:g}, {v[1]:g}]")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "TraceConfig":
         generic = self.format in ("csv", "jsonl")
@@ -110,11 +119,6 @@ class TraceConfig(BaseModel):
         if not generic and self.arrival_unit is not None:
             raise ValueError(f"arrival_unit is only allowed for format csv or jsonl "
                              f"({self.format} fixes its own time unit)")
-        if self.window_s is not None:
-            start, end = self.window_s
-            if not (0 <= start < end):
-                raise ValueError(f"window_s must be [start, end) with 0 <= start < end, "
-                                 f"got [{start}, {end}]")
         return self
 
 

@@ -304,3 +304,18 @@ def test_a_window_that_is_not_a_pair_says_what_it_must_be(tmp_path, window):
         load_scenario(y)
     assert str(e.value) == (f"t.yaml:8: workload.trace.window_s: must be a [start, end] pair "
                             f"of seconds (arrivals kept in [start, end)), got {window}")
+
+
+@pytest.mark.parametrize("window,shown", [("[5, 2]", "[5, 2]"), ("[3, 3]", "[3, 3]"),
+                                          ("[-1, 2.5]", "[-1, 2.5]")])
+def test_a_window_out_of_order_names_window_s_and_its_line(tmp_path, window, shown):
+    from simulator.scenario import load_scenario
+
+    y = tmp_path / "t.yaml"
+    y.write_text("name: t\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                 f"workload:\n  trace:\n    path: x.csv\n    format: azure\n"
+                 f"    window_s: {window}\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(y)
+    assert str(e.value) == (f"t.yaml:8: workload.trace.window_s: must be [start, end) with "
+                            f"0 <= start < end, got {shown}")
