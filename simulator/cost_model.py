@@ -757,6 +757,10 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                                  if hw.price_per_gpu_hour is not None else None))
 
     name = hw.profile
+    if name in list_hardware() and hw.cost_noise == "empirical":
+        raise scenario.error("hardware.cost_noise", "empirical needs a measured profile's "
+                             "residuals; a projection has none",
+                             depends=("hardware.profile",))
     try:
         if name in list_hardware():
             gpu = load_hardware(name)
@@ -765,10 +769,6 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                    gpu_memory_utilization=eng.gpu_memory_utilization,
                                    max_num_batched_tokens=scenario.max_num_batched_tokens,
                                    max_num_seqs=scenario.max_num_seqs, source=src)
-            if hw.cost_noise == "empirical":
-                raise scenario.error("hardware.cost_noise", "empirical needs a measured "
-                                     "profile's residuals; a projection has none",
-                                     depends=("hardware.profile",))
             cap = kv_capacity(shape, dtype, gpu, tp, eng.block_size, eng.gpu_memory_utilization,
                               scenario.max_num_batched_tokens, scenario.max_num_seqs)
             blocks, note = override(cap.num_gpu_blocks,
@@ -787,8 +787,6 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                              measured=False, label=label, num_gpu_blocks=blocks, kv_note=note,
                              profile=prof, price_per_replica_hour=price * tp)
     except InputError as e:
-        if str(e).startswith(scenario.source + ": "):
-            raise
         raise scenario.error("hardware", str(e), depends=(
             "engine.gpu_memory_utilization", "engine.block_size", "model", "dtype")) from None
     try:

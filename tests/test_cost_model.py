@@ -13,7 +13,7 @@ from simulator.cost_model import (Profile, RooflineConstants, build_cost_model, 
                                   roofline_seconds, save_profile, step_features)
 from simulator.errors import InputError
 from simulator.policy import Request, RequestSpec, Scheduler
-from simulator.scenario import scenario_from_dict
+from simulator.scenario import load_scenario, scenario_from_dict
 
 WORKLOAD = {"num_requests": 1, "arrival": {"process": "poisson", "rate": 1.0},
             "prompt_tokens": {"dist": "fixed", "value": 10},
@@ -316,6 +316,23 @@ def test_empirical_noise(tmp_path):
         build_cost_model(scenario(tmp_path, hardware={"profile": "r.yaml",
                                                       "cost_noise": "empirical"}))
 
+
+
+def test_empirical_noise_on_a_projection_names_cost_noise_once(tmp_path):
+    y = tmp_path / "e.yaml"
+    y.write_text("name: e\nmodel: llama-test\nhardware:\n  profile: h100-sxm\n"
+                 "  cost_noise: empirical\n"
+                 "workload: {num_requests: 2, arrival: {process: poisson, rate: 1.0},\n"
+                 "  prompt_tokens: {dist: fixed, value: 4}, output_tokens: {dist: fixed, "
+                 "value: 2}}\n")
+    msg = ("empirical needs a measured profile's residuals; a projection has none")
+    with pytest.raises(InputError) as e:   # it read 'e.yaml:5: hardware: e.yaml:5: ...'
+        build_cost_model(load_scenario(y))
+    assert str(e.value) == f"e.yaml:5: hardware.cost_noise: {msg}"
+    y.write_text(y.read_text().replace("  cost_noise: empirical\n", ""))
+    with pytest.raises(InputError) as e:
+        build_cost_model(load_scenario(y, ["hardware.cost_noise=empirical"]))
+    assert str(e.value) == f"--set hardware.cost_noise=empirical: {msg}"
 
 def test_step_time_at_least_one_ns():
     cm = build_cost_model(scenario(hardware={"step_time": {"constant_s": 1e-12}}))
