@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
 from .errors import InputError
-from .files import atomic_write, load_yaml
+from .files import KeyedInputError, atomic_write, load_yaml
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -545,7 +545,9 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     the group-wide ``(memory·tp·util − weights − ...) // (block_size · kv_bytes_per_token)``.
 
     Raises:
-        InputError: the weights and reserves leave no room for two blocks.
+        KeyedInputError: the weights and reserves leave no room for two blocks; keyed
+            ``engine.gpu_memory_utilization`` (or ``engine.max_num_batched_tokens`` when
+            the activation reserve is the larger part), with the fix in the message.
     """
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = -(-shape.weight_bytes(dtype) // tp)
@@ -554,20 +556,30 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     block_bytes = block_size * RooflineConstants.of(shape, dtype, tp).kv_bytes_per_token
     blocks = int(budget // block_bytes) if budget > 0 else 0
     if blocks < 2:
+        # Named by the key the user can change, as vLLM's "No available memory for the
+        # cache blocks. Try increasing gpu_memory_utilization" (vllm/v1/core/kv_cache_utils.py).
+        deps = ("model", "dtype", "hardware.profile", "hardware.tensor_parallel",
+                "engine.block_size", "engine.gpu_memory_utilization",
+                "engine.max_num_batched_tokens", "engine.max_num_seqs")
         if act > weights:  # the profiling-run reserve, not the weights, fills the GPU
-            raise InputError(
+            raise KeyedInputError("engine.max_num_batched_tokens", (
                 f"{shape.name} on {gpu.name} with tensor_parallel={tp}: the activation "
-                f"reserve for "
-                f"max_num_batched_tokens {max_num_batched_tokens} / max_num_seqs "
+                f"reserve for max_num_batched_tokens {max_num_batched_tokens} / max_num_seqs "
                 f"{max_num_seqs} ({act / GiB:.1f} GiB) plus {weights / GiB:.1f} GiB of weights "
                 f"leaves no room for a KV cache in {usable / GiB:.1f} GiB per GPU: lower "
-                f"engine.max_num_batched_tokens")
-        raise InputError(
+                f"engine.max_num_batched_tokens"), depends=deps)
+        # the utilization that would leave two blocks, if any does
+        need = (weights + act + NON_TORCH_BYTES + 2 * block_bytes) / gpu.memory_bytes
+        fix = (f"raise engine.gpu_memory_utilization (to at least "
+               f"{math.ceil(need * 100) / 100:g}), raise hardware.tensor_parallel or choose "
+               f"a larger GPU (hardware.profile)" if need <= 1 else
+               f"not even gpu_memory_utilization 1 leaves room: raise "
+               f"hardware.tensor_parallel or choose a larger GPU (hardware.profile)")
+        raise KeyedInputError("engine.gpu_memory_utilization", (
             f"{shape.name} in {dtype} ({weights / GiB:.1f} GiB of weights per GPU) "
             f"leaves no room for a KV cache on {gpu.name} with tensor_parallel={tp} at "
-            f"gpu_memory_utilization "
-            f"{gpu_memory_utilization:g} ({usable / GiB:.1f} GiB per GPU): raise "
-            f"tensor_parallel or choose a larger GPU")
+            f"gpu_memory_utilization {gpu_memory_utilization:g} ({usable / GiB:.1f} GiB per "
+            f"GPU): {fix}"), depends=deps)
     return KVCapacity(blocks, usable, weights, act, NON_TORCH_BYTES, int(budget),
                       int(block_bytes))
 
@@ -786,6 +798,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             return CostModel("roofline", _seconds_fn("roofline", prof.cost.coefficients, k),
                              measured=False, label=label, num_gpu_blocks=blocks, kv_note=note,
                              profile=prof, price_per_replica_hour=price * tp)
+    except KeyedInputError as e:
+        raise scenario.error(e.key, e.detail, depends=e.depends) from None
     except InputError as e:
         raise scenario.error("hardware", str(e), depends=(
             "engine.gpu_memory_utilization", "engine.block_size", "model", "dtype")) from None

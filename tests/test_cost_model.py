@@ -203,13 +203,51 @@ def test_kv_blocks_llama_8b_h100_by_hand():
 def test_kv_override_and_no_room():
     cm = build_cost_model(scenario(engine={"num_gpu_blocks": 500}))
     assert cm.num_gpu_blocks == 500 and "set in the scenario" in cm.kv_note
-    with pytest.raises(InputError, match=r"^t.yaml: hardware: llama-3.1-70b in bfloat16 "
-                                         r"\(131.4 GiB of weights per GPU\) leaves no room"):
+    with pytest.raises(InputError, match=r"^t.yaml: engine.gpu_memory_utilization: "
+                                         r"llama-3.1-70b in bfloat16 \(131.4 GiB of weights "
+                                         r"per GPU\) leaves no room"):
         build_cost_model(scenario(model="llama-3.1-70b", hardware={"profile": "h100-sxm"}))
     cm = build_cost_model(scenario(model="llama-3.1-70b",
                                    hardware={"profile": "h100-sxm", "tensor_parallel": 4}))
     assert cm.num_gpu_blocks > 1000
 
+
+
+def test_no_room_for_a_kv_cache_names_what_the_user_can_change(tmp_path):
+    y = tmp_path / "k.yaml"
+    y.write_text("name: k\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\n"
+                 "engine:\n  max_model_len: 64\n  gpu_memory_utilization: 0.1\n"
+                 "workload: {num_requests: 2, arrival: {process: poisson, rate: 1.0},\n"
+                 "  prompt_tokens: {dist: fixed, value: 4}, output_tokens: {dist: fixed, "
+                 "value: 2}}\n")
+    with pytest.raises(InputError) as e:   # it named 'hardware' at line 3
+        build_cost_model(load_scenario(y))
+    msg = str(e.value)
+    assert msg.startswith("k.yaml:6: engine.gpu_memory_utilization: llama-3.1-8b in bfloat16 ")
+    at_least = float(msg.split("(to at least ")[1].split(")")[0])
+    assert msg.endswith(f"raise engine.gpu_memory_utilization (to at least {at_least:g}), "
+                        f"raise hardware.tensor_parallel or choose a larger GPU "
+                        f"(hardware.profile)")
+    # the utilization it names is the least (in hundredths) that leaves room
+    assert build_cost_model(load_scenario(
+        y, [f"engine.gpu_memory_utilization={at_least}"])).num_gpu_blocks >= 2
+    with pytest.raises(InputError):
+        build_cost_model(load_scenario(
+            y, [f"engine.gpu_memory_utilization={round(at_least - 0.01, 2)}"]))
+    # no utilization holds 70B's weights on one GPU: only tensor_parallel or the GPU helps
+    with pytest.raises(InputError) as e:
+        build_cost_model(load_scenario(y, ["model=llama-3.1-70b"]))
+    assert str(e.value).startswith("k.yaml:6 (with --set model=llama-3.1-70b): "
+                                   "engine.gpu_memory_utilization: llama-3.1-70b")
+    assert str(e.value).endswith("not even gpu_memory_utilization 1 leaves room: raise "
+                                 "hardware.tensor_parallel or choose a larger GPU "
+                                 "(hardware.profile)")
+    # the profiling-run reserve, not the weights, fills the GPU: the token budget is named
+    with pytest.raises(InputError) as e:
+        build_cost_model(load_scenario(y, ["engine.max_num_batched_tokens=2000000"]))
+    assert str(e.value).startswith("--set engine.max_num_batched_tokens=2000000: "
+                                   "llama-3.1-8b on h100-sxm with tensor_parallel=1: the "
+                                   "activation reserve")
 
 def test_a_block_count_from_set_is_named_as_such_and_its_errors_suggest_raising_it():
     d = {"name": "t", "model": "llama-test", "workload": WORKLOAD,

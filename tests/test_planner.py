@@ -504,3 +504,26 @@ def test_a_plan_without_target_rate_names_the_line_of_plan(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         "servesim: error: p.yaml:10: plan.target_rate: give the rate to serve (here or with "
         "--target-rate)")
+
+
+def test_a_candidate_without_room_for_a_kv_cache_names_the_keys_to_change(tmp_path):
+    from simulator.scenario import load_scenario
+
+    p = tmp_path / "p.yaml"
+    p.write_text("name: p\nmodel: llama-3.1-8b\nhardware: {profile: l4}\n"
+                 "engine: {max_num_seqs: 4, max_model_len: 512}\n"
+                 "workload: {num_requests: 2, arrival: {process: poisson, rate: 1.0},\n"
+                 "  prompt_tokens: {dist: fixed, value: 4}, output_tokens: {dist: fixed, "
+                 "value: 2}}\n"
+                 "plan:\n  target_rate: 1\n  candidates:\n"
+                 "    engine.gpu_memory_utilization: [0.3, 0.9]\n"
+                 "    hardware.tensor_parallel: [1]\n")
+    low, high = expand_candidates(load_scenario(p))
+    assert high.error is None
+    # 15 GiB of Llama-3.1-8B weights in 0.3 x 24 GB: the fix is in the keys a plan varies
+    assert low.error.startswith("llama-3.1-8b in bfloat16 (15.0 GiB of weights per GPU) "
+                                "leaves no room for a KV cache on l4 with tensor_parallel=1 "
+                                "at gpu_memory_utilization 0.3")
+    assert "raise engine.gpu_memory_utilization (to at least 0." in low.error
+    assert low.error.endswith("raise hardware.tensor_parallel or choose a larger GPU "
+                              "(hardware.profile)")
