@@ -899,6 +899,9 @@ def markdown_table(result: dict) -> str:
                 cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True)]
             cells.append(band)
             lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "'in MAPE band' is judged for " + ", ".join(BAND_FIGURES) + " (blank for "
+              "the other figures): whether the measured value lies between simulations with "
+              "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE)."]
     lines += ["", "timing replay (engine step durations): "
               + "; ".join(f"load {ld['load']:g}: " + ", ".join(
                   _timing_verdict(t) for t in ld["timing"])

@@ -218,3 +218,18 @@ def test_timing_verdict_words():
     assert "1.400 ms, over the 1 ms tolerance" in V._timing_verdict(t)
     assert V._timing_verdict({**t, "ok": True}) == "exact (10 steps, max |Δt| 1.400 ms)"
     assert V._timing_verdict({**t, "step_mismatches": 3}).startswith("NOT exact")
+
+
+def test_table_says_which_figures_the_band_is_judged_for():
+    lr = V.LoadResult(load=0.3, rate=1.0, num_requests=10)
+    lr.measured = [{"ttft_ms": {"p50": 100.0, "p90": 150.0}}]
+    lr.predicted = [{"ttft_ms": {"p50": 80.0, "p90": 140.0}}]
+    rows = {r["figure"]: r for r in lr.table()}
+    rows["TTFT p50"]["in_band"] = False
+    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
+              "loads": [{"load": 0.3, "table": list(rows.values()), "timing": []}]}
+    md = V.markdown_table(result).splitlines()
+    assert next(x for x in md if x.startswith("| 0.3 | TTFT p50 |")).endswith("| no |")
+    assert next(x for x in md if x.startswith("| 0.3 | TTFT p90 |")).endswith("|  |")
+    assert any(x.startswith("'in MAPE band' is judged for TTFT p50, TTFT p99, TPOT p50")
+               for x in md)
