@@ -59,6 +59,7 @@ def expand_candidates(scenario) -> list[Candidate]:
 
     Raises:
         InputError: a candidate key or value the schema refuses (names ``plan.candidates``),
+            a ``plan.prices`` key that is neither a catalog GPU nor a candidate's profile,
             or a ``hardware.profile`` that is neither a catalog GPU nor a readable
             calibration profile (names the key and the known GPUs): a typo, not a plan
             that does not fit.
@@ -92,7 +93,22 @@ def expand_candidates(scenario) -> list[Candidate]:
             c.cost_label = cm.label
             c.cost_kind = cm.label.split(":", 1)[0]
         out.append(c)
+    _check_prices(scenario, {c.scenario.hardware.profile for c in out})
     return out
+
+
+def _check_prices(scenario, profiles: set) -> None:
+    """Refuse a ``plan.prices`` key that is neither a catalog GPU nor a profile some
+    candidate runs on: a misspelt name would leave the catalog price in force unseen."""
+    from .catalog import list_hardware
+
+    prices = scenario.plan.prices if scenario.plan else {}
+    for gpu in prices:
+        if gpu not in profiles and gpu not in list_hardware():
+            used = ", ".join(sorted(p for p in profiles if p is not None)) or "none"
+            raise scenario.error(f"plan.prices.{gpu}", (
+                f"{gpu!r} is neither a catalog GPU ({', '.join(list_hardware())}) nor a "
+                f"profile a candidate runs on (hardware.profile: {used})"))
 
 
 def _candidate_where(scenario, key: str | None = None, point: dict | None = None) -> str:

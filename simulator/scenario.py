@@ -24,12 +24,13 @@ vLLM).
 
 from __future__ import annotations
 
+import math
 import typing
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import ModelShape, load_model
 from .errors import InputError
@@ -210,6 +211,13 @@ class SimConfig(_Strict):
     exact_steps: bool = Field(False, description="simulate every step (no fast-forward)")
 
 
+def _price(v: float) -> float:
+    # A value check (not a dict one), so the error names plan.prices.<gpu> and its line.
+    if not 0 <= v < math.inf:
+        raise ValueError(f"a price is a finite number >= 0 (USD per GPU-hour), got {v:g}")
+    return v
+
+
 class PlanConfig(_Strict):
     """``plan:``: the candidates ``servesim plan`` compares, and its search controls.
 
@@ -224,7 +232,7 @@ class PlanConfig(_Strict):
                                 "(--target-rate overrides)")
     candidates: dict[str, list[Any]] = Field(
         default_factory=dict, description="key path -> values to try (cross product)")
-    prices: dict[str, float] = Field(
+    prices: dict[str, Annotated[float, AfterValidator(_price)]] = Field(
         default_factory=dict, description="GPU name -> USD per GPU-hour (overrides catalog)")
     tolerance: float = Field(0.02, gt=0, lt=0.5, description=(
         "indifference zone: relative bracket width at which the rate search stops, and "
@@ -242,14 +250,6 @@ class PlanConfig(_Strict):
             if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
                 raise ValueError(f"{key}: candidates vary hardware, model, dtype, engine or "
                                  f"cluster keys, not the workload or the SLO")
-        return v
-
-    @field_validator("prices")
-    @classmethod
-    def _non_negative(cls, v):
-        for gpu, price in v.items():
-            if isinstance(price, bool) or price < 0:
-                raise ValueError(f"{gpu}: a price is a number >= 0 (USD per GPU-hour)")
         return v
 
     @model_validator(mode="after")

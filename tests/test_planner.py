@@ -527,3 +527,22 @@ def test_a_candidate_without_room_for_a_kv_cache_names_the_keys_to_change(tmp_pa
     assert "raise engine.gpu_memory_utilization (to at least 0." in low.error
     assert low.error.endswith("raise hardware.tensor_parallel or choose a larger GPU "
                               "(hardware.profile)")
+
+
+def test_a_price_for_a_gpu_no_candidate_runs_on_names_its_key(tmp_path):
+    from simulator.catalog import list_hardware
+    from simulator.scenario import load_scenario
+
+    p = tmp_path / "p.yaml"
+    p.write_text(small_scenario("p", 2) + "plan:\n  target_rate: 1\n"
+                 "  prices: {h100-sxm: 2.0, l4: 0.5, h100: 1.5}\n"
+                 "  candidates: {engine.max_num_seqs: [4]}\n")
+    with pytest.raises(InputError) as e:   # a misspelt name kept the catalog price unseen
+        expand_candidates(load_scenario(p))
+    assert str(e.value) == (f"p.yaml:12: plan.prices.h100: 'h100' is neither a catalog GPU "
+                            f"({', '.join(list_hardware())}) nor a profile a candidate runs "
+                            f"on (hardware.profile: h100-sxm)")
+    # a catalog GPU no candidate uses is allowed (one price table for several plans)
+    p.write_text(p.read_text().replace(", h100: 1.5", ""))
+    (c,) = expand_candidates(load_scenario(p))
+    assert c.price_per_replica_hour == 2.0

@@ -442,3 +442,18 @@ def test_model_errors_after_the_schema_name_the_line_or_the_flag(tmp_path):
     q.write_text(yaml.safe_dump(BASE, sort_keys=False).replace("llama-test", "llama-9"))
     assert err(load_scenario, q).startswith(
         f"n.yaml:{line_of(q, 'llama-9')}: model: 'llama-9' is neither a catalog model")
+
+
+@pytest.mark.parametrize("prices,msg", [
+    ("{l4: -1}", "a price is a finite number >= 0 (USD per GPU-hour), got -1"),
+    ("{l4: .inf}", "a price is a finite number >= 0 (USD per GPU-hour), got inf"),
+    ("{l4: abc}", "Input should be a valid number (got 'abc')"),
+])
+def test_a_bad_plan_price_names_its_gpu_key_and_line(tmp_path, prices, msg):
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(BASE, sort_keys=False)
+                 + f"plan:\n  target_rate: 1\n  prices: {prices}\n")
+    assert err(load_scenario, p) == f"p.yaml:{line_of(p, 'prices:')}: plan.prices.l4: {msg}"
+    p.write_text(yaml.safe_dump(BASE, sort_keys=False) + "plan: {target_rate: 1}\n")
+    assert err(load_scenario, p, ["plan.prices.l4=-2"]) == (
+        "--set plan.prices.l4=-2: a price is a finite number >= 0 (USD per GPU-hour), got -2")
