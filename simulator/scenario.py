@@ -8,7 +8,7 @@ key path and what is allowed, e.g.::
 
     chat.yaml:12: engine.max_num_seqs: Input should be greater than or equal to 1 (got 0)
     chat.yaml:12: engine.max_num_seq: unknown key (allowed: block_size, max_num_seqs, ...)
-    --set engine.block_size=abc: Input should be a valid integer
+    --set engine.block_size=abc: Input should be a valid integer (got 'abc')
 
 The line is the key's (a missing key: its parent's), from the YAML node marks
 (:func:`simulator.files.yaml_line`).
@@ -662,8 +662,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
     else:
         msg = err["msg"]
         inp = err.get("input")
-        from_flag = any(tuple(map(str, loc))[:len(o)] == o for o in origins)
-        if not from_flag and (inp is None or isinstance(inp, (int, float, str, bool))):
+        # Echoed for --set values too: the repr tells the string '4' from the number 4.
+        if inp is None or isinstance(inp, (int, float, str, bool)):
             msg += f" (got {inp!r})"
     return _prefix(loc, source, origins, msg, text)
 

@@ -54,7 +54,7 @@ def line_of(path, needle: str) -> int:
 
 def test_brief_error_examples(chat):
     assert err(load_scenario, chat, ["engine.max_num_seqs=0"]) == (
-        "--set engine.max_num_seqs=0: Input should be greater than or equal to 1")
+        "--set engine.max_num_seqs=0: Input should be greater than or equal to 1 (got 0)")
     chat.write_text(chat.read_text() + "engine: {max_num_seqs: 0}\n")
     assert err(load_scenario, chat) == (
         f"chat.yaml:{line_of(chat, 'max_num_seqs: 0')}: engine.max_num_seqs: Input should be "
@@ -67,7 +67,13 @@ def test_brief_error_examples(chat):
         "max_model_len, num_gpu_blocks)")
     chat.write_text(yaml.safe_dump(BASE))
     assert err(load_scenario, chat, ["engine.block_size=abc"]) == (
-        "--set engine.block_size=abc: Input should be a valid integer")
+        "--set engine.block_size=abc: Input should be a valid integer (got 'abc')")
+    # the value as read: a quoted number is a string
+    assert err(load_scenario, chat, ["engine.max_num_seqs='8'"]) == (
+        "--set engine.max_num_seqs='8': Input should be a valid integer (got '8')")
+    assert err(load_scenario, chat, ["engine={max_num_seqs: abc}"]) == (
+        "--set engine={max_num_seqs: abc}: engine.max_num_seqs: Input should be a valid "
+        "integer (got 'abc')")
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -340,7 +346,7 @@ def test_missing_key_names_its_parents_line_and_flags_no_line(tmp_path):
         "s.yaml:10: workload.arrival.rate: required key missing")
     p.write_text(LINED.format(seqs=8, rate=2.0, cands="[8]"))
     assert err(load_scenario, p, ["engine.max_num_seqs=0"]) == (
-        "--set engine.max_num_seqs=0: Input should be greater than or equal to 1")
+        "--set engine.max_num_seqs=0: Input should be greater than or equal to 1 (got 0)")
     # a mapping without the YAML (programmatic use) has no line to give
     assert err(scenario_from_dict, {**BASE, "engine": {"max_num_seqs": 0}}).startswith(
         "<scenario>: engine.max_num_seqs: ")
