@@ -32,8 +32,12 @@ def _cmd_run(args) -> int:
     from .report import print_summary, write_run_outputs
     from .run import report_meta, simulate_replications
     from .scenario import load_scenario
+    from .sweep import with_sweep_hint
 
-    scenario = load_scenario(args.scenario, args.overrides)
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+    except InputError as e:
+        raise with_sweep_hint(e, args.overrides, "run") from None
     sim = {}
     if args.replications is not None:
         if args.replications < 1:

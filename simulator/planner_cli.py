@@ -214,8 +214,12 @@ def _cmd_plan(args) -> int:
     from .planner import closest_miss, closest_text, plan, plan_table
     from .planner_report import write_plan_report
     from .scenario import load_scenario
+    from .sweep import with_sweep_hint
 
-    scenario = load_scenario(args.scenario, args.overrides)
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+    except InputError as e:
+        raise with_sweep_hint(e, args.overrides, "plan") from None
     if args.target_rate is not None and not 0 < args.target_rate < float("inf"):
         raise InputError(f"--target-rate must be a finite rate > 0 req/s, got "
                          f"{args.target_rate}")
@@ -250,12 +254,16 @@ def _cmd_compare(args) -> int:
     from .planner import compare
     from .report import write_compare_report
     from .scenario import load_scenario
+    from .sweep import with_sweep_hint
 
     if len(args.scenarios) < 2:   # README: one workload through several plans
         raise InputError(f"compare needs two or more scenario files, got "
                          f"{len(args.scenarios)} ({args.scenarios[0]}); to simulate one "
                          f"scenario use servesim run")
-    scenarios = [load_scenario(p, args.overrides) for p in args.scenarios]
+    try:
+        scenarios = [load_scenario(p, args.overrides) for p in args.scenarios]
+    except InputError as e:
+        raise with_sweep_hint(e, args.overrides, "compare") from None
     seen: dict = {}
     for sc in scenarios:   # plans are keyed by name in the table, CSV and report
         if sc.name in seen:

@@ -83,6 +83,21 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     return plain, axes
 
 
+def with_sweep_hint(err: InputError, overrides: list[str], command: str) -> InputError:
+    """``err`` (a scenario load error of ``servesim <command>``, which takes single values)
+    with a hint when the flag it names holds a comma-separated list, which only ``servesim
+    sweep`` (and ``plan.candidates``) read as several values; ``err`` itself otherwise."""
+    msg = str(err)
+    for s in overrides:
+        v = s.partition("=")[2].strip()
+        if "," in v and not v.startswith(("[", "{")) and msg.startswith(f"--set {s}:"):
+            where = "servesim sweep" + (", or list them in plan.candidates"
+                                        if command == "plan" else "")
+            return InputError(f"{msg}; servesim {command} takes one value per key: to run "
+                              f"each of {v} use {where}")
+    return err
+
+
 def _parse(v):
     return load_yaml(v) if isinstance(v, str) else v
 

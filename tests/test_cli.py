@@ -195,3 +195,23 @@ def test_trace_errors_found_while_loading_name_the_key_line(tmp_path, capsys, ol
     msg = capsys.readouterr().err.strip()
     assert msg.startswith("servesim: error: " + expected.format(d=tmp_path)), msg
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command,hint", [
+    ("run", "servesim run takes one value per key: to run each of 4,8 use servesim sweep"),
+    ("plan", "servesim plan takes one value per key: to run each of 4,8 use servesim sweep, "
+             "or list them in plan.candidates"),
+])
+def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsys, command,
+                                                           hint):
+    out = tmp_path / "out"
+    assert main([command, str(scen), "--set", "workload.arrival.rate=4,8", "--out", str(out),
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "servesim: error: --set workload.arrival.rate=4,8: Input should be a valid number "
+        f"(got '4,8'); {hint}"]
+    assert not out.exists()
+    # a flow list is not a comma list: no hint, the schema's own word
+    assert main([command, str(scen), "--set", "workload.arrival.rate=[4, 8]", "--out",
+                 str(out), "--quiet"]) == 2
+    assert "servesim sweep" not in capsys.readouterr().err
