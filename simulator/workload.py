@@ -43,6 +43,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError
+from .files import KeyedInputError
 from .policy.request import NS_PER_S, RequestSpec
 from .traces import TraceConfig, load_trace, mooncake_segments
 
@@ -145,12 +146,13 @@ Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, Empiri
                  Field(discriminator="dist")]
 
 
-def _empirical_values(cfg: EmpiricalDist, base_dir) -> np.ndarray:
+def _empirical_values(cfg: EmpiricalDist, base_dir, key: str) -> np.ndarray:
     path = Path(cfg.path)
     if not path.is_absolute():
         path = Path(base_dir) / path
-    if not path.is_file():
-        raise InputError(f"{path}: file not found (empirical distribution)")
+    if not path.is_file():   # keyed: the scenario gives the line of <key>.path
+        raise KeyedInputError(f"{key}.path", f"{path}: file not found (empirical "
+                              f"distribution)")
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
@@ -173,8 +175,8 @@ def _empirical_values(cfg: EmpiricalDist, base_dir) -> np.ndarray:
     return num
 
 
-def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool
-                 ) -> np.ndarray:
+def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool,
+                 key: str) -> np.ndarray:
     if isinstance(cfg, FixedDist):
         return np.full(n, cfg.value, dtype=float)
     if isinstance(cfg, UniformDist):
@@ -187,7 +189,7 @@ def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool
     if isinstance(cfg, LognormalDist):
         return rng.lognormal(math.log(cfg.median), cfg.sigma, size=n)
     if isinstance(cfg, EmpiricalDist):
-        return rng.choice(_empirical_values(cfg, base_dir), size=n, replace=True)
+        return rng.choice(_empirical_values(cfg, base_dir, key), size=n, replace=True)
     raise TypeError(f"unknown distribution {cfg!r}")
 
 
@@ -258,37 +260,42 @@ def sample_lengths(dist_cfg, n: int, rng: np.random.Generator, base_dir=".",
         rng: the generator to draw from.
         base_dir: folder an empirical ``path`` is relative to.
         key: key path of ``dist_cfg`` in the scenario (``workload.output_tokens``), named
-            by a bounds error.
+            by a bounds error and a missing empirical file.
 
     Returns:
         int64 array of shape ``(n,)``, tokens.
 
     Raises:
-        InputError: empirical file missing or malformed (naming the file and line);
-            ``<key>: ...`` for bounds that hold no integer >= 1.
+        InputError: empirical file malformed (naming the file and line).
+        KeyedInputError: ``<key>.path``, the empirical file is missing; ``<key>``, bounds
+            that hold no integer >= 1.
     """
     try:
         lo, hi = length_bounds(dist_cfg)
     except ValueError as e:
-        raise InputError(f"{key}: {e}") from None
-    x = _raw_samples(dist_cfg, n, rng, base_dir, integer=True)
+        raise KeyedInputError(key, str(e)) from None
+    x = _raw_samples(dist_cfg, n, rng, base_dir, integer=True, key=key)
     return np.clip(np.rint(x), lo, hi).astype(np.int64)
 
 
-def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
-                        ) -> np.ndarray:
+def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir=".",
+                        key: str = "think_time_s") -> np.ndarray:
     """Draw ``n`` durations given in seconds (think times), returned as int64 ns.
 
     Samples are clipped to ``[max(min, 0), max]`` seconds (uniform is continuous here) and
     rounded to the nearest ns.
 
+    ``key``: key path of ``dist_cfg`` in the scenario, named when an empirical file is
+    missing.
+
     Returns:
         int64 array of shape ``(n,)``, ns.
 
     Raises:
-        InputError: empirical file missing or malformed.
+        InputError: empirical file malformed (naming the file and line).
+        KeyedInputError: ``<key>.path``, the empirical file is missing.
     """
-    x = _raw_samples(dist_cfg, n, rng, base_dir, integer=False)
+    x = _raw_samples(dist_cfg, n, rng, base_dir, integer=False, key=key)
     lo = max(0.0, dist_cfg.min) if dist_cfg.min is not None else 0.0
     x = np.clip(x, lo, dist_cfg.max)
     return np.rint(x * NS_PER_S).astype(np.int64)
@@ -536,7 +543,8 @@ def _build_open_loop(cfg, r, base_dir) -> list[RequestSpec]:
     s = len(turns)
     groups = _groups(cfg, s, r["prefix"])
     arrivals = arrival_times_ns(cfg.arrival, s, r["arrival"])
-    think = sample_durations_ns(cfg.sessions.think_time_s, n, r["session_think"], base_dir)
+    think = sample_durations_ns(cfg.sessions.think_time_s, n, r["session_think"], base_dir,
+                                "workload.sessions.think_time_s")
     specs, next_id = [], s
     for sid in range(s):
         prev = RequestSpec(
@@ -570,7 +578,8 @@ def _build_closed_loop(cfg, r, base_dir) -> list[RequestSpec]:
                                 "workload.prompt_tokens")
     output_len = sample_lengths(cfg.output_tokens, n, r["output"], base_dir,
                                 "workload.output_tokens")
-    loop_think = sample_durations_ns(cfg.arrival.think_time_s, n, r["loop_think"], base_dir)
+    loop_think = sample_durations_ns(cfg.arrival.think_time_s, n, r["loop_think"], base_dir,
+                                     "workload.arrival.think_time_s")
     groups = _groups(cfg, n, r["prefix"])  # indexed by the request starting a chain/session
     g = (lambda j: None) if groups is None else (lambda j: int(groups[j]))
     specs: list[RequestSpec] = []
@@ -591,7 +600,7 @@ def _build_closed_loop(cfg, r, base_dir) -> list[RequestSpec]:
     turns = sample_lengths(cfg.sessions.turns, n, r["turns"], base_dir,
                            "workload.sessions.turns")
     sess_think = sample_durations_ns(cfg.sessions.think_time_s, n, r["session_think"],
-                                     base_dir)
+                                     base_dir, "workload.sessions.think_time_s")
     left = [0] * c              # turns left in each user's current session
     last: list = [None] * c     # each user's previous request
     sid = -1

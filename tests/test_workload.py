@@ -437,3 +437,33 @@ def test_no_silent_coercion_of_strings_or_booleans_into_numbers(key, value):
     # as in the rest of the scenario: true is not 1 and "30" is not 30
     with pytest.raises(ValidationError):
         cfg(**{key: value})
+
+
+@pytest.mark.parametrize("section,key", [
+    ("  arrival: {process: poisson, rate: 1.0}\n"
+     "  prompt_tokens: {dist: empirical, path: none.csv, column: a}\n",
+     "workload.prompt_tokens.path"),
+    ("  arrival: {process: closed_loop, concurrency: 2,\n"
+     "    think_time_s: {dist: empirical, path: none.csv, column: a}}\n"
+     "  prompt_tokens: {dist: fixed, value: 5}\n",
+     "workload.arrival.think_time_s.path"),
+])
+def test_a_missing_empirical_file_names_its_key_and_line(tmp_path, section, key):
+    # it read 'none.csv: file not found (empirical distribution)': no scenario, no key
+    from simulator.run import simulate
+    from simulator.scenario import load_scenario
+
+    y = tmp_path / "w.yaml"
+    y.write_text("name: w\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                 "workload:\n  num_requests: 4\n" + section
+                 + "  output_tokens: {dist: fixed, value: 2}\n")
+    line = next(i for i, t in enumerate(y.read_text().splitlines(), 1) if "none.csv" in t)
+    with pytest.raises(InputError) as e:
+        simulate(load_scenario(y))
+    assert str(e.value) == (f"w.yaml:{line}: {key}: {tmp_path / 'none.csv'}: file not "
+                            f"found (empirical distribution)")
+    y.write_text(y.read_text().replace("none.csv", "lens.csv"))
+    with pytest.raises(InputError) as e:
+        simulate(load_scenario(y, [f"{key}=gone.csv"]))
+    assert str(e.value) == (f"--set {key}=gone.csv: {tmp_path / 'gone.csv'}: file not "
+                            f"found (empirical distribution)")
