@@ -237,8 +237,9 @@ def load_model(spec, base_dir=".") -> ModelShape:
         base_dir: folder that relative paths are resolved against (the scenario's folder).
 
     Raises:
-        InputError: unknown name, unreadable file, missing/invalid/unknown key, or an
-            unsupported architecture; the message starts with ``model``.
+        KeyedInputError: unknown name, unreadable file, missing/invalid/unknown key, or an
+            unsupported architecture; the message starts with ``model``, and ``key`` is
+            ``model`` or, in an inline mapping, ``model.<the key at fault>``.
     """
     if isinstance(spec, ModelShape):
         return spec
