@@ -846,7 +846,8 @@ def _check_profile_matches(scenario: Scenario, prof: Profile) -> None:
         raise scenario.error("hardware.profile", (
             f"profile {prof.display_name} was measured for model {prof.model.name} "
             f"({prof.dtype}) but the scenario runs {shape.name} ({scenario.dtype}): use a "
-            f"profile of this model and dtype, or a catalog GPU for a projection"),
+            f"profile of this model and dtype, a catalog GPU for a projection, or run the "
+            f"profile's own (model: {prof.model.name}, dtype: {prof.dtype})"),
             depends=("model", "dtype"))
     if prof.tensor_parallel != scenario.hardware.tensor_parallel:
         raise scenario.error("hardware.tensor_parallel", (

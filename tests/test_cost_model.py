@@ -318,7 +318,9 @@ def test_profile_for_another_model_or_dtype_refused(tmp_path):
     save_profile(make_profile(), tmp_path / "cpu-llama-test.yaml")
     with pytest.raises(InputError, match=r"^t.yaml: hardware.profile: profile cpu-llama-test "
                                          r"was measured for model llama-test \(bfloat16\) but the "
-                                         r"scenario runs llama-tiny-56m \(bfloat16\)"):
+                                         r"scenario runs llama-tiny-56m \(bfloat16\): .*, or run "
+                                         r"the profile's own \(model: llama-test, dtype: "
+                                         r"bfloat16\)$"):
         build_cost_model(scenario(tmp_path, model="llama-tiny-56m",
                                   hardware={"profile": "cpu-llama-test.yaml"}))
     with pytest.raises(InputError, match=r"llama-test \(bfloat16\) but the scenario runs "
