@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from simulator.cost_model import error_warning
 from simulator.errors import InputError
 from simulator.files import check_folder, check_writable
 
@@ -507,23 +508,11 @@ def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:
         print(line, file=sys.stderr)
 
 
-#: Errors above which ``calibrate`` warns at the end: a quiet 2-core CPU and a GPU both
-#: fit within these (held-out ≈ 4-5%, replay ≈ 9%); a run beside other work did not.
-HELDOUT_WARN, REPLAY_WARN = 0.10, 0.20
-
-
 def fit_warning(heldout: dict, replay: dict | None) -> str | None:
-    """One warning line when the fit's held-out or replay MAPE is high, else None."""
-    bad = []
-    if heldout and heldout["mape"] > HELDOUT_WARN:
-        bad.append(f"held-out MAPE {heldout['mape']:.1%} (> {HELDOUT_WARN:.0%})")
-    if replay and replay["mape"] > REPLAY_WARN:
-        bad.append(f"replay MAPE {replay['mape']:.1%} (> {REPLAY_WARN:.0%})")
-    if not bad:
-        return None
-    return (f"servesim: warning: this profile's {' and '.join(bad)} is high: step times "
-            f"were noisy (other work on the machine?); calibrate again on a quiet machine "
-            f"before trusting its predictions")
+    """One warning line when the fit's held-out or replay MAPE is high, else None
+    (:func:`simulator.cost_model.error_warning` on the two MAPEs)."""
+    return error_warning(heldout["mape"] if heldout else None,
+                         replay["mape"] if replay else None)
 
 
 # == profiles ================================================================================

@@ -29,6 +29,7 @@ def _cmd_run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from .cost_model import build_cost_model, profile_warning
     from .report import print_summary, write_run_outputs
     from .run import report_meta, simulate_replications
     from .scenario import load_scenario
@@ -51,6 +52,9 @@ def _cmd_run(args) -> int:
         raise InputError("--out: empty path (give a folder, or leave --out out)")
     out = Path(args.out) if args.out else Path("reports") / scenario.name
     check_folder(out, "--out")   # fail before simulating, not after
+    warning = profile_warning(build_cost_model(scenario))
+    if warning:
+        print(warning, file=sys.stderr)
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,

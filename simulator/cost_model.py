@@ -838,6 +838,38 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                      price_per_replica_hour=price * tp if price is not None else None)
 
 
+#: Errors above which a profile is flagged (``calibrate`` at the end, ``servesim run`` before
+#: simulating): a quiet 2-core CPU and a GPU both fit within these (held-out ≈ 3-5%, replay
+#: ≈ 4-9%); a calibration beside other work did not.
+HELDOUT_WARN, REPLAY_WARN = 0.10, 0.20
+
+
+def error_warning(heldout_mape: float | None, replay_mape: float | None) -> str | None:
+    """One warning line when a profile's held-out or replay MAPE (fractions; None: not
+    measured) is above :data:`HELDOUT_WARN` / :data:`REPLAY_WARN`, else None."""
+    bad = []
+    if heldout_mape is not None and heldout_mape > HELDOUT_WARN:
+        bad.append(f"held-out MAPE {heldout_mape:.1%} (> {HELDOUT_WARN:.0%})")
+    if replay_mape is not None and replay_mape > REPLAY_WARN:
+        bad.append(f"replay MAPE {replay_mape:.1%} (> {REPLAY_WARN:.0%})")
+    if not bad:
+        return None
+    return (f"servesim: warning: this profile's {' and '.join(bad)} is high: step times "
+            f"were noisy (other work on the machine?); calibrate again on a quiet machine "
+            f"before trusting its predictions")
+
+
+def profile_warning(cost: "CostModel") -> str | None:
+    """:func:`error_warning` for the measured profile behind ``cost`` (None for projections
+    and inline step times), naming the profile."""
+    prof = cost.profile
+    if prof is None or not prof.measured or prof.error is None:
+        return None
+    w = error_warning(prof.error.heldout.mape if prof.error.heldout else None,
+                      prof.error.replay.mape if prof.error.replay else None)
+    return w and w.replace("this profile's", f"profile {prof.display_name}:", 1)
+
+
 def _check_profile_matches(scenario: Scenario, prof: Profile) -> None:
     """A profile predicts only the model, dtype and tensor_parallel it measured."""
     shape = scenario.model_shape

@@ -441,3 +441,31 @@ def test_an_unreadable_profile_folder_is_skipped(tmp_path, monkeypatch):
         return real(self)
     monkeypatch.setattr(pathlib.Path, "is_dir", is_dir)
     assert "cpu-llama-tiny-56m-bfloat16" in cmod.list_profiles()
+
+
+def test_a_noisy_profile_is_flagged_before_a_run(tmp_path, capsys):
+    """A measured profile whose held-out or replay MAPE is above calibrate's warning bounds
+    (10%, 20%) gets one warning line on stderr from `servesim run`; a good one, none."""
+    from simulator.cli import main
+    from simulator.cost_model import profile_warning
+
+    stats = lambda m: {"mape": m, "p90": 2 * m, "max": 3 * m, "n": 30}  # noqa: E731
+    path = tmp_path / "cpu-llama-test.yaml"
+    save_profile(make_profile(error={"heldout": stats(0.154), "replay": stats(0.05)}), path)
+    sc = scenario(tmp_path, hardware={"profile": path.name})
+    expected = ("servesim: warning: profile cpu-llama-test: held-out MAPE 15.4% (> 10%) is "
+                "high: step times were noisy (other work on the machine?); calibrate again "
+                "on a quiet machine before trusting its predictions")
+    assert profile_warning(build_cost_model(sc)) == expected
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(
+        {"name": "t", "model": "llama-test", "hardware": {"profile": path.name},
+         "workload": WORKLOAD}))
+    assert main(["run", str(tmp_path / "t.yaml"), "--out", str(tmp_path / "out"),
+                 "--quiet"]) == 0
+    assert expected in capsys.readouterr().err.splitlines()
+
+    save_profile(make_profile(error={"heldout": stats(0.10), "replay": stats(0.201)}), path)
+    assert "replay MAPE 20.1% (> 20%)" in profile_warning(build_cost_model(sc))
+    save_profile(make_profile(), path)                      # held-out 5%, no replay
+    assert profile_warning(build_cost_model(sc)) is None
+    assert profile_warning(build_cost_model(scenario(tmp_path))) is None   # inline step time
