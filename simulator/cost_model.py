@@ -42,8 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
-from .errors import InputError
-from .files import KeyedInputError, atomic_write, load_yaml
+from .errors import InputError, KeyedInputError
+from .files import atomic_write, load_yaml
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -573,8 +573,8 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
         fix = (f"raise engine.gpu_memory_utilization (to at least "
                f"{math.ceil(need * 100) / 100:g}), raise hardware.tensor_parallel or choose "
                f"a larger GPU (hardware.profile)" if need <= 1 else
-               f"not even gpu_memory_utilization 1 leaves room: raise "
-               f"hardware.tensor_parallel or choose a larger GPU (hardware.profile)")
+               "not even gpu_memory_utilization 1 leaves room: raise "
+               "hardware.tensor_parallel or choose a larger GPU (hardware.profile)")
         raise KeyedInputError("engine.gpu_memory_utilization", (
             f"{shape.name} in {dtype} ({weights / GiB:.1f} GiB of weights per GPU) "
             f"leaves no room for a KV cache on {gpu.name} with tensor_parallel={tp} at "

@@ -1,7 +1,6 @@
 """File input and output: atomic writes (a reader sees the old file or the whole new one,
 never half of it), YAML reading that refuses duplicate keys and reads YAML 1.2 floats, JSON
-reading that refuses duplicate keys, key lines (:func:`yaml_line`) and the error of a value
-at a known scenario key (:class:`KeyedInputError`)."""
+reading that refuses duplicate keys, and key lines (:func:`yaml_line`)."""
 
 from __future__ import annotations
 
@@ -15,27 +14,6 @@ from pathlib import Path
 import yaml
 
 from .errors import InputError
-
-
-class KeyedInputError(InputError):
-    """Bad input at a known scenario key, raised by a loader that knows the key but not
-    where its value came from (the file's line or a ``--set`` flag); the scenario prefixes
-    it with that through :meth:`simulator.scenario.Scenario.error`.
-
-    Attributes:
-        key: dotted key path (``workload.trace.path``, ``model.hidden_size``).
-        detail: what is wrong and what is allowed, without the key.
-        depends: further dotted key paths the error follows from (a window that keeps no
-            request depends on the trace file and its time_scale too).
-
-    ``str()`` is ``message`` when given (a loader's own wording for callers without a
-    scenario), else ``"<key>: <detail>"``.
-    """
-
-    def __init__(self, key: str, detail: str, message: str | None = None,
-                 depends: Sequence[str] = ()):
-        super().__init__(message if message is not None else f"{key}: {detail}")
-        self.key, self.detail, self.depends = key, detail, tuple(depends)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

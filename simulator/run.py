@@ -14,7 +14,7 @@ import simpy
 from .cluster import Cluster
 from .cost_model import build_cost_model
 from .errors import InputError
-from .files import KeyedInputError
+from .errors import KeyedInputError
 from .metrics import MetricsCollector, RunResult, combine_replications
 from .workload import build_workload
 

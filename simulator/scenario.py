@@ -33,8 +33,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import ModelShape, load_model
-from .errors import InputError
-from .files import KeyedInputError, load_yaml, yaml_line
+from .errors import InputError, KeyedInputError
+from .files import load_yaml, yaml_line
 from .policy import SchedulerConfig
 from .policy.kv_cache import cdiv
 
@@ -422,8 +422,8 @@ class Scenario(_Strict):
                 f"{e.block_size} but the cache holds {usable} for requests "
                 f"({num_gpu_blocks} blocks less block 0, which vLLM reserves as its null "
                 f"block): lower max_model_len or "
-                + (f"raise engine.num_gpu_blocks (or remove it to size the cache from "
-                   f"gpu_memory_utilization)" if e.num_gpu_blocks is not None else
+                + ("raise engine.num_gpu_blocks (or remove it to size the cache from "
+                   "gpu_memory_utilization)" if e.num_gpu_blocks is not None else
                    "give the KV cache more memory")))
         try:
             return SchedulerConfig(

@@ -41,7 +41,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError
-from .files import KeyedInputError
+from .errors import KeyedInputError
 from .policy.request import NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).

@@ -43,7 +43,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError
-from .files import KeyedInputError
+from .errors import KeyedInputError
 from .policy.request import NS_PER_S, RequestSpec
 from .traces import TraceConfig, load_trace, mooncake_segments
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import InputError
-from ..files import DuplicateKeyError, KeyedInputError, load_json, load_yaml
+from ..errors import KeyedInputError
+from ..files import DuplicateKeyError, load_json, load_yaml
 
 _HERE = Path(__file__).resolve().parent
 
