@@ -536,7 +536,7 @@ class KVCapacity:
 
 def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int,
-                max_num_seqs: int) -> KVCapacity:
+                max_num_seqs: int, max_model_len: int | None = None) -> KVCapacity:
     """KV blocks on ``tp`` GPUs of type ``gpu`` (vLLM ``determine_available_memory``).
 
     Per GPU: ``budget = memory × gpu_memory_utilization − weights/tp − activation reserve
@@ -547,7 +547,9 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     Raises:
         KeyedInputError: the weights and reserves leave no room for two blocks; keyed
             ``engine.gpu_memory_utilization`` (or ``engine.max_num_batched_tokens`` when
-            the activation reserve is the larger part), with the fix in the message.
+            the activation reserve is the larger part), with the fix in the message: the
+            least utilization that also holds one request of an explicit ``max_model_len``
+            (tokens) besides the null block, as vLLM requires at start-up.
     """
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = -(-shape.weight_bytes(dtype) // tp)
@@ -569,7 +571,8 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
                 f"leaves no room for a KV cache in {usable / GiB:.1f} GiB per GPU: lower "
                 f"engine.max_num_batched_tokens"), depends=deps)
         # the utilization that would leave two blocks, if any does
-        need = (weights + act + NON_TORCH_BYTES + 2 * block_bytes) / gpu.memory_bytes
+        min_blocks = 2 if max_model_len is None else -(-max_model_len // block_size) + 1
+        need = (weights + act + NON_TORCH_BYTES + min_blocks * block_bytes) / gpu.memory_bytes
         fix = (f"raise engine.gpu_memory_utilization (to at least "
                f"{math.ceil(need * 100) / 100:g}), raise hardware.tensor_parallel or choose "
                f"a larger GPU (hardware.profile)" if need <= 1 else
@@ -605,12 +608,16 @@ def _gpu_efficiency_profile(gpu_name: str) -> Profile | None:
 def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 1, *,
                     block_size: int = 16, gpu_memory_utilization: float = 0.9,
                     max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                    max_model_len: int | None = None,
                     source: Profile | None = None) -> Profile:
     """A roofline :class:`Profile` for ``shape`` on ``tp`` × ``gpu``, labelled *projected*.
 
     Efficiencies come from ``source`` (a measured GPU profile) or the documented defaults
     (:data:`DEFAULT_MBU`, :data:`DEFAULT_MFU`); attention runs at the same efficiencies
     unless ``source`` measured its own.
+
+    ``max_model_len`` (tokens, explicit only) sets the least utilization the no-room error
+    suggests (:func:`kv_capacity`).
 
     Raises:
         InputError: no room for a KV cache (:func:`kv_capacity`).
@@ -627,7 +634,7 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
         a0 = source.cost.coefficients["a0_s"]
         per_req = source.cost.coefficients["per_request_s"]
     cap = kv_capacity(shape, dtype, gpu, tp, block_size, gpu_memory_utilization,
-                      max_num_batched_tokens, max_num_seqs)
+                      max_num_batched_tokens, max_num_seqs, max_model_len)
     how = (f"efficiencies of measured profile {source.display_name}" if source is not None
            else "default efficiencies")
     return Profile(
@@ -780,9 +787,11 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             prof = project_profile(shape, dtype, gpu, tp, block_size=eng.block_size,
                                    gpu_memory_utilization=eng.gpu_memory_utilization,
                                    max_num_batched_tokens=scenario.max_num_batched_tokens,
-                                   max_num_seqs=scenario.max_num_seqs, source=src)
+                                   max_num_seqs=scenario.max_num_seqs,
+                                   max_model_len=eng.max_model_len, source=src)
             cap = kv_capacity(shape, dtype, gpu, tp, eng.block_size, eng.gpu_memory_utilization,
-                              scenario.max_num_batched_tokens, scenario.max_num_seqs)
+                              scenario.max_num_batched_tokens, scenario.max_num_seqs,
+                              eng.max_model_len)
             blocks, note = override(cap.num_gpu_blocks,
                                     cap.note(gpu.name, tp, eng.gpu_memory_utilization,
                                              eng.block_size))

@@ -421,7 +421,7 @@ class Scenario(_Strict):
                 f"{max_len} tokens need {cdiv(max_len, e.block_size)} KV blocks of "
                 f"{e.block_size} but the cache holds {usable} for requests "
                 f"({num_gpu_blocks} blocks less block 0, which vLLM reserves as its null "
-                f"block): lower max_model_len or "
+                f"block): lower max_model_len (to at most {usable * e.block_size}) or "
                 + ("raise engine.num_gpu_blocks (or remove it to size the cache from "
                    "gpu_memory_utilization)" if e.num_gpu_blocks is not None else
                    "give the KV cache more memory")))

@@ -216,7 +216,7 @@ def test_kv_override_and_no_room():
 def test_no_room_for_a_kv_cache_names_what_the_user_can_change(tmp_path):
     y = tmp_path / "k.yaml"
     y.write_text("name: k\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\n"
-                 "engine:\n  max_model_len: 64\n  gpu_memory_utilization: 0.1\n"
+                 "engine:\n  max_model_len: 4096\n  gpu_memory_utilization: 0.1\n"
                  "workload: {num_requests: 2, arrival: {process: poisson, rate: 1.0},\n"
                  "  prompt_tokens: {dist: fixed, value: 4}, output_tokens: {dist: fixed, "
                  "value: 2}}\n")
@@ -228,12 +228,14 @@ def test_no_room_for_a_kv_cache_names_what_the_user_can_change(tmp_path):
     assert msg.endswith(f"raise engine.gpu_memory_utilization (to at least {at_least:g}), "
                         f"raise hardware.tensor_parallel or choose a larger GPU "
                         f"(hardware.profile)")
-    # the utilization it names is the least (in hundredths) that leaves room
-    assert build_cost_model(load_scenario(
-        y, [f"engine.gpu_memory_utilization={at_least}"])).num_gpu_blocks >= 2
-    with pytest.raises(InputError):
-        build_cost_model(load_scenario(
-            y, [f"engine.gpu_memory_utilization={round(at_least - 0.01, 2)}"]))
+    # the utilization it names is the least (in hundredths) that holds one max_model_len
+    # request (4096 tokens = 256 blocks) beside the null block, as vLLM requires
+    def serves(util):
+        sc = load_scenario(y, [f"engine.gpu_memory_utilization={util}"])
+        sc.scheduler_config(build_cost_model(sc).num_gpu_blocks)
+    serves(at_least)
+    with pytest.raises(InputError, match="max_model_len: 4096 tokens need 256 KV blocks"):
+        serves(round(at_least - 0.01, 2))
     # no utilization holds 70B's weights on one GPU: only tensor_parallel or the GPU helps
     with pytest.raises(InputError) as e:
         build_cost_model(load_scenario(y, ["model=llama-3.1-70b"]))
@@ -263,7 +265,8 @@ def test_a_block_count_from_set_is_named_as_such_and_its_errors_suggest_raising_
         "t.yaml (with --set engine.num_gpu_blocks=20): engine.max_model_len: 512 tokens "
         "need 32 KV blocks of 16 but the cache "
         "holds 19 for requests (20 blocks less block 0, which vLLM reserves as its null "
-        "block): lower max_model_len or raise engine.num_gpu_blocks (or remove it to size "
+        "block): lower max_model_len (to at most 304) or raise engine.num_gpu_blocks (or "
+        "remove it to size "
         "the cache from gpu_memory_utilization)")
 
 

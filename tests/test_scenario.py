@@ -245,8 +245,8 @@ def test_scheduler_config():
     msg = err(sc.scheduler_config, 101)
     assert msg == ("<scenario>: engine.max_model_len: 1000 tokens need 125 KV blocks of 8 but "
                    "the cache holds 100 for requests (101 blocks less block 0, which vLLM "
-                   "reserves as its null block): lower max_model_len or give the KV cache "
-                   "more memory")
+                   "reserves as its null block): lower max_model_len (to at most 800) or give the "
+                   "KV cache more memory")
 
 
 def test_two_block_cache_message_explains_the_null_block(chat):
@@ -256,7 +256,8 @@ def test_two_block_cache_message_explains_the_null_block(chat):
     assert err(sc.scheduler_config, sc.engine.num_gpu_blocks) == (
         "--set engine.max_model_len=64: 64 tokens need 4 KV blocks of 16 but the cache "
         "holds 1 for requests (2 blocks less block 0, which vLLM reserves as its null "
-        "block): lower max_model_len or raise engine.num_gpu_blocks (or remove it to size "
+        "block): lower max_model_len (to at most 16) or raise engine.num_gpu_blocks (or "
+        "remove it to size "
         "the cache from gpu_memory_utilization)")
 
 
