@@ -13,8 +13,7 @@ import simpy
 
 from .cluster import Cluster
 from .cost_model import build_cost_model
-from .errors import InputError
-from .errors import KeyedInputError
+from .errors import InputError, KeyedInputError
 from .metrics import MetricsCollector, RunResult, combine_replications
 from .workload import build_workload
 
