@@ -533,6 +533,11 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
         fail(("engine", "max_model_len"),
              f"{sc.engine.max_model_len} is longer than the model's max_position_embeddings "
              f"({shape.max_position_embeddings})", also=("model",))
+    n, warm = sc.workload.num_requests, sc.sim.warmup_requests
+    if n is not None and warm >= n:   # a trace's count is known only once it is read
+        fail(("sim", "warmup_requests"), f"{warm} leaves none of the {n} requests "
+             f"(workload.num_requests) to measure: must be < {n}",
+             also=("workload.num_requests",))
 
 
 def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:

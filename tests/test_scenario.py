@@ -93,6 +93,8 @@ def test_brief_error_examples(chat):
     ("slo.goodput_ms={p99: 3}", "unknown key (allowed: ttft_ms, tpot_ms, itl_ms, e2el_ms, "
      "queue_ms)"),
     ("sim.warmup_requests=-1", "greater than or equal to 0"),
+    ("sim.warmup_requests=10", "--set sim.warmup_requests=10: 10 leaves none of the 10 "
+     "requests (workload.num_requests) to measure: must be < 10"),
     ("hardware.tensor_parallel=3", "--set hardware.tensor_parallel=3: 3 does not divide the "
      "model's num_attention_heads (4)"),
     ("hardware.profile=h100-sxm", "chat.yaml:3 (with --set hardware.profile=h100-sxm): hardware: "
