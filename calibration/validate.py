@@ -219,6 +219,9 @@ def plan_summary(plan):
 class StepReplayCost:
     """Timing replay: step ``k`` of the simulation lasts as the engine's step ``k`` did.
 
+    With ``price`` (a cost model), every replayed step is also priced by it
+    (:attr:`priced_ns`): the cost model's error on the very steps the engine ran.
+
     Step boundaries are the engine's queue checks: step ``k`` ends where the loop next
     looked at its queue (so the simulator delivers the same arrivals to step ``k + 1``);
     the next step starts there when the engine went straight on, else — the engine
@@ -226,7 +229,8 @@ class StepReplayCost:
     recorded (:attr:`steps`) for :func:`compare_timing`.
     """
 
-    def __init__(self, run: EngineRun):
+    def __init__(self, run: EngineRun, price=None):
+        self.price, self.priced_ns = price, []
         self.num_gpu_blocks = run.num_gpu_blocks
         self.label = "timing replay: the engine's recorded step durations"
         self.kv_note = f"engine: {run.num_gpu_blocks} blocks of {run.block_size}"
@@ -250,6 +254,8 @@ class StepReplayCost:
 
     def step_time_ns(self, plan) -> int:
         k = len(self.steps)
+        if self.price is not None:
+            self.priced_ns.append(self.price.step_time_ns(plan))
         pre, nd, ctx, preempted, sampled = plan_summary(plan)
         if k >= len(self._start):  # diverged: compare_timing reports it; 1 ms steps finish
             t0 = self.steps[-1].end_ns if self.steps else 0
@@ -287,9 +293,10 @@ def simulate_specs(scenario, specs, cost_model) -> RunResult:
     return simulate(sc, specs=specs, cost_models=[cost_model])
 
 
-def simulate_timing(scenario, specs, run: EngineRun):
-    """Timing replay of ``run``; returns ``(RunResult, StepReplayCost)``."""
-    cost = StepReplayCost(run)
+def simulate_timing(scenario, specs, run: EngineRun, price=None):
+    """Timing replay of ``run``; returns ``(RunResult, StepReplayCost)`` (``price``: see
+    :class:`StepReplayCost`)."""
+    cost = StepReplayCost(run, price)
     sc = scenario.model_copy(update={"sim": scenario.sim.model_copy(
         update={"warmup_requests": 0, "exact_steps": True})})
     from simulator.run import simulate
@@ -311,8 +318,11 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
         ``idle_wake_max_ms`` (the longest an idle engine took to notice an arrival, which
         the simulator serves at once), ``late_wakes`` (idle wake-ups after which two or
         more arrivals were waiting: the batches then differ by construction),
-        ``tokens_not_before_engine``, and ``ok`` (all equal and every timestamp within
-        1 ms).
+        ``tokens_not_before_engine``, ``ok`` (all equal and every timestamp within
+        1 ms), and ``step_cost_ratio``: with a priced replay (``cost.price``) whose steps
+        all match, Σ priced / Σ measured step durations (``duration_ns``, the engine's
+        own time outside steps excluded), the cost model's time-weighted error on exactly
+        the steps served (< 1: priced too fast); else None.
     """
     mism, first = 0, None
     for k, (e, s) in enumerate(zip(run.steps, cost.steps)):
@@ -376,6 +386,8 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
             "tokens_not_before_engine": structural,
             "steps_engine": len(run.steps), "steps_sim": len(cost.steps),
             "step_mismatches": mism, "first_mismatch": first,
+            "step_cost_ratio": (sum(cost.priced_ns) / sum(e.duration_ns for e in run.steps)
+                                if cost.priced_ns and mism == 0 and run.steps else None),
             "prefix_hits_equal": bool(hits_eq), "preemptions_equal": bool(pre_eq),
             "max_abs_diff_ms": diffs, "ok": bool(ok)}
 
@@ -488,53 +500,63 @@ def probe_cells(profile) -> list | None:
 class SpeedProbe:
     """The host's speed now relative to when the profile was measured: per probe cell
     (:func:`probe_cells`), the median of its steps measured now (``PROBE_VISITS`` visits,
-    as the grid measured them) over its mean in the profile's CSV; the factor is the
-    geometric mean over the cells (> 1: the host is slower now).
+    as the grid measured them, after one untimed visit) over its mean in the profile's CSV;
+    the factor is the geometric mean over the cells (> 1: the host is slower now).
 
     A GPU keeps its speed; a shared CPU host does not (on this project's 2-core machine,
     the same step's time moved by 10-50 % between minutes with no other process running),
     and a cost model measured minutes earlier then errs by that factor whatever its form.
     :func:`validate` probes before and after every timed run and reports the predictions
     both as they are and with every step cost scaled by the probe's factor.
+
+    Every probe runs on a fresh engine (the timed runs do too): an engine that has served
+    a while hands out KV blocks in the order its requests freed them, and on a CPU a decode
+    batch reading scattered blocks ran ~10% slower than one reading the consecutive blocks
+    of a fresh engine (``benchmarks/results/fidelity_runs.md``), which a reused probe engine
+    read as the host slowing down.
     """
 
     def __init__(self, model, config: dict, cells: list):
-        from calibration.engine import LLMEngine
-        from calibration.profiler import _Driver
-
-        self.cells = cells
+        self.model, self.cells = model, cells
         bs = config["block_size"]
         blocks = max(c.B * -(-(4 * c.L + 64) // bs) + -(-(c.n + c.c) // bs) for c, _ in cells)
         # Only the shapes matter: knobs large enough that every cell runs as one step.
-        self.engine = LLMEngine(model, {
+        self.config = {
             **config, "num_gpu_blocks": blocks + 16,
             "max_num_seqs": max([config["max_num_seqs"]] + [c.B + 1 for c, _ in cells]),
             "max_num_batched_tokens": max([config["max_num_batched_tokens"]]
-                                          + [c.n + c.B for c, _ in cells])})
-        self.driver = _Driver(self.engine, seed=config.get("seed", 0) + 7)
+                                          + [c.n + c.B for c, _ in cells])}
+        self.engine = None   # the latest probe's engine
 
     @property
     def label(self) -> str:
         return ", ".join(f"{c.key} ({ref * 1e3:.2f} ms)" for c, ref in self.cells)
 
-    def _measure(self, cell) -> list[int]:
+    @staticmethod
+    def _measure(driver, cell) -> list[int]:
         from calibration.profiler import _check
 
-        d = self.driver
         if cell.kind == "prefill":
-            recs = [d.chunk_step(cell.n, cell.c)]
+            recs = [driver.chunk_step(cell.n, cell.c)]
         else:
-            rids = d.start_decodes(cell.B, cell.L)
-            recs = [d.step() for _ in range(2)]
-            d.stop(rids)
+            rids = driver.start_decodes(cell.B, cell.L)
+            recs = [driver.step() for _ in range(2)]
+            driver.stop(rids)
         for r in recs:
             _check(cell, r)
         return [r.duration_ns for r in recs]
 
     def __call__(self) -> float:
+        from calibration.engine import LLMEngine
+        from calibration.profiler import _Driver
+
+        self.engine = LLMEngine(self.model, self.config)
+        driver = _Driver(self.engine, seed=self.config.get("seed", 0) + 7)
+        for cell, _ in self.cells:
+            self._measure(driver, cell)
         logs = []
         for cell, ref in self.cells:
-            times = [t for _ in range(PROBE_VISITS) for t in self._measure(cell)]
+            times = [t for _ in range(PROBE_VISITS) for t in self._measure(driver, cell)]
             logs.append(math.log(float(np.median(times)) / 1e9 / ref))
         return math.exp(sum(logs) / len(logs))
 
@@ -692,7 +714,7 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                      f"{replications} (about {n / rate:.0f} s)")
             run, sp = run_at(specs, f"load {x:g} r{r + 1}")
             meas = engine_result(run, slo)
-            tres, tcost = simulate_timing(sc1, specs, run)
+            tres, tcost = simulate_timing(sc1, specs, run, price=base)
             lr.timing.append(compare_timing(run, tres, tcost))
             pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe_ns if front_end else 0))
             if sp:
@@ -719,7 +741,7 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                            "adjusted_error": signed_error(sat_adj, sat_meas),
                            "engine_step_ms_mean": float(steps_ns.mean() / 1e6),
                            "timing": compare_timing(sat_run, *simulate_timing(
-                               sc1, sat_specs, sat_run))},
+                               sc1, sat_specs, sat_run, price=base))},
             "front_end": {"gap_us_mean": fe_ns / 1e3,
                           "gap_us_p99": float(np.percentile(gaps, 99) / 1e3) if gaps.size
                           else 0.0,
@@ -884,6 +906,14 @@ def markdown_table(result: dict) -> str:
                                                               ld["host_speed"])
                          for ld in result["loads"]))
         lines.append("")
+    ratios = [("saturation", [(sat.get("timing") or {}).get("step_cost_ratio")])] + [
+        (f"load {ld['load']:g}", [t.get("step_cost_ratio") for t in ld["timing"]])
+        for ld in result["loads"]]
+    if any(v is not None for _, vs in ratios for v in vs):
+        lines += ["cost model on the engine's own steps (Σ priced / Σ measured step time; "
+                  "< 1: priced too fast): " + "; ".join(
+                      f"{label}: " + ", ".join("–" if v is None else f"×{v:.3f}" for v in vs)
+                      for label, vs in ratios), ""]
     head = ["load", "figure", "measured", "predicted", "error", "in MAPE band"]
     if adj:   # the band is then taken around the prediction at host speed
         head = head[:5] + ["predicted at host speed", "error at host speed",

@@ -65,6 +65,30 @@ def test_timing_replay_is_exact(timing_run):
         s.max_tokens for s in specs)
 
 
+class _PerToken:
+    """1 us per scheduled token: a price whose total is known from the engine's steps."""
+
+    def step_time_ns(self, plan):
+        return 1000 * plan.num_scheduled_tokens
+
+
+def test_priced_timing_replay_gives_the_cost_models_error_on_the_engines_steps(timing_run):
+    sc, specs, run, _, _ = timing_run
+    res, cost = V.simulate_timing(sc, specs, run, price=_PerToken())
+    cmp = V.compare_timing(run, res, cost)
+    if cmp["step_mismatches"]:
+        pytest.skip("the replay was not exact (machine too busy)")
+    want = (1000 * sum(s.num_scheduled_tokens for s in run.steps)
+            / sum(s.duration_ns for s in run.steps))
+    assert cmp["step_cost_ratio"] == pytest.approx(want, rel=1e-12)
+    # unpriced, or on steps that differ from the engine's, there is no ratio
+    assert V.compare_timing(run, *V.simulate_timing(sc, specs, run))["step_cost_ratio"] is None
+    other = sc.model_copy(update={"engine": sc.engine.model_copy(
+        update={"max_num_batched_tokens": 64})})
+    cmp = V.compare_timing(run, *V.simulate_timing(other, specs, run, price=_PerToken()))
+    assert cmp["step_mismatches"] > 0 and cmp["step_cost_ratio"] is None
+
+
 def test_timing_replay_detects_a_different_policy(timing_run):
     """The check can fail: a simulator with half the token budget batches differently."""
     sc, specs, run, _, _ = timing_run
@@ -166,8 +190,9 @@ def test_speed_probe_times_the_cells_against_their_references():
                                       (Cell("prefill", n=160, c=32), 4e-3)])
     factor = probe()
     steps = probe.engine.step_records
-    dec = [s for s in steps if s.num_decodes == 4 and not s.prefills]
-    pre = [s for s in steps if s.prefills and s.prefills[0][1:] == (160, 32)]
+    # one untimed visit of each cell first, on a fresh engine every probe
+    dec = [s for s in steps if s.num_decodes == 4 and not s.prefills][2:]
+    pre = [s for s in steps if s.prefills and s.prefills[0][1:] == (160, 32)][1:]
     assert len(dec) == 2 * V.PROBE_VISITS and len(pre) == V.PROBE_VISITS
     assert all(s.num_decodes == 0 for s in pre)    # 160 > the scenario's 128-token budget
     # each visit times two consecutive steps of the cell's contexts (sum of decode_lengths,
@@ -178,6 +203,9 @@ def test_speed_probe_times_the_cells_against_their_references():
     assert all(4 <= c - base <= 16 for c in ctx)
     med = lambda xs: float(np.median([s.duration_ns for s in xs])) / 1e9  # noqa: E731
     assert factor == pytest.approx(np.sqrt(med(dec) / 1e-3 * med(pre) / 4e-3))
+    first = probe.engine
+    probe()
+    assert probe.engine is not first and len(probe.engine.step_records) == len(steps)
 
 
 def test_host_speed_columns_in_the_table():
