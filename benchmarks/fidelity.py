@@ -5,17 +5,19 @@ workloads — ``scenarios/cpu_tiny.yaml`` (Poisson, Azure-conversation-like leng
 the CPU) and the same with a shared system prompt (4 groups of 128 tokens) — at loads 0.3,
 0.6 and 0.9 of the measured saturation, and writes one markdown file with every error,
 the machine, the versions and the seeds (default ``benchmarks/results/fidelity.md``; the
-HTML reports and CDF plots go to ``reports/fidelity/<workload>/``). Before each workload the
+HTML reports and CDF plots go to ``reports/fidelity/<workload>/``). Every replication's
+request list is served twice (``validate(again=True)``): how far the engine lies from
+itself on this machine is the floor under the simulator's error. Before each workload the
 model is calibrated anew on this machine (:func:`fresh_profile`, into
 ``reports/fidelity/<workload>/profile/``), because a shared CPU host's speed drifts by tens of
 % over half an hour; ``--no-calibrate`` validates the scenario's own profile instead.
 
     python benchmarks/fidelity.py [--replications 3] [--seconds 15] [--no-calibrate]
-                                  [--out PATH]
+                                  [--no-serve-again] [--out PATH]
 
-Wall clock: about (calibration + saturation + loads × replications × seconds) per workload;
-the defaults take about 10 minutes per workload on 2 cores. Timed runs wait for a quiet
-machine, and the CPU time that other processes used during each timed run is measured
+Wall clock: about (calibration + saturation + 2 × loads × replications × seconds) per
+workload; the defaults take about 12 minutes per workload on 2 cores. Timed runs wait for a
+quiet machine, and the CPU time that other processes used during each timed run is measured
 (:class:`CpuWatch`) and reported, so a run disturbed by other work on a shared machine is
 visible in the results.
 """
@@ -147,6 +149,9 @@ def main(argv=None) -> int:
                     help="validate the scenario's own profile instead of one measured just "
                          "before each workload (fresh_profile)")
     ap.add_argument("--calibrate-repeats", type=int, default=8)
+    ap.add_argument("--no-serve-again", action="store_true",
+                    help="do not serve each replication's requests a second time (the "
+                         "engine's difference from itself, this machine's noise floor)")
     args = ap.parse_args(argv)
     loads = [float(x) for x in args.loads.split(",")]
     parts = ["# servesim fidelity against its own engine (predicted mode)", ""]
@@ -161,7 +166,7 @@ def main(argv=None) -> int:
             sc = load_scenario(args.scenario, WORKLOADS[name] + [f"hardware.profile={path}"])
         watch = CpuWatch(lambda m: print(m, file=sys.stderr, flush=True))
         res = validate(sc, loads, args.replications, seconds_per_load=args.seconds,
-                       progress=watch.progress)
+                       again=not args.no_serve_again, progress=watch.progress)
         watch.close()
         print(watch.summary(), file=sys.stderr)
         write_outputs(res, ROOT / "reports" / "fidelity" / name)

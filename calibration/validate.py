@@ -603,10 +603,13 @@ class LoadResult:
     cdf: list = field(default_factory=list)
     speed: list = field(default_factory=list)       # host speed factor per replication
     adjusted: list = field(default_factory=list)    # predicted at that speed
+    again: list = field(default_factory=list)       # the same requests served once more
 
     def table(self) -> list[dict]:
-        """Per figure: measured, predicted, signed error (mean/min/max over replications)
-        and, for the band figures, whether the measured value lies in the MAPE band."""
+        """Per figure: measured, predicted, signed error (mean/min/max over replications),
+        with repeat servings the second serving's signed difference from the first
+        (``again_error``) and, for the band figures, whether the measured value lies in the
+        MAPE band."""
         rows = []
         for label, path in FIGURES:
             m = [figure(s, path) for s in self.measured]
@@ -618,6 +621,9 @@ class LoadResult:
                 a = [figure(s, path) for s in self.adjusted]
                 row["adjusted"] = _spread(a)
                 row["adjusted_error"] = _spread([signed_error(b, x) for x, b in zip(m, a)])
+            if self.again:
+                row["again_error"] = _spread([signed_error(figure(s, path), x)
+                                              for x, s in zip(m, self.again)])
             if label in BAND_FIGURES and self.band_low:
                 inside = []
                 for mv, lo, hi in zip(m, self.band_low, self.band_high):
@@ -658,10 +664,13 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
 
 def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                      seconds_per_load: float, saturation_requests: int | None,
-                     front_end: bool, progress, engine_name: str, speed=None) -> dict:
+                     front_end: bool, progress, engine_name: str, speed=None,
+                     again: bool = False) -> dict:
     """The measurement loop of :func:`validate`, whatever engine serves: ``timed(specs,
     label)`` serves a request list in real time and returns its :class:`EngineRun`;
-    ``sc1`` is the scenario with the engine's effective knobs and ``base`` its cost model.
+    ``sc1`` is the scenario with the engine's effective knobs and ``base`` its cost model;
+    ``again``: serve every replication's request list a second time (the engine's own
+    run-to-run difference: the floor under any prediction's error on this machine).
 
     Returns:
         ``saturation`` (requests, measured/predicted req/s, error, mean engine step ms,
@@ -723,6 +732,10 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                     base, sp, fe_ns if front_end else 0)).summary)
             lr.measured.append(meas.summary)
             lr.predicted.append(pred.summary)
+            if again:
+                progress(f"load {x:g}: replication {r + 1}/{replications} served again")
+                lr.again.append(engine_result(timed(specs, f"load {x:g} r{r + 1} again"),
+                                              slo).summary)
             if mape:   # around the prediction at the host's speed, when probed
                 for f, dest in ((1 - mape, lr.band_low), (1 + mape, lr.band_high)):
                     dest.append(simulate_specs(sc1, specs, ScaledCost(
@@ -752,7 +765,7 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
 def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
              seconds_per_load: float = 60.0, saturation_requests: int | None = None,
              front_end: bool = False, quiet: bool = True, host_speed: bool = True,
-             progress=print) -> dict:
+             again: bool = False, progress=print) -> dict:
     """Validate ``scenario``'s profile against the real engine on this machine.
 
     Steps: (1) saturation: every request of a burst arrives at 0; the engine's and the
@@ -773,6 +786,10 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         host_speed: probe the host's speed before and after each timed run
             (:class:`SpeedProbe`) and add predictions at that speed (``adjusted``); the
             MAPE band is then taken around them.
+        again: serve every replication's request list a second time and report how far
+            the second serving's figures lie from the first's (``again_error`` in the
+            table rows): the engine's own run-to-run spread on this machine, which no
+            prediction can beat.
 
     Returns:
         JSON-able dict: ``meta`` (machine, versions, engine knobs, seeds, threads),
@@ -822,7 +839,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     result = measure_fidelity(sc1, base, timed, loads=loads,
                               replications=replications, seconds_per_load=seconds_per_load,
                               saturation_requests=saturation_requests, front_end=front_end,
-                              progress=progress, engine_name="the engine", speed=probe)
+                              progress=progress, engine_name="the engine", speed=probe,
+                              again=again)
     meta = {
         "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
         "dtype": scenario.dtype, "engine": f"servesim-torch ({_version()})",
@@ -914,10 +932,12 @@ def markdown_table(result: dict) -> str:
                   "< 1: priced too fast): " + "; ".join(
                       f"{label}: " + ", ".join("–" if v is None else f"×{v:.3f}" for v in vs)
                       for label, vs in ratios), ""]
-    head = ["load", "figure", "measured", "predicted", "error", "in MAPE band"]
-    if adj:   # the band is then taken around the prediction at host speed
-        head = head[:5] + ["predicted at host speed", "error at host speed",
-                           "in MAPE band around it"]
+    again = any("again_error" in row for ld in result["loads"] for row in ld["table"])
+    head = ["load", "figure", "measured", "predicted", "error"]
+    if again:
+        head.append("served again: difference")
+    head += (["predicted at host speed", "error at host speed", "in MAPE band around it"]
+             if adj else ["in MAPE band"])  # with a probe, the band is around its prediction
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ld in result["loads"]:
         for row in ld["table"]:
@@ -925,10 +945,17 @@ def markdown_table(result: dict) -> str:
                 if "in_band" in row else ""
             cells = [f"{ld['load']:g}", row["figure"], _cell(row["measured"]),
                      _cell(row["predicted"]), _cell(row["error"], True)]
+            if again:
+                cells.append(_cell(row.get("again_error"), True))
             if adj:
                 cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True)]
             cells.append(band)
             lines.append("| " + " | ".join(cells) + " |")
+    if again:
+        lines += ["", "'served again': every replication's request list served a second "
+                  "time on a fresh engine; the difference of its figure from the first "
+                  "serving's, (again − first) / first: the engine's own run-to-run spread on "
+                  "this machine, a floor under any prediction's error."]
     lines += ["", "'in MAPE band' is judged for " + ", ".join(BAND_FIGURES) + " (blank for "
               "the other figures): whether the measured value lies between simulations with "
               "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE)."]
@@ -1039,6 +1066,10 @@ def add_parser(subparsers) -> None:
                    help="do not probe the host's speed around timed runs (the probe "
                         "re-measures four grid cells of the profile; predictions at the probed "
                         "speed are reported beside the plain ones)")
+    p.add_argument("--serve-again", action="store_true",
+                   help="serve every replication's requests a second time and report how far "
+                        "the engine lies from itself (this machine's run-to-run spread, a "
+                        "floor under any prediction's error); one more timed run each")
     p.add_argument("--out", default="reports/validation", help="output folder")
     p.set_defaults(func=_cmd_validate)
 
@@ -1073,7 +1104,8 @@ def _cmd_validate(args) -> int:
         result = commands.validate_vllm(sc, parse_loads(args.loads), args.replications,
                                seconds_per_load=args.seconds,
                                saturation_requests=args.saturation_requests,
-                               front_end=args.front_end, model_dir_arg=args.model_dir)
+                               front_end=args.front_end, model_dir_arg=args.model_dir,
+                               again=args.serve_again)
         result.pop("engine_object")
         paths = write_outputs(result, args.out)
         print(markdown_table(result))
@@ -1083,7 +1115,7 @@ def _cmd_validate(args) -> int:
                       seconds_per_load=args.seconds,
                       saturation_requests=args.saturation_requests,
                       front_end=args.front_end, quiet=not args.no_quiet_wait,
-                      host_speed=not args.no_host_speed)
+                      host_speed=not args.no_host_speed, again=args.serve_again)
     paths = write_outputs(result, args.out)
     print(markdown_table(result))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
 from .errors import InputError, KeyedInputError
-from .files import atomic_write, load_yaml
+from .files import atomic_write, load_yaml, missing_file
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -288,8 +288,12 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
             path = known[s]
         else:
             looks_like_path = "/" in s or os.sep in s or s.endswith((".yaml", ".yml"))
-            raise InputError(f"{path}: profile file not found" if looks_like_path else
-                             f"unknown profile {s!r} (known: {', '.join(known) or 'none'})")
+            gone = [str(d) for d in profile_dirs()[:-1]
+                    if os.environ.get("SERVESIM_PROFILES") and not d.is_dir()]
+            raise InputError(f"{path}: profile {missing_file(path)}" if looks_like_path else
+                             f"unknown profile {s!r} (known: {', '.join(known) or 'none'})"
+                             + (f"; $SERVESIM_PROFILES names folders that do not exist: "
+                                f"{', '.join(gone)}" if gone else ""))
     try:
         text = path.read_text(encoding="utf-8")
         raw = load_yaml(text)

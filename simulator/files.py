@@ -124,6 +124,12 @@ def yaml_line(text: str, path: Sequence) -> int | None:
     return line
 
 
+def missing_file(path: Path) -> str:
+    """Why ``path`` (not a regular file) cannot be read as one: ``"is a folder, not a
+    file"`` or ``"file not found"``."""
+    return "is a folder, not a file" if path.is_dir() else "file not found"
+
+
 def check_folder(path: str | Path, flag: str) -> None:
     """Refuse, before any work, an output folder that cannot be one: ``path`` is a file,
     or a folder above it is.

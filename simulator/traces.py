@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import InputError
-from .errors import KeyedInputError
+from .errors import InputError, KeyedInputError
+from .files import missing_file
 from .policy.request import NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
@@ -173,7 +173,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 def _require_file(path: Path) -> None:
     if not path.is_file():
-        raise KeyedInputError("workload.trace.path", f"{path}: file not found")
+        raise KeyedInputError("workload.trace.path", f"{path}: {missing_file(path)}")
 
 
 def _require_columns(df: pd.DataFrame, path: Path, names) -> None:

@@ -42,8 +42,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import InputError
-from .errors import KeyedInputError
+from .errors import InputError, KeyedInputError
+from .files import missing_file
 from .policy.request import NS_PER_S, RequestSpec
 from .traces import TraceConfig, load_trace, mooncake_segments
 
@@ -151,7 +151,7 @@ def _empirical_values(cfg: EmpiricalDist, base_dir, key: str) -> np.ndarray:
     if not path.is_absolute():
         path = Path(base_dir) / path
     if not path.is_file():   # keyed: the scenario gives the line of <key>.path
-        raise KeyedInputError(f"{key}.path", f"{path}: file not found (empirical "
+        raise KeyedInputError(f"{key}.path", f"{path}: {missing_file(path)} (empirical "
                               f"distribution)")
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)

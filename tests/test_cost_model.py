@@ -295,6 +295,13 @@ def test_profile_round_trip_and_lookup(tmp_path, monkeypatch):
     assert load_profile("cpu-llama-test").model_dump() == prof.model_dump()
     with pytest.raises(InputError, match=r"unknown profile 'nope' \(known: cpu-llama-test"):
         load_profile("nope")
+    # a misspelt folder in $SERVESIM_PROFILES is named, not silently skipped
+    monkeypatch.setenv("SERVESIM_PROFILES", f"{tmp_path / 'store'}:{tmp_path / 'stroe'}")
+    with pytest.raises(InputError, match=r"known: cpu-llama-test.*\); \$SERVESIM_PROFILES "
+                                         r"names folders that do not exist: .*stroe$"):
+        load_profile("nope")
+    with pytest.raises(InputError, match=r"store: profile is a folder, not a file$"):
+        load_profile(tmp_path / "store")
 
 
 def test_profile_schema_errors(tmp_path):

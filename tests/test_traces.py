@@ -256,6 +256,8 @@ def test_huge_window_end_keeps_all_and_huge_time_scale_is_refused(tmp_path):
 def test_missing_file_and_empty_window(tmp_path):
     with pytest.raises(InputError, match=r"nope\.csv: file not found"):
         read_trace(trace(path="nope.csv", format="azure"), base_dir=tmp_path)
+    with pytest.raises(InputError, match=r"is a folder, not a file"):
+        read_trace(trace(path=".", format="azure"), base_dir=tmp_path)
     f = tmp_path / "t.csv"
     f.write_text(AZ_HEADER + OK_ROW + "2023-11-16 18:15:50.6805900,10,5\n")
     with pytest.raises(InputError, match=r"workload\.trace\.window_s: \[10, 20\) keeps no"):

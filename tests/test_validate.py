@@ -218,6 +218,35 @@ def test_host_speed_columns_in_the_table():
     assert row["adjusted_error"]["mean"] == pytest.approx(-0.04)
 
 
+def test_serving_again_reports_the_engines_difference_from_itself():
+    sc = scenario_from_dict(SCENARIO)
+    base = build_cost_model(sc)
+    cfg = V.engine_config(sc, base.num_gpu_blocks)
+    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
+    runs = []
+
+    def timed(specs, label):
+        runs.append((label, V.run_engine(model, cfg, specs)))
+        return runs[-1][1]
+
+    res = V.measure_fidelity(sc, base, timed, loads=[0.5], replications=1,
+                             seconds_per_load=0.5, saturation_requests=8, front_end=False,
+                             progress=lambda m: None, engine_name="the engine", again=True)
+    assert [label for label, _ in runs] == ["saturation", "load 0.5 r1", "load 0.5 r1 again"]
+    first, second = (V.engine_result(r).summary for _, r in runs[1:])
+    rows = {r["figure"]: r for r in res["loads"][0]["table"]}
+    for name, key in (("TTFT p50", "ttft_ms"), ("E2EL p99", "e2el_ms")):
+        a, b = first[key]["p50" if "p50" in name else "p99"], \
+            second[key]["p50" if "p50" in name else "p99"]
+        assert rows[name]["again_error"]["mean"] == pytest.approx((b - a) / a)
+    md = V.markdown_table(res)
+    assert "| served again: difference |" in md and "run-to-run spread" in md
+    assert "served again" not in V.markdown_table(V.measure_fidelity(
+        sc, base, timed, loads=[0.5], replications=1, seconds_per_load=0.5,
+        saturation_requests=8, front_end=False, progress=lambda m: None,
+        engine_name="the engine"))
+
+
 @pytest.mark.parametrize("flags, field", [(["--out", "FILE/x"], "is a file, not a folder"),
                                           (["--seconds", "-1"], "--seconds"),
                                           (["--seconds", "nan"], "--seconds"),

@@ -259,7 +259,7 @@ def engine_scenario(scenario, eng):
 def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
                   seconds_per_load: float = 30.0, saturation_requests: int | None = None,
                   front_end: bool = False, model_dir_arg: str | None = None,
-                  engine=None, progress=print) -> dict:
+                  engine=None, again: bool = False, progress=print) -> dict:
     """:func:`calibration.validate.validate` with vLLM serving the requests: saturation
     (a burst of ``saturation_requests``, default 4 × max_num_seqs), then per load and
     replication a Poisson workload of the scenario's lengths at ``load × measured
@@ -322,7 +322,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     result = measure_fidelity(sc1, base, timed, loads=loads, replications=replications,
                               seconds_per_load=seconds_per_load,
                               saturation_requests=saturation_requests, front_end=front_end,
-                              progress=progress, engine_name="vLLM")
+                              progress=progress, engine_name="vLLM", again=again)
     meta = {
         "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
         "dtype": scenario.dtype, "engine": f"{ver} (in-process LLMEngine, {mdir})",
