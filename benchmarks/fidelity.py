@@ -190,8 +190,8 @@ def main(argv=None) -> int:
                   markdown_table(res), ""]
     parts += ["error = (predicted − measured) / measured; cells are mean [min, max] over "
               "replications; 'in MAPE band': the measured figure lies between simulations "
-              "with every step cost scaled by (1 − MAPE) and (1 + MAPE) (times the host speed "
-              "factor below, when probed). 'At host speed': "
+              "with every step cost scaled by (1 − MAPE) and (1 + MAPE); 'around it': the "
+              "same times the host speed factor below. 'At host speed': "
               "the same prediction with every step cost scaled by the host's speed during "
               "that run relative to the calibration (four grid cells of the profile, three "
               "decode batches and a prefill, re-measured before and after the run; "

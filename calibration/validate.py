@@ -597,8 +597,10 @@ class LoadResult:
     num_requests: int
     measured: list = field(default_factory=list)
     predicted: list = field(default_factory=list)
-    band_low: list = field(default_factory=list)
-    band_high: list = field(default_factory=list)
+    band_low: list = field(default_factory=list)    # predicted × (1 − MAPE)
+    band_high: list = field(default_factory=list)   # predicted × (1 + MAPE)
+    adjusted_low: list = field(default_factory=list)    # the same at host speed
+    adjusted_high: list = field(default_factory=list)
     timing: list = field(default_factory=list)
     cdf: list = field(default_factory=list)
     speed: list = field(default_factory=list)       # host speed factor per replication
@@ -609,7 +611,8 @@ class LoadResult:
         """Per figure: measured, predicted, signed error (mean/min/max over replications),
         with repeat servings the second serving's signed difference from the first
         (``again_error``) and, for the band figures, whether the measured value lies in the
-        MAPE band."""
+        MAPE band (``in_band``; ``in_band_adjusted``: in the band around the prediction at
+        host speed)."""
         rows = []
         for label, path in FIGURES:
             m = [figure(s, path) for s in self.measured]
@@ -624,18 +627,24 @@ class LoadResult:
             if self.again:
                 row["again_error"] = _spread([signed_error(figure(s, path), x)
                                               for x, s in zip(m, self.again)])
-            if label in BAND_FIGURES and self.band_low:
-                inside = []
-                for mv, lo, hi in zip(m, self.band_low, self.band_high):
-                    lo_v, hi_v = figure(lo, path), figure(hi, path)
-                    if None in (mv, lo_v, hi_v):
-                        continue
-                    inside.append(min(lo_v, hi_v) <= mv <= max(lo_v, hi_v))
-                row["in_band"] = all(inside) if inside else None
-                row["band"] = [_spread([figure(s, path) for s in self.band_low]),
-                               _spread([figure(s, path) for s in self.band_high])]
+            for key, low, high in (("", self.band_low, self.band_high),
+                                   ("_adjusted", self.adjusted_low, self.adjusted_high)):
+                if label in BAND_FIGURES and low:
+                    row["in_band" + key], row["band" + key] = _in_band(m, low, high, path)
             rows.append(row)
         return rows
+
+
+def _in_band(measured: list, low: list, high: list, path) -> tuple:
+    """Whether every replication's measured figure lies between its two band simulations
+    (None when undefined), and the band's ``[low, high]`` spreads."""
+    inside = []
+    for mv, lo, hi in zip(measured, low, high):
+        lo_v, hi_v = figure(lo, path), figure(hi, path)
+        if None not in (mv, lo_v, hi_v):
+            inside.append(min(lo_v, hi_v) <= mv <= max(lo_v, hi_v))
+    return (all(inside) if inside else None,
+            [_spread([figure(s, path) for s in low]), _spread([figure(s, path) for s in high])])
 
 
 # == the whole validation ===================================================================
@@ -736,10 +745,12 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                 progress(f"load {x:g}: replication {r + 1}/{replications} served again")
                 lr.again.append(engine_result(timed(specs, f"load {x:g} r{r + 1} again"),
                                               slo).summary)
-            if mape:   # around the prediction at the host's speed, when probed
-                for f, dest in ((1 - mape, lr.band_low), (1 + mape, lr.band_high)):
-                    dest.append(simulate_specs(sc1, specs, ScaledCost(
-                        base, f * (sp or 1.0), fe_ns if front_end else 0)).summary)
+            if mape:   # around the prediction, and around it at the host's speed if probed
+                for speed_f, low, high in ((1.0, lr.band_low, lr.band_high),) + (
+                        ((sp, lr.adjusted_low, lr.adjusted_high),) if sp else ()):
+                    for f, dest in ((1 - mape, low), (1 + mape, high)):
+                        dest.append(simulate_specs(sc1, specs, ScaledCost(
+                            base, f * speed_f, fe_ns if front_end else 0)).summary)
             if r == 0:
                 cdf.append({"load": x, **{
                     f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]
@@ -936,20 +947,24 @@ def markdown_table(result: dict) -> str:
     head = ["load", "figure", "measured", "predicted", "error"]
     if again:
         head.append("served again: difference")
-    head += (["predicted at host speed", "error at host speed", "in MAPE band around it"]
-             if adj else ["in MAPE band"])  # with a probe, the band is around its prediction
+    head.append("in MAPE band")
+    if adj:
+        head += ["predicted at host speed", "error at host speed", "in MAPE band around it"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ld in result["loads"]:
         for row in ld["table"]:
-            band = {True: "yes", False: "no", None: "–"}[row.get("in_band")] \
-                if "in_band" in row else ""
+            def band(key):
+                return {True: "yes", False: "no", None: "–"}[row.get(key)] if key in row \
+                    else ""
+
             cells = [f"{ld['load']:g}", row["figure"], _cell(row["measured"]),
                      _cell(row["predicted"]), _cell(row["error"], True)]
             if again:
                 cells.append(_cell(row.get("again_error"), True))
+            cells.append(band("in_band"))
             if adj:
-                cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True)]
-            cells.append(band)
+                cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True),
+                          band("in_band_adjusted")]
             lines.append("| " + " | ".join(cells) + " |")
     if again:
         lines += ["", "'served again': every replication's request list served a second "
@@ -958,7 +973,9 @@ def markdown_table(result: dict) -> str:
                   "this machine, a floor under any prediction's error."]
     lines += ["", "'in MAPE band' is judged for " + ", ".join(BAND_FIGURES) + " (blank for "
               "the other figures): whether the measured value lies between simulations with "
-              "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE)."]
+              "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE)"
+              + ("; 'around it': the same around the prediction at host speed." if adj
+                 else ".")]
     lines += ["", "timing replay (engine step durations): "
               + "; ".join(f"load {ld['load']:g}: " + ", ".join(
                   _timing_verdict(t) for t in ld["timing"])

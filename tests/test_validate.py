@@ -124,6 +124,24 @@ def test_signed_error_and_band_table():
     assert rows["TTFT p99"]["error"]["mean"] == pytest.approx(-0.20)
     assert rows["TTFT p50"]["in_band"] is True     # 90 <= 100 <= 150
     assert rows["TTFT p99"]["in_band"] is False    # 300 > 280
+    assert "in_band_adjusted" not in rows["TTFT p50"]
+    # with a probe, a second band around the prediction at host speed, judged on its own
+    lr.adjusted = [{"ttft_ms": {"p50": 130.0, "p99": 290.0}}]
+    lr.adjusted_low = [{"ttft_ms": {"p50": 110.0, "p99": 260.0}}]
+    lr.adjusted_high = [{"ttft_ms": {"p50": 160.0, "p99": 320.0}}]
+    rows = {r["figure"]: r for r in lr.table()}
+    assert rows["TTFT p50"]["in_band"] is True and rows["TTFT p50"]["in_band_adjusted"] is False
+    assert rows["TTFT p99"]["in_band"] is False and rows["TTFT p99"]["in_band_adjusted"] is True
+    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05,
+                             "host_speed": 1.1, "adjusted_rps": 1.9, "adjusted_error": -0.05},
+              "loads": [{"load": 0.9, "table": list(rows.values()), "timing": [],
+                         "host_speed": [1.1]}]}
+    md = V.markdown_table(result).splitlines()
+    assert next(x for x in md if x.startswith("| load |")).endswith(
+        "| error | in MAPE band | predicted at host speed | error at host speed | "
+        "in MAPE band around it |")
+    p50 = next(x for x in md if x.startswith("| 0.9 | TTFT p50 |"))
+    assert p50.endswith("| +20.0% | yes | 130 | +30.0% | no |")
 
 
 def test_bad_input_is_one_line():
