@@ -254,6 +254,25 @@ def profile_dirs() -> list[Path]:
     return local + [PROFILES_DIR]
 
 
+def _missing_profile_dirs() -> str:
+    """``"; $SERVESIM_PROFILES names folders that do not exist: ..."`` or ``""``."""
+    env = os.environ.get("SERVESIM_PROFILES")
+    gone = [str(d) for d in profile_dirs()[:-1] if env and not d.is_dir()]
+    return (f"; $SERVESIM_PROFILES names folders that do not exist: {', '.join(gone)}"
+            if gone else "")
+
+
+def hardware_profile_error(name: str, err: InputError) -> str:
+    """The message for a ``hardware.profile`` that did not load: for an unknown name, that
+    it is neither a catalog GPU nor a findable profile (listing both, and any
+    ``$SERVESIM_PROFILES`` folder that does not exist); else ``err``'s own."""
+    if not str(err).startswith("unknown profile"):
+        return str(err)
+    return (f"{name!r} is neither a catalog GPU ({', '.join(list_hardware())}) nor a "
+            f"calibration profile (known: {', '.join(list_profiles()) or 'none'})"
+            + _missing_profile_dirs())
+
+
 def list_profiles() -> dict[str, Path]:
     """Profiles findable by name: ``{name: path}``; a local profile hides a shipped one of
     the same name."""
@@ -288,12 +307,9 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
             path = known[s]
         else:
             looks_like_path = "/" in s or os.sep in s or s.endswith((".yaml", ".yml"))
-            gone = [str(d) for d in profile_dirs()[:-1]
-                    if os.environ.get("SERVESIM_PROFILES") and not d.is_dir()]
             raise InputError(f"{path}: profile {missing_file(path)}" if looks_like_path else
                              f"unknown profile {s!r} (known: {', '.join(known) or 'none'})"
-                             + (f"; $SERVESIM_PROFILES names folders that do not exist: "
-                                f"{', '.join(gone)}" if gone else ""))
+                             + _missing_profile_dirs())
     try:
         text = path.read_text(encoding="utf-8")
         raw = load_yaml(text)
@@ -819,11 +835,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     try:
         prof = load_profile(name, scenario.base_dir)
     except InputError as e:
-        msg = str(e)
-        if msg.startswith("unknown profile"):
-            msg = (f"{name!r} is neither a catalog GPU ({', '.join(list_hardware())}) nor a "
-                   f"calibration profile (known: {', '.join(list_profiles()) or 'none'})")
-        raise scenario.error("hardware.profile", msg) from None
+        raise scenario.error("hardware.profile", hardware_profile_error(name, e)) from None
 
     _check_profile_matches(scenario, prof)
     try:

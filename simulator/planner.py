@@ -159,17 +159,14 @@ def _check_profile(name: str, sc, key: str, where: str | None = None) -> None:
     candidate's place) unless ``name`` is a catalog GPU or a calibration profile that
     loads."""
     from .catalog import list_hardware
-    from .cost_model import list_profiles, load_profile
+    from .cost_model import hardware_profile_error, load_profile
 
     if name in list_hardware():
         return
     try:
         load_profile(name, sc.base_dir)
     except InputError as e:
-        msg = str(e)
-        if msg.startswith("unknown profile"):
-            msg = (f"{name!r} is neither a catalog GPU ({', '.join(list_hardware())}) nor a "
-                   f"calibration profile (known: {', '.join(list_profiles()) or 'none'})")
+        msg = hardware_profile_error(name, e)
         raise (InputError(f"{where}: {msg}") if where else sc.error(key, msg)) from None
 
 

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,18 @@ def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsy
     assert main([command, str(scen), "--set", "workload.arrival.rate=[4, 8]", "--out",
                  str(out), "--quiet"]) == 2
     assert "servesim sweep" not in capsys.readouterr().err
+
+
+def test_unknown_profile_names_a_servesim_profiles_folder_that_does_not_exist(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "no-such-dir"))
+    out = tmp_path / "out"
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+    assert main(["run", str(scenario), "--set", "hardware.profile=nope", "--out", str(out),
+                 "--quiet"]) == 2
+    msg = capsys.readouterr().err.strip()
+    assert msg.startswith("servesim: error: --set hardware.profile=nope: 'nope' is neither a "
+                          "catalog GPU"), msg
+    assert msg.endswith(f"; $SERVESIM_PROFILES names folders that do not exist: "
+                        f"{tmp_path / 'no-such-dir'}") and "\n" not in msg
+    assert not out.exists()
