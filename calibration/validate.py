@@ -950,7 +950,9 @@ def markdown_table(result: dict) -> str:
     head.append("in MAPE band")
     if adj:
         head += ["predicted at host speed", "error at host speed", "in MAPE band around it"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − "
+              "measured) / measured; cells: mean [min, max] over replications.", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ld in result["loads"]:
         for row in ld["table"]:
             def band(key):
@@ -976,10 +978,12 @@ def markdown_table(result: dict) -> str:
               "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE)"
               + ("; 'around it': the same around the prediction at host speed." if adj
                  else ".")]
+    sat_t = sat.get("timing")
     lines += ["", "timing replay (engine step durations): "
-              + "; ".join(f"load {ld['load']:g}: " + ", ".join(
-                  _timing_verdict(t) for t in ld["timing"])
-                  for ld in result["loads"])]
+              + "; ".join(([f"saturation: {_timing_verdict(sat_t)}"] if sat_t else [])
+                          + [f"load {ld['load']:g}: " + ", ".join(
+                              _timing_verdict(t) for t in ld["timing"])
+                             for ld in result["loads"]])]
     return "\n".join(lines)
 
 
@@ -988,6 +992,7 @@ def write_outputs(result: dict, out_dir) -> dict:
     ``validation.html`` into ``out_dir`` (each to a temp file, then renamed); returns the
     paths."""
     import base64
+    import html as html_lib
     import io
     import json
     from pathlib import Path
@@ -1031,21 +1036,21 @@ def write_outputs(result: dict, out_dir) -> dict:
         name = f"cdf_load_{c['load']:g}.png"
         paths[name] = put(name, buf.getvalue())
         imgs.append(base64.b64encode(buf.getvalue()).decode())
-    meta = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in result["meta"].items())
+    esc = html_lib.escape
+    meta = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>"
+                   for k, v in result["meta"].items())
     rows = []
     for line in md.splitlines():
         if line.startswith("|") and not line.startswith("|---"):
             cells = [x.strip() for x in line.strip("|").split("|")]
             tag = "th" if cells[0] == "load" else "td"
-            rows.append("<tr>" + "".join(f"<{tag}>{x}</{tag}>" for x in cells) + "</tr>")
+            rows.append("<tr>" + "".join(f"<{tag}>{esc(x)}</{tag}>" for x in cells) + "</tr>")
     other = [x for x in md.splitlines() if x and not x.startswith("|")]
     html = ("<!doctype html><meta charset='utf-8'><title>servesim validation</title>"
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
             "border-bottom:1px solid #ddd;text-align:left}</style>"
-            f"<h1>Validation: {result['meta']['scenario']}</h1><table>{meta}</table>"
-            + "".join(f"<p>{x}</p>" for x in other)
-            + "<p>error = (predicted − measured) / measured; cells: mean [min, max] over "
-              "replications. TTFT/TPOT/ITL/E2EL as vllm bench serve.</p>"
+            f"<h1>Validation: {esc(str(result['meta']['scenario']))}</h1><table>{meta}</table>"
+            + "".join(f"<p>{esc(x)}</p>" for x in other)
             + f"<table>{''.join(rows)}</table>"
             + "".join(f"<p><img src='data:image/png;base64,{b}'></p>" for b in imgs))
     paths["html"] = put("validation.html", html.encode())
@@ -1095,13 +1100,20 @@ def parse_loads(text: str) -> list[float]:
     """``"0.3,0.6,0.9"`` → floats.
 
     Raises:
-        InputError: not a comma-separated list of numbers.
+        InputError: not a comma-separated list of numbers, or a load given twice (its
+            workloads' seeds come from the load, so it would serve the same requests again).
     """
     try:
-        return [float(x) for x in str(text).split(",") if x.strip()]
+        loads = [float(x) for x in str(text).split(",")]
     except ValueError:
         raise InputError(f"--loads: {text!r} is not a comma-separated list of fractions "
                          f"such as 0.3,0.6,0.9") from None
+    twice = sorted({x for x in loads if loads.count(x) > 1})
+    if twice:
+        raise InputError(f"--loads: {', '.join(f'{x:g}' for x in twice)} given twice (each "
+                         f"load's workloads are seeded by it: the same requests again; use "
+                         f"--replications)")
+    return loads
 
 
 def _cmd_validate(args) -> int:

@@ -149,6 +149,11 @@ def test_bad_input_is_one_line():
     from simulator.errors import InputError
     with pytest.raises(InputError, match="--loads"):
         V.parse_loads("0.3,high")
+    with pytest.raises(InputError, match=r"--loads: '0\.3,,0\.6' is not a comma-separated"):
+        V.parse_loads("0.3,,0.6")
+    with pytest.raises(InputError, match=r"--loads: 0\.5 given twice .* --replications"):
+        V.parse_loads("0.5,0.9,0.50")
+    assert V.parse_loads("0.3, 0.6") == [0.3, 0.6]
     sc = scenario_from_dict({**SCENARIO, "cluster": {"replicas": 2}})
     with pytest.raises(InputError, match="cluster.replicas"):
         V.validate(sc, [0.3], 1, quiet=False)
@@ -236,7 +241,7 @@ def test_host_speed_columns_in_the_table():
     assert row["adjusted_error"]["mean"] == pytest.approx(-0.04)
 
 
-def test_serving_again_reports_the_engines_difference_from_itself():
+def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
     sc = scenario_from_dict(SCENARIO)
     base = build_cost_model(sc)
     cfg = V.engine_config(sc, base.num_gpu_blocks)
@@ -259,6 +264,14 @@ def test_serving_again_reports_the_engines_difference_from_itself():
         assert rows[name]["again_error"]["mean"] == pytest.approx((b - a) / a)
     md = V.markdown_table(res)
     assert "| served again: difference |" in md and "run-to-run spread" in md
+    # the saturation run's timing replay is reported beside the loads'
+    verdict = V._timing_verdict(res["saturation"]["timing"])
+    assert f"timing replay (engine step durations): saturation: {verdict}; load 0.5: " in md
+    html = (tmp_path / "v" / "validation.html")
+    V.write_outputs({**res, "meta": {"scenario": "a<b&c"}}, tmp_path / "v")
+    text = html.read_text()
+    assert "&lt; 1: priced too fast" in text and "< 1: priced" not in text
+    assert "Validation: a&lt;b&amp;c</h1>" in text
     assert "served again" not in V.markdown_table(V.measure_fidelity(
         sc, base, timed, loads=[0.5], replications=1, seconds_per_load=0.5,
         saturation_requests=8, front_end=False, progress=lambda m: None,
@@ -305,6 +318,8 @@ def test_table_says_which_figures_the_band_is_judged_for():
               "loads": [{"load": 0.3, "table": list(rows.values()), "timing": []}]}
     md = V.markdown_table(result).splitlines()
     assert next(x for x in md if x.startswith("| 0.3 | TTFT p50 |")).endswith("| no |")
+    assert "TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − " \
+        "measured) / measured" in "\n".join(md)
     assert next(x for x in md if x.startswith("| 0.3 | TTFT p90 |")).endswith("|  |")
     assert any(x.startswith("'in MAPE band' is judged for TTFT p50, TTFT p99, TPOT p50")
                for x in md)
