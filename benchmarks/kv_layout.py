@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     from calibration.profiler import _Driver
     from calibration.validate import engine_config, profile_threads
     from simulator.cost_model import build_cost_model
+    from simulator.files import atomic_write
     from simulator.scenario import load_scenario
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -98,9 +99,7 @@ def main(argv=None) -> int:
         r = ratios[(B, L)]
         lines.append(f"| decode B={B} L={L} | {c:.2f} | {s:.2f} | ×{np.median(r):.3f} "
                      f"[{min(r):.3f}, {max(r):.3f}] |")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    atomic_write(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
