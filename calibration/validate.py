@@ -795,8 +795,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
             detokenising finishes, between engine steps) to every predicted step.
         quiet: wait for a quiet machine before each timed run (:func:`wait_quiet`).
         host_speed: probe the host's speed before and after each timed run
-            (:class:`SpeedProbe`) and add predictions at that speed (``adjusted``); the
-            MAPE band is then taken around them.
+            (:class:`SpeedProbe`) and add predictions at that speed (``adjusted``), with
+            a MAPE band of their own (``in_band_adjusted``).
         again: serve every replication's request list a second time and report how far
             the second serving's figures lie from the first's (``again_error`` in the
             table rows): the engine's own run-to-run spread on this machine, which no
@@ -953,20 +953,19 @@ def markdown_table(result: dict) -> str:
     lines += ["TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − "
               "measured) / measured; cells: mean [min, max] over replications.", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    def band(row, key):
+        return {True: "yes", False: "no", None: "–"}[row[key]] if key in row else ""
+
     for ld in result["loads"]:
         for row in ld["table"]:
-            def band(key):
-                return {True: "yes", False: "no", None: "–"}[row.get(key)] if key in row \
-                    else ""
-
             cells = [f"{ld['load']:g}", row["figure"], _cell(row["measured"]),
                      _cell(row["predicted"]), _cell(row["error"], True)]
             if again:
                 cells.append(_cell(row.get("again_error"), True))
-            cells.append(band("in_band"))
+            cells.append(band(row, "in_band"))
             if adj:
                 cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True),
-                          band("in_band_adjusted")]
+                          band(row, "in_band_adjusted")]
             lines.append("| " + " | ".join(cells) + " |")
     if again:
         lines += ["", "'served again': every replication's request list served a second "
