@@ -1116,6 +1116,16 @@ def parse_loads(text: str) -> list[float]:
 
 
 def _cmd_validate(args) -> int:
+    try:
+        return _validate_command(args)
+    except InputError as e:
+        flag = f"--set hardware.profile={args.profile}"
+        if args.profile and flag in str(e):   # --profile goes in as that override
+            raise InputError(str(e).replace(flag, f"--profile {args.profile}")) from None
+        raise
+
+
+def _validate_command(args) -> int:
     from simulator.scenario import load_scenario
     if args.out:
         check_folder(args.out, "--out")

@@ -298,6 +298,20 @@ def test_validate_refuses_bad_durations_before_serving(flags, field, tmp_path, c
     assert not out.exists()
 
 
+def test_a_bad_profile_flag_is_named_as_typed(tmp_path, capsys):
+    from simulator.cli import main
+    import yaml
+    y = tmp_path / "s.yaml"
+    y.write_text(yaml.safe_dump({**SCENARIO, "hardware": {"profile": "h100-sxm"}}))
+    out = tmp_path / "v"
+    assert main(["validate", "--scenario", str(y), "--profile", "no-such", "--no-quiet-wait",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "servesim: error: --profile no-such: 'no-such' is neither a catalog GPU"), err
+    assert not out.exists()
+
+
 def test_timing_verdict_words():
     t = {"ok": False, "steps_engine": 10, "step_mismatches": 0, "prefix_hits_equal": True,
          "preemptions_equal": True, "outside_step_max_ms": 1.2,
