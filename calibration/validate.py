@@ -908,9 +908,13 @@ def _timing_verdict(t: dict) -> str:
     if t["ok"]:
         return f"exact ({t['steps_engine']} steps, max |Δt| {dt:.3f} ms)"
     if t["step_mismatches"] == 0 and t.get("prefix_hits_equal") and t.get("preemptions_equal"):
+        out = t.get("outside_step_max_ms", 0.0)
+        wake = t.get("idle_wake_max_ms", 0.0)
         return (f"same batches, hits and preemptions in all {t['steps_engine']} steps; "
                 f"timestamps within {dt:.3f} ms, over the 1 ms tolerance (engine time "
-                f"outside steps up to {t.get('outside_step_max_ms', 0.0):.3f} ms)")
+                f"outside steps up to {out:.3f} ms" + (
+                    f"; an idle engine noticed an arrival {wake:.3f} ms late" if wake > out
+                    else "") + ")")
     return (f"NOT exact ({t['steps_engine']} engine steps, {t['step_mismatches']} differ, "
             f"max |Δt| {dt:.3f} ms)")
 

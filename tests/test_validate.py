@@ -320,6 +320,10 @@ def test_timing_verdict_words():
     assert "1.400 ms, over the 1 ms tolerance" in V._timing_verdict(t)
     assert V._timing_verdict({**t, "ok": True}) == "exact (10 steps, max |Δt| 1.400 ms)"
     assert V._timing_verdict({**t, "step_mismatches": 3}).startswith("NOT exact")
+    assert V._timing_verdict({**t, "idle_wake_max_ms": 7.26}).endswith(
+        "(engine time outside steps up to 1.200 ms; an idle engine noticed an arrival "
+        "7.260 ms late)")
+    assert V._timing_verdict({**t, "idle_wake_max_ms": 0.5}).endswith("up to 1.200 ms)")
 
 
 def test_table_says_which_figures_the_band_is_judged_for():
