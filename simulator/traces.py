@@ -24,7 +24,7 @@ prompt segment ``(("user", request_id), prompt_tokens)``.
 
 Bad files raise :class:`simulator.errors.InputError` with ``file:line: what is wrong``; a
 missing file, a time_scale past what int64 ns hold and a window that keeps no request raise
-:class:`simulator.files.KeyedInputError` naming their ``workload.trace`` key.
+:class:`simulator.errors.KeyedInputError` naming their ``workload.trace`` key.
 """
 
 from __future__ import annotations

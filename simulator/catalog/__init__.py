@@ -4,7 +4,7 @@ A model is given by catalog name, by the path of a Hugging Face ``config.json`` 
 holding one) or by an inline mapping of HF config keys; :func:`load_model` turns any of them
 into a :class:`ModelShape`. :func:`load_hardware` returns a :class:`HardwareSpec`. Unknown
 names raise :class:`simulator.errors.InputError` listing the known ones; a bad model spec
-raises :class:`simulator.files.KeyedInputError` naming the ``model`` key (inside an inline
+raises :class:`simulator.errors.KeyedInputError` naming the ``model`` key (inside an inline
 mapping, the key at fault) so a scenario can give the key's line.
 """
 
@@ -18,8 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import InputError
-from ..errors import KeyedInputError
+from ..errors import InputError, KeyedInputError
 from ..files import DuplicateKeyError, load_json, load_yaml
 
 _HERE = Path(__file__).resolve().parent
