@@ -33,7 +33,11 @@ class Replica:
         env: the SimPy environment (integer ns clock).
         index: replica number (0-based), written into every record.
         config: scheduler / KV cache configuration.
-        cost_model: object with ``step_time_ns(plan) -> int``.
+        cost_model: object with ``step_time_ns(plan) -> int``; optionally
+            ``intake_ns(plan) -> int``, ns from a step's start to the moment its batch is
+            scheduled (the engine taking in the arrivals it saw; called, for steps that
+            admit or preempt, before ``step_time_ns`` prices the same plan), which moves
+            first-scheduled times only.
         metrics: collector with ``record_request``, ``record_itl``, ``itl_appenders``,
             ``record_step`` (:class:`simulator.metrics.MetricsCollector`).
         on_finish: callback ``(request, finish_ns)`` for finished requests (sessions).
@@ -63,6 +67,7 @@ class Replica:
         self._pool = self.scheduler.kv.pool
         self._itl_gap, self._itl_cnt = metrics.itl_appenders()
         self._record_step = metrics.record_step
+        self._intake_ns = getattr(cost_model, "intake_ns", None)
         self.process = env.process(self._run())
 
     @property
@@ -247,8 +252,8 @@ class Replica:
             t0 = t1
 
     def _note_scheduled(self, plan, t0: int) -> None:
-        """First-scheduled times and preempted requests' last token times of a step that
-        starts at ``t0``.
+        """First-scheduled times (``t0`` plus the cost model's intake, if it has one) and
+        preempted requests' last token times of a step that starts at ``t0``.
 
         Raises:
             RuntimeError: an empty step while requests are unfinished (a scheduler bug).
@@ -257,11 +262,12 @@ class Replica:
         if not plan.num_scheduled_tokens:
             raise RuntimeError(f"replica {self.index}: scheduler made an empty step with "
                                f"{sched.num_waiting} waiting, {sched.num_running} running")
+        ts = t0 if self._intake_ns is None else t0 + self._intake_ns(plan)
         for e in plan.prefills:
             if e.admitted:
                 rec = e.request.record
                 if rec.first_scheduled_ns is None:
-                    rec.first_scheduled_ns = t0
+                    rec.first_scheduled_ns = ts
         for r in plan.preempted:
             if r.num_output_tokens:
                 # Its last token came out of the previous step, which ended at t0.

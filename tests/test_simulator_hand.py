@@ -65,3 +65,40 @@ def test_hand_timeline_in_requests_csv(scenario, capsys):
     assert s["goodput"] == pytest.approx(3 / 0.040)
     assert s["slo_met"] is False
     assert "report:" in capsys.readouterr().out
+
+
+class _Intake:
+    """10 ms steps of which the first 3 ms, in steps that admit, take in arrivals."""
+
+    num_gpu_blocks, label, kv_note, profile = None, "hand intake", "", None
+
+    def step_time_ns(self, plan):
+        return 10_000_000
+
+    def intake_ns(self, plan):
+        return 3_000_000
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_intake_moves_first_scheduled_only(exact):
+    """A cost model's intake delays a step's scheduled time within the step, nothing else.
+
+    A (16-token prompt, 2 tokens) arrives at 0, B (16, 1) at 5 ms. Step [0, 10): A's
+    prefill, scheduled at 0 + 3 ms, first token at 10. Step [10, 20): A's decode and B's
+    prefill (B arrived before 10), B scheduled at 13; both finish at 20."""
+    from simulator.policy import RequestSpec
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+    sc = scenario_from_dict({
+        "name": "intake", "model": "llama-test", "hardware": {"step_time": {"constant_s": 1}},
+        "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256,
+                   "enable_prefix_caching": False},
+        "workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": 1},
+                     "prompt_tokens": {"dist": "fixed", "value": 16},
+                     "output_tokens": {"dist": "fixed", "value": 1}},
+        "sim": {"exact_steps": exact, "warmup_requests": 0}})
+    specs = [RequestSpec("A", 0, (("a", 16),), 2), RequestSpec("B", 5_000_000, (("b", 16),), 1)]
+    req = simulate(sc, specs=specs, cost_models=[_Intake()]).requests.set_index("request_id")
+    got = {r: [round(req.loc[r, f"{k}_s"] * 1e3, 6) for k in
+               ("arrival", "first_scheduled", "first_token", "finish")] for r in "AB"}
+    assert got == {"A": [0, 3, 10, 20], "B": [5, 13, 20, 20]}
