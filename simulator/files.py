@@ -131,11 +131,13 @@ def missing_file(path: Path) -> str:
 
 
 def check_folder(path: str | Path, flag: str) -> None:
-    """Refuse, before any work, an output folder that cannot be one: ``path`` is a file,
-    or a folder above it is.
+    """Refuse, before any work, an output folder that cannot be one: ``path`` is a file, a
+    folder above it is, or the folder (else the nearest existing one above it, where it
+    would be created) takes no new file. Creates nothing.
 
     Raises:
-        InputError: ``<flag> <path>: <which> is a file, not a folder``.
+        InputError: ``<flag> <path>: <which> is a file, not a folder``, or ``<flag> <path>:
+            cannot write there (<reason>)``.
     """
     p = Path(path)
     for q in (p, *p.parents):
@@ -143,6 +145,10 @@ def check_folder(path: str | Path, flag: str) -> None:
             if not q.is_dir():
                 raise InputError(f"{flag} {path}: {'it' if q == p else q} is a file, not a "
                                  f"folder")
+            try:
+                tempfile.TemporaryFile(dir=q).close()
+            except OSError as e:
+                raise InputError(f"{flag} {path}: cannot write there ({e.strerror})") from None
             return
 
 

@@ -476,25 +476,27 @@ def write_files(out_dir, contents: dict, flag: str = "--out",
     """
     out = Path(out_dir)
     check_folder(out, flag)
+    # Staged where the files end up, so every rename stays on one filesystem (an existing
+    # out_dir may be a mount point: a volume, a tmpfs).
+    existing = out.is_dir()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp",
+                                    dir=out if existing else out.parent))
     except OSError as e:
-        raise InputError(f"{flag} {out}: cannot create it ({e.strerror})") from e
+        raise InputError(f"{flag} {out}: cannot write there ({e.strerror})") from e
     try:
         for name, data in contents.items():
             (tmp / name).write_bytes(data)
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, out)   # a new (or empty) out_dir appears complete in one step
-        except OSError:
-            if not out.is_dir():
-                raise
+        if existing:
             for name in contents:
                 os.replace(tmp / name, out / name)
             for name in stale:
                 if name not in contents:
                     (out / name).unlink(missing_ok=True)
+        else:
+            os.chmod(tmp, 0o755)
+            os.rename(tmp, out)   # a new out_dir appears complete in one step
     except OSError as e:
         raise InputError(f"{flag} {out}: cannot write it ({e.strerror})") from e
     finally:
@@ -514,11 +516,12 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
     ``report.html``, and ``replications.json`` when ``replications`` (from
     :func:`simulator.metrics.combine_replications`) is given.
 
-    Everything is built in a temporary directory beside ``out_dir``; a new ``out_dir`` is
-    then renamed into place in one step, an existing one has each file replaced by an
-    atomic rename, and a ``replications.json`` or ``diagnosis.json`` of an earlier run
-    that this one does not write is removed. On any error the temporary directory is
-    removed and nothing half-written is left.
+    Everything is built in a temporary directory beside a new ``out_dir``, which is then
+    renamed into place in one step, or inside an existing one (so that a mount point
+    works), whose files are then each replaced by an atomic rename; a
+    ``replications.json`` or ``diagnosis.json`` of an earlier run that this one does not
+    write is removed. On any error the temporary directory is removed and nothing
+    half-written is left.
 
     Args:
         out_dir: output directory (created with its parents if missing).

@@ -193,3 +193,43 @@ def test_report_meta_shows_resolved_engine_knobs():
     # unset in the file: vLLM derives max_model_len from the model, blocks from memory
     assert f"max_model_len={load_model('llama-3.1-8b').max_position_embeddings}" in engine
     assert "num_gpu_blocks=from the KV cache memory" in engine and "None" not in engine
+
+
+def test_an_existing_out_dir_on_another_filesystem_is_written(tmp_path, result, monkeypatch):
+    # A mount point (a volume, a tmpfs) at out: a rename between it and its parent fails
+    # with EXDEV, so the files must be staged inside it.
+    import errno
+    import os
+    out = tmp_path / "mnt"
+    out.mkdir()
+
+    def inside(p):
+        p = os.path.abspath(p)
+        return p == str(out) or p.startswith(str(out) + os.sep)
+
+    for name in ("rename", "replace"):
+        real = getattr(os, name)
+
+        def move(src, dst, _real=real):
+            if inside(src) != inside(dst):
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+            return _real(src, dst)
+        monkeypatch.setattr(report.os, name, move)
+    paths = write_run_outputs(out, result, title="t", meta={})
+    assert sorted(p.name for p in out.iterdir()) == sorted(paths)
+    assert "summary.json" in paths and "report.html" in paths
+
+
+def test_a_folder_that_takes_no_file_is_refused_before_any_work(tmp_path, result,
+                                                                 monkeypatch):
+    from simulator import files
+
+    def read_only(*args, **kwargs):   # root ignores permission bits: say it outright
+        raise OSError(30, "Read-only file system")
+    monkeypatch.setattr(files.tempfile, "TemporaryFile", read_only)
+    with pytest.raises(InputError, match=f"^--out {tmp_path}/new: cannot write there "
+                                         r"\(Read-only file system\)$"):
+        files.check_folder(tmp_path / "new", "--out")
+    with pytest.raises(InputError, match="cannot write there"):
+        write_run_outputs(tmp_path / "new", result, title="t", meta={})
+    assert list(tmp_path.iterdir()) == []
