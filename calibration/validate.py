@@ -659,26 +659,40 @@ def _in_band(measured: list, low: list, high: list, path) -> tuple:
 
 # == the whole validation ===================================================================
 
+# Bounds of the validation flags: a validation takes minutes to hours of wall clock (each
+# load and replication serves ``--seconds`` of arrivals in real time), and the saturation
+# figure counts finishes between the 10th and 90th percentile (at least 5 of them).
+MIN_LOAD, MAX_LOAD = 0.01, 1.5
+MAX_REPLICATIONS = 100
+MAX_SECONDS_PER_LOAD = 3600.0
+MIN_SATURATION_REQUESTS, MAX_SATURATION_REQUESTS = 5, 100_000
+
+
 def check_validation_args(scenario, loads, replications: int, seconds_per_load: float = 1.0,
                           saturation_requests: int | None = None) -> None:
     """What every validation needs, checked before any engine starts.
 
     Raises:
-        InputError: more than one replica, loads outside (0, 1.5], replications < 1,
-            seconds per load not a positive finite number, saturation requests < 1.
+        InputError: more than one replica, or a flag outside its bounds (the constants
+            above): loads in [0.01, 1.5], replications in [1, 100], seconds per load in
+            (0, 3600], saturation requests in [5, 100000].
     """
     if scenario.cluster.replicas != 1:
         raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
                          f"engine; set 1")
-    if not loads or any(not 0 < x <= 1.5 for x in loads):
-        raise InputError(f"--loads: fractions of saturation in (0, 1.5], got {list(loads)}")
-    if replications < 1:
-        raise InputError(f"--replications: must be >= 1, got {replications}")
-    if not (math.isfinite(seconds_per_load) and seconds_per_load > 0):
-        raise InputError(f"--seconds: seconds of arrivals per load, a positive number; got "
-                         f"{seconds_per_load}")
-    if saturation_requests is not None and saturation_requests < 1:
-        raise InputError(f"--saturation-requests: must be >= 1, got {saturation_requests}")
+    if not loads or any(not MIN_LOAD <= x <= MAX_LOAD for x in loads):
+        raise InputError(f"--loads: fractions of saturation in [{MIN_LOAD:g}, {MAX_LOAD:g}], "
+                         f"got {list(loads)}")
+    if not 1 <= replications <= MAX_REPLICATIONS:
+        raise InputError(f"--replications: 1 to {MAX_REPLICATIONS}, got {replications}")
+    if not (math.isfinite(seconds_per_load) and 0 < seconds_per_load <= MAX_SECONDS_PER_LOAD):
+        raise InputError(f"--seconds: seconds of arrivals per load, in (0, "
+                         f"{MAX_SECONDS_PER_LOAD:g}]; got {seconds_per_load}")
+    if saturation_requests is not None and not (
+            MIN_SATURATION_REQUESTS <= saturation_requests <= MAX_SATURATION_REQUESTS):
+        raise InputError(f"--saturation-requests: {MIN_SATURATION_REQUESTS} to "
+                         f"{MAX_SATURATION_REQUESTS} (throughput is counted between the 10th "
+                         f"and 90th percentile finishes), got {saturation_requests}")
 
 
 def measure_fidelity(sc1, base, timed, *, loads, replications: int,
@@ -819,7 +833,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         replication: measured and predicted TTFT/TPOT/E2EL samples in ms).
 
     Raises:
-        InputError: more than one replica, loads outside (0, 1.5], replications < 1.
+        InputError: more than one replica, or a flag outside its bounds
+            (:func:`check_validation_args`).
     """
     import platform
 
@@ -1002,32 +1017,28 @@ def markdown_table(result: dict) -> str:
 
 def write_outputs(result: dict, out_dir) -> dict:
     """Write ``validation.json``, ``validation.md``, one CDF PNG per load and
-    ``validation.html`` into ``out_dir`` (each to a temp file, then renamed); returns the
-    paths."""
+    ``validation.html`` into ``out_dir`` atomically (:func:`simulator.report.write_files`);
+    returns file name -> path.
+
+    Raises:
+        InputError: ``out_dir`` cannot be written (``--out ...``).
+    """
     import base64
     import html as html_lib
     import io
     import json
-    from pathlib import Path
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from simulator.report import write_files
 
-    def put(name, data: bytes):
-        tmp = out / (name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(out / name)
-        return out / name
-
-    paths = {}
+    files = {}
     body = {k: v for k, v in result.items() if k != "cdf"}
-    paths["json"] = put("validation.json", json.dumps(body, indent=1).encode())
+    files["validation.json"] = json.dumps(body, indent=1).encode()
     md = markdown_table(result)
-    paths["md"] = put("validation.md", md.encode())
+    files["validation.md"] = md.encode()
     imgs = []
     for c in result.get("cdf", []):
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
@@ -1046,8 +1057,7 @@ def write_outputs(result: dict, out_dir) -> dict:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=90)
         plt.close(fig)
-        name = f"cdf_load_{c['load']:g}.png"
-        paths[name] = put(name, buf.getvalue())
+        files[f"cdf_load_{c['load']:g}.png"] = buf.getvalue()
         imgs.append(base64.b64encode(buf.getvalue()).decode())
     esc = html_lib.escape
     meta = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>"
@@ -1066,8 +1076,8 @@ def write_outputs(result: dict, out_dir) -> dict:
             + "".join(f"<p>{esc(x)}</p>" for x in other)
             + f"<table>{''.join(rows)}</table>"
             + "".join(f"<p><img src='data:image/png;base64,{b}'></p>" for b in imgs))
-    paths["html"] = put("validation.html", html.encode())
-    return paths
+    files["validation.html"] = html.encode()
+    return write_files(out_dir, files)
 
 
 def add_parser(subparsers) -> None:

@@ -8,6 +8,7 @@ import torch
 
 from calibration import validate as V
 from calibration.engine.weights import random_model
+from simulator import files
 from simulator.cost_model import build_cost_model
 from simulator.scenario import scenario_from_dict
 
@@ -282,19 +283,31 @@ def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
         engine_name="the engine"))
 
 
+def _read_only(*args, **kwargs):
+    raise OSError(30, "Read-only file system")
+
+
 @pytest.mark.parametrize("flags, field", [(["--out", "FILE/x"], "is a file, not a folder"),
                                           (["--seconds", "-1"], "--seconds"),
                                           (["--seconds", "nan"], "--seconds"),
-                                          (["--saturation-requests", "0"],
-                                           "--saturation-requests")])
-def test_validate_refuses_bad_durations_before_serving(flags, field, tmp_path, capsys):
+                                          (["--seconds", "1e12"], "in (0, 3600]"),
+                                          (["--saturation-requests", "4"],
+                                           "--saturation-requests: 5 to 100000"),
+                                          (["--replications", "101"], "1 to 100"),
+                                          (["--loads", "1e-9"], "in [0.01, 1.5]"),
+                                          (["--out", "RO/x"], "cannot write there")])
+def test_validate_refuses_bad_flags_before_serving(flags, field, tmp_path, capsys,
+                                                   monkeypatch):
     from simulator.cli import main
     import yaml
     y = tmp_path / "s.yaml"
     y.write_text(yaml.safe_dump(SCENARIO))
     out = tmp_path / "v"
     (tmp_path / "FILE").write_text("x")
-    flags = [str(tmp_path / a) if a.startswith("FILE") else a for a in flags]
+    (tmp_path / "RO").mkdir()
+    if "RO/x" in flags:   # a read-only folder (root ignores permission bits, so say so)
+        monkeypatch.setattr(files.tempfile, "TemporaryFile", _read_only)
+    flags = [str(tmp_path / a) if a.startswith(("FILE", "RO")) else a for a in flags]
     assert main(["validate", "--scenario", str(y), "--no-quiet-wait", "--out", str(out),
                  *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()

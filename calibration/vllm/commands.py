@@ -278,8 +278,8 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
         ``engine_knobs`` = every logged vLLM knob, and ``foreign_cpu_pct`` per timed run).
 
     Raises:
-        InputError: vLLM missing, more than one replica, loads outside (0, 1.5],
-            replications < 1.
+        InputError: vLLM missing, more than one replica, or a flag outside its bounds
+            (:func:`calibration.validate.check_validation_args`).
     """
     ver = require_vllm()
     import torch
