@@ -225,6 +225,7 @@ class PlanRow:
     costs: dict = field(default_factory=dict)
     costs_ci95: dict = field(default_factory=dict)
     mean_output_tokens: float | None = None
+    beyond_max_replicas: int | None = None   # replicas the target needs, past the cap
 
     @property
     def feasible(self) -> bool:
@@ -282,8 +283,9 @@ def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int =
                      tolerance: float = 0.02):
     """Generator: the fewest replicas meeting every SLO at ``target`` req/s behind the
     scenario's router, starting from the estimate ``start``: up while infeasible, down
-    while N − 1 is feasible. Returns ``(N or None, [{replicas, feasible, confident,
-    unstable, mean_ratio, ci95}], RateEval at N or None)``."""
+    while N − 1 is feasible; None past ``max_replicas`` (an estimate beyond it is not
+    simulated). Returns ``(N or None, [{replicas, feasible, confident, unstable,
+    mean_ratio, ci95}], RateEval at N or None)``."""
     kw = dict(min_replications=min_replications, max_replications=max_replications,
               tolerance=tolerance)
     tried: dict[int, Any] = {}
@@ -294,6 +296,8 @@ def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int =
         return tried[n].feasible
 
     n = start
+    if n > max_replicas:
+        return None, [], None
     while not (yield from ok(n)):
         n += 1
         if n > max_replicas:
@@ -358,6 +362,11 @@ def plan(scenario, executor, *, target_rate: float | None = None,
         return (r.costs.get("cost_per_hour") if r.costs.get("cost_per_hour") is not None
                 else math.inf, r.replicas or 0)
 
+    for r in rows:   # an estimate beyond the largest deployment considered is no plan
+        if r.replicas is not None and r.replicas > cfg.max_replicas:
+            r.beyond_max_replicas = r.replicas
+            r.replicas = r.replicas_ci95 = None
+            r.costs, r.costs_ci95 = {}, {}
     feasible = sorted((r for r in rows if r.feasible), key=cost)
     best = None
     if confirm:
@@ -416,6 +425,8 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
             "tpot_p99_ci95": _get(op, ("tpot_ms", "p99", "ci95")),
             "cost_kind": c.cost_kind,
             "status": (c.error or (s.note if s and s.max_rate == 0 else None)
+                       or (f"needs {r.beyond_max_replicas:,} replicas (> plan.max_replicas)"
+                           if r.beyond_max_replicas else None)
                        or ("cheapest feasible" if r is result.best else
                            "feasible" if r.feasible else "infeasible")),
         })
@@ -452,8 +463,10 @@ def closest_miss(result: PlanResult) -> dict | None:
 
     Returns:
         ``{"row": PlanRow, "per_replica": bool`` (met on one replica), ``"ratio"``
-        (worst SLO value / threshold), ``"rate"`` (req/s: per replica, or the target for a
-        deployment), ``"replicas"`` (deployment size; 1 for a per-replica run),
+        (worst SLO value / threshold; inf when the target needs more than
+        ``plan.max_replicas`` replicas), ``"rate"`` (req/s: per replica, or the target for
+        a deployment), ``"replicas"`` (deployment size, or the estimate past
+        ``plan.max_replicas``; 1 for a per-replica run),
         ``"slo"``, ``"value"``, ``"threshold"`` (the worst SLO's name, mean value and
         threshold, ms or count; None when unknown)``}``.
     """
@@ -464,6 +477,12 @@ def closest_miss(result: PlanResult) -> dict | None:
         if r.search is None:
             continue
         met = r.search.max_rate > 0
+        if met and r.beyond_max_replicas:
+            found.append(((0, math.inf, i), {
+                "row": r, "per_replica": True, "ratio": math.inf,
+                "rate": result.target_rate, "replicas": r.beyond_max_replicas,
+                "slo": None, "value": None, "threshold": None}))
+            continue
         if met and r.confirmation:
             t = min(r.confirmation, key=lambda c: (c["mean_ratio"], c["replicas"]))
             if math.isfinite(t["mean_ratio"]):
@@ -491,6 +510,11 @@ def closest_text(miss: dict, max_replicas: int) -> str:
     from .report import fmt_number
 
     label = miss["row"].candidate.label
+    if miss["per_replica"] and math.isinf(miss["ratio"]):
+        return (f"closest: {label} meets every SLO on one replica up to "
+                f"{fmt_number(miss['row'].search.max_rate, 3)} req/s, but "
+                f"{fmt_number(miss['rate'], 3)} req/s needs about {miss['replicas']:,} "
+                f"replicas, more than plan.max_replicas ({max_replicas})")
     if miss["per_replica"]:
         return (f"closest: {label} meets every SLO on one replica, but no deployment of up "
                 f"to {max_replicas} replicas did at {fmt_number(miss['rate'], 3)} req/s "

@@ -238,7 +238,7 @@ def _cmd_plan(args) -> int:
     if res.best is not None:
         cost = res.best.costs.get("cost_per_hour")
         print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s), "
-              + (f"{cost} USD/h" if cost is not None else "no price for this hardware"))
+              + (f"{cost:.2f} USD/h" if cost is not None else "no price for this hardware"))
         print(f"report: {paths['report.html']}")
         return 0
     miss = closest_miss(res)

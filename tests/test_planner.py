@@ -546,3 +546,25 @@ def test_a_price_for_a_gpu_no_candidate_runs_on_names_its_key(tmp_path):
     p.write_text(p.read_text().replace(", h100: 1.5", ""))
     (c,) = expand_candidates(load_scenario(p))
     assert c.price_per_replica_hour == 2.0
+
+
+def test_a_target_beyond_max_replicas_is_no_plan_and_is_not_simulated():
+    # One replica serves at most 25 req/s (max_num_seqs 2, 8 tokens of 10 ms): 1e6 req/s
+    # needs tens of thousands of replicas, past plan.max_replicas (64); the deployment is
+    # not simulated (it would not fit in memory) and the table says what it would need.
+    from simulator.planner import closest_miss, closest_text
+    cfg = {"target_rate": 1e6, "max_replications": 2}
+    sc = scenario(out=8, n=500, slo={"ttft_ms": {"p99": 150}}, engine={"max_num_seqs": 2},
+                  plan_cfg=cfg, price=2.0)
+    with make_executor("serial") as ex:
+        res = plan(sc, ex)
+    row = res.rows[0]
+    need = replicas_needed(1e6, row.search.max_rate)
+    assert need > 64 and row.beyond_max_replicas == need
+    assert res.best is None and row.replicas is None and row.confirmation == []
+    assert list(plan_table(res)["status"]) == [f"needs {need:,} replicas (> plan.max_replicas)"]
+    from simulator.report import fmt_number
+    assert closest_text(closest_miss(res), 64) == (
+        f"closest: scenario as given meets every SLO on one replica up to "
+        f"{fmt_number(row.search.max_rate, 3)} req/s, but 1000000 req/s needs about "
+        f"{need:,} replicas, more than plan.max_replicas (64)")
