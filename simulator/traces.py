@@ -228,6 +228,11 @@ def _arrivals_ns(values: pd.Series, lines, path: Path, name: str, unit: str) -> 
         ns = _timestamps_ns(values, lines, path, name)
     else:
         num = _numbers(values, lines, path, name, integer=False, minimum=0)
+        over = np.flatnonzero(num * _UNIT_NS[unit] >= 2.0 ** 62)   # int64 ns: ~146 years
+        if over.size:
+            i = int(over[0])
+            raise InputError(f"{path}:{lines[i]}: {name}: {values.iloc[i]!r} {unit} is beyond "
+                             f"the 4.6e9 s a run can hold")
         ns = np.rint(num * _UNIT_NS[unit]).astype(np.int64)
     back = np.flatnonzero(np.diff(ns) < 0)
     if back.size:

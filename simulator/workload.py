@@ -370,6 +370,8 @@ def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarra
 
     Raises:
         ValueError: a closed-loop config (it has no arrival times; requests follow finishes).
+        KeyedInputError: ``workload.arrival.rate`` so low that the arrivals overflow the
+            int64 ns clock.
     """
     if isinstance(arrival_cfg, ClosedLoopArrival):
         raise ValueError("closed_loop arrivals follow request finishes; no times to draw")
@@ -386,6 +388,10 @@ def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarra
     t = np.cumsum(gaps)
     if arrival_cfg.normalize_duration and n and t[-1] > 0:
         t *= (n / rate) / t[-1]
+    if n and t[-1] * NS_PER_S >= 2.0 ** 62:   # int64 ns: ~146 years
+        raise KeyedInputError("workload.arrival.rate", f"{rate:g} req/s spreads {n} "
+                              f"arrivals over {t[-1]:.3g} s, beyond the 4.6e9 s a run can "
+                              f"hold", depends=("workload.num_requests",))
     return np.rint(t * NS_PER_S).astype(np.int64)
 
 

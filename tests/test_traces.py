@@ -147,6 +147,14 @@ def test_out_of_order_arrivals_name_the_first_late_line(tmp_path, fmt, unit, tex
     assert "\n" not in msg and "arrival order" in msg
 
 
+def test_an_arrival_beyond_the_clock_names_its_line(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("ts,in,out\n0,10,3\n1e300,20,4\n")
+    with pytest.raises(InputError, match=rf"^{f}:3: ts: '1e300' ms is beyond the 4\.6e9 s a "
+                                         r"run can hold$"):
+        read_trace(trace(path=str(f), format="csv", arrival_unit="ms", columns=COLS))
+
+
 def test_out_of_order_mooncake_and_azure(tmp_path):
     m = tmp_path / "m.jsonl"
     m.write_text('{"timestamp": 10, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'

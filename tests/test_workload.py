@@ -448,7 +448,7 @@ def test_no_silent_coercion_of_strings_or_booleans_into_numbers(key, value):
      "  prompt_tokens: {dist: fixed, value: 5}\n",
      "workload.arrival.think_time_s.path"),
 ])
-def test_a_missing_empirical_file_names_its_key_and_line(tmp_path, section, key):
+def test_a_missing_empirical_file_names_its_key_and_line(tmp_path, monkeypatch, section, key):
     # it read 'none.csv: file not found (empirical distribution)': no scenario, no key
     from simulator.run import simulate
     from simulator.scenario import load_scenario
@@ -463,7 +463,17 @@ def test_a_missing_empirical_file_names_its_key_and_line(tmp_path, section, key)
     assert str(e.value) == (f"w.yaml:{line}: {key}: {tmp_path / 'none.csv'}: file not "
                             f"found (empirical distribution)")
     y.write_text(y.read_text().replace("none.csv", "lens.csv"))
+    monkeypatch.chdir(tmp_path)   # a path typed in a flag is relative to the current folder
     with pytest.raises(InputError) as e:
         simulate(load_scenario(y, [f"{key}=gone.csv"]))
     assert str(e.value) == (f"--set {key}=gone.csv: {tmp_path / 'gone.csv'}: file not "
                             f"found (empirical distribution)")
+
+
+def test_a_rate_so_low_that_the_arrivals_overflow_the_clock_names_the_rate():
+    from simulator.errors import KeyedInputError
+    with pytest.raises(KeyedInputError) as e:
+        build_workload(cfg(num_requests=3000, arrival={"process": "poisson", "rate": 1e-9}))
+    assert e.value.key == "workload.arrival.rate"
+    assert re.fullmatch(r"1e-09 req/s spreads 3000 arrivals over \S+ s, beyond the 4\.6e9 s "
+                        r"a run can hold", e.value.detail)
