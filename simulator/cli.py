@@ -65,7 +65,7 @@ def _cmd_run(args) -> int:
             scenario, progress=lambda done, total: bar.update(task, completed=done,
                                                               total=total))
     from .diagnosis import diagnose
-    paths = write_run_outputs(out, results[0], title=scenario.name, meta=report_meta(scenario),
+    paths = write_run_outputs(out, results[0], title=scenario.name, meta=report_meta(scenario, results[0].summary),
                               replications=combined, diagnosis=diagnose(scenario, results[0]))
     print_summary(results[0], replications=combined)
     print(f"report: {paths['report.html']}")

@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from .executors import job_output, offered_rate
+from .run import max_model_len_text
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
 #: engine makes every arrival wait for the running step, so some queueing is inherent).
@@ -145,9 +146,12 @@ def find_limits(scenario, result) -> dict:
             f"cluster.replicas={2 * nrep}"))
     rejected = s.get("rejected") or 0
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
+        capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len
         found.insert(0, _finding(
             "max_model_len", f"{rejected} requests rejected: prompt longer than "
-            f"max_model_len {scenario.max_model_len}",
+            f"max_model_len {max_model_len_text(scenario, s)}",
+            "give the KV cache more memory (gpu_memory_utilization, a GPU with more memory, "
+            "tensor_parallel) or cap prompts upstream" if capped else
             "raise max_model_len (the KV cache must hold one such request) or cap prompts "
             "upstream", None))
     itl = s.get("itl_ms") or {}

@@ -91,6 +91,7 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
         "kv_note": cost.kv_note,
         "num_gpu_blocks": config.num_gpu_blocks,
         "block_size": config.block_size,
+        "max_model_len": config.max_model_len,   # a default one capped to the KV cache
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "prefix_cache_queried_tokens": queries,
         "prefix_cache_hit_tokens": hits,
@@ -101,8 +102,19 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
     return metrics.finalize(slo=scenario.slo.model_dump(exclude_none=True), extra=extra)
 
 
-def report_meta(scenario) -> dict:
-    """Run facts shown at the top of a report (not part of summary.json)."""
+def max_model_len_text(scenario, summary: dict | None = None) -> str:
+    """The max_model_len a run served with (``summary["max_model_len"]``, else the
+    scenario's), saying so when the default was capped to what the KV cache holds."""
+    used = (summary or {}).get("max_model_len") or scenario.max_model_len
+    if used != scenario.max_model_len:
+        return (f"{used} (the default, {scenario.max_model_len}, capped to what the KV cache "
+                f"holds)")
+    return str(used)
+
+
+def report_meta(scenario, summary: dict | None = None) -> dict:
+    """Run facts shown at the top of a report (not part of summary.json); ``summary``
+    (a run's) gives the max_model_len it served with."""
     hw = scenario.hardware
     e = scenario.engine
     wl = scenario.workload
@@ -116,7 +128,7 @@ def report_meta(scenario) -> dict:
         "engine": ", ".join(f"{k}={v}" for k, v in {
             **e.model_dump(), "max_num_seqs": scenario.max_num_seqs,
             "max_num_batched_tokens": scenario.max_num_batched_tokens,
-            "max_model_len": scenario.max_model_len,
+            "max_model_len": max_model_len_text(scenario, summary),
             "num_gpu_blocks": ("from the KV cache memory (see KV cache)"
                                if e.num_gpu_blocks is None else e.num_gpu_blocks)}.items()),
         "cluster": f"{scenario.cluster.replicas} replica(s), router {scenario.cluster.router}",

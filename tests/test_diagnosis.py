@@ -142,3 +142,22 @@ def test_when_every_request_is_rejected_the_rejections_are_the_only_finding():
     d = diagnose(sc({"max_num_seqs": 8}, {"constant_s": 0.01}, 5.0, prompt=4096, n=50), res)
     assert [f["limit"] for f in d["findings"]] == ["max_model_len"]
     assert d["binding"] == "max_model_len" and d["queued"] is False
+
+
+def test_a_default_max_model_len_capped_to_the_kv_cache_is_the_one_named():
+    # llama-test's default max_model_len (its max_position_embeddings) does not fit in 33
+    # blocks of 16: vLLM would refuse to start; servesim caps it to 32 × 16 = 512 tokens,
+    # and a 600-token prompt is rejected against that, not against the default.
+    s = scenario_from_dict({
+        "name": "d", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_num_seqs": 8, "num_gpu_blocks": 33},
+        "workload": {"seed": 0, "num_requests": 5, "arrival": {"process": "poisson", "rate": 5},
+                     "prompt_tokens": {"dist": "fixed", "value": 600},
+                     "output_tokens": {"dist": "fixed", "value": 4}}})
+    assert s.max_model_len > 512
+    res = simulate(s)
+    assert res.summary["rejected"] == 5 and res.summary["max_model_len"] == 512
+    f = diagnose(s, res)["findings"][0]
+    assert f["evidence"] == (f"5 requests rejected: prompt longer than max_model_len 512 (the "
+                             f"default, {s.max_model_len}, capped to what the KV cache holds)")
+    assert f["knob"].startswith("give the KV cache more memory")
