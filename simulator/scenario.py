@@ -475,18 +475,23 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
         raise InputError(f"{name}: a scenario is a mapping of keys (name, model, hardware, "
                          f"...), got {type(raw).__name__}")
     raw.setdefault("name", path.stem)
-    return scenario_from_dict(raw, path.parent, overrides=overrides, source=name, text=text)
+    return scenario_from_dict(raw, path.parent, overrides=overrides, source=name, text=text,
+                              overrides_cwd=Path.cwd())
 
 
 def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
                        overrides: typing.Sequence[str] = (),
-                       source: str = "<scenario>", text: str | None = None) -> Scenario:
+                       source: str = "<scenario>", text: str | None = None,
+                       overrides_cwd: Path | None = None) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario` (tests, programmatic use).
 
     Args:
         d: the raw mapping (not modified).
         base_dir: folder relative paths resolve against.
         overrides: ``key.path=value`` strings, applied before validation.
+        overrides_cwd: the folder relative paths in ``overrides`` resolve against (the
+            command line's current directory), instead of ``base_dir``
+            (:func:`apply_overrides`).
         source: name used in error messages.
         text: the YAML ``d`` was read from; errors then give the key's line
             (``source:LINE: key.path: ...``).
@@ -494,7 +499,7 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
     Raises:
         InputError: as :func:`load_scenario`.
     """
-    raw, origins = apply_overrides(d, overrides)
+    raw, origins = apply_overrides(d, overrides, overrides_cwd)
     try:
         sc = Scenario.model_validate(raw)
     except ValidationError as e:
@@ -559,8 +564,26 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     return parts, value
 
 
-def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dict]:
-    """Apply ``key.path=value`` overrides to a deep copy of ``d``.
+def _from_cwd(parts: tuple, val, cwd: Path):
+    """``val`` (set at key path ``parts``) with its relative file paths made relative to
+    ``cwd``: a ``path`` key (a trace, an empirical distribution), and a ``hardware.profile``
+    or ``model`` that names a file or folder rather than a catalog entry (it has a ``/``
+    or a YAML/JSON suffix); inside a mapping too."""
+    if isinstance(val, dict):
+        return {k: _from_cwd((*parts, str(k)), v, cwd) for k, v in val.items()}
+    if not isinstance(val, str) or not val:
+        return val
+    if parts[-1] == "path" or (parts in (("hardware", "profile"), ("model",)) and (
+            "/" in val or val.endswith((".yaml", ".yml", ".json")))):
+        return str(cwd / Path(val).expanduser())   # an absolute path stays as it is
+    return val
+
+
+def apply_overrides(d: dict, overrides: typing.Sequence[str],
+                    cwd: Path | None = None) -> tuple[dict, dict]:
+    """Apply ``key.path=value`` overrides to a deep copy of ``d``; with ``cwd``, a relative
+    file path among them (:func:`_from_cwd`) is made relative to ``cwd``: a path typed on
+    the command line means what the shell means by it.
 
     Returns:
         ``(new mapping, {key path tuple: override string})``.
@@ -577,7 +600,8 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
     for s in overrides:
         parts, value = split_override(s, origins)
         if not value.strip():  # a typo must not quietly reset a knob; null says it outright
-            raise InputError(f"--set {s}: empty value (write null to use the default)")
+            raise InputError(f"--set {s}: empty value (give one; null unsets a key that may "
+                             f"be unset)")
         try:
             val = load_yaml(value)
         except yaml.YAMLError as e:
@@ -590,7 +614,7 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str]) -> tuple[dict, dic
             node = node[p]
             if not isinstance(node, dict):
                 raise InputError(f"--set {s}: {'.'.join(parts[:i + 1])} is not a mapping")
-        node[parts[-1]] = val
+        node[parts[-1]] = val if cwd is None else _from_cwd(parts, val, cwd)
     return raw, origins
 
 

@@ -8,6 +8,7 @@ go to the executor as one batch.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,8 +25,9 @@ from .metrics import combine_replications
 
 # == deriving scenarios ====================================================================
 
-def derive(scenario, overrides: list[str]):
-    """``scenario`` with ``key.path=value`` overrides applied and revalidated.
+def derive(scenario, overrides: list[str], overrides_cwd=None):
+    """``scenario`` with ``key.path=value`` overrides applied and revalidated
+    (``overrides_cwd``: see :func:`simulator.scenario.scenario_from_dict`).
 
     Raises:
         InputError: as :func:`simulator.scenario.scenario_from_dict` (names the ``--set``).
@@ -36,7 +38,7 @@ def derive(scenario, overrides: list[str]):
         return scenario
     raw = scenario.model_dump(mode="python", exclude_none=True)
     sc = scenario_from_dict(raw, scenario.base_dir, overrides=list(overrides),
-                            source=scenario.source)
+                            source=scenario.source, overrides_cwd=overrides_cwd)
     # Keys the parent's file or flags gave keep their line or flag in later errors.
     sc._origins = {**scenario._origins, **sc._origins}
     sc._text = scenario._text
@@ -189,7 +191,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         InputError: a point that is not a valid scenario (names the ``--set``).
     """
     points = grid(axes)
-    scs = [derive(scenario, _point_overrides(p)) for p in points]
+    scs = [derive(scenario, _point_overrides(p), Path.cwd())   # values typed on the CLI
+           for p in points]
     jobs = [Job(sc, k) for sc in scs for k in range(sc.sim.replications)]
     outs = _run(jobs, executor, progress)
     rows, per_point = [], []

@@ -103,7 +103,9 @@ BAD_CASES = [
 
 
 @pytest.mark.parametrize("text,args,fragment", BAD_CASES)
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, text, args, fragment):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, text, args,
+                                                          fragment):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.csv").write_text(
         "TIMESTAMP,ContextTokens,GeneratedTokens\n"
         "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,oops,16\n")
@@ -118,7 +120,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, text, args, f
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("servesim: error:"), stderr
-    assert fragment in lines[0]
+    assert fragment.replace("{d}", str(tmp_path)) in lines[0]
     assert "Traceback" not in stderr
     assert not out.exists()
 
@@ -186,8 +188,9 @@ workload:
     (None, None, ["--set", "workload.trace.window_s=[50, 100]"],
      "--set workload.trace.window_s=[50, 100]: [50, 100) keeps no request"),
 ])
-def test_trace_errors_found_while_loading_name_the_key_line(tmp_path, capsys, old, new, args,
-                                                            expected):
+def test_trace_errors_found_while_loading_name_the_key_line(tmp_path, capsys, monkeypatch,
+                                                            old, new, args, expected):
+    monkeypatch.chdir(tmp_path)   # where a path typed in a flag is relative to
     (tmp_path / "t.csv").write_text("at,p,o\n0,10,5\n1,20,5\n2,30,5\n")
     p = tmp_path / "tr.yaml"
     p.write_text(TRACE_SCENARIO if old is None else TRACE_SCENARIO.replace(old, new))

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from simulator.errors import InputError
-from simulator.scenario import load_scenario, scenario_from_dict, scenario_json_schema
+from simulator.scenario import (apply_overrides, load_scenario, scenario_from_dict,
+                                scenario_json_schema)
 
 BASE = {
     "name": "chat",
@@ -233,6 +234,29 @@ def test_relative_model_path_resolves_against_scenario_folder(tmp_path):
     sc = load_scenario(p)
     assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
     assert sc.resolve_path("trace.csv") == tmp_path / "sub" / "trace.csv"
+
+
+def test_a_path_typed_in_a_flag_is_relative_to_the_current_directory(tmp_path, monkeypatch):
+    # In the file, relative to the file's folder; on the command line, to the shell's.
+    from simulator.catalog import load_model
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "config.json").write_text(
+        json.dumps(load_model("llama-tiny-56m").hf_config()))
+    (tmp_path / "sub").mkdir()
+    p = tmp_path / "sub" / "s.yaml"
+    p.write_text(yaml.safe_dump(BASE))
+    monkeypatch.chdir(tmp_path)
+    sc = load_scenario("sub/s.yaml", ["model=llama-tiny-56m"])
+    assert sc.model == "llama-tiny-56m"   # no "/": a catalog name, as typed
+    sc = load_scenario("sub/s.yaml", ["model=./models"])
+    assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
+    raw, _ = apply_overrides({}, ["hardware.profile=p/x.yaml", "workload.trace.path=/t.csv",
+                                  "workload.prompt_tokens={dist: empirical, path: l.csv}"],
+                             tmp_path)
+    assert raw == {"hardware": {"profile": str(tmp_path / "p" / "x.yaml")},
+                   "workload": {"trace": {"path": "/t.csv"},
+                                "prompt_tokens": {"dist": "empirical",
+                                                  "path": str(tmp_path / "l.csv")}}}
 
 
 def test_scheduler_config():
