@@ -1093,9 +1093,10 @@ def add_parser(subparsers) -> None:
                    help="override a scenario key")
     p.add_argument("--loads", default="0.3,0.6,0.9",
                    help="fractions of saturation throughput (default 0.3,0.6,0.9)")
-    p.add_argument("--replications", type=int, default=3)
+    p.add_argument("--replications", type=int, default=3,
+                   help="workloads per load, each with its own seed (default 3; 1 to 100)")
     p.add_argument("--seconds", type=float, default=60.0,
-                   help="seconds of arrivals per load (default 60)")
+                   help="seconds of arrivals per load (default 60; at most 3600)")
     p.add_argument("--saturation-requests", type=int,
                    help="burst size of the saturation run (default 4 × max_num_seqs)")
     p.add_argument("--front-end", action="store_true",
@@ -1153,17 +1154,19 @@ def _validate_command(args) -> int:
     from simulator.scenario import load_scenario
     if args.out:
         check_folder(args.out, "--out")
-    if args.backend == "servesim":
-        from .cli import require_torch
-        require_torch()
     overrides = list(args.set)
     if args.profile:
         overrides.append(f"hardware.profile={args.profile}")
     sc = load_scenario(args.scenario, overrides)
+    loads = parse_loads(args.loads)   # bad flags first, whatever is installed
+    check_validation_args(sc, loads, args.replications, args.seconds, args.saturation_requests)
+    if args.backend == "servesim":
+        from .cli import require_torch
+        require_torch()
     if args.backend == "vllm":
         from .vllm import commands
         commands.QUIET_WAIT = not args.no_quiet_wait
-        result = commands.validate_vllm(sc, parse_loads(args.loads), args.replications,
+        result = commands.validate_vllm(sc, loads, args.replications,
                                seconds_per_load=args.seconds,
                                saturation_requests=args.saturation_requests,
                                front_end=args.front_end, model_dir_arg=args.model_dir,
@@ -1173,7 +1176,7 @@ def _validate_command(args) -> int:
         print(markdown_table(result))
         print("wrote " + ", ".join(str(p) for p in paths.values()))
         return 0
-    result = validate(sc, parse_loads(args.loads), args.replications,
+    result = validate(sc, loads, args.replications,
                       seconds_per_load=args.seconds,
                       saturation_requests=args.saturation_requests,
                       front_end=args.front_end, quiet=not args.no_quiet_wait,

@@ -477,8 +477,8 @@ def closest_miss(result: PlanResult) -> dict | None:
         if r.search is None:
             continue
         met = r.search.max_rate > 0
-        if met and r.beyond_max_replicas:
-            found.append(((0, math.inf, i), {
+        if met and r.beyond_max_replicas:   # among these, the fewest replicas
+            found.append(((0, math.inf, r.beyond_max_replicas, i), {
                 "row": r, "per_replica": True, "ratio": math.inf,
                 "rate": result.target_rate, "replicas": r.beyond_max_replicas,
                 "slo": None, "value": None, "threshold": None}))
@@ -513,7 +513,7 @@ def closest_text(miss: dict, max_replicas: int) -> str:
     if miss["per_replica"] and math.isinf(miss["ratio"]):
         return (f"closest: {label} meets every SLO on one replica up to "
                 f"{fmt_number(miss['row'].search.max_rate, 3)} req/s, but "
-                f"{fmt_number(miss['rate'], 3)} req/s needs about {miss['replicas']:,} "
+                f"{miss['rate']:g} req/s needs about {miss['replicas']:,} "
                 f"replicas, more than plan.max_replicas ({max_replicas})")
     if miss["per_replica"]:
         return (f"closest: {label} meets every SLO on one replica, but no deployment of up "

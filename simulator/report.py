@@ -221,8 +221,10 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
                                                      "queue_ms"),
                               ("prefill (first scheduled → first token)", "prefill_ms"))]
     b.append(("table", "TTFT split, ms", ["part", "mean", "p50", "p99"], rows))
-    b.append(("p", f"Queueing is {_fmt(sp.get('queue_share'))} of mean TTFT. Binding "
-                   f"limit: **{_LIMITS.get(diag.get('binding'), diag.get('binding'))}**."))
+    share = sp.get("queue_share") if (sp.get("ttft_ms") or {}).get("mean") else None
+    b.append(("p", (f"Queueing is {_fmt(share)} of mean TTFT. " if share is not None else
+                    "No request got a first token: no TTFT to split. ")
+              + f"Binding limit: **{_LIMITS.get(diag.get('binding'), diag.get('binding'))}**."))
     found = diag.get("findings") or []
     if found:
         b.append(("table", None, ["limit", "evidence", "knob", "try"],
@@ -580,8 +582,9 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     console.print(lat)
     console.print(thr)
     if s.get("rejected"):
+        limit = f" {s['max_model_len']}" if s.get("max_model_len") else ""
         console.print(f"{_fmt(s['rejected'])} requests rejected (prompt longer than "
-                      f"engine.max_model_len): they count as SLO failures and are not in the "
+                      f"max_model_len{limit}): they count as SLO failures and are not in the "
                       f"latency figures.")
     if replications:
         n = max(((v.get("n") or 0) for v in replications.values()

@@ -154,8 +154,11 @@ slo: {ttft_ms: {p99: 500}}
 """)
     assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert ("7 requests rejected (prompt longer than engine.max_model_len): they count as "
+    assert ("7 requests rejected (prompt longer than max_model_len 512): they count as "
             "SLO failures") in out
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "No request got a first token: no TTFT to split. Binding limit: **prompts longer" \
+        in md and "Queueing is" not in md
 
 
 TRACE_SCENARIO = """name: tr

@@ -566,5 +566,5 @@ def test_a_target_beyond_max_replicas_is_no_plan_and_is_not_simulated():
     from simulator.report import fmt_number
     assert closest_text(closest_miss(res), 64) == (
         f"closest: scenario as given meets every SLO on one replica up to "
-        f"{fmt_number(row.search.max_rate, 3)} req/s, but 1000000 req/s needs about "
+        f"{fmt_number(row.search.max_rate, 3)} req/s, but 1e+06 req/s needs about "
         f"{need:,} replicas, more than plan.max_replicas (64)")

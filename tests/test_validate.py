@@ -360,3 +360,21 @@ def test_table_says_which_figures_the_band_is_judged_for():
     assert next(x for x in md if x.startswith("| 0.3 | TTFT p90 |")).endswith("|  |")
     assert any(x.startswith("'in MAPE band' is judged for TTFT p50, TTFT p99, TPOT p50")
                for x in md)
+
+
+def test_bad_flags_are_named_before_a_missing_torch(tmp_path, capsys, monkeypatch):
+    # a planner-only install (no torch) still hears what is wrong with its flags first
+    import importlib.util
+
+    import yaml
+    from simulator.cli import main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    y = tmp_path / "s.yaml"
+    y.write_text(yaml.safe_dump(SCENARIO))
+    args = ["validate", "--scenario", str(y), "--no-quiet-wait", "--out", str(tmp_path / "v")]
+    assert main([*args, "--seconds", "1e12"]) == 2
+    assert "--seconds" in capsys.readouterr().err
+    assert main(args) == 2
+    assert "needs torch" in capsys.readouterr().err
