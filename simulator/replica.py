@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import simpy
 
-from .policy import (Request, RequestRecord, RequestRejected, Scheduler, SchedulerConfig,
-                     StepPlan)
+from .policy import (MAX_TIME_NS, Request, RequestRecord, RequestRejected, Scheduler,
+                     SchedulerConfig, StepPlan)
 
-_NEVER = 1 << 62
+_NEVER = MAX_TIME_NS
 
 
 class Replica:

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .errors import InputError, KeyedInputError
 from .files import missing_file
-from .policy.request import NS_PER_S, RequestSpec
+from .policy.request import MAX_TIME_NS, NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
 MOONCAKE_BLOCK_TOKENS = 512
@@ -228,7 +228,7 @@ def _arrivals_ns(values: pd.Series, lines, path: Path, name: str, unit: str) -> 
         ns = _timestamps_ns(values, lines, path, name)
     else:
         num = _numbers(values, lines, path, name, integer=False, minimum=0)
-        over = np.flatnonzero(num * _UNIT_NS[unit] >= 2.0 ** 62)   # int64 ns: ~146 years
+        over = np.flatnonzero(num * _UNIT_NS[unit] >= MAX_TIME_NS)
         if over.size:
             i = int(over[0])
             raise InputError(f"{path}:{lines[i]}: {name}: {values.iloc[i]!r} {unit} is beyond "
@@ -387,7 +387,7 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
 
     t = table.arrival_ns - table.arrival_ns[0]   # non-decreasing: the first is the earliest
     if trace_cfg.time_scale != 1.0:
-        if float(t[-1]) * trace_cfg.time_scale >= 2.0 ** 62:   # int64 ns: ~146 years
+        if float(t[-1]) * trace_cfg.time_scale >= MAX_TIME_NS:
             raise KeyedInputError(
                 "workload.trace.time_scale", f"{trace_cfg.time_scale:g} scales the last "
                 f"arrival of {path} ({t[-1] / NS_PER_S:g} s after the first) beyond 4.6e9 s, "

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .errors import InputError, KeyedInputError
 from .files import missing_file
-from .policy.request import NS_PER_S, RequestSpec
+from .policy.request import MAX_TIME_NS, NS_PER_S, RequestSpec
 from .traces import TraceConfig, load_trace, mooncake_segments
 
 #: z-score of the 90th percentile of the standard normal, ``scipy.stats.norm.ppf(0.9)``.
@@ -389,7 +389,7 @@ def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarra
         t = np.cumsum(gaps)
         if arrival_cfg.normalize_duration and n and t[-1] > 0:
             t *= (n / rate) / t[-1]
-    if n and not t[-1] < 2.0 ** 62 / NS_PER_S:   # int64 ns: ~146 years
+    if n and not t[-1] < MAX_TIME_NS / NS_PER_S:
         raise KeyedInputError("workload.arrival.rate", f"{rate:g} req/s spreads {n} "
                               f"arrivals over more than the 4.6e9 s a run can hold",
                               depends=("workload.num_requests",))

@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
+# The latest time a run can hold (int64 ns, with headroom for sums: about 4.6e9 s, 146
+# years); also the simulator's "never".
+MAX_TIME_NS = 1 << 62
 
 ContentId = Union[int, str, tuple]
 Segment = tuple  # (content_id, length)
