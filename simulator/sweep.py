@@ -8,8 +8,8 @@ go to the executor as one batch.
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
