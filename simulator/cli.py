@@ -32,7 +32,7 @@ def _cmd_run(args) -> int:
     from .cost_model import build_cost_model, profile_warning
     from .report import print_summary, write_run_outputs
     from .run import report_meta, simulate_replications
-    from .scenario import load_scenario
+    from .scenario import MAX_REPLICATIONS, load_scenario
     from .sweep import with_sweep_hint
 
     try:
@@ -41,8 +41,9 @@ def _cmd_run(args) -> int:
         raise with_sweep_hint(e, args.overrides, "run") from None
     sim = {}
     if args.replications is not None:
-        if args.replications < 1:
-            raise InputError(f"--replications must be >= 1, got {args.replications}")
+        if not 1 <= args.replications <= MAX_REPLICATIONS:
+            raise InputError(f"--replications: 1 to {MAX_REPLICATIONS}, got "
+                             f"{args.replications}")
         sim["replications"] = args.replications
     if args.exact_steps:
         sim["exact_steps"] = True

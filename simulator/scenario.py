@@ -44,6 +44,10 @@ from .workload import WorkloadConfig
 # The values vLLM's --block-size accepts (vllm/config/cache.py BlockSize).
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 
+#: Most replications a run takes (each is a whole simulation; 95% CIs settle long before).
+MAX_REPLICATIONS = 1000
+
+
 class _Strict(BaseModel):
     # Unknown keys are errors; no silent coercion of "16" or true into numbers.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -206,7 +210,8 @@ class SLOConfig(_Strict):
 class SimConfig(_Strict):
     """Simulation controls."""
 
-    replications: int = Field(1, ge=1, description="independent runs with derived seeds")
+    replications: int = Field(1, ge=1, le=MAX_REPLICATIONS,
+                              description="independent runs with derived seeds")
     warmup_requests: int = Field(0, ge=0, description="first requests left out of statistics")
     exact_steps: bool = Field(False, description="simulate every step (no fast-forward)")
 

@@ -96,6 +96,9 @@ BAD_CASES = [
     ("# nothing yet\n", [], "s.yaml: the scenario file is empty"),
     (None, ["--set", "hardware.profile=empty.yaml"],
      "--set hardware.profile=empty.yaml: empty.yaml: the profile file is empty"),
+    (None, ["--replications", "100000"], "--replications: 1 to 1000, got 100000"),
+    (None, ["--set", "sim.replications=5000"],
+     "--set sim.replications=5000: Input should be less than or equal to 1000"),
     (None, ["--set", "engine.max_num_seqs=16", "--set", "engine. max_num_seqs=32"],
      "--set engine. max_num_seqs=32: engine.max_num_seqs is already set by --set "
      "engine.max_num_seqs=16"),
