@@ -80,6 +80,22 @@ def _cmd_schema(args) -> int:
     return 0
 
 
+def _attach_dash_values(argv: list[str]) -> list[str]:
+    """``--loads -0.3,0.6`` → ``--loads=-0.3,0.6``: argparse reads a value that starts
+    with ``-`` and is not one plain negative number as an unknown option ("expected one
+    argument"); attached, it reaches the option's own check, whose message names what is
+    allowed."""
+    out: list[str] = []
+    for a in argv:
+        prev = out[-1] if out else ""
+        if (prev.startswith("--") and "=" not in prev and len(a) > 1 and a[0] == "-"
+                and (a[1].isdigit() or a[1] == ".")):
+            out[-1] = f"{prev}={a}"
+        else:
+            out.append(a)
+    return out
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (``servesim run: error: ...``, exit 2) instead of the
     usage block; ``--help`` still shows the usage."""
@@ -115,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Entry point of the ``servesim`` console script; returns the exit status."""
     ap = build_parser()
-    args = ap.parse_args(argv)
+    args = ap.parse_args(_attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return args.func(args)
     except InputError as e:

@@ -103,11 +103,22 @@ def yaml_line(text: str, path: Sequence) -> int | None:
     a present key gives its own line, a missing one its parent's. ``None`` when not even
     the first part is in the document, or ``text`` does not parse.
     """
+    return _yaml_walk(text, path)[0]
+
+
+def yaml_depth(text: str, path: Sequence) -> int:
+    """How many leading parts of key path ``path`` the YAML document ``text`` holds
+    (``len(path)``: all of it; 0 when not the first, or ``text`` does not parse)."""
+    return _yaml_walk(text, path)[1]
+
+
+def _yaml_walk(text: str, path: Sequence) -> tuple[int | None, int]:
+    """``(line of the last part of path held, number of parts held)``."""
     try:
         node = yaml.compose(text, Loader=_UniqueKeyLoader)  # noqa: S506 (safe: no objects)
     except yaml.YAMLError:
-        return None
-    line = None
+        return None, 0
+    line, depth = None, 0
     for part in path:
         if isinstance(node, yaml.MappingNode):
             hit = next(((k, v) for k, v in node.value
@@ -121,7 +132,8 @@ def yaml_line(text: str, path: Sequence) -> int | None:
             line = node.start_mark.line + 1
         else:
             break
-    return line
+        depth += 1
+    return line, depth
 
 
 def missing_file(path: Path) -> str:

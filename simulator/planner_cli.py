@@ -167,9 +167,13 @@ def _cmd_sweep(args) -> int:
     from .planner import split_sets, sweep
     from .planner_report import write_sweep_report
     from .scenario import load_scenario
+    from .sweep import with_sweep_hint
 
     plain, axes = split_sets(args.overrides)
-    scenario = load_scenario(args.scenario, plain)
+    try:
+        scenario = load_scenario(args.scenario, plain)
+    except InputError as e:
+        raise with_sweep_hint(e, plain, "sweep") from None
     if not axes:
         raise InputError("--set: give at least one swept key with comma-separated values, "
                          "e.g. --set workload.arrival.rate=1,2,4,8")
@@ -260,6 +264,10 @@ def _cmd_compare(args) -> int:
         raise InputError(f"compare needs two or more scenario files, got "
                          f"{len(args.scenarios)} ({args.scenarios[0]}); to simulate one "
                          f"scenario use servesim run")
+    files = [Path(p).resolve() for p in args.scenarios]
+    twice = next((p for i, p in enumerate(args.scenarios) if files[i] in files[:i]), None)
+    if twice is not None:
+        raise InputError(f"{twice} is given twice; compare takes each plan's file once")
     try:
         scenarios = [load_scenario(p, args.overrides) for p in args.scenarios]
     except InputError as e:

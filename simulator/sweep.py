@@ -86,18 +86,44 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def with_sweep_hint(err: InputError, overrides: list[str], command: str) -> InputError:
-    """``err`` (a scenario load error of ``servesim <command>``, which takes single values)
-    with a hint when the flag it names holds a comma-separated list, which only ``servesim
-    sweep`` (and ``plan.candidates``) read as several values; ``err`` itself otherwise."""
+    """``err`` (a scenario load error of ``servesim <command>``) with a hint when the flag
+    it names holds several values where the key takes one: a comma-separated list, which
+    only ``servesim sweep`` (and ``plan.candidates``) read as several values, or a
+    bracketed list of scalars (``rate=[4,8]``), which is one value, a list, everywhere;
+    ``err`` itself otherwise."""
     msg = str(err)
     for s in overrides:
-        v = s.partition("=")[2].strip()
-        if "," in v and not v.startswith(("[", "{")) and msg.startswith(f"--set {s}:"):
-            where = "servesim sweep" + (", or list them in plan.candidates"
-                                        if command == "plan" else "")
-            return InputError(f"{msg}; servesim {command} takes one value per key: to run "
-                              f"each of {v} use {where}")
+        key, _, v = (x.strip() for x in s.partition("="))
+        if not msg.startswith(f"--set {s}:"):
+            continue
+        listed = _scalar_list(v)
+        if listed is not None and "Input should be a valid" in msg:
+            if command == "sweep":
+                return InputError(f"{msg}; sweep values are written without brackets: "
+                                  f"{key}={listed}")
+            v = listed
+        elif command == "sweep" or "," not in v or v.startswith(("[", "{")):
+            continue
+        where = "servesim sweep" + (", or list them in plan.candidates"
+                                    if command == "plan" else "")
+        return InputError(f"{msg}; servesim {command} takes one value per key: to run "
+                          f"each of {v} use {where}")
     return err
+
+
+def _scalar_list(v: str) -> str | None:
+    """``"4,8"`` for the flag value ``"[4, 8]"`` (a YAML list of two or more scalars);
+    None for anything else."""
+    if not v.startswith("["):
+        return None
+    try:
+        items = load_yaml(v)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(items, list) or len(items) < 2 or any(
+            isinstance(x, (list, dict)) or x is None for x in items):
+        return None
+    return ",".join(_fmt_value(x) for x in items)
 
 
 def _parse(v):

@@ -221,10 +221,54 @@ def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsy
         "servesim: error: --set workload.arrival.rate=4,8: Input should be a valid number "
         f"(got '4,8'); {hint}"]
     assert not out.exists()
-    # a flow list is not a comma list: no hint, the schema's own word
-    assert main([command, str(scen), "--set", "workload.arrival.rate=[4, 8]", "--out",
+    # a bracketed list of numbers where one number goes: the same hint, values as sweep
+    # writes them
+    assert main([command, str(scen), "--set", "workload.arrival.rate=[4, 8.5]", "--out",
+                 str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "servesim: error: --set workload.arrival.rate=[4, 8.5]: Input should be a valid "
+        f"number; {hint.replace('4,8', '4,8.5')}")
+    # a mapping where one number goes: the schema's own word, no hint
+    assert main([command, str(scen), "--set", "workload.arrival.rate={a: 1}", "--out",
                  str(out), "--quiet"]) == 2
     assert "servesim sweep" not in capsys.readouterr().err
+
+
+def test_a_bracketed_list_given_to_sweep_is_written_without_brackets(scen, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["sweep", str(scen), "--set", "workload.arrival.rate=[4,8]", "--out",
+                 str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "servesim: error: --set workload.arrival.rate=[4,8]: Input should be a valid number; "
+        "sweep values are written without brackets: workload.arrival.rate=4,8")
+    assert not out.exists()
+
+
+def test_a_mapping_a_flag_creates_is_the_flags_in_errors(scen, tmp_path, capsys):
+    # the file has no workload.trace: the flag made it, so its missing path is the flag's
+    out = tmp_path / "out"
+    assert main(["run", str(scen), "--set", "workload.trace.time_scale=2", "--out", str(out),
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().startswith(
+        "servesim: error: --set workload.trace.time_scale=2: workload.trace.path: required "
+        "key missing")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--loads", "-0.3,0.6"], ["--loads=-0.3,0.6"]),
+    (["--target-rate", "-.5", "--quiet"], ["--target-rate=-.5", "--quiet"]),
+    (["--set", "x=-1", "--out", "-o"], ["--set", "x=-1", "--out", "-o"]),   # not numbers
+    (["--a=1", "-2"], ["--a=1", "-2"]),
+])
+def test_a_value_that_starts_with_a_dash_is_attached_to_its_option(argv, expected):
+    from simulator.cli import _attach_dash_values
+    assert _attach_dash_values(argv) == expected
+
+
+def test_a_negative_load_list_reaches_validates_own_check(scen, capsys):
+    assert main(["validate", "--scenario", str(scen), "--loads", "-0.3,0.6"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "servesim: error: --loads: fractions of saturation in [0.01, 1.5], got [-0.3, 0.6]")
 
 
 def test_unknown_profile_names_a_servesim_profiles_folder_that_does_not_exist(

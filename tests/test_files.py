@@ -38,3 +38,14 @@ def test_duplicate_key_names_its_line():
     with pytest.raises(yaml.YAMLError) as e:
         load_yaml("a: 1\nb:\n  c: 2\n  c: 3\n")
     assert "duplicate key 'c'" in str(e.value) and e.value.problem_mark.line + 1 == 4
+
+
+def test_yaml_line_and_depth_of_key_paths():
+    from simulator.files import yaml_depth, yaml_line
+    text = "a:\n  b: 1\n  c: [x, {d: 2}]\ne: {f: 3}\n"
+    cases = [  # path, line of the last part held, parts held
+        (("a", "b"), 2, 2), (("a", "c", 1, "d"), 3, 4), (("a", "z", "y"), 1, 1),
+        (("e", "f"), 4, 2), (("a", "c", 5), 3, 2), (("q",), None, 0), ((), None, 0)]
+    for path, line, depth in cases:
+        assert (yaml_line(text, path), yaml_depth(text, path)) == (line, depth), path
+    assert (yaml_line("a: [", ("a",)), yaml_depth("a: [", ("a",))) == (None, 0)

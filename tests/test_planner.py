@@ -314,10 +314,16 @@ workload:
     assert err == [f"servesim: error: compare needs two or more scenario files, got 1 ({a}); "
                    "to simulate one scenario use servesim run"]
     # the same plan twice (or two plans of one name) would share one column of compare.csv
-    assert main(["compare", str(a), str(a)] + args) == 2
+    assert main(["compare", str(a), str(tmp_path / "." / "a.yaml")] + args) == 2
     assert capsys.readouterr().err.strip() == (
-        "servesim: error: a.yaml:1: name: 'fast' is also the name of a.yaml; give each plan a "
-        "distinct name")
+        f"servesim: error: {tmp_path / '.' / 'a.yaml'} is given twice; compare takes each "
+        "plan's file once")
+    twin = tmp_path / "twin.yaml"
+    twin.write_text(a.read_text())
+    assert main(["compare", str(a), str(twin)] + args) == 2
+    assert capsys.readouterr().err.strip() == (
+        "servesim: error: twin.yaml:1: name: 'fast' is also the name of a.yaml; give each "
+        "plan a distinct name")
 
 
 def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys, monkeypatch):
