@@ -103,17 +103,13 @@ def yaml_line(text: str, path: Sequence) -> int | None:
     a present key gives its own line, a missing one its parent's. ``None`` when not even
     the first part is in the document, or ``text`` does not parse.
     """
-    return _yaml_walk(text, path)[0]
+    return yaml_where(text, path)[0]
 
 
-def yaml_depth(text: str, path: Sequence) -> int:
-    """How many leading parts of key path ``path`` the YAML document ``text`` holds
+def yaml_where(text: str, path: Sequence) -> tuple[int | None, int]:
+    """``(line, depth)`` of key path ``path`` in the YAML document ``text``: the line as
+    :func:`yaml_line` gives it, and how many leading parts of ``path`` the document holds
     (``len(path)``: all of it; 0 when not the first, or ``text`` does not parse)."""
-    return _yaml_walk(text, path)[1]
-
-
-def _yaml_walk(text: str, path: Sequence) -> tuple[int | None, int]:
-    """``(line of the last part of path held, number of parts held)``."""
     try:
         node = yaml.compose(text, Loader=_UniqueKeyLoader)  # noqa: S506 (safe: no objects)
     except yaml.YAMLError:

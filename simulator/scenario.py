@@ -34,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from .catalog import ModelShape, load_model
 from .errors import InputError, KeyedInputError
-from .files import load_yaml, yaml_depth, yaml_line
+from .files import load_yaml, yaml_where
 from .policy import SchedulerConfig
 from .policy.kv_cache import cdiv
 
@@ -639,13 +639,12 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None =
     if setters:   # the flag that set the key itself, or the nearest mapping above it
         opath, flag = max(setters, key=lambda o: len(o[0]))
         return f"--set {flag}: {msg}" if loc == opath else f"--set {flag}: {path}: {msg}"
-    held = yaml_depth(text, loc) if text is not None else len(loc)
+    line, held = yaml_where(text, loc) if text is not None and loc else (None, len(loc))
     if held < len(loc) - 1:   # the mapping holding the key is not in the file: a flag made it
         made = loc[:held + 1]
         maker = next((f for o, f in origins.items() if o[:len(made)] == made), None)
         if maker is not None:
             return f"--set {maker}: {path}: {msg}"
-    line = yaml_line(text, loc) if text is not None and loc else None
     if line is not None:
         source = f"{source}:{line}"
     # Flags that can have caused the error: those that set this key's value below it,

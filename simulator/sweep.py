@@ -96,18 +96,17 @@ def with_sweep_hint(err: InputError, overrides: list[str], command: str) -> Inpu
         key, _, v = (x.strip() for x in s.partition("="))
         if not msg.startswith(f"--set {s}:"):
             continue
-        listed = _scalar_list(v)
-        if listed is not None and "Input should be a valid" in msg:
-            if command == "sweep":
-                return InputError(f"{msg}; sweep values are written without brackets: "
-                                  f"{key}={listed}")
-            v = listed
-        elif command == "sweep" or "," not in v or v.startswith(("[", "{")):
-            continue
-        where = "servesim sweep" + (", or list them in plan.candidates"
-                                    if command == "plan" else "")
-        return InputError(f"{msg}; servesim {command} takes one value per key: to run "
-                          f"each of {v} use {where}")
+        listed = _scalar_list(v) if "Input should be a valid" in msg else None
+        if listed is not None and command == "sweep":
+            return InputError(f"{msg}; sweep values are written without brackets: "
+                              f"{key}={listed}")
+        commas = command != "sweep" and "," in v and not v.startswith(("[", "{"))
+        values = listed or (v if commas else None)
+        if values:
+            where = "servesim sweep" + (", or list them in plan.candidates"
+                                        if command == "plan" else "")
+            return InputError(f"{msg}; servesim {command} takes one value per key: to run "
+                              f"each of {values} use {where}")
     return err
 
 

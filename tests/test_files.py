@@ -41,11 +41,12 @@ def test_duplicate_key_names_its_line():
 
 
 def test_yaml_line_and_depth_of_key_paths():
-    from simulator.files import yaml_depth, yaml_line
+    from simulator.files import yaml_line, yaml_where
     text = "a:\n  b: 1\n  c: [x, {d: 2}]\ne: {f: 3}\n"
     cases = [  # path, line of the last part held, parts held
         (("a", "b"), 2, 2), (("a", "c", 1, "d"), 3, 4), (("a", "z", "y"), 1, 1),
         (("e", "f"), 4, 2), (("a", "c", 5), 3, 2), (("q",), None, 0), ((), None, 0)]
     for path, line, depth in cases:
-        assert (yaml_line(text, path), yaml_depth(text, path)) == (line, depth), path
-    assert (yaml_line("a: [", ("a",)), yaml_depth("a: [", ("a",))) == (None, 0)
+        assert yaml_where(text, path) == (line, depth), path
+        assert yaml_line(text, path) == line
+    assert yaml_where("a: [", ("a",)) == (None, 0)
