@@ -425,7 +425,7 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
             "tpot_p99_ci95": _get(op, ("tpot_ms", "p99", "ci95")),
             "cost_kind": c.cost_kind,
             "status": (c.error or (s.note if s and s.max_rate == 0 else None)
-                       or (f"needs {r.beyond_max_replicas:,} replicas (> plan.max_replicas)"
+                       or (f"needs {_count(r.beyond_max_replicas)} replicas (> plan.max_replicas)"
                            if r.beyond_max_replicas else None)
                        or ("cheapest feasible" if r is result.best else
                            "feasible" if r.feasible else "infeasible")),
@@ -503,6 +503,14 @@ def closest_miss(result: PlanResult) -> dict | None:
     return min(found, key=lambda f: f[0])[1] if found else None
 
 
+def _count(n: int) -> str:
+    """A replica count as people read it: ``1,234``; past a billion, 3 significant
+    figures (``3.14e+45``) rather than hundreds of digits (Decimal: past ~1.8e308 a float
+    overflows)."""
+    from decimal import Decimal
+    return f"{n:,}" if n < 10**9 else f"{Decimal(n):.3g}"
+
+
 def closest_text(miss: dict, max_replicas: int) -> str:
     """One sentence on :func:`closest_miss`'s candidate, e.g. ``closest: profile=h100-sxm,
     max_num_seqs=64, at 1.25 req/s per replica: TTFT p99 35.2 ms against an SLO of 1 ms
@@ -513,7 +521,7 @@ def closest_text(miss: dict, max_replicas: int) -> str:
     if miss["per_replica"] and math.isinf(miss["ratio"]):
         return (f"closest: {label} meets every SLO on one replica up to "
                 f"{fmt_number(miss['row'].search.max_rate, 3)} req/s, but "
-                f"{miss['rate']:g} req/s needs about {miss['replicas']:,} "
+                f"{miss['rate']:g} req/s needs about {_count(miss['replicas'])} "
                 f"replicas, more than plan.max_replicas ({max_replicas})")
     if miss["per_replica"]:
         return (f"closest: {label} meets every SLO on one replica, but no deployment of up "

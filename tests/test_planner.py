@@ -574,3 +574,11 @@ def test_a_target_beyond_max_replicas_is_no_plan_and_is_not_simulated():
         f"closest: scenario as given meets every SLO on one replica up to "
         f"{fmt_number(row.search.max_rate, 3)} req/s, but 1e+06 req/s needs about "
         f"{need:,} replicas, more than plan.max_replicas (64)")
+
+
+def test_replica_counts_in_statuses_are_grouped_or_in_three_figures():
+    from simulator.planner import _count
+    # past a float's range too: a target near 1e308 req/s over < 1 req/s per replica
+    assert [_count(n) for n in (7, 1234, 999_999_999, 10**9, 31415926535, 10**306 * 965,
+                                10**400)] \
+        == ["7", "1,234", "999,999,999", "1.00e+9", "3.14e+10", "9.65e+308", "1.00e+400"]
