@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from calibration.engine import (KVStore, LLMEngine, ModelConfig, SamplingParams,
                                 kv_bytes_per_block)
@@ -283,6 +284,31 @@ def test_from_catalog_builds_the_catalog_shape():
     assert sum(p.numel() for p in eng.model.parameters()) == shape.num_params
 
 
+def _packable() -> torch.dtype:
+    """bfloat16 where oneDNN here prepacks it (AVX512 or AVX-NE-CONVERT), else float32."""
+    from calibration.engine.model import prepack_supported
+
+    return torch.bfloat16 if prepack_supported(torch.bfloat16) else torch.float32
+
+
+def test_a_dtype_onednn_cannot_prepack_runs_unpacked_with_the_same_logits(monkeypatch):
+    """On an AVX2-only CPU oneDNN refuses to prepack bfloat16 (RuntimeError): the model then
+    keeps plain weights and computes what it computes unpacked."""
+    from calibration.engine import model as M
+    from calibration.engine.weights import random_model
+
+    assert M.prepack_supported(torch.float32)
+    assert not M.prepack_supported(torch.float64)   # oneDNN has no float64 path anywhere
+    tm = random_model(dict(CFG), seed=0, dtype=torch.float32)
+    monkeypatch.setitem(M._prepack_ok, torch.float32, False)   # as bfloat16 on AVX2
+    tm.prepack(True)
+    packed = [m.packed for m in tm.modules() if isinstance(m, M.Linear)]
+    assert packed and all(p is None for p in packed) and tm._tied_head_packed is None
+    h = torch.randn(3, CFG["hidden_size"], generator=torch.Generator().manual_seed(0))
+    head = tm.lm_head.weight if tm.lm_head is not None else tm.embed_tokens.weight
+    assert torch.equal(tm.compute_logits(h), F.linear(h, head).float())
+
+
 def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
     """Start-up builds oneDNN kernels: each of layer 0's four prepacked weights sees every
     row count 1..max_num_batched_tokens once (capped), the LM head 1..max_num_seqs; counts
@@ -291,7 +317,7 @@ def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
     from calibration.engine.weights import random_model
 
     cfg = dict(CFG, hidden_size=24, intermediate_size=40)  # a shape no other test warms
-    tm = random_model(cfg, seed=0, dtype=torch.bfloat16)
+    tm = random_model(cfg, seed=0, dtype=_packable())
     seen = []
     orig = M.Linear.forward
     monkeypatch.setattr(M.Linear, "forward",
@@ -322,10 +348,10 @@ def test_packed_linear_pads_listed_row_counts_and_returns_the_rows_asked_for():
     from calibration.engine import model as M
 
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(24, 16, generator=g).to(torch.bfloat16)
+    w = torch.randn(24, 16, generator=g).to(_packable())
     packed = M.prepack_weight(w)
     for t in (1, 2, 3, 5):
-        x = torch.randn(t, 16, generator=g).to(torch.bfloat16)
+        x = torch.randn(t, 16, generator=g).to(_packable())
         y = M.packed_linear(x, packed)
         ref = (x.float() @ w.float().T)
         assert y.shape == (t, 24)

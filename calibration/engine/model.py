@@ -164,6 +164,23 @@ def prepack_weight(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PREPACK_BATCH_HINT)
 
 
+_prepack_ok: dict = {}   # dtype -> whether this CPU's oneDNN can prepack it
+
+
+def prepack_supported(dtype: torch.dtype) -> bool:
+    """Whether oneDNN here can prepack (:func:`prepack_weight`) a ``dtype`` weight: its
+    bfloat16 path needs AVX512 (bw, vl, dq) or AVX-NE-CONVERT and raises RuntimeError on an
+    AVX2-only CPU, where plain ``F.linear`` still runs. Tried once per dtype on a tiny
+    weight, since the CPU features it checks are oneDNN's own."""
+    if dtype not in _prepack_ok:
+        try:
+            prepack_weight(torch.zeros(8, 8, dtype=dtype))
+            _prepack_ok[dtype] = True
+        except RuntimeError:
+            _prepack_ok[dtype] = False
+    return _prepack_ok[dtype]
+
+
 # oneDNN's kernel for exactly two rows streams a prepacked weight slower than the one for
 # three (bfloat16 on this AVX512-BF16 CPU, in a decode step: 104 against 80 us for q/k/v),
 # so a 2-decode step took longer than a 3-decode one (by 0.35-1.3 ms of ~11;
@@ -372,8 +389,10 @@ class Transformer(nn.Module):
         oneDNN (:func:`prepack_weight`), or drop the copies. The engine enables it on CPU
         for float32 and bfloat16 after moving the model, as vLLM's CPU backend does; the
         copies are not parameters, so call it again after changing weights, dtype or
-        device. Costs one more copy of the linear weights in memory."""
-        enabled = enabled and torch.backends.mkldnn.is_available()
+        device. Costs one more copy of the linear weights in memory. Does nothing where
+        oneDNN cannot prepack the weights' dtype (:func:`prepack_supported`)."""
+        enabled = (enabled and torch.backends.mkldnn.is_available()
+                   and prepack_supported(self.embed_tokens.weight.dtype))
         for m in self.modules():
             if isinstance(m, Linear):
                 m.packed = prepack_weight(m.weight) if enabled else None
