@@ -140,8 +140,29 @@ def plot_pareto(table, best_index: int | None) -> bytes:
     return _png(fig)
 
 
+def csv_table(table):
+    """``table`` with each ``*_ci95`` column (cells ``[lo, hi]`` or ``None``) split into
+    numeric ``*_ci95_lo`` and ``*_ci95_hi`` columns in its place, an open or missing end
+    left empty, so a CSV reader gets numbers rather than Python list text."""
+    import pandas as pd
+
+    out = {}
+    for col in table.columns:
+        if not str(col).endswith("_ci95"):
+            out[col] = table[col]
+            continue
+        ends = [v if isinstance(v, (list, tuple)) else (None, None) for v in table[col]]
+        for i, side in enumerate(("lo", "hi")):
+            out[f"{col}_{side}"] = pd.Series([e[i] for e in ends], index=table.index,
+                                             dtype=object)
+    return pd.DataFrame(out)
+
+
 def write_plan_report(out_dir, result, table, *, title: str) -> dict:
-    """``plan.csv``, ``plan.json``, ``pareto.png``, ``report.md``, ``report.html``."""
+    """``plan.csv``, ``plan.json``, ``pareto.png``, ``report.md``, ``report.html``.
+
+    ``plan.json`` keeps each 95% CI as ``[lo, hi]`` (``null`` where open); ``plan.csv``
+    gives it as two numeric columns ``*_ci95_lo`` / ``*_ci95_hi`` (:func:`csv_table`)."""
     best = result.best
     best_index = next((i for i, r in enumerate(result.rows) if r is best), None)
     b: list = [("h1", title)]
@@ -189,7 +210,7 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
     img = plot_pareto(table, best_index)
     return write_files(out_dir, {
-        "plan.csv": table.to_csv(index=False, lineterminator="\n").encode(),
+        "plan.csv": csv_table(table).to_csv(index=False, lineterminator="\n").encode(),
         "plan.json": _json({"target_rate": result.target_rate, "best": best_index,
                             "candidates": table.to_dict(orient="records")}),
         "pareto.png": img,

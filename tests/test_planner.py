@@ -249,6 +249,19 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     assert (tmp_path / "sw" / "report.html").is_file()
     assert main(["plan", str(y), "--out", str(tmp_path / "pl")] + args) == 0
     assert "cheapest feasible" in capsys.readouterr().out
+    # plan.csv gives each CI of plan.json as two numeric columns (lo, hi), never list text
+    import json
+
+    import pandas as pd
+    plan_json = json.loads((tmp_path / "pl" / "plan.json").read_text())["candidates"]
+    plan_csv = pd.read_csv(tmp_path / "pl" / "plan.csv")
+    ci_cols = [c for c in plan_json[0] if c.endswith("_ci95")]
+    assert ci_cols and not any(c in plan_csv for c in ci_cols)
+    for c in ci_cols:
+        assert plan_csv[c + "_lo"].dtype.kind in "fi" and plan_csv[c + "_hi"].dtype.kind in "fi"
+        for row, lo, hi in zip(plan_json, plan_csv[c + "_lo"], plan_csv[c + "_hi"]):
+            want = row[c] or [None, None]
+            assert [None if pd.isna(v) else v for v in (lo, hi)] == pytest.approx(want)
     y2 = tmp_path / "s2.yaml"
     y2.write_text(y.read_text().replace("name: s\n", "name: s2\n"))
     assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 0
