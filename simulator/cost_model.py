@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
 from .errors import InputError, KeyedInputError
-from .files import atomic_write, load_yaml, missing_file
+from .files import atomic_write, load_yaml, missing_file, yaml_error_text
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -316,10 +316,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     except OSError as e:
         raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path.name}:{mark.line + 1}" if mark is not None else path.name
-        raise InputError(f"{where}: YAML syntax error: "
-                         f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
+        raise InputError(yaml_error_text(path.name, e)) from None
     if raw is None:   # no bytes, or only comments
         raise InputError(f"{path.name}: the profile file is empty (a profile is the YAML "
                          f"mapping servesim calibrate writes: name, device, engine, model, "

@@ -55,6 +55,22 @@ def load_yaml(text: str):
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
+def yaml_error_text(source: str, e: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error in file ``source``: ``"<source>:LINE: YAML syntax
+    error: <problem>"``. An unclosed ``{``, ``[`` or quote is only noticed where the text
+    goes on, so the line where that flow collection or quoted scalar starts is added when
+    it is an earlier one (PyYAML's ``context_mark``)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}" if mark is not None else source
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context, start = getattr(e, "context", None) or "", getattr(e, "context_mark", None)
+    what = re.sub(r"^while (parsing|scanning) an? ", "", context)
+    if (what.startswith(("flow ", "quoted ")) and start is not None and mark is not None
+            and start.line < mark.line):
+        problem += f" (in the {what} that starts at line {start.line + 1})"
+    return f"{where}: YAML syntax error: {problem}"
+
+
 class DuplicateKeyError(ValueError):
     """A JSON object gives one key twice. ``key``; ``line`` (1-based) of its second
     occurrence, or None when it cannot be placed."""

@@ -207,6 +207,13 @@ def test_yaml_syntax_error_names_line(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("name: x\nmodel: llama-test\nengine: {block_size: [16}\n")
     assert err(load_scenario, p).startswith("bad.yaml:3: YAML syntax error:")
+    # an unclosed { or quote is noticed a line later: the line where it starts is named too
+    p.write_text("name: x\nmodel: llama-test\nengine: {block_size: 16\nworkload: {}\n")
+    assert err(load_scenario, p) == (
+        "bad.yaml:4: YAML syntax error: expected ',' or '}', but got ':' (in the flow "
+        "mapping that starts at line 3)")
+    p.write_text("name: 'x\nmodel: llama-test\n")
+    assert err(load_scenario, p).endswith("(in the quoted scalar that starts at line 1)")
     p.write_text("- a\n- b\n")
     assert "a scenario is a mapping" in err(load_scenario, p)
     assert err(load_scenario, tmp_path / "nope.yaml").endswith("nope.yaml: scenario file not found")
