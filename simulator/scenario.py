@@ -34,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from .catalog import ModelShape, load_model
 from .errors import InputError, KeyedInputError
-from .files import load_yaml, yaml_where
+from .files import load_yaml, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.kv_cache import cdiv
 
@@ -469,10 +469,7 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     try:
         raw = load_yaml(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{name}:{mark.line + 1}" if mark is not None else name
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"{where}: YAML syntax error: {problem}") from None
+        raise InputError(yaml_error_text(name, e)) from None
     if raw is None:   # no bytes, or only comments
         raise InputError(f"{name}: the scenario file is empty (a scenario needs at least "
                          f"model, hardware and workload; servesim schema lists every key)")
@@ -643,8 +640,9 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None =
     if held < len(loc) - 1:   # the mapping holding the key is not in the file: a flag made it
         made = loc[:held + 1]
         maker = next((f for o, f in origins.items() if o[:len(made)] == made), None)
-        if maker is not None:
-            return f"--set {maker}: {path}: {msg}"
+        if maker is not None:   # say so: the user may not know the file lacks it
+            return (f"--set {maker}: {path}: {msg} (the file has no {'.'.join(made)}; "
+                    "this flag makes one)")
     if line is not None:
         source = f"{source}:{line}"
     # Flags that can have caused the error: those that set this key's value below it,

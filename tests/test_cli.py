@@ -249,9 +249,11 @@ def test_a_mapping_a_flag_creates_is_the_flags_in_errors(scen, tmp_path, capsys)
     out = tmp_path / "out"
     assert main(["run", str(scen), "--set", "workload.trace.time_scale=2", "--out", str(out),
                  "--quiet"]) == 2
-    assert capsys.readouterr().err.strip().startswith(
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
         "servesim: error: --set workload.trace.time_scale=2: workload.trace.path: required "
         "key missing")
+    assert "missing (the file has no workload.trace; this flag makes one)" in err
 
 
 @pytest.mark.parametrize("argv,expected", [
