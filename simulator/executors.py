@@ -12,7 +12,8 @@ Executors (``make_executor``):
   come from a ``forkserver`` (``spawn`` where that is unavailable) so a parent holding
   threads (progress bars) is never forked. Where workers cannot be started or die (a
   sandbox that refuses the forkserver's socket, a worker killed for memory), the jobs run
-  in this process instead, after one warning line on stderr.
+  in this process instead, after one warning line on stderr. Ctrl-C reaches only this
+  process (the workers ignore SIGINT), which stops the workers and exits 130.
 * ``ray``: ``ray.init(address=...)`` then one remote task per job, for users who outgrow
   one machine. Needs the optional ``[ray]`` extra, and servesim installed on every node.
 """
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -182,6 +185,7 @@ class LocalExecutor(SerialExecutor):
                                               else "spawn")
             if ctx.get_start_method() == "forkserver":
                 ctx.set_forkserver_preload(["simulator.executors", "simulator.run"])
+                _start_forkserver_ignoring_sigint(ctx)
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
         return self._pool
 
@@ -196,6 +200,9 @@ class LocalExecutor(SerialExecutor):
                 if progress:
                     progress(i + 1, len(jobs))
             return out
+        except KeyboardInterrupt:
+            self._stop_workers()
+            raise
         except (BrokenPipeError, BrokenProcessPool) as e:
             # Jobs are deterministic wherever they run: the same results, only slower.
             print(f"servesim: warning: worker processes failed ({e.__class__.__name__}: "
@@ -204,10 +211,46 @@ class LocalExecutor(SerialExecutor):
             self.workers = 1
             return super().run(jobs, progress)
 
+    def _stop_workers(self) -> None:
+        """Kill the workers (they ignore SIGINT, so an interrupted run would otherwise
+        wait for their jobs) and drop the pool."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        terminate = getattr(pool, "terminate_workers", None)   # Python >= 3.14
+        if terminate is not None:
+            terminate()
+            return
+        for p in list((getattr(pool, "_processes", None) or {}).values()):
+            p.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+
+def _start_forkserver_ignoring_sigint(ctx) -> None:
+    """Start the fork server with SIGINT ignored, which it and every worker it forks
+    inherit (an interrupted worker prints its own traceback; the server imports the
+    preloaded modules for seconds before it would ignore SIGINT itself), so Ctrl-C reaches
+    only this process. Then wait for those imports with a no-op process: a pool worker
+    whose start is interrupted there would outlive this process and fail to read its
+    queues. Only the main thread may set signal handlers: elsewhere the server starts as
+    the pool starts it."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    ready = ctx.Process(target=os.getpid, daemon=True)
+    ready.start()
+    ready.join()
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

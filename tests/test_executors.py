@@ -112,3 +112,62 @@ def test_ray_address_nobody_listens_at_is_one_error():
     with pytest.raises(InputError, match=rf"^--ray-address 127.0.0.1:{port}: no Ray cluster "
                                          r"answers there \(ConnectionRefusedError"):
         make_executor("ray", address=f"127.0.0.1:{port}")
+
+
+def _group(pgid: int) -> list[str]:
+    """Command lines of the live processes in process group ``pgid`` (Linux /proc)."""
+    import pathlib
+
+    out = []
+    for d in pathlib.Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+            # fields after the ")" closing the command name: state, ppid, pgrp, ...
+            state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+            if int(pgrp) == pgid and state != "Z":
+                out.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="needs /proc")
+@pytest.mark.parametrize("after_s", [0.3, 5.0])   # in the server's imports; in jobs
+def test_ctrl_c_stops_a_sweep_with_one_line_and_no_worker_left(tmp_path, after_s):
+    # Ctrl-C in a terminal signals the whole process group: the fork server (importing
+    # its preloaded modules, the first seconds) and the workers (running jobs) included.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    y = tmp_path / "s.yaml"
+    y.write_text("""name: s
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 200000
+  arrival: {process: poisson, rate: 50}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 4}
+""")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simulator.cli", "sweep", str(y), "--set",
+         "workload.arrival.rate=50,60,70,80", "--workers", "2", "--quiet",
+         "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not any("forkserver" in c for c in _group(proc.pid)):
+        assert proc.poll() is None and time.monotonic() < deadline, "no fork server started"
+        time.sleep(0.02)
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, err) == (130, "servesim: interrupted\n")
+    assert not (tmp_path / "out").exists()
+    deadline = time.monotonic() + 15
+    while _group(proc.pid):   # the fork server leaves once its last worker is gone
+        assert time.monotonic() < deadline, _group(proc.pid)
+        time.sleep(0.1)
