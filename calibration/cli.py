@@ -252,6 +252,27 @@ def warn_if_busy(device: str) -> str | None:
     return line
 
 
+def warn_if_emulated_bf16(device: str, dtype: str) -> str | None:
+    """On a CPU without AVX512 (where oneDNN cannot even prepack bfloat16,
+    :func:`calibration.engine.model.prepack_supported`), bfloat16 matmuls are emulated:
+    about 23x slower than float32 on an AVX2-only AMD EPYC (1.4 against 32 GFLOP/s on one
+    core, n = 512), so a calibration takes tens of minutes and describes a dtype nobody
+    serves there. Prints one warning line to stderr and returns it, else None."""
+    if device != "cpu" or dtype != "bfloat16":
+        return None
+    import torch
+
+    from .engine.model import prepack_supported
+
+    if prepack_supported(torch.bfloat16):
+        return None
+    line = ("servesim: warning: this CPU has no AVX512, so bfloat16 matmuls are emulated "
+            "(many times slower than float32): measuring takes far longer and prices a "
+            "dtype this CPU serves poorly; --dtype float32 measures what it runs well")
+    print(line, file=sys.stderr)
+    return line
+
+
 def _check_fits(shape, device: str, kv_bytes: int, dtype: str = "float32") -> None:
     """Refuse a model whose random weights (drawn in float32, :func:`random_model`; on cpu
     also the engine's prepacked copy in ``dtype``, :meth:`Transformer.prepack`) and KV
@@ -342,6 +363,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if getattr(args, "report_dir", None):
         check_writable(args.report_dir, "--report-dir")
     warn_if_busy(device)   # the flags are good: measuring starts now
+    warn_if_emulated_bf16(device, dtype)
 
     # -- device ceilings and KV facts ------------------------------------------------------
     csv_path = out.with_name(out.stem + ".measurements.csv")
@@ -658,4 +680,4 @@ def add_parsers(subparsers) -> None:
 
 __all__ = ["BUSY_OTHER_LOAD", "add_parsers", "busy_cpu_warning", "calibrate", "parse_bytes",
            "profile_column_widths", "profiles_rich_table", "profiles_table", "replay_workload",
-           "warn_if_busy"]
+           "warn_if_busy", "warn_if_emulated_bf16"]

@@ -1161,8 +1161,9 @@ def _validate_command(args) -> int:
     loads = parse_loads(args.loads)   # bad flags first, whatever is installed
     check_validation_args(sc, loads, args.replications, args.seconds, args.saturation_requests)
     if args.backend == "servesim":
-        from .cli import require_torch
+        from .cli import require_torch, warn_if_emulated_bf16
         require_torch()
+        warn_if_emulated_bf16("cpu", sc.dtype)   # our engine serves on cpu here
     if args.backend == "vllm":
         from .vllm import commands
         commands.QUIET_WAIT = not args.no_quiet_wait

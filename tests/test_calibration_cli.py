@@ -414,3 +414,20 @@ def test_calibrate_refuses_before_measuring(flags, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.format(f=f) in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_bfloat16_on_a_cpu_without_avx512_gets_one_warning(monkeypatch, capsys):
+    # oneDNN refuses to prepack bfloat16 without AVX512 (prepack_supported False): there
+    # bfloat16 is emulated, and the warning says so once; elsewhere nothing is printed.
+    from calibration.cli import warn_if_emulated_bf16
+    from calibration.engine import model as M
+
+    monkeypatch.setitem(M._prepack_ok, torch.bfloat16, False)
+    line = warn_if_emulated_bf16("cpu", "bfloat16")
+    assert line.startswith("servesim: warning: this CPU has no AVX512")
+    assert "--dtype float32" in line and capsys.readouterr().err == line + "\n"
+    assert warn_if_emulated_bf16("cpu", "float32") is None
+    assert warn_if_emulated_bf16("cuda", "bfloat16") is None
+    monkeypatch.setitem(M._prepack_ok, torch.bfloat16, True)
+    assert warn_if_emulated_bf16("cpu", "bfloat16") is None
+    assert capsys.readouterr().err == ""
