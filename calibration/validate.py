@@ -944,6 +944,27 @@ def _timing_verdict(t: dict) -> str:
                 f"first" if late else "") + ")")
 
 
+#: How far the served steps' step-cost ratio times the probe's host speed may sit from 1
+#: before :func:`markdown_table` says the probe does not explain the mispricing.
+PROBE_AGREEMENT = 0.10
+
+
+def probe_disagreements(result: dict) -> list[tuple[str, float]]:
+    """Timed runs where the host-speed probe does not account for the cost model's error
+    on the run's own steps: ``step_cost_ratio × host_speed`` (1 when steps ran exactly the
+    probe's factor slower than the profile prices them) off 1 by more than
+    :data:`PROBE_AGREEMENT`. Returns ``(label, product)`` per such run: ``"saturation"``
+    or ``"load X rN"``; runs without a probe or a ratio are skipped."""
+    sat = result["saturation"]
+    runs = [("saturation", (sat.get("timing") or {}).get("step_cost_ratio"),
+             sat.get("host_speed"))]
+    for ld in result["loads"]:
+        runs += [(f"load {ld['load']:g} r{i + 1}", t.get("step_cost_ratio"), sp)
+                 for i, (t, sp) in enumerate(zip(ld["timing"], ld.get("host_speed") or []))]
+    return [(label, r * sp) for label, r, sp in runs
+            if r is not None and sp is not None and abs(r * sp - 1) > PROBE_AGREEMENT]
+
+
 def markdown_table(result: dict) -> str:
     """The validation as markdown: saturation line, then per load one row per figure
     (measured, predicted, signed error as mean [min, max] over replications; with a host
@@ -972,6 +993,13 @@ def markdown_table(result: dict) -> str:
                   "< 1: priced too fast): " + "; ".join(
                       f"{label}: " + ", ".join("–" if v is None else f"×{v:.3f}" for v in vs)
                       for label, vs in ratios), ""]
+    if adj:
+        apart = probe_disagreements(result)
+        if apart:
+            lines += [f"probe and served steps disagree by more than {PROBE_AGREEMENT:.0%} "
+                      "(priced/measured × probe, 1 when the probe's host speed explains the "
+                      "mispricing) in " + "; ".join(f"{label}: ×{v:.3f}" for label, v in apart)
+                      + ": the prediction at host speed is not reliable there.", ""]
     again = any("again_error" in row for ld in result["loads"] for row in ld["table"])
     head = ["load", "figure", "measured", "predicted", "error"]
     if again:

@@ -345,6 +345,35 @@ def test_timing_verdict_words():
         "them, the simulator started at the first)")
 
 
+def test_runs_where_the_probe_does_not_explain_the_mispricing_are_named():
+    # steps ran 1.25x their price (ratio 0.8) while the probe said 1.25x slower: explained
+    # (0.8 * 1.25 = 1); 0.8 with a probe of 1.0 is not (0.8 off by 20% > 10%)
+    lr = V.LoadResult(load=0.6, rate=1.0, num_requests=10)
+    lr.measured = [{"ttft_ms": {"p50": 100.0}}] * 3
+    lr.predicted = [{"ttft_ms": {"p50": 90.0}}] * 3
+
+    def timing(ratio):   # an exact timing replay whose steps were priced ×ratio
+        return {"step_cost_ratio": ratio, "ok": True, "steps_engine": 10,
+                "max_abs_diff_ms": {"arrival": 0.0}}
+
+    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05,
+                             "host_speed": 1.25, "adjusted_rps": 2.0, "adjusted_error": 0.0,
+                             "timing": timing(0.8)},
+              "loads": [{"load": 0.6, "table": lr.table(),
+                         "timing": [timing(0.8), timing(1.2), timing(None)],
+                         "host_speed": [1.0, 0.95, 1.0]}]}
+    apart = V.probe_disagreements(result)
+    assert [label for label, _ in apart] == ["load 0.6 r1", "load 0.6 r2"]
+    assert [v for _, v in apart] == pytest.approx([0.8, 1.14])
+    md = V.markdown_table(result)
+    assert ("probe and served steps disagree by more than 10% (priced/measured × probe, 1 "
+            "when the probe's host speed explains the mispricing) in load 0.6 r1: ×0.800; "
+            "load 0.6 r2: ×1.140: the prediction at host speed is not reliable there.") in md
+    for r in result["loads"][0]["timing"][:2]:
+        r["step_cost_ratio"] = 1.0
+    assert V.probe_disagreements(result) == [] and "disagree" not in V.markdown_table(result)
+
+
 def test_table_says_which_figures_the_band_is_judged_for():
     lr = V.LoadResult(load=0.3, rate=1.0, num_requests=10)
     lr.measured = [{"ttft_ms": {"p50": 100.0, "p90": 150.0}}]
