@@ -338,8 +338,18 @@ def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
     assert tm.warm_up(8, 2) == (8, 3)                        # only rows 7 and 8 are new
     assert [n for i, n in seen if i == id(dense[0])] == [7, 8] and len(seen) == 8
     seen.clear()
-    assert tm.warm_up(10**6, 10**6)[0] == M.WARMUP_MAX_ROWS
+    # the row cap, whatever the machine's speed (no wall-clock bound here; see below)
+    assert tm.warm_up(10**6, 10**6, max_seconds=float("inf"))[0] == M.WARMUP_MAX_ROWS
     assert [n for i, n in seen if i == id(dense[0])] == list(range(9, M.WARMUP_MAX_ROWS + 1))
+    # the wall-clock bound, on a clock that ticks 1 s per reading: read once for the
+    # deadline (3.5 s) and once before each row count, it stops before row 4
+    import itertools
+    import types
+
+    monkeypatch.setattr(M, "_warmed", {})
+    clock = itertools.count()
+    monkeypatch.setattr(M, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert tm.warm_up(10, 10, max_seconds=3.5) == (3, 3)
 
 
 def test_packed_linear_pads_listed_row_counts_and_returns_the_rows_asked_for():
