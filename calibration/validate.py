@@ -333,7 +333,10 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
         1 ms), and ``step_cost_ratio``: with a priced replay (``cost.price``) whose steps
         all match, Σ priced / Σ measured step durations (``duration_ns``, the engine's
         own time outside steps excluded), the cost model's time-weighted error on exactly
-        the steps served (< 1: priced too fast); else None.
+        the steps served (< 1: priced too fast); else None. ``step_cost_by_kind``: the
+        same sums split by step kind, ``{kind: [Σ priced ns, Σ measured ns, steps]}`` for
+        ``prefill`` (prefill chunks only), ``mixed`` and ``decode`` (decodes only), kinds
+        without steps left out; None when ``step_cost_ratio`` is.
     """
     mism, first = 0, None
     for k, (e, s) in enumerate(zip(run.steps, cost.steps)):
@@ -377,6 +380,7 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
             d = np.max(np.abs(np.asarray(et, dtype=np.int64) - np.asarray(st, dtype=np.int64)))
             diffs["token"] = max(diffs["token"], float(d) / NS_PER_MS)
     ok = (mism == 0 and hits_eq and pre_eq and max(diffs.values()) <= 1.0)
+    priced = bool(cost.priced_ns) and mism == 0 and bool(run.steps)
     # The engine handing tokens back between step k's end and its next queue check.
     gaps = [a - (s.start_ns + s.duration_ns) for s, a in zip(run.steps, run.after_checks_ns)]
     # An idle engine notices an arrival when it wakes; the simulator's step starts at the
@@ -397,9 +401,32 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
             "steps_engine": len(run.steps), "steps_sim": len(cost.steps),
             "step_mismatches": mism, "first_mismatch": first,
             "step_cost_ratio": (sum(cost.priced_ns) / sum(e.duration_ns for e in run.steps)
-                                if cost.priced_ns and mism == 0 and run.steps else None),
+                                if priced else None),
+            "step_cost_by_kind": _cost_by_kind(run.steps, cost.priced_ns) if priced else None,
             "prefix_hits_equal": bool(hits_eq), "preemptions_equal": bool(pre_eq),
             "max_abs_diff_ms": diffs, "ok": bool(ok)}
+
+
+STEP_KINDS = ("prefill", "mixed", "decode")
+
+
+def step_kind(step) -> str:
+    """``prefill`` (prefill chunks only), ``mixed`` (chunks and decodes) or ``decode``."""
+    if step.prefills:
+        return "mixed" if step.num_decodes else "prefill"
+    return "decode"
+
+
+def _cost_by_kind(steps, priced_ns) -> dict:
+    """``{kind: [Σ priced ns, Σ measured ns, steps]}`` over ``steps`` (engine steps with
+    ``duration_ns``) and their prices, for the kinds present."""
+    out: dict = {}
+    for e, p in zip(steps, priced_ns):
+        acc = out.setdefault(step_kind(e), [0, 0, 0])
+        acc[0] += int(p)
+        acc[1] += int(e.duration_ns)
+        acc[2] += 1
+    return {k: out[k] for k in STEP_KINDS if k in out}
 
 
 # == workloads ==============================================================================
@@ -993,6 +1020,19 @@ def markdown_table(result: dict) -> str:
                   "< 1: priced too fast): " + "; ".join(
                       f"{label}: " + ", ".join("–" if v is None else f"×{v:.3f}" for v in vs)
                       for label, vs in ratios), ""]
+    by_kind = []
+    for label, timings in [("saturation", [sat.get("timing") or {}])] + [
+            (f"load {ld['load']:g}", ld["timing"]) for ld in result["loads"]]:
+        sums = {k: [0, 0, 0] for k in STEP_KINDS}
+        for t in timings:
+            for k, (p, m, n) in (t.get("step_cost_by_kind") or {}).items():
+                sums[k] = [sums[k][0] + p, sums[k][1] + m, sums[k][2] + n]
+        if any(n for _, _, n in sums.values()):
+            by_kind.append(f"{label}: " + " / ".join(
+                f"×{p / m:.3f} ({n})" if n and m else "–" for p, m, n in sums.values()))
+    if by_kind:
+        lines += ["the same by step kind, prefill-only / mixed / decode-only (steps), over "
+                  "each load's replications: " + "; ".join(by_kind), ""]
     if adj:
         apart = probe_disagreements(result)
         if apart:

@@ -86,6 +86,15 @@ def test_priced_timing_replay_gives_the_cost_models_error_on_the_engines_steps(t
     want = (1000 * sum(s.num_scheduled_tokens for s in run.steps)
             / sum(s.duration_ns for s in run.steps))
     assert cmp["step_cost_ratio"] == pytest.approx(want, rel=1e-12)
+    # by kind: the same sums (1000 ns per scheduled token) split by what each step held
+    want_kinds: dict = {}
+    for st in run.steps:
+        kind = ("mixed" if st.num_decodes else "prefill") if st.prefills else "decode"
+        acc = want_kinds.setdefault(kind, [0, 0, 0])
+        acc[0] += 1000 * st.num_scheduled_tokens
+        acc[1] += st.duration_ns
+        acc[2] += 1
+    assert cmp["step_cost_by_kind"] == want_kinds and "decode" in want_kinds
     # unpriced, or on steps that differ from the engine's, there is no ratio
     assert V.compare_timing(run, *V.simulate_timing(sc, specs, run))["step_cost_ratio"] is None
     other = sc.model_copy(update={"engine": sc.engine.model_copy(
@@ -343,6 +352,25 @@ def test_timing_verdict_words():
     assert V._timing_verdict({**t, "step_mismatches": 3, "late_wakes": 2}).endswith(
         "; an idle engine woke 7.260 ms late, after a second arrival, 2 time(s): it batched "
         "them, the simulator started at the first)")
+
+
+def test_step_cost_by_kind_is_pooled_over_replications_in_the_table():
+    lr = V.LoadResult(load=0.6, rate=1.0, num_requests=10)
+    lr.measured = [{"ttft_ms": {"p50": 100.0}}] * 2
+    lr.predicted = [{"ttft_ms": {"p50": 90.0}}] * 2
+
+    def timing(by_kind):
+        return {"step_cost_ratio": 1.0, "ok": True, "steps_engine": 10,
+                "max_abs_diff_ms": {"arrival": 0.0}, "step_cost_by_kind": by_kind}
+
+    # prefill: (80 + 100) / (100 + 100) = 0.9 over 3 steps; decode 50 / 40 = 1.25
+    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
+              "loads": [{"load": 0.6, "table": lr.table(), "timing": [
+                  timing({"prefill": [80, 100, 1], "decode": [50, 40, 7]}),
+                  timing({"prefill": [100, 100, 2]})]}]}
+    md = V.markdown_table(result)
+    assert ("the same by step kind, prefill-only / mixed / decode-only (steps), over each "
+            "load's replications: load 0.6: ×0.900 (3) / – / ×1.250 (7)") in md
 
 
 def test_runs_where_the_probe_does_not_explain_the_mispricing_are_named():
