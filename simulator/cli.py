@@ -11,9 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-from calibration import cli as calibration_cli
-
-from . import planner_cli
 from .errors import InputError
 from .files import check_folder
 
@@ -97,11 +94,12 @@ def _attach_dash_values(argv: list[str]) -> list[str]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (``servesim run: error: ...``, exit 2) instead of the
-    usage block; ``--help`` still shows the usage."""
+    """argparse with a one-line error, ``servesim: error: ...`` as every other input error
+    (exit 2), naming the command's ``--help`` instead of printing the usage block."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        hint = f" (see {self.prog} --help)" if " " in self.prog else ""
+        self.exit(2, f"servesim: error: {message}{hint}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("schema", help="print the scenario JSON Schema")
     p.set_defaults(func=_cmd_schema)
+    from calibration import cli as calibration_cli
+
+    from . import planner_cli
+
     planner_cli.add_parsers(sub)
     # calibrate / profiles / validate: calibration.cli imports torch only when one runs,
     # so a planner-only install (no torch) keeps every other command.
@@ -130,9 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Entry point of the ``servesim`` console script; returns the exit status."""
-    ap = build_parser()
-    args = ap.parse_args(_attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
     try:
+        # Building the parser imports every command's modules (seconds): inside the try,
+        # so that Ctrl-C then is one line too.
+        ap = build_parser()
+        args = ap.parse_args(_attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
         return args.func(args)
     except InputError as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else "invalid input"

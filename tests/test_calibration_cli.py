@@ -309,7 +309,8 @@ def test_kv_cache_memory_error_names_the_flag(tmp_path, capsys, value, message):
               "--kv-cache-memory", value])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"servesim calibrate: error: argument --kv-cache-memory: {message}"]
+    assert err == [f"servesim: error: argument --kv-cache-memory: {message} (see servesim "
+                   f"calibrate --help)"]
     assert not any(tmp_path.iterdir())
 
 
@@ -370,8 +371,8 @@ def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
               value])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"servesim calibrate: error: argument --replay-seconds: {value!r}: give a "
-                   f"positive number of seconds"]
+    assert err == [f"servesim: error: argument --replay-seconds: {value!r}: give a "
+                   f"positive number of seconds (see servesim calibrate --help)"]
     assert not out.exists()
 
 
@@ -396,7 +397,7 @@ def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys
         main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml"), *flags])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"servesim calibrate: error: {message}"]
+        f"servesim: error: {message} (see servesim calibrate --help)"]
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -171,3 +171,18 @@ workload:
     while _group(proc.pid):   # the fork server leaves once its last worker is gone
         assert time.monotonic() < deadline, _group(proc.pid)
         time.sleep(0.1)
+
+
+def test_ctrl_c_while_servesim_imports_its_commands_is_one_line():
+    # Building the parser imports every command's modules (a second or more): a SIGINT
+    # arriving then, here sent by the process to itself as build_parser starts, is one line.
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os, signal, sys; from simulator import cli; "
+         "build = cli.build_parser; "
+         "cli.build_parser = lambda: (os.kill(os.getpid(), signal.SIGINT), build())[1]; "
+         "sys.exit(cli.main(['schema']))"],
+        capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "servesim: interrupted\n", "")
