@@ -392,8 +392,9 @@ def plan(scenario, executor, *, target_rate: float | None = None,
 
 
 def plan_table(result: PlanResult) -> pd.DataFrame:
-    """One row per candidate: values, max rate per replica (+ 95% CI), replicas (+ CI,
-    confirmed), cost per hour and per million output tokens (+ CI), operating-point TTFT
+    """One row per candidate: values, max rate per replica (+ 95% CI), replicas (+ CI;
+    ``confirmed``: True/False when the deployment was simulated at that count, None when it
+    was not, as only candidates that could be the cheapest are), cost per hour and per million output tokens (+ CI), operating-point TTFT
     and TPOT p99 (+ CI), cost kind, status.
 
     A ``*_ci95`` cell is ``[lo, hi]``, ``None`` where there is no interval (one
@@ -413,7 +414,9 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
             "max_rate_per_replica": s.max_rate if s else None,
             "max_rate_ci95": list(s.ci95) if s else None,
             "replicas": r.replicas, "replicas_ci95": list(r.replicas_ci95)
-            if r.replicas_ci95 else None, "confirmed": r.confirmed,
+            if r.replicas_ci95 else None,
+            # None: never simulated as a deployment (it could not be the cheapest)
+            "confirmed": r.confirmed if r.confirmation else None,
             "cost_per_hour": r.costs.get("cost_per_hour"),
             "cost_per_hour_ci95": r.costs_ci95.get("cost_per_hour"),
             "cost_per_million_output_tokens": r.costs.get("cost_per_million_output_tokens"),

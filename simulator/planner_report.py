@@ -194,7 +194,10 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                    "be negative). A CI end shown n/a is not known: the rate search bounded "
                    "the max rate on one side only, so the fewest replicas (and the lowest "
                    "cost) or the most are open; a whole CI n/a means no interval (one "
-                   "replication, or no rate to bound)."))
+                   "replication, or no rate to bound). Confirmed: yes when simulating the "
+                   "whole deployment confirmed the replica count, no when it did not, n/a "
+                   "when it was not simulated (only candidates that could be the cheapest "
+                   "are)."))
     cols = list(table.columns)
     b.append(("table", None, ["#"] + cols,
               [[str(i)] + [_cell(r[c]) for c in cols] for i, r in table.iterrows()]))

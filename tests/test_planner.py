@@ -90,6 +90,9 @@ def test_plan_sizes_replicas_confirmed_by_simulation():
     table = plan_table(res)
     assert list(table["status"]).count("cheapest feasible") == 1
     assert set(table["cost_kind"]) == {"inline"}
+    # max_num_seqs 1 needs more replicas, so it could not be cheaper: never simulated
+    confirmed = dict(zip(table["engine.max_num_seqs"], table["confirmed"]))
+    assert confirmed[2] is True and confirmed[1] is None
 
 
 def test_sweep_knee_matches_max_num_seqs_bound():
