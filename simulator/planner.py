@@ -128,7 +128,7 @@ def _candidate_where(scenario, key: str | None = None, point: dict | None = None
             if idx is not None:
                 path.append(idx)
     dotted = ".".join(map(str, path))
-    flag = scenario.set_by(dotted)
+    flag = scenario.set_by(path)
     if flag:
         return f"--set {flag}: {dotted}"
     text = scenario._text

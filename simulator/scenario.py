@@ -336,10 +336,12 @@ class Scenario(_Strict):
         return InputError(_prefix(tuple(key_path.split(".")), self._source, self._origins,
                                   message, self._text, also=depends))
 
-    def set_by(self, key_path: str) -> str | None:
-        """The ``--set`` flag (``"key=value"``) that gave ``key_path`` or a key above it;
+    def set_by(self, key_path: str | tuple) -> str | None:
+        """The ``--set`` flag (``"key=value"``) that gave ``key_path`` (dotted, or a tuple
+        of parts where a part holds dots: a ``plan.candidates`` key) or a key above it;
         None when the value is the file's or the default."""
-        loc = tuple(key_path.split("."))
+        loc = (tuple(key_path.split(".")) if isinstance(key_path, str)
+               else tuple(map(str, key_path)))
         return next((flag for opath, flag in self._origins.items()
                      if loc[:len(opath)] == opath), None)
 
@@ -549,7 +551,9 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
 
 def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     """``key.path=value`` → ``(key path parts, value)``, recording the flag in ``seen``
-    (``{parts: flag}``).
+    (``{parts: flag}``). Below ``plan.candidates`` the rest of the path is one key, a
+    dotted scenario key: ``plan.candidates.engine.max_num_seqs`` → ``("plan",
+    "candidates", "engine.max_num_seqs")``.
 
     Raises:
         InputError: ``--set <s>: ...`` for a malformed flag or a key already in ``seen``
@@ -559,6 +563,9 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     parts = tuple(p.strip() for p in key.strip().split("."))
     if not sep or not all(parts):
         raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+    if parts[:2] == ("plan", "candidates") and len(parts) > 3:
+        # a candidate's key is itself a dotted scenario key (engine.max_num_seqs)
+        parts = (*parts[:2], ".".join(parts[2:]))
     if parts in seen:
         raise InputError(f"--set {s}: {'.'.join(parts)} is already set by --set "
                          f"{seen[parts]} (give each key once{hint})")
@@ -570,9 +577,12 @@ def _from_cwd(parts: tuple, val, cwd: Path):
     """``val`` (set at key path ``parts``) with its relative file paths made relative to
     ``cwd``: a ``path`` key (a trace, an empirical distribution), and a ``hardware.profile``
     or ``model`` that names a file or folder rather than a catalog entry (it has a ``/``
-    or a YAML/JSON suffix); inside a mapping too."""
+    or a YAML/JSON suffix); inside a mapping too, and in the value lists of
+    ``plan.candidates`` (whose keys are dotted scenario keys)."""
     if isinstance(val, dict):
         return {k: _from_cwd((*parts, str(k)), v, cwd) for k, v in val.items()}
+    if parts[:2] == ("plan", "candidates") and len(parts) == 3 and isinstance(val, list):
+        return [_from_cwd(tuple(parts[2].split(".")), v, cwd) for v in val]
     if not isinstance(val, str) or not val:
         return val
     if parts[-1] == "path" or (parts in (("hardware", "profile"), ("model",)) and (

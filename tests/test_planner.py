@@ -518,6 +518,20 @@ def test_a_bad_candidate_names_its_line_and_key_path(tmp_path, capsys, candidate
     assert not out.exists()
 
 
+def test_a_candidate_list_set_by_its_dotted_key_is_that_flags_in_errors(tmp_path, capsys):
+    y = tmp_path / "p.yaml"
+    y.write_text(small_scenario("p", 50) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
+                 "  target_rate: 10\n  candidates:\n    engine.max_num_seqs: [2, 4]\n")
+    out = tmp_path / "pl"
+    flag = "plan.candidates.engine.max_num_seqs=[64, -3]"
+    assert main(["plan", str(y), "--set", flag, "--executor", "serial", "--quiet", "--out",
+                 str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"servesim: error: --set {flag}: plan.candidates.engine.max_num_seqs.1: Input should "
+        "be greater than or equal to 1 (got -3)")
+    assert not out.exists()
+
+
 def test_a_plan_without_target_rate_names_the_line_of_plan(tmp_path, capsys):
     y = tmp_path / "p.yaml"
     y.write_text(small_scenario("p", 50) + "plan:\n  candidates: {engine.max_num_seqs: [2]}\n")

@@ -264,6 +264,19 @@ def test_a_path_typed_in_a_flag_is_relative_to_the_current_directory(tmp_path, m
                    "workload": {"trace": {"path": "/t.csv"},
                                 "prompt_tokens": {"dist": "empirical",
                                                   "path": str(tmp_path / "l.csv")}}}
+    # plan.candidates' keys are dotted scenario keys: the rest of a flag's path is one key,
+    # and profile files in its value lists are the shell's paths too (catalog names stay)
+    raw, origins = apply_overrides({}, [
+        "plan.candidates.hardware.profile=[p/x.yaml, h100-sxm]",
+        "plan.candidates.engine.max_num_seqs=[4, 8]"], tmp_path)
+    assert raw == {"plan": {"candidates": {
+        "hardware.profile": [str(tmp_path / "p" / "x.yaml"), "h100-sxm"],
+        "engine.max_num_seqs": [4, 8]}}}
+    assert ("plan", "candidates", "engine.max_num_seqs") in origins
+    raw, _ = apply_overrides({}, ["plan.candidates={hardware.profile: [p/x.yaml], "
+                                  "model: [m/config.json]}"], tmp_path)
+    assert raw["plan"]["candidates"] == {"hardware.profile": [str(tmp_path / "p" / "x.yaml")],
+                                         "model": [str(tmp_path / "m" / "config.json")]}
 
 
 def test_scheduler_config():
