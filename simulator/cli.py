@@ -49,7 +49,7 @@ def _cmd_run(args) -> int:
     if args.out is not None and not args.out.strip():
         raise InputError("--out: empty path (give a folder, or leave --out out)")
     out = Path(args.out) if args.out else Path("reports") / scenario.name
-    check_folder(out, "--out")   # fail before simulating, not after
+    check_folder(out, "--out", "run")   # fail before simulating, not after
     warning = profile_warning(build_cost_model(scenario))
     if warning:
         print(warning, file=sys.stderr)

@@ -154,16 +154,29 @@ def missing_file(path: Path) -> str:
     return "is a folder, not a file" if path.is_dir() else "file not found"
 
 
-def check_folder(path: str | Path, flag: str) -> None:
+#: The file that marks a folder as one command's report. Reports share ``report.md`` and
+#: ``report.html``, so one command writing into another's folder would leave a mix.
+REPORT_MARKERS = {"run": "summary.json", "sweep": "sweep.json", "plan": "plan.json",
+                  "compare": "compare.csv", "validate": "validation.json"}
+
+
+def check_folder(path: str | Path, flag: str, kind: str | None = None) -> None:
     """Refuse, before any work, an output folder that cannot be one: ``path`` is a file, a
-    folder above it is, or the folder (else the nearest existing one above it, where it
-    would be created) takes no new file. Creates nothing.
+    folder above it is, the folder (else the nearest existing one above it, where it
+    would be created) takes no new file, or, with ``kind`` (a key of
+    :data:`REPORT_MARKERS`), it holds another command's report. Creates nothing.
 
     Raises:
-        InputError: ``<flag> <path>: <which> is a file, not a folder``, or ``<flag> <path>:
-            cannot write there (<reason>)``.
+        InputError: ``<flag> <path>: <which> is a file, not a folder``, ``<flag> <path>:
+            cannot write there (<reason>)`` or ``<flag> <path>: holds a <command> report
+            ...``.
     """
     p = Path(path)
+    other = next((k for k, f in REPORT_MARKERS.items()
+                  if kind is not None and k != kind and (p / f).is_file()), None)
+    if other is not None:
+        raise InputError(f"{flag} {path}: holds a {other} report ({REPORT_MARKERS[other]}); "
+                         f"a {kind} report there would mix with it: give another folder")
     for q in (p, *p.parents):
         if q.exists():
             if not q.is_dir():

@@ -178,7 +178,7 @@ def _cmd_sweep(args) -> int:
         raise InputError("--set: give at least one swept key with comma-separated values, "
                          "e.g. --set workload.arrival.rate=1,2,4,8")
     out = Path(args.out) if args.out else Path("reports") / f"{scenario.name}-sweep"
-    check_folder(out, "--out")   # before the runs, not after
+    check_folder(out, "--out", "sweep")   # before the runs, not after
     with _executor(args) as ex, _progress(args, f"sweeping {scenario.name}") as prog:
         res = sweep(scenario, axes, ex, progress=prog)
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
@@ -228,7 +228,7 @@ def _cmd_plan(args) -> int:
         raise InputError(f"--target-rate must be a finite rate > 0 req/s, got "
                          f"{args.target_rate}")
     out = Path(args.out) if args.out else Path("reports") / f"{scenario.name}-plan"
-    check_folder(out, "--out")   # before the runs, not after
+    check_folder(out, "--out", "plan")   # before the runs, not after
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
                    confirm=not args.no_confirm)
@@ -279,7 +279,7 @@ def _cmd_compare(args) -> int:
                                    f"each plan a distinct name")
         seen[sc.name] = sc.source
     out = Path(args.out) if args.out else Path("reports") / "compare"
-    check_folder(out, "--out")   # before the runs, not after
+    check_folder(out, "--out", "compare")   # before the runs, not after
     ignored = [sc.source for sc in scenarios[1:]
                if (sc.workload, sc.slo) != (scenarios[0].workload, scenarios[0].slo)]
     if ignored:  # a comparison holds the traffic fixed: say whose is used

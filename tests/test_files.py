@@ -50,3 +50,18 @@ def test_yaml_line_and_depth_of_key_paths():
         assert yaml_where(text, path) == (line, depth), path
         assert yaml_line(text, path) == line
     assert yaml_where("a: [", ("a",)) == (None, 0)
+
+
+def test_an_output_folder_holding_another_commands_report_is_refused(tmp_path):
+    from simulator.errors import InputError
+    from simulator.files import REPORT_MARKERS, check_folder
+
+    (tmp_path / "summary.json").write_text("{}")   # a run's report
+    check_folder(tmp_path, "--out", "run")          # the same command writes over it
+    check_folder(tmp_path, "--out")                 # no kind: not checked
+    check_folder(tmp_path / "new", "--out", "sweep")   # a new folder holds nothing
+    for kind in set(REPORT_MARKERS) - {"run"}:
+        with pytest.raises(InputError) as e:
+            check_folder(tmp_path, "--out", kind)
+        assert str(e.value) == (f"--out {tmp_path}: holds a run report (summary.json); a "
+                                f"{kind} report there would mix with it: give another folder")

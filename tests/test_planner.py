@@ -269,6 +269,13 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     y2.write_text(y.read_text().replace("name: s\n", "name: s2\n"))
     assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 0
     assert (tmp_path / "cmp" / "compare.csv").is_file()
+    # one command's report folder is not another's: refused before any run, left as it was
+    before = sorted(p.name for p in (tmp_path / "pl").iterdir())
+    capsys.readouterr()
+    assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "pl")] + args) == 2
+    assert capsys.readouterr().err.startswith(f"servesim: error: --out {tmp_path / 'pl'}: "
+                                              "holds a plan report (plan.json)")
+    assert sorted(p.name for p in (tmp_path / "pl").iterdir()) == before
     assert main(["sweep", str(y), "--out", str(tmp_path / "x")] + args) == 2
     assert "swept key" in capsys.readouterr().err
     assert main(["plan", str(y), "--target-rate", "-1"] + args) == 2
