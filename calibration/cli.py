@@ -618,6 +618,11 @@ def _cmd_profiles(args) -> int:
     Console(width=max(160, terminal, need)).print(t)
     if not rows:
         print("no profiles found")
+    from simulator.cost_model import missing_profile_dirs
+
+    gone = missing_profile_dirs()
+    if gone:   # a typo in the variable would otherwise just look like no profiles there
+        print(f"servesim: warning: {gone}", file=sys.stderr)
     return 0
 
 

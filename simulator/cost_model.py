@@ -254,12 +254,19 @@ def profile_dirs() -> list[Path]:
     return local + [PROFILES_DIR]
 
 
-def _missing_profile_dirs() -> str:
-    """``"; $SERVESIM_PROFILES names folders that do not exist: ..."`` or ``""``."""
+def missing_profile_dirs() -> str:
+    """``"$SERVESIM_PROFILES names folders that do not exist: ..."``, or ``""`` when every
+    folder it names exists (or it is unset)."""
     env = os.environ.get("SERVESIM_PROFILES")
     gone = [str(d) for d in profile_dirs()[:-1] if env and not d.is_dir()]
-    return (f"; $SERVESIM_PROFILES names folders that do not exist: {', '.join(gone)}"
+    return (f"$SERVESIM_PROFILES names folders that do not exist: {', '.join(gone)}"
             if gone else "")
+
+
+def _missing_profile_dirs() -> str:
+    """:func:`missing_profile_dirs` as a clause to end a message (``"; ..."``), or ``""``."""
+    gone = missing_profile_dirs()
+    return f"; {gone}" if gone else ""
 
 
 def hardware_profile_error(name: str, err: InputError) -> str:

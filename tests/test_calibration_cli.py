@@ -2,6 +2,7 @@
 predicts the fitted step times from it, the CSV reproduces its held-out error, an
 interrupted run resumes; `servesim profiles` lists it."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -190,8 +191,13 @@ def test_profiles_lists_shipped_and_local(tmp_path, monkeypatch, capsys):
     if shipped:
         assert rows["my-copy"][-1] == str(local)
     assert main(["profiles"]) == 0
-    printed = capsys.readouterr().out
-    assert "broken" in printed and "calibration profiles" in printed
+    out = capsys.readouterr()
+    assert "broken" in out.out and "calibration profiles" in out.out and out.err == ""
+    # a folder the variable names that does not exist is said, not silently skipped
+    monkeypatch.setenv("SERVESIM_PROFILES", f"{local}{os.pathsep}{tmp_path / 'typo'}")
+    assert main(["profiles"]) == 0
+    assert capsys.readouterr().err == ("servesim: warning: $SERVESIM_PROFILES names folders "
+                                       f"that do not exist: {tmp_path / 'typo'}\n")
 
 
 def test_profiles_table_never_cuts_or_wraps_a_name():
