@@ -393,9 +393,10 @@ def plan(scenario, executor, *, target_rate: float | None = None,
 
 def plan_table(result: PlanResult) -> pd.DataFrame:
     """One row per candidate: values, max rate per replica (+ 95% CI), replicas (+ CI;
-    ``confirmed``: True/False when the deployment was simulated at that count, None when it
-    was not, as only candidates that could be the cheapest are), cost per hour and per million output tokens (+ CI), operating-point TTFT
-    and TPOT p99 (+ CI), cost kind, status.
+    ``confirmed``: True/False when the deployment was simulated at that count, None when
+    it was not, as only candidates that could be the cheapest are), cost per hour and per
+    million output tokens (+ CI), operating-point TTFT and TPOT p99 (+ CI), cost kind,
+    status.
 
     A ``*_ci95`` cell is ``[lo, hi]``, ``None`` where there is no interval (one
     replication, no max rate), or has one end ``None`` where the rate search bounded the
