@@ -8,7 +8,7 @@ key path and what is allowed, e.g.::
 
     chat.yaml:12: engine.max_num_seqs: Input should be greater than or equal to 1 (got 0)
     chat.yaml:12: engine.max_num_seq: unknown key (allowed: block_size, max_num_seqs, ...)
-    --set engine.block_size=abc: Input should be a valid integer (got 'abc')
+    --set engine.block_size=abc: Input should be a valid integer >= 1 (got 'abc')
 
 The line is the key's (a missing key: its parent's), from the YAML node marks
 (:func:`simulator.files.yaml_line`).
@@ -647,8 +647,8 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None =
         opath, flag = max(setters, key=lambda o: len(o[0]))
         return f"--set {flag}: {msg}" if loc == opath else f"--set {flag}: {path}: {msg}"
     line, held = yaml_where(text, loc) if text is not None and loc else (None, len(loc))
-    if held < len(loc) - 1:   # the mapping holding the key is not in the file: a flag made it
-        made = loc[:held + 1]
+    if held < len(loc):   # the file lacks the key: a flag below it made it (a typo in
+        made = loc[:held + 1]   # its path: --set engin.block_size=8) or the mapping above
         maker = next((f for o, f in origins.items() if o[:len(made)] == made), None)
         if maker is not None:   # say so: the user may not know the file lacks it
             return (f"--set {maker}: {path}: {msg} (the file has no {'.'.join(made)}; "
@@ -673,14 +673,23 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None =
 def format_validation_error(e: ValidationError, source: str, root: type | None = None,
                             origins: dict | None = None, text: str | None = None) -> str:
     """One line for a pydantic ``ValidationError`` of model ``root`` read from ``source``:
-    ``"<source>[:LINE]: <key.path>: <what is wrong / allowed>"``, unknown keys first, with
-    a count of further errors. ``LINE`` (the key's line, :func:`simulator.files.yaml_line`)
-    is given when ``text``, the YAML that was validated, is."""
+    ``"<source>[:LINE]: <key.path>: <what is wrong / allowed>"``, unknown keys first, keys
+    missing from one mapping named together, with a count of further errors. ``LINE``
+    (the key's line, :func:`simulator.files.yaml_line`) is given when ``text``, the YAML
+    that was validated, is."""
     # Unknown keys first: a typo often causes the other errors (a required key "missing").
     errs = sorted(e.errors(include_url=False), key=lambda x: x["type"] != "extra_forbidden")
-    msg = _format_error(errs[0], source, origins or {}, root or Scenario, text)
-    if len(errs) > 1:
-        msg += f" (and {len(errs) - 1} more error{'s' if len(errs) > 2 else ''})"
+    root = root or Scenario
+    msg, shown = _format_error(errs[0], source, origins or {}, root, text), 1
+    if errs[0]["type"] == "missing":   # name every key missing beside it at once
+        locs = [_resolve_loc(tuple(x["loc"]), root)[0] for x in errs if x["type"] == "missing"]
+        names = [str(lc[-1]) for lc in locs if lc[:-1] == locs[0][:-1]]
+        if len(names) > 1:
+            msg, shown = _prefix(locs[0][:-1], source, origins or {},
+                                 f"required keys missing: {', '.join(names)}", text), len(names)
+    if len(errs) > shown:
+        more = len(errs) - shown
+        msg += f" (and {more} more error{'s' if more > 1 else ''})"
     return msg
 
 
@@ -709,11 +718,25 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
                                                 if tags else "")
     else:
         msg = err["msg"]
+        if typ in ("int_type", "int_parsing", "float_type", "float_parsing") and loc:
+            msg += _range_text(parent, str(loc[-1]))   # the bounds too, not just the type
         inp = err.get("input")
         # Echoed for --set values too: the repr tells the string '4' from the number 4.
         if inp is None or isinstance(inp, (int, float, str, bool)):
             msg += f" (got {inp!r})"
     return _prefix(loc, source, origins, msg, text)
+
+
+_BOUND_OPS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+def _range_text(parent, field: str) -> str:
+    """`` >= 1 and <= 100000000`` for a field of ``parent`` declared with bounds
+    (``Field(ge=..., le=...)``), else ``""``."""
+    info = getattr(parent, "model_fields", {}).get(field)
+    bounds = [f"{op} {getattr(m, attr)}" for m in (info.metadata if info else ())
+              for attr, op in _BOUND_OPS if getattr(m, attr, None) is not None]
+    return " " + " and ".join(bounds) if bounds else ""
 
 
 def _union_tags(parent, field, tag: str) -> list[str]:

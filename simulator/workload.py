@@ -62,8 +62,8 @@ class _Dist(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
-    min: Optional[float] = None
-    max: Optional[float] = None
+    min: Optional[float] = Field(None, ge=0)   # counts and seconds: never negative
+    max: Optional[float] = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _bounds(self):

@@ -218,7 +218,7 @@ def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsy
     assert main([command, str(scen), "--set", "workload.arrival.rate=4,8", "--out", str(out),
                  "--quiet"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "servesim: error: --set workload.arrival.rate=4,8: Input should be a valid number "
+        "servesim: error: --set workload.arrival.rate=4,8: Input should be a valid number > 0 "
         f"(got '4,8'); {hint}"]
     assert not out.exists()
     # a bracketed list of numbers where one number goes: the same hint, values as sweep
@@ -227,7 +227,7 @@ def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsy
                  str(out), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
         "servesim: error: --set workload.arrival.rate=[4, 8.5]: Input should be a valid "
-        f"number; {hint.replace('4,8', '4,8.5')}")
+        f"number > 0; {hint.replace('4,8', '4,8.5')}")
     # a mapping where one number goes: the schema's own word, no hint
     assert main([command, str(scen), "--set", "workload.arrival.rate={a: 1}", "--out",
                  str(out), "--quiet"]) == 2
@@ -239,8 +239,8 @@ def test_a_bracketed_list_given_to_sweep_is_written_without_brackets(scen, tmp_p
     assert main(["sweep", str(scen), "--set", "workload.arrival.rate=[4,8]", "--out",
                  str(out), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "servesim: error: --set workload.arrival.rate=[4,8]: Input should be a valid number; "
-        "sweep values are written without brackets: workload.arrival.rate=4,8")
+        "servesim: error: --set workload.arrival.rate=[4,8]: Input should be a valid number "
+        "> 0; sweep values are written without brackets: workload.arrival.rate=4,8")
     assert not out.exists()
 
 
@@ -251,9 +251,9 @@ def test_a_mapping_a_flag_creates_is_the_flags_in_errors(scen, tmp_path, capsys)
                  "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(
-        "servesim: error: --set workload.trace.time_scale=2: workload.trace.path: required "
-        "key missing")
-    assert "missing (the file has no workload.trace; this flag makes one)" in err
+        "servesim: error: --set workload.trace.time_scale=2: workload.trace: required "
+        "keys missing: path, format")
+    assert err.endswith("format (the file has no workload.trace; this flag makes one)")
 
 
 @pytest.mark.parametrize("argv,expected", [

@@ -68,13 +68,13 @@ def test_brief_error_examples(chat):
         "max_model_len, num_gpu_blocks)")
     chat.write_text(yaml.safe_dump(BASE))
     assert err(load_scenario, chat, ["engine.block_size=abc"]) == (
-        "--set engine.block_size=abc: Input should be a valid integer (got 'abc')")
+        "--set engine.block_size=abc: Input should be a valid integer >= 1 (got 'abc')")
     # the value as read: a quoted number is a string
     assert err(load_scenario, chat, ["engine.max_num_seqs='8'"]) == (
-        "--set engine.max_num_seqs='8': Input should be a valid integer (got '8')")
+        "--set engine.max_num_seqs='8': Input should be a valid integer >= 1 (got '8')")
     assert err(load_scenario, chat, ["engine={max_num_seqs: abc}"]) == (
         "--set engine={max_num_seqs: abc}: engine.max_num_seqs: Input should be a valid "
-        "integer (got 'abc')")
+        "integer >= 1 (got 'abc')")
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -104,8 +104,9 @@ def test_brief_error_examples(chat):
     ("hardware.step_time.constant_s=0", "greater than 0"),
     ("engine.max_model_len=4096", "--set engine.max_model_len=4096: 4096 is longer than the "
      "model's max_position_embeddings (2048)"),
-    ("engine.max_num_seqs=4096", "chat.yaml (with --set engine.max_num_seqs=4096): engine: "
-     "max_num_batched_tokens (2048) must be >= max_num_seqs (4096)"),
+    ("engine.max_num_seqs=4096", "--set engine.max_num_seqs=4096: engine: "
+     "max_num_batched_tokens (2048) must be >= max_num_seqs (4096), as vLLM requires (the "
+     "file has no engine; this flag makes one)"),
     ("workload.arrival.rate=-1", "--set workload.arrival.rate=-1: Input should be greater "
      "than 0"),
     ("model=llama-9", "--set model=llama-9: 'llama-9' is neither a catalog model"),
@@ -139,7 +140,7 @@ def test_a_flag_beside_a_file_error_that_cannot_have_caused_it_is_not_named(chat
     chat.write_text(text.replace("  num_requests: 10\n", "  num_requests: 10\n  seed: 1.5\n"))
     assert err(load_scenario, chat, ["workload.num_requests=100"]) == (
         f"chat.yaml:{line_of(chat, 'seed: 1.5')}: workload.seed: Input should be a valid "
-        f"integer (got 1.5)")
+        f"integer >= 0 (got 1.5)")
     lognormal = "  prompt_tokens:\n    dist: lognormal\n    median: 100\n    p90: 50\n"
     chat.write_text(text.replace("  prompt_tokens:\n    dist: fixed\n    value: 100\n",
                                  lognormal))
@@ -510,3 +511,33 @@ def test_a_bad_plan_price_names_its_gpu_key_and_line(tmp_path, prices, msg):
     p.write_text(yaml.safe_dump(BASE, sort_keys=False) + "plan: {target_rate: 1}\n")
     assert err(load_scenario, p, ["plan.prices.l4=-2"]) == (
         "--set plan.prices.l4=-2: a price is a finite number >= 0 (USD per GPU-hour), got -2")
+
+
+def test_a_number_of_the_wrong_type_is_told_the_allowed_range_too(chat):
+    # num_requests is bounded (1 .. 100000000, ~1 KiB each): a float past it names both
+    assert err(load_scenario, chat, ["workload.num_requests=1.0e12"]) == (
+        "--set workload.num_requests=1.0e12: Input should be a valid integer >= 1 and "
+        "<= 100000000 (got 1000000000000.0)")
+    # a field without bounds keeps pydantic's words alone
+    assert err(load_scenario, chat, ["name=3"]) == (
+        "--set name=3: Input should be a valid string (got 3)")
+
+
+def test_every_key_missing_beside_the_first_is_named_at_once(chat):
+    assert err(load_scenario, chat, ["workload.prompt_tokens={dist: lognormal}"]) == (
+        "--set workload.prompt_tokens={dist: lognormal}: required keys missing: median, p90")
+    raw = {k: v for k, v in BASE.items() if k != "workload"}
+    chat.write_text(yaml.safe_dump({**raw, "workload": {"seed": 1, "num_requests": 5}}))
+    assert err(load_scenario, chat) == (
+        f"chat.yaml:{line_of(chat, 'workload:')}: workload: arrival, prompt_tokens, "
+        "output_tokens required (or give a trace)")
+
+
+def test_a_misspelt_section_in_a_flag_is_blamed_on_the_flag(chat):
+    # the flag made the unknown mapping, as --set engine.blok_size=8 makes an unknown key
+    assert err(load_scenario, chat, ["engin.block_size=8"]) == (
+        "--set engin.block_size=8: engin: unknown key (allowed: name, model, dtype, "
+        "hardware, engine, cluster, workload, slo, sim, plan) (the file has no engin; this "
+        "flag makes one)")
+    assert err(load_scenario, chat, ["engine.blok_size=8"]).startswith(
+        "--set engine.blok_size=8: unknown key (allowed: block_size, ")

@@ -483,3 +483,11 @@ def test_a_rate_so_low_that_the_arrivals_overflow_the_clock_names_the_rate():
         with pytest.raises(KeyedInputError):
             build_workload(cfg(num_requests=3000, arrival={"process": "poisson",
                                                            "rate": 1e-300}))
+
+
+@pytest.mark.parametrize("key", ["min", "max"])
+def test_negative_clip_bounds_are_refused_as_negative(key):
+    # counts and seconds are never negative: not "below the median" or "holds no integer"
+    with pytest.raises(ValidationError, match=re.escape(
+            f"lognormal.{key}\n  Input should be greater than or equal to 0")):
+        DIST.validate_python({"dist": "lognormal", "median": 96, "p90": 320, key: -1})
