@@ -255,6 +255,22 @@ def test_host_speed_columns_in_the_table():
     assert row["adjusted_error"]["mean"] == pytest.approx(-0.04)
 
 
+def test_served_again_in_band_moves_the_band_onto_the_first_serving():
+    # prediction 80, band [76, 88] (-5%, +10% of it); first serving 100 -> moved band
+    # [95, 110]: a second serving of 108 lies in it, 94 does not
+    def load(again):
+        lr = V.LoadResult(load=0.9, rate=1.0, num_requests=10)
+        lr.measured, lr.predicted = [{"ttft_ms": {"p50": 100.0}}], [{"ttft_ms": {"p50": 80.0}}]
+        lr.band_low, lr.band_high = [{"ttft_ms": {"p50": 76.0}}], [{"ttft_ms": {"p50": 88.0}}]
+        lr.again = [{"ttft_ms": {"p50": again}}]
+        return {r["figure"]: r for r in lr.table()}
+    assert load(108.0)["TTFT p50"]["again_in_band"] is True
+    assert load(94.0)["TTFT p50"]["again_in_band"] is False
+    assert load(108.0)["TTFT p50"]["in_band"] is False          # 100 is outside [76, 88]
+    assert "again_in_band" not in load(108.0)["TTFT p90"]      # not a band figure
+    assert load(108.0)["TPOT p50"]["again_in_band"] is None     # no figures: undefined
+
+
 def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
     sc = scenario_from_dict(SCENARIO)
     base = build_cost_model(sc)
