@@ -2,7 +2,8 @@
 
 Runs ``servesim validate`` (:func:`calibration.validate.validate`) on the CPU fidelity
 workloads — ``scenarios/cpu_tiny.yaml`` (Poisson, Azure-conversation-like lengths scaled to
-the CPU) and the same with a shared system prompt (4 groups of 128 tokens) — at loads 0.3,
+the CPU; in float32 on a CPU that emulates bfloat16, :func:`host_dtype`) and the same with a
+shared system prompt (4 groups of 128 tokens) — at loads 0.3,
 0.6 and 0.9 of the measured saturation, and writes one markdown file with every error,
 the machine, the versions and the seeds (default ``benchmarks/results/fidelity.md``; the
 HTML reports and CDF plots go to ``reports/fidelity/<workload>/``). Every replication's
@@ -39,6 +40,8 @@ WORKLOADS = {
 }
 
 
+# The shipped profile for CPUs that emulate bfloat16 (host_dtype).
+FLOAT32_PROFILE = "cpu-llama-tiny-56m-float32"
 # A timed run is disturbed when other processes used more than this share of one core.
 BUSY_PCT = 10.0
 
@@ -134,12 +137,28 @@ def fresh_profile(scenario, out_dir: Path, repeats: int) -> tuple[Path, str]:
                   f"{new.error.heldout.mape:.1%}, replay MAPE {new.error.replay.mape:.1%}")
 
 
+def host_dtype() -> list[str]:
+    """``--set`` flags for the default scenario on this CPU: none where bfloat16 runs
+    natively; where it is emulated (no AVX512, so oneDNN cannot prepack it:
+    :func:`calibration.engine.model.prepack_supported`; ~23x slower than float32), float32
+    and the shipped float32 profile, measured on such a CPU."""
+    import torch
+
+    from calibration.engine.model import prepack_supported
+    if prepack_supported(torch.bfloat16):
+        return []
+    print("bfloat16 is emulated on this CPU: validating in float32", file=sys.stderr)
+    return ["dtype=float32", f"hardware.profile={FLOAT32_PROFILE}"]
+
+
 def main(argv=None) -> int:
     from calibration.validate import markdown_table, validate, write_outputs
     from simulator.scenario import load_scenario
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "cpu_tiny.yaml"))
+    ap.add_argument("--scenario", default=None,
+                    help="default scenarios/cpu_tiny.yaml (bfloat16), in float32 with the "
+                         "shipped float32 profile on a CPU that emulates bfloat16")
     ap.add_argument("--loads", default="0.3,0.6,0.9")
     ap.add_argument("--replications", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=15.0)
@@ -156,14 +175,18 @@ def main(argv=None) -> int:
     loads = [float(x) for x in args.loads.split(",")]
     parts = ["# servesim fidelity against its own engine (predicted mode)", ""]
     results = {}
+    scenario, base = args.scenario, []
+    if scenario is None:
+        scenario, base = str(ROOT / "scenarios" / "cpu_tiny.yaml"), host_dtype()
     for name in args.only or list(WORKLOADS):
-        sc = load_scenario(args.scenario, WORKLOADS[name])
+        sets = base + WORKLOADS[name]
+        sc = load_scenario(scenario, sets)
         print(f"== {name}", file=sys.stderr)
         cal_note = "profile: the scenario's own (--no-calibrate)"
         if not args.no_calibrate:
             path, cal_note = fresh_profile(sc, ROOT / "reports" / "fidelity" / name /
                                            "profile", args.calibrate_repeats)
-            sc = load_scenario(args.scenario, WORKLOADS[name] + [f"hardware.profile={path}"])
+            sc = load_scenario(scenario, sets + [f"hardware.profile={path}"])
         watch = CpuWatch(lambda m: print(m, file=sys.stderr, flush=True))
         res = validate(sc, loads, args.replications, seconds_per_load=args.seconds,
                        again=not args.no_serve_again, progress=watch.progress)
@@ -173,7 +196,7 @@ def main(argv=None) -> int:
         results[name] = res
         meta = res["meta"]
         parts += [f"## {name}", "",
-                  f"scenario {meta['source']} {' '.join(WORKLOADS[name])}; model "
+                  f"scenario {meta['source']} {' '.join(sets)}; model "
                   f"{meta['model']} ({meta['dtype']}); {meta['cpu']}, torch threads "
                   f"{meta['threads']}, torch {meta['torch']}, Python {meta['python']}, engine "
                   f"{meta['engine']}; cost model {meta['cost_model']} (held-out MAPE "

@@ -1,6 +1,6 @@
-"""The shipped CPU profile: its CSVs reproduce the errors it reports, it meets the accuracy
-target on replay steps the fit never saw, and `servesim run` refuses it for another model
-or dtype."""
+"""The shipped CPU profiles (bfloat16; float32 for CPUs that emulate bfloat16): their CSVs
+reproduce the errors they report, they meet the accuracy target on replay steps the fit
+never saw, and `servesim run` refuses a profile for another model or dtype."""
 
 from pathlib import Path
 
@@ -14,20 +14,25 @@ from simulator.scenario import load_scenario
 
 NAME = "cpu-llama-tiny-56m-bfloat16"
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+# name, dtype, bytes per element
+SHIPPED = [(NAME, "bfloat16", 2), ("cpu-llama-tiny-56m-float32", "float32", 4)]
 
 
-@pytest.fixture(scope="module")
-def profile():
-    return load_profile(PROFILES_DIR / f"{NAME}.yaml")
+@pytest.fixture(scope="module", params=SHIPPED, ids=[d for _, d, _ in SHIPPED])
+def profile(request):
+    name, dtype, size = request.param
+    prof = load_profile(PROFILES_DIR / f"{name}.yaml")
+    assert (prof.name, prof.dtype) == (name, dtype)
+    return prof
 
 
 def test_shipped_profile_is_a_measurement_of_the_tiny_model(profile):
     assert profile.measured and profile.engine.startswith("servesim-torch ")
-    assert (profile.model.name, profile.dtype, profile.device.kind) == (
-        "llama-tiny-56m", "bfloat16", "cpu")
-    # 2 (K, V) x 8 layers x 4 kv heads x 64 x 2 bytes; 2 GiB budget / (16 x 8 KiB)
-    assert profile.kv.bytes_per_token == 8192
-    assert profile.kv.num_gpu_blocks == (2 << 30) // (16 * 8192)
+    assert (profile.model.name, profile.device.kind) == ("llama-tiny-56m", "cpu")
+    # 2 (K, V) x 8 layers x 4 kv heads x 64 x bytes per element; 2 GiB budget / (16 x that)
+    size = {d: b for _, d, b in SHIPPED}[profile.dtype]
+    assert profile.kv.bytes_per_token == 2 * 8 * 4 * 64 * size
+    assert profile.kv.num_gpu_blocks == (2 << 30) // (16 * 2 * 8 * 4 * 64 * size)
     assert (PROFILES_DIR / profile.provenance.measurements_csv).is_file()
     assert profile.noise.relative_residuals and profile.efficiencies.mbu > 0
 
@@ -43,7 +48,7 @@ def test_csv_reproduces_the_reported_heldout_error(profile):
 
 
 def test_replay_error_meets_the_target(profile):
-    steps = pd.read_csv(PROFILES_DIR / f"{NAME}.replay.csv", comment="#",
+    steps = pd.read_csv(PROFILES_DIR / f"{profile.name}.replay.csv", comment="#",
                         keep_default_na=False, dtype={"prefills": str})
     k = RooflineConstants.of(profile.model_shape, profile.dtype)
     err = replay_errors(profile.cost.form, profile.cost.coefficients, k, steps)
@@ -53,9 +58,10 @@ def test_replay_error_meets_the_target(profile):
 
 
 def test_cpu_tiny_scenario_prices_steps_with_the_profile(profile):
-    sc = load_scenario(SCENARIO)
+    sc = load_scenario(SCENARIO, [] if profile.name == NAME else [
+        f"dtype={profile.dtype}", f"hardware.profile={profile.name}"])
     cost = build_cost_model(sc)
-    assert cost.measured and cost.profile.name == NAME
+    assert cost.measured and cost.profile.name == profile.name
     assert cost.num_gpu_blocks == profile.kv.memory_budget_bytes // (
         sc.engine.block_size * profile.kv.bytes_per_token)
 
