@@ -186,7 +186,8 @@ def main(argv=None) -> int:
         if not args.no_calibrate:
             path, cal_note = fresh_profile(sc, ROOT / "reports" / "fidelity" / name /
                                            "profile", args.calibrate_repeats)
-            sc = load_scenario(scenario, sets + [f"hardware.profile={path}"])
+            sc = load_scenario(scenario, [x for x in sets if not x.startswith(
+                "hardware.profile=")] + [f"hardware.profile={path}"])
         watch = CpuWatch(lambda m: print(m, file=sys.stderr, flush=True))
         res = validate(sc, loads, args.replications, seconds_per_load=args.seconds,
                        again=not args.no_serve_again, progress=watch.progress)
