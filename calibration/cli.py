@@ -457,6 +457,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
               f"held-out: {fitmod.HELDOUT_FOLDS}-fold over whole cells; forms tried: "
               + ", ".join(f"{f} MAPE {s['mape']:.3f}" for f, s in result.candidates.items())
               + f"; {act_note}")
+    speeds = fitmod.pass_speeds(df)
+    source += (f"; passes ran at ×{min(speeds.values()):.3f}–×{max(speeds.values()):.3f} of "
+               f"their cells' median step times")
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
     profile = Profile(
@@ -480,7 +483,26 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     paths = write_report(profile, result, df, replay_df, k, (flops, bw),
                          report_dir / f"{out.stem}.calibration-report.html")
     _print_summary(profile, result, rep_err, run, time.perf_counter() - t_start, out, paths)
+    pass_warning(speeds)
     return out
+
+
+def pass_warning(speeds: dict[int, float]) -> str | None:
+    """One warning line (stderr) when the grid's passes ran at speeds more than
+    :data:`calibration.fit.PASS_SPREAD_WARN` apart (:func:`calibration.fit.pass_speeds`),
+    naming the slowest; returns it, else None."""
+    from .fit import PASS_SPREAD_WARN, pass_spread
+
+    spread = pass_spread(speeds)
+    if spread <= PASS_SPREAD_WARN:
+        return None
+    slow = max(speeds, key=speeds.get)
+    line = (f"servesim: warning: the grid's passes ran up to {spread:.0%} apart in speed "
+            f"(pass {slow + 1} of {len(speeds)} slowest, ×{speeds[slow]:.2f} its cells' "
+            f"medians): the host's speed moved while measuring, and the profile prices "
+            f"its average; calibrate again on a quiet host, or check the replay MAPE")
+    print(line, file=sys.stderr)
+    return line
 
 
 def threads_label(n: int) -> str:

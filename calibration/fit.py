@@ -31,7 +31,25 @@ MAX_EFFICIENCY = 4.0
 # Keep the physically grounded form unless the other one's held-out MAPE is this much lower.
 SWITCH_MARGIN = 0.10
 HELDOUT_FOLDS = 5
+# Grid passes whose speeds (pass_speeds) differ by more than this: the host was not steady.
+PASS_SPREAD_WARN = 0.10
 MAX_RESIDUALS = 4000
+
+
+def pass_speeds(df) -> dict[int, float]:
+    """Per grid pass (the ``pass`` column), the median over its steps of step time / that
+    cell's median step time over all passes: 1 everywhere on a steady device; ×1.12 for a
+    pass that ran 12% slow. A shared host's slow phase moves every cell measured in it
+    alike, so the held-out error never shows it; this does (:data:`PASS_SPREAD_WARN`)."""
+    med = df.groupby("cell")["duration_ns"].transform("median")
+    r = (df["duration_ns"] / med).groupby(df["pass"]).median()
+    return {int(p): float(v) for p, v in r.items()}
+
+
+def pass_spread(speeds: dict[int, float]) -> float:
+    """Slowest over fastest pass of :func:`pass_speeds`, minus 1 (0 with < 2 passes)."""
+    v = list(speeds.values())
+    return max(v) / min(v) - 1 if len(v) > 1 and min(v) > 0 else 0.0
 
 
 def cell_means(df):
@@ -249,6 +267,7 @@ def refit_profile(profile) -> FitResult:
                                     profile.device.memory_bandwidth))
 
 
-__all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "SWITCH_MARGIN", "cell_means",
-           "error_stats", "fit_form", "fit_linear", "fit_measurements", "fit_roofline",
-           "heldout_predictions", "predict", "refit_profile", "replay_errors"]
+__all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "PASS_SPREAD_WARN", "SWITCH_MARGIN",
+           "cell_means", "error_stats", "fit_form", "fit_linear", "fit_measurements",
+           "fit_roofline", "heldout_predictions", "pass_speeds", "pass_spread", "predict",
+           "refit_profile", "replay_errors"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from simulator.files import atomic_write
 
-from .fit import error_stats, predict
+from .fit import error_stats, pass_speeds, pass_spread, predict
 
 _KIND_COLOURS = {"prefill": "tab:blue", "decode": "tab:orange", "mixed": "tab:green"}
 
@@ -144,6 +144,8 @@ def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
         f"<td>{pct(r['heldout'] / r['seconds'] - 1)}</td></tr>"
         for idx, r in cells.iterrows())
     fit_all = error_stats(cells["seconds"], cells["predicted"])
+    speeds = pass_speeds(df)
+    speed_html = ", ".join(f"{p + 1}: ×{v:.3f}" for p, v in speeds.items())
     flops, bw = peaks
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>calibration {e(profile.name)}</title>
@@ -163,6 +165,10 @@ Poisson workload that the fit never saw. In-sample (all cells fitted): MAPE
 {pct(fit_all['mape'])}, max {pct(fit_all['max'])}.</p>
 <table><tr><th>error set</th><th>n</th><th>MAPE</th><th>p90</th><th>max</th></tr>
 {err_html}</table>
+<p>Speed of each interleaved pass over the grid (median over its steps of step time / the
+cell's median; 1 on a steady device; slowest over fastest {pct(pass_spread(speeds))}):
+{speed_html}. A slow phase of a shared host moves every cell of a pass alike, so the
+held-out error does not show it; the profile prices the average over the passes.</p>
 <h2>Coefficients</h2><table>{coef_html}</table>
 <h2>Efficiencies (achieved / peak)</h2><table>{eff_html}</table>
 <p>Achieved rates of the fitted cost model over the ceilings measured above (mbu: weight

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from calibration.fit import (cell_means, error_stats, fit_linear, fit_measurements,
-                             fit_roofline, heldout_predictions, predict)
+                             fit_roofline, heldout_predictions, pass_speeds, pass_spread,
+                             predict)
 from simulator.catalog import load_model
 from simulator.cost_model import RooflineConstants, roofline_seconds
 
@@ -114,3 +115,23 @@ def test_too_few_cells_is_refused():
     df = synthetic_steps(TRUE)
     with pytest.raises(ValueError, match="at least 4"):
         fit_measurements(df[df["cell"].isin(sorted(df["cell"].unique())[:3])], K)
+
+
+def test_pass_speeds_find_a_slow_pass():
+    # two cells, three passes, the third 20% slow: cell medians 10 and 20 ns, so each
+    # pass's steps are ×1, ×1 and ×1.2 their cell's median
+    df = pd.DataFrame({"cell": ["a", "b"] * 3, "pass": [0, 0, 1, 1, 2, 2],
+                       "duration_ns": [10, 20, 10, 20, 12, 24]})
+    speeds = pass_speeds(df)
+    assert speeds == pytest.approx({0: 1.0, 1: 1.0, 2: 1.2})
+    assert pass_spread(speeds) == pytest.approx(0.2)
+    assert pass_spread({0: 1.0}) == 0.0
+
+
+def test_pass_warning_names_the_slowest_pass(capsys):
+    from calibration.cli import pass_warning
+    assert pass_warning({0: 1.0, 1: 1.05, 2: 0.98}) is None      # 7% apart: steady enough
+    line = pass_warning({0: 1.0, 1: 1.2, 2: 0.98})
+    assert line.startswith("servesim: warning: the grid's passes ran up to 22% apart in "
+                           "speed (pass 2 of 3 slowest, ×1.20 its cells' medians)")
+    assert capsys.readouterr().err.strip() == line
