@@ -869,8 +869,9 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
             a MAPE band of their own (``in_band_adjusted``).
         again: serve every replication's request list a second time and report how far
             the second serving's figures lie from the first's (``again_error`` in the
-            table rows): the engine's own run-to-run spread on this machine, which no
-            prediction can beat.
+            table rows) and, at the band figures, whether it lies in the MAPE band moved
+            onto the first serving (``again_in_band``): the engine's own run-to-run spread
+            on this machine, which no prediction can beat.
 
     Returns:
         JSON-able dict: ``meta`` (machine, versions, engine knobs, seeds, threads),
