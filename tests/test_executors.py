@@ -114,6 +114,14 @@ def test_ray_address_nobody_listens_at_is_one_error():
         make_executor("ray", address=f"127.0.0.1:{port}")
 
 
+def _sigint_default() -> None:
+    """For a child's ``preexec_fn``: Ctrl-C's default action, as a terminal gives it, even
+    where the tests run with SIGINT ignored (a background job of a non-interactive shell:
+    Python then installs no KeyboardInterrupt handler)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _group(pgid: int) -> list[str]:
     """Command lines of the live processes in process group ``pgid`` (Linux /proc)."""
     import pathlib
@@ -157,7 +165,8 @@ workload:
         [sys.executable, "-m", "simulator.cli", "sweep", str(y), "--set",
          "workload.arrival.rate=50,60,70,80", "--workers", "2", "--quiet",
          "--out", str(tmp_path / "out")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_sigint_default)
     deadline = time.monotonic() + 60
     while not any("forkserver" in c for c in _group(proc.pid)):
         assert proc.poll() is None and time.monotonic() < deadline, "no fork server started"
@@ -184,5 +193,5 @@ def test_ctrl_c_while_servesim_imports_its_commands_is_one_line():
          "build = cli.build_parser; "
          "cli.build_parser = lambda: (os.kill(os.getpid(), signal.SIGINT), build())[1]; "
          "sys.exit(cli.main(['schema']))"],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120, preexec_fn=_sigint_default)
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "servesim: interrupted\n", "")
