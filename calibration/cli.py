@@ -252,12 +252,14 @@ def warn_if_busy(device: str) -> str | None:
     return line
 
 
-def warn_if_emulated_bf16(device: str, dtype: str) -> str | None:
+def warn_if_emulated_bf16(device: str, dtype: str,
+                          fix: str = "--dtype float32 measures what it runs well") -> str | None:
     """On a CPU without AVX512 (where oneDNN cannot even prepack bfloat16,
     :func:`calibration.engine.model.prepack_supported`), bfloat16 matmuls are emulated:
     about 23x slower than float32 on an AVX2-only AMD EPYC (1.4 against 32 GFLOP/s on one
     core, n = 512), so a calibration takes tens of minutes and describes a dtype nobody
-    serves there. Prints one warning line to stderr and returns it, else None."""
+    serves there. Prints one warning line to stderr ending in ``fix``, what to do instead,
+    and returns it, else None."""
     if device != "cpu" or dtype != "bfloat16":
         return None
     import torch
@@ -268,7 +270,7 @@ def warn_if_emulated_bf16(device: str, dtype: str) -> str | None:
         return None
     line = ("servesim: warning: this CPU has no AVX512, so bfloat16 matmuls are emulated "
             "(many times slower than float32): measuring takes far longer and prices a "
-            "dtype this CPU serves poorly; --dtype float32 measures what it runs well")
+            f"dtype this CPU serves poorly; {fix}")
     print(line, file=sys.stderr)
     return line
 

@@ -843,6 +843,24 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
             "loads": out_loads, "cdf": cdf}
 
 
+def servable_cost_model(scenario):
+    """The scenario's cost model (:func:`simulator.cost_model.build_cost_model`) when a
+    validation can judge it: a measured profile or an inline step time.
+
+    Raises:
+        InputError: a projection (nothing measured on this machine to validate).
+    """
+    from simulator.cost_model import build_cost_model
+
+    base = build_cost_model(scenario)
+    prof = base.profile
+    if prof is not None and prof.provenance.kind != "measured":
+        raise InputError(f"{scenario.source}: hardware: validate serves the scenario on this "
+                         f"machine's engine, so it needs a profile measured here (servesim "
+                         f"calibrate) or an inline step_time, not a projection ({base.label})")
+    return base
+
+
 def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
              seconds_per_load: float = 60.0, saturation_requests: int | None = None,
              front_end: bool = False, quiet: bool = True, host_speed: bool = True,
@@ -888,15 +906,10 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     import torch
 
     from calibration.engine.weights import parse_dtype, random_model
-    from simulator.cost_model import build_cost_model
 
     check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
-    base = build_cost_model(scenario)
+    base = servable_cost_model(scenario)
     prof = base.profile
-    if prof is not None and prof.provenance.kind != "measured":
-        raise InputError(f"{scenario.source}: hardware: validate serves the scenario on this "
-                         f"machine's engine, so it needs a profile measured here (servesim "
-                         f"calibrate) or an inline step_time, not a projection ({base.label})")
     threads = profile_threads(prof)
     if threads:
         torch.set_num_threads(threads)
@@ -1262,7 +1275,10 @@ def _validate_command(args) -> int:
     if args.backend == "servesim":
         from .cli import require_torch, warn_if_emulated_bf16
         require_torch()
-        warn_if_emulated_bf16("cpu", sc.dtype)   # our engine serves on cpu here
+        servable_cost_model(sc)   # its error before the warning: one line
+        warn_if_emulated_bf16("cpu", sc.dtype, fix=(   # our engine serves on cpu here
+            "validate in float32: --set dtype=float32 with a float32 profile (shipped: "
+            "--set hardware.profile=cpu-llama-tiny-56m-float32)"))
     if args.backend == "vllm":
         from .vllm import commands
         commands.QUIET_WAIT = not args.no_quiet_wait

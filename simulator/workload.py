@@ -219,15 +219,27 @@ def _number_as_fixed(v):
     return v
 
 
+#: Largest count a length distribution may centre on: far past any context, far below int64.
+MAX_COUNT = 10**9
+
+
 def length_bounds(dist_cfg) -> tuple[int, int | None]:
     """The integer range ``[lo, hi]`` that count samples (tokens, turns) are clipped to:
     ``lo = max(ceil(min), 1)``, ``hi = floor(max)`` (``None`` = open).
 
     Raises:
         ValueError: the bounds hold no integer >= 1 (a uniform ``[min, max]`` with no
-            integer inside, or ``max`` below 1), or a fixed value that is not a whole
-            number >= 1 (it would be rounded silently); the message says which.
+            integer inside, or ``max`` below 1), a fixed value that is not a whole number
+            >= 1 (it would be rounded silently), or a centre (value, mean, median) or
+            ``min`` above :data:`MAX_COUNT`; the message says which.
     """
+    centre = {FixedDist: "value", UniformDist: "min", NormalDist: "mean",
+              LognormalDist: "median"}.get(type(dist_cfg))
+    for name in (centre, "min"):   # past int64 once drawn; no model holds such a context
+        v = getattr(dist_cfg, name, None) if name else None
+        if v is not None and v > MAX_COUNT:
+            raise ValueError(f"{name} {v:g} is above {MAX_COUNT:.0e} (a count of tokens or "
+                             f"turns)")
     if isinstance(dist_cfg, FixedDist) and (dist_cfg.value < 1
                                             or dist_cfg.value != int(dist_cfg.value)):
         raise ValueError(f"fixed value {dist_cfg.value:g} is not a whole number >= 1 (a "
@@ -275,7 +287,8 @@ def sample_lengths(dist_cfg, n: int, rng: np.random.Generator, base_dir=".",
     except ValueError as e:
         raise KeyedInputError(key, str(e)) from None
     x = _raw_samples(dist_cfg, n, rng, base_dir, integer=True, key=key)
-    return np.clip(np.rint(x), lo, hi).astype(np.int64)
+    # a long tail may still draw past int64; any draw past MAX_COUNT exceeds every context
+    return np.clip(np.rint(x), lo, MAX_COUNT if hi is None else hi).astype(np.int64)
 
 
 def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir=".",

@@ -12,7 +12,8 @@ from scipy import stats
 from simulator.errors import InputError
 from simulator.policy import Request, RequestSpec
 from simulator.workload import (GammaArrival, WorkloadConfig, arrival_times_ns,
-                                build_workload, sample_durations_ns, sample_lengths)
+                                build_workload, length_bounds, sample_durations_ns,
+                                sample_lengths)
 from pydantic import TypeAdapter
 from simulator.workload import Arrival, Dist
 
@@ -491,3 +492,21 @@ def test_negative_clip_bounds_are_refused_as_negative(key):
     with pytest.raises(ValidationError, match=re.escape(
             f"lognormal.{key}\n  Input should be greater than or equal to 0")):
         DIST.validate_python({"dist": "lognormal", "median": 96, "p90": 320, key: -1})
+
+
+@pytest.mark.parametrize("d, msg", [
+    ({"dist": "fixed", "value": 1e30}, "value 1e+30 is above 1e+09"),
+    ({"dist": "lognormal", "median": 1e30, "p90": 2e30}, "median 1e+30 is above 1e+09"),
+    ({"dist": "normal", "mean": 1e30, "std": 1}, "mean 1e+30 is above 1e+09"),
+    ({"dist": "uniform", "min": 1e30, "max": 2e30}, "min 1e+30 is above 1e+09"),
+])
+def test_counts_past_any_context_are_refused(d, msg):
+    # drawn, they would pass int64 (a traceback, not an error naming the key)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        length_bounds(DIST.validate_python(d))
+
+
+def test_a_tail_past_int64_is_clipped_not_wrapped():
+    d = DIST.validate_python({"dist": "lognormal", "median": 100, "p90": 1e30})
+    x = sample_lengths(d, 1000, rng())
+    assert x.min() >= 1 and x.max() == 10**9
