@@ -69,11 +69,13 @@ def test_every_row_has_its_cells_step_shape(tmp_path):
         if c.kind == "decode":
             assert r["prefills"] == ""
             # prompts of mean L spread over a factor 8 (sum B·L up to rounding), each
-            # decode attending its prompt plus the tokens generated so far (a few)
+            # decode attending its prompt plus the tokens generated so far (a few, and one
+            # more per step retried as disturbed on a busy machine)
             lens = decode_lengths(c.B, c.L)
             assert abs(sum(lens) - c.B * c.L) <= c.B
             assert max(lens) / min(lens) == pytest.approx(8, rel=0.1) or c.B == 1
-            assert sum(lens) + c.B <= r["context_tokens"] <= sum(lens) + 12 * c.B
+            assert (sum(lens) + c.B <= r["context_tokens"]
+                    <= sum(lens) + (12 + run.retried) * c.B)
         else:
             assert r["prefills"] == f"{c.n}@{c.c}"
             assert r["prefill_tokens"] == c.n and r["sampled"] == c.B + 1
