@@ -28,6 +28,7 @@ as vLLM does (``vllm/v1/worker/gpu_worker.py: determine_available_memory``).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import math
 import os
@@ -716,6 +717,13 @@ class CostModel:
         self._rng = rng if rng is not None else np.random.default_rng(0)
         self._buf: list[float] = []
         self._pos = 0
+
+    def with_rng(self, rng: np.random.Generator) -> "CostModel":
+        """A copy that draws its noise from ``rng`` (one per replica: replicas share the
+        loaded profile rather than parse it once each, but not their residual draws)."""
+        twin = copy.copy(self)
+        twin._rng, twin._buf, twin._pos = rng, [], 0
+        return twin
 
     @property
     def noisy(self) -> bool:

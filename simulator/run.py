@@ -56,7 +56,8 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
             raise InputError(f"{scenario.source}: {msg}") from None
     n_rep = scenario.cluster.replicas
     if cost_models is None:
-        cost_models = [build_cost_model(scenario, np.random.default_rng(
+        base = build_cost_model(scenario)
+        cost_models = [base.with_rng(np.random.default_rng(
             np.random.SeedSequence([seed, replication, 1, i]))) for i in range(n_rep)]
     elif len(cost_models) != n_rep:
         raise ValueError(f"cost_models: {len(cost_models)} given for {n_rep} replicas")

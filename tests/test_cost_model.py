@@ -361,6 +361,9 @@ def test_empirical_noise(tmp_path):
     a = draws(1)
     assert set(a) == {round(0.5 * t * 1e9), round(1.5 * t * 1e9)}
     assert a == draws(1) and a != draws(2)
+    # replicas share one loaded profile, each with its own draws
+    twin = build_cost_model(sc, np.random.default_rng(2)).with_rng(np.random.default_rng(1))
+    assert [twin.step_time_ns(p) for _ in range(100)] == a
     save_profile(make_profile(noise={"relative_residuals": []}), tmp_path / "r.yaml")
     with pytest.raises(InputError, match=r"hardware.cost_noise: empirical needs residuals"):
         build_cost_model(scenario(tmp_path, hardware={"profile": "r.yaml",

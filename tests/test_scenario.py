@@ -71,10 +71,11 @@ def test_brief_error_examples(chat):
         "--set engine.block_size=abc: Input should be a valid integer >= 1 (got 'abc')")
     # the value as read: a quoted number is a string
     assert err(load_scenario, chat, ["engine.max_num_seqs='8'"]) == (
-        "--set engine.max_num_seqs='8': Input should be a valid integer >= 1 (got '8')")
+        "--set engine.max_num_seqs='8': Input should be a valid integer >= 1 and <= "
+        "1000000000 (got '8')")
     assert err(load_scenario, chat, ["engine={max_num_seqs: abc}"]) == (
         "--set engine={max_num_seqs: abc}: engine.max_num_seqs: Input should be a valid "
-        "integer >= 1 (got 'abc')")
+        "integer >= 1 and <= 1000000000 (got 'abc')")
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -85,6 +86,11 @@ def test_brief_error_examples(chat):
     ("engine.block_size=7", "--set engine.block_size=7: must be 1, 8, 16, 32, 64 or 128, as "
      "vLLM's --block-size (got 7)"),
     ("cluster.replicas=0", "--set cluster.replicas=0: Input should be greater than or equal to 1"),
+    # past these a value is a typo: it ran for hours, or was blamed on another key
+    ("cluster.replicas=1000000000", "--set cluster.replicas=1000000000: Input should be less "
+     "than or equal to 10000"),
+    ("engine.max_num_seqs=100000000000000000000000", "--set engine.max_num_seqs="
+     "100000000000000000000000: Input should be less than or equal to 1000000000"),
     ("cluster.router=random", "Input should be 'round_robin', 'least_outstanding' or "
      "'prefix_affinity'"),
     ("dtype=int8", "--set dtype=int8: Input should be 'float32', 'bfloat16' or 'float16'"),
