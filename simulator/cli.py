@@ -7,6 +7,7 @@ Every user-input error ends as one line ``servesim: error: ...`` on stderr with 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
@@ -101,13 +102,25 @@ class _Parser(argparse.ArgumentParser):
         hint = f" (see {self.prog} --help)" if " " in self.prog else ""
         self.exit(2, f"servesim: error: {message}{hint}\n")
 
+    def parse_args(self, args=None, namespace=None):
+        # argparse reports flags no command knows from the top parser, which cannot name
+        # the command's --help; the command's own parser can.
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            cmd = getattr(self, "commands", {}).get(getattr(ns, "command", None), self)
+            cmd.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(
         prog="servesim",
         description="Capacity planning for LLM inference: simulate a vLLM-style serving "
                     "engine on a workload and report TTFT, TPOT, ITL, E2EL, throughput.")
+    ap.add_argument("--version", action="version",
+                    version=f"servesim {importlib.metadata.version('servesim')}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ap.commands = sub.choices
     p = sub.add_parser("run", help="simulate a scenario and write a report")
     _add_scenario_args(p)
     p.add_argument("--out", help="output folder (default reports/<scenario name>)")

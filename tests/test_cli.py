@@ -135,6 +135,28 @@ def test_missing_scenario_file_and_bad_flag(tmp_path):
     assert code == 2 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "s.yaml", "--bogus", "1"],
+     "servesim: error: unrecognized arguments: --bogus 1 (see servesim run --help)"),
+    (["plan", "s.yaml", "--nope"],
+     "servesim: error: unrecognized arguments: --nope (see servesim plan --help)"),
+])
+def test_an_unknown_flag_names_its_commands_help(tmp_path, capsys, argv, expected):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [expected]
+
+
+def test_version_is_pyprojects():
+    tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    version = tomllib.loads(pyproject.read_text())["project"]["version"]
+    code, out, _ = run_cli("--version")
+    assert code == 0 and out.strip() == f"servesim {version}"
+
+
 def test_schema_prints_json_schema():
     code, out, _ = run_cli("schema")
     assert code == 0
