@@ -482,6 +482,13 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     if not isinstance(raw, dict):
         raise InputError(f"{name}: a scenario is a mapping of keys (name, model, hardware, "
                          f"...), got {type(raw).__name__}")
+    # Another file (a run's summary.json): one line, not an error per key.
+    required = [k for k, f in Scenario.model_fields.items() if f.is_required()]
+    foreign = [k for k in raw if k not in Scenario.model_fields]
+    if foreign and not set(raw) & set(required):
+        raise InputError(f"{name}: not a scenario: it has none of {', '.join(required)}, and "
+                         f"keys a scenario does not ({_some(foreign)}); servesim schema "
+                         f"lists a scenario's keys")
     raw.setdefault("name", path.stem)
     return scenario_from_dict(raw, path.parent, overrides=overrides, source=name, text=text,
                               overrides_cwd=Path.cwd())
@@ -685,16 +692,36 @@ def format_validation_error(e: ValidationError, source: str, root: type | None =
     errs = sorted(e.errors(include_url=False), key=lambda x: x["type"] != "extra_forbidden")
     root = root or Scenario
     msg, shown = _format_error(errs[0], source, origins or {}, root, text), 1
-    if errs[0]["type"] == "missing":   # name every key missing beside it at once
-        locs = [_resolve_loc(tuple(x["loc"]), root)[0] for x in errs if x["type"] == "missing"]
-        names = [str(lc[-1]) for lc in locs if lc[:-1] == locs[0][:-1]]
-        if len(names) > 1:
-            msg, shown = _prefix(locs[0][:-1], source, origins or {},
-                                 f"required keys missing: {', '.join(names)}", text), len(names)
+    # Several unknown keys, or several missing ones, in one mapping are named together
+    # (a uniform written with low/high: both unknown, and min/max missing).
+    here, parent = _resolve_loc(tuple(errs[0]["loc"]), root)
+    here = here[:-1]
+    same = {"extra_forbidden": [], "missing": []}
+    for x in errs:
+        lc = _resolve_loc(tuple(x["loc"]), root)[0]
+        if x["type"] in same and lc[:-1] == here:
+            same[x["type"]].append(str(lc[-1]))
+    unknown, missing = same["extra_forbidden"], same["missing"]
+    if len(unknown) > 1 or (not unknown and len(missing) > 1):
+        allowed = list(parent.model_fields) if parent is not None else []
+        parts = ([f"unknown keys: {_some(unknown)}"
+                  + (f" (allowed: {', '.join(allowed)})" if allowed else "")] if unknown
+                 else [])
+        if missing:
+            parts.append(f"required key{'s' if len(missing) > 1 else ''} missing: "
+                         f"{', '.join(missing)}")
+        msg = _prefix(here, source, origins or {}, "; ".join(parts), text)
+        shown = len(unknown) + len(missing)
     if len(errs) > shown:
         more = len(errs) - shown
         msg += f" (and {more} more error{'s' if more > 1 else ''})"
     return msg
+
+
+def _some(names: list[str], n: int = 6) -> str:
+    """The first ``n`` names, comma-separated, and how many more."""
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(str(x) for x in names[:n]) + more
 
 
 def _format_error(err: dict, source: str, origins: dict, root: type,

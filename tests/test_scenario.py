@@ -539,6 +539,29 @@ def test_every_key_missing_beside_the_first_is_named_at_once(chat):
         "output_tokens required (or give a trace)")
 
 
+def test_unknown_keys_of_one_mapping_are_named_with_what_it_misses(chat, tmp_path):
+    # a uniform written with numpy's low/high: both unknown, and so min/max missing
+    assert err(load_scenario, chat, ["workload.prompt_tokens={dist: uniform, low: 1, "
+                                     "high: 5}"]) == (
+        "--set workload.prompt_tokens={dist: uniform, low: 1, high: 5}: unknown keys: low, "
+        "high (allowed: min, max, dist); required keys missing: min, max")
+    # one misspelt key keeps its own line and path
+    assert err(load_scenario, chat, ["workload.prompt_tokens={dist: uniform, min: 1, "
+                                     "mx: 5}"]).endswith(
+        "workload.prompt_tokens.mx: unknown key (allowed: min, max, dist) (and 1 more error)")
+
+
+def test_another_kind_of_file_is_not_a_scenario(tmp_path):
+    # a run's summary.json: its keys are not told one by one
+    summary = {f"figure_{i}": i for i in range(10)} | {"slo": {}, "seed": 0}
+    p = tmp_path / "summary.json"
+    p.write_text(json.dumps(summary))
+    assert err(load_scenario, p) == (
+        "summary.json: not a scenario: it has none of model, hardware, workload, and keys a "
+        "scenario does not (figure_0, figure_1, figure_2, figure_3, figure_4, figure_5 and "
+        "5 more); servesim schema lists a scenario's keys")
+
+
 def test_a_misspelt_section_in_a_flag_is_blamed_on_the_flag(chat):
     # the flag made the unknown mapping, as --set engine.blok_size=8 makes an unknown key
     assert err(load_scenario, chat, ["engin.block_size=8"]) == (
