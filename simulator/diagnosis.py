@@ -9,7 +9,9 @@ limits a vLLM operator can turn, in this order:
   are below ``max_num_seqs`` (admission waits for free blocks).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time.
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
-  of work; only faster or more GPUs help.
+  of work; only faster or more GPUs help. Also without queueing, when an SLO is missed while
+  the engine is busy nearly all the time: near saturation every added request lengthens
+  the steps (TPOT) and the waits for them.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
@@ -142,6 +144,14 @@ def find_limits(scenario, result) -> dict:
             "compute", "requests queue although sequence slots and KV blocks are free: "
             f"the engine is busy {busy:.0%} of the time" if busy is not None else
             "requests queue although sequence slots and KV blocks are free",
+            "more replicas, a faster GPU or a higher tensor_parallel",
+            f"cluster.replicas={2 * nrep}"))
+    if not queued and s.get("slo_met") is False and busy is not None and busy >= BUSY:
+        # Steps follow each other with little queueing, but nearly back to back: every
+        # added request lengthens the batch (TPOT) and the waits for the step in flight.
+        found.append(_finding(
+            "compute", f"the engine is busy {busy:.0%} of the time: near saturation, each "
+            f"added request lengthens every step and the waits for it",
             "more replicas, a faster GPU or a higher tensor_parallel",
             f"cluster.replicas={2 * nrep}"))
     rejected = s.get("rejected") or 0

@@ -222,7 +222,7 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
                               ("prefill (first scheduled → first token)", "prefill_ms"))]
     b.append(("table", "TTFT split, ms", ["part", "mean", "p50", "p99"], rows))
     share = sp.get("queue_share") if (sp.get("ttft_ms") or {}).get("mean") else None
-    b.append(("p", (f"Queueing is {_fmt(share)} of mean TTFT. " if share is not None else
+    b.append(("p", (f"Queueing is {share:.0%} of mean TTFT. " if share is not None else
                     "No request got a first token: no TTFT to split. ")
               + f"Binding limit: **{_LIMITS.get(diag.get('binding'), diag.get('binding'))}**."))
     found = diag.get("findings") or []

@@ -49,6 +49,27 @@ def test_compute_binds():
     assert d["counterfactual"]["moved"]
 
 
+def test_near_saturation_without_queueing_is_compute():
+    # Each decode adds 1 ms to a 5 ms step, slots and KV unlimited: nothing waits past the
+    # step in flight, but at 20 req/s × 32 tokens Little's law gives N ≥ 20·32·(5 + N) ms,
+    # N ≥ 8.9 running, steps ≥ 14 ms back to back: TPOT p99 misses 12 ms. Two replicas
+    # (N ≈ 4.7, steps ≈ 10 ms) meet it.
+    s = sc({"max_num_seqs": 256}, {"base_s": 0.005, "per_decode_seq_s": 0.001}, 20)
+    s = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                            "slo": {"tpot_ms": {"p99": 12}}})
+    r = simulate(s)
+    assert r.summary["concurrency"]["running_mean"] >= 8.9
+    d = diagnose(s, r)
+    assert not d["queued"] and d["figures"]["busy_fraction"] > 0.95
+    assert d["binding"] == "compute" and "near saturation" in d["findings"][0]["evidence"]
+    cf = d["counterfactual"]
+    assert cf["change"] == "cluster.replicas=2" and cf["moved"] and cf["slo_met_after"]
+    # the same load with the SLO met: busy alone is no finding
+    s = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                            "slo": {"tpot_ms": {"p99": 60}}})
+    assert diagnose(s, simulate(s), counterfactual=False)["binding"] == "none"
+
+
 def test_light_load_has_no_binding_limit_and_ttft_splits_exactly():
     s = sc({"max_num_seqs": 64}, {"constant_s": 0.01}, 2, n=400)
     r = simulate(s)
