@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .errors import InputError, KeyedInputError
 from .files import missing_file
-from .policy.request import MAX_TIME_NS, NS_PER_S, RequestSpec
+from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
 MOONCAKE_BLOCK_TOKENS = 512
@@ -167,6 +167,15 @@ def _read_csv(path: Path) -> pd.DataFrame:
         raise InputError(f"{path}: not a valid CSV file ({str(e).splitlines()[-1]})") from None
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not a text file ({e.reason})") from None
+    if not isinstance(df.index, pd.RangeIndex):
+        # pandas takes surplus fields of the first row as an index rather than failing
+        n = len(df.columns)
+        raise InputError(f"{path}:2: expected {n} fields, saw {n + df.index.nlevels}")
+    header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
+    names = header.iloc[0].tolist()
+    dup = next((c for i, c in enumerate(names) if c in names[:i]), None)
+    if dup is not None:   # pandas would rename the second one silently ("t.1")
+        raise InputError(f"{path}:1: column {dup!r} appears twice in the header")
     blank = (df == "").all(axis=1)
     return df[~blank]
 
@@ -200,6 +209,11 @@ def _numbers(values: pd.Series, lines: np.ndarray, path: Path, name: str, *,
         if frac.any():
             i = int(np.argmax(frac))
             raise InputError(f"{path}:{lines[i]}: {name}: not an integer: {values.iloc[i]!r}")
+    high = num > MAX_COUNT if integer else np.zeros(num.shape, bool)
+    if high.any():   # past int64 once cast; no model holds such a context
+        i = int(np.argmax(high))
+        raise InputError(f"{path}:{lines[i]}: {name}: {str(values.iloc[i]).strip()} is above "
+                         f"{MAX_COUNT:.0e} (a count of tokens)")
     low = num < minimum
     if low.any():
         i = int(np.argmax(low))

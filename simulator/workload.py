@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .errors import InputError, KeyedInputError
 from .files import missing_file
-from .policy.request import MAX_TIME_NS, NS_PER_S, RequestSpec
+from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 from .traces import TraceConfig, load_trace, mooncake_segments
 
 #: z-score of the 90th percentile of the standard normal, ``scipy.stats.norm.ppf(0.9)``.
@@ -102,7 +102,7 @@ class NormalDist(_Dist):
     """``{dist: normal, mean, std}``: ``N(mean, std²)`` (clipped, lengths rounded)."""
 
     dist: Literal["normal"]
-    mean: float
+    mean: float = Field(ge=0)   # counts and seconds: a negative centre clips nearly all
     std: float = Field(ge=0)
 
     @model_validator(mode="after")
@@ -219,10 +219,6 @@ def _number_as_fixed(v):
     return v
 
 
-#: Largest count a length distribution may centre on: far past any context, far below int64.
-MAX_COUNT = 10**9
-
-
 def length_bounds(dist_cfg) -> tuple[int, int | None]:
     """The integer range ``[lo, hi]`` that count samples (tokens, turns) are clipped to:
     ``lo = max(ceil(min), 1)``, ``hi = floor(max)`` (``None`` = open).
@@ -230,7 +226,8 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
     Raises:
         ValueError: the bounds hold no integer >= 1 (a uniform ``[min, max]`` with no
             integer inside, or ``max`` below 1), a fixed value that is not a whole number
-            >= 1 (it would be rounded silently), or a centre (value, mean, median) or
+            >= 1 (it would be rounded silently), a normal mean below 1 (nearly every
+            sample clipped to 1), or a centre (value, mean, median) or
             ``min`` above :data:`MAX_COUNT`; the message says which.
     """
     centre = {FixedDist: "value", UniformDist: "min", NormalDist: "mean",
@@ -244,6 +241,9 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
                                             or dist_cfg.value != int(dist_cfg.value)):
         raise ValueError(f"fixed value {dist_cfg.value:g} is not a whole number >= 1 (a "
                          f"count of tokens or turns)")
+    if isinstance(dist_cfg, NormalDist) and dist_cfg.mean < 1:
+        raise ValueError(f"normal mean {dist_cfg.mean:g} is below 1: most samples would be "
+                         f"clipped to 1 (a count of tokens or turns is >= 1)")
     if isinstance(dist_cfg, UniformDist) and math.floor(dist_cfg.max) < math.ceil(dist_cfg.min):
         raise ValueError(f"uniform [{dist_cfg.min:g}, {dist_cfg.max:g}] holds no integer "
                          f"(a count is a whole number: give min and max with an integer "

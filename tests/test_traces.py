@@ -204,6 +204,12 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
      r":3: GeneratedTokens: 0 is below 1 \(a length must be >= 1\)$"),
     (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,10.5,3\n", r":3: ContextTokens: not an int"),
     (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,1,2,3\n", r":3: expected 3 fields, saw 4"),
+    # on the first row pandas would take the surplus field as an index
+    (AZ_HEADER + "2023-11-16 18:15:46.6805900,100,10,5\n", r":2: expected 3 fields, saw 4$"),
+    (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,10,99999999999999999999\n",
+     r":3: GeneratedTokens: 99999999999999999999 is above 1e\+09 \(a count of tokens\)$"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n" + OK_ROW,
+     r":1: column 'ContextTokens' appears twice in the header$"),
     (AZ_HEADER + OK_ROW + "\n2023-11-16 18:15:47.0,x,2\n", r":4: ContextTokens"),
     ("TIMESTAMP,Context,GeneratedTokens\n" + OK_ROW, r":1: missing column 'ContextTokens'"),
     ("", r":1: empty file"),

@@ -53,8 +53,13 @@ def test_lengths_are_clipped_and_at_least_one():
     d = DIST.validate_python({"dist": "normal", "mean": 5, "std": 50, "min": 2, "max": 40})
     x = sample_lengths(d, 50_000, rng())
     assert x.min() == 2 and x.max() == 40
-    d = DIST.validate_python({"dist": "normal", "mean": 0, "std": 3})
+    d = DIST.validate_python({"dist": "normal", "mean": 1, "std": 3})
     assert sample_lengths(d, 10_000, rng()).min() == 1
+    # a centre below 1 would clip nearly every sample to 1 (an "n/a" TPOT, SLO met)
+    with pytest.raises(ValueError, match="normal mean 0.5 is below 1"):
+        length_bounds(DIST.validate_python({"dist": "normal", "mean": 0.5, "std": 3}))
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        DIST.validate_python({"dist": "normal", "mean": -100, "std": 5})
     d = DIST.validate_python({"dist": "fixed", "value": 1})
     assert set(sample_lengths(d, 10, rng())) == {1}
 

@@ -35,6 +35,9 @@ NS_PER_MS = 1_000_000
 # The latest time a run can hold (int64 ns, with headroom for sums: about 4.6e9 s, 146
 # years); also the simulator's "never".
 MAX_TIME_NS = 1 << 62
+#: Largest token count a workload may hold (a length, or a distribution's centre): far past
+#: any model's context, far below int64.
+MAX_COUNT = 10**9
 
 ContentId = Union[int, str, tuple]
 Segment = tuple  # (content_id, length)
