@@ -328,8 +328,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     from calibration.engine.weights import random_model
 
     from . import fit as fitmod
-    from .profiler import (MeasurementLog, default_grid, measure_ceilings, measure_grid,
-                           read_csv_header, read_measurements)
+    from .profiler import (MeasurementLog, check_resumable, default_grid, measure_ceilings,
+                           measure_grid, read_csv_header, read_measurements)
     from .report import write_report
 
     t_start = time.perf_counter()
@@ -364,16 +364,17 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     check_writable(out.parent, "--out")
     if getattr(args, "report_dir", None):
         check_writable(args.report_dir, "--report-dir")
-    warn_if_busy(device)   # the flags are good: measuring starts now
-    warn_if_emulated_bf16(device, dtype)
-
-    # -- device ceilings and KV facts ------------------------------------------------------
     csv_path = out.with_name(out.stem + ".measurements.csv")
     identity = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype,
                 "device": device, "block_size": args.block_size, "threads": threads,
                 "torch": torch.__version__}
-    old = read_csv_header(csv_path) if csv_path.is_file() else None
-    if old and _identity(old) == identity and old.get("ceilings"):
+    # a CSV measured for another run is refused before minutes of measuring, not after
+    old = read_csv_header(csv_path) if check_resumable(csv_path, identity) else None
+    warn_if_busy(device)   # the flags are good: measuring starts now
+    warn_if_emulated_bf16(device, dtype)
+
+    # -- device ceilings and KV facts ------------------------------------------------------
+    if old and old.get("ceilings"):
         flops, bw = old["ceilings"]  # a resumed run keeps the ceilings its rows were fitted with
     else:
         flops, bw = measure_ceilings(device, dtype, args.quick)

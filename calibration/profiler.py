@@ -292,6 +292,25 @@ def read_measurements(path: str | Path):
     return df
 
 
+def check_resumable(path: Path, identity: dict) -> bool:
+    """Whether ``path`` holds rows to resume (False: absent or empty).
+
+    Raises:
+        InputError: the file is not a measurements CSV, or was measured for another run
+            identity (:data:`IDENTITY_KEYS` of ``identity``; the message names the key).
+    """
+    if not (path.is_file() and path.stat().st_size > 0):
+        return False
+    old = read_csv_header(path)
+    if old is None:
+        raise InputError(f"{path}: exists but is not a servesim measurements CSV")
+    for k in IDENTITY_KEYS:
+        if old.get(k) != identity.get(k):
+            raise InputError(f"{path}: measured with {k} = {old.get(k)!r}, this run has "
+                             f"{identity.get(k)!r}: use another --out")
+    return True
+
+
 class MeasurementLog:
     """Append-only measurements CSV, resumable.
 
@@ -307,14 +326,7 @@ class MeasurementLog:
     def __init__(self, path: str | Path, header: dict):
         self.path = Path(path)
         self.counts: dict[str, int] = {}
-        if self.path.is_file() and self.path.stat().st_size > 0:
-            old = read_csv_header(self.path)
-            if old is None:
-                raise InputError(f"{self.path}: exists but is not a servesim measurements CSV")
-            for k in IDENTITY_KEYS:
-                if old.get(k) != header.get(k):
-                    raise InputError(f"{self.path}: measured with {k} = {old.get(k)!r}, this "
-                                     f"run has {header.get(k)!r}: use another --out")
+        if check_resumable(self.path, header):
             self._repair_tail()
             for cell in read_measurements(self.path)["cell"]:
                 self.counts[cell] = self.counts.get(cell, 0) + 1
@@ -677,6 +689,7 @@ def memory_bytes(device: str) -> int:
 
 
 __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed", "Grid",
-           "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "cpu_name",
+           "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "check_resumable",
+           "cpu_name",
            "default_grid", "measure_ceilings", "measure_grid", "memory_bytes",
            "read_measurements", "record_features", "run_queue_wait_ns", "warm_up"]

@@ -144,6 +144,9 @@ def test_resuming_with_another_thread_count_is_refused(tmp_path, tiny_grid, monk
     out = tmp_path / "r.yaml"
     killed_calibration(out, 3, monkeypatch)
     before = (tmp_path / "r.measurements.csv").read_bytes()
+    # refused before anything is measured (the ceilings took 30 s, a bfloat16 grid minutes)
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: pytest.fail("measured before the CSV was checked"))
     with pytest.raises(InputError, match=r"r\.measurements\.csv: measured with threads = 1, "
                                          r"this run has 2: use another --out"):
         run_calibrate(out, None, "--no-replay", "--threads", "2")
