@@ -48,7 +48,12 @@ def with_rate(scenario, rate: float):
     """
     wl = scenario.workload
     arrival = getattr(wl, "arrival", None)
-    if getattr(wl, "trace", None) is not None or arrival is None or not hasattr(arrival, "rate"):
+    if getattr(wl, "trace", None) is not None:   # blamed on the key the file has
+        raise scenario.error("workload.trace", "a rate search needs an open-loop arrival "
+                             "process with a rate (poisson, gamma or constant); a trace's "
+                             "arrivals are its own (workload.trace.time_scale stretches "
+                             "them)")
+    if arrival is None or not hasattr(arrival, "rate"):
         raise scenario.error("workload.arrival", "a rate search needs an open-loop arrival "
                              "process with a rate (poisson, gamma or constant)")
     new_wl = wl.model_copy(update={"arrival": arrival.model_copy(update={"rate": float(rate)})})

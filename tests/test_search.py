@@ -29,3 +29,32 @@ def test_a_missing_figure_that_is_not_met_or_rejected_requests_are_infinite():
     rejected = {"slo": {"rejected_requests": {"count": {"threshold": 0, "value": 2,
                                                         "met": False}}}}
     assert slo_ratio(rejected) == math.inf
+
+
+def _scenario_file(tmp_path, workload: str):
+    from simulator.scenario import load_scenario
+
+    (tmp_path / "t.csv").write_text("t,p,o\n0,10,5\n1,10,5\n")
+    y = tmp_path / "s.yaml"
+    y.write_text("model: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                 "engine: {max_model_len: 512}\nworkload:\n" + workload)
+    return load_scenario(y)
+
+
+def test_a_rate_search_on_a_trace_or_a_closed_loop_names_the_key_the_file_has(tmp_path):
+    import pytest
+
+    from simulator.errors import InputError
+    from simulator.search import with_rate
+
+    trace = _scenario_file(tmp_path, "  trace: {path: t.csv, format: csv, columns: "
+                                     "{arrival: t, prompt_tokens: p, output_tokens: o}}\n")
+    with pytest.raises(InputError, match=r"^s\.yaml:5: workload\.trace: a rate search needs "
+                                         r"an open-loop .*time_scale stretches them\)$"):
+        with_rate(trace, 2.0)
+    closed = _scenario_file(tmp_path, "  num_requests: 4\n"
+                                      "  arrival: {process: closed_loop, concurrency: 2}\n"
+                                      "  prompt_tokens: {dist: fixed, value: 10}\n"
+                                      "  output_tokens: {dist: fixed, value: 5}\n")
+    with pytest.raises(InputError, match=r"^s\.yaml:6: workload\.arrival: a rate search "):
+        with_rate(closed, 2.0)
