@@ -191,7 +191,7 @@ def profile_out(args) -> tuple[Path, str]:
     check_folder(out.parent, "--out")
     if getattr(args, "report_dir", None):
         check_folder(args.report_dir, "--report-dir")
-    name = args.name or out.stem
+    name = out.stem if args.name is None else args.name   # an empty --name is a mistake
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
     return out, name

@@ -69,7 +69,11 @@ def expand_candidates(scenario) -> list[Candidate]:
     cfg = scenario.plan
     axes = cfg.candidates if cfg else {}
     out = []
-    for point in grid(axes):
+    try:
+        points = grid(axes)
+    except ValueError as e:
+        raise scenario.error("plan.candidates", f"the candidates make {e}") from None
+    for point in points:
         try:
             sc = derive(scenario, _point_overrides(point))
         except InputError as e:

@@ -8,6 +8,7 @@ go to the executor as one batch.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -135,8 +136,20 @@ def _fmt_value(v) -> str:
     return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
 
 
+#: Most points one sweep or plan crosses (each is at least one whole simulation).
+MAX_GRID_POINTS = 10_000
+
+
 def grid(axes: dict[str, list]) -> list[dict[str, Any]]:
-    """Cross product of ``axes`` (first axis varies slowest), values parsed as YAML."""
+    """Cross product of ``axes`` (first axis varies slowest), values parsed as YAML.
+
+    Raises:
+        ValueError: more than :data:`MAX_GRID_POINTS` points (the message counts them).
+    """
+    n = math.prod(len(v) for v in axes.values())
+    if n > MAX_GRID_POINTS:
+        raise ValueError(f"{n:,} points ({' × '.join(str(len(v)) for v in axes.values())} "
+                         f"values); at most {MAX_GRID_POINTS:,} in one run: split it")
     keys = list(axes)
     return [dict(zip(keys, (_parse(v) for v in combo)))
             for combo in itertools.product(*(axes[k] for k in keys))]
@@ -215,7 +228,10 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     Raises:
         InputError: a point that is not a valid scenario (names the ``--set``).
     """
-    points = grid(axes)
+    try:
+        points = grid(axes)
+    except ValueError as e:
+        raise InputError(f"--set: the swept values make {e}") from None
     scs = [derive(scenario, _point_overrides(p), Path.cwd())   # values typed on the CLI
            for p in points]
     jobs = [Job(sc, k) for sc in scs for k in range(sc.sim.replications)]

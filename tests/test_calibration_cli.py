@@ -441,3 +441,23 @@ def test_bfloat16_on_a_cpu_without_avx512_gets_one_warning(monkeypatch, capsys):
     monkeypatch.setitem(M._prepack_ok, torch.bfloat16, True)
     assert warn_if_emulated_bf16("cpu", "bfloat16") is None
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("name, expected", [
+    (None, "p"),            # the file's stem
+    ("h100-llama8b", "h100-llama8b"),
+    ("", "--name: '': use letters, digits, '.', '_' and '-'"),   # was the stem, silently
+    ("my profile", "--name: 'my profile': use letters, digits, '.', '_' and '-'"),
+])
+def test_profile_name_is_the_flags_or_the_files(tmp_path, name, expected):
+    from argparse import Namespace
+
+    from calibration.cli import profile_out
+
+    args = Namespace(out=str(tmp_path / "p.yaml"), name=name, report_dir=None)
+    if expected.startswith("--name"):
+        with pytest.raises(InputError) as e:
+            profile_out(args)
+        assert str(e.value) == expected
+    else:
+        assert profile_out(args) == (tmp_path / "p.yaml", expected)

@@ -10,7 +10,7 @@ from simulator.executors import make_executor
 from simulator.planner import (cost_figures, expand_candidates, plan, plan_table,
                                replicas_needed, split_sets, sweep)
 from simulator.planner_report import pareto_front
-from simulator.scenario import scenario_from_dict
+from simulator.scenario import load_scenario, scenario_from_dict
 from simulator.search import max_rate_search, run_generator
 
 STEP = 0.01
@@ -453,6 +453,28 @@ def test_a_value_repeated_in_a_sweep_list_is_refused_before_any_point_runs(
         f"servesim: error: --set workload.arrival.rate={values}: {repeated} is given twice "
         f"in the list (each value is one sweep point; give it once)"]
     assert not out.exists()
+
+
+def test_a_sweep_or_plan_past_ten_thousand_points_is_refused_before_any_runs(tmp_path,
+                                                                             capsys):
+    # 200 × 51 = 10,200 points: hours of simulation (a typed range), refused at once
+    y = tmp_path / "s.yaml"
+    y.write_text(small_scenario("s", 20))
+    out = tmp_path / "sw"
+    rates = ",".join(str(r) for r in range(1, 201))
+    seqs = ",".join(str(n) for n in range(4, 55))
+    assert main(["sweep", str(y), "--set", f"workload.arrival.rate={rates}", "--set",
+                 f"engine.max_num_seqs={seqs}", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "servesim: error: --set: the swept values make 10,200 points (200 × 51 values); at "
+        "most 10,000 in one run: split it"]
+    assert not out.exists()
+    y.write_text(small_scenario("s", 20) + "plan:\n  target_rate: 1\n  candidates:\n"
+                 f"    engine.max_num_seqs: [{seqs}]\n    engine.block_size: [8, 16]\n"
+                 f"    cluster.replicas: [{','.join(map(str, range(1, 101)))}]\n")
+    with pytest.raises(InputError, match=r"^s\.yaml:\d+: plan\.candidates: the candidates "
+                                         r"make 10,200 points \(51 × 2 × 100 values\)"):
+        expand_candidates(load_scenario(y))
 
 
 def test_a_quoted_number_in_a_sweep_list_is_refused_before_any_point_runs(tmp_path, capsys):
