@@ -302,8 +302,9 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
         name_or_path: a profile name, or a YAML path (relative to ``base_dir``).
 
     Raises:
-        InputError: unknown name (listing the known ones), unreadable file, YAML syntax
-            error (with its line) or schema violation (naming the line and key path).
+        InputError: unknown name (listing the known ones), unreadable or non-UTF-8 file,
+            YAML syntax error (with its line) or schema violation (naming the line and key
+            path).
     """
     s = str(name_or_path)
     path = Path(s).expanduser()
@@ -323,6 +324,8 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
         raw = load_yaml(text)
     except OSError as e:
         raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file (a profile is UTF-8 YAML)") from None
     except yaml.YAMLError as e:
         raise InputError(yaml_error_text(path.name, e)) from None
     if raw is None:   # no bytes, or only comments

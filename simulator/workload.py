@@ -226,8 +226,8 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
     Raises:
         ValueError: the bounds hold no integer >= 1 (a uniform ``[min, max]`` with no
             integer inside, or ``max`` below 1), a fixed value that is not a whole number
-            >= 1 (it would be rounded silently), a normal mean below 1 (nearly every
-            sample clipped to 1), or a centre (value, mean, median) or
+            >= 1 (it would be rounded silently), a normal mean or lognormal median below 1
+            (most samples clipped to 1), or a centre (value, mean, median) or
             ``min`` above :data:`MAX_COUNT`; the message says which.
     """
     centre = {FixedDist: "value", UniformDist: "min", NormalDist: "mean",
@@ -241,9 +241,11 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
                                             or dist_cfg.value != int(dist_cfg.value)):
         raise ValueError(f"fixed value {dist_cfg.value:g} is not a whole number >= 1 (a "
                          f"count of tokens or turns)")
-    if isinstance(dist_cfg, NormalDist) and dist_cfg.mean < 1:
-        raise ValueError(f"normal mean {dist_cfg.mean:g} is below 1: most samples would be "
-                         f"clipped to 1 (a count of tokens or turns is >= 1)")
+    centre_value = getattr(dist_cfg, centre, None) if centre in ("mean", "median") else None
+    if centre_value is not None and centre_value < 1:
+        raise ValueError(f"{type(dist_cfg).__name__[:-4].lower()} {centre} {centre_value:g} is "
+                         f"below 1: most samples would be clipped to 1 (a count of tokens or "
+                         f"turns is >= 1)")
     if isinstance(dist_cfg, UniformDist) and math.floor(dist_cfg.max) < math.ceil(dist_cfg.min):
         raise ValueError(f"uniform [{dist_cfg.min:g}, {dist_cfg.max:g}] holds no integer "
                          f"(a count is a whole number: give min and max with an integer "

@@ -456,6 +456,20 @@ def test_an_unreadable_profile_folder_is_skipped(tmp_path, monkeypatch):
     assert "cpu-llama-tiny-56m-bfloat16" in cmod.list_profiles()
 
 
+def test_a_profile_that_is_not_utf8_is_one_error_and_skipped_by_projections(tmp_path,
+                                                                           monkeypatch):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "bin.yaml").write_bytes(b"name: \xff\xfe\n")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(store))
+    with pytest.raises(InputError, match=r"bin\.yaml: not a text file \(a profile is UTF-8 "
+                                         r"YAML\)$"):
+        load_profile("bin")
+    # a catalog GPU looks through every profile for measured efficiencies: it skips this one
+    cm = build_cost_model(scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"}))
+    assert cm.label.startswith("projected: roofline")
+
+
 def test_a_noisy_profile_is_flagged_before_a_run(tmp_path, capsys):
     """A measured profile whose held-out or replay MAPE is above calibrate's warning bounds
     (10%, 20%) gets one warning line on stderr from `servesim run`; a good one, none."""

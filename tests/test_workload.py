@@ -58,6 +58,8 @@ def test_lengths_are_clipped_and_at_least_one():
     # a centre below 1 would clip nearly every sample to 1 (an "n/a" TPOT, SLO met)
     with pytest.raises(ValueError, match="normal mean 0.5 is below 1"):
         length_bounds(DIST.validate_python({"dist": "normal", "mean": 0.5, "std": 3}))
+    with pytest.raises(ValueError, match="lognormal median 0.5 is below 1"):
+        length_bounds(DIST.validate_python({"dist": "lognormal", "median": 0.5, "p90": 3}))
     with pytest.raises(ValidationError, match="greater than or equal to 0"):
         DIST.validate_python({"dist": "normal", "mean": -100, "std": 5})
     d = DIST.validate_python({"dist": "fixed", "value": 1})
