@@ -907,8 +907,13 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
 
     from calibration.engine.weights import parse_dtype, random_model
 
+    from .cli import warn_if_emulated_bf16
+
     check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
-    base = servable_cost_model(scenario)
+    base = servable_cost_model(scenario)   # its error before the warning: one line
+    warn_if_emulated_bf16("cpu", scenario.dtype, fix=(   # our engine serves on cpu here
+        "validate in float32: --set dtype=float32 with a float32 profile (shipped: "
+        "--set hardware.profile=cpu-llama-tiny-56m-float32)"))
     prof = base.profile
     threads = profile_threads(prof)
     if threads:
@@ -1273,12 +1278,8 @@ def _validate_command(args) -> int:
     loads = parse_loads(args.loads)   # bad flags first, whatever is installed
     check_validation_args(sc, loads, args.replications, args.seconds, args.saturation_requests)
     if args.backend == "servesim":
-        from .cli import require_torch, warn_if_emulated_bf16
+        from .cli import require_torch
         require_torch()
-        servable_cost_model(sc)   # its error before the warning: one line
-        warn_if_emulated_bf16("cpu", sc.dtype, fix=(   # our engine serves on cpu here
-            "validate in float32: --set dtype=float32 with a float32 profile (shipped: "
-            "--set hardware.profile=cpu-llama-tiny-56m-float32)"))
     if args.backend == "vllm":
         from .vllm import commands
         commands.QUIET_WAIT = not args.no_quiet_wait

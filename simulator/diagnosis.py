@@ -139,21 +139,20 @@ def find_limits(scenario, result) -> dict:
             "max_num_seqs", f"requests queue while a replica runs {running:.1f} requests on "
             f"average against max_num_seqs {scenario.max_num_seqs}",
             "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
+    compute = None
     if queued and not found and (busy is None or busy >= BUSY or not stable):
-        found.append(_finding(
-            "compute", "requests queue although sequence slots and KV blocks are free: "
-            f"the engine is busy {busy:.0%} of the time" if busy is not None else
-            "requests queue although sequence slots and KV blocks are free",
-            "more replicas, a faster GPU or a higher tensor_parallel",
-            f"cluster.replicas={2 * nrep}"))
-    if not queued and s.get("slo_met") is False and busy is not None and busy >= BUSY:
+        compute = ("requests queue although sequence slots and KV blocks are free"
+                   + (f": the engine is busy {busy:.0%} of the time" if busy is not None
+                      else ""))
+    elif not queued and s.get("slo_met") is False and busy is not None and busy >= BUSY:
         # Steps follow each other with little queueing, but nearly back to back: every
         # added request lengthens the batch (TPOT) and the waits for the step in flight.
-        found.append(_finding(
-            "compute", f"the engine is busy {busy:.0%} of the time: near saturation, each "
-            f"added request lengthens every step and the waits for it",
-            "more replicas, a faster GPU or a higher tensor_parallel",
-            f"cluster.replicas={2 * nrep}"))
+        compute = (f"the engine is busy {busy:.0%} of the time: near saturation, each added "
+                   f"request lengthens every step and the waits for it")
+    if compute:
+        found.append(_finding("compute", compute,
+                              "more replicas, a faster GPU or a higher tensor_parallel",
+                              f"cluster.replicas={2 * nrep}"))
     rejected = s.get("rejected") or 0
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
         capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len

@@ -36,9 +36,10 @@ from .catalog import ModelShape, load_model
 from .errors import InputError, KeyedInputError
 from .files import load_yaml, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
+from .policy.request import MAX_COUNT
 from .policy.kv_cache import cdiv
 
-from .workload import MAX_COUNT, WorkloadConfig
+from .workload import WorkloadConfig
 
 
 # The values vLLM's --block-size accepts (vllm/config/cache.py BlockSize).
@@ -131,18 +132,21 @@ class EngineConfig(_Strict):
     block_size: int = Field(16, ge=1, description="tokens per KV block: 1, 8, 16, 32, 64 or "
                                                   "128 (the values vLLM's --block-size takes)")
     max_num_seqs: Optional[int] = Field(
-        None, ge=1, le=MAX_COUNT, description="default as vllm serve: 1024 on GPUs with >= 70 GiB other "
-        "than A100 (H100, H200), 256 on other GPUs, 128 per rank on CPU; at most "
-        "max_num_batched_tokens")
+        None, ge=1, le=MAX_COUNT, description="default as vllm serve: 1024 on GPUs with "
+        ">= 70 GiB other than A100 (H100, H200), 256 on other GPUs, 128 per rank on CPU; "
+        "at most max_num_batched_tokens")
     max_num_batched_tokens: Optional[int] = Field(
-        None, ge=1, le=MAX_COUNT, description="token budget of one step; default as vllm serve: 8192 on "
-        "GPUs with >= 70 GiB other than A100, 2048 on other GPUs, 2048 per rank on CPU")
+        None, ge=1, le=MAX_COUNT, description="token budget of one step; default as vllm "
+        "serve: 8192 on GPUs with >= 70 GiB other than A100, 2048 on other GPUs, 2048 per "
+        "rank on CPU")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
     max_model_len: Optional[int] = Field(
-        None, ge=1, le=MAX_COUNT, description="default: the model's max_position_embeddings")
+        None, ge=1, le=MAX_COUNT,
+        description="default: the model's max_position_embeddings")
     num_gpu_blocks: Optional[int] = Field(
-        None, ge=2, le=MAX_COUNT, description="KV blocks incl. the null block; overrides the computed count")
+        None, ge=2, le=MAX_COUNT,
+        description="KV blocks incl. the null block; overrides the computed count")
 
     @field_validator("block_size")
     @classmethod
@@ -248,7 +252,8 @@ class PlanConfig(_Strict):
         "SLO margin within which a rate counts as on the boundary"))
     min_replications: int = Field(2, ge=1, description="replications per rate tried")
     max_replications: int = Field(5, ge=1, description="cap on replications per rate")
-    max_replicas: int = Field(64, ge=1, le=MAX_REPLICAS, description="largest deployment considered")
+    max_replicas: int = Field(64, ge=1, le=MAX_REPLICAS,
+                              description="largest deployment considered")
 
     @field_validator("candidates")
     @classmethod

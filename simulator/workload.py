@@ -243,9 +243,8 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
                          f"count of tokens or turns)")
     centre_value = getattr(dist_cfg, centre, None) if centre in ("mean", "median") else None
     if centre_value is not None and centre_value < 1:
-        raise ValueError(f"{type(dist_cfg).__name__[:-4].lower()} {centre} {centre_value:g} is "
-                         f"below 1: most samples would be clipped to 1 (a count of tokens or "
-                         f"turns is >= 1)")
+        raise ValueError(f"{dist_cfg.dist} {centre} {centre_value:g} is below 1: most "
+                         f"samples would be clipped to 1 (a count of tokens or turns is >= 1)")
     if isinstance(dist_cfg, UniformDist) and math.floor(dist_cfg.max) < math.ceil(dist_cfg.min):
         raise ValueError(f"uniform [{dist_cfg.min:g}, {dist_cfg.max:g}] holds no integer "
                          f"(a count is a whole number: give min and max with an integer "
