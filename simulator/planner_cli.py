@@ -44,6 +44,13 @@ def _executor(args):
 
     if args.workers is not None and args.workers < 1:
         raise InputError(f"--workers must be >= 1, got {args.workers}")
+    # a flag the chosen executor would ignore: the user meant another executor
+    if args.ray_address is not None and args.executor != "ray":
+        raise InputError(f"--ray-address: only with --executor ray (this run's executor: "
+                         f"{args.executor})")
+    if args.workers is not None and args.executor != "local":
+        raise InputError(f"--workers: only with --executor local (this run's executor: "
+                         f"{args.executor})")
     return make_executor(args.executor, workers=args.workers, address=args.ray_address)
 
 

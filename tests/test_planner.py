@@ -477,6 +477,23 @@ def test_a_sweep_or_plan_past_ten_thousand_points_is_refused_before_any_runs(tmp
         expand_candidates(load_scenario(y))
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--ray-address", "127.0.0.1:1"],
+     "--ray-address: only with --executor ray (this run's executor: local)"),
+    (["--executor", "serial", "--workers", "2"],
+     "--workers: only with --executor local (this run's executor: serial)"),
+])
+def test_an_executor_flag_the_executor_would_ignore_is_refused(tmp_path, capsys, flags,
+                                                               message):
+    y = tmp_path / "s.yaml"
+    y.write_text(small_scenario("s", 20))
+    out = tmp_path / "sw"
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=4,8", *flags, "--out",
+                 str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"servesim: error: {message}"]
+    assert not out.exists()
+
+
 def test_a_quoted_number_in_a_sweep_list_is_refused_before_any_point_runs(tmp_path, capsys):
     y = tmp_path / "s.yaml"
     y.write_text(small_scenario("s", 20))
