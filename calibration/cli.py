@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-from simulator.cost_model import error_warning
 from simulator.errors import InputError
 from simulator.files import check_folder, check_writable
 
@@ -558,6 +557,7 @@ def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:
 def fit_warning(heldout: dict, replay: dict | None) -> str | None:
     """One warning line when the fit's held-out or replay MAPE is high, else None
     (:func:`simulator.cost_model.error_warning` on the two MAPEs)."""
+    from simulator.cost_model import error_warning
     return error_warning(heldout["mape"] if heldout else None,
                          replay["mape"] if replay else None)
 
@@ -660,6 +660,11 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+def _cmd_validate(args) -> int:
+    from .validate import cmd_validate   # numpy, SciPy and pandas: only when validate runs
+    return cmd_validate(args)
+
+
 def add_parsers(subparsers) -> None:
     """Register ``calibrate``, ``profiles`` and ``validate`` on the ``servesim`` sub-command parser."""
     p = subparsers.add_parser(
@@ -704,8 +709,44 @@ def add_parsers(subparsers) -> None:
     p.set_defaults(func=_cmd_calibrate)
     p = subparsers.add_parser("profiles", help="list shipped and local calibration profiles")
     p.set_defaults(func=_cmd_profiles)
-    from .validate import add_parser as add_validate
-    add_validate(subparsers)
+    p = subparsers.add_parser(
+        "validate", help="measure the simulator's error against the real engine across load",
+        description="Measure the engine's saturation throughput for the scenario's lengths, "
+                    "serve workloads at fractions of it in real time, simulate the identical "
+                    "requests (timing replay and predicted) and report every error.")
+    p.add_argument("scenario", nargs="?", help="scenario YAML (or --scenario)")
+    p.add_argument("--scenario", dest="scenario_flag", metavar="SCENARIO",
+                   help="scenario YAML, as the positional argument")
+    p.add_argument("--profile", help="profile name or path (overrides hardware.profile)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key")
+    p.add_argument("--loads", default="0.3,0.6,0.9",
+                   help="fractions of saturation throughput (default 0.3,0.6,0.9)")
+    p.add_argument("--replications", type=int, default=3,
+                   help="workloads per load, each with its own seed (default 3; 1 to 100)")
+    p.add_argument("--seconds", type=float, default=60.0,
+                   help="seconds of arrivals per load (default 60; at most 3600)")
+    p.add_argument("--saturation-requests", type=int,
+                   help="burst size of the saturation run (default 4 × max_num_seqs)")
+    p.add_argument("--front-end", action="store_true",
+                   help="add the measured front-end gap per step to predictions")
+    p.add_argument("--backend", default="servesim", choices=("servesim", "vllm"),
+                   help="engine to validate against: servesim's own or vLLM in-process "
+                        "(needs a Python with vllm; README 'vLLM backend')")
+    p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
+                                       "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
+    p.add_argument("--no-quiet-wait", action="store_true",
+                   help="do not wait for a quiet machine before timed runs")
+    p.add_argument("--no-host-speed", action="store_true",
+                   help="do not probe the host's speed around timed runs (the probe "
+                        "re-measures four grid cells of the profile; predictions at the probed "
+                        "speed are reported beside the plain ones)")
+    p.add_argument("--serve-again", action="store_true",
+                   help="serve every replication's requests a second time and report how far "
+                        "the engine lies from itself (this machine's run-to-run spread, a "
+                        "floor under any prediction's error); one more timed run each")
+    p.add_argument("--out", default="reports/validation", help="output folder")
+    p.set_defaults(func=_cmd_validate)
 
 
 __all__ = ["BUSY_OTHER_LOAD", "add_parsers", "busy_cpu_warning", "calibrate", "parse_bytes",

@@ -1197,46 +1197,6 @@ def write_outputs(result: dict, out_dir) -> dict:
     return write_files(out_dir, files)
 
 
-def add_parser(subparsers) -> None:
-    """Register ``servesim validate``."""
-    p = subparsers.add_parser(
-        "validate", help="measure the simulator's error against the real engine across load",
-        description="Measure the engine's saturation throughput for the scenario's lengths, "
-                    "serve workloads at fractions of it in real time, simulate the identical "
-                    "requests (timing replay and predicted) and report every error.")
-    p.add_argument("--profile", help="profile name or path (overrides hardware.profile)")
-    p.add_argument("--scenario", required=True, help="scenario YAML")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario key")
-    p.add_argument("--loads", default="0.3,0.6,0.9",
-                   help="fractions of saturation throughput (default 0.3,0.6,0.9)")
-    p.add_argument("--replications", type=int, default=3,
-                   help="workloads per load, each with its own seed (default 3; 1 to 100)")
-    p.add_argument("--seconds", type=float, default=60.0,
-                   help="seconds of arrivals per load (default 60; at most 3600)")
-    p.add_argument("--saturation-requests", type=int,
-                   help="burst size of the saturation run (default 4 × max_num_seqs)")
-    p.add_argument("--front-end", action="store_true",
-                   help="add the measured front-end gap per step to predictions")
-    p.add_argument("--backend", default="servesim", choices=("servesim", "vllm"),
-                   help="engine to validate against: servesim's own or vLLM in-process "
-                        "(needs a Python with vllm; README 'vLLM backend')")
-    p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
-                                       "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
-    p.add_argument("--no-quiet-wait", action="store_true",
-                   help="do not wait for a quiet machine before timed runs")
-    p.add_argument("--no-host-speed", action="store_true",
-                   help="do not probe the host's speed around timed runs (the probe "
-                        "re-measures four grid cells of the profile; predictions at the probed "
-                        "speed are reported beside the plain ones)")
-    p.add_argument("--serve-again", action="store_true",
-                   help="serve every replication's requests a second time and report how far "
-                        "the engine lies from itself (this machine's run-to-run spread, a "
-                        "floor under any prediction's error); one more timed run each")
-    p.add_argument("--out", default="reports/validation", help="output folder")
-    p.set_defaults(func=_cmd_validate)
-
-
 def parse_loads(text: str) -> list[float]:
     """``"0.3,0.6,0.9"`` → floats.
 
@@ -1257,7 +1217,18 @@ def parse_loads(text: str) -> list[float]:
     return loads
 
 
-def _cmd_validate(args) -> int:
+def cmd_validate(args) -> int:
+    """``servesim validate`` (its flags: :func:`calibration.cli.add_parsers`); exit status.
+
+    Raises:
+        InputError: a bad scenario, flag or environment (one line for the CLI).
+    """
+    if args.scenario and args.scenario_flag:
+        raise InputError("validate: give the scenario once (positional or --scenario)")
+    args.scenario = args.scenario or args.scenario_flag
+    if not args.scenario:
+        raise InputError("validate: a scenario YAML is required "
+                         "(servesim validate SCENARIO --profile P)")
     try:
         return _validate_command(args)
     except InputError as e:

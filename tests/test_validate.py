@@ -354,6 +354,24 @@ def test_a_bad_profile_flag_is_named_as_typed(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_the_scenario_is_positional_or_flagged_once(tmp_path, capsys):
+    """Like every other command, validate takes the scenario positionally; --scenario too."""
+    from simulator.cli import main
+    import yaml
+    y = tmp_path / "s.yaml"
+    y.write_text(yaml.safe_dump(SCENARIO))
+    out = tmp_path / "v"
+    for argv, words in (
+            ([str(y), "--scenario", str(y)], "give the scenario once"),
+            ([], "a scenario YAML is required"),
+            ([str(y), "--loads", "0.3,high"], "--loads: '0.3,high'"),   # parsed: got past it
+            (["--scenario", str(y), "--loads", "0.3,high"], "--loads: '0.3,high'")):
+        assert main(["validate", *argv, "--no-quiet-wait", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], (argv, err)
+    assert not out.exists()
+
+
 def test_timing_verdict_words():
     t = {"ok": False, "steps_engine": 10, "step_mismatches": 0, "prefix_hits_equal": True,
          "preemptions_equal": True, "handback_max_ms": 1.2, "idle_wake_max_ms": 7.26,
