@@ -572,13 +572,19 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     "candidates", "engine.max_num_seqs")``.
 
     Raises:
-        InputError: ``--set <s>: ...`` for a malformed flag or a key already in ``seen``
-            (the later flag would silently win); ``hint`` ends that message.
+        InputError: ``--set <s>: ...`` for a malformed flag, a list index in the path
+            (lists are set whole), or a key already in ``seen`` (the later flag would
+            silently win); ``hint`` ends that message.
     """
     key, sep, value = s.partition("=")
     parts = tuple(p.strip() for p in key.strip().split("."))
     if not sep or not all(parts):
         raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+    index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    if index:   # no list item is addressable on its own (the schema's lists are short)
+        whole = ".".join(parts[:index])
+        raise InputError(f"--set {s}: {parts[index]} is a list index; a list is set whole: "
+                         f"{whole}=[..., ...]")
     if parts[:2] == ("plan", "candidates") and len(parts) > 3:
         # a candidate's key is itself a dotted scenario key (engine.max_num_seqs)
         parts = (*parts[:2], ".".join(parts[2:]))

@@ -119,6 +119,10 @@ def test_brief_error_examples(chat):
     ("model=3", "--set model=3: expected a catalog name"),
     ("name.x=1", "--set name.x=1: name is not a mapping"),
     ("engine", "--set engine: expected key.path=value"),
+    ("workload.trace.window_s.1=5", "--set workload.trace.window_s.1=5: 1 is a list index; "
+                                    "a list is set whole: workload.trace.window_s=[..., ...]"),
+    ("plan.candidates.hardware.profile.0=h200", "hardware.profile.0=h200: 0 is a list index; "
+     "a list is set whole: plan.candidates.hardware.profile=[..., ...]"),
     ("engine.block_size=[1", "--set engine.block_size=[1: value is not valid YAML"),
 ])
 def test_bad_values_one_line(chat, override, expected):
