@@ -193,14 +193,23 @@ def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool,
     raise TypeError(f"unknown distribution {cfg!r}")
 
 
-def _fixed_count_first(v):
-    """Before the schema: a fixed count below 1 is refused with the count's bound (1),
-    not the schema's ``>= 0``, which holds for times (``think_time_s``)."""
-    if isinstance(v, dict) and v.get("dist") == "fixed":
-        x = v.get("value")
-        if isinstance(x, (int, float)) and not isinstance(x, bool) and x < 1:
-            raise ValueError(f"fixed value {x:g} is not a whole number >= 1 (a count of "
-                             f"tokens or turns)")
+def _below_one(dist: str, key: str, x: float) -> str:
+    """The error for a count distribution's centre below 1 (:func:`length_bounds`)."""
+    if dist == "fixed":
+        return f"fixed value {x:g} is not a whole number >= 1 (a count of tokens or turns)"
+    return (f"{dist} {key} {x:g} is below 1: most samples would be clipped to 1 (a count of "
+            f"tokens or turns is >= 1)")
+
+
+def _count_centre_first(v):
+    """Before the schema: a count's centre (fixed value, normal mean, lognormal median)
+    below 1 is refused with the count's bound (1), not the schema's ``>= 0`` / ``> 0``,
+    which hold for times (``think_time_s``)."""
+    key = {"fixed": "value", "normal": "mean", "lognormal": "median"}.get(
+        v.get("dist")) if isinstance(v, dict) else None
+    x = v.get(key) if key else None
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and x < 1:
+        raise ValueError(_below_one(v["dist"], key, x))
     return v
 
 
@@ -239,12 +248,10 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
                              f"turns)")
     if isinstance(dist_cfg, FixedDist) and (dist_cfg.value < 1
                                             or dist_cfg.value != int(dist_cfg.value)):
-        raise ValueError(f"fixed value {dist_cfg.value:g} is not a whole number >= 1 (a "
-                         f"count of tokens or turns)")
+        raise ValueError(_below_one("fixed", "value", dist_cfg.value))
     centre_value = getattr(dist_cfg, centre, None) if centre in ("mean", "median") else None
     if centre_value is not None and centre_value < 1:
-        raise ValueError(f"{dist_cfg.dist} {centre} {centre_value:g} is below 1: most "
-                         f"samples would be clipped to 1 (a count of tokens or turns is >= 1)")
+        raise ValueError(_below_one(dist_cfg.dist, centre, centre_value))
     if isinstance(dist_cfg, UniformDist) and math.floor(dist_cfg.max) < math.ceil(dist_cfg.min):
         raise ValueError(f"uniform [{dist_cfg.min:g}, {dist_cfg.max:g}] holds no integer "
                          f"(a count is a whole number: give min and max with an integer "
@@ -447,7 +454,7 @@ class SessionConfig(BaseModel):
     turns: Dist
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
 
-    _turns_count = field_validator("turns", mode="before")(_fixed_count_first)
+    _turns_count = field_validator("turns", mode="before")(_count_centre_first)
     _think_number = field_validator("think_time_s", mode="before")(_number_as_fixed)
 
     @field_validator("turns")
@@ -495,7 +502,7 @@ class WorkloadConfig(BaseModel):
         return self
 
     _lengths_count = field_validator("prompt_tokens", "output_tokens",
-                                     mode="before")(_fixed_count_first)
+                                     mode="before")(_count_centre_first)
 
     @field_validator("prompt_tokens", "output_tokens")
     @classmethod

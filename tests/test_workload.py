@@ -406,6 +406,9 @@ def test_bad_config_is_rejected(bad, where):
     # below the schema's >= 0 (which is for times): the message still gives a count's 1
     ("output_tokens", {"dist": "fixed", "value": -1}, "fixed value -1 is not a whole number >= 1"),
     ("prompt_tokens", {"dist": "fixed", "value": 0.5}, "fixed value 0.5 is not a whole number"),
+    ("output_tokens", {"dist": "normal", "mean": -5, "std": 1}, "normal mean -5 is below 1"),
+    ("prompt_tokens", {"dist": "lognormal", "median": -1, "p90": 5},
+     "lognormal median -1 is below 1"),
     ("output_tokens", {"dist": "fixed", "value": 3.5}, "fixed value 3.5 is not a whole number"),
     ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
      "[min, max] = [5.2, 5.8] holds no integer >= 1"),
@@ -428,6 +431,13 @@ def test_session_turn_bounds_without_an_integer_are_refused_at_their_key():
     (error,) = e.value.errors()
     assert error["loc"] == ("sessions", "turns")
     assert "fixed value -2 is not a whole number >= 1" in error["msg"]
+    # times keep the schema's own bound (a think time may centre on 0.5 s)
+    with pytest.raises(ValidationError) as e:
+        cfg(sessions={"turns": {"dist": "fixed", "value": 2},
+                      "think_time_s": {"dist": "normal", "mean": -1, "std": 1}})
+    (error,) = e.value.errors()
+    assert error["loc"] == ("sessions", "think_time_s", "normal", "mean")
+    assert "greater than or equal to 0" in error["msg"]
 
 
 def test_sample_lengths_bounds_error_names_the_key():
