@@ -151,7 +151,7 @@ def find_limits(scenario, result) -> dict:
                    f"request lengthens every step and the waits for it")
     if compute:
         found.append(_finding("compute", compute,
-                              "more replicas, a faster GPU or a higher tensor_parallel",
+                              "more replicas, faster hardware or a higher tensor_parallel",
                               f"cluster.replicas={2 * nrep}"))
     rejected = s.get("rejected") or 0
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
@@ -234,9 +234,10 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
         "figures": {...}, "findings": [{limit, evidence, knob, change}], "binding": limit
         name or "none", "queued": bool, "counterfactual": None or {change, figure,
-        before, after, slo_met_before, slo_met_after, moved}}``. ``change`` is a
-        ``--set`` override (comma-separated when it needs two).
+        before, after, slo_met_before, slo_met_after, moved}}``, floats to 6 significant
+        digits. ``change`` is a ``--set`` override (comma-separated when it needs two).
     """
+    from .metrics import jsonable
     from .run import simulate
     from .scenario import scenario_from_dict
 
@@ -255,7 +256,7 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
             "change": first["change"], "figure": name, "before": before, "after": after,
             "slo_met_before": result.summary.get("slo_met"), "slo_met_after": alt.get("slo_met"),
             "moved": _moved(before, after, lower)}
-    return d
+    return jsonable(d)   # figures as summary.json has them (6 significant digits)
 
 
 __all__ = ["diagnose", "find_limits", "ttft_split"]

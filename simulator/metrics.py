@@ -476,7 +476,7 @@ class MetricsCollector:
             if key in s:
                 raise ValueError(f"extra key {key!r} would overwrite a computed figure")
             s[key] = value
-        return RunResult(summary=_jsonable(s), requests=req, timeseries=ts, itl_runs=itl)
+        return RunResult(summary=jsonable(s), requests=req, timeseries=ts, itl_runs=itl)
 
     def itl_runs(self) -> pd.DataFrame:
         """Pooled ITL runs so far: columns ``gap_ns`` (ascending) and ``count``."""
@@ -794,12 +794,17 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
             "goodput": n_good / dur_s if dur_s else None, "good_requests": n_good}
 
 
-def _jsonable(x):
-    """Plain JSON types with floats rounded to 6 significant digits."""
+def jsonable(x):
+    """``x`` (nested dicts, lists, NumPy scalars, paths) as plain JSON types with floats
+    rounded to 6 significant digits (:func:`round_sig`).
+
+    Raises:
+        TypeError: a value of another type.
+    """
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if x is None or isinstance(x, str):
         return x
     if isinstance(x, (bool, np.bool_, int, float, np.integer, np.floating)):
@@ -854,4 +859,4 @@ def combine_replications(summaries: list[dict]) -> dict:
             ci = [max(m - h, 0.0) if min(nums) >= 0 else m - h, m + h]
         return {"mean": m, "ci95": ci, "n": n}
 
-    return _jsonable(walk(list(summaries)) or {})
+    return jsonable(walk(list(summaries)) or {})

@@ -64,6 +64,9 @@ def test_near_saturation_without_queueing_is_compute():
     assert d["binding"] == "compute" and "near saturation" in d["findings"][0]["evidence"]
     cf = d["counterfactual"]
     assert cf["change"] == "cluster.replicas=2" and cf["moved"] and cf["slo_met_after"]
+    # figures as summary.json has them: 6 significant digits
+    busy = d["figures"]["busy_fraction"]
+    assert busy == float(f"{busy:.6g}") and len(repr(busy)) <= 8
     # the same load with the SLO met: busy alone is no finding
     s = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
                             "slo": {"tpot_ms": {"p99": 60}}})
