@@ -521,8 +521,8 @@ def _count(n: int) -> str:
 
 def closest_text(miss: dict, max_replicas: int) -> str:
     """One sentence on :func:`closest_miss`'s candidate, e.g. ``closest: profile=h100-sxm,
-    max_num_seqs=64, at 1.25 req/s per replica: TTFT p99 35.2 ms against an SLO of 1 ms
-    (35.2x the SLO)``."""
+    max_num_seqs=64, which misses at every rate tried (0 req/s in the table); at 1.25 req/s
+    per replica: TTFT p99 35.2 ms against an SLO of 1 ms (35.2x the SLO)``."""
     from .report import fmt_number
 
     label = miss["row"].candidate.label
@@ -543,8 +543,10 @@ def closest_text(miss: dict, max_replicas: int) -> str:
         name = metric.removesuffix("_ms").upper() if unit else metric
         what = (f"{name} {stat} {fmt_number(miss['value'], 3)}{unit} against an SLO of "
                 f"{fmt_number(miss['threshold'], 3)}{unit}")
-    return (f"closest: {label}, at {fmt_number(miss['rate'], 3)} req/s per replica: "
-            f"{what} ({fmt_number(miss['ratio'], 3)}x the SLO)")
+    # its table row says 0 req/s (no rate met the SLO); this is the nearest miss
+    return (f"closest: {label}, which misses at every rate tried (0 req/s in the table); "
+            f"at {fmt_number(miss['rate'], 3)} req/s per replica: {what} "
+            f"({fmt_number(miss['ratio'], 3)}x the SLO)")
 
 
 # == compare ===============================================================================

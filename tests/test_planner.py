@@ -535,7 +535,8 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
     verdict = [line for line in lines if line.startswith("no candidate")]
     assert len(verdict) == 1
     assert verdict[0].startswith("no candidate meets every SLO at 10 req/s; closest: "
-                                 "constant_s=0.01, at ")
+                                 "constant_s=0.01, which misses at every rate tried "
+                                 "(0 req/s in the table); at ")
     assert verdict[0].endswith("TPOT p99 10 ms against an SLO of 5 ms (2x the SLO)")
     assert (out / "plan.csv").is_file() and (out / "report.html").is_file()
     assert "closest: constant_s=0.01" in (out / "report.md").read_text()
