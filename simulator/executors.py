@@ -20,10 +20,13 @@ Executors (``make_executor``):
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import re
 import signal
 import sys
+import tempfile
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -253,13 +256,20 @@ def _start_forkserver_ignoring_sigint(ctx) -> None:
     ready.join()
 
 
+#: An HTTP/2 client's first bytes: the connection preface and an empty SETTINGS frame
+#: (RFC 9113 §3.4). Ray's GCS and client server are gRPC, so they answer with a SETTINGS
+#: frame (type 0x4, the fourth byte of the 9-byte frame header).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a Ray address nobody listens at (``ray.init`` would retry for
-    minutes): ``host:port`` or ``ray://host[:port]`` must accept a TCP connection within
-    ``timeout_s``. ``auto`` and ``local`` are left to Ray.
+    """Fail fast on a Ray address where no Ray answers (``ray.init`` would retry for
+    minutes, printing its C++ client's retries): ``host:port`` or ``ray://host[:port]``
+    must accept a TCP connection and answer an HTTP/2 preface with a SETTINGS frame, as
+    Ray's gRPC servers do, within ``timeout_s``. ``auto`` and ``local`` are left to Ray.
 
     Raises:
-        InputError: naming ``--ray-address`` and the socket error.
+        InputError: naming ``--ray-address`` and what answered there.
     """
     import socket
 
@@ -269,13 +279,43 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     host, _, port = hostport.rpartition(":")
     if not host:   # no port given: Ray's defaults (GCS 6379, client server 10001)
         host, port = hostport, "10001" if address.startswith("ray://") else "6379"
+    head = b""
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as s:
+            s.sendall(_H2_PREFACE)
+            while len(head) < 9:
+                chunk = s.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
     except (OSError, ValueError) as e:
-        raise InputError(f"--ray-address {address}: no Ray cluster answers there "
-                         f"({e.__class__.__name__}: {e}); start one with 'ray start --head' "
-                         f"or leave out --ray-address for a local Ray") from None
+        if not head and not isinstance(e, TimeoutError):
+            raise InputError(f"--ray-address {address}: no Ray cluster answers there "
+                             f"({e.__class__.__name__}: {e}); start one with 'ray start "
+                             f"--head' or leave out --ray-address for a local Ray") from None
+    if len(head) < 9 or head[3] != 4:
+        raise InputError(f"--ray-address {address}: something listens there but it is not "
+                         f"Ray (it does not answer as a gRPC server does); the head's address "
+                         f"is printed by 'ray start --head' (GCS port 6379 by default, "
+                         f"ray:// client port 10001)")
+
+
+#: A warning or error line of Ray's C++ core (``[date time W pid tid] file.cc:210: text``).
+_RAY_WARNING = re.compile(r"^\[[^\]]* [WE] [^\]]*\] [\w.]+:\d+: (.*)$", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def _stderr_to(file):
+    """File descriptor 2 (Python's and C++'s stderr alike) goes to ``file`` inside."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class RayExecutor(SerialExecutor):
@@ -297,12 +337,22 @@ class RayExecutor(SerialExecutor):
         if not ray.is_initialized():
             if address:
                 _check_reachable(address)
-            try:
-                ray.init(address=address, **init_kwargs)
-            except ConnectionError as e:
-                raise InputError(f"--ray-address {address}: Ray did not connect: "
-                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                                 ) from None
+            with tempfile.TemporaryFile("w+") as log:
+                try:
+                    # Joining a cluster, Ray's C++ client prints a line per retry (about
+                    # 20 over 20 s when, say, the auth token differs): kept for the error.
+                    with _stderr_to(log) if address else contextlib.nullcontext():
+                        ray.init(address=address, **init_kwargs)
+                except ConnectionError as e:
+                    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    log.seek(0)
+                    why = [m.group(1) for m in _RAY_WARNING.finditer(log.read())]
+                    hint = ("; the cluster asks for a token: set RAY_AUTH_MODE=token here, "
+                            "with its token in RAY_AUTH_TOKEN or ~/.ray/auth_token"
+                            if why and "Unauthenticated" in why[-1] else "")
+                    raise InputError(f"--ray-address {address}: Ray did not connect: {first}"
+                                     + (f" (last: {why[-1]})" if why else "") + hint
+                                     ) from None
         self._task = ray.remote(run_job)
 
     def run(self, jobs, progress=None) -> list:

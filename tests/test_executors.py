@@ -114,6 +114,67 @@ def test_ray_address_nobody_listens_at_is_one_error():
         make_executor("ray", address=f"127.0.0.1:{port}")
 
 
+@pytest.mark.parametrize("reply, ok", [
+    # a gRPC server answers the HTTP/2 preface with a SETTINGS frame (type 4; RFC 9113 §6.5)
+    (bytes([0, 0, 0x18, 4, 0, 0, 0, 0, 0]), True),
+    (b"HTTP/1.0 400 Bad request\r\n\r\n<!DOCTYPE html>", False),   # a web server
+    (b"", False),                                                   # one that hangs up
+    (None, False),                                                  # one that never answers
+])
+def test_a_ray_address_must_answer_as_grpc(reply, ok):
+    """Something listening that is not Ray is refused at once (ray.init alone retried for
+    minutes, ~20 lines of its C++ client's retries); a gRPC answer goes on to ray.init."""
+    import socket
+    import threading
+
+    from simulator.errors import InputError
+    from simulator.executors import _check_reachable
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(64)
+            if reply is None:
+                conn.recv(64)   # blocks until the client gives up
+            elif reply:
+                conn.sendall(reply)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        if ok:
+            _check_reachable(f"127.0.0.1:{port}", timeout_s=2)
+        else:
+            with pytest.raises(InputError, match=rf"^--ray-address 127.0.0.1:{port}: something "
+                                                 r"listens there but it is not Ray"):
+                _check_reachable(f"127.0.0.1:{port}", timeout_s=0.5)
+    finally:
+        t.join(5)
+        server.close()
+
+
+def test_ray_core_warnings_are_read_from_its_stderr(capfd):
+    """What Ray's C++ client printed while joining is read back for the error line."""
+    import os
+
+    from simulator.executors import _RAY_WARNING, _stderr_to
+    import tempfile
+    line = ("[2026-12-02 09:52:38,698 W 10085 10085] gcs_client.cc:210: Failed to get cluster "
+            "ID from GCS server: Unauthenticated: RPC error: InvalidAuthToken\n")
+    with tempfile.TemporaryFile("w+") as log:
+        with _stderr_to(log):
+            os.write(2, line.encode())
+        os.write(2, b"after\n")
+        log.seek(0)
+        assert [m.group(1) for m in _RAY_WARNING.finditer(log.read())] == [
+            "Failed to get cluster ID from GCS server: Unauthenticated: RPC error: "
+            "InvalidAuthToken"]
+    assert capfd.readouterr().err == "after\n"
+
+
 def _sigint_default() -> None:
     """For a child's ``preexec_fn``: Ctrl-C's default action, as a terminal gives it, even
     where the tests run with SIGINT ignored (a background job of a non-interactive shell:
