@@ -327,7 +327,9 @@ def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
 class _OpenLoop(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    rate: float = Field(gt=0, allow_inf_nan=False, description="mean request rate, requests/s")
+    # arrivals are timed in integer nanoseconds: past 1e9 req/s every gap rounds to 0
+    rate: float = Field(gt=0, le=1e9, allow_inf_nan=False,
+                        description="mean request rate, requests/s (at most 1e9)")
     normalize_duration: bool = Field(
         False, description="scale all arrivals so the last one lands at num_requests/rate, "
                            "as `vllm bench serve` does when it has no ramp-up")

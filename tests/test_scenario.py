@@ -119,6 +119,9 @@ def test_brief_error_examples(chat):
     ("model=3", "--set model=3: expected a catalog name"),
     ("name.x=1", "--set name.x=1: name is not a mapping"),
     ("engine", "--set engine: expected key.path=value"),
+    # arrivals are integer ns: a faster rate would be a burst at t = 0
+    ("workload.arrival.rate=1e30", "workload.arrival.rate=1e30: Input should be less than or "
+                                   "equal to 1000000000 (got 1e+30)"),
     ("workload.trace.window_s.1=5", "--set workload.trace.window_s.1=5: 1 is a list index; "
                                     "a list is set whole: workload.trace.window_s=[..., ...]"),
     ("plan.candidates.hardware.profile.0=h200", "hardware.profile.0=h200: 0 is a list index; "
