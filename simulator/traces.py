@@ -295,7 +295,10 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
     return rows, lines
 
 
-def _json_column(rows, lines, path: Path, key: str) -> pd.Series:
+def _json_column(rows, lines, path: Path, key: str, *, text: bool = False) -> pd.Series:
+    """One key of every object, as strings for :func:`_numbers` / :func:`_timestamps_ns`.
+    JSON has numbers: a number written as a string (``"10"``) is refused, as the strict
+    scenario does, unless ``text`` (ISO timestamps are strings)."""
     out = []
     for obj, lineno in zip(rows, lines):
         if key not in obj:
@@ -303,8 +306,9 @@ def _json_column(rows, lines, path: Path, key: str) -> pd.Series:
         v = obj[key]
         if v is None:
             v = ""  # null reads as a missing value
-        elif isinstance(v, bool) or not isinstance(v, (int, float, str)):
-            raise InputError(f"{path}:{lineno}: {key}: not a number: {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, (str, int, float) if text else (int, float)):
+            what = "a string" if text else "a number"
+            raise InputError(f"{path}:{lineno}: {key}: expected {what}, got {json.dumps(v)}")
         out.append(str(v))
     return pd.Series(out, dtype=str)
 
@@ -327,9 +331,9 @@ def _read_generic_jsonl(path: Path, cfg: TraceConfig) -> TraceTable:
     c = cfg.columns
     rows, lines = _read_jsonl(path)
     ln = np.asarray(lines)
-    cols = {k: _json_column(rows, lines, path, k)
-            for k in (c.arrival, c.prompt_tokens, c.output_tokens)}
     unit = cfg.arrival_unit or "s"
+    cols = {k: _json_column(rows, lines, path, k, text=unit == "iso" and k == c.arrival)
+            for k in (c.arrival, c.prompt_tokens, c.output_tokens)}
     return TraceTable(
         arrival_ns=_arrivals_ns(cols[c.arrival], ln, path, c.arrival, unit),
         prompt_tokens=_numbers(cols[c.prompt_tokens], ln, path, c.prompt_tokens,

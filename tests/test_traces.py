@@ -177,6 +177,18 @@ def test_generic_jsonl(tmp_path):
                                       "output_tokens": "o"}))
     assert [(s.arrival_ns, s.prompt_tokens, s.max_tokens) for s in specs] == [
         (0, 7, 2), (750_000_000, 9, 1)]
+    # JSON has numbers: one written as a string is refused, as the strict scenario does;
+    # ISO timestamps are strings
+    f.write_text('{"t": 0.5, "p": 7, "o": 2}\n{"t": 1.25, "p": "9", "o": 1}\n')
+    with pytest.raises(InputError, match=rf'^{f}:2: p: expected a number, got "9"$'):
+        read_trace(trace(path=str(f), format="jsonl",
+                         columns={"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}))
+    f.write_text('{"t": "2024-01-01T00:00:01", "p": 7, "o": 2}\n'
+                 '{"t": "2024-01-01T00:00:02.5", "p": 9, "o": 1}\n')
+    specs = read_trace(trace(path=str(f), format="jsonl", arrival_unit="iso",
+                             columns={"arrival": "t", "prompt_tokens": "p",
+                                      "output_tokens": "o"}))
+    assert [s.arrival_ns for s in specs] == [0, 1_500_000_000]
 
 
 def test_azure_keeps_sub_microsecond_digits(tmp_path):
@@ -233,7 +245,8 @@ def mc(ts, n, out, ids):
     (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5\n', r":2: bad JSON"),
     (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5, "hash_ids": [0]}\n',
      r":2: missing key 'output_length'"),
-    (mc(0, 600, 5, [0, 1]) + mc("soon", 10, 5, [0]), r":2: timestamp: not a number"),
+    (mc(0, 600, 5, [0, 1]) + mc("soon", 10, 5, [0]), r':2: timestamp: expected a number, '
+                                                      r'got "soon"'),
     (mc(0, 600, 5, [0, 1]) + mc(-3, 10, 5, [0]),
      r":2: timestamp: -3 is below 0 \(an arrival time must be >= 0\)$"),
     (mc(0, 600, 5, [0, 1]) + mc(1, 10, 5, "abc"), r":2: hash_ids: expected a list"),
