@@ -328,7 +328,7 @@ class _OpenLoop(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     # arrivals are timed in integer nanoseconds: past 1e9 req/s every gap rounds to 0
-    rate: float = Field(gt=0, le=1e9, allow_inf_nan=False,
+    rate: float = Field(gt=0, le=1_000_000_000, allow_inf_nan=False,
                         description="mean request rate, requests/s (at most 1e9)")
     normalize_duration: bool = Field(
         False, description="scale all arrivals so the last one lands at num_requests/rate, "

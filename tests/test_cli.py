@@ -240,8 +240,8 @@ def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsy
     assert main([command, str(scen), "--set", "workload.arrival.rate=4,8", "--out", str(out),
                  "--quiet"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "servesim: error: --set workload.arrival.rate=4,8: Input should be a valid number > 0 "
-        f"(got '4,8'); {hint}"]
+        "servesim: error: --set workload.arrival.rate=4,8: Input should be a valid number > 0 and "
+        f"<= 1000000000 (got '4,8'); {hint}"]
     assert not out.exists()
     # a bracketed list of numbers where one number goes: the same hint, values as sweep
     # writes them
@@ -249,7 +249,7 @@ def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsy
                  str(out), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
         "servesim: error: --set workload.arrival.rate=[4, 8.5]: Input should be a valid "
-        f"number > 0; {hint.replace('4,8', '4,8.5')}")
+        f"number > 0 and <= 1000000000; {hint.replace('4,8', '4,8.5')}")
     # a mapping where one number goes: the schema's own word, no hint
     assert main([command, str(scen), "--set", "workload.arrival.rate={a: 1}", "--out",
                  str(out), "--quiet"]) == 2
@@ -262,7 +262,7 @@ def test_a_bracketed_list_given_to_sweep_is_written_without_brackets(scen, tmp_p
                  str(out), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
         "servesim: error: --set workload.arrival.rate=[4,8]: Input should be a valid number "
-        "> 0; sweep values are written without brackets: workload.arrival.rate=4,8")
+        "> 0 and <= 1000000000; sweep values are written without brackets: workload.arrival.rate=4,8")
     assert not out.exists()
 
 
