@@ -583,6 +583,20 @@ class MetricsCollector:
         start = np.arange(nbins, dtype=np.int64) * out_w
         width = np.minimum(start + out_w, span) - start
         frames, totals = [], None
+        # Queue length from the requests themselves (arrival -> first scheduled), exact at
+        # any instant: the steps only see the queue at their start, which misses requests
+        # that arrive and are admitted between two step starts.
+        admitted = np.asarray(self._ns["sched"], dtype=np.int64) >= 0
+        replica = np.asarray(self._ints["replica"], dtype=np.int64)[admitted]
+        order = np.argsort(replica, kind="stable")   # each replica's requests: one slice
+        replica = replica[order]
+        arrival = np.asarray(self._ns["arrival"], dtype=np.int64)[admitted][order]
+        sched = np.asarray(self._ns["sched"], dtype=np.int64)[admitted][order]
+        edges = np.append(start, start[-1] + width[-1])
+
+        def waiting(lo=0, hi=None):
+            return (_interval_integral(arrival[lo:hi], sched[lo:hi], edges)
+                    / width.astype(np.float64))
 
         def reduce(x, how):
             need = nbins * factor
@@ -596,7 +610,8 @@ class MetricsCollector:
             a = self._bins[rep].as_arrays()
             agg = {k: reduce(a[k], "sum") for k in _Bins.SUM}
             agg.update({k: reduce(a[k], "max") for k in ("run_max", "wait_max", "kv_max")})
-            frames.append(_ts_frame(start, width, out_w, str(rep), agg, 1))
+            lo, hi = np.searchsorted(replica, (rep, rep + 1))
+            frames.append(_ts_frame(start, width, out_w, str(rep), agg, 1, waiting(lo, hi)))
             if totals is None:
                 totals = {k: v.copy() for k, v in agg.items()}
             else:
@@ -605,20 +620,8 @@ class MetricsCollector:
                 totals["run_max"] = np.maximum(totals["run_max"], agg["run_max"])
                 totals["wait_max"] = np.maximum(totals["wait_max"], agg["wait_max"])
                 totals["kv_max"] = np.maximum(totals["kv_max"], agg["kv_max"])
-        frames.append(_ts_frame(start, width, out_w, "all", totals, self._nrep()))
+        frames.append(_ts_frame(start, width, out_w, "all", totals, self._nrep(), waiting()))
         ts = pd.concat(frames, ignore_index=True)
-        # Queue length from the requests themselves (arrival -> first scheduled), exact at
-        # any instant: the steps only see the queue at their start, which misses requests
-        # that arrive and are admitted between two step starts.
-        arrival = np.asarray(self._ns["arrival"], dtype=np.int64)
-        sched = np.asarray(self._ns["sched"], dtype=np.int64)
-        replica = np.asarray(self._ints["replica"], dtype=np.int64)
-        edges = np.append(start, start[-1] + width[-1])
-        for rep in [str(r) for r in sorted(self._bins)] + ["all"]:
-            pick = sched >= 0 if rep == "all" else (sched >= 0) & (replica == int(rep))
-            rows = (ts["replica"] == rep).to_numpy()
-            integral = _interval_integral(arrival[pick], sched[pick], edges)
-            ts.loc[rows, "waiting"] = integral / width.astype(np.float64)
         return ts, out_w
 
 
@@ -638,7 +641,7 @@ def _interval_integral(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) 
     return np.diff(f)
 
 
-def _ts_frame(start, width, out_w, replica, agg, nrep) -> pd.DataFrame:
+def _ts_frame(start, width, out_w, replica, agg, nrep, waiting) -> pd.DataFrame:
     wd = width.astype(np.float64)
     maxes = {k: np.where(np.isfinite(agg[k]), agg[k], 0.0)
              for k in ("run_max", "wait_max", "kv_max")}
@@ -647,7 +650,7 @@ def _ts_frame(start, width, out_w, replica, agg, nrep) -> pd.DataFrame:
         "bin_s": np.full(len(start), out_w / NS_PER_S),
         "replica": replica,
         "running": agg["run"] / wd,
-        "waiting": np.zeros(len(start)),   # replaced by the requests' exact queue
+        "waiting": waiting,
         "kv_usage": agg["kv"] / wd / nrep,
         "busy": agg["busy"] / wd / nrep,
         "running_max": maxes["run_max"].astype(np.int64),
