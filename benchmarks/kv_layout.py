@@ -56,6 +56,9 @@ def main(argv=None) -> int:
             pool = eng.scheduler.kv.pool
             queue = pool.free_queue
             random.Random(1).shuffle(queue)
+            n, pool._fresh_left = pool._fresh_left, 0   # every free block listed, shuffled
+            pool.ref_cnt += [0] * n
+            pool.block_hash += [None] * n
             pool._queue, pool._head = queue, 0
         return eng, _Driver(eng, seed=3)
 

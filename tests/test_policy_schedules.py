@@ -194,3 +194,21 @@ def test_output_private_request_rehits_its_decode_blocks_after_preemption():
     readmits = [hits for _, _, _, hits in eager[1:] if hits]
     assert [p for _, p, _, _ in eager if p] == [["B"]]
     assert readmits == [[("B", 16)]]
+
+
+def test_never_used_blocks_head_the_free_queue_in_id_order():
+    """vLLM's free list starts as blocks 1..n-1; freed blocks join its tail, behind the
+    never-used ones (which this pool keeps unlisted until handed out)."""
+    from simulator.policy.kv_cache import BlockPool
+    pool = BlockPool(16384)
+    assert len(pool.ref_cnt) == 1 and pool.num_free_blocks == 16383   # nothing per block yet
+    a = pool.allocate(3)
+    assert a == [1, 2, 3] and pool.allocate_one() == 4
+    pool.free_blocks([3, 2, 1])
+    assert pool.free_queue[:2] == [5, 6] and pool.free_queue[-3:] == [3, 2, 1]
+    assert pool.num_free_blocks == 16382 and len(pool.free_queue) == 16382
+    # the never-used ones go first, then the freed ones in the order they were freed
+    assert pool.allocate(16380) == list(range(5, 16384)) + [3]
+    assert pool.allocate(2) == [2, 1] and pool.num_free_blocks == 0
+    with pytest.raises(RuntimeError, match="need 1 block, 0 free"):
+        pool.allocate_one()

@@ -35,6 +35,11 @@ class BlockPool:
     behind, counted in ``_stale[b]``: stale entries of a block always precede its live one,
     so the head skips the first ``_stale[b]`` entries of ``b`` it meets.
 
+    Blocks never handed out (the last ``_fresh_left`` ids) head the queue in id order, as
+    in vLLM's initial free list, without being listed: ``ref_cnt`` and ``block_hash`` grow
+    as they are first handed out, so an idle replica costs no memory per block (thousands
+    of replicas of 16k blocks each).
+
     Args:
         num_gpu_blocks: total blocks including the null block 0; ``None`` means unlimited
             (blocks are created on demand and cached blocks are never evicted).
@@ -48,22 +53,23 @@ class BlockPool:
         if not self.unlimited and num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 (block 0 is reserved), "
                              f"got {num_gpu_blocks}")
-        n = 1 if self.unlimited else num_gpu_blocks
         self.num_gpu_blocks = num_gpu_blocks
-        self.ref_cnt: list[int] = [0] * n
-        self.block_hash: list[bytes | None] = [None] * n
-        self._queue: list[int] = list(range(1, n))   # live entries from _head on
+        self.ref_cnt: list[int] = [0]                 # by block id, handed-out ids only
+        self.block_hash: list[bytes | None] = [None]
+        self._fresh_left = 0 if self.unlimited else num_gpu_blocks - 1
+        self._queue: list[int] = []   # freed blocks; live entries from _head on
         self._head = 0
         self._stale: dict[int, int] = {}   # block -> stale entries of it in the queue
         self._num_stale = 0
-        self._num_free = n - 1
+        self._num_free = self._fresh_left
         self._num_shared = 0                # blocks with ref_cnt >= 2
         self.cached: dict[bytes, dict[int, None]] = {}
 
     @property
     def free_queue(self) -> list[int]:
         """The free blocks, head (next to allocate) first (O(queue); for tests)."""
-        out, seen = [], dict(self._stale)
+        start = len(self.ref_cnt)
+        out, seen = list(range(start, start + self._fresh_left)), dict(self._stale)
         for b in self._queue[self._head:]:
             if seen.get(b):
                 seen[b] -= 1
@@ -107,6 +113,14 @@ class BlockPool:
                 self._num_shared += 1
             ref[b] = c + 1
 
+    def _fresh(self, n: int) -> list[int]:
+        """Hand out the next ``n`` never-used blocks (``ref_cnt`` 1, no hash to evict)."""
+        start = len(self.ref_cnt)
+        self.ref_cnt.extend([1] * n)
+        self.block_hash.extend([None] * n)
+        self._fresh_left -= n
+        return list(range(start, start + n))
+
     def _pop(self, n: int) -> list[int]:
         """The ``n`` blocks at the head of the free queue, skipping stale entries."""
         q, h = self._queue, self._head
@@ -143,8 +157,14 @@ class BlockPool:
             return self._allocate_unlimited(n)
         if n > self._num_free:
             raise RuntimeError(f"need {n} blocks, {self._num_free} free")
-        out = self._pop(n)
         self._num_free -= n
+        head = None
+        if self._fresh_left:   # they head the queue
+            head = self._fresh(min(n, self._fresh_left))
+            n -= len(head)
+            if not n:
+                return head
+        out = self._pop(n)
         ref = self.ref_cnt
         if self.cached:
             block_hash, cached = self.block_hash, self.cached
@@ -160,7 +180,7 @@ class BlockPool:
         else:
             for b in out:
                 ref[b] = 1
-        return out
+        return head + out if head else out
 
     def allocate_one(self) -> int:
         """Pop one block (:meth:`allocate` for ``n = 1``, without building a list).
@@ -172,6 +192,9 @@ class BlockPool:
             return self.allocate(1)[0]
         if not self._num_free:
             raise RuntimeError("need 1 block, 0 free")
+        if self._fresh_left:
+            self._num_free -= 1
+            return self._fresh(1)[0]
         h = self._head
         b = self._queue[h]
         self._head = h + 1
