@@ -63,6 +63,9 @@ DEFAULT_MBU = 0.7
 DEFAULT_MFU = 0.5
 # Fixed CPU cost of a step (scheduling, input preparation, launch of a CUDA-graph) and its
 # per-request part (vLLM V1 synchronous scheduling does not overlap them with the GPU).
+#: The longest one engine step may be priced (seconds): past it a scenario's coefficients are
+#: absurd (an hour-long forward pass), and time would soon leave the integer-ns clock.
+MAX_STEP_S = 3600.0
 DEFAULT_STEP_OVERHEAD_S = 1.0e-3
 DEFAULT_PER_REQUEST_S = 1.0e-5
 # Device memory outside torch's allocator (CUDA context, cuBLAS workspaces, NCCL buffers):
@@ -740,6 +743,10 @@ class CostModel:
     def step_time_ns(self, plan) -> int:
         """Step time in integer ns (>= 1), with sampled noise when enabled.
 
+        Raises:
+            InputError: a step priced at :data:`MAX_STEP_S` or more (absurd coefficients,
+                e.g. ``hardware.step_time: {constant_s: 1e10}``).
+
         Residuals are drawn in batches from the generator, so a run's draws depend only
         on the generator's seed and the number of steps.
         """
@@ -750,6 +757,10 @@ class CostModel:
                 self._pos = 0
             t *= 1.0 + self._buf[self._pos]
             self._pos += 1
+        if not t < MAX_STEP_S:   # NaN too; far below the clock's 4.6e9 s and int64 ns
+            raise InputError(f"one engine step was priced at {t:.3g} s ({self.label}); a "
+                             f"step may take at most {MAX_STEP_S:g} s: check "
+                             f"hardware.step_time or the profile's coefficients")
         ns = int(t * 1e9 + 0.5)
         return ns if ns > 1 else 1
 

@@ -63,8 +63,11 @@ class StepTimeConfig(_Strict):
 
     Either ``constant_s`` alone (every step takes that long), or the linear form
     ``base_s + per_prefill_token_s * prefill tokens + per_decode_seq_s * decodes +
-    per_context_token_s * context tokens`` (missing linear terms are 0). All in seconds.
+    per_context_token_s * context tokens`` (missing linear terms are 0). All in seconds,
+    finite.
     """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     constant_s: Optional[float] = Field(None, gt=0, description="seconds per step")
     base_s: Optional[float] = Field(None, ge=0, description="seconds per step")

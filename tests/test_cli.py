@@ -308,3 +308,20 @@ def test_unknown_profile_names_a_servesim_profiles_folder_that_does_not_exist(
     assert msg.endswith(f"; $SERVESIM_PROFILES names folders that do not exist: "
                         f"{tmp_path / 'no-such-dir'}") and "\n" not in msg
     assert not out.exists()
+
+
+@pytest.mark.parametrize("step_time, words", [
+    # 1e10 s is 1e19 ns, past int64; 1e300 s/token overflows float → int
+    ("{constant_s: 1e10}", "one engine step was priced at 1e+10 s (inline: constant "),
+    ("{per_prefill_token_s: 1e300}", "a step may take at most 3600 s"),
+    ("{constant_s: .nan}", "hardware.step_time.constant_s: Input should be a finite number"),
+    ("{base_s: .inf}", "hardware.step_time.base_s: Input should be a finite number"),
+])
+def test_an_absurd_step_time_is_one_error(scen, tmp_path, capsys, step_time, words):
+    out = tmp_path / "out"
+    assert main(["run", str(scen), "--set", "hardware.profile=null", "--set",
+                 f"hardware.step_time={step_time}", "--set", "workload.num_requests=20",
+                 "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists()
