@@ -276,9 +276,12 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     if address in ("auto", "local"):
         return
     hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
-    if not host:   # no port given: Ray's defaults (GCS 6379, client server 10001)
+    host, sep, port = hostport.rpartition(":")
+    if not sep:   # no port given: Ray's defaults (GCS 6379, client server 10001)
         host, port = hostport, "10001" if address.startswith("ray://") else "6379"
+    if not host.strip("[] ") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"--ray-address {address!r}: expected host:port (port 1 to 65535), "
+                         f"ray://host:port, auto or local")
     head = b""
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as s:
@@ -335,7 +338,7 @@ class RayExecutor(SerialExecutor):
             raise InputError('--executor ray needs Ray: pip install -e ".[ray]"') from None
         self._ray = ray
         if not ray.is_initialized():
-            if address:
+            if address is not None:
                 _check_reachable(address)
             with tempfile.TemporaryFile("w+") as log:
                 try:

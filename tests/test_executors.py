@@ -114,6 +114,15 @@ def test_ray_address_nobody_listens_at_is_one_error():
         make_executor("ray", address=f"127.0.0.1:{port}")
 
 
+@pytest.mark.parametrize("address", ["", "127.0.0.1:99999", ":6379", "ray://", "host:abc"])
+def test_a_malformed_ray_address_is_one_error(address):
+    from simulator.errors import InputError
+    from simulator.executors import _check_reachable
+    with pytest.raises(InputError, match=r"^--ray-address '.*': expected host:port \(port 1 "
+                                         r"to 65535\), ray://host:port, auto or local$"):
+        _check_reachable(address)
+
+
 @pytest.mark.parametrize("reply, ok", [
     # a gRPC server answers the HTTP/2 preface with a SETTINGS frame (type 4; RFC 9113 §6.5)
     (bytes([0, 0, 0x18, 4, 0, 0, 0, 0, 0]), True),
