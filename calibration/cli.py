@@ -58,6 +58,20 @@ def positive_seconds(text: str) -> float:
     return v
 
 
+def seed_arg(text: str) -> int:
+    """argparse type for ``--seed``: a whole number in [0, 2**32) (NumPy's and torch's
+    generators refuse negatives)."""
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v < 2**32:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 0 to 4294967295")
+    return v
+
+
 def positive_int(text: str) -> int:
     """argparse type for counts and lengths: a whole number >= 1."""
     import argparse
@@ -708,7 +722,7 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--no-replay", action="store_true", help="skip the replay check")
     p.add_argument("--device-name", type=non_empty, help="catalog GPU name (e.g. h200) or a label")
     p.add_argument("--report-dir", help="folder for the report (default: beside --out)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0, help="weights and workload seed (default 0)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_calibrate)
     p = subparsers.add_parser("profiles", help="list shipped and local calibration profiles")

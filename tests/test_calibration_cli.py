@@ -323,6 +323,19 @@ def test_kv_cache_memory_error_names_the_flag(tmp_path, capsys, value, message):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("value", ["-1", "4294967296", "x"])
+def test_a_bad_seed_is_refused_before_measuring(tmp_path, capsys, value):
+    # NumPy's generator refused -1 after the grid's first minute, leaving a partial CSV
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml"),
+              "--seed", value])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"servesim: error: argument --seed: {value!r}: give a whole number from 0 to "
+        f"4294967295 (see servesim calibrate --help)"]
+    assert not any(tmp_path.iterdir())
+
+
 def test_bad_flags_are_one_line_errors(tmp_path, capsys):
     assert main(["calibrate", "--model", "no-such-model", "--out",
                  str(tmp_path / "x.yaml")]) == 2
