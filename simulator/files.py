@@ -32,6 +32,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_yaml_int(self, node):
+        # Python refuses to read integers of more than 4300 digits (sys.int_info)
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(node.value)} digits (no setting needs "
+                f"one that long)", node.start_mark) from None
+
 
 # PyYAML resolves floats by YAML 1.1, which wants a dot and a signed exponent: ``1e30``,
 # ``1E-3``, ``+1e5`` and ``1.5e3`` would stay strings. These are floats in YAML 1.2's core
@@ -40,6 +49,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _FLOAT_WITH_EXPONENT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$")
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITH_EXPONENT,
                                        list("-+.0123456789"))
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
 
 
 def load_yaml(text: str):

@@ -242,7 +242,8 @@ def _arrivals_ns(values: pd.Series, lines, path: Path, name: str, unit: str) -> 
         ns = _timestamps_ns(values, lines, path, name)
     else:
         num = _numbers(values, lines, path, name, integer=False, minimum=0)
-        over = np.flatnonzero(num * _UNIT_NS[unit] >= MAX_TIME_NS)
+        with np.errstate(over="ignore"):   # 1e300 s is inf ns: beyond, said below
+            over = np.flatnonzero(num * _UNIT_NS[unit] >= MAX_TIME_NS)
         if over.size:
             i = int(over[0])
             raise InputError(f"{path}:{lines[i]}: {name}: {values.iloc[i]!r} {unit} is beyond "
@@ -283,6 +284,9 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
                 except json.JSONDecodeError as e:
                     raise InputError(f"{path}:{lineno}: bad JSON ({e.msg} at column "
                                      f"{e.colno})") from None
+                except ValueError:   # an integer past Python's 4300 digits
+                    raise InputError(f"{path}:{lineno}: a number with more digits than any "
+                                     f"count or time needs") from None
                 if not isinstance(obj, dict):
                     raise InputError(f"{path}:{lineno}: expected a JSON object, got "
                                      f"{type(obj).__name__}")

@@ -40,6 +40,14 @@ def test_duplicate_key_names_its_line():
     assert "duplicate key 'c'" in str(e.value) and e.value.problem_mark.line + 1 == 4
 
 
+def test_an_integer_too_long_for_python_names_its_line():
+    # int() refuses more than 4300 digits (a ValueError, not a YAML error, before)
+    with pytest.raises(yaml.YAMLError) as e:
+        load_yaml("a: 1\nb: " + "9" * 5000 + "\n")
+    assert "an integer of 5000 digits" in str(e.value) and e.value.problem_mark.line + 1 == 2
+    assert load_yaml("b: " + "9" * 4000)["b"] == int("9" * 4000)
+
+
 def test_yaml_line_and_depth_of_key_paths():
     from simulator.files import yaml_line, yaml_where
     text = "a:\n  b: 1\n  c: [x, {d: 2}]\ne: {f: 3}\n"

@@ -1,6 +1,7 @@
 """Trace readers: real public traces (when present) and small malformed files."""
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,17 @@ def test_generic_jsonl(tmp_path):
     with pytest.raises(InputError, match=rf'^{f}:2: p: expected a number, got "9"$'):
         read_trace(trace(path=str(f), format="jsonl",
                          columns={"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}))
+    # a number too long for Python's int(), and one too large for the clock: one line each
+    f.write_text('{"t": 0.5, "p": 7, "o": 2}\n{"t": 1.25, "p": ' + "9" * 5000 + ', "o": 1}\n')
+    with pytest.raises(InputError, match=rf"^{f}:2: a number with more digits than any"):
+        read_trace(trace(path=str(f), format="jsonl",
+                         columns={"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}))
+    f.write_text('{"t": 0.5, "p": 7, "o": 2}\n{"t": 1e300, "p": 9, "o": 1}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no overflow warning printed before the error
+        with pytest.raises(InputError, match=rf"^{f}:2: t: '1e\+300' s is beyond the 4\.6e9 s"):
+            read_trace(trace(path=str(f), format="jsonl",
+                             columns={"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}))
     f.write_text('{"t": "2024-01-01T00:00:01", "p": 7, "o": 2}\n'
                  '{"t": "2024-01-01T00:00:02.5", "p": 9, "o": 1}\n')
     specs = read_trace(trace(path=str(f), format="jsonl", arrival_unit="iso",
