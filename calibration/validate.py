@@ -1240,8 +1240,7 @@ def cmd_validate(args) -> int:
 
 def _validate_command(args) -> int:
     from simulator.scenario import load_scenario
-    if args.out:
-        check_folder(args.out, "--out", "validate")
+    check_folder(args.out, "--out", "validate")
     overrides = list(args.set)
     if args.profile:
         overrides.append(f"hardware.profile={args.profile}")

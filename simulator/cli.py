@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .errors import InputError
-from .files import check_folder
+from .files import check_folder, out_folder
 
 
 def _add_scenario_args(p: argparse.ArgumentParser) -> None:
@@ -47,9 +47,7 @@ def _cmd_run(args) -> int:
         sim["exact_steps"] = True
     if sim:
         scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(update=sim)})
-    if args.out is not None and not args.out.strip():
-        raise InputError("--out: empty path (give a folder, or leave --out out)")
-    out = Path(args.out) if args.out else Path("reports") / scenario.name
+    out = out_folder(args.out, Path("reports") / scenario.name)
     check_folder(out, "--out", "run")   # fail before simulating, not after
     warning = profile_warning(build_cost_model(scenario))
     if warning:

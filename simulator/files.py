@@ -170,6 +170,19 @@ REPORT_MARKERS = {"run": "summary.json", "sweep": "sweep.json", "plan": "plan.js
                   "compare": "compare.csv", "validate": "validation.json"}
 
 
+def out_folder(arg: str | None, default: str | Path, flag: str = "--out") -> Path:
+    """The output folder given as ``flag`` (``arg``), or ``default`` when it is not given.
+
+    Raises:
+        InputError: an empty path (``--out ""`` would mean the current folder).
+    """
+    if arg is None:
+        return Path(default)
+    if not arg.strip():
+        raise InputError(f"{flag}: empty path (give a folder, or leave {flag} out)")
+    return Path(arg)
+
+
 def check_folder(path: str | Path, flag: str, kind: str | None = None) -> None:
     """Refuse, before any work, an output folder that cannot be one: ``path`` is a file, a
     folder above it is, the folder (else the nearest existing one above it, where it
@@ -177,10 +190,13 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None) -> None:
     :data:`REPORT_MARKERS`), it holds another command's report. Creates nothing.
 
     Raises:
-        InputError: ``<flag> <path>: <which> is a file, not a folder``, ``<flag> <path>:
+        InputError: ``<flag>: empty path``, ``<flag> <path>: <which> is a file, not a
+            folder``, ``<flag> <path>:
             cannot write there (<reason>)`` or ``<flag> <path>: holds a <command> report
             ...``.
     """
+    if not str(path).strip():   # Path("") would be the current folder
+        raise InputError(f"{flag}: empty path (give a folder)")
     p = Path(path)
     other = next((k for k, f in REPORT_MARKERS.items()
                   if kind is not None and k != kind and (p / f).is_file()), None)

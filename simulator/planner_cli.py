@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import InputError
-from .files import check_folder
+from .files import check_folder, out_folder
 from .executors import EXECUTORS
 
 
@@ -184,7 +184,7 @@ def _cmd_sweep(args) -> int:
     if not axes:
         raise InputError("--set: give at least one swept key with comma-separated values, "
                          "e.g. --set workload.arrival.rate=1,2,4,8")
-    out = Path(args.out) if args.out else Path("reports") / f"{scenario.name}-sweep"
+    out = out_folder(args.out, Path("reports") / f"{scenario.name}-sweep")
     check_folder(out, "--out", "sweep")   # before the runs, not after
     with _executor(args) as ex, _progress(args, f"sweeping {scenario.name}") as prog:
         res = sweep(scenario, axes, ex, progress=prog)
@@ -234,7 +234,7 @@ def _cmd_plan(args) -> int:
     if args.target_rate is not None and not 0 < args.target_rate < float("inf"):
         raise InputError(f"--target-rate must be a finite rate > 0 req/s, got "
                          f"{args.target_rate}")
-    out = Path(args.out) if args.out else Path("reports") / f"{scenario.name}-plan"
+    out = out_folder(args.out, Path("reports") / f"{scenario.name}-plan")
     check_folder(out, "--out", "plan")   # before the runs, not after
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
@@ -285,7 +285,7 @@ def _cmd_compare(args) -> int:
             raise sc.error("name", f"{sc.name!r} is also the name of {seen[sc.name]}; give "
                                    f"each plan a distinct name")
         seen[sc.name] = sc.source
-    out = Path(args.out) if args.out else Path("reports") / "compare"
+    out = out_folder(args.out, Path("reports") / "compare")
     check_folder(out, "--out", "compare")   # before the runs, not after
     ignored = [sc.source for sc in scenarios[1:]
                if (sc.workload, sc.slo) != (scenarios[0].workload, scenarios[0].slo)]
