@@ -333,7 +333,7 @@ def test_an_absurd_step_time_is_one_error(scen, tmp_path, capsys, step_time, wor
 def test_an_empty_out_is_refused_by_every_command(scen, tmp_path, capsys, monkeypatch, argv):
     # "" would be the current folder (validate wrote its report there; plan took its default)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.yaml").write_text(scen.read_text())
+    (tmp_path / "t.yaml").write_text(scen.read_text().replace("name: small", "name: other"))
     assert main([a.format(s=scen, t=tmp_path / "t.yaml") for a in argv] + ["--out", " "]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("servesim: error: --out: empty path"), err
