@@ -594,6 +594,13 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     if parts in seen:
         raise InputError(f"--set {s}: {'.'.join(parts)} is already set by --set "
                          f"{seen[parts]} (give each key once{hint})")
+    # a mapping and a key inside it: whichever came last would silently win
+    inside = next((k for k in seen if k[:len(parts)] == parts or parts[:len(k)] == k), None)
+    if inside is not None:
+        outer, inner = sorted((parts, inside), key=len)
+        raise InputError(f"--set {s}: {'.'.join(outer)} and {'.'.join(inner)} inside it are "
+                         f"both set (the later flag would override the other; give the key "
+                         f"inside the mapping, or the whole mapping, once)")
     seen[parts] = s
     return parts, value
 

@@ -577,3 +577,17 @@ def test_a_misspelt_section_in_a_flag_is_blamed_on_the_flag(chat):
         "flag makes one)")
     assert err(load_scenario, chat, ["engine.blok_size=8"]).startswith(
         "--set engine.blok_size=8: unknown key (allowed: block_size, ")
+
+
+@pytest.mark.parametrize("flags", [
+    ["engine.max_num_seqs=8", "engine={max_num_seqs: 4}"],
+    ["engine={max_num_seqs: 4}", "engine.max_num_seqs=8"],   # would also drop the file's keys
+])
+def test_a_mapping_and_a_key_inside_it_are_not_both_set(chat, flags):
+    assert err(load_scenario, chat, flags) == (
+        f"--set {flags[1]}: engine and engine.max_num_seqs inside it are both set (the later "
+        f"flag would override the other; give the key inside the mapping, or the whole "
+        f"mapping, once)")
+    # two keys side by side in one mapping are fine
+    sc = load_scenario(chat, ["engine.max_num_seqs=8", "engine.block_size=32"])
+    assert (sc.engine.max_num_seqs, sc.engine.block_size) == (8, 32)
