@@ -585,9 +585,8 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
         raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
     index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
     if index:   # no list item is addressable on its own (the schema's lists are short)
-        whole = ".".join(parts[:index])
-        raise InputError(f"--set {s}: {parts[index]} is a list index; a list is set whole: "
-                         f"{whole}=[..., ...]")
+        raise InputError(f"--set {s}: {parts[index]} is not a key (scenario keys are names; "
+                         f"a list is set whole, e.g. workload.trace.window_s=[0, 60])")
     if parts[:2] == ("plan", "candidates") and len(parts) > 3:
         # a candidate's key is itself a dotted scenario key (engine.max_num_seqs)
         parts = (*parts[:2], ".".join(parts[2:]))

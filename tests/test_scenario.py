@@ -122,10 +122,10 @@ def test_brief_error_examples(chat):
     # arrivals are integer ns: a faster rate would be a burst at t = 0
     ("workload.arrival.rate=1e30", "workload.arrival.rate=1e30: Input should be less than or "
                                    "equal to 1000000000 (got 1e+30)"),
-    ("workload.trace.window_s.1=5", "--set workload.trace.window_s.1=5: 1 is a list index; "
-                                    "a list is set whole: workload.trace.window_s=[..., ...]"),
-    ("plan.candidates.hardware.profile.0=h200", "hardware.profile.0=h200: 0 is a list index; "
-     "a list is set whole: plan.candidates.hardware.profile=[..., ...]"),
+    ("workload.trace.window_s.1=5", "--set workload.trace.window_s.1=5: 1 is not a key "
+     "(scenario keys are names; a list is set whole, e.g. workload.trace.window_s=[0, 60])"),
+    ("plan.candidates.hardware.profile.0=h200", "hardware.profile.0=h200: 0 is not a key"),
+    ("engine.0=3", "--set engine.0=3: 0 is not a key"),
     ("engine.block_size=[1", "--set engine.block_size=[1: value is not valid YAML"),
 ])
 def test_bad_values_one_line(chat, override, expected):
