@@ -267,6 +267,12 @@ class PlanConfig(_Strict):
             if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
                 raise ValueError(f"{key}: candidates vary hardware, model, dtype, engine or "
                                  f"cluster keys, not the workload or the SLO")
+            twice = [x for i, x in enumerate(values)   # 4 and 4.0 alike; True and 1 not
+                     if any(x == y and isinstance(x, bool) == isinstance(y, bool)
+                            for y in values[:i])]
+            if twice:
+                raise ValueError(f"{key}: {twice[0]!r} is given twice (each value is one "
+                                 f"candidate; give it once)")
         return v
 
     @model_validator(mode="after")
