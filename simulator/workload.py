@@ -146,7 +146,14 @@ Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, Empiri
                  Field(discriminator="dist")]
 
 
-def _empirical_values(cfg: EmpiricalDist, base_dir, key: str) -> np.ndarray:
+def _empirical_values(cfg: EmpiricalDist, base_dir, key: str, count: bool) -> np.ndarray:
+    """The file's column as floats; ``count``: token or turn counts, each in [1, 1e9] (a
+    trace's bounds), else seconds >= 0.
+
+    Raises:
+        InputError: a malformed file or value (file:line).
+        KeyedInputError: ``<key>.path``, the file is missing.
+    """
     path = Path(cfg.path)
     if not path.is_absolute():
         path = Path(base_dir) / path
@@ -165,10 +172,12 @@ def _empirical_values(cfg: EmpiricalDist, base_dir, key: str) -> np.ndarray:
                          f"(columns are {', '.join(map(repr, df.columns))})")
     col = df[cfg.column]
     num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
-    bad = ~np.isfinite(num) | (num < 0)
+    lo, hi = (1, MAX_COUNT) if count else (0, math.inf)
+    bad = ~np.isfinite(num) | (num < lo) | (num > hi)
     if bad.any():
         i = int(np.argmax(bad))
-        raise InputError(f"{path}:{i + 2}: {cfg.column}: expected a number >= 0, "
+        want = f"a count from 1 to {MAX_COUNT:.0e}" if count else "a number of seconds >= 0"
+        raise InputError(f"{path}:{i + 2}: {cfg.column}: expected {want}, "
                          f"got {col.iloc[i]!r}")
     if len(num) == 0:
         raise InputError(f"{path}:2: column {cfg.column!r} has no values")
@@ -189,7 +198,8 @@ def _raw_samples(cfg, n: int, rng: np.random.Generator, base_dir, integer: bool,
     if isinstance(cfg, LognormalDist):
         return rng.lognormal(math.log(cfg.median), cfg.sigma, size=n)
     if isinstance(cfg, EmpiricalDist):
-        return rng.choice(_empirical_values(cfg, base_dir, key), size=n, replace=True)
+        return rng.choice(_empirical_values(cfg, base_dir, key, integer), size=n,
+                          replace=True)
     raise TypeError(f"unknown distribution {cfg!r}")
 
 

@@ -110,6 +110,17 @@ def test_empirical_bad_file_names_the_line(tmp_path):
     d = DIST.validate_python({"dist": "empirical", "path": "none.csv", "column": "a"})
     with pytest.raises(InputError, match="not found"):
         sample_lengths(d, 10, rng(), base_dir=tmp_path)
+    # counts are 1 to 1e9, as in traces (0.5 was clipped to 1 silently); seconds may be 0.5
+    (tmp_path / "lens.csv").write_text("a\n10\n0.5\n")
+    d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
+    with pytest.raises(InputError, match=r"lens\.csv:3: a: expected a count from 1 to 1e\+09, "
+                                         r"got '0\.5'"):
+        sample_lengths(d, 10, rng(), base_dir=tmp_path)
+    assert sorted(set(sample_durations_ns(d, 50, rng(), base_dir=tmp_path))) == [
+        500_000_000, 10_000_000_000]
+    (tmp_path / "lens.csv").write_text("a\n1e30\n")
+    with pytest.raises(InputError, match=r"lens\.csv:2: a: expected a count from 1 to 1e\+09"):
+        sample_lengths(d, 10, rng(), base_dir=tmp_path)
 
 
 def test_think_times_are_fractional_seconds_in_ns():
