@@ -910,7 +910,9 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     from .cli import warn_if_emulated_bf16
 
     check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
-    base = servable_cost_model(scenario)   # its error before the warning: one line
+    base = servable_cost_model(scenario)
+    cfg = engine_config(scenario, base.num_gpu_blocks, scenario.workload.seed)
+    # after every input error, so that a bad input stays one line
     warn_if_emulated_bf16("cpu", scenario.dtype, fix=(   # our engine serves on cpu here
         "validate in float32: --set dtype=float32 with a float32 profile (shipped: "
         "--set hardware.profile=cpu-llama-tiny-56m-float32)"))
@@ -919,7 +921,6 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     if threads:
         torch.set_num_threads(threads)
     mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
-    cfg = engine_config(scenario, base.num_gpu_blocks, scenario.workload.seed)
     sc1 = scenario.model_copy(update={"engine": scenario.engine.model_copy(
         update={"num_gpu_blocks": cfg["num_gpu_blocks"]})})
     model = random_model(scenario.model_shape.hf_config(), seed=cfg["seed"],

@@ -469,3 +469,20 @@ def test_bad_flags_are_named_before_a_missing_torch(tmp_path, capsys, monkeypatc
     assert "--seconds" in capsys.readouterr().err
     assert main(args) == 2
     assert "needs torch" in capsys.readouterr().err
+
+
+def test_a_bad_bfloat16_scenario_is_one_line_without_the_emulation_warning(tmp_path, capsys):
+    # the bfloat16 warning (emulated on CPUs without AVX512-BF16) came before the error
+    from simulator.cli import main
+    y = tmp_path / "s.yaml"
+    y.write_text("model: llama-tiny-56m\ndtype: bfloat16\n"
+                 "hardware: {step_time: {constant_s: 0.01}}\n"
+                 "workload: {num_requests: 20, arrival: {process: poisson, rate: 2},\n"
+                 "  prompt_tokens: {dist: fixed, value: 50},\n"
+                 "  output_tokens: {dist: fixed, value: 5}}\n")
+    out = tmp_path / "v"
+    assert main(["validate", str(y), "--no-quiet-wait", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["servesim: error: s.yaml: engine.num_gpu_blocks: validation needs a finite "
+                   "KV cache (set it, or use a profile that records one)"]
+    assert not out.exists()
