@@ -440,8 +440,9 @@ class PrefixConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    shared_tokens: int = Field(ge=1)
-    groups: int = Field(1, ge=1)
+    shared_tokens: int = Field(ge=1, le=MAX_COUNT)
+    # each group's probability is tabulated (8 bytes each): 1e9 groups took minutes and GBs
+    groups: int = Field(1, ge=1, le=1_000_000)
     popularity: Literal["zipf", "uniform"] = "zipf"
     zipf_s: float = Field(1.1, gt=0)
 
