@@ -758,7 +758,7 @@ class CostModel:
             t *= 1.0 + self._buf[self._pos]
             self._pos += 1
         if not t < MAX_STEP_S:   # NaN too; far below the clock's 4.6e9 s and int64 ns
-            raise InputError(f"one engine step was priced at {t:.3g} s ({self.label}); a "
+            raise InputError(f"one engine step was priced at {t:.6g} s ({self.label}); a "
                              f"step may take at most {MAX_STEP_S:g} s: check "
                              f"hardware.step_time or the profile's coefficients")
         ns = int(t * 1e9 + 0.5)

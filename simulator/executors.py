@@ -279,7 +279,8 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     host, sep, port = hostport.rpartition(":")
     if not sep:   # no port given: Ray's defaults (GCS 6379, client server 10001)
         host, port = hostport, "10001" if address.startswith("ray://") else "6379"
-    if not host.strip("[] ") or not port.isdigit() or not 0 < int(port) < 65536:
+    if ("://" in hostport or not host.strip("[] ") or host != host.strip()
+            or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536):
         raise InputError(f"--ray-address {address!r}: expected host:port (port 1 to 65535), "
                          f"ray://host:port, auto or local")
     head = b""

@@ -287,13 +287,14 @@ def _cmd_compare(args) -> int:
         seen[sc.name] = sc.source
     out = out_folder(args.out, Path("reports") / "compare")
     check_folder(out, "--out", "compare")   # before the runs, not after
-    ignored = [sc.source for sc in scenarios[1:]
-               if (sc.workload, sc.slo) != (scenarios[0].workload, scenarios[0].slo)]
-    if ignored:  # a comparison holds the traffic fixed: say whose is used
-        print(f"servesim: note: workload and SLO of {scenarios[0].source} used for every "
-              f"plan; those of {', '.join(ignored)} are ignored", file=sys.stderr)
     with _executor(args) as ex, _progress(args, "comparing") as prog:
         entries = compare(scenarios, ex, progress=prog)
+    ignored = [sc.source for sc in scenarios[1:]
+               if (sc.workload, sc.slo) != (scenarios[0].workload, scenarios[0].slo)]
+    if ignored:  # a comparison holds the traffic fixed: say whose is used (after the runs,
+        # so that an error in them stays the one line)
+        print(f"servesim: note: workload and SLO of {scenarios[0].source} used for every "
+              f"plan; those of {', '.join(ignored)} are ignored", file=sys.stderr)
     for e in entries:
         e["binding"] = find_limits(e["scenario"], e["result"])["binding"]
     paths = write_compare_report(

@@ -338,3 +338,16 @@ def test_an_empty_out_is_refused_by_every_command(scen, tmp_path, capsys, monkey
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("servesim: error: --out: empty path"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.yaml", "t.yaml"]
+
+
+def test_compare_with_a_bad_step_time_is_one_line_without_its_note(scen, tmp_path, capsys):
+    # the note that the first plan's workload is used came before the runs' error
+    other = tmp_path / "t.yaml"
+    other.write_text(scen.read_text().replace("name: small", "name: other")
+                     .replace("num_requests: 300", "num_requests: 30"))
+    out = tmp_path / "out"
+    assert main(["compare", str(scen), str(other), "--set", "hardware.profile=null", "--set",
+                 "hardware.step_time={constant_s: 1e10}", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "one engine step was priced at 1e+10 s" in err[0], err
+    assert not out.exists()

@@ -114,7 +114,8 @@ def test_ray_address_nobody_listens_at_is_one_error():
         make_executor("ray", address=f"127.0.0.1:{port}")
 
 
-@pytest.mark.parametrize("address", ["", "127.0.0.1:99999", ":6379", "ray://", "host:abc"])
+@pytest.mark.parametrize("address", ["", "127.0.0.1:99999", ":6379", "ray://", "host:abc",
+                                     "http://h:1", "auto ", "host:\u0966\u0967"])
 def test_a_malformed_ray_address_is_one_error(address):
     from simulator.errors import InputError
     from simulator.executors import _check_reachable
