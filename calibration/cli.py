@@ -722,7 +722,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--no-replay", action="store_true", help="skip the replay check")
     p.add_argument("--device-name", type=non_empty, help="catalog GPU name (e.g. h200) or a label")
     p.add_argument("--report-dir", help="folder for the report (default: beside --out)")
-    p.add_argument("--seed", type=seed_arg, default=0, help="weights and workload seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0,
+                   help="weights and workload seed (default 0)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_calibrate)
     p = subparsers.add_parser("profiles", help="list shipped and local calibration profiles")
