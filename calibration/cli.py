@@ -323,6 +323,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         if getattr(args, flag, None) is not None:   # the grid sizes its own batches
             raise InputError(f"--{flag.replace('_', '-')}: only for --backend vllm; "
                              f"servesim's grid sets the budget its cells need")
+    if getattr(args, "model_dir", None) is not None:
+        raise InputError("--model-dir: only for --backend vllm (servesim's engine builds "
+                         "the model from --model with random weights)")
     if args.block_size is not None and args.block_size not in BLOCK_SIZES:
         raise InputError(f"--block-size {args.block_size}: allowed "
                          f"{', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)")

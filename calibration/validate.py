@@ -1227,6 +1227,9 @@ def cmd_validate(args) -> int:
     if args.scenario and args.scenario_flag:
         raise InputError("validate: give the scenario once (positional or --scenario)")
     args.scenario = args.scenario or args.scenario_flag
+    if args.model_dir is not None and args.backend != "vllm":
+        raise InputError("--model-dir: only with --backend vllm (servesim's engine builds "
+                         "the scenario's model with random weights)")
     if not args.scenario:
         raise InputError("validate: a scenario YAML is required "
                          "(servesim validate SCENARIO --profile P)")

@@ -476,6 +476,8 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
             override, or any schema violation; one line naming the file or flag and the
             key path.
     """
+    if not str(path).strip():   # Path("") would be the current folder
+        raise InputError("scenario: empty path (give a scenario YAML file)")
     path = Path(path)
     name = path.name
     try:

@@ -486,3 +486,14 @@ def test_a_bad_bfloat16_scenario_is_one_line_without_the_emulation_warning(tmp_p
     assert err == ["servesim: error: s.yaml: engine.num_gpu_blocks: validation needs a finite "
                    "KV cache (set it, or use a profile that records one)"]
     assert not out.exists()
+
+
+def test_model_dir_without_the_vllm_backend_and_an_empty_scenario_are_refused(capsys):
+    from simulator.cli import main
+    assert main(["validate", "scenarios/cpu_tiny.yaml", "--model-dir", "/tmp/m"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "servesim: error: --model-dir: only with --backend vllm (servesim's engine builds the "
+        "scenario's model with random weights)"]
+    assert main(["run", ""]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "servesim: error: scenario: empty path (give a scenario YAML file)"]
