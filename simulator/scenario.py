@@ -234,6 +234,15 @@ def _price(v: float) -> float:
     return v
 
 
+def first_repeat(values: typing.Sequence) -> int | None:
+    """Index of the first value equal to an earlier one, else None: one sweep point or plan
+    candidate given twice. 4 and 4.0 are equal; True and 1 are not."""
+    for i, x in enumerate(values):
+        if any(x == y and isinstance(x, bool) == isinstance(y, bool) for y in values[:i]):
+            return i
+    return None
+
+
 class PlanConfig(_Strict):
     """``plan:``: the candidates ``servesim plan`` compares, and its search controls.
 
@@ -267,11 +276,9 @@ class PlanConfig(_Strict):
             if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
                 raise ValueError(f"{key}: candidates vary hardware, model, dtype, engine or "
                                  f"cluster keys, not the workload or the SLO")
-            twice = [x for i, x in enumerate(values)   # 4 and 4.0 alike; True and 1 not
-                     if any(x == y and isinstance(x, bool) == isinstance(y, bool)
-                            for y in values[:i])]
-            if twice:
-                raise ValueError(f"{key}: {twice[0]!r} is given twice (each value is one "
+            twice = first_repeat(values)
+            if twice is not None:
+                raise ValueError(f"{key}: {values[twice]!r} is given twice (each value is one "
                                  f"candidate; give it once)")
         return v
 

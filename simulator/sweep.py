@@ -20,7 +20,7 @@ import yaml
 from .errors import InputError
 from .executors import Job
 from .files import load_yaml
-from .scenario import split_override
+from .scenario import first_repeat, split_override
 from .metrics import combine_replications
 
 
@@ -75,13 +75,13 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
         read = []   # as YAML reads them: 4 and 4.0 are one point (True and 1 are not)
         for x in vals:
             try:
-                y = _parse(x)
+                read.append(_parse(x))
             except yaml.YAMLError:   # the scenario load reports it, with the flag
-                y = x
-            if any(y == z and isinstance(y, bool) == isinstance(z, bool) for z in read):
-                raise InputError(f"--set {s}: {x} is given twice in the list (each value "
-                                 f"is one sweep point; give it once)")
-            read.append(y)
+                read.append(x)
+        twice = first_repeat(read)
+        if twice is not None:
+            raise InputError(f"--set {s}: {vals[twice]} is given twice in the list (each "
+                             f"value is one sweep point; give it once)")
         axes[k] = vals
     return plain, axes
 

@@ -310,7 +310,8 @@ def _json_column(rows, lines, path: Path, key: str, *, text: bool = False) -> pd
         v = obj[key]
         if v is None:
             v = ""  # null reads as a missing value
-        elif isinstance(v, bool) or not isinstance(v, (str, int, float) if text else (int, float)):
+        elif isinstance(v, bool) or not isinstance(v, (str, int, float) if text
+                                                   else (int, float)):
             what = "a string" if text else "a number"
             raise InputError(f"{path}:{lineno}: {key}: expected {what}, got {json.dumps(v)}")
         out.append(str(v))
