@@ -54,8 +54,9 @@ MAX_REPLICAS = 10_000
 
 
 class _Strict(BaseModel):
-    # Unknown keys are errors; no silent coercion of "16" or true into numbers.
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Unknown keys are errors; no silent coercion of "16" or true into numbers; no
+    # .nan/.inf, which pass or fail bounds checks by accident ("<= 1 (got nan)").
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StepTimeConfig(_Strict):
@@ -66,8 +67,6 @@ class StepTimeConfig(_Strict):
     per_context_token_s * context tokens`` (missing linear terms are 0). All in seconds,
     finite.
     """
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     constant_s: Optional[float] = Field(None, gt=0, description="seconds per step")
     base_s: Optional[float] = Field(None, ge=0, description="seconds per step")
@@ -186,11 +185,11 @@ class SLOTarget(_Strict):
     Bounds are finite (``.inf`` is refused here, with the file's name, rather than after
     the run by :func:`simulator.metrics.parse_slo`); leave a statistic out to not bound it."""
 
-    mean: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
-    p50: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
-    p90: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
-    p95: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
-    p99: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    mean: Optional[float] = Field(None, gt=0)
+    p50: Optional[float] = Field(None, gt=0)
+    p90: Optional[float] = Field(None, gt=0)
+    p95: Optional[float] = Field(None, gt=0)
+    p99: Optional[float] = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _not_empty(self):
@@ -257,7 +256,8 @@ class PlanConfig(_Strict):
                                 "(--target-rate overrides)")
     candidates: dict[str, list[Any]] = Field(
         default_factory=dict, description="key path -> values to try (cross product)")
-    prices: dict[str, Annotated[float, AfterValidator(_price)]] = Field(
+    # inf/nan reach _price, whose message gives the unit
+    prices: dict[str, Annotated[float, Field(allow_inf_nan=True), AfterValidator(_price)]] = Field(
         default_factory=dict, description="GPU name -> USD per GPU-hour (overrides catalog)")
     tolerance: float = Field(0.02, gt=0, lt=0.5, description=(
         "indifference zone: relative bracket width at which the rate search stops, and "

@@ -77,7 +77,7 @@ class TraceConfig(BaseModel):
     """
 
     # Strict like the rest of the scenario ("1" and true are not numbers).
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     path: str
     format: Literal["azure", "mooncake", "csv", "jsonl"]

@@ -335,7 +335,7 @@ def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
 # -- arrival processes -----------------------------------------------------------------
 
 class _OpenLoop(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     # arrivals are timed in integer nanoseconds: past 1e9 req/s every gap rounds to 0
     rate: float = Field(gt=0, le=1_000_000_000, allow_inf_nan=False,
@@ -372,7 +372,7 @@ class ClosedLoopArrival(BaseModel):
     ``think_time_s`` is a distribution of seconds or a plain number ``x >= 0``, read as
     ``{dist: fixed, value: x}``; default 0."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     process: Literal["closed_loop"]
     concurrency: int = Field(ge=1)
@@ -438,7 +438,7 @@ class PrefixConfig(BaseModel):
     (``zipf``, a finite Zipf law) or ``1/groups`` (``uniform``).
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     shared_tokens: int = Field(ge=1, le=MAX_COUNT)
     # each group's probability is tabulated (8 bytes each): 1e9 groups took minutes and GBs
@@ -462,7 +462,7 @@ class SessionConfig(BaseModel):
     plain number ``x >= 0``, read as ``{dist: fixed, value: x}``; default 0.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     turns: Dist
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
@@ -485,7 +485,7 @@ class WorkloadConfig(BaseModel):
     traces without content, optional ``num_requests`` cap). Turns count as requests.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     seed: int = Field(0, ge=0)
     num_requests: Optional[int] = Field(None, ge=1, le=100_000_000)  # memory: ~1 KiB each

@@ -129,6 +129,13 @@ def test_brief_error_examples(chat):
     ("plan.candidates.hardware.profile.0=h200", "hardware.profile.0=h200: 0 is not a key"),
     ("engine.0=3", "--set engine.0=3: 0 is not a key"),
     ("engine.block_size=[1", "--set engine.block_size=[1: value is not valid YAML"),
+    # no float key takes .nan/.inf: nan used to fail as "<= 1 (got nan)", inf burstiness
+    # as an arrival span too long
+    ("engine.gpu_memory_utilization=.nan", "engine.gpu_memory_utilization=.nan: Input should "
+                                           "be a finite number (got nan)"),
+    ("workload.arrival={process: gamma, rate: 1, burstiness: .inf}",
+     "workload.arrival.burstiness: Input should be a finite number"),
+    ("hardware.price_per_gpu_hour=.nan", "price_per_gpu_hour=.nan: Input should be a finite"),
 ])
 def test_bad_values_one_line(chat, override, expected):
     assert expected in err(load_scenario, chat, [override])
