@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import InputError
+from .errors import InputError, one_line
 from .files import check_folder, out_folder
 
 
@@ -98,7 +98,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         hint = f" (see {self.prog} --help)" if " " in self.prog else ""
-        self.exit(2, f"servesim: error: {message}{hint}\n")
+        self.exit(2, f"servesim: error: {one_line(message)}{hint}\n")
 
     def parse_args(self, args=None, namespace=None):
         # argparse reports flags no command knows from the top parser, which cannot name
@@ -150,8 +150,7 @@ def main(argv=None) -> int:
         args = ap.parse_args(_attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
         return args.func(args)
     except InputError as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else "invalid input"
-        print(f"servesim: error: {msg}", file=sys.stderr)
+        print(f"servesim: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)

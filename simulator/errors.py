@@ -7,7 +7,11 @@ and line, or flag at fault and say what is allowed.
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
+
+#: Longest run of non-space characters an error line shows whole (a path is shorter).
+MAX_WORD = 200
 
 
 class InputError(ValueError):
@@ -33,3 +37,17 @@ class KeyedInputError(InputError):
                  depends: Sequence[str] = ()):
         super().__init__(message if message is not None else f"{key}: {detail}")
         self.key, self.detail, self.depends = key, detail, tuple(depends)
+
+
+def one_line(message: str) -> str:
+    """``message`` as the one line the CLI prints: its first line (``"invalid input"`` when
+    blank), with every run of more than :data:`MAX_WORD` non-space characters (a
+    10,000-digit value echoed from a flag or a file) cut to its first 60 characters and
+    its length (and its closing ``:``, ``,``, ``;`` or ``)``), so that the error stays
+    readable."""
+    def cut(m: re.Match) -> str:
+        word = m[0]
+        return f"{word[:60]}… ({len(word):,} characters){word[-1] if word[-1] in ':,;)' else ''}"
+
+    line = message.strip().splitlines()[0] if message.strip() else "invalid input"
+    return re.sub(rf"\S{{{MAX_WORD + 1},}}", cut, line)

@@ -351,3 +351,20 @@ def test_compare_with_a_bad_step_time_is_one_line_without_its_note(scen, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "one engine step was priced at 1e+10 s" in err[0], err
     assert not out.exists()
+
+
+def test_a_huge_value_is_cut_in_the_error_line(scen, capsys):
+    # a 5,000-digit value is echoed by the flag prefix; the line shows 60 characters of it
+    # and its length (5,023 = "workload.arrival.rate=" and the digits), keeping the colon
+    flag = "workload.arrival.rate=" + "9" * 5000
+    assert main(["run", str(scen), "--set", flag]) == 2
+    err = capsys.readouterr().err
+    assert err == ("servesim: error: --set " + flag[:60] + "… (5,023 characters): value is "
+                   "not valid YAML: an integer of 5000 digits (no setting needs one that "
+                   "long)\n")
+    with pytest.raises(SystemExit) as e:   # argparse's own errors too
+        main(["run", str(scen), "--bogus", "x" * 300])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("servesim: error: unrecognized arguments: --bogus "
+                                       + "x" * 60 + "… (300 characters) (see servesim run "
+                                       "--help)\n")
