@@ -275,15 +275,19 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
     _require_file(path)
     rows, lines = [], []
     try:
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark (as some Windows editors write) is not JSON's
+        with open(path, encoding="utf-8-sig") as f:
             for lineno, text in enumerate(f, start=1):
+                text = text.rstrip("\r\n")   # else a cut line's error is on "line 2"
                 if not text.strip():
                     continue
                 try:
                     obj = json.loads(text)
                 except json.JSONDecodeError as e:
-                    raise InputError(f"{path}:{lineno}: bad JSON ({e.msg} at column "
-                                     f"{e.colno})") from None
+                    where = ("the end of the line: is it cut short?" if e.pos >= len(text)
+                             else f"column {e.colno}")
+                    raise InputError(f"{path}:{lineno}: bad JSON ({e.msg} at "
+                                     f"{where})") from None
                 except ValueError:   # an integer past Python's 4300 digits
                     raise InputError(f"{path}:{lineno}: a number with more digits than any "
                                      f"count or time needs") from None

@@ -254,7 +254,11 @@ def mc(ts, n, out, ids):
 @pytest.mark.parametrize("body, match", [
     (mc(0, 600, 5, [0, 1]) + mc(0, 600, 5, [0]), r":2: hash_ids has 1 ids but input_length "
                                                  r"600 needs ceil"),
-    (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5\n', r":2: bad JSON"),
+    # a line cut short: its end is named (json reports the newline as column 1 of line 2)
+    (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5\n',
+     r":2: bad JSON \(Expecting ',' delimiter at the end of the line: is it cut short\?\)$"),
+    (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length" 5}\n',
+     r":2: bad JSON \(Expecting ':' delimiter at column 33\)$"),
     (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5, "hash_ids": [0]}\n',
      r":2: missing key 'output_length'"),
     (mc(0, 600, 5, [0, 1]) + mc("soon", 10, 5, [0]), r':2: timestamp: expected a number, '
@@ -270,6 +274,14 @@ def test_bad_mooncake_rows_name_file_and_line(tmp_path, body, match):
     f.write_text(body)
     with pytest.raises(InputError, match=r"bad\.jsonl" + match):
         read_trace(trace(path=str(f), format="mooncake"))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_row(tmp_path):
+    # some Windows editors start UTF-8 files with U+FEFF; CSV (pandas) and JSONL read alike
+    f = tmp_path / "m.jsonl"
+    f.write_text("\ufeff" + mc(0, 16, 5, [7]) + mc(2, 16, 5, [7]), encoding="utf-8")
+    assert [r.arrival_ns for r in read_trace(trace(path=str(f), format="mooncake"))] \
+        == [0, 2_000_000]
 
 
 def test_mooncake_last_segment_length(tmp_path):
