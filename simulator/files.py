@@ -160,8 +160,11 @@ def yaml_where(text: str, path: Sequence) -> tuple[int | None, int]:
 
 def missing_file(path: Path) -> str:
     """Why ``path`` (not a regular file) cannot be read as one: ``"is a folder, not a
-    file"`` or ``"file not found"``."""
-    return "is a folder, not a file" if path.is_dir() else "file not found"
+    file"``, ``"not a regular file"`` (a device such as /dev/null, a pipe, a socket) or
+    ``"file not found"``."""
+    if path.is_dir():
+        return "is a folder, not a file"
+    return "not a regular file" if path.exists() else "file not found"
 
 
 #: The file that marks a folder as one command's report. Reports share ``report.md`` and
