@@ -233,12 +233,17 @@ def _price(v: float) -> float:
     return v
 
 
-def first_repeat(values: typing.Sequence) -> int | None:
-    """Index of the first value equal to an earlier one, else None: one sweep point or plan
-    candidate given twice. 4 and 4.0 are equal; True and 1 are not."""
+def given_twice(written: typing.Sequence[str], values: typing.Sequence,
+                what: str) -> str | None:
+    """``"<v> is given twice ..."`` for the first value of ``values`` equal to an earlier
+    one (4 and 4.0 are equal, True and 1 are not), named as written (``written``; the
+    earlier spelling too when it differs, as ``yes`` after ``true``), where each value is
+    one ``what`` (a sweep point, a plan candidate); None when all differ."""
     for i, x in enumerate(values):
-        if any(x == y and isinstance(x, bool) == isinstance(y, bool) for y in values[:i]):
-            return i
+        for j, y in enumerate(values[:i]):
+            if x == y and isinstance(x, bool) == isinstance(y, bool):
+                same = "" if written[j] == written[i] else f" (as {written[j]}: one value)"
+                return f"{written[i]} is given twice{same}; each value is one {what}, give it once"
     return None
 
 
@@ -276,10 +281,9 @@ class PlanConfig(_Strict):
             if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
                 raise ValueError(f"{key}: candidates vary hardware, model, dtype, engine or "
                                  f"cluster keys, not the workload or the SLO")
-            twice = first_repeat(values)
+            twice = given_twice([repr(x) for x in values], values, "candidate")
             if twice is not None:
-                raise ValueError(f"{key}: {values[twice]!r} is given twice (each value is one "
-                                 f"candidate; give it once)")
+                raise ValueError(f"{key}: {twice}")
         return v
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ import yaml
 from .errors import InputError
 from .executors import Job
 from .files import load_yaml
-from .scenario import first_repeat, split_override
+from .scenario import given_twice, split_override
 from .metrics import combine_replications
 
 
@@ -78,10 +78,9 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
                 read.append(_parse(x))
             except yaml.YAMLError:   # the scenario load reports it, with the flag
                 read.append(x)
-        twice = first_repeat(read)
+        twice = given_twice(vals, read, "sweep point")
         if twice is not None:
-            raise InputError(f"--set {s}: {vals[twice]} is given twice in the list (each "
-                             f"value is one sweep point; give it once)")
+            raise InputError(f"--set {s}: {twice}")
         axes[k] = vals
     return plain, axes
 

@@ -439,10 +439,11 @@ def test_terminal_tables_fit_80_columns_without_exponents_or_lost_cells(monkeypa
     assert all(w in head.split() for w in ("max", "batched", "tokens"))
 
 
-@pytest.mark.parametrize("values, repeated", [("4,4", "4"), ("2,4,4.0", "4.0"),
-                                              ("1,2,1", "1")])
+@pytest.mark.parametrize("values, said", [
+    ("4,4", "4 is given twice"), ("2,4,4.0", "4.0 is given twice (as 4: one value)"),
+    ("1,2,1", "1 is given twice"), ("1,true,yes", "yes is given twice (as true: one value)")])
 def test_a_value_repeated_in_a_sweep_list_is_refused_before_any_point_runs(
-        tmp_path, capsys, values, repeated):
+        tmp_path, capsys, values, said):
     # the same point twice printed two identical rows; 4 and 4.0 are one rate
     y = tmp_path / "s.yaml"
     y.write_text(small_scenario("s", 20))
@@ -450,8 +451,8 @@ def test_a_value_repeated_in_a_sweep_list_is_refused_before_any_point_runs(
     assert main(["sweep", str(y), "--set", f"workload.arrival.rate={values}", "--executor",
                  "serial", "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"servesim: error: --set workload.arrival.rate={values}: {repeated} is given twice "
-        f"in the list (each value is one sweep point; give it once)"]
+        f"servesim: error: --set workload.arrival.rate={values}: {said}; each value is one "
+        f"sweep point, give it once"]
     assert not out.exists()
 
 

@@ -605,7 +605,7 @@ def test_a_mapping_and_a_key_inside_it_are_not_both_set(chat, flags):
 def test_a_candidate_value_given_twice_is_refused(chat):
     # two identical rows in the plan table, one "best" and one "ok", before
     msg = err(load_scenario, chat, ["plan.candidates={engine.max_num_seqs: [64, 128, 64.0]}"])
-    assert msg.endswith("engine.max_num_seqs: 64.0 is given twice (each value is one "
-                        "candidate; give it once)")
+    assert msg.endswith("engine.max_num_seqs: 64.0 is given twice (as 64: one value); each "
+                        "value is one candidate, give it once")
     sc = load_scenario(chat, ["plan.candidates={engine.enable_prefix_caching: [true, false]}"])
     assert sc.plan.candidates == {"engine.enable_prefix_caching": [True, False]}
