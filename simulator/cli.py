@@ -29,7 +29,7 @@ def _cmd_run(args) -> int:
 
     from .cost_model import build_cost_model, profile_warning
     from .report import print_summary, write_run_outputs
-    from .run import report_meta, simulate_replications
+    from .run import max_model_len_text, report_meta, simulate_replications
     from .scenario import MAX_REPLICATIONS, load_scenario
     from .sweep import with_sweep_hint
 
@@ -64,7 +64,8 @@ def _cmd_run(args) -> int:
     from .diagnosis import diagnose
     paths = write_run_outputs(out, results[0], title=scenario.name, meta=report_meta(scenario, results[0].summary),
                               replications=combined, diagnosis=diagnose(scenario, results[0]))
-    print_summary(results[0], replications=combined)
+    print_summary(results[0], replications=combined,
+                  max_model_len=max_model_len_text(scenario, results[0].summary))
     print(f"report: {paths['report.html']}")
     return 0
 

@@ -545,14 +545,17 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
                        stale=("replications.json", "diagnosis.json"))
 
 
-def print_summary(result: RunResult, console=None, *, replications: dict | None = None
-                  ) -> None:
+def print_summary(result: RunResult, console=None, *, replications: dict | None = None,
+                  max_model_len: str | None = None) -> None:
     """Print the key figures as a rich table (TTFT/TPOT/ITL/E2EL, throughput, goodput, SLO).
 
     Args:
         console: a ``rich.console.Console``; a new one on stdout by default.
         replications: from :func:`simulator.metrics.combine_replications`; adds a table of
             key figures' means and 95% confidence intervals.
+        max_model_len: how the rejection line names the limit
+            (:func:`simulator.run.max_model_len_text`: says when a default was capped);
+            the summary's number by default.
     """
     from rich.console import Console
     from rich.table import Table
@@ -584,9 +587,10 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     console.print(lat)
     console.print(thr)
     if s.get("rejected"):
-        limit = f" {s['max_model_len']}" if s.get("max_model_len") else ""
-        console.print(f"{_fmt(s['rejected'])} requests rejected (prompt longer than "
-                      f"max_model_len{limit}): they count as SLO failures and are not in the "
+        limit = max_model_len or s.get("max_model_len")
+        limit = f" {limit}" if limit else ""
+        console.print(f"{_fmt(s['rejected'])} requests rejected: prompt longer than "
+                      f"max_model_len{limit}; they count as SLO failures and are not in the "
                       f"latency figures.")
     if replications:
         n = max(((v.get("n") or 0) for v in replications.values()
