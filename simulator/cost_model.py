@@ -744,8 +744,9 @@ class CostModel:
         """Step time in integer ns (>= 1), with sampled noise when enabled.
 
         Raises:
-            InputError: a step priced at :data:`MAX_STEP_S` or more (absurd coefficients,
-                e.g. ``hardware.step_time: {constant_s: 1e10}``).
+            KeyedInputError: a step priced at :data:`MAX_STEP_S` or more (absurd
+                coefficients, e.g. ``hardware.step_time: {constant_s: 1e10}``), keyed to
+                ``hardware.step_time`` or ``hardware.profile``.
 
         Residuals are drawn in batches from the generator, so a run's draws depend only
         on the generator's seed and the number of steps.
@@ -758,9 +759,12 @@ class CostModel:
             t *= 1.0 + self._buf[self._pos]
             self._pos += 1
         if not t < MAX_STEP_S:   # NaN too; far below the clock's 4.6e9 s and int64 ns
-            raise InputError(f"one engine step was priced at {t:.6g} s ({self.label}); a "
-                             f"step may take at most {MAX_STEP_S:g} s: check "
-                             f"hardware.step_time or the profile's coefficients")
+            inline = self.label.startswith("inline")
+            raise KeyedInputError(
+                "hardware.step_time" if inline else "hardware.profile",
+                f"one engine step was priced at {t:.6g} s ({self.label}); a step may take at "
+                f"most {MAX_STEP_S:g} s: check " + ("the step time's coefficients" if inline
+                                                     else "the profile's coefficients"))
         ns = int(t * 1e9 + 0.5)
         return ns if ns > 1 else 1
 

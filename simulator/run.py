@@ -76,7 +76,10 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
                 progress(n, total)
     cluster = Cluster(env, n_rep, config, cost_models, metrics, router=scenario.cluster.router,
                       on_request_done=done_cb, exact_steps=scenario.sim.exact_steps)
-    cluster.run(specs)
+    try:
+        cluster.run(specs)
+    except KeyedInputError as e:   # a step priced past MAX_STEP_S: name the scenario's key
+        raise scenario.error(e.key, e.detail, depends=e.depends) from None
     stats = [rep.scheduler.stats for rep in cluster.replicas]
     queries = sum(s.prefix_queries for s in stats)
     hits = sum(s.prefix_hits for s in stats)

@@ -332,6 +332,8 @@ def test_an_absurd_step_time_is_one_error(scen, tmp_path, capsys, step_time, wor
                  "--out", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
+    # the flag that set the step time is named (the error is the scenario's, not the run's)
+    assert err[0].startswith(f"servesim: error: --set hardware.step_time={step_time}: "), err
     assert not out.exists()
 
 
@@ -358,6 +360,15 @@ def test_compare_with_a_bad_step_time_is_one_line_without_its_note(scen, tmp_pat
                  "hardware.step_time={constant_s: 1e10}", "--out", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "one engine step was priced at 1e+10 s" in err[0], err
+    assert not out.exists()
+    # set in one plan's file: that file and line are named
+    other.write_text(other.read_text().replace("hardware: {profile: h100-sxm}",
+                                               "hardware: {step_time: {constant_s: 1e10}}"))
+    assert main(["compare", str(scen), str(other), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["servesim: error: t.yaml:4: hardware.step_time: one engine step was priced "
+                   "at 1e+10 s (inline: constant 1e+13 ms/step); a step may take at most "
+                   "3600 s: check the step time's coefficients"], err
     assert not out.exists()
 
 
