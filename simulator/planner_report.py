@@ -30,25 +30,30 @@ def _json(obj) -> bytes:
 
 
 # -- sweep --------------------------------------------------------------------------------
+#: Most line pairs a sweep plot names in its legend.
+MAX_LEGEND = 16
+
+
 def plot_sweep(result) -> bytes:
     """PNG: TTFT and TPOT (p50 solid, p99 dashed) vs achieved request throughput, one line
     per combination of the other swept keys; points not ``stable`` (unstable, or
-    rejecting requests) marked ×."""
+    rejecting requests) marked ×. Up to :data:`MAX_LEGEND` combinations are named in a
+    legend; past that (a legend taller than the plot) a note points to ``sweep.csv``."""
     t = result.table
     keys = list(result.axes)
     others = keys[1:]
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
-    groups = t.groupby(others, sort=False) if others else [((), t)]
+    groups = list(t.groupby(others, sort=False)) if others else [((), t)]
     for i, (vals, df) in enumerate(groups):
         vals = vals if isinstance(vals, tuple) else (vals,)
         name = ", ".join(f"{k.split('.')[-1]}={_cell(v)}" for k, v in zip(others, vals)) or "all"
         df = df.sort_values(keys[0])
         colour = f"C{i % 10}"
         for ax, m in zip(axes, ("ttft", "tpot")):
-            for st, ls in (("p50", "-"), ("p99", "--")):
+            for st, ls in (("p50", "-"), ("p99", "--")):   # one legend entry per line pair
                 ax.plot(df["request_throughput"], df[f"{m}_{st}"], ls, color=colour,
-                        marker="o", label=f"{name} {st}")
+                        marker="o", label=name if st == "p50" else None)
             bad = df[df["stability"] != "stable"]
             ax.plot(bad["request_throughput"], bad[f"{m}_p99"], "x", color="k", ms=9)
     for ax, m in zip(axes, ("TTFT", "TPOT")):
@@ -57,7 +62,12 @@ def plot_sweep(result) -> bytes:
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.set_title(f"{m} p50 (solid), p99 (dashed); × unstable or rejecting")
-    axes[0].legend(fontsize="x-small")
+    if len(groups) <= MAX_LEGEND:
+        axes[0].legend(fontsize="x-small")
+    else:   # a legend of hundreds of entries collapses the axes to nothing
+        fig.suptitle(f"{len(groups)} lines, one per combination of "
+                     f"{', '.join(k.split('.')[-1] for k in others)} (too many to name: "
+                     f"see sweep.csv)", fontsize="small")
     return _png(fig)
 
 

@@ -660,3 +660,27 @@ def test_replica_counts_in_statuses_are_grouped_or_in_three_figures():
     assert [_count(n) for n in (7, 1234, 999_999_999, 10**9, 31415926535, 10**306 * 965,
                                 10**400)] \
         == ["7", "1,234", "999,999,999", "1.00e+9", "3.14e+10", "9.65e+308", "1.00e+400"]
+
+
+@pytest.mark.parametrize("n_seqs", [4, 64])
+def test_a_sweep_plot_of_many_lines_keeps_its_axes(n_seqs):
+    # 64 lines once made a 128-entry legend taller than the figure: constrained layout
+    # gave up ("axes sizes collapsed to zero") and the curves were drawn under it
+    import warnings
+
+    import pandas as pd
+
+    from simulator.planner_report import plot_sweep
+    from simulator.sweep import SweepResult
+
+    rates, seqs = [1.0, 2.0, 3.0], list(range(1, n_seqs + 1))
+    table = pd.DataFrame([{"workload.arrival.rate": r, "engine.max_num_seqs": s,
+                           "request_throughput": r, "ttft_p50": 10 + r, "ttft_p99": 20 + r,
+                           "tpot_p50": 5 + s, "tpot_p99": 8 + s, "stability": "stable"}
+                          for s in seqs for r in rates])
+    result = SweepResult({"workload.arrival.rate": rates, "engine.max_num_seqs": seqs},
+                         table, [], [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        png = plot_sweep(result)
+    assert png.startswith(b"\x89PNG")
