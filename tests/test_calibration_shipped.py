@@ -38,13 +38,15 @@ def test_shipped_profile_is_a_measurement_of_the_tiny_model(profile):
 
 
 def test_csv_reproduces_the_reported_heldout_error(profile):
+    # rel 1e-6: the fit's linear algebra rounds differently on another CPU's BLAS kernels
+    # (the float32 profile, fitted on an AVX2 host, refits to 9e-9 of its error on AVX512)
     refit = refit_profile(profile)
     assert refit.form == profile.cost.form
     for key in ("mape", "p90", "max", "n"):
         assert refit.heldout[key] == pytest.approx(getattr(profile.error.heldout, key),
-                                                   rel=1e-9)
+                                                   rel=1e-6)
     for name, v in profile.cost.coefficients.items():
-        assert refit.coefficients[name] == pytest.approx(v, rel=1e-9)
+        assert refit.coefficients[name] == pytest.approx(v, rel=1e-6)
 
 
 def test_replay_error_meets_the_target(profile):
