@@ -194,13 +194,20 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None) -> None:
 
     Raises:
         InputError: ``<flag>: empty path``, ``<flag> <path>: <which> is a file, not a
-            folder``, ``<flag> <path>:
-            cannot write there (<reason>)`` or ``<flag> <path>: holds a <command> report
-            ...``.
+            folder``, ``<flag> <path>: cannot write there (<reason>)`` (no permission, a
+            name too long for the file system) or ``<flag> <path>: holds a <command>
+            report ...``.
     """
     if not str(path).strip():   # Path("") would be the current folder
         raise InputError(f"{flag}: empty path (give a folder)")
     p = Path(path)
+    try:
+        _check_folder(p, path, flag, kind)
+    except OSError as e:   # unwritable; a name too long (exists() and is_file() raise then)
+        raise InputError(f"{flag} {path}: cannot write there ({e.strerror})") from None
+
+
+def _check_folder(p: Path, path, flag: str, kind: str | None) -> None:
     other = next((k for k, f in REPORT_MARKERS.items()
                   if kind is not None and k != kind and (p / f).is_file()), None)
     if other is not None:
@@ -211,10 +218,7 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None) -> None:
             if not q.is_dir():
                 raise InputError(f"{flag} {path}: {'it' if q == p else q} is a file, not a "
                                  f"folder")
-            try:
-                tempfile.TemporaryFile(dir=q).close()
-            except OSError as e:
-                raise InputError(f"{flag} {path}: cannot write there ({e.strerror})") from None
+            tempfile.TemporaryFile(dir=q).close()   # OSError: check_folder says why
             return
 
 

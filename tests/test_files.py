@@ -73,3 +73,16 @@ def test_an_output_folder_holding_another_commands_report_is_refused(tmp_path):
             check_folder(tmp_path, "--out", kind)
         assert str(e.value) == (f"--out {tmp_path}: holds a run report (summary.json); a "
                                 f"{kind} report there would mix with it: give another folder")
+
+
+@pytest.mark.parametrize("kind", [None, "run"])
+def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, kind):
+    # a 300-byte name exceeds NAME_MAX (255 on Linux file systems): Path.is_file() and
+    # Path.exists() raise OSError for it, which came out as a traceback
+    from simulator.errors import InputError
+    from simulator.files import check_folder
+
+    long = tmp_path / ("a" * 300)
+    with pytest.raises(InputError) as e:
+        check_folder(long / "sub", "--out", kind)
+    assert str(e.value) == f"--out {long / 'sub'}: cannot write there (File name too long)"
