@@ -328,7 +328,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     except OSError as e:
         raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file (a profile is UTF-8 YAML)") from None
+        raise InputError(f"{path}: not a UTF-8 text file (a profile is UTF-8 YAML)") from None
     except yaml.YAMLError as e:
         raise InputError(yaml_error_text(path.name, e)) from None
     if raw is None:   # no bytes, or only comments

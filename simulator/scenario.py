@@ -498,7 +498,7 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     except OSError as e:
         raise InputError(f"{path}: cannot read scenario: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file (a scenario is UTF-8 YAML)") from None
+        raise InputError(f"{path}: not a UTF-8 text file (a scenario is UTF-8 YAML)") from None
     try:
         raw = load_yaml(text)
     except yaml.YAMLError as e:

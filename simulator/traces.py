@@ -41,7 +41,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError, KeyedInputError
-from .files import missing_file
+from .files import DuplicateKeyError, load_json, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
@@ -166,7 +166,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
                              f"saw {m.group(3)}") from None
         raise InputError(f"{path}: not a valid CSV file ({str(e).splitlines()[-1]})") from None
     except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not a text file ({e.reason})") from None
+        raise InputError(f"{path}: not a UTF-8 text file ({e.reason})") from None
     if not isinstance(df.index, pd.RangeIndex):
         # pandas takes surplus fields of the first row as an index rather than failing
         n = len(df.columns)
@@ -282,7 +282,10 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
                 if not text.strip():
                     continue
                 try:
-                    obj = json.loads(text)
+                    obj = load_json(text)
+                except DuplicateKeyError as e:   # json would keep the last value silently
+                    raise InputError(f"{path}:{lineno}: key {e.key!r} given twice in one "
+                                     f"object") from None
                 except json.JSONDecodeError as e:
                     where = ("the end of the line: is it cut short?" if e.pos >= len(text)
                              else f"column {e.colno}")
@@ -318,6 +321,9 @@ def _json_column(rows, lines, path: Path, key: str, *, text: bool = False) -> pd
                                                    else (int, float)):
             what = "a string" if text else "a number"
             raise InputError(f"{path}:{lineno}: {key}: expected {what}, got {json.dumps(v)}")
+        elif isinstance(v, float) and not math.isfinite(v):   # NaN, Infinity, 1e400
+            raise InputError(f"{path}:{lineno}: {key}: expected a finite number, got {v} "
+                             f"(JSON's NaN or Infinity, or a number past 1.8e308)")
         out.append(str(v))
     return pd.Series(out, dtype=str)
 

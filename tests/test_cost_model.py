@@ -462,7 +462,7 @@ def test_a_profile_that_is_not_utf8_is_one_error_and_skipped_by_projections(tmp_
     store.mkdir()
     (store / "bin.yaml").write_bytes(b"name: \xff\xfe\n")
     monkeypatch.setenv("SERVESIM_PROFILES", str(store))
-    with pytest.raises(InputError, match=r"bin\.yaml: not a text file \(a profile is UTF-8 "
+    with pytest.raises(InputError, match=r"bin\.yaml: not a UTF-8 text file \(a profile is UTF-8 "
                                          r"YAML\)$"):
         load_profile("bin")
     # a catalog GPU looks through every profile for measured efficiencies: it skips this one

@@ -267,6 +267,14 @@ def mc(ts, n, out, ids):
      r":2: timestamp: -3 is below 0 \(an arrival time must be >= 0\)$"),
     (mc(0, 600, 5, [0, 1]) + mc(1, 10, 5, "abc"), r":2: hash_ids: expected a list"),
     (mc(0, 600, 5, [0, 1]) + "[1, 2]\n", r":2: expected a JSON object"),
+    # json keeps the last of two equal keys silently; a scenario refuses them, so does this
+    (mc(0, 600, 5, [0, 1]) + mc(1, 10, 5, [0])[:-2] + ', "timestamp": 9}\n',
+     r":2: key 'timestamp' given twice in one object$"),
+    (mc(0, 600, 5, [0, 1]) + mc(1, 10, 5, [0]).replace('"timestamp": 1', '"timestamp": 1e400'),
+     r":2: timestamp: expected a finite number, got inf \(JSON's NaN or Infinity, or a number "
+     r"past 1\.8e308\)$"),
+    (mc(0, 600, 5, [0, 1]) + mc(1, 10, 5, [0]).replace("10", "NaN"),
+     r":2: input_length: expected a finite number, got nan"),
     ("\n", r":1: empty file"),
 ])
 def test_bad_mooncake_rows_name_file_and_line(tmp_path, body, match):
