@@ -194,15 +194,17 @@ def profile_out(args) -> tuple[Path, str]:
     """``(--out path, profile name)`` of a calibration (``--name`` or the file's stem).
 
     Raises:
-        InputError: ``--out`` not a ``.yaml`` file or under a file, ``--report-dir`` a
+        InputError: ``--out`` empty, not a ``.yaml`` file or under a file, ``--report-dir`` a
             file or under one, or a name with other characters than letters, digits, '.',
             '_' and '-'.
     """
+    if not args.out.strip():   # Path("") is ".", which the suffix check would name
+        raise InputError("--out: empty path (give the profile's .yaml file)")
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         raise InputError(f"--out: {out} must end in .yaml (the profile file)")
     check_folder(out.parent, "--out")
-    if getattr(args, "report_dir", None):
+    if getattr(args, "report_dir", None) is not None:   # "" too: an empty path
         check_folder(args.report_dir, "--report-dir")
     name = out.stem if args.name is None else args.name   # an empty --name is a mistake
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):

@@ -162,6 +162,21 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_measuring(tiny_g
     assert measured == []
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--out", ""], "--out: empty path (give the profile's .yaml file)"),   # was ". must end"
+    (["--out", "{tmp}/p.yaml", "--report-dir", ""], "--report-dir: empty path (give a folder)"),
+])
+def test_an_empty_out_or_report_dir_is_refused(tmp_path, capsys, monkeypatch, flags, said):
+    # an empty --report-dir used to be taken as none: the calibration ran and wrote its
+    # report beside --out
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: pytest.fail("measured despite the bad flag"))
+    argv = ["calibrate", "--model", "llama-test", *[f.format(tmp=tmp_path) for f in flags]]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: {said}\n"
+    assert not any(tmp_path.iterdir())
+
+
 def test_more_threads_than_usable_cpus_is_refused(tmp_path, tiny_grid):
     import os
     cpus = len(os.sched_getaffinity(0))
