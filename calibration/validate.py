@@ -1244,11 +1244,15 @@ def cmd_validate(args) -> int:
 
 def _validate_command(args) -> int:
     from simulator.scenario import load_scenario
+    from simulator.sweep import with_sweep_hint
     check_folder(args.out, "--out", "validate")
     overrides = list(args.set)
     if args.profile:
         overrides.append(f"hardware.profile={args.profile}")
-    sc = load_scenario(args.scenario, overrides)
+    try:
+        sc = load_scenario(args.scenario, overrides)
+    except InputError as e:   # a list given to one key: say that validate takes one value
+        raise with_sweep_hint(e, overrides, "validate") from None
     loads = parse_loads(args.loads)   # bad flags first, whatever is installed
     check_validation_args(sc, loads, args.replications, args.seconds, args.saturation_requests)
     if args.backend == "servesim":

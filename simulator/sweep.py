@@ -103,8 +103,9 @@ def with_sweep_hint(err: InputError, overrides: list[str], command: str) -> Inpu
         commas = command != "sweep" and "," in v and not v.startswith(("[", "{"))
         values = listed or (v if commas else None)
         if values:
-            where = "servesim sweep" + (", or list them in plan.candidates"
-                                        if command == "plan" else "")
+            where = {"plan": "servesim sweep, or list them in plan.candidates",
+                     "validate": "one servesim validate per value"}.get(command,
+                                                                       "servesim sweep")
             return InputError(f"{msg}; servesim {command} takes one value per key: to run "
                               f"each of {values} use {where}")
     return err

@@ -320,7 +320,11 @@ def _read_only(*args, **kwargs):
                                            "--saturation-requests: 5 to 100000"),
                                           (["--replications", "101"], "1 to 100"),
                                           (["--loads", "1e-9"], "in [0.01, 1.5]"),
-                                          (["--out", "RO/x"], "cannot write there")])
+                                          (["--out", "RO/x"], "cannot write there"),
+                                          (["--set", "engine.max_num_seqs=4,8"],
+                                           "servesim validate takes one value per key: to "
+                                           "run each of 4,8 use one servesim validate per "
+                                           "value")])
 def test_validate_refuses_bad_flags_before_serving(flags, field, tmp_path, capsys,
                                                    monkeypatch):
     from simulator.cli import main
