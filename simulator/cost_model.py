@@ -259,12 +259,14 @@ def profile_dirs() -> list[Path]:
 
 
 def missing_profile_dirs() -> str:
-    """``"$SERVESIM_PROFILES names folders that do not exist: ..."``, or ``""`` when every
-    folder it names exists (or it is unset)."""
+    """``"$SERVESIM_PROFILES names folders that do not exist: ..."`` (``"... paths that
+    are not folders: ..."`` when one of them is a file), or ``""`` when every folder it
+    names exists (or it is unset)."""
     env = os.environ.get("SERVESIM_PROFILES")
-    gone = [str(d) for d in profile_dirs()[:-1] if env and not d.is_dir()]
-    return (f"$SERVESIM_PROFILES names folders that do not exist: {', '.join(gone)}"
-            if gone else "")
+    gone = [d for d in profile_dirs()[:-1] if env and not d.is_dir()]
+    what = ("paths that are not folders" if any(d.exists() for d in gone)
+            else "folders that do not exist")
+    return (f"$SERVESIM_PROFILES names {what}: {', '.join(map(str, gone))}" if gone else "")
 
 
 def _missing_profile_dirs() -> str:

@@ -300,6 +300,11 @@ def test_profile_round_trip_and_lookup(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"known: cpu-llama-test.*\); \$SERVESIM_PROFILES "
                                          r"names folders that do not exist: .*stroe$"):
         load_profile("nope")
+    # a file there is not said not to exist
+    monkeypatch.setenv("SERVESIM_PROFILES", f"{tmp_path / 'store'}:{path}")
+    with pytest.raises(InputError, match=r"\$SERVESIM_PROFILES names paths that are not "
+                                         r"folders: .*cpu-llama-test\.yaml$"):
+        load_profile("nope")
     with pytest.raises(InputError, match=r"store: profile is a folder, not a file$"):
         load_profile(tmp_path / "store")
 
