@@ -496,6 +496,19 @@ class WorkloadConfig(BaseModel):
     sessions: Optional[SessionConfig] = None
     trace: Optional[TraceConfig] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_alone(cls, raw):
+        # Before the keys' own checks: --set workload.arrival.rate=5 beside a trace would
+        # otherwise fail as "arrival: process: required key missing", hiding the conflict.
+        if isinstance(raw, dict) and raw.get("trace") is not None:
+            given = [k for k in ("arrival", "prompt_tokens", "output_tokens", "sessions")
+                     if raw.get(k) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} not allowed with trace "
+                                 "(the trace gives arrivals and lengths)")
+        return raw
+
     @model_validator(mode="after")
     def _check(self) -> "WorkloadConfig":
         if self.trace is None:
@@ -504,11 +517,6 @@ class WorkloadConfig(BaseModel):
             if missing:
                 raise ValueError(f"{', '.join(missing)} required (or give a trace)")
         else:
-            given = [k for k in ("arrival", "prompt_tokens", "output_tokens", "sessions")
-                     if getattr(self, k) is not None]
-            if given:
-                raise ValueError(f"{', '.join(given)} not allowed with trace "
-                                 "(the trace gives arrivals and lengths)")
             if self.prefix is not None and self.trace.format == "mooncake":
                 raise ValueError("prefix not allowed with a mooncake trace "
                                  "(its hash_ids give the prompt content)")

@@ -398,6 +398,10 @@ def test_result_is_request_specs():
     ({"arrival": {"process": "gamma", "rate": 0}}, "rate"),
     ({"output_tokens": {"dist": "normal", "mean": 5, "std": 1, "max": 0}}, "output_tokens"),
     ({"trace": {"path": "t.csv", "format": "azure"}}, "not allowed with trace"),
+    # an incomplete arrival beside a trace: the conflict, not the arrival's missing key
+    ({"trace": {"path": "t.csv", "format": "azure"}, "arrival": {"rate": 5},
+      "prompt_tokens": None, "output_tokens": None},
+     r"1 validation error.*\n.*arrival not allowed with trace"),
 ])
 def test_bad_config_is_rejected(bad, where):
     base = dict(seed=0, num_requests=10, arrival={"process": "poisson", "rate": 1.0},
