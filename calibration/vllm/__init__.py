@@ -21,11 +21,14 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import sys
+from pathlib import Path
 
 from simulator.errors import InputError
 
 TESTED_VERSION = "0.32.0"
-SETUP_HINT = ("set it up with ../shared/peers/vllm/setup.sh (or benchmarks/vllm_fidelity.sh), "
+#: The peer set-up script, beside the repository (absolute: errors are read from any folder).
+PEER_SETUP = Path(__file__).resolve().parents[3] / "shared" / "peers" / "vllm" / "setup.sh"
+SETUP_HINT = (f"set it up with {PEER_SETUP} (or benchmarks/vllm_fidelity.sh), "
               "`pip install -e . --no-deps` into that venv, and run servesim with its python")
 
 

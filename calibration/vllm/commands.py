@@ -20,7 +20,7 @@ import numpy as np
 
 from simulator.errors import InputError
 
-from . import require_vllm
+from . import PEER_SETUP, require_vllm
 
 #: Batch limits of the calibration engine: ``vllm serve``'s CPU defaults.
 CALIB_MAX_NUM_SEQS = 128
@@ -49,7 +49,7 @@ def model_dir(given: str | None, shape) -> Path:
     cfg = d / "config.json"
     if not cfg.is_file():
         raise InputError(f"--model-dir: {d} has no config.json (the peer model is built by "
-                         f"../shared/peers/vllm/setup.sh)")
+                         f"{PEER_SETUP})")
     other = load_model(str(cfg))
     if other.shape_key() != shape.shape_key():
         raise InputError(f"--model-dir: {d} holds a model of another shape than {shape.name}")
