@@ -152,7 +152,8 @@ def host_dtype() -> list[str]:
 
 
 def main(argv=None) -> int:
-    from calibration.validate import markdown_table, validate, write_outputs
+    from calibration.validate import validate
+    from calibration.validate_report import markdown_table, write_outputs
     from simulator.scenario import load_scenario
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -32,7 +32,8 @@ def main(argv=None) -> int:
     from calibration.engine import LLMEngine
     from calibration.engine.weights import parse_dtype, random_model
     from calibration.profiler import _Driver
-    from calibration.validate import engine_config, profile_threads
+    from calibration.timing_replay import engine_config
+    from calibration.validate import profile_threads
     from simulator.cost_model import build_cost_model
     from simulator.files import atomic_write
     from simulator.scenario import load_scenario

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from calibration import timing_replay as TR
 from calibration import validate as V
+from calibration import validate_report as VR
 from calibration.engine.weights import random_model
 from simulator import files
 from simulator.cost_model import build_cost_model
@@ -27,20 +29,20 @@ SCENARIO = {
 @pytest.fixture(scope="module")
 def timing_run():
     sc = scenario_from_dict(SCENARIO)
-    cfg = V.engine_config(sc, build_cost_model(sc).num_gpu_blocks)
+    cfg = TR.engine_config(sc, build_cost_model(sc).num_gpu_blocks)
     model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
     specs = V.load_specs(sc, None, 30, 3)
     for _ in range(3):   # a run whose process was stalled while idle is repeated
-        run = V.run_engine(model, cfg, specs)
-        res, cost = V.simulate_timing(sc, specs, run)
-        if V.compare_timing(run, res, cost)["late_wakes"] == 0:
+        run = TR.run_engine(model, cfg, specs)
+        res, cost = TR.simulate_timing(sc, specs, run)
+        if TR.compare_timing(run, res, cost)["late_wakes"] == 0:
             break
     return sc, specs, run, res, cost
 
 
 def test_timing_replay_is_exact(timing_run):
     _, specs, run, res, cost = timing_run
-    cmp = V.compare_timing(run, res, cost)
+    cmp = TR.compare_timing(run, res, cost)
     if cmp["late_wakes"]:
         pytest.skip("the engine's process was stalled while idle in three runs (machine "
                     "too busy for an exact replay)")
@@ -63,7 +65,7 @@ def test_timing_replay_is_exact(timing_run):
     worst = max(cmp["max_abs_diff_ms"].values())
     assert worst <= cmp["handback_max_ms"] + 1e-6
     # Same totals through both metric paths.
-    eng = V.engine_result(run).summary
+    eng = TR.engine_result(run).summary
     assert eng["preemptions"] == res.summary["preemptions"]
     assert eng["prefix_cache_hit_tokens"] == res.summary["prefix_cache_hit_tokens"]
     assert eng["total_output_tokens"] == res.summary["total_output_tokens"] == sum(
@@ -79,8 +81,8 @@ class _PerToken:
 
 def test_priced_timing_replay_gives_the_cost_models_error_on_the_engines_steps(timing_run):
     sc, specs, run, _, _ = timing_run
-    res, cost = V.simulate_timing(sc, specs, run, price=_PerToken())
-    cmp = V.compare_timing(run, res, cost)
+    res, cost = TR.simulate_timing(sc, specs, run, price=_PerToken())
+    cmp = TR.compare_timing(run, res, cost)
     if cmp["step_mismatches"]:
         pytest.skip("the replay was not exact (machine too busy)")
     want = (1000 * sum(s.num_scheduled_tokens for s in run.steps)
@@ -96,10 +98,10 @@ def test_priced_timing_replay_gives_the_cost_models_error_on_the_engines_steps(t
         acc[2] += 1
     assert cmp["step_cost_by_kind"] == want_kinds and "decode" in want_kinds
     # unpriced, or on steps that differ from the engine's, there is no ratio
-    assert V.compare_timing(run, *V.simulate_timing(sc, specs, run))["step_cost_ratio"] is None
+    assert TR.compare_timing(run, *TR.simulate_timing(sc, specs, run))["step_cost_ratio"] is None
     other = sc.model_copy(update={"engine": sc.engine.model_copy(
         update={"max_num_batched_tokens": 64})})
-    cmp = V.compare_timing(run, *V.simulate_timing(other, specs, run, price=_PerToken()))
+    cmp = TR.compare_timing(run, *TR.simulate_timing(other, specs, run, price=_PerToken()))
     assert cmp["step_mismatches"] > 0 and cmp["step_cost_ratio"] is None
 
 
@@ -108,8 +110,8 @@ def test_timing_replay_detects_a_different_policy(timing_run):
     sc, specs, run, _, _ = timing_run
     other = sc.model_copy(update={"engine": sc.engine.model_copy(
         update={"max_num_batched_tokens": 64})})
-    res, cost = V.simulate_timing(other, specs, run)
-    cmp = V.compare_timing(run, res, cost)
+    res, cost = TR.simulate_timing(other, specs, run)
+    cmp = TR.compare_timing(run, res, cost)
     assert cmp["step_mismatches"] > 0 and not cmp["ok"]
 
 
@@ -150,7 +152,7 @@ def test_signed_error_and_band_table():
                              "host_speed": 1.1, "adjusted_rps": 1.9, "adjusted_error": -0.05},
               "loads": [{"load": 0.9, "table": list(rows.values()), "timing": [],
                          "host_speed": [1.1]}]}
-    md = V.markdown_table(result).splitlines()
+    md = VR.markdown_table(result).splitlines()
     assert next(x for x in md if x.startswith("| load |")).endswith(
         "| error | in MAPE band | predicted at host speed | error at host speed | "
         "in MAPE band around it |")
@@ -221,7 +223,7 @@ def test_profile_threads_read_from_the_csv_header_else_the_text(tmp_path):
 def test_speed_probe_times_the_cells_against_their_references():
     from calibration.profiler import Cell, decode_lengths
     sc = scenario_from_dict(SCENARIO)
-    cfg = {**V.engine_config(sc, 400), "max_model_len": 300}
+    cfg = {**TR.engine_config(sc, 400), "max_model_len": 300}
     model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
     probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=4, L=40), 1e-3),
                                       (Cell("prefill", n=160, c=32), 4e-3)])
@@ -274,35 +276,35 @@ def test_served_again_in_band_moves_the_band_onto_the_first_serving():
 def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
     sc = scenario_from_dict(SCENARIO)
     base = build_cost_model(sc)
-    cfg = V.engine_config(sc, base.num_gpu_blocks)
+    cfg = TR.engine_config(sc, base.num_gpu_blocks)
     model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
     runs = []
 
     def timed(specs, label):
-        runs.append((label, V.run_engine(model, cfg, specs)))
+        runs.append((label, TR.run_engine(model, cfg, specs)))
         return runs[-1][1]
 
     res = V.measure_fidelity(sc, base, timed, loads=[0.5], replications=1,
                              seconds_per_load=0.5, saturation_requests=8, front_end=False,
                              progress=lambda m: None, engine_name="the engine", again=True)
     assert [label for label, _ in runs] == ["saturation", "load 0.5 r1", "load 0.5 r1 again"]
-    first, second = (V.engine_result(r).summary for _, r in runs[1:])
+    first, second = (TR.engine_result(r).summary for _, r in runs[1:])
     rows = {r["figure"]: r for r in res["loads"][0]["table"]}
     for name, key in (("TTFT p50", "ttft_ms"), ("E2EL p99", "e2el_ms")):
         a, b = first[key]["p50" if "p50" in name else "p99"], \
             second[key]["p50" if "p50" in name else "p99"]
         assert rows[name]["again_error"]["mean"] == pytest.approx((b - a) / a)
-    md = V.markdown_table(res)
+    md = VR.markdown_table(res)
     assert "| served again: difference |" in md and "run-to-run spread" in md
     # the saturation run's timing replay is reported beside the loads'
-    verdict = V._timing_verdict(res["saturation"]["timing"])
+    verdict = VR._timing_verdict(res["saturation"]["timing"])
     assert f"timing replay (engine step durations): saturation: {verdict}; load 0.5: " in md
     html = (tmp_path / "v" / "validation.html")
-    V.write_outputs({**res, "meta": {"scenario": "a<b&c"}}, tmp_path / "v")
+    VR.write_outputs({**res, "meta": {"scenario": "a<b&c"}}, tmp_path / "v")
     text = html.read_text()
     assert "&lt; 1: priced too fast" in text and "< 1: priced" not in text
     assert "Validation: a&lt;b&amp;c</h1>" in text
-    assert "served again" not in V.markdown_table(V.measure_fidelity(
+    assert "served again" not in VR.markdown_table(V.measure_fidelity(
         sc, base, timed, loads=[0.5], replications=1, seconds_per_load=0.5,
         saturation_requests=8, front_end=False, progress=lambda m: None,
         engine_name="the engine"))
@@ -380,14 +382,14 @@ def test_timing_verdict_words():
     t = {"ok": False, "steps_engine": 10, "step_mismatches": 0, "prefix_hits_equal": True,
          "preemptions_equal": True, "handback_max_ms": 1.2, "idle_wake_max_ms": 7.26,
          "late_wakes": 0, "max_abs_diff_ms": {"token": 1.4, "finish": 0.1}}
-    assert V._timing_verdict(t) == (
+    assert VR._timing_verdict(t) == (
         "same batches, hits and preemptions in all 10 steps; timestamps within 1.400 ms, "
         "over the 1 ms tolerance (the engine took up to 1.200 ms to hand a step's tokens "
         "back)")
-    assert V._timing_verdict({**t, "ok": True}) == "exact (10 steps, max |Δt| 1.400 ms)"
-    assert V._timing_verdict({**t, "step_mismatches": 3}) == (
+    assert VR._timing_verdict({**t, "ok": True}) == "exact (10 steps, max |Δt| 1.400 ms)"
+    assert VR._timing_verdict({**t, "step_mismatches": 3}) == (
         "NOT exact (10 engine steps, 3 differ, max |Δt| 1.400 ms)")
-    assert V._timing_verdict({**t, "step_mismatches": 3, "late_wakes": 2}).endswith(
+    assert VR._timing_verdict({**t, "step_mismatches": 3, "late_wakes": 2}).endswith(
         "; an idle engine woke 7.260 ms late, after a second arrival, 2 time(s): it batched "
         "them, the simulator started at the first)")
 
@@ -406,7 +408,7 @@ def test_step_cost_by_kind_is_pooled_over_replications_in_the_table():
               "loads": [{"load": 0.6, "table": lr.table(), "timing": [
                   timing({"prefill": [80, 100, 1], "decode": [50, 40, 7]}),
                   timing({"prefill": [100, 100, 2]})]}]}
-    md = V.markdown_table(result)
+    md = VR.markdown_table(result)
     assert ("the same by step kind, prefill-only / mixed / decode-only (steps), over each "
             "load's replications: load 0.6: ×0.900 (3) / – / ×1.250 (7)") in md
 
@@ -428,16 +430,16 @@ def test_runs_where_the_probe_does_not_explain_the_mispricing_are_named():
               "loads": [{"load": 0.6, "table": lr.table(),
                          "timing": [timing(0.8), timing(1.2), timing(None)],
                          "host_speed": [1.0, 0.95, 1.0]}]}
-    apart = V.probe_disagreements(result)
+    apart = VR.probe_disagreements(result)
     assert [label for label, _ in apart] == ["load 0.6 r1", "load 0.6 r2"]
     assert [v for _, v in apart] == pytest.approx([0.8, 1.14])
-    md = V.markdown_table(result)
+    md = VR.markdown_table(result)
     assert ("probe and served steps disagree by more than 10% (priced/measured × probe, 1 "
             "when the probe's host speed explains the mispricing) in load 0.6 r1: ×0.800; "
             "load 0.6 r2: ×1.140: the prediction at host speed is not reliable there.") in md
     for r in result["loads"][0]["timing"][:2]:
         r["step_cost_ratio"] = 1.0
-    assert V.probe_disagreements(result) == [] and "disagree" not in V.markdown_table(result)
+    assert VR.probe_disagreements(result) == [] and "disagree" not in VR.markdown_table(result)
 
 
 def test_table_says_which_figures_the_band_is_judged_for():
@@ -448,7 +450,7 @@ def test_table_says_which_figures_the_band_is_judged_for():
     rows["TTFT p50"]["in_band"] = False
     result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
               "loads": [{"load": 0.3, "table": list(rows.values()), "timing": []}]}
-    md = V.markdown_table(result).splitlines()
+    md = VR.markdown_table(result).splitlines()
     assert next(x for x in md if x.startswith("| 0.3 | TTFT p50 |")).endswith("| no |")
     assert "TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − " \
         "measured) / measured" in "\n".join(md)

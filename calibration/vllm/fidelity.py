@@ -51,7 +51,7 @@ def verdicts(result: dict) -> list[str]:
 
 def section(name: str, overrides: list[str], result: dict) -> list[str]:
     """Markdown of one workload's validation."""
-    from calibration.validate import markdown_table
+    from calibration.validate_report import markdown_table
 
     meta = result["meta"]
     sat_t = result["saturation"].get("timing") or {}
@@ -104,7 +104,7 @@ def profile_section(path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from calibration.validate import write_outputs
+    from calibration.validate_report import write_outputs
     from simulator.scenario import load_scenario
 
     from . import commands

@@ -221,7 +221,7 @@ class VllmEngine:
 
     def replay(self, specs):
         """Serve ``specs`` (:class:`simulator.policy.RequestSpec`) as they arrive, in real
-        time on a reset engine; returns a :class:`calibration.validate.EngineRun`.
+        time on a reset engine; returns a :class:`calibration.timing_replay.EngineRun`.
 
         Token ids come from the segments as in servesim's own replay
         (:func:`calibration.engine.replay.materialise`), so shared prefixes hit vLLM's
@@ -233,7 +233,7 @@ class VllmEngine:
             InputError: duplicate ids, or ``after`` naming an unknown request.
         """
         from calibration.engine.replay import materialise
-        from calibration.validate import EngineRun
+        from calibration.timing_replay import EngineRun
 
         ids = [s.request_id for s in specs]
         if len(set(ids)) != len(ids):

@@ -1,0 +1,232 @@
+"""The validation's outputs: the error table as markdown (:func:`markdown_table`), and
+``validation.json``, ``validation.md``, ``validation.html`` and measured-vs-predicted CDF
+plots per load (:func:`write_outputs`), from :func:`calibration.validate.validate`'s
+result dict."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .timing_replay import STEP_KINDS
+from .validate import BAND_FIGURES
+
+
+def _fmt(v, pct=False):
+    if v is None:
+        return "–"
+    if pct:
+        return f"{v:+.1%}"
+    return f"{v:.4g}"
+
+
+def _cell(spread, pct=False):
+    if spread is None:
+        return "–"
+    if spread["n"] == 1 or spread["min"] == spread["max"]:
+        return _fmt(spread["mean"], pct)
+    return f"{_fmt(spread['mean'], pct)} [{_fmt(spread['min'], pct)}, {_fmt(spread['max'], pct)}]"
+
+
+def _timing_verdict(t: dict) -> str:
+    """One timing-replay check in words (:func:`compare_timing`'s dict)."""
+    dt = max(t["max_abs_diff_ms"].values())
+    if t["ok"]:
+        return f"exact ({t['steps_engine']} steps, max |Δt| {dt:.3f} ms)"
+    if t["step_mismatches"] == 0 and t.get("prefix_hits_equal") and t.get("preemptions_equal"):
+        return (f"same batches, hits and preemptions in all {t['steps_engine']} steps; "
+                f"timestamps within {dt:.3f} ms, over the 1 ms tolerance (the engine took "
+                f"up to {t['handback_max_ms']:.3f} ms to hand a step's tokens back)")
+    late = t.get("late_wakes", 0)
+    return (f"NOT exact ({t['steps_engine']} engine steps, {t['step_mismatches']} differ, "
+            f"max |Δt| {dt:.3f} ms" + (
+                f"; an idle engine woke {t['idle_wake_max_ms']:.3f} ms late, after a second "
+                f"arrival, {late} time(s): it batched them, the simulator started at the "
+                f"first" if late else "") + ")")
+
+
+#: How far the served steps' step-cost ratio times the probe's host speed may sit from 1
+#: before :func:`markdown_table` says the probe does not explain the mispricing.
+PROBE_AGREEMENT = 0.10
+
+
+def probe_disagreements(result: dict) -> list[tuple[str, float]]:
+    """Timed runs where the host-speed probe does not account for the cost model's error
+    on the run's own steps: ``step_cost_ratio × host_speed`` (1 when steps ran exactly the
+    probe's factor slower than the profile prices them) off 1 by more than
+    :data:`PROBE_AGREEMENT`. Returns ``(label, product)`` per such run: ``"saturation"``
+    or ``"load X rN"``; runs without a probe or a ratio are skipped."""
+    sat = result["saturation"]
+    runs = [("saturation", (sat.get("timing") or {}).get("step_cost_ratio"),
+             sat.get("host_speed"))]
+    for ld in result["loads"]:
+        runs += [(f"load {ld['load']:g} r{i + 1}", t.get("step_cost_ratio"), sp)
+                 for i, (t, sp) in enumerate(zip(ld["timing"], ld.get("host_speed") or []))]
+    return [(label, r * sp) for label, r, sp in runs
+            if r is not None and sp is not None and abs(r * sp - 1) > PROBE_AGREEMENT]
+
+
+def markdown_table(result: dict) -> str:
+    """The validation as markdown: saturation line, then per load one row per figure
+    (measured, predicted, signed error as mean [min, max] over replications; with a host
+    speed probe also the prediction at the probed speed and its error)."""
+    sat = result["saturation"]
+    adj = sat.get("host_speed") is not None
+    lines = [f"saturation throughput: measured {sat['measured_rps']:.3f} req/s, predicted "
+             f"{sat['predicted_rps']:.3f} req/s, error {sat['error']:+.1%}" + (
+                 f"; probed steps took ×{sat['host_speed']:.3f} their calibration time, "
+                 f"predicted at that host speed {sat['adjusted_rps']:.3f} req/s, error "
+                 f"{sat['adjusted_error']:+.1%}"
+                 if adj else ""), ""]
+    if adj:
+        lines.append("host speed per replication (probe cells' step times / their "
+                     "calibration means, geometric mean; > 1: slower than at calibration): "
+                     + "; ".join(
+                         f"load {ld['load']:g}: " + ", ".join(f"×{v:.3f}" for v in
+                                                              ld["host_speed"])
+                         for ld in result["loads"]))
+        lines.append("")
+    ratios = [("saturation", [(sat.get("timing") or {}).get("step_cost_ratio")])] + [
+        (f"load {ld['load']:g}", [t.get("step_cost_ratio") for t in ld["timing"]])
+        for ld in result["loads"]]
+    if any(v is not None for _, vs in ratios for v in vs):
+        lines += ["cost model on the engine's own steps (Σ priced / Σ measured step time; "
+                  "< 1: priced too fast): " + "; ".join(
+                      f"{label}: " + ", ".join("–" if v is None else f"×{v:.3f}" for v in vs)
+                      for label, vs in ratios), ""]
+    by_kind = []
+    for label, timings in [("saturation", [sat.get("timing") or {}])] + [
+            (f"load {ld['load']:g}", ld["timing"]) for ld in result["loads"]]:
+        sums = {k: [0, 0, 0] for k in STEP_KINDS}
+        for t in timings:
+            for k, (p, m, n) in (t.get("step_cost_by_kind") or {}).items():
+                sums[k] = [sums[k][0] + p, sums[k][1] + m, sums[k][2] + n]
+        if any(n for _, _, n in sums.values()):
+            by_kind.append(f"{label}: " + " / ".join(
+                f"×{p / m:.3f} ({n})" if n and m else "–" for p, m, n in sums.values()))
+    if by_kind:
+        lines += ["the same by step kind, prefill-only / mixed / decode-only (steps), over "
+                  "each load's replications: " + "; ".join(by_kind), ""]
+    if adj:
+        apart = probe_disagreements(result)
+        if apart:
+            lines += [f"probe and served steps disagree by more than {PROBE_AGREEMENT:.0%} "
+                      "(priced/measured × probe, 1 when the probe's host speed explains the "
+                      "mispricing) in " + "; ".join(f"{label}: ×{v:.3f}" for label, v in apart)
+                      + ": the prediction at host speed is not reliable there.", ""]
+    again = any("again_error" in row for ld in result["loads"] for row in ld["table"])
+    head = ["load", "figure", "measured", "predicted", "error"]
+    again_band = any("again_in_band" in row for ld in result["loads"] for row in ld["table"])
+    if again:
+        head.append("served again: difference")
+    head.append("in MAPE band")
+    if again_band:
+        head.append("served again in MAPE band")
+    if adj:
+        head += ["predicted at host speed", "error at host speed", "in MAPE band around it"]
+    lines += ["TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − "
+              "measured) / measured; cells: mean [min, max] over replications.", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    def band(row, key):
+        return {True: "yes", False: "no", None: "–"}[row[key]] if key in row else ""
+
+    for ld in result["loads"]:
+        for row in ld["table"]:
+            cells = [f"{ld['load']:g}", row["figure"], _cell(row["measured"]),
+                     _cell(row["predicted"]), _cell(row["error"], True)]
+            if again:
+                cells.append(_cell(row.get("again_error"), True))
+            cells.append(band(row, "in_band"))
+            if again_band:
+                cells.append(band(row, "again_in_band"))
+            if adj:
+                cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True),
+                          band(row, "in_band_adjusted")]
+            lines.append("| " + " | ".join(cells) + " |")
+    if again:
+        lines += ["", "'served again': every replication's request list served a second "
+                  "time on a fresh engine; the difference of its figure from the first "
+                  "serving's, (again − first) / first: the engine's own run-to-run spread on "
+                  "this machine, a floor under any prediction's error."]
+    lines += ["", "'in MAPE band' is judged for " + ", ".join(BAND_FIGURES) + " (blank for "
+              "the other figures): whether the measured value lies between simulations with "
+              "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE)"
+              + ("; 'around it': the same around the prediction at host speed." if adj
+                 else ".")]
+    if again_band:
+        lines += ["", "'served again in MAPE band': whether the second serving lies in the "
+                  "band moved onto the first serving (band × first / predicted), i.e. how a "
+                  "prediction that hit the first serving exactly would fare against the "
+                  "engine's own second serving: where it says no, the engine's own run-to-run "
+                  "spread is wider than the band."]
+    sat_t = sat.get("timing")
+    lines += ["", "timing replay (engine step durations): "
+              + "; ".join(([f"saturation: {_timing_verdict(sat_t)}"] if sat_t else [])
+                          + [f"load {ld['load']:g}: " + ", ".join(
+                              _timing_verdict(t) for t in ld["timing"])
+                             for ld in result["loads"]])]
+    return "\n".join(lines)
+
+
+def write_outputs(result: dict, out_dir) -> dict:
+    """Write ``validation.json``, ``validation.md``, one CDF PNG per load and
+    ``validation.html`` into ``out_dir`` atomically (:func:`simulator.report.write_files`);
+    returns file name -> path.
+
+    Raises:
+        InputError: ``out_dir`` cannot be written (``--out ...``).
+    """
+    import base64
+    import html as html_lib
+    import io
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from simulator.report import write_files
+
+    files = {}
+    body = {k: v for k, v in result.items() if k != "cdf"}
+    files["validation.json"] = json.dumps(body, indent=1).encode()
+    md = markdown_table(result)
+    files["validation.md"] = md.encode()
+    imgs = []
+    for c in result.get("cdf", []):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "e2el_ms")):
+            for side, style in (("measured", "-"), ("predicted", "--")):
+                v = np.sort(np.asarray(c[f"{side}_{m}"], dtype=float))
+                if v.size:
+                    ax.step(v, np.arange(1, v.size + 1) / v.size, style, where="post",
+                            label=side)
+            ax.set_xlabel(m.replace("_ms", " (ms)").upper())
+            ax.set_ylabel("CDF")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.suptitle(f"load {c['load']:g} of saturation: measured (engine) vs predicted")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        files[f"cdf_load_{c['load']:g}.png"] = buf.getvalue()
+        imgs.append(base64.b64encode(buf.getvalue()).decode())
+    esc = html_lib.escape
+    meta = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>"
+                   for k, v in result["meta"].items())
+    rows = []
+    for line in md.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            cells = [x.strip() for x in line.strip("|").split("|")]
+            tag = "th" if cells[0] == "load" else "td"
+            rows.append("<tr>" + "".join(f"<{tag}>{esc(x)}</{tag}>" for x in cells) + "</tr>")
+    other = [x for x in md.splitlines() if x and not x.startswith("|")]
+    html = ("<!doctype html><meta charset='utf-8'><title>servesim validation</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
+            "border-bottom:1px solid #ddd;text-align:left}</style>"
+            f"<h1>Validation: {esc(str(result['meta']['scenario']))}</h1><table>{meta}</table>"
+            + "".join(f"<p>{esc(x)}</p>" for x in other)
+            + f"<table>{''.join(rows)}</table>"
+            + "".join(f"<p><img src='data:image/png;base64,{b}'></p>" for b in imgs))
+    files["validation.html"] = html.encode()
+    return write_files(out_dir, files)
