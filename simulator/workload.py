@@ -501,7 +501,10 @@ class WorkloadConfig(BaseModel):
     def _trace_alone(cls, raw):
         # Before the keys' own checks: --set workload.arrival.rate=5 beside a trace would
         # otherwise fail as "arrival: process: required key missing", hiding the conflict.
-        if isinstance(raw, dict) and raw.get("trace") is not None:
+        # Only beside a trace that names its file: a trace mapping a flag made up
+        # (--set workload.trace.time_scale=2) is reported as missing its path.
+        trace = raw.get("trace") if isinstance(raw, dict) else None
+        if isinstance(trace, dict) and {"path", "format"} <= trace.keys():
             given = [k for k in ("arrival", "prompt_tokens", "output_tokens", "sessions")
                      if raw.get(k) is not None]
             if given:
