@@ -219,7 +219,21 @@ def _check_folder(p: Path, path, flag: str, kind: str | None) -> None:
                 raise InputError(f"{flag} {path}: {'it' if q == p else q} is a file, not a "
                                  f"folder")
             tempfile.TemporaryFile(dir=q).close()   # OSError: check_folder says why
+            _check_names(p, q)
             return
+
+
+def _check_names(p: Path, existing: Path) -> None:
+    """Raise ENAMETOOLONG's OSError when a folder of ``p`` still to be made below
+    ``existing`` (its nearest existing folder) has a name longer than that file system
+    takes, or ``p`` is a longer path than it takes: found before ``mkdir`` would make
+    the folders above it and fail."""
+    import errno
+
+    name_max = os.pathconf(existing, "PC_NAME_MAX")
+    if len(os.fsencode(os.path.abspath(p))) >= os.pathconf(existing, "PC_PATH_MAX") or any(
+            len(os.fsencode(part)) > name_max for part in p.relative_to(existing).parts):
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), str(p))
 
 
 def check_writable(path: str | Path, flag: str) -> None:

@@ -86,3 +86,12 @@ def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, 
     with pytest.raises(InputError) as e:
         check_folder(long / "sub", "--out", kind)
     assert str(e.value) == f"--out {long / 'sub'}: cannot write there (File name too long)"
+    # below a folder still to be made the kernel stops at the missing folder ("not found"),
+    # so the long name passed, and mkdir made "new" before failing on it
+    deep = tmp_path / "new" / ("a" * 300)
+    with pytest.raises(InputError, match=r"cannot write there \(File name too long\)$"):
+        check_folder(deep, "--out", kind)
+    with pytest.raises(InputError, match=r"cannot write there \(File name too long\)$"):
+        check_folder(tmp_path / "new" / "/".join(["a"] * 2100), "--out", kind)   # > PATH_MAX
+    check_folder(tmp_path / "new" / ("a" * 255), "--out", kind)   # NAME_MAX itself fits
+    assert not (tmp_path / "new").exists()
