@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from simulator.errors import InputError
-from simulator.files import check_folder, check_writable
+from simulator.files import check_folder, check_writable, name_too_long
 
 DEFAULT_CPU_KV_BYTES = 2 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE is set explicitly on CPU
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*"
@@ -204,12 +204,37 @@ def profile_out(args) -> tuple[Path, str]:
     if out.suffix not in (".yaml", ".yml"):
         raise InputError(f"--out: {out} must end in .yaml (the profile file)")
     check_folder(out.parent, "--out")
-    if getattr(args, "report_dir", None) is not None:   # "" too: an empty path
-        check_folder(args.report_dir, "--report-dir")
+    report_dir = getattr(args, "report_dir", None)
+    if report_dir is not None:   # "" too: an empty path
+        check_folder(report_dir, "--report-dir")
+    # the longest name written: <stem>.calibration-report.html (beside --out by default)
+    longest = f"{out.stem}.calibration-report.html"
+    if name_too_long(out.parent / longest) or (
+            report_dir and name_too_long(Path(report_dir) / longest)):
+        raise InputError(f"--out {out}: name too long for the file system (calibrate also "
+                         f"writes {longest}); give a shorter one")
     name = out.stem if args.name is None else args.name   # an empty --name is a mistake
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
     return out, name
+
+
+def model_arg(spec: str):
+    """The :class:`simulator.catalog.ModelShape` of ``--model`` (a catalog name or an HF
+    ``config.json``).
+
+    Raises:
+        InputError: ``--model <spec>: ...`` (the catalog's message, keyed to the flag
+            rather than to a scenario's ``model`` key).
+    """
+    from simulator.catalog import load_model
+    from simulator.errors import KeyedInputError
+
+    try:
+        return load_model(spec)
+    except KeyedInputError as e:
+        where = "" if e.key == "model" else f"{e.key}: "
+        raise InputError(f"--model {spec}: {where}{e.detail}") from None
 
 
 def require_torch() -> None:
@@ -336,7 +361,6 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                          f"in (0, 1]")
     import torch
 
-    from simulator.catalog import load_model
     from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, KVInfo, ModelInfo,
                                       NoiseInfo, Profile, Provenance, CostSpec,
                                       RooflineConstants, activation_reserve_bytes,
@@ -367,7 +391,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                              f"give at most {cpus}")
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    shape = load_model(args.model)
+    shape = model_arg(args.model)
     out, name = profile_out(args)
     max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
     grid = default_grid(device, args.quick, max_len)

@@ -44,7 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
 from .errors import InputError, KeyedInputError
-from .files import atomic_write, load_yaml, missing_file, yaml_error_text
+from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
+                    yaml_error_text)
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -315,7 +316,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     path = Path(s).expanduser()
     if not path.is_absolute():
         path = Path(base_dir) / path
-    if not path.is_file():
+    if not is_regular_file(path):
         known = list_profiles()
         if s in known:
             path = known[s]

@@ -158,10 +158,40 @@ def yaml_where(text: str, path: Sequence) -> tuple[int | None, int]:
     return line, depth
 
 
+def name_too_long(path: str | Path) -> bool:
+    """Whether ``path`` has a name longer than its file system takes (``NAME_MAX``, 255
+    bytes on Linux) in a part not yet made, or is longer than ``PATH_MAX`` in all: the
+    kernel refuses such a path (``ENAMETOOLONG``, which ``Path.exists()`` and
+    ``is_file()`` raise), or, below a folder still to be made, reports only "not found"."""
+    p = Path(os.path.abspath(path))
+    existing = p
+    while True:
+        try:
+            if existing.exists():
+                break
+        except OSError:   # itself too long: look further up
+            pass
+        existing = existing.parent
+    name_max = os.pathconf(existing, "PC_NAME_MAX")
+    return (len(os.fsencode(str(p))) >= os.pathconf(existing, "PC_PATH_MAX")
+            or any(len(os.fsencode(part)) > name_max
+                   for part in p.relative_to(existing).parts))
+
+
+def is_regular_file(path: Path) -> bool:
+    """``path.is_file()``, False for a path the kernel refuses (a name too long)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def missing_file(path: Path) -> str:
-    """Why ``path`` (not a regular file) cannot be read as one: ``"is a folder, not a
-    file"``, ``"not a regular file"`` (a device such as /dev/null, a pipe, a socket) or
-    ``"file not found"``."""
+    """Why ``path`` (not a regular file) cannot be read as one: ``"name too long for the
+    file system"``, ``"is a folder, not a file"``, ``"not a regular file"`` (a device
+    such as /dev/null, a pipe, a socket) or ``"file not found"``."""
+    if name_too_long(path):
+        return "name too long for the file system"
     if path.is_dir():
         return "is a folder, not a file"
     return "not a regular file" if path.exists() else "file not found"
@@ -201,9 +231,11 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None) -> None:
     if not str(path).strip():   # Path("") would be the current folder
         raise InputError(f"{flag}: empty path (give a folder)")
     p = Path(path)
+    if name_too_long(p):   # before mkdir would make the folders above it, then fail
+        raise InputError(f"{flag} {path}: cannot write there (File name too long)")
     try:
         _check_folder(p, path, flag, kind)
-    except OSError as e:   # unwritable; a name too long (exists() and is_file() raise then)
+    except OSError as e:
         raise InputError(f"{flag} {path}: cannot write there ({e.strerror})") from None
 
 
@@ -219,21 +251,8 @@ def _check_folder(p: Path, path, flag: str, kind: str | None) -> None:
                 raise InputError(f"{flag} {path}: {'it' if q == p else q} is a file, not a "
                                  f"folder")
             tempfile.TemporaryFile(dir=q).close()   # OSError: check_folder says why
-            _check_names(p, q)
             return
 
-
-def _check_names(p: Path, existing: Path) -> None:
-    """Raise ENAMETOOLONG's OSError when a folder of ``p`` still to be made below
-    ``existing`` (its nearest existing folder) has a name longer than that file system
-    takes, or ``p`` is a longer path than it takes: found before ``mkdir`` would make
-    the folders above it and fail."""
-    import errno
-
-    name_max = os.pathconf(existing, "PC_NAME_MAX")
-    if len(os.fsencode(os.path.abspath(p))) >= os.pathconf(existing, "PC_PATH_MAX") or any(
-            len(os.fsencode(part)) > name_max for part in p.relative_to(existing).parts):
-        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), str(p))
 
 
 def check_writable(path: str | Path, flag: str) -> None:

@@ -41,7 +41,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError, KeyedInputError
-from .files import DuplicateKeyError, load_json, missing_file
+from .files import DuplicateKeyError, is_regular_file, load_json, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
@@ -181,7 +181,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 
 def _require_file(path: Path) -> None:
-    if not path.is_file():
+    if not is_regular_file(path):
         raise KeyedInputError("workload.trace.path", f"{path}: {missing_file(path)}")
 
 

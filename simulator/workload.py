@@ -43,7 +43,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError, KeyedInputError
-from .files import missing_file
+from .files import is_regular_file, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 from .traces import TraceConfig, load_trace, mooncake_segments
 
@@ -157,7 +157,7 @@ def _empirical_values(cfg: EmpiricalDist, base_dir, key: str, count: bool) -> np
     path = Path(cfg.path)
     if not path.is_absolute():
         path = Path(base_dir) / path
-    if not path.is_file():   # keyed: the scenario gives the line of <key>.path
+    if not is_regular_file(path):   # keyed: the scenario gives the line of <key>.path
         raise KeyedInputError(f"{key}.path", f"{path}: {missing_file(path)} (empirical "
                               f"distribution)")
     try:

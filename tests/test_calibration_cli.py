@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import calibration.profiler as profiler
-from calibration.cli import calibrate, parse_bytes, profiles_table
+from calibration.cli import calibrate, parse_bytes, profile_out, profiles_table
 from calibration.fit import predict, refit_profile
 from calibration.profiler import Grid, read_measurements
 from simulator.cli import build_parser, main
@@ -174,6 +174,28 @@ def test_an_empty_out_or_report_dir_is_refused(tmp_path, capsys, monkeypatch, fl
     argv = ["calibrate", "--model", "llama-test", *[f.format(tmp=tmp_path) for f in flags]]
     assert main(argv) == 2
     assert capsys.readouterr().err == f"servesim: error: {said}\n"
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_model_or_out_the_file_system_cannot_take_is_refused(tmp_path, capsys, monkeypatch):
+    # --model's error names the flag (it read "model: ..."); a profile name too long for the
+    # file system was a traceback when the CSV beside it was looked for
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: pytest.fail("measured despite the bad flag"))
+    assert main(["calibrate", "--model", str(tmp_path / "config.json"), "--out",
+                 str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: --model {tmp_path / 'config.json'}: "
+                          f"'{tmp_path / 'config.json'}' is neither a catalog model")
+    stem = "p" * 240   # fits alone; "<stem>.calibration-report.html" does not
+    out = tmp_path / f"{stem}.yaml"
+    assert main(["calibrate", "--model", "llama-test", "--out", str(out)]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+    args = build_parser().parse_args(["calibrate", "--model", "llama-test", "--out", str(out)])
+    with pytest.raises(InputError) as e:
+        profile_out(args)
+    assert str(e.value) == (f"--out {out}: name too long for the file system (calibrate "
+                            f"also writes {stem}.calibration-report.html); give a shorter one")
     assert not any(tmp_path.iterdir())
 
 

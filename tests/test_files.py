@@ -95,3 +95,15 @@ def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, 
         check_folder(tmp_path / "new" / "/".join(["a"] * 2100), "--out", kind)   # > PATH_MAX
     check_folder(tmp_path / "new" / ("a" * 255), "--out", kind)   # NAME_MAX itself fits
     assert not (tmp_path / "new").exists()
+
+
+def test_an_input_path_too_long_is_named_so(tmp_path):
+    # is_file() raised ENAMETOOLONG: a trace, profile or model path of a 300-byte name (or
+    # one below a missing folder, which the kernel reports as not found) was a traceback
+    from simulator.files import is_regular_file, missing_file, name_too_long
+
+    for p in (tmp_path / ("a" * 300), tmp_path / "nope" / ("a" * 300) / "t.csv"):
+        assert name_too_long(p) and not is_regular_file(p)
+        assert missing_file(p) == "name too long for the file system"
+    ok = tmp_path / ("a" * 255)
+    assert not name_too_long(ok) and missing_file(ok) == "file not found"

