@@ -377,7 +377,7 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
     assert main(["calibrate", "--model", "no-such-model", "--out",
                  str(tmp_path / "x.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("servesim: error: model")
+    assert len(err) == 1 and err[0].startswith("servesim: error: --model no-such-model: ")
     assert main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "x.csv")]) == 2
     assert "--out" in capsys.readouterr().err
 
