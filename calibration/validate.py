@@ -619,13 +619,14 @@ def cmd_validate(args) -> int:
     Raises:
         InputError: a bad scenario, flag or environment (one line for the CLI).
     """
-    if args.scenario and args.scenario_flag:
+    if args.scenario is not None and args.scenario_flag is not None:
         raise InputError("validate: give the scenario once (positional or --scenario)")
-    args.scenario = args.scenario or args.scenario_flag
+    if args.scenario is None:   # "" goes on to load_scenario's "empty path"
+        args.scenario = args.scenario_flag
     if args.model_dir is not None and args.backend != "vllm":
         raise InputError("--model-dir: only with --backend vllm (servesim's engine builds "
                          "the scenario's model with random weights)")
-    if not args.scenario:
+    if args.scenario is None:
         raise InputError("validate: a scenario YAML is required "
                          "(servesim validate SCENARIO --profile P)")
     try:

@@ -600,8 +600,9 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     """
     key, sep, value = s.partition("=")
     parts = tuple(p.strip() for p in key.strip().split("."))
-    if not sep or not all(parts):
-        raise InputError(f"--set {s}: expected key.path=value, e.g. engine.max_num_seqs=128")
+    if not sep or not all(parts):   # an empty flag shown as '' (else "--set : expected")
+        raise InputError(f"--set {s if s.strip() else repr(s)}: expected key.path=value, "
+                         f"e.g. engine.max_num_seqs=128")
     index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
     if index:   # no list item is addressable on its own (the schema's lists are short)
         raise InputError(f"--set {s}: {parts[index]} is not a key (scenario keys are names; "

@@ -119,6 +119,7 @@ def test_brief_error_examples(chat):
     ("model=3", "--set model=3: expected a catalog name"),
     ("name.x=1", "--set name.x=1: name is not a mapping"),
     ("engine", "--set engine: expected key.path=value"),
+    ("", "--set '': expected key.path=value"),   # was "--set : expected"
     ("workload.prefix={shared_tokens: 100, groups: 1000001}",
      "workload.prefix.groups: Input should be less than or equal to 1000000"),
     # arrivals are integer ns: a faster rate would be a burst at t = 0

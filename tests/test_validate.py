@@ -370,6 +370,10 @@ def test_the_scenario_is_positional_or_flagged_once(tmp_path, capsys):
     for argv, words in (
             ([str(y), "--scenario", str(y)], "give the scenario once"),
             ([], "a scenario YAML is required"),
+            # an empty path is one, as run says (it read as no scenario given)
+            ([""], "scenario: empty path (give a scenario YAML file)"),
+            (["--scenario", ""], "scenario: empty path"),
+            (["", "--scenario", str(y)], "give the scenario once"),
             ([str(y), "--loads", "0.3,high"], "--loads: '0.3,high'"),   # parsed: got past it
             (["--scenario", str(y), "--loads", "0.3,high"], "--loads: '0.3,high'")):
         assert main(["validate", *argv, "--no-quiet-wait", "--out", str(out)]) == 2
