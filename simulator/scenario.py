@@ -53,6 +53,10 @@ MAX_REPLICATIONS = 1000
 MAX_REPLICAS = 10_000
 
 
+#: Longest scenario name (bytes): it names a folder, and file systems take 255 per name.
+MAX_NAME_BYTES = 200
+
+
 class _Strict(BaseModel):
     # Unknown keys are errors; no silent coercion of "16" or true into numbers; no
     # .nan/.inf, which pass or fail bounds checks by accident ("<= 1 (got nan)").
@@ -317,6 +321,9 @@ class Scenario(_Strict):
         if not v.strip() or v in (".", "..") or any(c in v for c in "/\\\0"):
             raise ValueError(f"must be a non-empty folder name without '/' (it names the "
                              f"default output folder reports/<name>), got {v!r}")
+        if len(v.encode()) > MAX_NAME_BYTES:   # file systems take 255 bytes per name
+            raise ValueError(f"at most {MAX_NAME_BYTES} bytes (it names the default output "
+                             f"folder reports/<name>), got {len(v.encode())}")
         return v
 
     _base_dir: Path = PrivateAttr(default=Path("."))

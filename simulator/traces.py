@@ -202,7 +202,9 @@ def _numbers(values: pd.Series, lines: np.ndarray, path: Path, name: str, *,
     if bad.any():
         i = int(np.argmax(bad))
         raw = values.iloc[i]
-        what = "missing value" if str(raw).strip() == "" else f"not a number: {raw!r}"
+        what = ("missing value" if str(raw).strip() == "" else
+                f"not a finite number: {raw!r}" if not np.isnan(num[i]) else  # inf, 1e400
+                f"not a number: {raw!r}")
         raise InputError(f"{path}:{lines[i]}: {name}: {what}")
     if integer:
         frac = num != np.floor(num)

@@ -441,17 +441,32 @@ def test_a_missing_union_tag_names_the_tag_and_its_values(section, value, msg):
     assert str(e.value) == f"<scenario>: {msg}"
 
 
-@pytest.mark.parametrize("name", ["../../etc/x", "", " ", "..", "a/b", "a\\\\b"])
-def test_a_scenario_name_is_one_folder_name(name):
+@pytest.mark.parametrize("name, said", [
+    *[(n, "must be a non-empty folder name without '/'")
+      for n in ["../../etc/x", "", " ", "..", "a/b", "a\\\\b"]],
+    # a folder name past 255 bytes was 'cannot write there (File name too long)' for an
+    # --out the user never gave; 100 two-byte characters are 200 bytes and fit
+    ("é" * 101, r"at most 200 bytes \(it names the default output folder reports/<name>\), "
+                r"got 202")])
+def test_a_scenario_name_is_one_folder_name(name, said):
     # reports/<name> is the default output folder: it must stay one folder inside reports/
-    with pytest.raises(InputError, match=r"^<scenario>: name: must be a non-empty folder "
-                                         r"name without '/'"):
+    with pytest.raises(InputError, match=rf"^<scenario>: name: {said}"):
         scenario_from_dict({"name": name, "model": "llama-3.1-8b",
                             "hardware": {"profile": "h100-sxm"},
                             "workload": {"num_requests": 5,
                                          "arrival": {"process": "poisson", "rate": 2},
                                          "prompt_tokens": {"dist": "fixed", "value": 8},
                                          "output_tokens": {"dist": "fixed", "value": 3}}})
+
+
+def test_a_scenario_name_of_200_bytes_is_one():
+    sc = scenario_from_dict({"name": "é" * 100, "model": "llama-3.1-8b",
+                             "hardware": {"profile": "h100-sxm"},
+                             "workload": {"num_requests": 5,
+                                          "arrival": {"process": "poisson", "rate": 2},
+                                          "prompt_tokens": {"dist": "fixed", "value": 8},
+                                          "output_tokens": {"dist": "fixed", "value": 3}}})
+    assert len(sc.name.encode()) == 200
 
 
 def test_errors_found_while_running_name_the_key_line_or_its_flag(tmp_path):

@@ -220,6 +220,8 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
 
 @pytest.mark.parametrize("body, match", [
     (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,abc,5\n", r":3: ContextTokens: not a number"),
+    (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,1e400,5\n",
+     r":3: ContextTokens: not a finite number: '1e400'"),
     (AZ_HEADER + OK_ROW + OK_ROW + "2023-11-16 18:15:47.0,-4,5\n",
      r":4: ContextTokens: -4 is below 1 \(a length must be >= 1\)$"),
     (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,10\n", r":3: GeneratedTokens: missing"),
