@@ -285,7 +285,9 @@ class PlanConfig(_Strict):
             if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
                 raise ValueError(f"{key}: candidates vary hardware, model, dtype, engine or "
                                  f"cluster keys, not the workload or the SLO")
-            twice = given_twice([repr(x) for x in values], values, "candidate")
+            # as YAML writes them: true, 4, 'h100-sxm' (Python's repr said True)
+            shown = [str(x).lower() if isinstance(x, bool) else repr(x) for x in values]
+            twice = given_twice(shown, values, "candidate")
             if twice is not None:
                 raise ValueError(f"{key}: {twice}")
         return v

@@ -623,5 +623,9 @@ def test_a_candidate_value_given_twice_is_refused(chat):
     msg = err(load_scenario, chat, ["plan.candidates={engine.max_num_seqs: [64, 128, 64.0]}"])
     assert msg.endswith("engine.max_num_seqs: 64.0 is given twice (as 64: one value); each "
                         "value is one candidate, give it once")
+    msg = err(load_scenario, chat, ["plan.candidates={engine.enable_prefix_caching: [true, "
+                                    "yes]}"])
+    assert msg.endswith("engine.enable_prefix_caching: true is given twice; each value is "
+                        "one candidate, give it once")
     sc = load_scenario(chat, ["plan.candidates={engine.enable_prefix_caching: [true, false]}"])
     assert sc.plan.candidates == {"engine.enable_prefix_caching": [True, False]}
