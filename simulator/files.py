@@ -254,7 +254,6 @@ def _check_folder(p: Path, path, flag: str, kind: str | None) -> None:
             return
 
 
-
 def check_writable(path: str | Path, flag: str) -> None:
     """Create folder ``path`` if missing and make sure a file can be written in it, before
     a long run that writes there at its end.
