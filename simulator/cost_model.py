@@ -45,7 +45,7 @@ from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load
                       shape_from_dict)
 from .errors import InputError, KeyedInputError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
-                    yaml_error_text)
+                    utf8_problem, yaml_error_text)
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -331,7 +331,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     except OSError as e:
         raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise InputError(f"{path}: not a UTF-8 text file (a profile is UTF-8 YAML)") from None
+        raise InputError(utf8_problem(path)) from None
     except yaml.YAMLError as e:
         raise InputError(yaml_error_text(path.name, e)) from None
     if raw is None:   # no bytes, or only comments

@@ -178,6 +178,21 @@ def name_too_long(path: str | Path) -> bool:
                    for part in p.relative_to(existing).parts))
 
 
+def utf8_problem(path: Path) -> str:
+    """``"<path>:<line>: not UTF-8 text (byte 0x.. at column N; save the file as UTF-8)"``
+    for a file that does not decode: the first bad byte's line, which a decoder reading
+    in chunks (pandas, a file iterator) does not give."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - raw.rfind(b"\n", 0, e.start)
+        return (f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col}; "
+                f"save the file as UTF-8)")
+    return f"{path}: not UTF-8 text (save the file as UTF-8)"
+
+
 def is_regular_file(path: Path) -> bool:
     """``path.is_file()``, False for a path the kernel refuses (a name too long)."""
     try:

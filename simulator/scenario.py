@@ -34,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from .catalog import ModelShape, load_model
 from .errors import InputError, KeyedInputError
-from .files import load_yaml, yaml_error_text, yaml_where
+from .files import load_yaml, utf8_problem, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
 from .policy.kv_cache import cdiv
@@ -507,7 +507,7 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     except OSError as e:
         raise InputError(f"{path}: cannot read scenario: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise InputError(f"{path}: not a UTF-8 text file (a scenario is UTF-8 YAML)") from None
+        raise InputError(utf8_problem(path)) from None
     try:
         raw = load_yaml(text)
     except yaml.YAMLError as e:

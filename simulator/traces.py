@@ -41,7 +41,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError, KeyedInputError
-from .files import DuplicateKeyError, is_regular_file, load_json, missing_file
+from .files import (DuplicateKeyError, is_regular_file, load_json, missing_file,
+                    utf8_problem)
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
@@ -153,8 +154,19 @@ def _resolve(path: str, base_dir) -> Path:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    """All cells as strings (empty = missing); blank lines kept so index i is line i + 2."""
     _require_file(path)
+    return read_csv_table(path)
+
+
+def read_csv_table(path: Path) -> pd.DataFrame:
+    """A CSV file with a header line, all cells as strings (empty = missing), blank lines
+    dropped with the index kept: row label ``i`` is line ``i + 2`` of the file.
+
+    Raises:
+        InputError: ``<path>:<line>: ...`` for an empty file, a row with another number of
+            fields than the header, a column named twice in the header, or bytes that are
+            not UTF-8 (a byte-order mark is fine).
+    """
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
     except pd.errors.EmptyDataError:
@@ -165,8 +177,8 @@ def _read_csv(path: Path) -> pd.DataFrame:
             raise InputError(f"{path}:{m.group(2)}: expected {m.group(1)} fields, "
                              f"saw {m.group(3)}") from None
         raise InputError(f"{path}: not a valid CSV file ({str(e).splitlines()[-1]})") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    except UnicodeDecodeError:
+        raise InputError(utf8_problem(path)) from None
     if not isinstance(df.index, pd.RangeIndex):
         # pandas takes surplus fields of the first row as an index rather than failing
         n = len(df.columns)
@@ -301,8 +313,8 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
                                      f"{type(obj).__name__}")
                 rows.append(obj)
                 lines.append(lineno)
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    except UnicodeDecodeError:
+        raise InputError(utf8_problem(path)) from None
     if not rows:
         raise InputError(f"{path}:1: empty file (expected one JSON object per line)")
     return rows, lines

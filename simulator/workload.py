@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .errors import InputError, KeyedInputError
 from .files import is_regular_file, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
-from .traces import TraceConfig, load_trace, mooncake_segments
+from .traces import TraceConfig, load_trace, mooncake_segments, read_csv_table
 
 #: z-score of the 90th percentile of the standard normal, ``scipy.stats.norm.ppf(0.9)``.
 Z90 = 1.2815515655446004
@@ -160,13 +160,7 @@ def _empirical_values(cfg: EmpiricalDist, base_dir, key: str, count: bool) -> np
     if not is_regular_file(path):   # keyed: the scenario gives the line of <key>.path
         raise KeyedInputError(f"{key}.path", f"{path}: {missing_file(path)} (empirical "
                               f"distribution)")
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        raise InputError(f"{path}:1: empty file (expected a header line)") from None
-    except pd.errors.ParserError as e:
-        raise InputError(f"{path}: not a valid CSV file "
-                         f"({str(e).splitlines()[-1]})") from None
+    df = read_csv_table(path)   # the trace reader's: lines, fields, UTF-8 checked alike
     if cfg.column not in df.columns:
         raise InputError(f"{path}:1: missing column {cfg.column!r} "
                          f"(columns are {', '.join(map(repr, df.columns))})")
@@ -177,7 +171,7 @@ def _empirical_values(cfg: EmpiricalDist, base_dir, key: str, count: bool) -> np
     if bad.any():
         i = int(np.argmax(bad))
         want = f"a count from 1 to {MAX_COUNT:.0e}" if count else "a number of seconds >= 0"
-        raise InputError(f"{path}:{i + 2}: {cfg.column}: expected {want}, "
+        raise InputError(f"{path}:{col.index[i] + 2}: {cfg.column}: expected {want}, "
                          f"got {col.iloc[i]!r}")
     if len(num) == 0:
         raise InputError(f"{path}:2: column {cfg.column!r} has no values")

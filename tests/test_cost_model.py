@@ -467,8 +467,8 @@ def test_a_profile_that_is_not_utf8_is_one_error_and_skipped_by_projections(tmp_
     store.mkdir()
     (store / "bin.yaml").write_bytes(b"name: \xff\xfe\n")
     monkeypatch.setenv("SERVESIM_PROFILES", str(store))
-    with pytest.raises(InputError, match=r"bin\.yaml: not a UTF-8 text file \(a profile is UTF-8 "
-                                         r"YAML\)$"):
+    with pytest.raises(InputError, match=r"bin\.yaml:1: not UTF-8 text \(byte 0xff at column 7; "
+                                         r"save the file as UTF-8\)$"):
         load_profile("bin")
     # a catalog GPU looks through every profile for measured efficiencies: it skips this one
     cm = build_cost_model(scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"}))

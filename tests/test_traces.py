@@ -222,6 +222,8 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
     (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,abc,5\n", r":3: ContextTokens: not a number"),
     (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,1e400,5\n",
      r":3: ContextTokens: not a finite number: '1e400'"),
+    (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,1\xe9,5\n",   # written as Latin-1 below
+     r":3: not UTF-8 text \(byte 0xe9 at column 24; save the file as UTF-8\)$"),
     (AZ_HEADER + OK_ROW + OK_ROW + "2023-11-16 18:15:47.0,-4,5\n",
      r":4: ContextTokens: -4 is below 1 \(a length must be >= 1\)$"),
     (AZ_HEADER + OK_ROW + "2023-11-16 18:15:47.0,10\n", r":3: GeneratedTokens: missing"),
@@ -243,7 +245,7 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
 ])
 def test_bad_azure_rows_name_file_and_line(tmp_path, body, match):
     f = tmp_path / "bad.csv"
-    f.write_text(body)
+    f.write_text(body, encoding="latin-1")   # UTF-8 for every row but the é one
     with pytest.raises(InputError, match=r"bad\.csv" + match):
         read_trace(trace(path=str(f), format="azure"))
 

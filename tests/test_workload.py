@@ -123,6 +123,21 @@ def test_empirical_bad_file_names_the_line(tmp_path):
         sample_lengths(d, 10, rng(), base_dir=tmp_path)
 
 
+def test_empirical_csv_is_read_as_traces_are(tmp_path):
+    # the trace reader's checks: blank lines keep the file's line numbers (the bad row was
+    # named as line 3), surplus fields are refused, and Latin-1 bytes were a traceback
+    d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
+    for body, said in (("a\n10\n\nx\n", r"lens\.csv:4: a: expected a count"),
+                       ("a,b\n10,1\n20,2,3\n", r"lens\.csv:3: expected 2 fields, saw 3"),
+                       ("a,a\n1,2\n", r"lens\.csv:1: column 'a' appears twice"),
+                       (b"a\n10\n2\xe90\n", r"lens\.csv:3: not UTF-8 text \(byte 0xe9 at "
+                                          r"column 2; save the file as UTF-8\)$")):
+        f = tmp_path / "lens.csv"
+        f.write_bytes(body) if isinstance(body, bytes) else f.write_text(body)
+        with pytest.raises(InputError, match=said):
+            sample_lengths(d, 10, rng(), base_dir=tmp_path)
+
+
 def test_think_times_are_fractional_seconds_in_ns():
     d = DIST.validate_python({"dist": "fixed", "value": 0.25})
     assert list(sample_durations_ns(d, 3, rng())) == [250_000_000] * 3
