@@ -261,6 +261,9 @@ def _check_folder(p: Path, path, flag: str, kind: str | None) -> None:
         raise InputError(f"{flag} {path}: holds a {other} report ({REPORT_MARKERS[other]}); "
                          f"a {kind} report there would mix with it: give another folder")
     for q in (p, *p.parents):
+        if q.is_symlink() and not q.exists():   # found only when writing, after the run
+            raise InputError(f"{flag} {path}: {'it' if q == p else q} is a broken symbolic "
+                             f"link (to {os.readlink(q)})")
         if q.exists():
             if not q.is_dir():
                 raise InputError(f"{flag} {path}: {'it' if q == p else q} is a file, not a "

@@ -107,3 +107,20 @@ def test_an_input_path_too_long_is_named_so(tmp_path):
         assert missing_file(p) == "name too long for the file system"
     ok = tmp_path / ("a" * 255)
     assert not name_too_long(ok) and missing_file(ok) == "file not found"
+
+
+def test_a_broken_symbolic_link_as_the_output_folder_is_refused_before_running(tmp_path):
+    # exists() is False for it, so the check looked further up and passed; writing the
+    # report after the run then failed ("cannot write it (Not a directory)")
+    from simulator.errors import InputError
+    from simulator.files import check_folder
+
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone" / "x")
+    for target, which in ((link, "it"), (link / "sub", str(link))):
+        with pytest.raises(InputError) as e:
+            check_folder(target, "--out", "run")
+        assert str(e.value) == (f"--out {target}: {which} is a broken symbolic link (to "
+                                f"{tmp_path / 'gone' / 'x'})")
+    (tmp_path / "gone" / "x").mkdir(parents=True)   # mended: the folder it names is used
+    check_folder(link / "sub", "--out", "run")
