@@ -513,7 +513,8 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     except yaml.YAMLError as e:
         raise InputError(yaml_error_text(name, e)) from None
     if raw is None:   # no bytes, or only comments
-        raise InputError(f"{name}: the scenario file is empty (a scenario needs at least "
+        # the whole path: "/dev/null" (or a pipe) read as its name alone said "null: ..."
+        raise InputError(f"{path}: the scenario file is empty (a scenario needs at least "
                          f"model, hardware and workload; servesim schema lists every key)")
     if not isinstance(raw, dict):
         raise InputError(f"{name}: a scenario is a mapping of keys (name, model, hardware, "

@@ -629,3 +629,9 @@ def test_a_candidate_value_given_twice_is_refused(chat):
                         "one candidate, give it once")
     sc = load_scenario(chat, ["plan.candidates={engine.enable_prefix_caching: [true, false]}"])
     assert sc.plan.candidates == {"engine.enable_prefix_caching": [True, False]}
+
+
+def test_an_empty_scenario_names_its_whole_path():
+    # /dev/null (as a pipe would) read as its name alone: "null: the scenario file is empty"
+    assert err(load_scenario, "/dev/null").startswith(
+        "/dev/null: the scenario file is empty (a scenario needs at least model")
