@@ -762,7 +762,7 @@ class CostModel:
             t *= 1.0 + self._buf[self._pos]
             self._pos += 1
         if not t < MAX_STEP_S:   # NaN too; far below the clock's 4.6e9 s and int64 ns
-            inline = self.label.startswith("inline")
+            inline = self.profile is None   # hardware.step_time (catalog GPUs have one)
             raise KeyedInputError(
                 "hardware.step_time" if inline else "hardware.profile",
                 f"one engine step was priced at {t:.6g} s ({self.label}); a step may take at "

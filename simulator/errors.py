@@ -10,6 +10,13 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from pydantic import ConfigDict
+
+#: The pydantic config of every scenario schema: unknown keys are errors, no silent
+#: coercion of "16" or true into numbers, and no .nan/.inf, which pass or fail bounds
+#: checks by accident ("<= 1 (got nan)").
+STRICT_SCHEMA = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
 #: Longest run of non-space characters an error line shows whole (a path is shorter).
 MAX_WORD = 200
 

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import ModelShape, load_model
-from .errors import InputError, KeyedInputError
+from .errors import STRICT_SCHEMA, InputError, KeyedInputError
 from .files import load_yaml, utf8_problem, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
@@ -58,9 +58,7 @@ MAX_NAME_BYTES = 200
 
 
 class _Strict(BaseModel):
-    # Unknown keys are errors; no silent coercion of "16" or true into numbers; no
-    # .nan/.inf, which pass or fail bounds checks by accident ("<= 1 (got nan)").
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = STRICT_SCHEMA
 
 
 class StepTimeConfig(_Strict):

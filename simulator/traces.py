@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import InputError, KeyedInputError
+from .errors import STRICT_SCHEMA, InputError, KeyedInputError
 from .files import (DuplicateKeyError, is_regular_file, load_json, missing_file,
                     utf8_problem)
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
@@ -78,7 +78,7 @@ class TraceConfig(BaseModel):
     """
 
     # Strict like the rest of the scenario ("1" and true are not numbers).
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = STRICT_SCHEMA
 
     path: str
     format: Literal["azure", "mooncake", "csv", "jsonl"]

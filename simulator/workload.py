@@ -40,9 +40,9 @@ from typing import Annotated, Literal, Optional, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from .errors import InputError, KeyedInputError
+from .errors import STRICT_SCHEMA, InputError, KeyedInputError
 from .files import is_regular_file, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 from .traces import TraceConfig, load_trace, mooncake_segments, read_csv_table
@@ -60,7 +60,7 @@ _PURPOSES = ("arrival", "prompt", "output", "prefix", "turns", "session_think",
 class _Dist(BaseModel):
     """Common clip bounds: every sample is clipped to ``[min, max]`` (``None`` = open)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    model_config = STRICT_SCHEMA
 
     min: Optional[float] = Field(None, ge=0)   # counts and seconds: never negative
     max: Optional[float] = Field(None, ge=0)
@@ -329,7 +329,7 @@ def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
 # -- arrival processes -----------------------------------------------------------------
 
 class _OpenLoop(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = STRICT_SCHEMA
 
     # arrivals are timed in integer nanoseconds: past 1e9 req/s every gap rounds to 0
     rate: float = Field(gt=0, le=1_000_000_000, allow_inf_nan=False,
@@ -366,7 +366,7 @@ class ClosedLoopArrival(BaseModel):
     ``think_time_s`` is a distribution of seconds or a plain number ``x >= 0``, read as
     ``{dist: fixed, value: x}``; default 0."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = STRICT_SCHEMA
 
     process: Literal["closed_loop"]
     concurrency: int = Field(ge=1)
@@ -432,7 +432,7 @@ class PrefixConfig(BaseModel):
     (``zipf``, a finite Zipf law) or ``1/groups`` (``uniform``).
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = STRICT_SCHEMA
 
     shared_tokens: int = Field(ge=1, le=MAX_COUNT)
     # each group's probability is tabulated (8 bytes each): 1e9 groups took minutes and GBs
@@ -456,7 +456,7 @@ class SessionConfig(BaseModel):
     plain number ``x >= 0``, read as ``{dist: fixed, value: x}``; default 0.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = STRICT_SCHEMA
 
     turns: Dist
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
@@ -479,7 +479,7 @@ class WorkloadConfig(BaseModel):
     traces without content, optional ``num_requests`` cap). Turns count as requests.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = STRICT_SCHEMA
 
     seed: int = Field(0, ge=0)
     num_requests: Optional[int] = Field(None, ge=1, le=100_000_000)  # memory: ~1 KiB each
