@@ -345,7 +345,6 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     """
     from simulator.scenario import BLOCK_SIZES
 
-    require_torch()
     for flag in ("max_num_batched_tokens", "max_num_seqs"):
         if getattr(args, flag, None) is not None:   # the grid sizes its own batches
             raise InputError(f"--{flag.replace('_', '-')}: only for --backend vllm; "
@@ -359,6 +358,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if not 0 < args.gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be "
                          f"in (0, 1]")
+    require_torch()   # after the flags that need no torch, as validate does
     import torch
 
     from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, KVInfo, ModelInfo,

@@ -416,6 +416,10 @@ def test_engine_commands_without_torch_say_how_to_install(tmp_path, capsys, monk
                         lambda name, *a: None if name == "torch" else real(name, *a))
     assert main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml")]) == 2
     assert "pip install torch==2.13.0" in capsys.readouterr().err
+    # a bad flag is said first, as validate does (the torch line hid it)
+    assert main(["calibrate", "--model", "llama-test", "--block-size", "0", "--out",
+                 str(tmp_path / "p.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: --block-size 0: allowed 1,")
     scen = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
     assert main(["validate", "--scenario", str(scen), "--out", str(tmp_path / "v")]) == 2
     assert "pip install torch==2.13.0" in capsys.readouterr().err

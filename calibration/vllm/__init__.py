@@ -26,8 +26,11 @@ from pathlib import Path
 from simulator.errors import InputError
 
 TESTED_VERSION = "0.32.0"
-#: The peer set-up script, beside the repository (absolute: errors are read from any folder).
-PEER_SETUP = Path(__file__).resolve().parents[3] / "shared" / "peers" / "vllm" / "setup.sh"
+#: The peer set-up script in ../shared beside the checkout: its absolute path where it is
+#: there (errors are read from any folder), else where it is looked for.
+_SETUP = Path(__file__).resolve().parents[3] / "shared" / "peers" / "vllm" / "setup.sh"
+PEER_SETUP = (str(_SETUP) if _SETUP.is_file() else
+              "../shared/peers/vllm/setup.sh beside the servesim checkout")
 SETUP_HINT = (f"set it up with {PEER_SETUP} (or benchmarks/vllm_fidelity.sh), "
               "`pip install -e . --no-deps` into that venv, and run servesim with its python")
 
