@@ -203,7 +203,7 @@ def profile_out(args) -> tuple[Path, str]:
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         raise InputError(f"--out: {out} must end in .yaml (the profile file)")
-    check_folder(out.parent, "--out")
+    check_folder(out.parent, "--out", named=out)
     report_dir = getattr(args, "report_dir", None)
     if report_dir is not None:   # "" too: an empty path
         check_folder(report_dir, "--report-dir")

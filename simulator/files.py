@@ -231,11 +231,14 @@ def out_folder(arg: str | None, default: str | Path, flag: str = "--out") -> Pat
     return Path(arg)
 
 
-def check_folder(path: str | Path, flag: str, kind: str | None = None) -> None:
+def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
+                 named: str | Path | None = None) -> None:
     """Refuse, before any work, an output folder that cannot be one: ``path`` is a file, a
     folder above it is, the folder (else the nearest existing one above it, where it
     would be created) takes no new file, or, with ``kind`` (a key of
     :data:`REPORT_MARKERS`), it holds another command's report. Creates nothing.
+    ``named``: the path the flag was given when ``path`` is the folder of a file to write
+    (``calibrate --out d/p.yaml`` checks ``d``); messages name it instead of ``path``.
 
     Raises:
         InputError: ``<flag>: empty path``, ``<flag> <path>: <which> is a file, not a
@@ -246,28 +249,29 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None) -> None:
     if not str(path).strip():   # Path("") would be the current folder
         raise InputError(f"{flag}: empty path (give a folder)")
     p = Path(path)
+    shown = path if named is None else named
     if name_too_long(p):   # before mkdir would make the folders above it, then fail
-        raise InputError(f"{flag} {path}: cannot write there (File name too long)")
+        raise InputError(f"{flag} {shown}: cannot write there (File name too long)")
     try:
-        _check_folder(p, path, flag, kind)
+        _check_folder(p, shown, flag, kind, it=p if named is None else None)
     except OSError as e:
-        raise InputError(f"{flag} {path}: cannot write there ({e.strerror})") from None
+        raise InputError(f"{flag} {shown}: cannot write there ({e.strerror})") from None
 
 
-def _check_folder(p: Path, path, flag: str, kind: str | None) -> None:
+def _check_folder(p: Path, shown, flag: str, kind: str | None, it: Path | None) -> None:
     other = next((k for k, f in REPORT_MARKERS.items()
                   if kind is not None and k != kind and (p / f).is_file()), None)
     if other is not None:
-        raise InputError(f"{flag} {path}: holds a {other} report ({REPORT_MARKERS[other]}); "
+        raise InputError(f"{flag} {shown}: holds a {other} report ({REPORT_MARKERS[other]}); "
                          f"a {kind} report there would mix with it: give another folder")
     for q in (p, *p.parents):
+        which = "it" if q == it else q   # "it": the path the flag named
         if q.is_symlink() and not q.exists():   # found only when writing, after the run
-            raise InputError(f"{flag} {path}: {'it' if q == p else q} is a broken symbolic "
-                             f"link (to {os.readlink(q)})")
+            raise InputError(f"{flag} {shown}: {which} is a broken symbolic link (to "
+                             f"{os.readlink(q)})")
         if q.exists():
             if not q.is_dir():
-                raise InputError(f"{flag} {path}: {'it' if q == p else q} is a file, not a "
-                                 f"folder")
+                raise InputError(f"{flag} {shown}: {which} is a file, not a folder")
             tempfile.TemporaryFile(dir=q).close()   # OSError: check_folder says why
             return
 

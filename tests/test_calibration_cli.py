@@ -157,7 +157,7 @@ def test_resuming_with_another_thread_count_is_refused(tmp_path, tiny_grid, monk
 def test_an_out_folder_that_cannot_be_written_is_refused_before_measuring(tiny_grid):
     # /proc takes no new files (even for root); found before the first step, not after
     measured = []
-    with pytest.raises(InputError, match=r"^--out /proc: cannot write there \("):
+    with pytest.raises(InputError, match=r"^--out /proc/p\.yaml: cannot write there \("):
         run_calibrate(Path("/proc/p.yaml"), measured.append)
     assert measured == []
 
@@ -465,7 +465,9 @@ def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys
 
 @pytest.mark.parametrize("flags, message", [
     (["--max-num-batched-tokens", "512"], "--max-num-batched-tokens: only for --backend vllm"),
-    (["--out", "{f}/x/p.yaml"], "--out {f}/x: {f} is a file, not a folder"),
+    (["--out", "{f}/x/p.yaml"], "--out {f}/x/p.yaml: {f} is a file, not a folder"),
+    # the folder of the profile file is a file: named by the path given (said "--out {f}: it")
+    (["--out", "{f}/p.yaml"], "--out {f}/p.yaml: {f} is a file, not a folder"),
     (["--report-dir", "{f}/x"], "--report-dir {f}/x: {f} is a file, not a folder"),
 ])
 def test_calibrate_refuses_before_measuring(flags, message, tmp_path, capsys):
