@@ -333,17 +333,17 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     except UnicodeDecodeError:
         raise InputError(utf8_problem(path)) from None
     except yaml.YAMLError as e:
-        raise InputError(yaml_error_text(path.name, e)) from None
+        raise InputError(yaml_error_text(str(path), e)) from None
     if raw is None:   # no bytes, or only comments
-        raise InputError(f"{path.name}: the profile file is empty (a profile is the YAML "
+        raise InputError(f"{path}: the profile file is empty (a profile is the YAML "
                          f"mapping servesim calibrate writes: name, device, engine, model, "
                          f"dtype, kv, cost, provenance)")
     if not isinstance(raw, dict):
-        raise InputError(f"{path.name}: a profile is a mapping of keys")
+        raise InputError(f"{path}: a profile is a mapping of keys")
     try:
         prof = Profile.model_validate(raw)
     except ValidationError as e:
-        raise InputError(format_validation_error(e, path.name, Profile, text=text)) from None
+        raise InputError(format_validation_error(e, str(path), Profile, text=text)) from None
     prof._path = path
     return prof
 

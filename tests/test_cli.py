@@ -96,7 +96,8 @@ BAD_CASES = [
              "and workload"),
     ("# nothing yet\n", [], "s.yaml: the scenario file is empty"),
     (None, ["--set", "hardware.profile=empty.yaml"],
-     "--set hardware.profile=empty.yaml: empty.yaml: the profile file is empty"),
+     # named with its folder (the scenario's, where a relative profile path is found)
+     "--set hardware.profile=empty.yaml: {d}/empty.yaml: the profile file is empty"),
     (None, ["--replications", "100000"], "--replications: 1 to 1000, got 100000"),
     (None, ["--set", "sim.replications=5000"],
      "--set sim.replications=5000: Input should be less than or equal to 1000"),
