@@ -618,8 +618,9 @@ def profiles_table():
         where = "shipped" if path.parent == PROFILES_DIR else str(path.parent)
         try:
             p = load_profile(path)
-        except InputError as e:
-            rows.append((name, "unreadable", str(e), "", "", "", "", "", "", where))
+        except InputError as e:   # by the file's name: its folder is in the last column
+            why = str(e).replace(str(path), path.name, 1)
+            rows.append((name, "unreadable", why, "", "", "", "", "", "", where))
             continue
         pct = lambda s: f"{100 * s.mape:.1f}%" if s is not None else "-"  # noqa: E731
         err = p.error
