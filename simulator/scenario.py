@@ -235,6 +235,18 @@ def _price(v: float) -> float:
     return v
 
 
+def _candidate_values(values: list) -> list:
+    # A value check (not a dict one), so the error names plan.candidates.<key> and its line.
+    if not values:
+        raise ValueError("give at least one value")
+    # as YAML writes them: true, 4, 'h100-sxm' (Python's repr said True)
+    shown = [str(x).lower() if isinstance(x, bool) else repr(x) for x in values]
+    twice = given_twice(shown, values, "candidate")
+    if twice is not None:
+        raise ValueError(twice)
+    return values
+
+
 def given_twice(written: typing.Sequence[str], values: typing.Sequence,
                 what: str) -> str | None:
     """``"<v> is given twice ..."`` for the first value of ``values`` equal to an earlier
@@ -261,7 +273,7 @@ class PlanConfig(_Strict):
     target_rate: Optional[float] = Field(
         None, gt=0, description="requests/s the whole deployment must serve "
                                 "(--target-rate overrides)")
-    candidates: dict[str, list[Any]] = Field(
+    candidates: dict[str, Annotated[list[Any], AfterValidator(_candidate_values)]] = Field(
         default_factory=dict, description="key path -> values to try (cross product)")
     # inf/nan reach _price, whose message gives the unit
     prices: dict[str, Annotated[float, Field(allow_inf_nan=True), AfterValidator(_price)]] = Field(
@@ -276,18 +288,11 @@ class PlanConfig(_Strict):
 
     @field_validator("candidates")
     @classmethod
-    def _non_empty(cls, v):
-        for key, values in v.items():
-            if not values:
-                raise ValueError(f"{key}: give at least one value")
+    def _what_varies(cls, v):
+        for key in v:
             if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
                 raise ValueError(f"{key}: candidates vary hardware, model, dtype, engine or "
                                  f"cluster keys, not the workload or the SLO")
-            # as YAML writes them: true, 4, 'h100-sxm' (Python's repr said True)
-            shown = [str(x).lower() if isinstance(x, bool) else repr(x) for x in values]
-            twice = given_twice(shown, values, "candidate")
-            if twice is not None:
-                raise ValueError(f"{key}: {twice}")
         return v
 
     @model_validator(mode="after")

@@ -551,6 +551,12 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
      "p.yaml:15: plan.candidates.engine.max_num_seqz: unknown key (allowed: block_size, "
      "max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
      "max_model_len, num_gpu_blocks)"),
+    # a value given twice, or no value, at its key's line (was plan.candidates' line, 13)
+    ("    engine.max_num_seqs: [4]\n    engine.block_size: [16, 16]\n",
+     "p.yaml:15: plan.candidates.engine.block_size: 16 is given twice; each value is one "
+     "candidate, give it once"),
+    ("    engine.max_num_seqs: [4]\n    engine.block_size: []\n",
+     "p.yaml:15: plan.candidates.engine.block_size: give at least one value"),
     # no one value is at fault: the line of plan.candidates and the combination
     ("    engine.max_num_batched_tokens: [2]\n",
      "p.yaml:13: plan.candidates (engine.max_num_batched_tokens=2): engine: "

@@ -401,7 +401,7 @@ plan:
     ({"seqs": "0"}, "s.yaml:7: engine.max_num_seqs: Input should be greater than or equal to 1"),
     # a union member's tag (gamma) is not a key of the file: the error names rate's line
     ({"rate": "-1"}, "s.yaml:12: workload.arrival.rate: Input should be greater than 0"),
-    ({"cands": "[]"}, "s.yaml:18: plan.candidates: engine.max_num_seqs: give at least one"),
+    ({"cands": "[]"}, "s.yaml:19: plan.candidates.engine.max_num_seqs: give at least one"),
     ({"rate": "[1]"}, "s.yaml:12: workload.arrival.rate: Input should be a valid number"),
 ])
 def test_schema_errors_name_the_yaml_line(tmp_path, fields, expected):
