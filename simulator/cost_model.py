@@ -35,11 +35,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
@@ -126,11 +126,18 @@ class KVInfo(_P):
     activation_reserve_bytes: Optional[int] = Field(None, ge=0, description="per GPU")
 
 
+def _coefficient(v: float) -> float:
+    # A value check (not a dict one), so the error names cost.coefficients.<key> and its line.
+    if not 0 <= v < math.inf:
+        raise ValueError(f"a coefficient is a finite number >= 0, got {v:g}")
+    return v
+
+
 class CostSpec(_P):
     """Cost form and its coefficients (keys per form: :data:`COEFFICIENTS`)."""
 
     form: Literal["roofline", "linear", "constant"]
-    coefficients: dict[str, float]
+    coefficients: dict[str, Annotated[float, AfterValidator(_coefficient)]]
 
     @model_validator(mode="after")
     def _keys(self):
@@ -141,10 +148,9 @@ class CostSpec(_P):
             raise ValueError(f"{self.form} needs exactly the coefficients {', '.join(want)}"
                              + (f"; missing {', '.join(missing)}" if missing else "")
                              + (f"; unknown {', '.join(extra)}" if extra else ""))
-        for k, v in self.coefficients.items():
-            if not math.isfinite(v) or v < 0 or (k in _RATE_KEYS and v == 0):
-                raise ValueError(f"coefficient {k} must be finite and "
-                                 f"{'> 0' if k in _RATE_KEYS else '>= 0'} (got {v})")
+        zero = [k for k in self.coefficients if k in _RATE_KEYS and self.coefficients[k] == 0]
+        if zero:   # a rate of 0 would price a step at infinity
+            raise ValueError(f"coefficient {zero[0]} is a rate: it must be > 0 (got 0)")
         return self
 
 

@@ -422,6 +422,28 @@ def test_cpu_efficiencies_never_carried_to_gpu(tmp_path, monkeypatch):
     assert cm.profile.cost.coefficients["a0_s"] == COEF["a0_s"]
 
 
+@pytest.mark.parametrize("value, said", [
+    ("-1.0", "a0_s: a coefficient is a finite number >= 0, got -1"),
+    (".nan", "a0_s: a coefficient is a finite number >= 0, got nan"),
+    ("1e400", "a0_s: a coefficient is a finite number >= 0, got inf"),
+])
+def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
+    # the key's line, not cost:'s (two lines up in a profile calibrate writes)
+    text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "a0_s:" in t)
+    assert text.splitlines()[line - 1].lstrip().startswith("coefficients:")
+    (tmp_path / "p.yaml").write_text(re.sub(r"a0_s: [^,}]+", f"a0_s: {value}", text))
+    with pytest.raises(InputError, match=rf"^{re.escape(str(tmp_path / 'p.yaml'))}:{line}: "
+                                         rf"cost\.coefficients\.{re.escape(said)}$"):
+        load_profile(tmp_path / "p.yaml")
+    # a rate of 0 (a step priced at infinity) is the form's own check
+    (tmp_path / "p.yaml").write_text(re.sub(r"f_eff_flops_per_s: [^,}]+",
+                                            "f_eff_flops_per_s: 0", text))
+    with pytest.raises(InputError, match=r":\d+: cost: coefficient f_eff_flops_per_s is a rate: "
+                                         r"it must be > 0 \(got 0\)$"):
+        load_profile(tmp_path / "p.yaml")
+
+
 def test_profile_reads_exponent_numbers_as_the_scenario_loader_does(tmp_path):
     # YAML 1.1 (yaml.safe_load) leaves 25e9 a string, which then fails as an integer
     text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
