@@ -85,12 +85,22 @@ def positive_int(text: str) -> int:
     return v
 
 
-def non_empty(text: str) -> str:
-    """argparse type for names: not blank."""
+def label(text: str) -> str:
+    """argparse type for a name stored in the profile and shown in tables (``--device-name``):
+    not blank, at most 200 characters, one line.
+
+    Raises:
+        argparse.ArgumentTypeError: what is wrong with it.
+    """
     import argparse
 
     if not text.strip():
         raise argparse.ArgumentTypeError("empty: give a name")
+    if len(text) > 200:
+        raise argparse.ArgumentTypeError(f"{len(text)} characters: at most 200")
+    if not text.isprintable():   # a newline or tab would break the profile tables
+        raise argparse.ArgumentTypeError(f"{text!r}: printable characters only (no newline or "
+                                         f"tab)")
     return text
 
 
@@ -750,7 +760,7 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--replay-seconds", type=positive_seconds,
                    help="length of the replay check (seconds)")
     p.add_argument("--no-replay", action="store_true", help="skip the replay check")
-    p.add_argument("--device-name", type=non_empty, help="catalog GPU name (e.g. h200) or a label")
+    p.add_argument("--device-name", type=label, help="catalog GPU name (e.g. h200) or a label")
     p.add_argument("--report-dir", help="folder for the report (default: beside --out)")
     p.add_argument("--seed", type=seed_arg, default=0,
                    help="weights and workload seed (default 0)")

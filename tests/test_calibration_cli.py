@@ -457,6 +457,10 @@ def test_fit_warning_when_errors_are_high():
     (["--max-model-len", "0"], "argument --max-model-len: '0': give a whole number >= 1"),
     (["--threads", "-2"], "argument --threads: '-2': give a whole number >= 1"),
     (["--device-name", " "], "argument --device-name: empty: give a name"),
+    # stored in the profile and shown in every profile table
+    (["--device-name", "x" * 201], "argument --device-name: 201 characters: at most 200"),
+    (["--device-name", "gpu\nname"], "argument --device-name: 'gpu\\nname': printable "
+                                      "characters only (no newline or tab)"),
 ])
 def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys):
     from simulator.cli import main
