@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -142,13 +143,34 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_utf8(argv: list[str]) -> None:
+    """Refuse an argument that is not UTF-8 (a file name with a Latin-1 byte reaches Python
+    as a lone surrogate): reports name their inputs in UTF-8 files, which could not be
+    written after the whole run.
+
+    Raises:
+        InputError: ``<argument>: not UTF-8 (byte 0x.. at character N); ...``.
+    """
+    for a in argv:
+        try:
+            a.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raw = os.fsencode(a)
+            shown = raw.decode("utf-8", "backslashreplace")
+            raise InputError(f"{shown}: not UTF-8 (byte 0x{raw[len(os.fsencode(a[:e.start]))]:02x} "
+                             f"at character {e.start + 1}); give file names and values in "
+                             f"UTF-8 (the reports name them in UTF-8 files)") from None
+
+
 def main(argv=None) -> int:
     """Entry point of the ``servesim`` console script; returns the exit status."""
     try:
         # Building the parser imports every command's modules (seconds): inside the try,
         # so that Ctrl-C then is one line too.
         ap = build_parser()
-        args = ap.parse_args(_attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
+        argv = sys.argv[1:] if argv is None else list(argv)
+        _check_utf8(argv)
+        args = ap.parse_args(_attach_dash_values(argv))
         return args.func(args)
     except InputError as e:
         print(f"servesim: error: {one_line(str(e))}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """`servesim` as a user meets it: determinism, replications, and one-line errors."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,30 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     assert fragment.replace("{d}", str(tmp_path)) in lines[0]
     assert "Traceback" not in stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["scenario", "out"])
+def test_an_argument_that_is_not_utf8_is_refused_before_the_run(scen, tmp_path, where):
+    # a Latin-1 byte in a file name: the run went ahead, then its report could not be
+    # written (a traceback after the whole simulation; validate lost its measurements)
+    bad = os.fsencode(tmp_path) + b"/bad\xffname"
+    if where == "scenario":
+        Path(os.fsdecode(bad + b".yaml")).write_text(SCENARIO)
+        args = [b"run", bad + b".yaml", b"--out", os.fsencode(tmp_path / "o")]
+    else:
+        args = [b"run", os.fsencode(scen), b"--out", bad]
+    r = subprocess.run([sys.executable, "-m", "simulator.cli", *args], capture_output=True,
+                       timeout=300)
+    shown = (bad + (b".yaml" if where == "scenario" else b"")).decode("utf-8",
+                                                                      "backslashreplace")
+    assert r.returncode == 2
+    assert r.stderr.decode().splitlines() == [
+        f"servesim: error: {shown}: not UTF-8 (byte 0xff at character "
+        f"{len(os.fsencode(tmp_path)) + 5}); give file names and values in UTF-8 (the "
+        f"reports name them in UTF-8 files)"]
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["small.yaml"] + ([os.fsdecode(bad + b".yaml")[len(str(tmp_path)) + 1:]]
+                          if where == "scenario" else []))
 
 
 def test_missing_scenario_file_and_bad_flag(tmp_path):
