@@ -178,11 +178,12 @@ def name_too_long(path: str | Path) -> bool:
                    for part in p.relative_to(existing).parts))
 
 
-def utf8_problem(path: Path) -> str:
+def utf8_problem(path: Path, raw: bytes | None = None) -> str:
     """``"<path>:<line>: not UTF-8 text (byte 0x.. at column N; save the file as UTF-8)"``
     for a file that does not decode: the first bad byte's line, which a decoder reading
-    in chunks (pandas, a file iterator) does not give."""
-    raw = path.read_bytes()
+    in chunks (pandas, a file iterator) does not give. ``raw``: the file's bytes, where
+    they were read already (a pipe cannot be read twice)."""
+    raw = path.read_bytes() if raw is None else raw
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -191,6 +192,26 @@ def utf8_problem(path: Path) -> str:
         return (f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col}; "
                 f"save the file as UTF-8)")
     return f"{path}: not UTF-8 text (save the file as UTF-8)"
+
+
+def read_small_text(path: Path, limit: int, what: str) -> str:
+    """The UTF-8 text of ``path`` (a file, or a pipe such as ``<(...)``), read once and at
+    most ``limit`` bytes of it: a device like /dev/zero would otherwise be read until
+    memory runs out.
+
+    Raises:
+        InputError: ``"<path>: larger than <limit> bytes: not a <what>"`` or
+            :func:`utf8_problem`'s line.
+        OSError: as ``open`` (not found, no permission, a folder).
+    """
+    with open(path, "rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise InputError(f"{path}: larger than {limit // 2**20} MiB: not a {what}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(utf8_problem(path, raw)) from None
 
 
 def is_regular_file(path: Path) -> bool:

@@ -34,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationEr
 
 from .catalog import ModelShape, load_model
 from .errors import STRICT_SCHEMA, InputError, KeyedInputError
-from .files import load_yaml, utf8_problem, yaml_error_text, yaml_where
+from .files import load_yaml, read_small_text, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
 from .policy.kv_cache import cdiv
@@ -55,6 +55,9 @@ MAX_REPLICAS = 10_000
 
 #: Longest scenario name (bytes): it names a folder, and file systems take 255 per name.
 MAX_NAME_BYTES = 200
+
+#: Largest scenario file read (bytes): a scenario is a page of YAML; /dev/zero is endless.
+MAX_SCENARIO_BYTES = 16 * 2**20
 
 
 class _Strict(BaseModel):
@@ -504,13 +507,11 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     path = Path(path)
     name = path.name
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_small_text(path, MAX_SCENARIO_BYTES, "scenario file")
     except FileNotFoundError:
         raise InputError(f"{path}: scenario file not found") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read scenario: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(utf8_problem(path)) from None
     try:
         raw = load_yaml(text)
     except yaml.YAMLError as e:

@@ -2,6 +2,8 @@
 overrides, relative paths, scheduler config, JSON schema."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -629,6 +631,24 @@ def test_a_candidate_value_given_twice_is_refused(chat):
                         "one candidate, give it once")
     sc = load_scenario(chat, ["plan.candidates={engine.enable_prefix_caching: [true, false]}"])
     assert sc.plan.candidates == {"engine.enable_prefix_caching": [True, False]}
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_an_endless_scenario_file_is_read_no_further_than_its_limit():
+    # /dev/zero was read until memory ran out (a MemoryError traceback)
+    assert err(load_scenario, "/dev/zero") == "/dev/zero: larger than 16 MiB: not a scenario file"
+
+
+def test_a_scenario_from_a_pipe_is_read_once(tmp_path):
+    # as from <(...): the bytes are read once, so a bad byte's line is still named
+    r, w = os.pipe()
+    os.write(w, b"name: x\nmodel: \xff\n")
+    os.close(w)
+    try:
+        assert err(load_scenario, f"/dev/fd/{r}") == (
+            f"/dev/fd/{r}:2: not UTF-8 text (byte 0xff at column 8; save the file as UTF-8)")
+    finally:
+        os.close(r)
 
 
 def test_an_empty_scenario_names_its_whole_path():
