@@ -70,7 +70,7 @@ def expand_candidates(scenario) -> list[Candidate]:
     axes = cfg.candidates if cfg else {}
     out = []
     try:
-        points = grid(axes)
+        points = grid(axes, parse=False)   # typed by the scenario's YAML already
     except ValueError as e:
         raise scenario.error("plan.candidates", f"the candidates make {e}") from None
     for point in points:

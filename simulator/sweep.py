@@ -140,8 +140,10 @@ def _fmt_value(v) -> str:
 MAX_GRID_POINTS = 10_000
 
 
-def grid(axes: dict[str, list]) -> list[dict[str, Any]]:
-    """Cross product of ``axes`` (first axis varies slowest), values parsed as YAML.
+def grid(axes: dict[str, list], parse: bool = True) -> list[dict[str, Any]]:
+    """Cross product of ``axes`` (first axis varies slowest), string values parsed as YAML
+    (as typed on the command line) unless ``parse`` is False (values read from a YAML file
+    already: a quoted '64' stays the string the schema refuses, not the number 64).
 
     Raises:
         ValueError: more than :data:`MAX_GRID_POINTS` points (the message counts them).
@@ -151,7 +153,7 @@ def grid(axes: dict[str, list]) -> list[dict[str, Any]]:
         raise ValueError(f"{n:,} points ({' × '.join(str(len(v)) for v in axes.values())} "
                          f"values); at most {MAX_GRID_POINTS:,} in one run: split it")
     keys = list(axes)
-    return [dict(zip(keys, (_parse(v) for v in combo)))
+    return [dict(zip(keys, (_parse(v) if parse else v for v in combo)))
             for combo in itertools.product(*(axes[k] for k in keys))]
 
 

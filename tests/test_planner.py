@@ -551,6 +551,11 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
      "p.yaml:15: plan.candidates.engine.max_num_seqz: unknown key (allowed: block_size, "
      "max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
      "max_model_len, num_gpu_blocks)"),
+    # a quoted number is a string, refused as in engine: {max_num_seqs: '64'} (it was
+    # read as 64 again: two identical candidates planned)
+    ("    engine.max_num_seqs: [64, '64']\n",
+     "p.yaml:14: plan.candidates.engine.max_num_seqs: Input should be a valid integer >= 1 "
+     "and <= 1000000000 (got '64')"),
     # a value given twice, or no value, at its key's line (was plan.candidates' line, 13)
     ("    engine.max_num_seqs: [4]\n    engine.block_size: [16, 16]\n",
      "p.yaml:15: plan.candidates.engine.block_size: 16 is given twice; each value is one "
