@@ -403,7 +403,19 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     threads = torch.get_num_threads()
     shape = model_arg(args.model)
     out, name = profile_out(args)
+    if args.max_model_len and args.max_model_len > shape.max_position_embeddings:
+        raise InputError(f"--max-model-len {args.max_model_len}: above {shape.name}'s "
+                         f"max_position_embeddings ({shape.max_position_embeddings})")
     max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
+    if args.kv_cache_memory is not None:   # the engine would refuse it after the ceilings
+        per_block = args.block_size * shape.kv_bytes_per_token(dtype)
+        blocks, need = args.kv_cache_memory // per_block, -(-max_len // args.block_size)
+        if blocks - 1 < need:   # one block is vLLM's null block
+            raise InputError(
+                f"--kv-cache-memory {args.kv_cache_memory}: {blocks} KV blocks of "
+                f"{per_block:,} bytes ({args.block_size} tokens of {shape.name} in {dtype}); "
+                f"max_model_len {max_len} needs {need} besides the null block: give at least "
+                f"{(need + 1) * per_block:,} bytes, or a lower --max-model-len")
     grid = default_grid(device, args.quick, max_len)
     if args.repeats is not None:
         if args.repeats < 1:

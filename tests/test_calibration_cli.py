@@ -477,6 +477,10 @@ def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys
     # the folder of the profile file is a file: named by the path given (said "--out {f}: it")
     (["--out", "{f}/p.yaml"], "--out {f}/p.yaml: {f} is a file, not a folder"),
     (["--report-dir", "{f}/x"], "--report-dir {f}/x: {f} is a file, not a folder"),
+    # the engine refused these after the device ceilings were measured, in a folder made
+    (["--kv-cache-memory", "10"], "--kv-cache-memory 10: 0 KV blocks of"),
+    (["--max-model-len", "100000000"], "--max-model-len 100000000: above llama-test's "
+                                       "max_position_embeddings"),
 ])
 def test_calibrate_refuses_before_measuring(flags, message, tmp_path, capsys):
     from simulator.cli import main
@@ -488,6 +492,30 @@ def test_calibrate_refuses_before_measuring(flags, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.format(f=f) in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_kv_cache_that_cannot_hold_max_model_len_is_refused_before_measuring(
+        tmp_path, monkeypatch):
+    # vLLM's rule: one request of max_model_len tokens fits beside the null block
+    from simulator.catalog import load_model
+    m = load_model("llama-test")
+    per_block = 16 * 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * 4  # float32
+    need = 512 // 16 + 1
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: pytest.fail("measured before the KV cache was checked"))
+    out = tmp_path / "d" / "p.yaml"
+    with pytest.raises(InputError, match=(
+            rf"^--kv-cache-memory {need * per_block - 1}: {need - 1} KV blocks of "
+            rf"{per_block:,} bytes \(16 tokens of llama-test in float32\); max_model_len 512 "
+            rf"needs {need - 1} besides the null block: give at least {need * per_block:,} "
+            rf"bytes, or a lower --max-model-len$")):
+        run_calibrate(out, None, "--kv-cache-memory", str(need * per_block - 1))
+    assert not (tmp_path / "d").exists()
+    # one byte more passes the check: measuring starts (here, the stub says so)
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("measuring")))
+    with pytest.raises(RuntimeError, match="measuring"):
+        run_calibrate(out, None, "--kv-cache-memory", str(need * per_block))
 
 
 def test_bfloat16_on_a_cpu_without_avx512_gets_one_warning(monkeypatch, capsys):
