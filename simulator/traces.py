@@ -189,6 +189,13 @@ def read_csv_table(path: Path) -> pd.DataFrame:
     if dup is not None:   # pandas would rename the second one silently ("t.1")
         raise InputError(f"{path}:1: column {dup!r} appears twice in the header")
     blank = (df == "").all(axis=1)
+    if blank.any() and len(df.columns) > 1:
+        # a blank line is skipped; a line of separators only (",,") is a row without values
+        lines = re.split(r"\r\n|\r|\n", path.read_text(encoding="utf-8-sig"))
+        bad = next((i for i in df.index[blank] if lines[i + 1].strip()), None)
+        if bad is not None:
+            raise InputError(f"{path}:{bad + 2}: every field is empty (give the row's values, "
+                             f"or leave the line blank)")
     return df[~blank]
 
 

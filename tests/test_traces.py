@@ -239,6 +239,9 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
     ("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n" + OK_ROW,
      r":1: column 'ContextTokens' appears twice in the header$"),
     (AZ_HEADER + OK_ROW + "\n2023-11-16 18:15:47.0,x,2\n", r":4: ContextTokens"),
+    # a blank line is skipped, a row of empty fields is not (it was dropped silently)
+    (AZ_HEADER + OK_ROW + "\n,,\n" + OK_ROW, r":4: every field is empty \(give the row's "
+                                              r"values, or leave the line blank\)$"),
     ("TIMESTAMP,Context,GeneratedTokens\n" + OK_ROW, r":1: missing column 'ContextTokens'"),
     ("", r":1: empty file"),
     (AZ_HEADER, r":2: no requests"),
