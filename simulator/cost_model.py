@@ -939,9 +939,11 @@ def _check_profile_matches(scenario: Scenario, prof: Profile) -> None:
     shape = scenario.model_shape
     pshape = prof.model_shape
     if pshape.shape_key() != shape.shape_key() or prof.dtype != scenario.dtype:
+        diff = shape.shape_difference(pshape)   # the names alone may read the same
         raise scenario.error("hardware.profile", (
             f"profile {prof.display_name} was measured for model {prof.model.name} "
-            f"({prof.dtype}) but the scenario runs {shape.name} ({scenario.dtype}): use a "
+            f"({prof.dtype}{f'; {diff}' if diff else ''}) but the scenario runs {shape.name} "
+            f"({scenario.dtype}): use a "
             f"profile of this model and dtype, a catalog GPU for a projection, or run the "
             f"profile's own (model: {prof.model.name}, dtype: {prof.dtype})"),
             depends=("model", "dtype"))

@@ -333,14 +333,29 @@ def test_profile_schema_errors(tmp_path):
 
 
 def test_profile_for_another_model_or_dtype_refused(tmp_path):
+    from simulator.catalog import load_model
     save_profile(make_profile(), tmp_path / "cpu-llama-test.yaml")
-    with pytest.raises(InputError, match=r"^t.yaml: hardware.profile: profile cpu-llama-test "
-                                         r"was measured for model llama-test \(bfloat16\) but the "
+    test, tiny = load_model("llama-test"), load_model("llama-tiny-56m")
+    first = next(k for k in ("hidden_size", "intermediate_size", "num_hidden_layers")
+                 if getattr(test, k) != getattr(tiny, k))
+    mine, theirs = getattr(test, first), getattr(tiny, first)
+    with pytest.raises(InputError, match=rf"^t.yaml: hardware.profile: profile cpu-llama-test "
+                                         rf"was measured for model llama-test \(bfloat16; "
+                                         rf"{first} {mine}, not {theirs}\) but the "
                                          r"scenario runs llama-tiny-56m \(bfloat16\): .*, or run "
                                          r"the profile's own \(model: llama-test, dtype: "
                                          r"bfloat16\)$"):
         build_cost_model(scenario(tmp_path, model="llama-tiny-56m",
                                   hardware={"profile": "cpu-llama-test.yaml"}))
+    # the same name on another shape: the difference is what the message can name
+    d = make_profile().model_dump(mode="json")
+    d["model"]["shape"]["num_hidden_layers"] *= 2
+    (tmp_path / "deeper.yaml").write_text(yaml.safe_dump(d))
+    layers = load_model("llama-test").num_hidden_layers
+    with pytest.raises(InputError, match=rf"was measured for model llama-test \(bfloat16; "
+                                         rf"num_hidden_layers {2 * layers}, not {layers}\) but "
+                                         rf"the scenario runs llama-test \(bfloat16\)"):
+        build_cost_model(scenario(tmp_path, hardware={"profile": "deeper.yaml"}))
     with pytest.raises(InputError, match=r"llama-test \(bfloat16\) but the scenario runs "
                                          r"llama-test \(float32\)"):
         build_cost_model(scenario(tmp_path, dtype="float32", hardware={"profile": "cpu-llama-test.yaml"}))

@@ -135,6 +135,13 @@ class ModelShape:
         """Fields that change step cost or KV size (names excluded), for mismatch checks."""
         return (self.architecture,) + tuple(getattr(self, k) for k in _INT_KEYS[:-1])
 
+    def shape_difference(self, other: "ModelShape") -> str | None:
+        """The first field of :meth:`shape_key` where ``other`` differs, as ``"hidden_size
+        1024, not 512"`` (``other``'s value first); None when the shapes are equal."""
+        keys = ("architecture",) + tuple(_INT_KEYS[:-1])
+        return next((f"{k} {getattr(other, k)}, not {getattr(self, k)}" for k in keys
+                     if getattr(other, k) != getattr(self, k)), None)
+
     def describe(self) -> str:
         """One-line summary, e.g. ``llama-3.1-8b (Llama, 8.03 B params)``."""
         return f"{self.name} ({self.architecture}, {self.num_params / 1e9:.3g} B params)"
