@@ -327,8 +327,11 @@ class Scenario(_Strict):
     def _one_folder_name(cls, v):
         # It names the default output folder, reports/<name>: one folder, inside reports/.
         if not v.strip() or v in (".", "..") or any(c in v for c in "/\\\0"):
-            raise ValueError(f"must be a non-empty folder name without '/' (it names the "
-                             f"default output folder reports/<name>), got {v!r}")
+            raise ValueError(f"must be one folder name: not empty, '.' or '..', no '/' (it "
+                             f"names the default output folder reports/<name>), got {v!r}")
+        if not v.isprintable():   # a newline or terminal escape in a folder name and titles
+            raise ValueError(f"printable characters only (it names the default output folder "
+                             f"reports/<name> and titles the report), got {v!r}")
         if len(v.encode()) > MAX_NAME_BYTES:   # file systems take 255 bytes per name
             raise ValueError(f"at most {MAX_NAME_BYTES} bytes (it names the default output "
                              f"folder reports/<name>), got {len(v.encode())}")

@@ -444,8 +444,11 @@ def test_a_missing_union_tag_names_the_tag_and_its_values(section, value, msg):
 
 
 @pytest.mark.parametrize("name, said", [
-    *[(n, "must be a non-empty folder name without '/'")
-      for n in ["../../etc/x", "", " ", "..", "a/b", "a\\\\b"]],
+    *[(n, "must be one folder name: not empty, '.' or '..', no '/'")
+      for n in ["../../etc/x", "", " ", "..", ".", "a/b", "a\\\\b"]],
+    # a newline or a terminal escape made a folder of that name and a broken report title
+    *[(n, r"printable characters only \(it names the default output folder")
+      for n in ["a\nb", "x\x1b[31mRED", "tab\there"]],
     # a folder name past 255 bytes was 'cannot write there (File name too long)' for an
     # --out the user never gave; 100 two-byte characters are 200 bytes and fit
     ("é" * 101, r"at most 200 bytes \(it names the default output folder reports/<name>\), "
