@@ -793,12 +793,17 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         msg = str(err["ctx"]["error"])
     elif typ == "missing":
         msg = "required key missing"
-    elif typ == "model_type":   # pydantic says "a valid dictionary or instance of <Model>"
+    elif typ in ("model_type", "model_attributes_type"):   # pydantic: "a valid dictionary
+        # or instance of <Model>" / "... or object to extract fields from"
         msg = f"must be a mapping of keys (got {err.get('input')!r})"
+        tags = _union_tags(parent, loc[-1], "dist") if loc else []
+        if tags:   # a distribution: say how one is written
+            msg += (f"; a distribution is {{dist: {tags[0]}, value: N}} or dist: "
+                    f"{', '.join(tags[1:])}")
     elif typ == "union_tag_invalid":   # pydantic's "Input tag ... found using ..." wording
         ctx = err.get("ctx", {})
-        msg = (f"{ctx.get('discriminator', 'tag').strip(chr(39))}: "
-               f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
+        loc += (ctx.get("discriminator", "tag").strip("'"),)   # the tag's own line
+        msg = f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}"
     elif typ == "union_tag_not_found":  # pydantic: "Unable to extract tag using ..."
         tag = err.get("ctx", {}).get("discriminator", "tag").strip("'")
         tags = _union_tags(parent, loc[-1] if loc else None, tag)

@@ -77,8 +77,9 @@ BAD_CASES = [
     (SCENARIO.replace("engine: {max_num_seqs: 64, max_model_len: 8192}", "engine: 5"), [],
      "s.yaml:5: engine: must be a mapping of keys (got 5)"),
     (SCENARIO.replace("{dist: lognormal, median: 500", "{dist: weibull, median: 500"), [],
-     "workload.prompt_tokens: dist: 'weibull' is not one of 'fixed', 'uniform', 'normal', "
-     "'lognormal', 'empirical'"),
+     # named at the dist key (its line is the mapping's here, a flow mapping)
+     "s.yaml:10: workload.prompt_tokens.dist: 'weibull' is not one of 'fixed', 'uniform', "
+     "'normal', 'lognormal', 'empirical'"),
     (None, ["--set", "engine.block_size=abc"], "engine.block_size"),
     (None, ["--set", "engine.nope=1"], "engine.nope"),
     (None, ["--set", "noequals"], "--set"),

@@ -443,6 +443,22 @@ def test_a_missing_union_tag_names_the_tag_and_its_values(section, value, msg):
     assert str(e.value) == f"<scenario>: {msg}"
 
 
+def test_a_bad_tag_is_named_at_its_own_line_and_a_bare_number_says_how_to_write_one(tmp_path):
+    # the dist: line, not prompt_tokens: above it
+    p = tmp_path / "s.yaml"
+    p.write_text("name: s\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\nworkload:\n"
+                 "  num_requests: 5\n  arrival: {process: poisson, rate: 2}\n"
+                 "  prompt_tokens:\n    dist: weibull\n    value: 8\n"
+                 "  output_tokens: {dist: fixed, value: 3}\n")
+    assert err(load_scenario, p) == (
+        "s.yaml:8: workload.prompt_tokens.dist: 'weibull' is not one of 'fixed', 'uniform', "
+        "'normal', 'lognormal', 'empirical'")
+    # pydantic said "Input should be a valid dictionary or object to extract fields from"
+    assert err(load_scenario, p, ["workload.prompt_tokens=3"]) == (
+        "--set workload.prompt_tokens=3: must be a mapping of keys (got 3); a distribution is "
+        "{dist: fixed, value: N} or dist: uniform, normal, lognormal, empirical")
+
+
 @pytest.mark.parametrize("name, said", [
     *[(n, "must be one folder name: not empty, '.' or '..', no '/'")
       for n in ["../../etc/x", "", " ", "..", ".", "a/b", "a\\\\b"]],
