@@ -344,6 +344,18 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
     if scenario.cluster.replicas != 1:
         raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
                          f"engine; set 1")
+    # Each load is a fixed list of arrival times at a rate set from the saturation; closed
+    # loops, sessions and traces time arrivals by finishes or by the file (a closed loop's
+    # list was all at 0: a burst at every load).
+    wl = scenario.workload
+    key = ("workload.trace" if wl.trace is not None else
+           "workload.sessions" if wl.sessions is not None else
+           "workload.arrival.process" if getattr(wl.arrival, "process", None) == "closed_loop"
+           else None)
+    if key is not None:
+        raise scenario.error(key, "validate serves open-loop arrivals (poisson, gamma or "
+                                  "constant) at rates set from the measured saturation: give "
+                                  "the scenario one of those, and no sessions or trace")
     if not loads or any(not MIN_LOAD <= x <= MAX_LOAD for x in loads):
         raise InputError(f"--loads: fractions of saturation in [{MIN_LOAD:g}, {MAX_LOAD:g}], "
                          f"got {list(loads)}")

@@ -178,6 +178,19 @@ def test_bad_input_is_one_line():
     assert main(["validate", "--scenario", "/nonexistent.yaml", "--no-quiet-wait"]) == 2
 
 
+@pytest.mark.parametrize("workload, key", [
+    # a closed loop's request list was all at 0: every load served as a burst
+    ({"arrival": {"process": "closed_loop", "concurrency": 4}}, "workload.arrival.process"),
+    ({"sessions": {"turns": {"dist": "fixed", "value": 2}}}, "workload.sessions"),
+])
+def test_validate_refuses_arrivals_it_cannot_set_a_rate_for(workload, key):
+    from simulator.errors import InputError
+    sc = scenario_from_dict({**SCENARIO, "workload": {**SCENARIO["workload"], **workload}})
+    with pytest.raises(InputError, match=rf"^<scenario>: {key}: validate serves open-loop "
+                                         r"arrivals \(poisson, gamma or constant\)"):
+        V.validate(sc, loads=(0.3,), replications=1)
+
+
 def test_validate_refuses_a_projected_cost_model():
     from simulator.errors import InputError
     sc = scenario_from_dict({**SCENARIO, "hardware": {"profile": "h100-sxm"}})
