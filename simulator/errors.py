@@ -46,6 +46,15 @@ class KeyedInputError(InputError):
         self.key, self.detail, self.depends = key, detail, tuple(depends)
 
 
+class SubkeyError(ValueError):
+    """A schema validator's error about one key of the mapping it checks as a whole (a
+    before-validator): the error line names ``<mapping>.<key>`` and that key's line."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 def one_line(message: str) -> str:
     """``message`` as the one line the CLI prints: its first line (``"invalid input"`` when
     blank), with every run of more than :data:`MAX_WORD` non-space characters (a

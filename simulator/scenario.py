@@ -33,7 +33,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import ModelShape, load_model
-from .errors import STRICT_SCHEMA, InputError, KeyedInputError
+from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
 from .files import load_yaml, read_small_text, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
@@ -791,6 +791,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         msg = "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     elif typ in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
         msg = str(err["ctx"]["error"])
+        if isinstance(err["ctx"]["error"], SubkeyError):
+            loc += (err["ctx"]["error"].key,)
     elif typ == "missing":
         msg = "required key missing"
     elif typ in ("model_type", "model_attributes_type"):   # pydantic: "a valid dictionary

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from .errors import STRICT_SCHEMA, InputError, KeyedInputError
+from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
 from .files import is_regular_file, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 from .traces import TraceConfig, load_trace, mooncake_segments, read_csv_table
@@ -213,7 +213,7 @@ def _count_centre_first(v):
         v.get("dist")) if isinstance(v, dict) else None
     x = v.get(key) if key else None
     if isinstance(x, (int, float)) and not isinstance(x, bool) and x < 1:
-        raise ValueError(_below_one(v["dist"], key, x))
+        raise SubkeyError(key, _below_one(v["dist"], key, x))
     return v
 
 

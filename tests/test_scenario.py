@@ -453,6 +453,12 @@ def test_a_bad_tag_is_named_at_its_own_line_and_a_bare_number_says_how_to_write_
     assert err(load_scenario, p) == (
         "s.yaml:8: workload.prompt_tokens.dist: 'weibull' is not one of 'fixed', 'uniform', "
         "'normal', 'lognormal', 'empirical'")
+    # a count's centre below 1 is checked on the whole mapping, and named at its own key
+    p.write_text(p.read_text().replace("dist: weibull", "dist: fixed").replace(
+        "    value: 8", "    value: 0"))
+    assert err(load_scenario, p) == (
+        "s.yaml:9: workload.prompt_tokens.value: fixed value 0 is not a whole number >= 1 (a "
+        "count of tokens or turns)")
     # pydantic said "Input should be a valid dictionary or object to extract fields from"
     assert err(load_scenario, p, ["workload.prompt_tokens=3"]) == (
         "--set workload.prompt_tokens=3: must be a mapping of keys (got 3); a distribution is "
