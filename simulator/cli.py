@@ -155,11 +155,11 @@ def _check_utf8(argv: list[str]) -> None:
         try:
             a.encode("utf-8")
         except UnicodeEncodeError as e:
-            raw = os.fsencode(a)
-            shown = raw.decode("utf-8", "backslashreplace")
-            raise InputError(f"{shown}: not UTF-8 (byte 0x{raw[len(os.fsencode(a[:e.start]))]:02x} "
-                             f"at character {e.start + 1}); give file names and values in "
-                             f"UTF-8 (the reports name them in UTF-8 files)") from None
+            shown = os.fsencode(a).decode("utf-8", "backslashreplace")
+            byte = ord(a[e.start]) - 0xDC00   # the surrogate escape of that byte
+            raise InputError(f"{shown}: not UTF-8 (byte 0x{byte:02x} at character "
+                             f"{e.start + 1}); give file names and values in UTF-8 (the "
+                             f"reports name them in UTF-8 files)") from None
 
 
 def main(argv=None) -> int:

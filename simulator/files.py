@@ -200,7 +200,7 @@ def read_small_text(path: Path, limit: int, what: str) -> str:
     memory runs out.
 
     Raises:
-        InputError: ``"<path>: larger than <limit> bytes: not a <what>"`` or
+        InputError: ``"<path>: larger than <limit in MiB> MiB: not a <what>"`` or
             :func:`utf8_problem`'s line.
         OSError: as ``open`` (not found, no permission, a folder).
     """
