@@ -60,9 +60,13 @@ def load_yaml(text: str):
     as in ``yaml.safe_load``.
 
     Raises:
-        yaml.YAMLError: a syntax error or a duplicate key; ``problem_mark`` gives the line.
+        yaml.YAMLError: a syntax error or a duplicate key (``problem_mark`` gives the line),
+            or collections nested too deeply for the parser (a RecursionError in PyYAML).
     """
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except RecursionError:   # '[' * 500: PyYAML's composer recurses once per level
+        raise yaml.YAMLError("collections nested too deeply") from None
 
 
 def yaml_error_text(source: str, e: yaml.YAMLError) -> str:

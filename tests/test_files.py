@@ -124,3 +124,14 @@ def test_a_broken_symbolic_link_as_the_output_folder_is_refused_before_running(t
                                 f"{tmp_path / 'gone' / 'x'})")
     (tmp_path / "gone" / "x").mkdir(parents=True)   # mended: the folder it names is used
     check_folder(link / "sub", "--out", "run")
+
+
+
+def test_yaml_nested_past_the_parser_is_a_yaml_error():
+    # PyYAML's composer recurses once per level: a RecursionError escaped every loader
+    want: list = []
+    for _ in range(99):
+        want = [want]
+    assert load_yaml("x: " + "[" * 100 + "]" * 100) == {"x": want}
+    with pytest.raises(yaml.YAMLError, match="^collections nested too deeply$"):
+        load_yaml("x: " + "[" * 2000 + "]" * 2000)
