@@ -48,22 +48,34 @@ class KeyedInputError(InputError):
 
 class SubkeyError(ValueError):
     """A schema validator's error about one key of the mapping it checks as a whole (a
-    before-validator): the error line names ``<mapping>.<key>`` and that key's line."""
+    before-validator): the error line names ``<mapping>.<key>`` and that key's line.
+    ``key``: one key (a dotted plan candidate key is one key), or a tuple of keys below."""
 
-    def __init__(self, key: str, message: str):
+    def __init__(self, key: str | tuple[str, ...], message: str):
         super().__init__(message)
         self.key = key
 
 
 def one_line(message: str) -> str:
-    """``message`` as the one line the CLI prints: its first line (``"invalid input"`` when
-    blank), with every run of more than :data:`MAX_WORD` non-space characters (a
-    10,000-digit value echoed from a flag or a file) cut to its first 60 characters and
-    its length (and its closing ``:``, ``,``, ``;`` or ``)``), so that the error stays
-    readable."""
+    """``message`` as the one line the CLI prints (``"invalid input"`` when blank): control
+    characters escaped (``\\n``, ``\\t``, ``\\x1b``: a value echoed from a flag may hold
+    them, and its first line alone lost the reason), with every run of more than
+    :data:`MAX_WORD` non-space characters (a 10,000-digit value echoed from a flag or a
+    file) cut to its first 60 characters and its length (and its closing ``:``, ``,``,
+    ``;`` or ``)``), so that the error stays readable."""
     def cut(m: re.Match) -> str:
         word = m[0]
         return f"{word[:60]}… ({len(word):,} characters){word[-1] if word[-1] in ':,;)' else ''}"
 
-    line = message.strip().splitlines()[0] if message.strip() else "invalid input"
+    # an echoed value's newline or escape is shown as \n, \x1b: the line stays one line
+    line = _CONTROL.sub(_escape, message.strip()) or "invalid input"
     return re.sub(rf"\S{{{MAX_WORD + 1},}}", cut, line)
+
+
+#: Characters an error line shows escaped: C0/C1 controls (a terminal escape, a tab) and the
+#: bidirectional overrides that would reorder what follows them on the terminal.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match) -> str:
+    return m[0].encode("unicode_escape").decode("ascii")

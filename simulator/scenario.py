@@ -25,6 +25,7 @@ vLLM).
 from __future__ import annotations
 
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -294,8 +295,11 @@ class PlanConfig(_Strict):
     def _what_varies(cls, v):
         for key in v:
             if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
-                raise ValueError(f"{key}: candidates vary hardware, model, dtype, engine or "
-                                 f"cluster keys, not the workload or the SLO")
+                raise SubkeyError(key, "candidates vary hardware, model, dtype, engine or "
+                                       "cluster keys, not the workload or the SLO")
+            if key == "cluster.replicas":   # every candidate's count is what plan finds
+                raise SubkeyError(key, "plan sizes the replica count of every candidate "
+                                       "itself (up to plan.max_replicas): leave it out")
         return v
 
     @model_validator(mode="after")
@@ -615,6 +619,9 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
             (lists are set whole), or a key already in ``seen`` (the later flag would
             silently win); ``hint`` ends that message.
     """
+    if re.search(r"[\x00-\x1f\x7f]", s):   # YAML would fold a newline into a space
+        raise InputError(f"--set {s}: a control character (newline, tab, escape) in the "
+                         f"flag; give the key and value on one line, printable characters only")
     key, sep, value = s.partition("=")
     parts = tuple(p.strip() for p in key.strip().split("."))
     if not sep or not all(parts):   # an empty flag shown as '' (else "--set : expected")
@@ -792,7 +799,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
     elif typ in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
         msg = str(err["ctx"]["error"])
         if isinstance(err["ctx"]["error"], SubkeyError):
-            loc += (err["ctx"]["error"].key,)
+            key = err["ctx"]["error"].key
+            loc += key if isinstance(key, tuple) else (key,)
     elif typ == "missing":
         msg = "required key missing"
     elif typ in ("model_type", "model_attributes_type"):   # pydantic: "a valid dictionary

@@ -101,6 +101,17 @@ BAD_CASES = [
      # named with its folder (the scenario's, where a relative profile path is found)
      "--set hardware.profile=empty.yaml: {d}/empty.yaml: the profile file is empty"),
     (None, ["--replications", "100000"], "--replications: 1 to 1000, got 100000"),
+    # nested past PyYAML's recursion (a RecursionError traceback, exit 1)
+    ("name: x\nmodel: " + "[" * 600 + "]" * 600 + "\n", [],
+     "s.yaml: YAML syntax error: collections nested too deeply"),
+    (None, ["--set", "name=" + "[" * 600 + "]" * 600], "value is not valid YAML: collections "
+                                                       "nested too deeply"),
+    # a newline or escape in a flag: its first line alone was shown ("--set
+    # workload.num_requests=2", no reason), and YAML folded a newline in a name to a space
+    (None, ["--set", "workload.num_requests=2\n0"],
+     "--set workload.num_requests=2\\n0: a control character (newline, tab, escape) in the "
+     "flag; give the key and value on one line, printable characters only"),
+    (None, ["--set", "name=a\x1b[31mred"], "--set name=a\\x1b[31mred: a control character"),
     (None, ["--set", "sim.replications=5000"],
      "--set sim.replications=5000: Input should be less than or equal to 1000"),
     (None, ["--set", "engine.max_num_seqs=16", "--set", "engine. max_num_seqs=32"],
