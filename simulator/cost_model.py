@@ -43,7 +43,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
-from .errors import InputError, KeyedInputError
+from .errors import InputError, KeyedInputError, SubkeyError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
                     utf8_problem, yaml_error_text)
 from .scenario import Scenario, format_validation_error
@@ -145,12 +145,12 @@ class CostSpec(_P):
         missing = [k for k in want if k not in self.coefficients]
         extra = [k for k in self.coefficients if k not in want]
         if missing or extra:
-            raise ValueError(f"{self.form} needs exactly the coefficients {', '.join(want)}"
+            raise SubkeyError("coefficients", f"{self.form} needs exactly the coefficients {', '.join(want)}"
                              + (f"; missing {', '.join(missing)}" if missing else "")
                              + (f"; unknown {', '.join(extra)}" if extra else ""))
         zero = [k for k in self.coefficients if k in _RATE_KEYS and self.coefficients[k] == 0]
         if zero:   # a rate of 0 would price a step at infinity
-            raise ValueError(f"coefficient {zero[0]} is a rate: it must be > 0 (got 0)")
+            raise SubkeyError(("coefficients", zero[0]), "a rate: it must be > 0 (got 0)")
         return self
 
 

@@ -316,8 +316,9 @@ def test_profile_schema_errors(tmp_path):
     d = make_profile().model_dump(mode="json")
     d["cost"]["coefficients"].pop("a0_s")
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
-    line = yaml.safe_dump(d).splitlines().index("cost:") + 1
-    with pytest.raises(InputError, match=rf"^{bad}:{line}: cost: roofline needs exactly the "
+    line = yaml.safe_dump(d).splitlines().index("  coefficients:") + 1   # not cost:'s
+    with pytest.raises(InputError, match=rf"^{bad}:{line}: cost.coefficients: roofline needs "
+                                         r"exactly the "
                                          r"coefficients a0_s, .*; missing a0_s$"):
         load_profile(tmp_path / "bad.yaml")
     d = make_profile().model_dump(mode="json")
@@ -454,8 +455,8 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     # a rate of 0 (a step priced at infinity) is the form's own check
     (tmp_path / "p.yaml").write_text(re.sub(r"f_eff_flops_per_s: [^,}]+",
                                             "f_eff_flops_per_s: 0", text))
-    with pytest.raises(InputError, match=r":\d+: cost: coefficient f_eff_flops_per_s is a rate: "
-                                         r"it must be > 0 \(got 0\)$"):
+    with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.f_eff_flops_per_s: a "
+                                         r"rate: it must be > 0 \(got 0\)$"):
         load_profile(tmp_path / "p.yaml")
 
 

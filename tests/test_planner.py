@@ -472,7 +472,7 @@ def test_a_sweep_or_plan_past_ten_thousand_points_is_refused_before_any_runs(tmp
     assert not out.exists()
     y.write_text(small_scenario("s", 20) + "plan:\n  target_rate: 1\n  candidates:\n"
                  f"    engine.max_num_seqs: [{seqs}]\n    engine.block_size: [8, 16]\n"
-                 f"    cluster.replicas: [{','.join(map(str, range(1, 101)))}]\n")
+                 f"    engine.max_num_batched_tokens: [{','.join(map(str, range(64, 164)))}]\n")
     with pytest.raises(InputError, match=r"^s\.yaml:\d+: plan\.candidates: the candidates "
                                          r"make 10,200 points \(51 × 2 × 100 values\)"):
         expand_candidates(load_scenario(y))
@@ -556,6 +556,14 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
     ("    engine.max_num_seqs: [64, '64']\n",
      "p.yaml:14: plan.candidates.engine.max_num_seqs: Input should be a valid integer >= 1 "
      "and <= 1000000000 (got '64')"),
+    # a key plan may not vary, at its own line (was candidates:'s): the workload, and the
+    # replica count, which plan sizes itself (a candidate list of it planned identical rows)
+    ("    engine.max_num_seqs: [4]\n    workload.arrival.rate: [5, 10]\n",
+     "p.yaml:15: plan.candidates.workload.arrival.rate: candidates vary hardware, model, "
+     "dtype, engine or cluster keys, not the workload or the SLO"),
+    ("    engine.max_num_seqs: [4]\n    cluster.replicas: [1, 2]\n",
+     "p.yaml:15: plan.candidates.cluster.replicas: plan sizes the replica count of every "
+     "candidate itself (up to plan.max_replicas): leave it out"),
     # a value given twice, or no value, at its key's line (was plan.candidates' line, 13)
     ("    engine.max_num_seqs: [4]\n    engine.block_size: [16, 16]\n",
      "p.yaml:15: plan.candidates.engine.block_size: 16 is given twice; each value is one "
