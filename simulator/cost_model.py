@@ -339,7 +339,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     except UnicodeDecodeError:
         raise InputError(utf8_problem(path)) from None
     except yaml.YAMLError as e:
-        raise InputError(yaml_error_text(str(path), e)) from None
+        raise InputError(yaml_error_text(str(path), e, text)) from None
     if raw is None:   # no bytes, or only comments
         raise InputError(f"{path}: the profile file is empty (a profile is the YAML "
                          f"mapping servesim calibrate writes: name, device, engine, model, "

@@ -69,13 +69,16 @@ def load_yaml(text: str):
         raise yaml.YAMLError("collections nested too deeply") from None
 
 
-def yaml_error_text(source: str, e: yaml.YAMLError) -> str:
+def yaml_error_text(source: str, e: yaml.YAMLError, text: str | None = None) -> str:
     """One line for a YAML syntax error in file ``source``: ``"<source>:LINE: YAML syntax
     error: <problem>"``. An unclosed ``{``, ``[`` or quote is only noticed where the text
     goes on, so the line where that flow collection or quoted scalar starts is added when
-    it is an earlier one (PyYAML's ``context_mark``)."""
+    it is an earlier one (PyYAML's ``context_mark``). ``text``: the YAML read, which places
+    a character the reader refuses (a NUL or a BEL: PyYAML gives only its position)."""
     mark = getattr(e, "problem_mark", None)
     where = f"{source}:{mark.line + 1}" if mark is not None else source
+    if isinstance(e, yaml.reader.ReaderError) and text is not None:
+        where = f"{source}:{text.count(chr(10), 0, e.position) + 1}"
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     context, start = getattr(e, "context", None) or "", getattr(e, "context_mark", None)
     what = re.sub(r"^while (parsing|scanning) an? ", "", context)
@@ -192,7 +195,8 @@ def utf8_problem(path: Path, raw: bytes | None = None) -> str:
         raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        col = e.start - raw.rfind(b"\n", 0, e.start)
+        # in characters, as an editor counts them (the line's text before it is UTF-8)
+        col = len(raw[raw.rfind(b"\n", 0, e.start) + 1:e.start].decode("utf-8")) + 1
         return (f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col}; "
                 f"save the file as UTF-8)")
     return f"{path}: not UTF-8 text (save the file as UTF-8)"

@@ -522,7 +522,7 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     try:
         raw = load_yaml(text)
     except yaml.YAMLError as e:
-        raise InputError(yaml_error_text(name, e)) from None
+        raise InputError(yaml_error_text(name, e, text)) from None
     if raw is None:   # no bytes, or only comments
         # the whole path: "/dev/null" (or a pipe) read as its name alone said "null: ..."
         raise InputError(f"{path}: the scenario file is empty (a scenario needs at least "

@@ -664,6 +664,22 @@ def test_an_endless_scenario_file_is_read_no_further_than_its_limit():
     assert err(load_scenario, "/dev/zero") == "/dev/zero: larger than 16 MiB: not a scenario file"
 
 
+def test_a_bad_byte_is_placed_by_its_character_column(tmp_path):
+    # "model: é→ " is 10 characters but 13 bytes: an editor's column 11, not 14
+    p = tmp_path / "s.yaml"
+    p.write_bytes("name: x\nmodel: é→ ".encode() + b"\xff\n")
+    assert err(load_scenario, p) == (
+        f"{p}:2: not UTF-8 text (byte 0xff at column 11; save the file as UTF-8)")
+
+
+def test_a_character_yaml_refuses_is_named_by_its_line(tmp_path):
+    # PyYAML's reader gives only a position: the line was missing
+    p = tmp_path / "s.yaml"
+    p.write_text("name: x\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\a\n")
+    assert err(load_scenario, p) == ("s.yaml:3: YAML syntax error: unacceptable character "
+                                     "#x0007: special characters are not allowed")
+
+
 def test_a_scenario_from_a_pipe_is_read_once(tmp_path):
     # as from <(...): the bytes are read once, so a bad byte's line is still named
     r, w = os.pipe()
