@@ -225,7 +225,8 @@ def profile_out(args) -> tuple[Path, str]:
                          f"writes {longest}); give a shorter one")
     name = out.stem if args.name is None else args.name   # an empty --name is a mistake
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-'")
+        raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-', starting "
+                         f"with a letter or digit")
     return out, name
 
 

@@ -538,8 +538,13 @@ def test_bfloat16_on_a_cpu_without_avx512_gets_one_warning(monkeypatch, capsys):
 @pytest.mark.parametrize("name, expected", [
     (None, "p"),            # the file's stem
     ("h100-llama8b", "h100-llama8b"),
-    ("", "--name: '': use letters, digits, '.', '_' and '-'"),   # was the stem, silently
-    ("my profile", "--name: 'my profile': use letters, digits, '.', '_' and '-'"),
+    ("", "--name: '': use letters, digits, '.', '_' and '-', starting with a letter or "
+         "digit"),   # was the stem, silently
+    ("my profile", "--name: 'my profile': use letters, digits, '.', '_' and '-', starting "
+                   "with a letter or digit"),
+    # only those characters, yet refused: the message said nothing of the first one
+    ("..", "--name: '..': use letters, digits, '.', '_' and '-', starting with a letter or "
+           "digit"),
 ])
 def test_profile_name_is_the_flags_or_the_files(tmp_path, name, expected):
     from argparse import Namespace
