@@ -439,7 +439,11 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
                            "feasible" if r.feasible else "infeasible")),
         })
         rows.append(d)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    for key in (result.rows[0].candidate.values if result.rows else ()):
+        # as given: a null beside 4096 would turn the column into floats (4096.0)
+        table[key] = pd.Series([r.candidate.values[key] for r in result.rows], dtype=object)
+    return table
 
 
 def _worst_slo(outputs: list[dict]) -> tuple[str, float, float] | None:

@@ -243,6 +243,19 @@ plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replicati
 """
 
 
+def test_plan_csv_writes_candidate_values_as_given(tmp_path, capsys):
+    # a null beside 64 made the column float: "64.0" in plan.csv
+    import csv
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("candidates: {engine.max_num_seqs: [2, 4]}",
+                                    "candidates: {engine.max_num_batched_tokens: [64, null]}"))
+    out = tmp_path / "pl"
+    assert main(["plan", str(y), "--out", str(out), "--executor", "serial", "--quiet"]) == 0
+    with open(out / "plan.csv", newline="") as f:
+        col = [row["engine.max_num_batched_tokens"] for row in csv.DictReader(f)]
+    assert col == ["64", ""]
+
+
 def test_cli_sweep_plan_compare(tmp_path, capsys):
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN)
