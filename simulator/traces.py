@@ -188,7 +188,7 @@ def read_csv_table(path: Path) -> pd.DataFrame:
     dup = next((c for i, c in enumerate(names) if c in names[:i]), None)
     if dup is not None:   # pandas would rename the second one silently ("t.1")
         raise InputError(f"{path}:1: column {dup!r} appears twice in the header")
-    blank = (df == "").all(axis=1)
+    blank = (df.apply(lambda col: col.str.strip()) == "").all(axis=1)   # spaces: as blank
     if blank.any() and len(df.columns) > 1:
         # a blank line is skipped; a line of separators only (",,") is a row without values
         lines = re.split(r"\r\n|\r|\n", path.read_text(encoding="utf-8-sig"))

@@ -242,6 +242,8 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
     # a blank line is skipped, a row of empty fields is not (it was dropped silently)
     (AZ_HEADER + OK_ROW + "\n,,\n" + OK_ROW, r":4: every field is empty \(give the row's "
                                               r"values, or leave the line blank\)$"),
+    # a line of spaces or a tab is blank too; fields of spaces are empty fields
+    (AZ_HEADER + OK_ROW + "   \n\t\n , ,  \n" + OK_ROW, r":5: every field is empty"),
     ("TIMESTAMP,Context,GeneratedTokens\n" + OK_ROW, r":1: missing column 'ContextTokens'"),
     ("", r":1: empty file"),
     (AZ_HEADER, r":2: no requests"),
