@@ -409,14 +409,16 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                          f"max_position_embeddings ({shape.max_position_embeddings})")
     max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
     if args.kv_cache_memory is not None:   # the engine would refuse it after the ceilings
+        from simulator.policy.kv_cache import min_gpu_blocks
+
         per_block = args.block_size * shape.kv_bytes_per_token(dtype)
-        blocks, need = args.kv_cache_memory // per_block, -(-max_len // args.block_size)
-        if blocks - 1 < need:   # one block is vLLM's null block
+        blocks, need = args.kv_cache_memory // per_block, min_gpu_blocks(max_len, args.block_size)
+        if blocks < need:
             raise InputError(
                 f"--kv-cache-memory {args.kv_cache_memory}: {blocks} KV blocks of "
                 f"{per_block:,} bytes ({args.block_size} tokens of {shape.name} in {dtype}); "
-                f"max_model_len {max_len} needs {need} besides the null block: give at least "
-                f"{(need + 1) * per_block:,} bytes, or a lower --max-model-len")
+                f"max_model_len {max_len} needs {need - 1} besides the null block: give at "
+                f"least {need * per_block:,} bytes, or a lower --max-model-len")
     grid = default_grid(device, args.quick, max_len)
     if args.repeats is not None:
         if args.repeats < 1:

@@ -46,6 +46,7 @@ from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load
 from .errors import InputError, KeyedInputError, SubkeyError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
                     utf8_problem, yaml_error_text)
+from .policy.kv_cache import min_gpu_blocks
 from .scenario import Scenario, format_validation_error
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -611,7 +612,7 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
                 f"leaves no room for a KV cache in {usable / GiB:.1f} GiB per GPU: lower "
                 f"engine.max_num_batched_tokens"), depends=deps)
         # the utilization that would leave two blocks, if any does
-        min_blocks = 2 if max_model_len is None else -(-max_model_len // block_size) + 1
+        min_blocks = 2 if max_model_len is None else min_gpu_blocks(max_model_len, block_size)
         need = (weights + act + NON_TORCH_BYTES + min_blocks * block_bytes) / gpu.memory_bytes
         fix = (f"raise engine.gpu_memory_utilization (to at least "
                f"{math.ceil(need * 100) / 100:g}), raise hardware.tensor_parallel or choose "

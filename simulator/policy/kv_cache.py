@@ -26,6 +26,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def min_gpu_blocks(max_model_len: int, block_size: int) -> int:
+    """The fewest ``num_gpu_blocks`` that hold one request of ``max_model_len`` tokens: its
+    blocks plus the null block (vLLM refuses to start with fewer)."""
+    return cdiv(max_model_len, block_size) + 1
+
+
 class BlockPool:
     """Block ids, reference counts, the LRU free queue and the prefix-cache hash map.
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from .kv_cache import KVCacheManager, cdiv
+from .kv_cache import KVCacheManager, cdiv, min_gpu_blocks
 from .request import Request, RequestState
 
 _RUNNING = RequestState.RUNNING
@@ -81,7 +81,7 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs}), as vLLM requires")
         if self.num_gpu_blocks is not None:
-            need = cdiv(self.max_model_len, self.block_size)
+            need = min_gpu_blocks(self.max_model_len, self.block_size) - 1
             if need > self.num_gpu_blocks - 1:
                 raise ValueError(
                     f"max_model_len {self.max_model_len} needs {need} KV blocks of "
