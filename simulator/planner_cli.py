@@ -10,6 +10,7 @@ from pathlib import Path
 from .errors import InputError
 from .files import check_folder, out_folder
 from .executors import EXECUTORS
+from .workload import MAX_RATE
 
 
 def _executor_args(p: argparse.ArgumentParser) -> None:
@@ -231,9 +232,9 @@ def _cmd_plan(args) -> int:
         scenario = load_scenario(args.scenario, args.overrides)
     except InputError as e:
         raise with_sweep_hint(e, args.overrides, "plan") from None
-    if args.target_rate is not None and not 0 < args.target_rate < float("inf"):
-        raise InputError(f"--target-rate must be a finite rate > 0 req/s, got "
-                         f"{args.target_rate}")
+    if args.target_rate is not None and not 0 < args.target_rate <= MAX_RATE:
+        raise InputError(f"--target-rate must be a rate > 0 and <= 1e9 req/s (arrivals are "
+                         f"timed in nanoseconds), got {args.target_rate:g}")
     out = out_folder(args.out, Path("reports") / f"{scenario.name}-plan")
     check_folder(out, "--out", "plan")   # before the runs, not after
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:

@@ -40,7 +40,7 @@ from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
 from .policy.kv_cache import cdiv
 
-from .workload import WorkloadConfig
+from .workload import MAX_RATE, WorkloadConfig
 
 
 # The values vLLM's --block-size accepts (vllm/config/cache.py BlockSize).
@@ -275,8 +275,8 @@ class PlanConfig(_Strict):
     """
 
     target_rate: Optional[float] = Field(
-        None, gt=0, description="requests/s the whole deployment must serve "
-                                "(--target-rate overrides)")
+        None, gt=0, le=MAX_RATE, description="requests/s the whole deployment must serve "
+                                             "(--target-rate overrides; at most 1e9)")
     candidates: dict[str, Annotated[list[Any], AfterValidator(_candidate_values)]] = Field(
         default_factory=dict, description="key path -> values to try (cross product)")
     # inf/nan reach _price, whose message gives the unit

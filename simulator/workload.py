@@ -328,11 +328,15 @@ def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
 
 # -- arrival processes -----------------------------------------------------------------
 
+#: Highest request rate (req/s): arrivals are timed in integer nanoseconds, and past 1e9
+#: req/s every gap rounds to 0.
+MAX_RATE = 1_000_000_000
+
+
 class _OpenLoop(BaseModel):
     model_config = STRICT_SCHEMA
 
-    # arrivals are timed in integer nanoseconds: past 1e9 req/s every gap rounds to 0
-    rate: float = Field(gt=0, le=1_000_000_000, allow_inf_nan=False,
+    rate: float = Field(gt=0, le=MAX_RATE, allow_inf_nan=False,
                         description="mean request rate, requests/s (at most 1e9)")
     normalize_duration: bool = Field(
         False, description="scale all arrivals so the last one lands at num_requests/rate, "

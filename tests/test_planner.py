@@ -612,6 +612,24 @@ def test_a_candidate_list_set_by_its_dotted_key_is_that_flags_in_errors(tmp_path
     assert not out.exists()
 
 
+@pytest.mark.parametrize("where", ["flag", "file"])
+def test_a_target_rate_past_1e9_is_refused(tmp_path, capsys, where):
+    # as every arrival rate (timed in nanoseconds); it planned "2.24e+10 replicas", exit 1
+    y = tmp_path / "p.yaml"
+    y.write_text(SMALL_PLAN.replace("target_rate: 30", "target_rate: 30" if where == "flag"
+                                    else "target_rate: 1.0e12"))
+    out = tmp_path / "pl"
+    flags = ["--target-rate", "1e12"] if where == "flag" else []
+    assert main(["plan", str(y), "--out", str(out), "--quiet", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "servesim: error: --target-rate must be a rate > 0 and <= 1e9 req/s (arrivals are "
+        "timed in nanoseconds), got 1e+12" if where == "flag" else
+        "servesim: error: p.yaml:11: plan.target_rate: Input should be less than or equal to "
+        "1000000000 (got 1000000000000.0)"]
+    assert not out.exists()
+
+
 def test_a_plan_without_target_rate_names_the_line_of_plan(tmp_path, capsys):
     y = tmp_path / "p.yaml"
     y.write_text(small_scenario("p", 50) + "plan:\n  candidates: {engine.max_num_seqs: [2]}\n")
