@@ -293,7 +293,19 @@ class PlanConfig(_Strict):
     @field_validator("candidates")
     @classmethod
     def _what_varies(cls, v):
+        seen: dict[str, tuple] = {}   # key -> its parts
         for key in v:
+            # Two keys for one setting (spaced apart, or a mapping and a key inside it):
+            # the later would silently replace the other's values in every candidate.
+            parts = tuple(p.strip() for p in key.split("."))
+            for other, oparts in seen.items():
+                n = min(len(parts), len(oparts))
+                if parts[:n] == oparts[:n]:
+                    raise SubkeyError(key, (
+                        f"names the same key as {other}" if len(parts) == len(oparts) else
+                        f"{min(key, other, key=len)} and {max(key, other, key=len)} inside "
+                        f"it are both candidates") + "; give each setting once")
+            seen[key] = parts
             if key.split(".")[0] in ("plan", "workload", "slo", "sim", "name"):
                 raise SubkeyError(key, "candidates vary hardware, model, dtype, engine or "
                                        "cluster keys, not the workload or the SLO")

@@ -577,6 +577,14 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
     ("    engine.max_num_seqs: [4]\n    cluster.replicas: [1, 2]\n",
      "p.yaml:15: plan.candidates.cluster.replicas: plan sizes the replica count of every "
      "candidate itself (up to plan.max_replicas): leave it out"),
+    # one setting under two keys: each candidate's later value silently replaced the
+    # other's (the message spoke of --set flags none of which was given)
+    ("    engine.max_num_seqs: [4, 8]\n    engine .max_num_seqs: [16]\n",
+     "p.yaml:15: plan.candidates.engine .max_num_seqs: names the same key as "
+     "engine.max_num_seqs; give each setting once"),
+    ("    engine.max_num_seqs: [4, 8]\n    engine: [{max_num_seqs: 16}]\n",
+     "p.yaml:15: plan.candidates.engine: engine and engine.max_num_seqs inside it are both "
+     "candidates; give each setting once"),
     # a value given twice, or no value, at its key's line (was plan.candidates' line, 13)
     ("    engine.max_num_seqs: [4]\n    engine.block_size: [16, 16]\n",
      "p.yaml:15: plan.candidates.engine.block_size: 16 is given twice; each value is one "
