@@ -651,7 +651,7 @@ def profiles_table():
         err = p.error
         rows.append((p.display_name, p.provenance.kind, p.device.name, p.model.name, p.dtype,
                      p.engine,
-                     p.provenance.date, pct(err.heldout if err else None),
+                     str(p.provenance.date), pct(err.heldout if err else None),
                      pct(err.replay if err else None), where))
     return rows
 

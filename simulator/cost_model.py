@@ -39,7 +39,7 @@ from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
@@ -195,11 +195,26 @@ class ErrorInfo(_P):
     replay: Optional[ErrorStats] = None
 
 
+def _iso_date(v):
+    # YAML reads an unquoted 2026-12-01 as a date, a quoted one as a string: both are fine
+    if isinstance(v, datetime.date) and not isinstance(v, datetime.datetime):
+        return v
+    if isinstance(v, str):
+        try:
+            return datetime.date.fromisoformat(v.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"must be an ISO date, YYYY-MM-DD (got {v!r})" if isinstance(v, str)
+                     else f"must be an ISO date, YYYY-MM-DD (got {v})")
+
+
 class Provenance(_P):
     """Where the numbers come from."""
 
     kind: Literal["measured", "projected"]
-    date: str = Field(description="ISO date of the measurement or projection")
+    # a date, not free text: measured profiles are ranked by it (newest first)
+    date: Annotated[datetime.date, BeforeValidator(_iso_date)] = Field(
+        description="ISO date (YYYY-MM-DD) of the measurement or projection")
     command: str = ""
     source: str = ""
     measurements_csv: Optional[str] = Field(None, description="path relative to the profile file")

@@ -438,6 +438,38 @@ def test_cpu_efficiencies_never_carried_to_gpu(tmp_path, monkeypatch):
     assert cm.profile.cost.coefficients["a0_s"] == COEF["a0_s"]
 
 
+def test_projection_borrows_the_newest_gpu_profile_by_date(tmp_path, monkeypatch):
+    # dates compare as dates, whether YAML read them quoted (text) or not
+    monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
+    device = {"name": "a100-80gb", "kind": "gpu", "peak_flops": 312e12,
+              "memory_bandwidth": 2.0e12, "memory_bytes": 81920 * 2**20}
+    for name, date, mbu, quoted in (("newer", "2026-12-01", 0.6, False),
+                                    ("older", "2026-09-30", 0.5, True)):
+        p = make_profile(name=name, device=device, efficiencies={"mbu": mbu, "mfu": 0.4},
+                         provenance={"kind": "measured", "date": date})
+        path = save_profile(p, tmp_path / "local" / f"{name}.yaml")
+        assert f"date: '{date}'" in path.read_text()
+        if not quoted:
+            path.write_text(path.read_text().replace(f"'{date}'", date))
+    sc = scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"})
+    assert build_cost_model(sc).label.endswith("efficiencies of measured profile newer "
+                                               "(MBU 0.6, MFU 0.4)")
+
+
+@pytest.mark.parametrize("value, got", [("yesterday", "'yesterday'"),
+                                        ("'2026-13-01'", "'2026-13-01'"),
+                                        ("2026-12-01 10:00:00", "2026-12-01 10:00:00")])
+def test_a_provenance_date_is_an_iso_date(tmp_path, value, got):
+    text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "date:" in t)
+    (tmp_path / "p.yaml").write_text(text.replace("'2026-11-30'", value))
+    with pytest.raises(InputError, match=rf"^{re.escape(str(tmp_path / 'p.yaml'))}:{line}: "
+                                         rf"provenance\.date: must be an ISO date, YYYY-MM-DD "
+                                         rf"\(got {re.escape(got)}\)$"):
+        load_profile(tmp_path / "p.yaml")
+
+
 @pytest.mark.parametrize("value, said", [
     ("-1.0", "a0_s: a coefficient is a finite number >= 0, got -1"),
     (".nan", "a0_s: a coefficient is a finite number >= 0, got nan"),
