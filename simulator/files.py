@@ -265,7 +265,9 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
     """Refuse, before any work, an output folder that cannot be one: ``path`` is a file, a
     folder above it is, the folder (else the nearest existing one above it, where it
     would be created) takes no new file, or, with ``kind`` (a key of
-    :data:`REPORT_MARKERS`), it holds another command's report. Creates nothing.
+    :data:`REPORT_MARKERS`), it holds another command's report or files that are no
+    ``kind`` report (a folder without its marker file holding any file but hidden ones:
+    the report's files would replace them by name). Creates nothing.
     ``named``: the path the flag was given when ``path`` is the folder of a file to write
     (``calibrate --out d/p.yaml`` checks ``d``); messages name it instead of ``path``.
 
@@ -273,7 +275,8 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
         InputError: ``<flag>: empty path``, ``<flag> <path>: <which> is a file, not a
             folder``, ``<flag> <path>: cannot write there (<reason>)`` (no permission, a
             name too long for the file system) or ``<flag> <path>: holds a <command>
-            report ...``.
+            report ...`` or ``<flag> <path>: holds files that are not a <kind> report
+            (<names>) ...``.
     """
     if not str(path).strip():   # Path("") would be the current folder
         raise InputError(f"{flag}: empty path (give a folder)")
@@ -293,6 +296,17 @@ def _check_folder(p: Path, shown, flag: str, kind: str | None, it: Path | None) 
     if other is not None:
         raise InputError(f"{flag} {shown}: holds a {other} report ({REPORT_MARKERS[other]}); "
                          f"a {kind} report there would mix with it: give another folder")
+    if kind is not None and p.is_dir() and not (p / REPORT_MARKERS[kind]).is_file():
+        # a report replaces its files by name: a user's requests.csv or report.md there
+        # would be lost (hidden files and subfolders are left alone and never collide)
+        mine = sorted(f.name for f in p.iterdir() if not f.name.startswith(".")
+                      and not f.is_dir())
+        if mine:
+            listed = ", ".join(mine[:3]) + (f" and {len(mine) - 3} more" if len(mine) > 3
+                                            else "")
+            raise InputError(f"{flag} {shown}: holds files that are not a {kind} report "
+                             f"({listed}); give a new or empty folder, or an earlier {kind} "
+                             f"report's folder to replace it")
     for q in (p, *p.parents):
         which = "it" if q == it else q   # "it": the path the flag named
         if q.is_symlink() and not q.exists():   # found only when writing, after the run

@@ -75,6 +75,40 @@ def test_an_output_folder_holding_another_commands_report_is_refused(tmp_path):
                                 f"{kind} report there would mix with it: give another folder")
 
 
+
+def test_an_output_folder_holding_files_of_no_report_is_refused(tmp_path, capsys):
+    # `run --out .` beside a trace named requests.csv replaced the trace with the report's
+    from pathlib import Path
+
+    from simulator.cli import main
+    from simulator.errors import InputError
+    from simulator.files import check_folder
+
+    (tmp_path / "requests.csv").write_text("arrival_s,prompt_tokens,output_tokens\n")
+    (tmp_path / "sc.yaml").write_text("name: x\n")
+    for f in ("a.txt", "b.txt"):
+        (tmp_path / f).write_text("")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(InputError) as e:
+        check_folder(tmp_path, "--out", "plan")
+    assert str(e.value) == (f"--out {tmp_path}: holds files that are not a plan report "
+                            f"(a.txt, b.txt, requests.csv and 1 more); give a new or empty "
+                            f"folder, or an earlier plan report's folder to replace it")
+    check_folder(tmp_path, "--out")   # no kind (calibrate's profile folder): not checked
+    scenario = Path(__file__).parent.parent / "scenarios" / "cpu_tiny.yaml"
+    assert main(["run", str(scenario), "--set", "workload.num_requests=10", "--out",
+                 str(tmp_path)]) == 2
+    assert "holds files that are not a run report" in capsys.readouterr().err
+    assert (tmp_path / "requests.csv").read_text().startswith("arrival_s,")
+    # hidden files and subfolders alone: an empty folder (a mount point, a .gitkeep)
+    empty = tmp_path / "sub"
+    (empty / ".gitkeep").write_text("")
+    (empty / "older").mkdir()
+    check_folder(empty, "--out", "run")
+    (empty / "summary.json").write_text("{}")   # a run report: the next run replaces it
+    (empty / "notes.txt").write_text("")
+    check_folder(empty, "--out", "run")
+
 @pytest.mark.parametrize("kind", [None, "run"])
 def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, kind):
     # a 300-byte name exceeds NAME_MAX (255 on Linux file systems): Path.is_file() and
