@@ -155,6 +155,9 @@ class EngineConfig(_Strict):
     num_gpu_blocks: Optional[int] = Field(
         None, ge=2, le=MAX_COUNT,
         description="KV blocks incl. the null block; overrides the computed count")
+    scheduler_reserve_full_isl: bool = Field(True, description=(
+        "admit a waiting request only when its whole prompt fits in the free KV blocks, not "
+        "only its first chunk (vLLM's knob and default)"))
 
     @field_validator("block_size")
     @classmethod
@@ -500,7 +503,8 @@ class Scenario(_Strict):
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 max_model_len=max(1, max_len), block_size=e.block_size,
-                num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=e.enable_prefix_caching)
+                num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=e.enable_prefix_caching,
+                scheduler_reserve_full_isl=e.scheduler_reserve_full_isl)
         except ValueError as err:
             raise self.error("engine", str(err)) from None
 

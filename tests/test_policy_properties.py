@@ -67,6 +67,14 @@ class NaiveScheduler:
                 r = self.waiting[0]
                 blocks, n_hit = kv.get_computed_blocks(r)
                 n = min(r.num_tokens - n_hit, budget)
+                if cfg.scheduler_reserve_full_isl and kv.pool.num_gpu_blocks is not None:
+                    # the whole sequence so far must fit: its blocks beyond the hits, and
+                    # the hits that are free (vLLM full_sequence_must_fit)
+                    full = min(r.num_tokens, cfg.max_model_len)
+                    free_hits = sum(1 for b in blocks if kv.pool.ref_cnt[b] == 0)
+                    if cdiv(full, cfg.block_size) - len(blocks) + free_hits \
+                            > kv.pool.num_free_blocks:
+                        break
                 if kv.allocate_slots(r, n_hit + n, blocks) is None:
                     break
                 self.waiting.popleft()
@@ -100,7 +108,8 @@ def scenarios(draw):
     blocks = draw(st.one_of(st.none(), st.integers(cdiv(mml, bs) + 1, cdiv(mml, bs) + 25)))
     cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
                           max_model_len=mml, block_size=bs, num_gpu_blocks=blocks,
-                          enable_prefix_caching=draw(st.booleans()))
+                          enable_prefix_caching=draw(st.booleans()),
+                          scheduler_reserve_full_isl=draw(st.booleans()))
     reqs = []
     for i in range(draw(st.integers(1, 12))):
         segs = []

@@ -108,8 +108,10 @@ def test_f_eviction_takes_the_deepest_block_of_the_least_recently_freed_request(
 def test_g_no_admission_in_a_step_that_preempted():
     # Prefix caching off; budget 5. After B is preempted in step 6, B alone (a 4-token
     # chunk = 1 block) would fit, but vLLM admits nothing in a step that preempted.
+    # Admission on the first chunk alone (scheduler_reserve_full_isl off; with it on, B's
+    # 5 blocks would not fit the 4 free in step 7: test_g2).
     s = make(num_gpu_blocks=8, max_model_len=28, max_num_batched_tokens=5, max_num_seqs=2,
-             enable_prefix_caching=False)
+             enable_prefix_caching=False, scheduler_reserve_full_isl=False)
     s.add_request(req("X", [("x", 4)], max_tokens=20))
     s.add_request(req("B", [("b", 20)], max_tokens=2))
     expected = [
@@ -127,6 +129,41 @@ def test_g_no_admission_in_a_step_that_preempted():
     r, pre, _, _ = step(s)
     assert r == [("B", 4, 0, False), ("X", 1, 9, True)]
 
+
+def test_g2_a_prompt_is_admitted_only_when_all_of_it_fits():
+    # vLLM's scheduler_reserve_full_isl (default on): blocks of 4, 6 usable, budget 8,
+    # prefix caching off. A (6 tokens, 10 out) takes 2 blocks in step 1. B's first chunk
+    # (2 tokens in step 1, 7 from step 2) would fit, but its 20-token prompt (5 blocks)
+    # does not fit the 4 free, so B waits until A finishes (step 10), then prefills
+    # 8 + 8 + 4.
+    def run(full_isl):
+        s = make(num_gpu_blocks=7, max_model_len=24, max_num_batched_tokens=8,
+                 max_num_seqs=4, enable_prefix_caching=False,
+                 scheduler_reserve_full_isl=full_isl)
+        s.add_request(req("A", [("a", 6)], max_tokens=10))
+        s.add_request(req("B", [("b", 20)], max_tokens=1))
+        return s
+
+    s = run(True)
+    assert step(s)[0] == [("A", 6, 0, True)]
+    for k in range(2, 11):   # A decodes alone; its third block (step 4) leaves 3 free
+        r, pre, fin, _ = step(s)
+        assert (r, pre) == ([("A", 1, 4 + k, True)], []), k
+        assert s.waiting[0].request_id == "B"
+    assert fin == ["A"] and s.kv.pool.num_free_blocks == 6
+    assert [step(s)[0] for _ in range(3)] == [
+        [("B", 8, 0, False)], [("B", 8, 8, False)], [("B", 4, 16, True)]]
+    assert s.stats.num_preemptions == 0
+
+    # On the first chunk alone B is admitted in step 1 on the 2 tokens of budget left,
+    # takes the free blocks as it prefills (1, 3, then 4 blocks), and is preempted in
+    # step 4 when A's decode needs its third block.
+    s = run(False)
+    assert step(s)[0] == [("A", 6, 0, True), ("B", 2, 0, False)]
+    assert step(s)[0] == [("A", 1, 6, True), ("B", 7, 2, False)]
+    assert step(s)[0] == [("A", 1, 7, True), ("B", 7, 9, False)]
+    r, pre, _, _ = step(s)
+    assert (r, pre) == ([("A", 1, 8, True)], ["B"])
 
 def test_h_second_request_hits_blocks_the_first_fills_in_the_same_step():
     s = make()

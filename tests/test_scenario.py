@@ -67,7 +67,7 @@ def test_brief_error_examples(chat):
         f"chat.yaml:{line_of(chat, 'max_num_seq: 8')}: engine.max_num_seq: unknown key "
         "(allowed: block_size, max_num_seqs, "
         "max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
-        "max_model_len, num_gpu_blocks)")
+        "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl)")
     chat.write_text(yaml.safe_dump(BASE))
     assert err(load_scenario, chat, ["engine.block_size=abc"]) == (
         "--set engine.block_size=abc: Input should be a valid integer >= 1 (got 'abc')")

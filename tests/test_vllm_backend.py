@@ -220,8 +220,13 @@ def test_engine_scenario_takes_vllms_effective_knobs():
     sc = load_scenario(root / "scenarios" / "cpu_tiny.yaml")
     eng = SimpleNamespace(block_size=128, num_gpu_blocks=2048, max_num_seqs=32,
                           max_num_batched_tokens=512, max_model_len=2048,
-                          enable_prefix_caching=True)
+                          enable_prefix_caching=True,
+                          knobs={"scheduler_reserve_full_isl": True})
     sc1 = engine_scenario(sc, eng)
     assert sc1.engine.block_size == 128 and sc1.engine.num_gpu_blocks == 2048
     assert (sc1.max_num_seqs, sc1.max_num_batched_tokens, sc1.max_model_len) == (32, 512, 2048)
+    assert sc1.scheduler_config(2048).scheduler_reserve_full_isl
     assert sc.engine.block_size == 16            # the scenario itself is unchanged
+    # a vLLM from before the knob checked the first chunk only
+    eng.knobs = {"scheduler_reserve_full_isl": "absent"}
+    assert not engine_scenario(sc, eng).scheduler_config(2048).scheduler_reserve_full_isl

@@ -246,12 +246,15 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 
 def engine_scenario(scenario, eng):
     """``scenario`` with the engine knobs vLLM actually runs (block_size, num_gpu_blocks,
-    batch limits, max_model_len, prefix caching), so the simulator serves the same engine."""
+    batch limits, max_model_len, prefix caching, the whole-prompt admission check), so the
+    simulator serves the same engine. A vLLM without ``scheduler_reserve_full_isl``
+    (``"absent"`` in its knobs) admitted on the first chunk alone."""
     upd = {"block_size": eng.block_size, "num_gpu_blocks": eng.num_gpu_blocks,
            "max_num_seqs": eng.max_num_seqs,
            "max_num_batched_tokens": eng.max_num_batched_tokens,
            "max_model_len": eng.max_model_len,
-           "enable_prefix_caching": eng.enable_prefix_caching}
+           "enable_prefix_caching": eng.enable_prefix_caching,
+           "scheduler_reserve_full_isl": eng.knobs.get("scheduler_reserve_full_isl") is True}
     return scenario.model_copy(update={"engine": scenario.engine.model_copy(update=upd)})
 
 

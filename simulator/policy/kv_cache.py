@@ -318,6 +318,21 @@ class KVCacheManager:
             hits.append(b)
         return hits, len(hits) * bs
 
+    def fits(self, req: Request, num_tokens: int, new_computed_blocks=()) -> bool:
+        """Whether the free blocks cover ``req``'s first ``num_tokens`` tokens: the blocks
+        it still lacks beyond those it holds and the hit blocks ``new_computed_blocks``,
+        plus the hit blocks that are free (taking one out of the free queue uses it up),
+        as vLLM ``KVCacheManager.allocate_slots`` counts them (watermark 0)."""
+        pool = self.pool
+        if pool.unlimited:
+            return True
+        need = cdiv(num_tokens, self.block_size) - len(req.block_ids) - len(new_computed_blocks)
+        evictable = 0
+        for b in new_computed_blocks:
+            if pool.ref_cnt[b] == 0:
+                evictable += 1
+        return max(need, 0) + evictable <= pool._num_free
+
     def allocate_slots(self, req: Request, num_tokens: int,
                        new_computed_blocks=()) -> list[int] | None:
         """Make ``req`` hold blocks for its first ``num_tokens`` tokens.
@@ -333,17 +348,9 @@ class KVCacheManager:
         """
         pool = self.pool
         bs = self.block_size
-        num_held = len(req.block_ids) + len(new_computed_blocks)
-        need = cdiv(num_tokens, bs) - num_held
-        if need < 0:
-            need = 0
-        if not pool.unlimited:
-            evictable = 0
-            for b in new_computed_blocks:
-                if pool.ref_cnt[b] == 0:
-                    evictable += 1
-            if need + evictable > pool._num_free:
-                return None
+        need = max(0, cdiv(num_tokens, bs) - len(req.block_ids) - len(new_computed_blocks))
+        if not pool.unlimited and not self.fits(req, num_tokens, new_computed_blocks):
+            return None
         if new_computed_blocks:
             pool.touch(new_computed_blocks)
             req.block_ids.extend(new_computed_blocks)

@@ -15,7 +15,9 @@ DESIGN.md §3):
 2. Only if nothing was preempted in this step, waiting requests are admitted FCFS while
    fewer than ``max_num_seqs`` run and budget remains: prefix-cache lookup (never the last
    token), the prompt chunked to the remaining budget, blocks allocated; the first request
-   that does not fit stops admission (head-of-line blocking, as in vLLM).
+   that does not fit stops admission (head-of-line blocking, as in vLLM). With
+   ``scheduler_reserve_full_isl`` (vLLM's default) "fits" means its whole sequence so far,
+   not only the chunk scheduled now (vLLM ``allocate_slots(full_sequence_must_fit=True)``).
 3. ``num_computed_tokens`` advances at scheduling time; a partial prefill samples nothing;
    the first output token comes from the step that computes the last prompt token.
 
@@ -59,6 +61,11 @@ class SchedulerConfig:
         block_size: tokens per KV block (vLLM default 16).
         num_gpu_blocks: KV blocks incl. the reserved null block; ``None`` = unlimited.
         enable_prefix_caching: automatic prefix caching (on by default in vLLM V1).
+        scheduler_reserve_full_isl: admit a waiting (or preempted) request only when the
+            free blocks hold its whole sequence so far (prompt, and output before a
+            preemption, up to ``max_model_len``), not only its first chunk (vLLM
+            ``SchedulerConfig.scheduler_reserve_full_isl``, default on since it was added:
+            a long prompt admitted on its first chunk preempted others chunk by chunk).
 
     Raises:
         ValueError: a knob out of range, naming it; or a cache too small for one request
@@ -71,6 +78,7 @@ class SchedulerConfig:
     block_size: int = 16
     num_gpu_blocks: int | None = None
     enable_prefix_caching: bool = True
+    scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
@@ -397,6 +405,9 @@ class Scheduler:
             r = waiting[0]
             hits, n_hit = kv.get_computed_blocks(r)
             n = min(r.num_tokens - n_hit, self._budget)
+            if (cfg.scheduler_reserve_full_isl and n_hit + n < r.num_tokens
+                    and not kv.fits(r, min(r.num_tokens, cfg.max_model_len), hits)):
+                break  # the whole sequence would not fit: wait (vLLM full_sequence_must_fit)
             new = kv.allocate_slots(r, n_hit + n, hits)
             if new is None:
                 break  # head-of-line blocking, as in vLLM
