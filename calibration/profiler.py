@@ -162,14 +162,15 @@ class Grid:
     decode_steps_per_visit: int = 2
 
     def cells(self, block_size: int, max_model_len: int, kv_tokens: int) -> list[Cell]:
-        """The feasible cells: ``c + n ≤ max_model_len``; decodes need
-        ``B · (L + headroom) ≤ kv_tokens`` (KV capacity in tokens)."""
+        """The feasible cells: ``c + n < max_model_len`` (a prompt must leave room for an
+        output token, as vLLM requires); decodes need ``B · (L + headroom) ≤ kv_tokens``
+        (KV capacity in tokens)."""
         bs = block_size
         rc = lambda c: -(-c // bs) * bs  # noqa: E731
         out = []
         for c in self.prefill_contexts:
             for n in self.prefill_chunks:
-                if rc(c) + n <= max_model_len and rc(c) + n <= kv_tokens:
+                if rc(c) + n < max_model_len and rc(c) + n <= kv_tokens:
                     out.append(Cell("prefill", n=n, c=rc(c)))
         head = self.decode_headroom(len(self.mixed_chunks))
         for L in self.decode_contexts:
@@ -182,7 +183,7 @@ class Grid:
                 for n, c in self.mixed_chunks:
                     need = B * (L + head + bs) + rc(c) + n + bs
                     if max(decode_lengths(B, L)) + head <= max_model_len \
-                            and rc(c) + n <= max_model_len \
+                            and rc(c) + n < max_model_len \
                             and need <= kv_tokens:
                         out.append(Cell("mixed", B=B, L=L, n=n, c=rc(c)))
         return out

@@ -762,7 +762,7 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
     produced <= 1 output token) has value None and is met vacuously, as the per-request
     check in goodput passes those requests. With nothing completed every statistic is
     None and not met (nothing was served). Latency statistics cover served requests only,
-    so requests that were never served (rejected: prompt longer than max_model_len) fail
+    so requests that were never served (rejected: a prompt of max_model_len tokens or more) fail
     the SLO outright: they appear as a ``rejected_requests`` row whose threshold is 0.
 
     Args:

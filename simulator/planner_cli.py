@@ -166,7 +166,7 @@ def _print_table(df, title: str, columns=None, console=None) -> None:
     for key in ci_notes:
         console.print(_CI_NOTES[key], highlight=False, markup=False)
     if "stability" in cols and any(r[cols.index("stability")] == "rejects" for r in rows):
-        console.print("rejects: some prompts are longer than max_model_len; vLLM refuses "
+        console.print("rejects: some prompts have max_model_len tokens or more; vLLM refuses "
                       "them (the rejected column counts them per run)", highlight=False,
                       markup=False)
 
@@ -211,7 +211,7 @@ def _knee_text(table, knee: dict) -> str:
         if a != "knee":
             line = line[line[a] == v]
     if len(line) and (line["stability"] == "rejects requests").all():
-        return ("none (every point rejects requests: prompts longer than max_model_len; "
+        return ("none (every point rejects requests: prompts of max_model_len tokens or more; "
                 "raise engine.max_model_len or shorten the prompts)")
     return "none (no point is stable)"
 

@@ -83,8 +83,8 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. A point is unstable when "
                      "its achieved throughput is below 0.98 × the offered rate (an "
                      "overloaded queue); its latencies then depend on the run length. A "
-                     "point *rejects requests* when some prompts are longer than "
-                     "max_model_len (vLLM refuses them; `rejected` counts them per run): "
+                     "point *rejects requests* when some prompts have max_model_len "
+                     "tokens or more (vLLM refuses them; `rejected` counts them per run): "
                      "they never finish, so the throughput test cannot judge its queue.")]
     b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))
     first = list(result.axes)[0]

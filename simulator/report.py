@@ -204,7 +204,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     return b
 
 
-_LIMITS = {"max_model_len": "prompts longer than max_model_len (rejected)",
+_LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
            "kv_capacity": "KV-cache capacity", "max_num_seqs": "max_num_seqs",
            "compute": "compute saturation", "prefill_interference":
            "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
@@ -589,7 +589,7 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     if s.get("rejected"):
         limit = max_model_len or s.get("max_model_len")
         limit = f" {limit}" if limit else ""
-        console.print(f"{_fmt(s['rejected'])} requests rejected: prompt longer than "
+        console.print(f"{_fmt(s['rejected'])} requests rejected: prompt too long for "
                       f"max_model_len{limit}; they count as SLO failures and are not in the "
                       f"latency figures.")
     if replications:

@@ -202,8 +202,8 @@ STABILITY = ("stable", "unstable", "rejects requests")
 
 
 def stability_label(stable: bool, rejected: float) -> str:
-    """``rejects requests`` when a run rejected any request (a prompt longer than
-    max_model_len, as vLLM refuses it): those never finish, so the run falls short of the
+    """``rejects requests`` when a run rejected any request (a prompt of
+    max_model_len tokens or more, as vLLM refuses it): those never finish, so the run falls short of the
     offered rate whatever the load and the throughput test says nothing about the queue.
     Otherwise ``stable`` or ``unstable`` as the test (:func:`simulator.executors.job_output`)
     says."""

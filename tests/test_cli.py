@@ -218,17 +218,17 @@ slo: {ttft_ms: {p99: 500}}
 """)
     assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert ("7 requests rejected: prompt longer than max_model_len 512; they count as "
+    assert ("7 requests rejected: prompt too long for max_model_len 512; they count as "
             "SLO failures") in out
     md = (tmp_path / "o" / "report.md").read_text()
-    assert "No request got a first token: no TTFT to split. Binding limit: **prompts longer" \
+    assert "No request got a first token: no TTFT to split. Binding limit: **prompts too long" \
         in md and "Queueing is" not in md
     # a default max_model_len capped to the cache: (9 blocks - null block) x 16 = 128 tokens
     y.write_text(y.read_text().replace("max_model_len: 512", "num_gpu_blocks: 9"))
     assert main(["run", str(y), "--out", str(tmp_path / "c"), "--quiet"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     default = load_scenario(y).model_shape.max_position_embeddings
-    assert (f"7 requests rejected: prompt longer than max_model_len 128 (the default, "
+    assert (f"7 requests rejected: prompt too long for max_model_len 128 (the default, "
             f"{default}, capped to what the KV cache holds); they count") in out
 
 

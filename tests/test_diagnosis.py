@@ -182,6 +182,6 @@ def test_a_default_max_model_len_capped_to_the_kv_cache_is_the_one_named():
     res = simulate(s)
     assert res.summary["rejected"] == 5 and res.summary["max_model_len"] == 512
     f = diagnose(s, res)["findings"][0]
-    assert f["evidence"] == (f"5 requests rejected: prompt longer than max_model_len 512 (the "
+    assert f["evidence"] == (f"5 requests rejected: prompt too long for max_model_len 512 (the "
                              f"default, {s.max_model_len}, capped to what the KV cache holds)")
     assert f["knob"].startswith("give the KV cache more memory")

@@ -25,9 +25,9 @@ class NaiveScheduler:
         self.waiting, self.running = deque(), []
 
     def add(self, r):
-        if r.num_prompt_tokens > self.cfg.max_model_len:
+        if r.num_prompt_tokens >= self.cfg.max_model_len:   # no room for an output token
             raise RequestRejected("too long")
-        r.max_tokens = max(1, min(r.max_tokens, self.cfg.max_model_len - r.num_prompt_tokens))
+        r.max_tokens = min(r.max_tokens, self.cfg.max_model_len - r.num_prompt_tokens)
         self.waiting.append(r)
 
     def _preempt(self, v):
@@ -151,7 +151,7 @@ def test_lazy_scheduler_matches_naive_reference_and_keeps_invariants(case):
                     rejected.append(r)
             assert len(rejected) in (0, 2)
             # An unservable request is rejected, never left waiting.
-            assert bool(rejected) == (a.num_prompt_tokens > cfg.max_model_len)
+            assert bool(rejected) == (a.num_prompt_tokens >= cfg.max_model_len)
             if not rejected:
                 lazy_reqs[rid] = a
         if not pending and not lazy.has_unfinished_requests():

@@ -194,11 +194,20 @@ def test_prompt_longer_than_max_model_len_is_rejected_and_outputs_are_capped():
     s = make(max_model_len=16)
     with pytest.raises(RequestRejected, match="max_model_len"):
         s.add_request(req("long", [("x", 17)], max_tokens=1))
+    # a prompt of max_model_len tokens leaves no room for an output token: vLLM's input
+    # processor rejects it too ("plus the number of requested output tokens (at least 1)")
+    with pytest.raises(RequestRejected, match="prompt of 16 tokens leaves no room for an "
+                                              "output token within max_model_len 16"):
+        s.add_request(req("full", [("x", 16)], max_tokens=1))
+    assert s.stats.num_rejected == 2
     r = req("capped", [("y", 12)], max_tokens=100)
+    r1 = req("one", [("z", 15)], max_tokens=100)
     s.add_request(r)
+    s.add_request(r1)
     while s.has_unfinished_requests():
         step(s)
     assert r.num_output_tokens == 4 and r.finish_reason == "length"
+    assert r1.num_output_tokens == 1 and r1.finish_reason == "length"
 
 
 def test_config_refuses_a_cache_smaller_than_one_max_model_len_request():

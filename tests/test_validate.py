@@ -17,12 +17,13 @@ from simulator.scenario import scenario_from_dict
 SCENARIO = {
     "name": "timing", "model": "llama-test", "dtype": "float32",
     "hardware": {"step_time": {"constant_s": 0.002}},
-    # A small KV cache (19 usable blocks of 16) so that the run preempts.
+    # A small KV cache (19 usable blocks of 16) and outputs long enough that the run
+    # preempts (admission waits until a whole prompt fits: growing decodes preempt).
     "engine": {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 128,
                "max_model_len": 300, "num_gpu_blocks": 20},
     "workload": {"seed": 3, "num_requests": 30, "arrival": {"process": "poisson", "rate": 15.0},
                  "prompt_tokens": {"dist": "lognormal", "median": 48, "p90": 160, "max": 200},
-                 "output_tokens": {"dist": "lognormal", "median": 12, "p90": 40, "max": 100},
+                 "output_tokens": {"dist": "lognormal", "median": 32, "p90": 80, "max": 120},
                  "prefix": {"shared_tokens": 32, "groups": 2}}}
 
 

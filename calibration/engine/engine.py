@@ -294,7 +294,7 @@ class LLMEngine:
 
         Raises:
             InputError: bad sampling values (``sampling.<field>``), a bad prompt, or a
-                prompt longer than ``max_model_len`` (``prompt``). Other requests are
+                prompt of ``max_model_len`` tokens or more (``prompt``). Other requests are
                 unaffected.
         """
         if not isinstance(params, SamplingParams):
@@ -318,7 +318,7 @@ class LLMEngine:
         """Queue a ready :class:`simulator.policy.Request` (token ids set).
 
         Raises:
-            InputError: prompt longer than ``max_model_len`` (the record says
+            InputError: a prompt of ``max_model_len`` tokens or more (the record says
                 ``rejected``).
         """
         self._enqueue(req, params)

@@ -208,7 +208,7 @@ class RecordBook:
         return rec
 
     def reject(self, request_id) -> None:
-        """vLLM refused the request (e.g. prompt longer than ``max_model_len``)."""
+        """vLLM refused the request (e.g. a prompt of ``max_model_len`` tokens or more)."""
         self.records[request_id].finish_reason = "rejected"
 
     def scheduled(self, request_ids, start_ns: int) -> None:

@@ -140,7 +140,7 @@ class RequestRecord:
         token_times_ns: time of every output token, when recorded (the engine always does;
             the simulator keeps ITL as runs instead, see ``simulator.metrics``).
         finish_reason: ``length`` (max_tokens / max_model_len), ``stop`` (stop token),
-            ``rejected`` (never served: prompt longer than max_model_len).
+            ``rejected`` (never served: a prompt of max_model_len tokens or more).
     """
 
     request_id: Union[int, str]

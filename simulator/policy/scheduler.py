@@ -46,7 +46,7 @@ _RUNNING = RequestState.RUNNING
 
 
 class RequestRejected(ValueError):
-    """A request that can never be served (e.g. prompt longer than ``max_model_len``)."""
+    """A request that can never be served (a prompt of ``max_model_len`` tokens or more)."""
 
 
 @dataclass(frozen=True)
@@ -252,15 +252,17 @@ class Scheduler:
         """Queue a request; caps its output at ``max_model_len``.
 
         Raises:
-            RequestRejected: prompt longer than ``max_model_len`` (as vLLM rejects it).
+            RequestRejected: a prompt of ``max_model_len`` tokens or more: it leaves no room
+                for an output token (vLLM's input processor rejects it,
+                ``_validate_prompt_len``).
         """
         cfg = self.config
-        if req.num_prompt_tokens > cfg.max_model_len:
+        if req.num_prompt_tokens >= cfg.max_model_len:
             self.stats.num_rejected += 1
             raise RequestRejected(
-                f"request {req.request_id}: prompt of {req.num_prompt_tokens} tokens is "
-                f"longer than max_model_len {cfg.max_model_len}")
-        req.max_tokens = max(1, min(req.max_tokens, cfg.max_model_len - req.num_prompt_tokens))
+                f"request {req.request_id}: prompt of {req.num_prompt_tokens} tokens leaves "
+                f"no room for an output token within max_model_len {cfg.max_model_len}")
+        req.max_tokens = min(req.max_tokens, cfg.max_model_len - req.num_prompt_tokens)
         req._clock = self._clock
         req.state = RequestState.WAITING
         self.waiting.append(req)
