@@ -563,9 +563,7 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
         ``"replications"`` (:func:`combine_replications` or None)``}``.
     """
     base = scenarios[0]
-    scs = [sc if i == 0 else sc.model_copy(update={"workload": base.workload,
-                                                    "slo": base.slo})
-           for i, sc in enumerate(scenarios)]
+    scs = [sc if i == 0 else sc.serving(base) for i, sc in enumerate(scenarios)]
     jobs = [Job(sc, k, full=True) for sc in scs for k in range(sc.sim.replications)]
     outs = _run(jobs, executor, progress)
     res, i = [], 0

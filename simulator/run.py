@@ -45,15 +45,16 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
     seed = _replication_seed(scenario.workload.seed, replication)
     if specs is None:
         wl = scenario.workload.model_copy(update={"seed": seed})
+        owner = scenario.workload_owner   # compare: the first plan's file gave the workload
         try:
-            specs = build_workload(wl, base_dir=scenario.base_dir)
+            specs = build_workload(wl, base_dir=owner.base_dir)
         except KeyedInputError as e:   # the key's line in the file, or its --set flag
-            raise scenario.error(e.key, e.detail, depends=e.depends) from None
+            raise owner.error(e.key, e.detail, depends=e.depends) from None
         except InputError as e:   # name the scenario unless a data file's line is named
             msg = str(e)
             if msg.split(":")[0].endswith((".csv", ".jsonl", ".json", ".yaml", ".yml")):
                 raise
-            raise InputError(f"{scenario.source}: {msg}") from None
+            raise InputError(f"{owner.source}: {msg}") from None
     n_rep = scenario.cluster.replicas
     if cost_models is None:
         base = build_cost_model(scenario)

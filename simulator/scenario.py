@@ -364,6 +364,8 @@ class Scenario(_Strict):
     # text the file was read from (None when built from a mapping).
     _origins: dict = PrivateAttr(default_factory=dict)
     _text: Optional[str] = PrivateAttr(default=None)
+    # The scenario whose file gave `workload` when it is another's (see serving()).
+    _workload_of: Optional["Scenario"] = PrivateAttr(default=None)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -410,6 +412,20 @@ class Scenario(_Strict):
                else tuple(map(str, key_path)))
         return next((flag for opath, flag in self._origins.items()
                      if loc[:len(opath)] == opath), None)
+
+    @property
+    def workload_owner(self) -> "Scenario":
+        """The scenario whose file gave :attr:`workload` (this one unless built by
+        :meth:`serving`): its folder resolves the workload's relative paths (a trace, an
+        empirical distribution) and its lines name the workload's errors."""
+        return self._workload_of or self
+
+    def serving(self, other: "Scenario") -> "Scenario":
+        """This scenario (hardware, engine, cluster) serving ``other``'s workload and SLO,
+        whose relative paths stay relative to ``other``'s folder (``servesim compare``)."""
+        sc = self.model_copy(update={"workload": other.workload, "slo": other.slo})
+        sc._workload_of = other.workload_owner
+        return sc
 
     def resolve_path(self, p: str | Path) -> Path:
         """``p`` if absolute, else ``base_dir / p``."""

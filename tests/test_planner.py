@@ -314,6 +314,34 @@ def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys)
     assert "All SLOs met: **yes**" in md
 
 
+def test_compare_reads_the_first_plans_trace_from_its_own_folder(tmp_path):
+    # a relative trace path is the first scenario's: it was read beside each other plan's
+    # file (a different trace there was served silently; none there failed in its name)
+    text = """name: {name}
+model: llama-test
+hardware: {{step_time: {{constant_s: {step}}}}}
+engine: {{max_num_seqs: 4, max_model_len: 512}}
+workload:
+  trace: {{path: t.csv, format: csv, columns: {{arrival: t, prompt_tokens: p,
+           output_tokens: o}}, arrival_unit: s}}
+"""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "t.csv").write_text("t,p,o\n" + "".join(f"{i},8,3\n" for i in range(5)))
+    (tmp_path / "a" / "s.yaml").write_text(text.format(name="one", step=0.01))
+    (tmp_path / "b" / "s.yaml").write_text(text.format(name="two", step=0.02))
+    args = ["--executor", "serial", "--quiet", "--out"]
+    assert main(["compare", str(tmp_path / "a" / "s.yaml"), str(tmp_path / "b" / "s.yaml")]
+                + args + [str(tmp_path / "c1")]) == 0
+    (tmp_path / "b" / "t.csv").write_text("t,p,o\n0,50,40\n")   # another trace there
+    assert main(["compare", str(tmp_path / "a" / "s.yaml"), str(tmp_path / "b" / "s.yaml")]
+                + args + [str(tmp_path / "c2")]) == 0
+    rows = (tmp_path / "c2" / "compare.csv").read_text()
+    assert (tmp_path / "c1" / "compare.csv").read_text() == rows
+    # both serve a.csv's 3-token answers, one request at a time: E2EL = 3 steps of each
+    # plan (b's trace, 40 tokens out, would give 800 ms for plan two)
+    assert "E2EL p50 (ms),30.0,60.0" in rows.splitlines()
+
 def test_compare_prints_a_formatted_table_and_needs_two_scenarios(tmp_path, capsys):
     import re
 
