@@ -244,8 +244,24 @@ def _numbers(values: pd.Series, lines: np.ndarray, path: Path, name: str, *,
     return num
 
 
+#: An ISO 8601 time zone at the end of a timestamp (``Z``, ``+02:00``, ``-0500``, ``+01``).
+_ZONE = re.compile(r"(?:Z|[+-]\d\d(?::?\d\d)?)$", re.IGNORECASE)
+
+
 def _timestamps_ns(values: pd.Series, lines: np.ndarray, path: Path, name: str) -> np.ndarray:
-    ts = pd.to_datetime(values, format="ISO8601", errors="coerce")
+    try:
+        ts = pd.to_datetime(values, format="ISO8601", errors="coerce")
+    except ValueError:   # pandas: "Mixed timezones detected"
+        # Offsets that differ are one clock in UTC; a timestamp without a zone among ones
+        # with a zone is not on a known clock.
+        zoned = values.astype(str).str.strip().str.contains(_ZONE).to_numpy()
+        if not zoned.all():
+            i = int(np.argmax(zoned != zoned[0]))
+            raise InputError(f"{path}:{lines[i]}: {name}: {values.iloc[i]!r} has "
+                             f"{'a' if zoned[i] else 'no'} time zone and the one on line "
+                             f"{lines[0]} has {'one' if zoned[0] else 'none'}: give every "
+                             f"timestamp a zone (Z, +02:00) or none") from None
+        ts = pd.to_datetime(values, format="ISO8601", errors="coerce", utc=True)
     bad = ts.isna().to_numpy()
     if bad.any():
         i = int(np.argmax(bad))

@@ -127,6 +127,30 @@ def test_generic_csv_units_ties_and_iso(tmp_path):
     assert [s.arrival_ns for s in specs] == [0, 1_750_000_000]
 
 
+
+def test_iso_timestamps_in_several_zones_are_one_clock(tmp_path):
+    # pandas refused to mix zones ("Mixed timezones detected": a traceback)
+    f = tmp_path / "t.csv"
+    cols = {"arrival": "ts", "prompt_tokens": "in", "output_tokens": "out"}
+    # 23:00:00 UTC, then 23:00:01.5 UTC written in another zone, then Z
+    f.write_text("ts,in,out\n2024-01-01T01:00:00+02:00,10,3\n"
+                 "2024-01-01T00:00:01.5+01:00,20,4\n2023-12-31T23:00:03Z,5,1\n")
+    specs = read_trace(trace(path=str(f), format="csv", arrival_unit="iso", columns=cols))
+    assert [s.arrival_ns for s in specs] == [0, 1_500_000_000, 3_000_000_000]
+    # with and without a zone: not one known clock, named at the first that differs
+    for rows, line, what in (("2024-01-01T00:00:00,1,1\n2024-01-01T00:00:01Z,1,1\n", 3,
+                              "'2024-01-01T00:00:01Z' has a time zone and the one on line 2 "
+                              "has none"),
+                             ("2024-01-01T00:00:00Z,1,1\n2024-01-01T00:00:01+00:00,1,1\n"
+                              "2024-01-01T00:00:02,1,1\n", 4,
+                              "'2024-01-01T00:00:02' has no time zone and the one on line 2 "
+                              "has one")):
+        f.write_text("ts,in,out\n" + rows)
+        with pytest.raises(InputError) as e:
+            read_trace(trace(path=str(f), format="csv", arrival_unit="iso", columns=cols))
+        assert str(e.value) == (f"{f}:{line}: ts: {what}: give every timestamp a zone (Z, "
+                                f"+02:00) or none")
+
 COLS = {"arrival": "ts", "prompt_tokens": "in", "output_tokens": "out"}
 
 
