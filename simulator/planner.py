@@ -560,7 +560,8 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
 
     Returns:
         Per scenario ``{"name", "scenario", "result"`` (replication 0's RunResult),
-        ``"replications"`` (:func:`combine_replications` or None)``}``.
+        ``"replications"`` (:func:`combine_replications` or None), ``"slo_met"`` (met in
+        every replication; None without SLOs)``}``.
     """
     base = scenarios[0]
     scs = [sc if i == 0 else sc.serving(base) for i, sc in enumerate(scenarios)]
@@ -571,9 +572,11 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
         n = sc.sim.replications
         group = outs[i:i + n]
         i += n
+        met = [g.summary.get("slo_met") for g in group]
         res.append({"name": sc.name, "scenario": sc, "result": group[0],
                     "replications": combine_replications([g.summary for g in group])
-                    if n > 1 else None})
+                    if n > 1 else None,
+                    "slo_met": None if None in met else all(met)})
     names = [r["name"] for r in res]
     for r in res:
         if names.count(r["name"]) > 1:

@@ -301,27 +301,33 @@ def _cmd_compare(args) -> int:
     paths = write_compare_report(
         out, entries, title="Plan comparison",
         note=f"Every plan serves the workload and SLO of {scenarios[0].source}.")
+    reps = max(sc.sim.replications for sc in scenarios)
     _print_table(compare_table(entries), f"Plans serving the workload of "
-                                         f"{scenarios[0].source}")
+                                         f"{scenarios[0].source}" + (
+                                             f" (means over {reps} replications)"
+                                             if reps > 1 else ""))
     print(f"report: {paths['report.html']}")
     return 0
 
 
 def compare_table(entries: list[dict]):
-    """One row per plan of :func:`simulator.planner.compare` (replication 0): ``plan``,
+    """One row per plan of :func:`simulator.planner.compare`, figures as the report shows
+    them (:func:`simulator.report.plan_figure`: means over replications): ``plan``,
     ``ttft_p99`` and ``tpot_p99`` (ms), ``request_throughput`` and ``goodput`` (req/s),
-    ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt exceeds
-    max_model_len) and ``binding`` (the diagnosis's binding limit)."""
+    ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt does not fit
+    max_model_len) and ``binding`` (the diagnosis's binding limit, of replication 0)."""
     import pandas as pd
+
+    from .report import plan_figure
 
     rows = []
     for e in entries:
-        s = e["result"].summary
-        rows.append({"plan": e["name"], "ttft_p99": (s.get("ttft_ms") or {}).get("p99"),
-                     "tpot_p99": (s.get("tpot_ms") or {}).get("p99"),
-                     "request_throughput": s.get("request_throughput"),
-                     "goodput": s.get("goodput"), "slo_met": s.get("slo_met"),
-                     "rejected": s.get("rejected"), "binding": e.get("binding")})
+        rows.append({"plan": e["name"], "ttft_p99": plan_figure(e, ("ttft_ms", "p99")),
+                     "tpot_p99": plan_figure(e, ("tpot_ms", "p99")),
+                     "request_throughput": plan_figure(e, ("request_throughput",)),
+                     "goodput": plan_figure(e, ("goodput",)),
+                     "slo_met": plan_figure(e, ("slo_met",)),
+                     "rejected": plan_figure(e, ("rejected",)), "binding": e.get("binding")})
     return pd.DataFrame(rows)
 
 

@@ -631,6 +631,19 @@ def _at(d, path):
     return d
 
 
+def plan_figure(entry: dict, path: tuple):
+    """A compared plan's figure at ``path`` (keys into a run summary): with replications
+    the mean over them (its 95% CI is ``replications[...]["ci95"]``) and, for ``slo_met``,
+    whether every replication met the SLOs (``entry["slo_met"]``); else its run's value."""
+    if entry.get("replications"):
+        if path == ("slo_met",):
+            return entry.get("slo_met")
+        mean = _at(entry["replications"], path + ("mean",))
+        if mean is not None:
+            return mean
+    return _at(entry["result"].summary, path)
+
+
 def plot_compare_cdf(entries: list[dict]) -> bytes:
     """PNG: TTFT, TPOT, ITL and E2EL CDFs of every plan, overlaid (one colour per plan)."""
     fig = Figure(figsize=(10, 7), layout="constrained")
@@ -668,22 +681,27 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
             None, "binding": limit name (optional)}``.
         note: a paragraph under the title (e.g. where the shared workload comes from).
 
-    Files (atomic, :func:`write_files`): ``compare.csv`` (figure × plan), ``latency_cdf.png``
+    Figures are :func:`plan_figure`'s (means over replications where a plan ran several).
+    Files (atomic, :func:`write_files`): ``compare.csv`` (figure × plan; with replications
+    also ``<plan> ci95 lo`` / ``hi`` columns), ``latency_cdf.png``
     (overlaid CDFs), ``report.md`` and a self-contained ``report.html``.
     """
     import pandas as pd
 
     names = [e["name"] for e in entries]
+    with_ci = any(e.get("replications") for e in entries)
     rows, csv_rows = [], []
     for label, path in _COMPARE_FIGURES:
-        cells = []
-        for e in entries:
-            v = _at(e["result"].summary, path)
+        cells, csv_row = [], {"figure": label}
+        for n, e in zip(names, entries):
+            v = plan_figure(e, path)
             ci = _at(e.get("replications") or {}, path + ("ci95",))
             cells.append(_fmt(v) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
+            csv_row[n] = v
+            if with_ci:
+                csv_row[f"{n} ci95 lo"], csv_row[f"{n} ci95 hi"] = ci or (None, None)
         rows.append([label] + cells)
-        csv_rows.append({"figure": label, **{n: _at(e["result"].summary, path)
-                                             for n, e in zip(names, entries)}})
+        csv_rows.append(csv_row)
     if any("binding" in e for e in entries):
         rows.append(["binding limit"] + [_LIMITS.get(e.get("binding"), str(e.get("binding")))
                                          for e in entries])
@@ -691,8 +709,10 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
     if note:
         b.append(("p", note))
     kinds = sorted({str(_basis(e["result"].summary)[0]) for e in entries})
-    b.append(("p", f"Step costs: **{', '.join(kinds)}** (per plan in the last rows). "
-                   "Brackets: 95% confidence intervals across replications."))
+    b.append(("p", f"Step costs: **{', '.join(kinds)}** (per plan in the last rows)."
+                   + (" A plan run with replications shows the mean over them, its 95% "
+                      "confidence interval in brackets (SLO met: in every replication)."
+                      if with_ci else "")))
     b.append(("table", None, ["figure"] + names, rows))
     b.append(("img", "latency_cdf", "Latency CDFs of every plan: TTFT, TPOT, ITL, E2EL"))
     b.append(("h2", "Definitions"))

@@ -342,6 +342,44 @@ workload:
     # plan (b's trace, 40 tokens out, would give 800 ms for plan two)
     assert "E2EL p50 (ms),30.0,60.0" in rows.splitlines()
 
+def test_compare_with_replications_shows_the_mean_beside_its_interval(tmp_path, capsys):
+    # replication 0's figure sat beside the 95% CI of the mean (it can lie outside it)
+    import csv
+    import json
+
+    text = """name: {name}
+model: llama-test
+hardware: {{step_time: {{constant_s: {step}}}}}
+engine: {{max_num_seqs: 4, max_model_len: 512}}
+workload:
+  num_requests: 40
+  arrival: {{process: poisson, rate: 30}}
+  prompt_tokens: {{dist: fixed, value: 8}}
+  output_tokens: {{dist: fixed, value: 5}}
+slo: {{ttft_ms: {{p99: 150}}}}
+sim: {{replications: 3}}
+"""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(text.format(name="fast", step=0.01))
+    b.write_text(text.format(name="slow", step=0.03))
+    out = tmp_path / "cmp"
+    assert main(["compare", str(a), str(b), "--executor", "serial", "--quiet", "--out",
+                 str(out)]) == 0
+    assert "(means over 3 replications)" in capsys.readouterr().out
+    # the three runs of plan "fast", one by one, as servesim run --replications writes them
+    assert main(["run", str(a), "--quiet", "--out", str(tmp_path / "r")]) == 0
+    reps = json.loads((tmp_path / "r" / "replications.json").read_text())
+    with open(out / "compare.csv") as f:
+        rows = {r["figure"]: r for r in csv.DictReader(f)}
+    ttft = rows["TTFT p99 (ms)"]
+    assert float(ttft["fast"]) == pytest.approx(reps["ttft_ms"]["p99"]["mean"])
+    lo, hi = reps["ttft_ms"]["p99"]["ci95"]
+    assert (float(ttft["fast ci95 lo"]), float(ttft["fast ci95 hi"])) == pytest.approx((lo, hi))
+    assert lo <= float(ttft["fast"]) <= hi
+    md = (out / "report.md").read_text()
+    assert "shows the mean over them" in md
+    assert rows["SLO met"]["slow"] in ("True", "False")
+
 def test_compare_prints_a_formatted_table_and_needs_two_scenarios(tmp_path, capsys):
     import re
 
