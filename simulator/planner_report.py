@@ -14,6 +14,15 @@ from matplotlib.figure import Figure
 
 from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
 
+#: How the reports state :func:`simulator.executors.job_output`'s stability test.
+UNSTABLE_RULE = (
+    "A point is unstable when requests pile up: between the first finish and the last "
+    "arrival it completes fewer than 0.98 × the requests that arrive, and the queue at the "
+    "last arrival is longer than any in the first half of the run (the whole-run "
+    "`request_throughput` also counts the drain after the last arrival, so a stable short "
+    "run can show less than 0.98 × `offered_rate`); an unstable point's latencies depend on "
+    "the run length.")
+
 
 def _cell(v) -> str:
     if isinstance(v, (list, tuple)):
@@ -80,9 +89,7 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                                  "itl_p99", "goodput", "slo_met"]
     shown = [c for c in shown if c in t]
     b: list = [("h1", title),
-               ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. A point is unstable when "
-                     "its achieved throughput is below 0.98 × the offered rate (an "
-                     "overloaded queue); its latencies then depend on the run length. A "
+               ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. " + UNSTABLE_RULE + " A "
                      "point *rejects requests* when some prompts have max_model_len "
                      "tokens or more (vLLM refuses them; `rejected` counts them per run): "
                      "they never finish, so the throughput test cannot judge its queue.")]
@@ -196,8 +203,8 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                        + (f"; {closest_text(miss, cfg.max_replicas if cfg else 64)}."
                           if miss else ".")))
     b.append(("p", "Max rate per replica: bisection on the arrival rate with common random "
-                   "numbers across candidates; runs below 0.98 × offered throughput count as "
-                   "unstable. CIs: rates decided with 95% confidence bound the max rate; "
+                   "numbers across candidates; an unstable run (its queue grows, below "
+                   "0.98 × the offered rate) fails the rate. CIs: rates decided with 95% confidence bound the max rate; "
                    "replicas and costs follow from them. Latencies are at the operating "
                    "point (target / replicas per replica), mean and 95% CI over replications "
                    "(Student t; a lower end below 0 is shown as 0, since a latency cannot "

@@ -10,8 +10,10 @@ Statistics (all per rate tried):
   numbers): arrivals at rate ``r`` are the same standard draws scaled by ``1/r``, so two
   candidates or two rates differ only by what changed, not by sampling noise.
 * Each replication yields its *SLO ratio*: the largest ``value / threshold`` over the SLO
-  entries (met when <= 1). A run whose achieved throughput is below 0.98 × offered
-  (:data:`~simulator.executors.STABLE_FRACTION`) is flagged *unstable* and the rate fails;
+  entries (met when <= 1). A run whose queue grows (achieved throughput below 0.98 ×
+  offered, :data:`~simulator.executors.STABLE_FRACTION`, over the window of
+  :func:`~simulator.executors.window_rates`, and a backlog at the last arrival,
+  :func:`~simulator.executors.backlog_grows`) is flagged *unstable* and the rate fails;
   its latencies are not averaged.
 * With ``n`` stable replications the mean ratio has a Student t 95% interval. A rate is
   decided *confidently* when that interval lies below 1 (feasible) or above it
@@ -87,7 +89,7 @@ class RateEval:
         feasible: every SLO met (and every run stable).
         confident: decided by the 95% interval (or by instability), not by the
             indifference zone or the replication cap.
-        unstable: whether a run's achieved throughput fell below 0.98 × offered.
+        unstable: whether a run's queue grew (:func:`simulator.executors.job_output`).
         ratios: SLO ratio of each stable replication.
         mean_ratio, ci95: mean SLO ratio and its Student t 95% interval (None for n = 1).
         outputs: the job outputs (:func:`~simulator.executors.job_output`).
