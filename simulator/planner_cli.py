@@ -193,9 +193,11 @@ def _cmd_sweep(args) -> int:
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
         "offered_rate", "request_throughput", "stability", "rejected", "ttft_p50", "ttft_p99",
         "tpot_p50", "tpot_p99", "slo_met"] if c in res.table])
+    from .sweep import _fmt_value
+
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line
-        others = ", ".join(f"{a}={v}" for a, v in k.items() if a != "knee")
+        others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")
         print(f"highest stable {first}: {_knee_text(res.table, k)}"
               + (f" (with {others})" if others else ""))
     print(f"report: {paths['report.html']}")
@@ -204,8 +206,10 @@ def _cmd_sweep(args) -> int:
 
 def _knee_text(table, knee: dict) -> str:
     """A knee's value, or why a line has none (every point unstable or rejecting)."""
-    if knee["knee"] is not None:
-        return _short(knee["knee"])
+    from .sweep import _fmt_value
+
+    if knee["knee"] is not None:   # as --set takes it (16384, not 16,384)
+        return _fmt_value(knee["knee"])
     line = table
     for a, v in knee.items():
         if a != "knee":

@@ -95,9 +95,10 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                      "they never finish, so the throughput test cannot judge its queue.")]
     b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))
     first = list(result.axes)[0]
-    b.append(("h2", f"Knee: highest stable {first}"))
-    b.append(("table", None, list(result.knees[0]) if result.knees else ["knee"],
-              [[_cell(v) for v in k.values()] for k in result.knees]))
+    if result.knees:   # none for a first axis that is not numeric (a router, a GPU)
+        b.append(("h2", f"Knee: highest stable {first}"))
+        b.append(("table", None, list(result.knees[0]),
+                  [[_cell(v) for v in k.values()] for k in result.knees]))
     b.append(("img", "curves.png", "Latency vs achieved throughput"))
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))

@@ -271,10 +271,14 @@ def sweep(scenario, axes: dict[str, list], executor, *,
 
 def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     """Per line (other axes' values), the highest value of the first axis whose
-    ``stability`` is ``stable`` (``stable`` alone for a table without that column)."""
+    ``stability`` is ``stable`` (``stable`` alone for a table without that column); none
+    when the first axis is not numeric (a router, a GPU: "highest" means nothing)."""
     if not keys or table.empty:
         return []
     x, others = keys[0], keys[1:]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+               for v in table[x].dropna().tolist()):
+        return []
     groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
     out = []
     for vals, df in groups:

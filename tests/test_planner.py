@@ -108,13 +108,38 @@ def test_sweep_knee_matches_max_num_seqs_bound():
     assert not res.table["stable"].iloc[-1]
 
 
+
+def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path, capsys):
+    import pandas as pd
+
+    from simulator.sweep import knees
+
+    t = pd.DataFrame({"cluster.router": ["round_robin", "prefix_affinity"],
+                      "stability": ["stable", "stable"]})
+    assert knees(t, ["cluster.router"]) == []   # "highest stable router" means nothing
+    t = pd.DataFrame({"engine.num_gpu_blocks": [16384, 20000, 30000],
+                      "stability": ["stable", "stable", "unstable"]})
+    assert knees(t, ["engine.num_gpu_blocks"]) == [{"knee": 20000}]
+    y = tmp_path / "k.yaml"
+    y.write_text(SMALL_PLAN.split("slo:")[0])
+    out = tmp_path / "sw"
+    assert main(["sweep", str(y), "--set", "engine.num_gpu_blocks=16384,20000", "--out",
+                 str(out), "--executor", "serial", "--quiet"]) == 0
+    # as --set takes it back (16,384 would sweep 16 and 384)
+    assert "highest stable engine.num_gpu_blocks: 20000\n" in capsys.readouterr().out
+    out2 = tmp_path / "sw2"
+    assert main(["sweep", str(y), "--set", "cluster.router=round_robin,least_outstanding",
+                 "--out", str(out2), "--executor", "serial", "--quiet"]) == 0
+    assert "highest stable" not in capsys.readouterr().out
+    assert "Knee" not in (out2 / "report.md").read_text()
+
 def test_sweep_labels_points_that_reject_requests(tmp_path, capsys):
     import pandas as pd
 
     from simulator.workload import build_workload
 
     # prompts uniform in [8, 2000] against max_model_len 1024: the scheduler rejects every
-    # prompt longer than 1024, as vLLM does, at whatever rate
+    # prompt of 1024 tokens or more, as vLLM does, at whatever rate
     y = tmp_path / "r.yaml"
     y.write_text("""name: r
 model: llama-test
@@ -128,7 +153,7 @@ workload:
   output_tokens: {dist: fixed, value: 2}
 """)
     from simulator.scenario import load_scenario
-    want = sum(s.prompt_tokens > 1024 for s in build_workload(load_scenario(y).workload))
+    want = sum(s.prompt_tokens >= 1024 for s in build_workload(load_scenario(y).workload))
     assert 0 < want < 200
     out = tmp_path / "sw"
     assert main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--out", str(out),
