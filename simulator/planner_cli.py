@@ -59,8 +59,8 @@ def _executor(args):
 _LABELS = {"max_rate_per_replica": "req/s per replica", "replicas": "replicas",
            "cost_per_hour": "USD/h", "cost_per_hour_ci95": "USD/h 95% CI",
            "ttft_p99_ms": "TTFT p99 ms", "offered_rate": "offered req/s",
-           "request_throughput": "served req/s", "ttft_p50": "TTFT p50 ms",
-           "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms", "tpot_p99": "TPOT p99 ms",
+           "request_throughput": "served req/s", "ttft_p50_ms": "TTFT p50 ms",
+           "tpot_p50_ms": "TPOT p50 ms", "tpot_p99_ms": "TPOT p99 ms",
            "slo_met": "SLO met", "tensor_parallel": "TP", "max_num_seqs": "max seqs",
            "max_num_batched_tokens": "max batched tokens", "goodput": "goodput req/s",
            "binding": "binding limit"}
@@ -191,8 +191,8 @@ def _cmd_sweep(args) -> int:
         res = sweep(scenario, axes, ex, progress=prog)
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
-        "offered_rate", "request_throughput", "stability", "rejected", "ttft_p50", "ttft_p99",
-        "tpot_p50", "tpot_p99", "slo_met"] if c in res.table])
+        "offered_rate", "request_throughput", "stability", "rejected", "ttft_p50_ms",
+        "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_met"] if c in res.table])
     from .sweep import _fmt_value
 
     first = list(axes)[0]
@@ -317,7 +317,7 @@ def _cmd_compare(args) -> int:
 def compare_table(entries: list[dict]):
     """One row per plan of :func:`simulator.planner.compare`, figures as the report shows
     them (:func:`simulator.report.plan_figure`: means over replications): ``plan``,
-    ``ttft_p99`` and ``tpot_p99`` (ms), ``request_throughput`` and ``goodput`` (req/s),
+    ``ttft_p99_ms`` and ``tpot_p99_ms``, ``request_throughput`` and ``goodput`` (req/s),
     ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt does not fit
     max_model_len) and ``binding`` (the diagnosis's binding limit, of replication 0)."""
     import pandas as pd
@@ -326,8 +326,8 @@ def compare_table(entries: list[dict]):
 
     rows = []
     for e in entries:
-        rows.append({"plan": e["name"], "ttft_p99": plan_figure(e, ("ttft_ms", "p99")),
-                     "tpot_p99": plan_figure(e, ("tpot_ms", "p99")),
+        rows.append({"plan": e["name"], "ttft_p99_ms": plan_figure(e, ("ttft_ms", "p99")),
+                     "tpot_p99_ms": plan_figure(e, ("tpot_ms", "p99")),
                      "request_throughput": plan_figure(e, ("request_throughput",)),
                      "goodput": plan_figure(e, ("goodput",)),
                      "slo_met": plan_figure(e, ("slo_met",)),

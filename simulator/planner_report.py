@@ -61,10 +61,10 @@ def plot_sweep(result) -> bytes:
         colour = f"C{i % 10}"
         for ax, m in zip(axes, ("ttft", "tpot")):
             for st, ls in (("p50", "-"), ("p99", "--")):   # one legend entry per line pair
-                ax.plot(df["request_throughput"], df[f"{m}_{st}"], ls, color=colour,
+                ax.plot(df["request_throughput"], df[f"{m}_{st}_ms"], ls, color=colour,
                         marker="o", label=name if st == "p50" else None)
             bad = df[df["stability"] != "stable"]
-            ax.plot(bad["request_throughput"], bad[f"{m}_p99"], "x", color="k", ms=9)
+            ax.plot(bad["request_throughput"], bad[f"{m}_p99_ms"], "x", color="k", ms=9)
     for ax, m in zip(axes, ("TTFT", "TPOT")):
         ax.set_xlabel("achieved throughput (req/s)")
         ax.set_ylabel(f"{m} (ms)")
@@ -85,8 +85,8 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     t = result.table
     kinds = sorted(set(map(str, t["cost_kind"].dropna()))) if "cost_kind" in t else []
     shown = list(result.axes) + ["offered_rate", "request_throughput", "stability",
-                                 "rejected", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
-                                 "itl_p99", "goodput", "slo_met"]
+                                 "rejected", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+                                 "tpot_p99_ms", "itl_p99_ms", "goodput", "slo_met"]
     shown = [c for c in shown if c in t]
     b: list = [("h1", title),
                ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. " + UNSTABLE_RULE + " A "

@@ -254,13 +254,16 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["rejected"] = float(np.mean([s.get("rejected") or 0 for s in sums]))
         row["stability"] = stability_label(row["stable"], row["rejected"])
         for path in _SWEEP_FIGURES:
-            name = "_".join(path).replace("_ms_", "_") if len(path) > 1 else path[0]
+            # ttft_p99_ms: the unit last, as plan.csv names its columns
+            name = (f"{path[0].removesuffix('_ms')}_{path[1]}_ms" if len(path) > 1
+                    else path[0])
             vals = [_get(s, path) for s in sums]
             vals = [v for v in vals if v is not None]
             row[name] = float(np.mean(vals)) if vals else None
             if comb is not None:
                 node = _get(comb, path)
-                row[name + "_ci95"] = node.get("ci95") if isinstance(node, dict) else None
+                row[name.removesuffix("_ms") + "_ci95"] = (node.get("ci95")
+                                                            if isinstance(node, dict) else None)
         row["slo_met"] = (all(s.get("slo_met") for s in sums)
                           if sums[0].get("slo_met") is not None else None)
         row["cost_kind"] = sums[0].get("cost_kind")

@@ -824,8 +824,9 @@ def test_a_sweep_plot_of_many_lines_keeps_its_axes(n_seqs):
 
     rates, seqs = [1.0, 2.0, 3.0], list(range(1, n_seqs + 1))
     table = pd.DataFrame([{"workload.arrival.rate": r, "engine.max_num_seqs": s,
-                           "request_throughput": r, "ttft_p50": 10 + r, "ttft_p99": 20 + r,
-                           "tpot_p50": 5 + s, "tpot_p99": 8 + s, "stability": "stable"}
+                           "request_throughput": r, "ttft_p50_ms": 10 + r,
+                           "ttft_p99_ms": 20 + r, "tpot_p50_ms": 5 + s, "tpot_p99_ms": 8 + s,
+                           "stability": "stable"}
                           for s in seqs for r in rates])
     result = SweepResult({"workload.arrival.rate": rates, "engine.max_num_seqs": seqs},
                          table, [], [])
