@@ -225,6 +225,9 @@ def _knee_text(table, knee: dict) -> str:
 # 2 stays reserved for bad input, as argparse and every other command use it.
 NO_PLAN_STATUS = 1
 
+#: Fewest counted requests per run below which ``plan`` says its rates are unreliable.
+MIN_PLAN_REQUESTS = 100
+
 
 def _cmd_plan(args) -> int:
     from .planner import closest_miss, closest_text, plan, plan_table
@@ -241,6 +244,13 @@ def _cmd_plan(args) -> int:
                          f"timed in nanoseconds), got {args.target_rate:g}")
     out = out_folder(args.out, Path("reports") / f"{scenario.name}-plan")
     check_folder(out, "--out", "plan")   # before the runs, not after
+    n = scenario.workload.num_requests   # None for a whole trace
+    if n is not None and n - scenario.sim.warmup_requests < MIN_PLAN_REQUESTS:
+        # a handful of requests never fills the queue: a rate far past capacity "meets" it
+        print(f"servesim: note: each rate tried is judged from "
+              f"{n - scenario.sim.warmup_requests} requests (workload.num_requests less "
+              f"sim.warmup_requests); a maximum rate needs at least {MIN_PLAN_REQUESTS}, and "
+              f"a few hundred give steadier figures", file=sys.stderr)
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
                    confirm=not args.no_confirm)

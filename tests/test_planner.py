@@ -834,3 +834,18 @@ def test_a_sweep_plot_of_many_lines_keeps_its_axes(n_seqs):
         warnings.simplefilter("error")
         png = plot_sweep(result)
     assert png.startswith(b"\x89PNG")
+
+
+def test_plan_says_when_too_few_requests_judge_each_rate(tmp_path, capsys):
+    # 2 requests per run planned 53.8 req/s per H100 for chat (about 12 from long runs)
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("num_requests: 200", "num_requests: 60")
+                 + "sim: {warmup_requests: 10}\n")
+    args = ["--executor", "serial", "--quiet", "--no-confirm"]
+    main(["plan", str(y), "--out", str(tmp_path / "a")] + args)
+    err = capsys.readouterr().err
+    assert ("servesim: note: each rate tried is judged from 50 requests (workload."
+            "num_requests less sim.warmup_requests); a maximum rate needs at least 100") in err
+    y.write_text(SMALL_PLAN)   # 200 requests: no note
+    main(["plan", str(y), "--out", str(tmp_path / "b")] + args)
+    assert "note" not in capsys.readouterr().err
