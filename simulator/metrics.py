@@ -405,7 +405,7 @@ class MetricsCollector:
             value, met, samples}}}``; a statistic over no samples, e.g. TPOT when every
             request has one output token, has value None and is met vacuously),
             ``slo_met`` (None without SLO), ``concurrency``
-            (``requests_mean`` = sum E2EL / duration as vllm bench serve, ``requests_max``,
+            (``requests_mean`` = sum E2EL / duration, Little's law, ``requests_max``,
             ``running_mean`` cluster total, ``running_max_per_replica``), ``kv_usage``
             (``mean`` time-weighted over replicas, ``max`` of any replica),
             ``preemptions``, ``preempted_requests``, ``timeseries_bin_s``, plus ``extra``.

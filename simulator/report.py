@@ -48,7 +48,9 @@ _ECDF_POINTS = 2000   # points drawn per CDF; the figures themselves use every v
 
 DEFINITIONS = [
     ("TTFT", "time to first token: first token time − arrival time; includes queueing "
-             "and prefill (as `vllm bench serve`)."),
+             "and prefill (as `vllm bench serve`). Arrival is when the request reaches the "
+             "engine's queue: HTTP, tokenization and streaming, which `vllm bench serve` "
+             "also times from its client, are not modelled (E2EL likewise)."),
     ("TPOT", "time per output token: (E2EL − TTFT) / (output tokens − 1) per request; "
              "requests with ≤ 1 output token are excluded (as `vllm bench serve`). "
              "GuideLLM's \"TPOT\" includes the first token, so it is not this figure; "
@@ -66,8 +68,9 @@ DEFINITIONS = [
     ("Window", "throughputs and time-weighted means run over [first counted arrival, "
                "last counted finish]; the first warm-up requests by arrival are left out "
                "of every request figure."),
-    ("Concurrency", "requests in system: mean = Σ E2EL / duration (as `vllm bench serve`), "
-                    "max of overlapping [arrival, finish). Running requests and KV usage "
+    ("Concurrency", "requests in system: mean = Σ E2EL / duration (Little's law; SGLang "
+                    "`bench_serving`'s concurrency), max of overlapping [arrival, finish) "
+                    "(`vllm bench serve`'s peak concurrent requests). Running requests and KV usage "
                     "are time-weighted over engine steps (idle time counts as 0); KV usage "
                     "is the fraction of usable blocks, averaged over replicas."),
 ]

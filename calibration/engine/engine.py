@@ -41,8 +41,9 @@ class EngineConfig(BaseModel):
 
     Attributes:
         block_size: tokens per KV block (vLLM GPU default 16).
-        max_num_seqs, max_num_batched_tokens: batch limits (vLLM GPU online defaults 256,
-            8192).
+        max_num_seqs, max_num_batched_tokens: batch limits (default 256 and 8192 here;
+            ``vllm serve``'s depend on the device, see
+            :meth:`simulator.scenario.Scenario.serving_defaults`).
         max_model_len: tokens per request at most; ``None`` = the model's
             ``max_position_embeddings``.
         enable_prefix_caching: automatic prefix caching (vLLM V1: on).

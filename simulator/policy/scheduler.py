@@ -54,9 +54,10 @@ class SchedulerConfig:
     """Scheduler and KV cache knobs, named and defaulted as in vLLM.
 
     Attributes:
-        max_num_seqs: most requests running at once (vLLM default 256 on GPU).
-        max_num_batched_tokens: token budget of one step (vLLM's online-serving default
-            on a GPU, 8192).
+        max_num_seqs: most requests running at once.
+        max_num_batched_tokens: token budget of one step. (Scenarios fill both with
+            ``vllm serve``'s per-device defaults, :meth:`simulator.scenario.Scenario.
+            serving_defaults`; the values here only serve direct use, as in tests.)
         max_model_len: most tokens (prompt + output) of one request.
         block_size: tokens per KV block (vLLM default 16).
         num_gpu_blocks: KV blocks incl. the reserved null block; ``None`` = unlimited.
