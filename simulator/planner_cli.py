@@ -244,16 +244,17 @@ def _cmd_plan(args) -> int:
                          f"timed in nanoseconds), got {args.target_rate:g}")
     out = out_folder(args.out, Path("reports") / f"{scenario.name}-plan")
     check_folder(out, "--out", "plan")   # before the runs, not after
+    with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
+        res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
+                   confirm=not args.no_confirm)
     n = scenario.workload.num_requests   # None for a whole trace
     if n is not None and n - scenario.sim.warmup_requests < MIN_PLAN_REQUESTS:
         # a handful of requests never fills the queue: a rate far past capacity "meets" it
+        # (said after the runs, so that an error in them stays the one line)
         print(f"servesim: note: each rate tried is judged from "
               f"{n - scenario.sim.warmup_requests} requests (workload.num_requests less "
               f"sim.warmup_requests); a maximum rate needs at least {MIN_PLAN_REQUESTS}, and "
               f"a few hundred give steadier figures", file=sys.stderr)
-    with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
-        res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
-                   confirm=not args.no_confirm)
     table = plan_table(res)
     paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
                                                       f"{res.target_rate:g} req/s")
