@@ -50,14 +50,18 @@ _FLOAT_WITH_EXPONENT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITH_EXPONENT,
                                        list("-+.0123456789"))
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+# YAML 1.2's core schema has no timestamps: an unquoted 2026-12-01 stays the text it is
+# (PyYAML made it a date, and 2026-13-01 a ValueError traceback from inside the parser).
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp",
+                                 lambda loader, node: loader.construct_scalar(node))
 
 
 def load_yaml(text: str):
     """Parse YAML text safely (``yaml.safe_load``), refusing duplicate mapping keys.
 
     Numbers with an exponent resolve as YAML 1.2 floats (``1e30``, ``1E-3``, ``+1e5``,
-    ``1.5e3``), which PyYAML's YAML 1.1 rules leave as strings; everything else resolves
-    as in ``yaml.safe_load``.
+    ``1.5e3``), which PyYAML's YAML 1.1 rules leave as strings, and timestamps stay
+    strings (YAML 1.2 has none); everything else resolves as in ``yaml.safe_load``.
 
     Raises:
         yaml.YAMLError: a syntax error or a duplicate key (``problem_mark`` gives the line),

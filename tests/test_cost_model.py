@@ -459,7 +459,9 @@ def test_projection_borrows_the_newest_gpu_profile_by_date(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("value, got", [("yesterday", "'yesterday'"),
                                         ("'2026-13-01'", "'2026-13-01'"),
-                                        ("2026-12-01 10:00:00", "2026-12-01 10:00:00")])
+                                        # unquoted: PyYAML's own date parser raised
+                                        ("2026-13-01", "'2026-13-01'"),
+                                        ("2026-12-01 10:00:00", "'2026-12-01 10:00:00'")])
 def test_a_provenance_date_is_an_iso_date(tmp_path, value, got):
     text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "date:" in t)

@@ -169,3 +169,11 @@ def test_yaml_nested_past_the_parser_is_a_yaml_error():
     assert load_yaml("x: " + "[" * 100 + "]" * 100) == {"x": want}
     with pytest.raises(yaml.YAMLError, match="^collections nested too deeply$"):
         load_yaml("x: " + "[" * 2000 + "]" * 2000)
+
+
+def test_yaml_timestamps_stay_text_as_in_yaml_1_2():
+    # PyYAML built dates, and raised ValueError (a traceback) for 2026-13-01
+    from simulator.files import load_yaml
+
+    assert load_yaml("a: 2026-12-01\nb: 2026-13-01\nc: 2024-02-30 10:00:00\n") == {
+        "a": "2026-12-01", "b": "2026-13-01", "c": "2024-02-30 10:00:00"}
