@@ -291,8 +291,10 @@ def _cmd_compare(args) -> int:
     twice = next((p for i, p in enumerate(args.scenarios) if files[i] in files[:i]), None)
     if twice is not None:
         raise InputError(f"{twice} is given twice; compare takes each plan's file once")
+    names = [Path(p).name for p in args.scenarios]   # two s.yaml: messages give the paths
     try:
-        scenarios = [load_scenario(p, args.overrides) for p in args.scenarios]
+        scenarios = [load_scenario(p, args.overrides, source=p if names.count(n) > 1 else None)
+                     for p, n in zip(args.scenarios, names)]
     except InputError as e:
         raise with_sweep_hint(e, args.overrides, "compare") from None
     seen: dict = {}
@@ -306,23 +308,34 @@ def _cmd_compare(args) -> int:
     with _executor(args) as ex, _progress(args, "comparing") as prog:
         entries = compare(scenarios, ex, progress=prog)
     ignored = [sc.source for sc in scenarios[1:]
-               if (sc.workload, sc.slo) != (scenarios[0].workload, scenarios[0].slo)]
+               if _served_workload(sc) != _served_workload(scenarios[0])]
     if ignored:  # a comparison holds the traffic fixed: say whose is used (after the runs,
         # so that an error in them stays the one line)
-        print(f"servesim: note: workload and SLO of {scenarios[0].source} used for every "
-              f"plan; those of {', '.join(ignored)} are ignored", file=sys.stderr)
+        print(f"servesim: note: workload, SLO and sim settings of {scenarios[0].source} used "
+              f"for every plan; those of {', '.join(ignored)} are ignored", file=sys.stderr)
     for e in entries:
         e["binding"] = find_limits(e["scenario"], e["result"])["binding"]
     paths = write_compare_report(
         out, entries, title="Plan comparison",
-        note=f"Every plan serves the workload and SLO of {scenarios[0].source}.")
-    reps = max(sc.sim.replications for sc in scenarios)
+        note=f"Every plan serves the workload and SLO of {scenarios[0].source}, measured "
+             f"with its sim settings (replications, warm-up).")
+    reps = scenarios[0].sim.replications   # every plan runs the first one's (serving())
     _print_table(compare_table(entries), f"Plans serving the workload of "
                                          f"{scenarios[0].source}" + (
                                              f" (means over {reps} replications)"
                                              if reps > 1 else ""))
     print(f"report: {paths['report.html']}")
     return 0
+
+
+def _served_workload(sc):
+    """``sc``'s workload, SLO and sim settings as served: relative data-file paths (a
+    trace, an empirical distribution) resolved against its folder, so that the same text
+    naming another file counts as another workload."""
+    from .scenario import _from_cwd
+
+    wl = _from_cwd(("workload",), sc.workload.model_dump(mode="json"), sc.base_dir.resolve())
+    return wl, sc.slo, sc.sim
 
 
 def compare_table(entries: list[dict]):

@@ -424,8 +424,10 @@ class Scenario(_Strict):
 
     def serving(self, other: "Scenario") -> "Scenario":
         """This scenario (hardware, engine, cluster) serving ``other``'s workload and SLO,
-        whose relative paths stay relative to ``other``'s folder (``servesim compare``)."""
-        sc = self.model_copy(update={"workload": other.workload, "slo": other.slo})
+        measured as ``other`` measures it (its ``sim``: replications, warm-up), with the
+        workload's relative paths relative to ``other``'s folder (``servesim compare``)."""
+        sc = self.model_copy(update={"workload": other.workload, "slo": other.slo,
+                                     "sim": other.sim})
         sc._workload_of = other.workload_owner
         return sc
 
@@ -529,11 +531,14 @@ class Scenario(_Strict):
 
 # -- loading -------------------------------------------------------------------------------
 
-def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Scenario:
+def load_scenario(path: str | Path, overrides: typing.Sequence[str] = (), *,
+                  source: str | None = None) -> Scenario:
     """Read, override and validate a scenario file.
 
     Args:
         path: the scenario YAML.
+        source: how messages name the file (default its name; ``compare`` gives the path
+            when two files share a name).
         overrides: ``key.path=value`` strings (``--set``); values parse as YAML scalars or
             flow collections (``engine.max_num_seqs=128``, ``slo.ttft_ms={p99: 500}``),
             read as the file is (:func:`simulator.files.load_yaml`).
@@ -546,7 +551,7 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = ()) -> Sce
     if not str(path).strip():   # Path("") would be the current folder
         raise InputError("scenario: empty path (give a scenario YAML file)")
     path = Path(path)
-    name = path.name
+    name = source or path.name
     try:
         text = read_small_text(path, MAX_SCENARIO_BYTES, "scenario file")
     except FileNotFoundError:

@@ -339,7 +339,7 @@ def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys)
     assert "All SLOs met: **yes**" in md
 
 
-def test_compare_reads_the_first_plans_trace_from_its_own_folder(tmp_path):
+def test_compare_reads_the_first_plans_trace_from_its_own_folder(tmp_path, capsys):
     # a relative trace path is the first scenario's: it was read beside each other plan's
     # file (a different trace there was served silently; none there failed in its name)
     text = """name: {name}
@@ -359,8 +359,17 @@ workload:
     assert main(["compare", str(tmp_path / "a" / "s.yaml"), str(tmp_path / "b" / "s.yaml")]
                 + args + [str(tmp_path / "c1")]) == 0
     (tmp_path / "b" / "t.csv").write_text("t,p,o\n0,50,40\n")   # another trace there
-    assert main(["compare", str(tmp_path / "a" / "s.yaml"), str(tmp_path / "b" / "s.yaml")]
-                + args + [str(tmp_path / "c2")]) == 0
+    # b's own sim settings are not used either: every plan is measured as a is
+    (tmp_path / "b" / "s.yaml").write_text(text.format(name="two", step=0.02)
+                                           + "sim: {warmup_requests: 2}\n")
+    capsys.readouterr()
+    a_yaml, b_yaml = str(tmp_path / "a" / "s.yaml"), str(tmp_path / "b" / "s.yaml")
+    assert main(["compare", a_yaml, b_yaml] + args + [str(tmp_path / "c2")]) == 0
+    # the same text names another file: b's trace is said to be ignored, by its path (two
+    # files named s.yaml)
+    assert capsys.readouterr().err == (
+        f"servesim: note: workload, SLO and sim settings of {a_yaml} used for every plan; "
+        f"those of {b_yaml} are ignored\n")
     rows = (tmp_path / "c2" / "compare.csv").read_text()
     assert (tmp_path / "c1" / "compare.csv").read_text() == rows
     # both serve a.csv's 3-token answers, one request at a time: E2EL = 3 steps of each
