@@ -253,15 +253,19 @@ def _timestamps_ns(values: pd.Series, lines: np.ndarray, path: Path, name: str) 
         ts = pd.to_datetime(values, format="ISO8601", errors="coerce")
     except ValueError:   # pandas: "Mixed timezones detected"
         # Offsets that differ are one clock in UTC; a timestamp without a zone among ones
-        # with a zone is not on a known clock.
+        # with a zone is not on a known clock. A row that is no timestamp at all is said
+        # so below, when it comes first.
+        ts = pd.to_datetime(values, format="ISO8601", errors="coerce", utc=True)
+        ok = ~ts.isna().to_numpy()
         zoned = values.astype(str).str.strip().str.contains(_ZONE).to_numpy()
-        if not zoned.all():
-            i = int(np.argmax(zoned != zoned[0]))
+        first = int(np.argmax(ok))
+        mixed = ok & (zoned != zoned[first])
+        if mixed.any() and ok[:int(np.argmax(mixed))].all():
+            i = int(np.argmax(mixed))
             raise InputError(f"{path}:{lines[i]}: {name}: {values.iloc[i]!r} has "
                              f"{'a' if zoned[i] else 'no'} time zone and the one on line "
-                             f"{lines[0]} has {'one' if zoned[0] else 'none'}: give every "
-                             f"timestamp a zone (Z, +02:00) or none") from None
-        ts = pd.to_datetime(values, format="ISO8601", errors="coerce", utc=True)
+                             f"{lines[first]} has {'one' if zoned[first] else 'none'}: give "
+                             f"every timestamp a zone (Z, +02:00) or none") from None
     bad = ts.isna().to_numpy()
     if bad.any():
         i = int(np.argmax(bad))

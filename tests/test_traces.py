@@ -150,6 +150,10 @@ def test_iso_timestamps_in_several_zones_are_one_clock(tmp_path):
             read_trace(trace(path=str(f), format="csv", arrival_unit="iso", columns=cols))
         assert str(e.value) == (f"{f}:{line}: ts: {what}: give every timestamp a zone (Z, "
                                 f"+02:00) or none")
+    # a row that is no timestamp at all is said so, not blamed on its zone
+    f.write_text("ts,in,out\n2024-01-01T00:00:00Z,1,1\nsoon,1,1\n2024-01-01T00:00:02,1,1\n")
+    with pytest.raises(InputError, match=rf"^{f}:3: ts: not a timestamp: 'soon'"):
+        read_trace(trace(path=str(f), format="csv", arrival_unit="iso", columns=cols))
 
 COLS = {"arrival": "ts", "prompt_tokens": "in", "output_tokens": "out"}
 
