@@ -81,7 +81,11 @@ def plot_sweep(result) -> bytes:
 
 
 def write_sweep_report(out_dir, result, *, title: str) -> dict:
-    """``sweep.csv``, ``sweep.json``, ``curves.png``, ``report.md``, ``report.html``."""
+    """``sweep.csv``, ``sweep.json``, ``curves.png``, ``report.md``, ``report.html``.
+
+    Under replications ``sweep.json`` keeps each 95% CI as ``[lo, hi]`` and ``sweep.csv``
+    gives it as two numeric columns ``*_ci95_lo`` / ``*_ci95_hi`` (:func:`csv_table`), as
+    the plan's files do."""
     t = result.table
     kinds = sorted(set(map(str, t["cost_kind"].dropna()))) if "cost_kind" in t else []
     shown = list(result.axes) + ["offered_rate", "request_throughput", "stability",
@@ -104,7 +108,7 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
     img = plot_sweep(result)
     return write_files(out_dir, {
-        "sweep.csv": t.to_csv(index=False, lineterminator="\n").encode(),
+        "sweep.csv": csv_table(t).to_csv(index=False, lineterminator="\n").encode(),
         "sweep.json": _json({"axes": result.axes, "knees": result.knees,
                              "points": t.to_dict(orient="records")}),
         "curves.png": img,

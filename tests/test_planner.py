@@ -858,3 +858,22 @@ def test_plan_says_when_too_few_requests_judge_each_rate(tmp_path, capsys):
     y.write_text(SMALL_PLAN)   # 200 requests: no note
     main(["plan", str(y), "--out", str(tmp_path / "b")] + args)
     assert "note" not in capsys.readouterr().err
+
+
+def test_sweep_csv_gives_each_interval_as_two_numbers(tmp_path):
+    # as plan.csv does; a "[lo, hi]" text cell read back as a string
+    import json
+
+    import pandas as pd
+
+    y = tmp_path / "k.yaml"
+    y.write_text(SMALL_PLAN.split("slo:")[0] + "sim: {replications: 2}\n")
+    out = tmp_path / "sw"
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--out", str(out),
+                 "--executor", "serial", "--quiet"]) == 0
+    t = pd.read_csv(out / "sweep.csv")
+    assert "ttft_p99_ci95" not in t and t["ttft_p99_ci95_lo"].dtype.kind == "f"
+    points = json.loads((out / "sweep.json").read_text())["points"]
+    for row, p in zip(t.itertuples(), points):
+        assert [row.ttft_p99_ci95_lo, row.ttft_p99_ci95_hi] == pytest.approx(p["ttft_p99_ci95"])
+        assert row.ttft_p99_ci95_lo <= row.ttft_p99_ms <= row.ttft_p99_ci95_hi
