@@ -196,7 +196,7 @@ class ErrorInfo(_P):
 
 
 def _iso_date(v):
-    # YAML reads an unquoted 2026-12-01 as a date, a quoted one as a string: both are fine
+    # text from YAML (quoted or not); a date object from Python callers
     if isinstance(v, datetime.date) and not isinstance(v, datetime.datetime):
         return v
     if isinstance(v, str):

@@ -209,7 +209,8 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                           if miss else ".")))
     b.append(("p", "Max rate per replica: bisection on the arrival rate with common random "
                    "numbers across candidates; an unstable run (its queue grows, below "
-                   "0.98 × the offered rate) fails the rate. CIs: rates decided with 95% confidence bound the max rate; "
+                   "0.98 × the offered rate) fails the rate. CIs: rates decided with 95% "
+                   "confidence bound the max rate; "
                    "replicas and costs follow from them. Latencies are at the operating "
                    "point (target / replicas per replica), mean and 95% CI over replications "
                    "(Student t; a lower end below 0 is shown as 0, since a latency cannot "

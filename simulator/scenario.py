@@ -17,8 +17,8 @@ Engine knobs carry vLLM's names and defaults (``vllm/config/scheduler.py``,
 ``vllm/config/cache.py``): block_size 16, gpu_memory_utilization 0.9,
 enable_prefix_caching true, scheduler_reserve_full_isl true; max_num_seqs and
 max_num_batched_tokens by device as ``vllm serve`` sets them
-(``EngineArgs.get_batch_defaults``, :meth:`Scenario.serving_defaults`). ``max_model_len`` defaults, as in
-vLLM, to the model's ``max_position_embeddings``; where vLLM would then refuse to start
+(``EngineArgs.get_batch_defaults``, :meth:`Scenario.serving_defaults`). ``max_model_len``
+defaults, as in vLLM, to the model's ``max_position_embeddings``; where vLLM would then refuse to start
 because the KV cache cannot hold one such request, servesim instead caps the default to
 what the cache holds (an explicit ``max_model_len`` that does not fit is an error, as in
 vLLM).

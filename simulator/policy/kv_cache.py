@@ -318,20 +318,27 @@ class KVCacheManager:
             hits.append(b)
         return hits, len(hits) * bs
 
-    def fits(self, req: Request, num_tokens: int, new_computed_blocks=()) -> bool:
-        """Whether the free blocks cover ``req``'s first ``num_tokens`` tokens: the blocks
-        it still lacks beyond those it holds and the hit blocks ``new_computed_blocks``,
-        plus the hit blocks that are free (taking one out of the free queue uses it up),
-        as vLLM ``KVCacheManager.allocate_slots`` counts them (watermark 0)."""
+    def _new_blocks(self, req: Request, num_tokens: int, new_computed_blocks) -> tuple:
+        """``(blocks to allocate, fits)`` for ``req``'s first ``num_tokens`` tokens: the
+        blocks it lacks beyond those it holds and the hit blocks ``new_computed_blocks``;
+        they fit when the free blocks cover them plus the hit blocks that are free (taking
+        one out of the free queue uses it up), as vLLM ``KVCacheManager.allocate_slots``
+        counts them (watermark 0)."""
         pool = self.pool
+        need = max(0, cdiv(num_tokens, self.block_size) - len(req.block_ids)
+                   - len(new_computed_blocks))
         if pool.unlimited:
-            return True
-        need = cdiv(num_tokens, self.block_size) - len(req.block_ids) - len(new_computed_blocks)
+            return need, True
         evictable = 0
         for b in new_computed_blocks:
             if pool.ref_cnt[b] == 0:
                 evictable += 1
-        return max(need, 0) + evictable <= pool._num_free
+        return need, need + evictable <= pool._num_free
+
+    def fits(self, req: Request, num_tokens: int, new_computed_blocks=()) -> bool:
+        """Whether :meth:`allocate_slots` would succeed for these arguments (it changes
+        nothing): vLLM's ``full_sequence_must_fit`` check at admission."""
+        return self._new_blocks(req, num_tokens, new_computed_blocks)[1]
 
     def allocate_slots(self, req: Request, num_tokens: int,
                        new_computed_blocks=()) -> list[int] | None:
@@ -348,8 +355,8 @@ class KVCacheManager:
         """
         pool = self.pool
         bs = self.block_size
-        need = max(0, cdiv(num_tokens, bs) - len(req.block_ids) - len(new_computed_blocks))
-        if not pool.unlimited and not self.fits(req, num_tokens, new_computed_blocks):
+        need, ok = self._new_blocks(req, num_tokens, new_computed_blocks)
+        if not ok:
             return None
         if new_computed_blocks:
             pool.touch(new_computed_blocks)
