@@ -231,7 +231,7 @@ class MetricsCollector:
         self._ids: list = []
         self._ns = {k: array("q") for k in ("arrival", "sched", "first", "finish")}
         self._ints = {k: array("q") for k in ("prompt", "cached", "output", "preempt",
-                                              "replica", "reason")}
+                                              "replica", "reason", "capped")}
         self._reasons: dict = {}
 
     # -- hot paths ------------------------------------------------------------------
@@ -256,6 +256,7 @@ class MetricsCollector:
         ints["replica"].append(rec.replica)
         code = self._reasons.setdefault(rec.finish_reason, len(self._reasons))
         ints["reason"].append(code)
+        ints["capped"].append(rec.capped)
         if len(self._itl_gap) > _ITL_FOLD:
             self._fold_itl()
 
@@ -397,6 +398,8 @@ class MetricsCollector:
         Returns:
             :class:`RunResult`. ``summary`` keys: ``num_requests`` (counted, i.e. after
             warm-up), ``warmup_requests``, ``completed``, ``rejected``, ``aborted``,
+            ``capped`` (completed requests whose output max_model_len cut short, see
+            :class:`~simulator.policy.request.RequestRecord`),
             ``duration_s``, ``request_throughput`` (req/s), ``output_throughput`` and
             ``total_token_throughput`` (tok/s), ``total_prompt_tokens``,
             ``total_output_tokens``, ``total_cached_tokens``, one dict per metric of
@@ -419,7 +422,8 @@ class MetricsCollector:
         slo_spec = parse_slo(slo)
         self._flush()
         self._fold_itl()   # before the request table exists: a lower memory peak
-        req, ns, code = self._request_frame()
+        req, ns, ints = self._request_frame()
+        code = ints["reason"]
         counted = ~req["warmup"].to_numpy()
         is_rej = code == self._reasons.get("rejected", -1)
         is_abort = code == self._reasons.get("abort", -1)
@@ -435,6 +439,7 @@ class MetricsCollector:
         s["completed"] = int(done.sum())
         s["rejected"] = int((counted & is_rej).sum())
         s["aborted"] = int((counted & is_abort).sum())
+        s["capped"] = int((done & (ints["capped"] > 0)).sum())
         s["duration_s"] = dur_s
         out_tok = int(req["output_tokens"].to_numpy()[done].sum())
         prompt_tok = int(req["prompt_tokens"].to_numpy()[done].sum())
@@ -485,7 +490,8 @@ class MetricsCollector:
         return pd.DataFrame({"gap_ns": gaps, "count": counts})
 
     def _request_frame(self) -> tuple[pd.DataFrame, dict, np.ndarray]:
-        """Requests in arrival order, plus the sorted ns columns and finish-reason codes."""
+        """Requests in arrival order, plus the sorted ns and int columns (``reason``: the
+        finish-reason codes)."""
         ns = {k: np.asarray(v, dtype=np.int64) for k, v in self._ns.items()}
         ints = {k: np.asarray(v, dtype=np.int64) for k, v in self._ints.items()}
         # Arrival order, ties by request id when ids are ints (else in finish order), so
@@ -531,7 +537,7 @@ class MetricsCollector:
             "finish_reason": pd.Series(names[ints["reason"]] if n else [], dtype=object),
             "warmup": warm,
         }, columns=list(REQUEST_COLUMNS))
-        return df, ns, ints["reason"]
+        return df, ns, ints
 
     def _nrep(self) -> int:
         if self._num_replicas is not None:

@@ -309,6 +309,7 @@ class Replica:
             rec.cached_tokens = max(r.num_cached_tokens, 0)
             rec.preemptions = r.num_preemptions
             rec.finish_reason = r.finish_reason
+            rec.capped = r.capped
             metrics.record_request(rec)
             if self.on_finish is not None:
                 self.on_finish(r, t1)

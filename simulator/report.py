@@ -45,6 +45,12 @@ PLOTS = ("latency_cdf", "timeline", "batch")
 _LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2EL",
            "queue_ms": "Queue"}
 _ECDF_POINTS = 2000   # points drawn per CDF; the figures themselves use every value
+# vLLM's engine (and offline LLM) cuts such an output at max_model_len; its OpenAI server
+# refuses the request ("'max_tokens' ... is too large", serving's input validation).
+CAPPED_TEXT = ("{n} requests asked for more output than max_model_len leaves after their "
+               "prompt (prompt + max_tokens > max_model_len): they were served with the "
+               "output cut at max_model_len (finish 'length'), as vLLM's engine does; vLLM's "
+               "OpenAI server refuses such requests (HTTP 400).")
 
 DEFINITIONS = [
     ("TTFT", "time to first token: first token time − arrival time; includes queueing "
@@ -144,6 +150,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         ["warm-up requests excluded", _fmt(s.get("warmup_requests"))],
         ["completed", _fmt(s.get("completed"))],
         ["rejected", _fmt(s.get("rejected"))],
+        ["output cut at max_model_len", _fmt(s.get("capped"))],
         ["aborted", _fmt(s.get("aborted"))],
         ["duration (s)", _fmt(s.get("duration_s"))],
         ["request throughput (req/s)", _fmt(s.get("request_throughput"))],
@@ -153,6 +160,8 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     ]
     b.append(("h2", f"Throughput ({label})"))
     b.append(("table", None, ["figure", "value"], rows))
+    if s.get("capped"):
+        b.append(("p", CAPPED_TEXT.format(n=_fmt(s["capped"]))))
 
     b.append(("h2", f"Latency, ms ({label})"))
     stats = ["mean", "p50", "p90", "p95", "p99", "max"]
@@ -595,6 +604,8 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         console.print(f"{_fmt(s['rejected'])} requests rejected: prompt too long for "
                       f"max_model_len{limit}; they count as SLO failures and are not in the "
                       f"latency figures.")
+    if s.get("capped"):
+        console.print(CAPPED_TEXT.format(n=_fmt(s["capped"])))
     if replications:
         n = max(((v.get("n") or 0) for v in replications.values()
                  if isinstance(v, dict) and "n" in v), default=0)

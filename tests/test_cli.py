@@ -232,6 +232,31 @@ slo: {ttft_ms: {p99: 500}}
             f"{default}, capped to what the KV cache holds); they count") in out
 
 
+def test_run_counts_outputs_cut_at_max_model_len(tmp_path, capsys):
+    # 500-token prompts under max_model_len 512: 12 output tokens fit exactly (vLLM's
+    # server accepts prompt + max_tokens == max_model_len); 13 are cut to 12 (it refuses)
+    y = tmp_path / "c.yaml"
+    text = """model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 4, max_model_len: 512}
+workload:
+  num_requests: 7
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: fixed, value: 500}
+  output_tokens: {dist: fixed, value: OUT}
+"""
+    for out_tokens, capped in ((12, 0), (13, 7)):
+        y.write_text(text.replace("OUT", str(out_tokens)))
+        o = tmp_path / f"o{out_tokens}"
+        assert main(["run", str(y), "--out", str(o), "--quiet"]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        s = json.loads((o / "summary.json").read_text())
+        assert (s["capped"], s["completed"], s["total_output_tokens"]) == (capped, 7, 7 * 12)
+        line = "7 requests asked for more output than max_model_len leaves after their prompt"
+        assert (line in said) == bool(capped)
+        assert (line in (o / "report.md").read_text()) == bool(capped)
+
+
 TRACE_SCENARIO = """name: tr
 model: llama-test
 hardware: {step_time: {constant_s: 0.01}}

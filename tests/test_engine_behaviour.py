@@ -118,6 +118,14 @@ def test_invalid_requests_are_rejected_and_others_keep_running():
     assert [r.finish_reason for r in eng.records.values()] == ["length", "rejected"]
 
 
+def test_an_output_past_max_model_len_is_cut_and_its_record_says_so():
+    long, short = engine().generate([ids(1, 250), ids(2, 20)],
+                                    dict(temperature=0.0, max_tokens=10, ignore_eos=True))
+    assert (len(long.output_token_ids), long.finish_reason, long.record.capped) == \
+        (6, "length", True)   # 250 + 10 > max_model_len 256: cut to 6
+    assert (len(short.output_token_ids), short.record.capped) == (10, False)
+
+
 def test_generate_rejects_all_when_one_prompt_is_bad():
     eng = engine()
     with pytest.raises(InputError):

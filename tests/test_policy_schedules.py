@@ -202,12 +202,14 @@ def test_prompt_longer_than_max_model_len_is_rejected_and_outputs_are_capped():
     assert s.stats.num_rejected == 2
     r = req("capped", [("y", 12)], max_tokens=100)
     r1 = req("one", [("z", 15)], max_tokens=100)
-    s.add_request(r)
-    s.add_request(r1)
+    exact = req("exact", [("w", 10)], max_tokens=6)   # 10 + 6 = max_model_len: not cut
+    for x in (r, r1, exact):
+        s.add_request(x)
     while s.has_unfinished_requests():
         step(s)
-    assert r.num_output_tokens == 4 and r.finish_reason == "length"
-    assert r1.num_output_tokens == 1 and r1.finish_reason == "length"
+    assert r.num_output_tokens == 4 and r.finish_reason == "length" and r.capped
+    assert r1.num_output_tokens == 1 and r1.finish_reason == "length" and r1.capped
+    assert exact.num_output_tokens == 6 and not exact.capped
 
 
 def test_config_refuses_a_cache_smaller_than_one_max_model_len_request():

@@ -390,6 +390,7 @@ class LLMEngine:
             rec.output_tokens = req.num_output_tokens
             rec.preemptions = req.num_preemptions
             rec.finish_reason = req.finish_reason
+            rec.capped = req.capped
             outputs.append(RequestOutput(
                 req.request_id, req.prompt_token_ids, list(req.output_token_ids),
                 self.tokenizer.decode(req.output_token_ids), req.finish_reason, rec))

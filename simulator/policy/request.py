@@ -141,6 +141,10 @@ class RequestRecord:
             the simulator keeps ITL as runs instead, see ``simulator.metrics``).
         finish_reason: ``length`` (max_tokens / max_model_len), ``stop`` (stop token),
             ``rejected`` (never served: a prompt of max_model_len tokens or more).
+        capped: its ``max_tokens`` asked for more than ``max_model_len - prompt_tokens``,
+            so its output was cut at max_model_len (finish ``length``), as vLLM's engine
+            does; vLLM's OpenAI server refuses such a request instead (HTTP 400,
+            "'max_tokens' ... is too large").
     """
 
     request_id: Union[int, str]
@@ -155,6 +159,7 @@ class RequestRecord:
     replica: int = 0
     token_times_ns: list | None = None
     finish_reason: str | None = None
+    capped: bool = False
 
 
 def _digest(parent: bytes, key: bytes) -> bytes:
@@ -203,7 +208,7 @@ class Request:
         "num_preemptions", "block_ids", "num_registered_blocks", "num_hashed_blocks",
         "cache_private", "output_private", "_block_hashes",
         "_content", "_computed", "_output", "_steady", "_clock", "_epoch", "_seq",
-        "finish_reason", "record",
+        "finish_reason", "record", "capped",
     )
 
     def __init__(self, spec: RequestSpec | None = None, *, request_id=None,
@@ -257,6 +262,7 @@ class Request:
         self._seq = -1
         self.finish_reason: str | None = None
         self.record: RequestRecord | None = None
+        self.capped = False   # max_tokens lowered to fit max_model_len (add_request)
 
     # -- counters (lazy while a steady decode) ---------------------------------------
     @property

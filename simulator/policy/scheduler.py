@@ -250,7 +250,7 @@ class Scheduler:
 
     # -- queue management -----------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        """Queue a request; caps its output at ``max_model_len``.
+        """Queue a request; caps its output at ``max_model_len`` (sets ``req.capped``).
 
         Raises:
             RequestRejected: a prompt of ``max_model_len`` tokens or more: it leaves no room
@@ -263,7 +263,10 @@ class Scheduler:
             raise RequestRejected(
                 f"request {req.request_id}: prompt of {req.num_prompt_tokens} tokens leaves "
                 f"no room for an output token within max_model_len {cfg.max_model_len}")
-        req.max_tokens = min(req.max_tokens, cfg.max_model_len - req.num_prompt_tokens)
+        room = cfg.max_model_len - req.num_prompt_tokens
+        if req.max_tokens > room:
+            req.max_tokens = room
+            req.capped = True
         req._clock = self._clock
         req.state = RequestState.WAITING
         self.waiting.append(req)
