@@ -202,6 +202,8 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         b.append(("h2", f"Across replications ({label})"))
         b.append(("table", None, ["figure", "mean", "95% CI", "n"],
                   _replication_rows(replications)))
+        if _replications_identical(replications):
+            b.append(("p", IDENTICAL_TEXT))
 
     if diagnosis is not None:
         b.extend(diagnosis_blocks(diagnosis, label))
@@ -252,21 +254,40 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
     return b
 
 
-def _replication_rows(rep: dict) -> list:
+def _replicated(rep: dict) -> list:
+    """``(path, {mean, ci95, n})`` of the figures the replication tables show."""
     keys = [("request_throughput",), ("output_throughput",), ("goodput",)]
     keys += [(m, st) for m in METRICS for st in ("mean", "p50", "p99")]
     keys += [("concurrency", "running_mean"), ("kv_usage", "mean")]
-    rows = []
+    out = []
     for path in keys:
-        node = rep
-        for k in path:
-            node = node.get(k) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or "mean" not in node:
-            continue
+        node = _at(rep, path)
+        if isinstance(node, dict) and "mean" in node:
+            out.append((path, node))
+    return out
+
+
+def _replication_rows(rep: dict) -> list:
+    rows = []
+    for path, node in _replicated(rep):
         ci = node.get("ci95")
         ci_txt = f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "n/a"
         rows.append([".".join(path), _fmt(node["mean"]), ci_txt, _fmt(node.get("n"))])
     return rows
+
+
+# A trace fixes arrivals and lengths; with noiseless step costs and a deterministic router
+# nothing is left for the seed to change.
+IDENTICAL_TEXT = ("Every replication gave the same figures: nothing in this scenario "
+                  "depends on the seed (a trace, or fixed arrivals and lengths, served at "
+                  "step costs without noise), so the intervals have zero width and one "
+                  "replication says as much.")
+
+
+def _replications_identical(rep: dict) -> bool:
+    figs = _replicated(rep)
+    return bool(figs) and all(n.get("ci95") and n["ci95"][0] == n["ci95"][1]
+                              for _, n in figs)
 
 
 def render_markdown(blocks: list) -> str:
@@ -618,6 +639,8 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         for row in _replication_rows(replications):
             rep.add_row(*row)
         console.print(rep)
+        if _replications_identical(replications):
+            console.print(IDENTICAL_TEXT, style="dim")
     console.print("TTFT, TPOT, ITL and E2EL as defined by vllm bench serve "
                   "(TPOT excludes the first token; genai-perf's ITL is this TPOT).",
                   style="dim")

@@ -257,6 +257,16 @@ workload:
         assert (line in (o / "report.md").read_text()) == bool(capped)
 
 
+POISSON_SCENARIO = """name: p
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+workload:
+  num_requests: 20
+  arrival: {process: poisson, rate: 50}
+  prompt_tokens: {dist: uniform, min: 10, max: 300}
+  output_tokens: {dist: fixed, value: 5}
+"""
+
 TRACE_SCENARIO = """name: tr
 model: llama-test
 hardware: {step_time: {constant_s: 0.01}}
@@ -268,6 +278,22 @@ workload:
     time_scale: 1.0
     window_s: [0, 100]
 """
+
+
+def test_replications_of_a_trace_are_said_to_be_identical(tmp_path, capsys):
+    (tmp_path / "t.csv").write_text("at,p,o\n0,10,5\n1,20,5\n2,30,5\n")
+    (tmp_path / "tr.yaml").write_text(TRACE_SCENARIO)
+    (tmp_path / "p.yaml").write_text(POISSON_SCENARIO)
+    for name, same in (("tr", True), ("p", False)):
+        o = tmp_path / f"o_{name}"
+        assert main(["run", str(tmp_path / f"{name}.yaml"), "--out", str(o), "--quiet",
+                     "--replications", "3"]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        rep = json.loads((o / "replications.json").read_text())
+        lo, hi = rep["e2el_ms"]["p50"]["ci95"]
+        assert (lo == hi) == same   # the trace's three runs are one run three times
+        text = "Every replication gave the same figures"
+        assert (text in said) == same and (text in (o / "report.md").read_text()) == same
 
 
 @pytest.mark.parametrize("old,new,args,expected", [
