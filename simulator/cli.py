@@ -24,6 +24,27 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "(repeatable; values are YAML)")
 
 
+def add_replications_arg(p: argparse.ArgumentParser) -> None:
+    """``--replications N`` (run, sweep, compare): see :func:`with_replications`."""
+    p.add_argument("--replications", type=int, help="override sim.replications")
+
+
+def with_replications(scenario, n: int | None):
+    """``scenario`` with ``sim.replications`` set to ``n`` (unchanged when ``n`` is None).
+
+    Raises:
+        InputError: ``n`` outside 1 .. ``MAX_REPLICATIONS``, naming ``--replications``.
+    """
+    from .scenario import MAX_REPLICATIONS
+
+    if n is None:
+        return scenario
+    if not 1 <= n <= MAX_REPLICATIONS:
+        raise InputError(f"--replications: 1 to {MAX_REPLICATIONS}, got {n}")
+    return scenario.model_copy(update={"sim": scenario.sim.model_copy(
+        update={"replications": n})})
+
+
 def _cmd_run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -31,23 +52,17 @@ def _cmd_run(args) -> int:
     from .cost_model import build_cost_model, profile_warning
     from .report import print_summary, write_run_outputs
     from .run import max_model_len_text, report_meta, simulate_replications
-    from .scenario import MAX_REPLICATIONS, load_scenario
+    from .scenario import load_scenario
     from .sweep import with_sweep_hint
 
     try:
         scenario = load_scenario(args.scenario, args.overrides)
     except InputError as e:
         raise with_sweep_hint(e, args.overrides, "run") from None
-    sim = {}
-    if args.replications is not None:
-        if not 1 <= args.replications <= MAX_REPLICATIONS:
-            raise InputError(f"--replications: 1 to {MAX_REPLICATIONS}, got "
-                             f"{args.replications}")
-        sim["replications"] = args.replications
+    scenario = with_replications(scenario, args.replications)
     if args.exact_steps:
-        sim["exact_steps"] = True
-    if sim:
-        scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(update=sim)})
+        scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(
+            update={"exact_steps": True})})
     out = out_folder(args.out, Path("reports") / scenario.name)
     check_folder(out, "--out", "run")   # fail before simulating, not after
     warning = profile_warning(build_cost_model(scenario))
@@ -124,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="simulate a scenario and write a report")
     _add_scenario_args(p)
     p.add_argument("--out", help="output folder (default reports/<scenario name>)")
-    p.add_argument("--replications", type=int, help="override sim.replications")
+    add_replications_arg(p)
     p.add_argument("--exact-steps", action="store_true",
                    help="one simulation event per engine step (the reference for the "
                         "fast-forward, which gives identical results)")

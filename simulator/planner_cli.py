@@ -172,6 +172,7 @@ def _print_table(df, title: str, columns=None, console=None) -> None:
 
 
 def _cmd_sweep(args) -> int:
+    from .cli import with_replications
     from .planner import split_sets, sweep
     from .planner_report import write_sweep_report
     from .scenario import load_scenario
@@ -185,6 +186,9 @@ def _cmd_sweep(args) -> int:
     if not axes:
         raise InputError("--set: give at least one swept key with comma-separated values, "
                          "e.g. --set workload.arrival.rate=1,2,4,8")
+    if args.replications is not None and "sim.replications" in axes:
+        raise InputError("--replications: sim.replications is also swept by --set; give one")
+    scenario = with_replications(scenario, args.replications)
     out = out_folder(args.out, Path("reports") / f"{scenario.name}-sweep")
     check_folder(out, "--out", "sweep")   # before the runs, not after
     with _executor(args) as ex, _progress(args, f"sweeping {scenario.name}") as prog:
@@ -277,6 +281,7 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_compare(args) -> int:
+    from .cli import with_replications
     from .diagnosis import find_limits
     from .planner import compare
     from .report import write_compare_report
@@ -297,6 +302,7 @@ def _cmd_compare(args) -> int:
                      for p, n in zip(args.scenarios, names)]
     except InputError as e:
         raise with_sweep_hint(e, args.overrides, "compare") from None
+    scenarios = [with_replications(sc, args.replications) for sc in scenarios]
     seen: dict = {}
     for sc in scenarios:   # plans are keyed by name in the table, CSV and report
         if sc.name in seen:
@@ -361,10 +367,11 @@ def compare_table(entries: list[dict]):
 
 def add_parsers(sub) -> None:
     """Add ``sweep``, ``plan`` and ``compare`` to an argparse sub-parser set."""
-    from .cli import _add_scenario_args
+    from .cli import _add_scenario_args, add_replications_arg
 
     p = sub.add_parser("sweep", help="run the cross product of --set key=v1,v2,... values")
     _add_scenario_args(p)
+    add_replications_arg(p)
     _executor_args(p)
     p.set_defaults(func=_cmd_sweep)
 
@@ -382,6 +389,7 @@ def add_parsers(sub) -> None:
                                                 "and SLO of the first are used for all)")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override applied to every scenario")
+    add_replications_arg(p)
     _executor_args(p)
     p.set_defaults(func=_cmd_compare)
 

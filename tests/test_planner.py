@@ -319,6 +319,29 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     assert main(["plan", str(y), "--target-rate", "-1"] + args) == 2
 
 
+def test_sweep_and_compare_take_replications_as_run_does(tmp_path, capsys):
+    import pandas as pd
+
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN)
+    y2 = tmp_path / "s2.yaml"
+    y2.write_text(SMALL_PLAN.replace("name: s\n", "name: s2\n"))
+    args = ["--executor", "serial", "--quiet", "--replications", "3"]
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=10,20", "--out",
+                 str(tmp_path / "sw")] + args) == 0
+    table = pd.read_csv(tmp_path / "sw" / "sweep.csv")
+    assert table["ttft_p99_ci95_lo"].notna().all()   # a CI needs two or more runs
+    assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 0
+    assert "(means over 3 replications)" in " ".join(capsys.readouterr().out.split())
+    for cmd in (["sweep", str(y), "--set", "workload.arrival.rate=10,20"],
+                ["compare", str(y), str(y2)]):
+        assert main(cmd + ["--out", str(tmp_path / "bad"), "--replications", "0"]) == 2
+        assert capsys.readouterr().err.startswith("servesim: error: --replications: 1 to ")
+    assert main(["sweep", str(y), "--set", "sim.replications=1,2", "--replications", "2"]) == 2
+    assert "sim.replications is also swept" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
 def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys):
     # One output token per request: no TPOT exists, so a TPOT SLO cannot be missed (as
     # goodput counts it). One step of 10 ms per request and max_num_seqs 4: a candidate
