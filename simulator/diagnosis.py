@@ -5,7 +5,8 @@ scheduled → first token: the prompt's chunks, and any wait between them), then
 limits a vLLM operator can turn, in this order:
 
 * ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
-  cannot be allocated), or queueing while the KV cache is nearly full and running requests
+  cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
+  queueing while the KV cache is nearly full and running requests
   are below ``max_num_seqs`` (admission waits for free blocks).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time.
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
@@ -123,6 +124,9 @@ def find_limits(scenario, result) -> dict:
                "more KV cache: raise gpu_memory_utilization or tensor_parallel, or a GPU "
                "with more memory; or lower max_num_seqs so fewer requests share it")
     if pre > 0:
+        if not e.scheduler_reserve_full_isl:   # admitted on a first chunk, later preempted
+            kv_knob += ("; or engine.scheduler_reserve_full_isl=true (vLLM's default: admit "
+                        "a request only when its whole prompt fits in the free blocks)")
         found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "
                               f"mean KV usage {kv_mean:.0%})", kv_knob, kv_change))
     elif queued and kv_mean >= KV_FULL and running_max < scenario.max_num_seqs:

@@ -37,6 +37,18 @@ def test_kv_capacity_binds():
     # A fixed block count ignores gpu_memory_utilization: the knob is the count itself.
     knob = d["findings"][0]["knob"]
     assert "raise engine.num_gpu_blocks" in knob and "raise gpu_memory_utilization" not in knob
+    assert "scheduler_reserve_full_isl" not in knob   # already vLLM's default here
+
+
+def test_preemptions_with_first_chunk_admission_name_the_full_isl_knob():
+    # 1000-token prompts (63 blocks of 16 with their output) in 250-token chunks, 80 usable
+    # blocks: admitted on a first chunk, two requests outgrow the cache and preempt.
+    s = sc({"max_num_seqs": 8, "num_gpu_blocks": 81, "max_num_batched_tokens": 250,
+            "max_model_len": 1024, "scheduler_reserve_full_isl": False}, {"constant_s": 0.01}, 20, prompt=1000,
+           out=8, n=60)
+    d = diagnose(s, simulate(s), counterfactual=False)
+    assert d["binding"] == "kv_capacity" and d["figures"]["preemptions"] > 0
+    assert "engine.scheduler_reserve_full_isl=true" in d["findings"][0]["knob"]
 
 
 def test_compute_binds():
