@@ -113,7 +113,8 @@ def max_model_len_text(scenario, summary: dict | None = None) -> str:
     used = (summary or {}).get("max_model_len") or scenario.max_model_len
     if used != scenario.max_model_len:
         return (f"{used} (the default, {scenario.max_model_len}, capped to what the KV cache "
-                f"holds)")
+                f"holds, as vLLM's --max-model-len auto does; left unset, vLLM would refuse "
+                f"to start)")
     return str(used)
 
 

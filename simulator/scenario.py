@@ -20,8 +20,8 @@ max_num_batched_tokens by device as ``vllm serve`` sets them
 (``EngineArgs.get_batch_defaults``, :meth:`Scenario.serving_defaults`). ``max_model_len``
 defaults, as in vLLM, to the model's ``max_position_embeddings``; where vLLM would then refuse to start
 because the KV cache cannot hold one such request, servesim instead caps the default to
-what the cache holds (an explicit ``max_model_len`` that does not fit is an error, as in
-vLLM).
+what the cache holds, as ``--max-model-len auto`` makes vLLM do (vLLM PR #29431; reports
+say so), and an explicit ``max_model_len`` that does not fit is an error, as in vLLM.
 """
 
 from __future__ import annotations

@@ -229,7 +229,8 @@ slo: {ttft_ms: {p99: 500}}
     out = " ".join(capsys.readouterr().out.split())
     default = load_scenario(y).model_shape.max_position_embeddings
     assert (f"7 requests rejected: prompt too long for max_model_len 128 (the default, "
-            f"{default}, capped to what the KV cache holds); they count") in out
+            f"{default}, capped to what the KV cache holds, as vLLM's --max-model-len auto "
+            f"does; left unset, vLLM would refuse to start); they count") in out
 
 
 def test_run_counts_outputs_cut_at_max_model_len(tmp_path, capsys):

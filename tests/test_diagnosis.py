@@ -195,5 +195,7 @@ def test_a_default_max_model_len_capped_to_the_kv_cache_is_the_one_named():
     assert res.summary["rejected"] == 5 and res.summary["max_model_len"] == 512
     f = diagnose(s, res)["findings"][0]
     assert f["evidence"] == (f"5 requests rejected: prompt too long for max_model_len 512 (the "
-                             f"default, {s.max_model_len}, capped to what the KV cache holds)")
+                             f"default, {s.max_model_len}, capped to what the KV cache "
+                             f"holds, as vLLM's --max-model-len auto does; left unset, vLLM "
+                             f"would refuse to start)")
     assert f["knob"].startswith("give the KV cache more memory")
