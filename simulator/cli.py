@@ -164,13 +164,17 @@ def _check_utf8(argv: list[str]) -> None:
     written after the whole run.
 
     Raises:
-        InputError: ``<argument>: not UTF-8 (byte 0x.. at character N); ...``.
+        InputError: ``[<flag>] <argument>: not UTF-8 (byte 0x.. at character N); ...``
+            (the flag before a value given apart from it).
     """
-    for a in argv:
+    for i, a in enumerate(argv):
         try:
             a.encode("utf-8")
         except UnicodeEncodeError as e:
             shown = os.fsencode(a).decode("utf-8", "backslashreplace")
+            prev = argv[i - 1] if i else ""
+            if prev.startswith("--") and "=" not in prev:   # the flag this value is for
+                shown = f"{prev} {shown}"
             byte = ord(a[e.start]) - 0xDC00   # the surrogate escape of that byte
             raise InputError(f"{shown}: not UTF-8 (byte 0x{byte:02x} at character "
                              f"{e.start + 1}); give file names and values in UTF-8 (the "

@@ -157,6 +157,7 @@ def test_an_argument_that_is_not_utf8_is_refused_before_the_run(scen, tmp_path, 
                        timeout=300)
     shown = (bad + (b".yaml" if where == "scenario" else b"")).decode("utf-8",
                                                                       "backslashreplace")
+    shown = shown if where == "scenario" else f"--out {shown}"   # the flag it is for
     assert r.returncode == 2
     assert r.stderr.decode().splitlines() == [
         f"servesim: error: {shown}: not UTF-8 (byte 0xff at character "
