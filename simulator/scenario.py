@@ -788,7 +788,8 @@ def format_validation_error(e: ValidationError, source: str, root: type | None =
                             origins: dict | None = None, text: str | None = None) -> str:
     """One line for a pydantic ``ValidationError`` of model ``root`` read from ``source``:
     ``"<source>[:LINE]: <key.path>: <what is wrong / allowed>"``, unknown keys first, keys
-    missing from one mapping named together, with a count of further errors. ``LINE``
+    missing from one mapping named together, with a count of further errors and their
+    keys. ``LINE``
     (the key's line, :func:`simulator.files.yaml_line`) is given when ``text``, the YAML
     that was validated, is."""
     # Unknown keys first: a typo often causes the other errors (a required key "missing").
@@ -800,12 +801,18 @@ def format_validation_error(e: ValidationError, source: str, root: type | None =
     here, parent = _resolve_loc(tuple(errs[0]["loc"]), root)
     here = here[:-1]
     same = {"extra_forbidden": [], "missing": []}
+    keys = []   # (key path of each error, whether it is one of ``same``)
     for x in errs:
         lc = _resolve_loc(tuple(x["loc"]), root)[0]
-        if x["type"] in same and lc[:-1] == here:
+        alike = x["type"] in same and lc[:-1] == here
+        keys.append((".".join(map(str, lc)), alike))
+        if alike:
             same[x["type"]].append(str(lc[-1]))
     unknown, missing = same["extra_forbidden"], same["missing"]
-    if len(unknown) > 1 or (not unknown and len(missing) > 1):
+    grouped = len(unknown) > 1 or (not unknown and len(missing) > 1)
+    # the keys of the errors not shown, so that one rerun can fix them all
+    rest = [k for k, alike in keys if not alike] if grouped else [k for k, _ in keys[1:]]
+    if grouped:
         allowed = list(parent.model_fields) if parent is not None else []
         parts = ([f"unknown keys: {_some(unknown)}"
                   + (f" (allowed: {', '.join(allowed)})" if allowed else "")] if unknown
@@ -817,7 +824,9 @@ def format_validation_error(e: ValidationError, source: str, root: type | None =
         shown = len(unknown) + len(missing)
     if len(errs) > shown:
         more = len(errs) - shown
-        msg += f" (and {more} more error{'s' if more > 1 else ''})"
+        named = list(dict.fromkeys(k for k in rest if k))
+        msg += (f" (and {more} more error{'s' if more > 1 else ''}"
+                + (f", at {_some(named, 4)})" if named else ")"))
     return msg
 
 

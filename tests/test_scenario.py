@@ -150,7 +150,7 @@ def test_a_flag_that_changes_a_distribution_is_named_in_the_errors_it_causes(cha
     assert err(load_scenario, chat, ["workload.output_tokens.dist=uniform"]) == (
         "chat.yaml:16 (with --set workload.output_tokens.dist=uniform): "
         "workload.output_tokens.value: unknown key (allowed: min, max, dist) "
-        "(and 2 more errors)")
+        "(and 2 more errors, at workload.output_tokens.min, workload.output_tokens.max)")
     # a flag elsewhere in the workload is not named
     assert err(load_scenario, chat, ["workload.num_requests=5",
                                      "workload.output_tokens={dist: fixed, value: 1, x: 2}"]
@@ -226,7 +226,7 @@ def test_unknown_keys_reported_before_consequences(tmp_path):
     assert err(load_scenario, p).startswith(
         f"s.yaml:{line_of(p, 'hardwre:')}: hardwre: unknown key (allowed: name, model, dtype, "
         "hardware, engine, cluster, "
-        "workload, slo, sim, plan) (and 1 more error)")
+        "workload, slo, sim, plan) (and 1 more error, at hardware)")
 
 
 def test_yaml_syntax_error_names_line(tmp_path):
@@ -607,7 +607,8 @@ def test_unknown_keys_of_one_mapping_are_named_with_what_it_misses(chat, tmp_pat
     # one misspelt key keeps its own line and path
     assert err(load_scenario, chat, ["workload.prompt_tokens={dist: uniform, min: 1, "
                                      "mx: 5}"]).endswith(
-        "workload.prompt_tokens.mx: unknown key (allowed: min, max, dist) (and 1 more error)")
+        "workload.prompt_tokens.mx: unknown key (allowed: min, max, dist) (and 1 more error, "
+        "at workload.prompt_tokens.max)")
 
 
 def test_another_kind_of_file_is_not_a_scenario(tmp_path):
