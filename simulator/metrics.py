@@ -17,12 +17,14 @@ kept as ``(gap_ns, count)`` runs, never per token, and its percentiles equal
 
 Warm-up: the first ``warmup_requests`` requests *by arrival* are excluded from every
 request figure (counts, latencies, throughput, goodput, concurrency). The measurement
-window is [first counted arrival, last counted finish]; throughputs and time-weighted
-means are over that window. Two figures cannot be split by request and are documented as
-such: pooled ITL (the simulator reports gaps per step, without request identity) includes
-warm-up requests' tokens, and step-based figures (running requests, KV usage) are cut to
-the window at the resolution of the fine time bins (exact when no step straddles a
-window edge, which always holds without warm-up).
+window is [0, last finish] without warm-up (``vllm bench serve``'s benchmark duration: its
+clock starts before the first request's arrival gap) and [first counted arrival, last
+counted finish] with it; throughputs and time-weighted means are over that window. Two
+figures cannot be split by request and are documented as such: pooled ITL (the simulator
+reports gaps per step, without request identity) includes warm-up requests' tokens, and
+step-based figures (running requests, KV usage) are cut to the window at the resolution of
+the fine time bins (exact when no step straddles a window edge, which always holds without
+warm-up).
 """
 
 from __future__ import annotations
@@ -429,7 +431,7 @@ class MetricsCollector:
         is_abort = code == self._reasons.get("abort", -1)
         done = counted & ~is_rej & ~is_abort & (ns["first"] >= 0) & (ns["finish"] >= 0)
         arrival_ns, finish_ns = ns["arrival"], ns["finish"]
-        ws, we = _window(arrival_ns[counted], finish_ns[counted])
+        ws, we = _window(arrival_ns[counted], finish_ns[counted], from_zero=counted.all())
         duration_ns = we - ws
         dur_s = duration_ns / NS_PER_S if duration_ns > 0 else None
 
@@ -671,11 +673,14 @@ def _ts_frame(start, width, out_w, replica, agg, nrep, waiting) -> pd.DataFrame:
     }, columns=list(TIMESERIES_COLUMNS))
 
 
-def _window(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> tuple[int, int]:
-    """[first arrival, last finish] of the counted requests (ns); (0, 0) when none."""
+def _window(arrival_ns: np.ndarray, finish_ns: np.ndarray,
+            from_zero: bool = False) -> tuple[int, int]:
+    """[start, last finish] of the counted requests (ns); (0, 0) when none. The start is
+    the run's clock start with ``from_zero`` (no warm-up: ``vllm bench serve`` starts its
+    duration before the first request's arrival gap), else the first counted arrival."""
     if arrival_ns.size == 0:
         return 0, 0
-    ws = int(arrival_ns.min())
+    ws = 0 if from_zero else int(arrival_ns.min())
     fin = finish_ns[finish_ns >= 0]
     we = max(int(fin.max()) if fin.size else ws, ws)
     return ws, we

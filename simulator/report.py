@@ -71,9 +71,10 @@ DEFINITIONS = [
                 "A request with ≤ 1 output token has no TPOT and passes that check; ITL "
                 "SLOs are judged on the run statistic only."),
     ("Percentiles", "`numpy.percentile`, linear interpolation."),
-    ("Window", "throughputs and time-weighted means run over [first counted arrival, "
-               "last counted finish]; the first warm-up requests by arrival are left out "
-               "of every request figure."),
+    ("Window", "throughputs and time-weighted means run from the start of the run (as "
+               "`vllm bench serve`'s duration, which includes the first arrival gap) to the "
+               "last finish; with warm-up, from the first counted arrival, and the first "
+               "warm-up requests by arrival are left out of every request figure."),
     ("Concurrency", "requests in system: mean = Σ E2EL / duration (Little's law; SGLang "
                     "`bench_serving`'s concurrency), max of overlapping [arrival, finish) "
                     "(`vllm bench serve`'s peak concurrent requests). Running requests and KV usage "
@@ -641,9 +642,9 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         console.print(rep)
         if _replications_identical(replications):
             console.print(IDENTICAL_TEXT, style="dim")
-    console.print("TTFT, TPOT, ITL and E2EL as defined by vllm bench serve "
-                  "(TPOT excludes the first token; genai-perf's ITL is this TPOT).",
-                  style="dim")
+    console.print("TTFT, TPOT, ITL and E2EL as defined by vllm bench serve, timed from "
+                  "the engine's queue (no HTTP, tokenization or streaming); TPOT excludes "
+                  "the first token (genai-perf's ITL is this TPOT).", style="dim")
 
 
 # -- comparison of plans ------------------------------------------------------------------

@@ -90,6 +90,24 @@ def test_throughput_window_and_request_concurrency():
     assert s["concurrency"]["requests_max"] == 3
 
 
+def test_the_window_starts_at_the_run_start_as_vllm_bench_serve_duration():
+    # The same requests 30 ms later: vllm bench serve's clock starts before the first
+    # arrival gap, so the window is [0, 230 ms], not [30, 230]; with warm-up it starts at
+    # the first counted arrival (r1, 50 ms).
+    late = [RequestRecord(r.request_id, r.arrival_ns + 30 * MS,
+                          None if r.first_scheduled_ns is None else r.first_scheduled_ns + 30 * MS,
+                          None if r.first_token_ns is None else r.first_token_ns + 30 * MS,
+                          r.finish_ns + 30 * MS, prompt_tokens=r.prompt_tokens,
+                          output_tokens=r.output_tokens, finish_reason=r.finish_reason)
+            for r in timeline()]
+    s = collect(late).finalize(slo=None).summary
+    assert s["duration_s"] == approx(0.23)
+    assert s["request_throughput"] == approx(3 / 0.23)
+    assert s["concurrency"]["requests_mean"] == approx((150 + 180 + 90) / 230)
+    w = collect(late, warmup_requests=1).finalize(slo=None).summary
+    assert w["duration_s"] == approx(0.18)   # [50 ms, 230 ms]
+
+
 def test_requests_frame_is_in_arrival_order_with_derived_columns():
     df = collect(timeline()).finalize(slo=None).requests
     assert list(df.columns) == list(metrics.REQUEST_COLUMNS)
