@@ -30,6 +30,7 @@ warm-up).
 from __future__ import annotations
 
 import math
+import re
 from array import array
 from dataclasses import dataclass
 
@@ -43,7 +44,25 @@ from .policy.request import NS_PER_MS, NS_PER_S, RequestRecord
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
 PER_REQUEST_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms", "queue_ms")
 STATS = ("mean", "std", "p50", "p90", "p95", "p99", "max")
-SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
+SLO_STATS = ("mean", "p50", "p90", "p95", "p99")   # the SLO statistics every summary has
+# Any other percentile is allowed in an SLO too, as ``vllm bench serve
+# --metric-percentiles`` takes any (p75, p99.9): computed for that SLO when asked for.
+_PERCENTILE = re.compile(r"p((?:[1-9]\d{0,2}|0)(?:\.\d+)?)")
+
+
+def slo_stat_rank(stat: str) -> float:
+    """Where an SLO statistic sorts: ``mean`` first, then percentiles by their number.
+
+    Raises:
+        ValueError: neither ``mean`` nor ``pNN`` with NN in (0, 100] (e.g. p99, p99.9).
+    """
+    if stat == "mean":
+        return -1.0
+    m = _PERCENTILE.fullmatch(stat) if isinstance(stat, str) else None
+    if m is None or not 0 < float(m.group(1)) <= 100:
+        raise ValueError(f"unknown statistic {stat!r}: use mean or pNN, a percentile in "
+                         f"(0, 100] (p50, p90, p99, p99.9, ...)")
+    return float(m.group(1))
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
     "prompt_tokens", "cached_tokens", "output_tokens", "preemptions", "replica",
@@ -462,6 +481,16 @@ class MetricsCollector:
 
         samples = {m: int(lat[m].size) for m in PER_REQUEST_METRICS}
         samples["itl_ms"] = s["itl_tokens"]
+        for m, entries in slo_spec.items():   # percentiles an SLO asks for beyond STATS
+            for st in entries:
+                if st not in s[m]:
+                    q = slo_stat_rank(st)
+                    if m == "itl_ms":
+                        s[m][st] = (float(percentile_from_runs(
+                            itl["gap_ns"].to_numpy(), itl["count"].to_numpy(), q)) / NS_PER_MS
+                            if samples[m] else None)
+                    else:
+                        s[m][st] = float(np.percentile(lat[m], q)) if samples[m] else None
         s.update(_evaluate_slo(slo_spec, s, req, done, dur_s, samples))
 
         e2el = req["e2el_ms"].to_numpy()[done]
@@ -725,7 +754,8 @@ def parse_slo(slo: dict | None) -> dict:
     """Validate an SLO dict ``{metric: {stat: threshold_ms}}``.
 
     Returns:
-        ``{metric: {stat: float}}`` in canonical order (:data:`METRICS`, :data:`SLO_STATS`).
+        ``{metric: {stat: float}}`` in canonical order (:data:`METRICS`, then
+        :func:`slo_stat_rank`).
 
     Raises:
         InputError: unknown metric or statistic, or a threshold that is not a positive
@@ -744,17 +774,18 @@ def parse_slo(slo: dict | None) -> dict:
             raise InputError(f"slo.{metric}: expected a mapping of statistic -> threshold "
                              f"ms (e.g. {{p99: 2000}}), got {entry!r}")
         for stat, thr in entry.items():
-            if stat not in SLO_STATS:
-                raise InputError(f"slo.{metric}.{stat}: unknown statistic; allowed: "
-                                 f"{', '.join(SLO_STATS)}")
+            try:
+                slo_stat_rank(stat)
+            except ValueError as e:
+                raise InputError(f"slo.{metric}.{stat}: {e}") from None
             if (isinstance(thr, bool) or not isinstance(thr, (int, float))
                     or not math.isfinite(thr) or thr <= 0):
                 raise InputError(f"slo.{metric}.{stat}: threshold must be a positive "
                                  f"number of ms, got {thr!r}")
     for metric in METRICS:
         if metric in slo:
-            out[metric] = {st: float(slo[metric][st]) for st in SLO_STATS
-                           if st in slo[metric]}
+            out[metric] = {st: float(slo[metric][st])
+                           for st in sorted(slo[metric], key=slo_stat_rank)}
     return out
 
 

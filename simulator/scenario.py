@@ -42,6 +42,7 @@ from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
 from .policy.kv_cache import cdiv
 
+from .metrics import SLO_STATS, slo_stat_rank
 from .workload import MAX_RATE, WorkloadConfig
 
 
@@ -185,28 +186,28 @@ class ClusterConfig(_Strict):
     router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "round_robin"
 
 
-SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
 
 
-class SLOTarget(_Strict):
-    """Upper bounds (ms) on statistics of one metric; an entry is met when stat <= bound,
-    or vacuously when the statistic has no samples (TPOT/ITL with every request at <= 1
-    output token) while requests completed.
-    Bounds are finite (``.inf`` is refused here, with the file's name, rather than after
-    the run by :func:`simulator.metrics.parse_slo`); leave a statistic out to not bound it."""
+def _slo_target(bounds: dict) -> dict:
+    """An SLO target's statistics checked (:func:`simulator.metrics.slo_stat_rank`) and
+    put in order: ``mean`` first, then percentiles."""
+    if not bounds:
+        raise ValueError(f"give at least one statistic ({', '.join(SLO_STATS)}, "
+                         f"p99.9, ...)")
+    return {k: bounds[k] for k in sorted(bounds, key=slo_stat_rank)}
 
-    mean: Optional[float] = Field(None, gt=0)
-    p50: Optional[float] = Field(None, gt=0)
-    p90: Optional[float] = Field(None, gt=0)
-    p95: Optional[float] = Field(None, gt=0)
-    p99: Optional[float] = Field(None, gt=0)
 
-    @model_validator(mode="after")
-    def _not_empty(self):
-        if all(getattr(self, s) is None for s in SLO_STATS):
-            raise ValueError(f"give at least one of {', '.join(SLO_STATS)}")
-        return self
+#: Upper bounds (ms) on statistics of one metric: ``mean`` or any percentile ``pNN``
+#: (p50, p90, p99, p99.9). An entry is met when stat <= bound, or vacuously when the
+#: statistic has no samples (TPOT/ITL with every request at <= 1 output token) while
+#: requests completed. Bounds are finite (``.inf`` is refused here, with the file's name,
+#: rather than after the run by :func:`simulator.metrics.parse_slo`).
+SLOTarget = Annotated[
+    dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]],
+    AfterValidator(_slo_target),
+    Field(json_schema_extra={"propertyNames": {"pattern": r"^(mean|p\d+(\.\d+)?)$"}},
+          description="{mean | pNN: bound in ms}, e.g. {p50: 200, p99.9: 2000}")]
 
 
 class SLOConfig(_Strict):
@@ -219,12 +220,13 @@ class SLOConfig(_Strict):
     queue_ms: Optional[SLOTarget] = None
 
     def targets(self) -> list[tuple[str, str, float]]:
-        """Every ``(metric, stat, bound_ms)``, in schema order."""
+        """Every ``(metric, stat, bound_ms)``: metrics in schema order, then ``mean`` and
+        percentiles in order."""
         out = []
         for m in SLO_METRICS:
             t = getattr(self, m)
             if t is not None:
-                out.extend((m, s, getattr(t, s)) for s in SLO_STATS if getattr(t, s) is not None)
+                out.extend((m, s, b) for s, b in t.items())
         return out
 
 
@@ -651,7 +653,8 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     """``key.path=value`` → ``(key path parts, value)``, recording the flag in ``seen``
     (``{parts: flag}``). Below ``plan.candidates`` the rest of the path is one key, a
     dotted scenario key: ``plan.candidates.engine.max_num_seqs`` → ``("plan",
-    "candidates", "engine.max_num_seqs")``.
+    "candidates", "engine.max_num_seqs")``; below ``slo.<metric>`` too, a statistic such
+    as ``p99.9``.
 
     Raises:
         InputError: ``--set <s>: ...`` for a malformed flag, a list index in the path
@@ -666,6 +669,8 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     if not sep or not all(parts):   # an empty flag shown as '' (else "--set : expected")
         raise InputError(f"--set {s if s.strip() else repr(s)}: expected key.path=value, "
                          f"e.g. engine.max_num_seqs=128")
+    if parts[0] == "slo" and len(parts) > 3:   # a statistic with a dot: slo.ttft_ms.p99.9
+        parts = (*parts[:2], ".".join(parts[2:]))
     index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
     if index:   # no list item is addressable on its own (the schema's lists are short)
         raise InputError(f"--set {s}: {parts[index]} is not a key (scenario keys are names; "

@@ -173,6 +173,27 @@ def test_an_slo_over_no_samples_is_met_vacuously_as_goodput_counts_it():
     assert s["slo_met"] is False
 
 
+def test_an_slo_may_bound_any_percentile():
+    # TTFT [50, 60, 90] ms: p75 at index 1.5 -> 75; p99.9 at 1.998 -> 60 + 0.998 * 30.
+    # ITL gaps 5, 10 x 4, 20 x 2 ms: p75 at index 4.5 -> halfway from 10 to 20.
+    c = collect(timeline())
+    c.record_itl(10 * MS, 4)
+    c.record_itl(20 * MS, 2)
+    c.record_itl(5 * MS, 1)
+    s = c.finalize(slo={"ttft_ms": {"p99.9": 89, "p75": 80, "mean": 100},
+                        "itl_ms": {"p75": 15}}).summary
+    assert list(s["slo"]["ttft_ms"]) == ["mean", "p75", "p99.9"]   # mean, then by number
+    assert s["slo"]["ttft_ms"]["p75"]["value"] == approx(75.0)
+    assert s["slo"]["ttft_ms"]["p99.9"] == {"threshold": 89.0, "value": approx(89.94),
+                                            "met": False, "samples": 3}
+    assert s["ttft_ms"]["p99.9"] == approx(89.94)   # beside the fixed statistics
+    assert s["slo"]["itl_ms"]["p75"] == {"threshold": 15.0, "value": approx(15.0), "met": True,
+                                         "samples": 7}
+    # goodput checks each request against the smallest bound of a metric (75 ms): r2's
+    # 90 ms TTFT fails it
+    assert s["good_requests"] == 2 and s["slo_met"] is False
+
+
 def test_no_slo_gives_no_goodput():
     s = collect(timeline()).finalize(slo=None).summary
     assert (s["slo"], s["slo_met"], s["goodput"]) == ({}, None, None)
@@ -180,7 +201,9 @@ def test_no_slo_gives_no_goodput():
 
 @pytest.mark.parametrize("slo, path", [
     ({"ttft": {"p99": 1}}, "slo.ttft:"),
-    ({"ttft_ms": {"p42": 1}}, "slo.ttft_ms.p42:"),
+    ({"ttft_ms": {"p42x": 1}}, "slo.ttft_ms.p42x:"),
+    ({"ttft_ms": {"p0": 1}}, "slo.ttft_ms.p0:"),
+    ({"ttft_ms": {"p100.5": 1}}, "slo.ttft_ms.p100.5:"),
     ({"tpot_ms": {"mean": -3}}, "slo.tpot_ms.mean:"),
     ({"tpot_ms": {"mean": "fast"}}, "slo.tpot_ms.mean:"),
     ({"e2el_ms": 100}, "slo.e2el_ms:"),

@@ -96,9 +96,9 @@ def test_brief_error_examples(chat):
     ("cluster.router=random", "Input should be 'round_robin', 'least_outstanding' or "
      "'prefix_affinity'"),
     ("dtype=int8", "--set dtype=int8: Input should be 'float32', 'bfloat16' or 'float16'"),
-    ("slo.ttft_ms.p98=3", "--set slo.ttft_ms.p98=3: unknown key (allowed: mean, p50, p90, "
-     "p95, p99)"),
-    ("slo.ttft_ms={}", "give at least one of mean, p50, p90, p95, p99"),
+    ("slo.ttft_ms.p98x=3", "--set slo.ttft_ms.p98x=3: slo.ttft_ms: unknown statistic 'p98x': "
+     "use mean or pNN, a percentile in (0, 100]"),
+    ("slo.ttft_ms={}", "give at least one statistic (mean, p50, p90, p95, p99, p99.9, ...)"),
     ("slo.goodput_ms={p99: 3}", "unknown key (allowed: ttft_ms, tpot_ms, itl_ms, e2el_ms, "
      "queue_ms)"),
     ("sim.warmup_requests=-1", "greater than or equal to 0"),
@@ -208,6 +208,23 @@ def test_slo_bound_errors_name_the_file_like_other_keys(chat, bound, got):
     assert msg.startswith(f"chat.yaml:{line_of(chat, 'slo:')}: slo.ttft_ms.p99: Input should "
                           f"be ") and msg.endswith(
         f"(got {got})")
+
+
+def test_an_slo_takes_mean_or_any_percentile(chat):
+    chat.write_text(chat.read_text() + "slo:\n  ttft_ms: {p99.9: 800, p75: 200, mean: 90}\n")
+    sc = load_scenario(chat, ["slo.tpot_ms.p99.9=50"])   # the statistic's dot is no path
+    assert sc.slo.targets() == [("ttft_ms", "mean", 90.0), ("ttft_ms", "p75", 200.0),
+                                ("ttft_ms", "p99.9", 800.0), ("tpot_ms", "p99.9", 50.0)]
+    line = line_of(chat, "ttft_ms:")
+    for bad, said in (("{p42x: 5}", "unknown statistic 'p42x': use mean or pNN, a percentile "
+                                    "in (0, 100]"),
+                      ("{max: 5}", "unknown statistic 'max'"),
+                      ("{}", "give at least one statistic (mean, p50, p90, p95, p99, "
+                             "p99.9, ...)")):
+        text = chat.read_text().replace("{p99.9: 800, p75: 200, mean: 90}", bad)
+        chat.write_text(text)
+        assert err(load_scenario, chat).startswith(f"chat.yaml:{line}: slo.ttft_ms: {said}")
+        chat.write_text(text.replace(bad, "{p99.9: 800, p75: 200, mean: 90}"))
 
 
 def test_exponent_numbers_read_as_floats_in_file_and_flags(chat):
