@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.report import DEFINITIONS
+
 from .timing_replay import STEP_KINDS
 from .validate import BAND_FIGURES
 
@@ -164,6 +166,8 @@ def markdown_table(result: dict) -> str:
                           + [f"load {ld['load']:g}: " + ", ".join(
                               _timing_verdict(t) for t in ld["timing"])
                              for ld in result["loads"]])]
+    # the same definitions every servesim report carries (both sides are timed alike)
+    lines += ["", "Definitions:"] + [f"- {k}: {v}" for k, v in DEFINITIONS]
     return "\n".join(lines)
 
 

@@ -68,8 +68,9 @@ DEFINITIONS = [
     ("Queue", "queue time: first scheduled − arrival time."),
     ("Goodput", "completed requests whose every per-request SLO metric (TTFT, TPOT, E2EL, "
                 "queue) is ≤ its threshold, per second (as `vllm bench serve --goodput`). "
-                "A request with ≤ 1 output token has no TPOT and passes that check; ITL "
-                "SLOs are judged on the run statistic only."),
+                "A metric given several thresholds (p50 and p99) is checked against the "
+                "smallest; a request with ≤ 1 output token has no TPOT and passes that "
+                "check; ITL SLOs are judged on the run statistic only."),
     ("Percentiles", "`numpy.percentile`, linear interpolation."),
     ("Window", "throughputs and time-weighted means run from the start of the run (as "
                "`vllm bench serve`'s duration, which includes the first arrival gap) to the "

@@ -313,6 +313,7 @@ def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
     # the saturation run's timing replay is reported beside the loads'
     verdict = VR._timing_verdict(res["saturation"]["timing"])
     assert f"timing replay (engine step durations): saturation: {verdict}; load 0.5: " in md
+    assert "\n- TTFT: time to first token: first token time − arrival time" in md
     html = (tmp_path / "v" / "validation.html")
     VR.write_outputs({**res, "meta": {"scenario": "a<b&c"}}, tmp_path / "v")
     text = html.read_text()
