@@ -10,6 +10,7 @@ from pathlib import Path
 from .errors import InputError
 from .files import check_folder, out_folder
 from .executors import EXECUTORS
+from .sweep import _fmt_value
 from .workload import MAX_RATE
 
 
@@ -114,9 +115,11 @@ def _header(column: str) -> str:
     return _label(column).replace("_", " ").replace(" ", "\n")
 
 
-def _print_table(df, title: str, columns=None, console=None) -> None:
+def _print_table(df, title: str, columns=None, console=None, exact=()) -> None:
     """Print ``df``'s ``columns`` as a compact table that fits 80 columns: one-word
-    header lines, one space between columns, numbers by :func:`_short`. A ``status``
+    header lines, one space between columns, numbers by :func:`_short` except in the
+    ``exact`` columns (swept or candidate settings: as ``--set`` takes them, so that a
+    point reads as the value it ran, 1000.5 not 1000). A ``status``
     longer than a word is numbered (rows with the same text share a number) and printed
     once in full under the table, and so is the
     meaning of an undefined (``–``) or one-sided (``≤x``, ``≥x``) confidence interval.
@@ -133,7 +136,8 @@ def _print_table(df, title: str, columns=None, console=None) -> None:
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     rows, notes, ci_notes = [], [], []
     for _, r in df.iterrows():
-        row = [_short(r[c]) for c in cols]
+        row = [_fmt_value(getattr(r[c], "item", lambda: r[c])()) if c in exact
+               else _short(r[c]) for c in cols]   # .item(): a NumPy scalar as Python's
         for j, (c, cell) in enumerate(zip(cols, row)):
             if str(c).endswith("_ci95"):
                 if cell == "-":      # no interval at all
@@ -196,9 +200,8 @@ def _cmd_sweep(args) -> int:
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
         "offered_rate", "request_throughput", "stability", "rejected", "ttft_p50_ms",
-        "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_met"] if c in res.table])
-    from .sweep import _fmt_value
-
+        "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_met"] if c in res.table],
+        exact=tuple(axes))
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")
@@ -210,8 +213,6 @@ def _cmd_sweep(args) -> int:
 
 def _knee_text(table, knee: dict) -> str:
     """A knee's value, or why a line has none (every point unstable or rejecting)."""
-    from .sweep import _fmt_value
-
     if knee["knee"] is not None:   # as --set takes it (16384, not 16,384)
         return _fmt_value(knee["knee"])
     line = table

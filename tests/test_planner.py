@@ -342,6 +342,15 @@ def test_sweep_and_compare_take_replications_as_run_does(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+def test_the_sweep_table_shows_each_swept_value_as_given(tmp_path, capsys):
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN)
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=10.25,1000.5", "--out",
+                 str(tmp_path / "sw"), "--executor", "serial", "--quiet"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [r[0] for r in rows if r and r[0][:1].isdigit()] == ["10.25", "1000.5"]
+
+
 def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys):
     # One output token per request: no TPOT exists, so a TPOT SLO cannot be missed (as
     # goodput counts it). One step of 10 ms per request and max_num_seqs 4: a candidate
