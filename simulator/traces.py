@@ -165,7 +165,8 @@ def read_csv_table(path: Path) -> pd.DataFrame:
     Raises:
         InputError: ``<path>:<line>: ...`` for an empty file, a row with another number of
             fields than the header, a column named twice in the header, or bytes that are
-            not UTF-8 (a byte-order mark is fine).
+            not UTF-8 (a byte-order mark is fine); ``<path>: cannot read: ...`` for a file
+            the process may not read.
     """
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
@@ -179,6 +180,8 @@ def read_csv_table(path: Path) -> pd.DataFrame:
         raise InputError(f"{path}: not a valid CSV file ({str(e).splitlines()[-1]})") from None
     except UnicodeDecodeError:
         raise InputError(utf8_problem(path)) from None
+    except OSError as e:   # no permission to read it (its existence was checked)
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
     if not isinstance(df.index, pd.RangeIndex):
         # pandas takes surplus fields of the first row as an index rather than failing
         n = len(df.columns)
@@ -342,6 +345,8 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
                 lines.append(lineno)
     except UnicodeDecodeError:
         raise InputError(utf8_problem(path)) from None
+    except OSError as e:   # no permission to read it (its existence was checked)
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
     if not rows:
         raise InputError(f"{path}:1: empty file (expected one JSON object per line)")
     return rows, lines

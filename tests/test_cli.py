@@ -298,6 +298,45 @@ def test_replications_of_a_trace_are_said_to_be_identical(tmp_path, capsys):
         assert (text in said) == same and (text in (o / "report.md").read_text()) == same
 
 
+def _without_read_permission() -> list[str] | None:
+    """A command prefix under which a chmod 000 file cannot be read: none for a user, root
+    without its file-permission override (setpriv); None when that cannot be had."""
+    if os.geteuid() != 0:
+        return []
+    if not Path("/usr/bin/setpriv").exists():
+        return None
+    caps = "-dac_override,-dac_read_search"
+    return ["/usr/bin/setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+@pytest.mark.parametrize("data, workload", [
+    ("t.csv", "trace: {path: d, format: csv, columns: {arrival: at, prompt_tokens: p, "
+              "output_tokens: o}}"),
+    ("t.jsonl", "trace: {path: d, format: jsonl, columns: {arrival: at, prompt_tokens: p, "
+                "output_tokens: o}}"),
+    ("e.csv", "num_requests: 5\n  arrival: {process: poisson, rate: 5}\n  "
+              "prompt_tokens: {dist: empirical, path: d, column: p}\n  "
+              "output_tokens: {dist: fixed, value: 4}"),
+])
+def test_a_data_file_that_cannot_be_read_is_one_error_line(tmp_path, data, workload):
+    prefix = _without_read_permission()
+    if prefix is None:
+        pytest.skip("running as root without setpriv: every file is readable")
+    f = tmp_path / data
+    f.write_text('{"at": 0, "p": 10, "o": 5}\n' if data.endswith(".jsonl") else
+                 "at,p,o\n0,10,5\n")
+    f.chmod(0)
+    (tmp_path / "s.yaml").write_text("name: s\nmodel: llama-test\nhardware: {step_time: "
+                                     "{constant_s: 0.01}}\nworkload:\n  "
+                                     + workload.replace("path: d", f"path: {data}") + "\n")
+    r = subprocess.run([*prefix, sys.executable, "-m", "simulator.cli", "run", "s.yaml",
+                        "--quiet", "--out", "o"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert (r.returncode, r.stderr) == (2, f"servesim: error: {data}: cannot read: "
+                                           f"Permission denied\n")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("old,new,args,expected", [
     ("path: t.csv", "path: gone.csv", [], "tr.yaml:6: workload.trace.path: {d}/gone.csv: "
                                           "file not found"),
