@@ -4,6 +4,7 @@ reading that refuses duplicate keys, and key lines (:func:`yaml_line`)."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -249,6 +250,17 @@ def missing_file(path: Path) -> str:
 #: ``report.html``, so one command writing into another's folder would leave a mix.
 REPORT_MARKERS = {"run": "summary.json", "sweep": "sweep.json", "plan": "plan.json",
                   "compare": "compare.csv", "validate": "validation.json"}
+#: The files (glob patterns) each command's report may hold: another file in a report's
+#: folder is the user's, and a report written there would mix with it.
+REPORT_FILES = {
+    "run": ("summary.json", "requests.csv", "timeseries.csv", "itl_runs.csv",
+            "latency_cdf.png", "timeline.png", "batch.png", "report.md", "report.html",
+            "replications.json", "diagnosis.json"),
+    "sweep": ("sweep.json", "sweep.csv", "curves.png", "report.md", "report.html"),
+    "plan": ("plan.json", "plan.csv", "pareto.png", "report.md", "report.html"),
+    "compare": ("compare.csv", "latency_cdf.png", "report.md", "report.html"),
+    "validate": ("validation.json", "validation.md", "validation.html", "cdf_load_*.png"),
+}
 
 
 def out_folder(arg: str | None, default: str | Path, flag: str = "--out") -> Path:
@@ -270,8 +282,9 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
     folder above it is, the folder (else the nearest existing one above it, where it
     would be created) takes no new file, or, with ``kind`` (a key of
     :data:`REPORT_MARKERS`), it holds another command's report or files that are no
-    ``kind`` report (a folder without its marker file holding any file but hidden ones:
-    the report's files would replace them by name). Creates nothing.
+    ``kind`` report (any file but hidden ones in a folder without its marker file, else
+    any not in :data:`REPORT_FILES`: the report's files would replace them by name or sit
+    beside them). Creates nothing.
     ``named``: the path the flag was given when ``path`` is the folder of a file to write
     (``calibrate --out d/p.yaml`` checks ``d``); messages name it instead of ``path``.
 
@@ -300,17 +313,22 @@ def _check_folder(p: Path, shown, flag: str, kind: str | None, it: Path | None) 
     if other is not None:
         raise InputError(f"{flag} {shown}: holds a {other} report ({REPORT_MARKERS[other]}); "
                          f"a {kind} report there would mix with it: give another folder")
-    if kind is not None and p.is_dir() and not (p / REPORT_MARKERS[kind]).is_file():
+    if kind is not None and p.is_dir():
         # a report replaces its files by name: a user's requests.csv or report.md there
-        # would be lost (hidden files and subfolders are left alone and never collide)
+        # would be lost, and any other file would sit beside the report as if part of it
+        # (hidden files and subfolders are left alone and never collide)
+        report = (p / REPORT_MARKERS[kind]).is_file()
         mine = sorted(f.name for f in p.iterdir() if not f.name.startswith(".")
-                      and not f.is_dir())
+                      and not f.is_dir() and not (report and any(
+                          fnmatch.fnmatch(f.name, pat) for pat in REPORT_FILES[kind])))
         if mine:
             listed = ", ".join(mine[:3]) + (f" and {len(mine) - 3} more" if len(mine) > 3
                                             else "")
-            raise InputError(f"{flag} {shown}: holds files that are not a {kind} report "
-                             f"({listed}); give a new or empty folder, or an earlier {kind} "
-                             f"report's folder to replace it")
+            raise InputError(
+                f"{flag} {shown}: holds a {kind} report and files that are not part of it "
+                f"({listed}); move them, or give another folder" if report else
+                f"{flag} {shown}: holds files that are not a {kind} report ({listed}); give "
+                f"a new or empty folder, or an earlier {kind} report's folder to replace it")
     for q in (p, *p.parents):
         which = "it" if q == it else q   # "it": the path the flag named
         if q.is_symlink() and not q.exists():   # found only when writing, after the run

@@ -296,6 +296,12 @@ def test_replications_of_a_trace_are_said_to_be_identical(tmp_path, capsys):
         assert (lo == hi) == same   # the trace's three runs are one run three times
         text = "Every replication gave the same figures"
         assert (text in said) == same and (text in (o / "report.md").read_text()) == same
+    from fnmatch import fnmatch
+
+    from simulator.files import REPORT_FILES
+    names = {f.name for f in (tmp_path / "o_p").iterdir()}   # every file a run writes
+    assert {"replications.json", "diagnosis.json"} <= names
+    assert all(any(fnmatch(n, pat) for pat in REPORT_FILES["run"]) for n in names), names
 
 
 def _without_read_permission() -> list[str] | None:

@@ -106,8 +106,13 @@ def test_an_output_folder_holding_files_of_no_report_is_refused(tmp_path, capsys
     (empty / "older").mkdir()
     check_folder(empty, "--out", "run")
     (empty / "summary.json").write_text("{}")   # a run report: the next run replaces it
-    (empty / "notes.txt").write_text("")
+    (empty / "report.md").write_text("")
     check_folder(empty, "--out", "run")
+    (empty / "notes.txt").write_text("")   # but not beside a file of the user's
+    with pytest.raises(InputError) as e:
+        check_folder(empty, "--out", "run")
+    assert str(e.value) == (f"--out {empty}: holds a run report and files that are not part "
+                            f"of it (notes.txt); move them, or give another folder")
 
 @pytest.mark.parametrize("kind", [None, "run"])
 def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, kind):

@@ -307,6 +307,14 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     y2.write_text(y.read_text().replace("name: s\n", "name: s2\n"))
     assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 0
     assert (tmp_path / "cmp" / "compare.csv").is_file()
+    # each report holds only files its command writes: a rerun replaces them all
+    from fnmatch import fnmatch
+
+    from simulator.files import REPORT_FILES, check_folder
+    for kind, d in (("sweep", "sw"), ("plan", "pl"), ("compare", "cmp")):
+        names = [f.name for f in (tmp_path / d).iterdir()]
+        assert all(any(fnmatch(n, pat) for pat in REPORT_FILES[kind]) for n in names), names
+        check_folder(tmp_path / d, "--out", kind)
     # one command's report folder is not another's: refused before any run, left as it was
     before = sorted(p.name for p in (tmp_path / "pl").iterdir())
     capsys.readouterr()

@@ -319,6 +319,11 @@ def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
     text = html.read_text()
     assert "&lt; 1: priced too fast" in text and "< 1: priced" not in text
     assert "Validation: a&lt;b&amp;c</h1>" in text
+    from fnmatch import fnmatch
+
+    from simulator.files import REPORT_FILES
+    names = [f.name for f in (tmp_path / "v").iterdir()]
+    assert all(any(fnmatch(n, pat) for pat in REPORT_FILES["validate"]) for n in names), names
     assert "served again" not in VR.markdown_table(V.measure_fidelity(
         sc, base, timed, loads=[0.5], replications=1, seconds_per_load=0.5,
         saturation_requests=8, front_end=False, progress=lambda m: None,
