@@ -204,6 +204,8 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         b.append(("h2", f"Across replications ({label})"))
         b.append(("table", None, ["figure", "mean", "95% CI", "n"],
                   _replication_rows(replications)))
+        if _slo_met_text(replications):
+            b.append(("p", _slo_met_text(replications)))
         if _replications_identical(replications):
             b.append(("p", IDENTICAL_TEXT))
 
@@ -257,25 +259,34 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
 
 
 def _replicated(rep: dict) -> list:
-    """``(path, {mean, ci95, n})`` of the figures the replication tables show."""
+    """``(label, {mean, ci95, n})`` of the figures the replication tables show: the
+    headline figures, then each SLO statistic against its bound."""
     keys = [("request_throughput",), ("output_throughput",), ("goodput",)]
     keys += [(m, st) for m in METRICS for st in ("mean", "p50", "p99")]
     keys += [("concurrency", "running_mean"), ("kv_usage", "mean")]
-    out = []
-    for path in keys:
-        node = _at(rep, path)
-        if isinstance(node, dict) and "mean" in node:
-            out.append((path, node))
-    return out
+    out = [(".".join(path), _at(rep, path)) for path in keys]
+    for m, entries in (rep.get("slo") or {}).items():
+        for st, e in (entries.items() if m in METRICS else ()):
+            bound = _at(e, ("threshold", "mean"))
+            out.append((f"SLO {m}.{st} (≤ {_fmt(bound)})", e.get("value")))
+    return [(label, node) for label, node in out if isinstance(node, dict) and "mean" in node]
 
 
 def _replication_rows(rep: dict) -> list:
     rows = []
-    for path, node in _replicated(rep):
+    for label, node in _replicated(rep):
         ci = node.get("ci95")
         ci_txt = f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "n/a"
-        rows.append([".".join(path), _fmt(node["mean"]), ci_txt, _fmt(node.get("n"))])
+        rows.append([label, _fmt(node["mean"]), ci_txt, _fmt(node.get("n"))])
     return rows
+
+
+def _slo_met_text(rep: dict) -> str | None:
+    """"SLOs met in k of n replications", when the run had SLOs."""
+    met = rep.get("slo_met")
+    if not isinstance(met, dict):
+        return None
+    return f"SLOs met in {met['met_in']} of {met['n']} replications."
 
 
 # A trace fixes arrivals and lengths; with noiseless step costs and a deterministic router
@@ -641,6 +652,8 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         for row in _replication_rows(replications):
             rep.add_row(*row)
         console.print(rep)
+        if _slo_met_text(replications):
+            console.print(_slo_met_text(replications))
         if _replications_identical(replications):
             console.print(IDENTICAL_TEXT, style="dim")
     console.print("TTFT, TPOT, ITL and E2EL as defined by vllm bench serve, timed from "

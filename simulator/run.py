@@ -152,7 +152,8 @@ def simulate_replications(scenario, progress=None) -> tuple[list[RunResult], dic
 
     Returns:
         (results, combined) where ``combined`` holds the mean and 95% confidence interval
-        of every summary figure across replications (``None`` for a single replication).
+        of every summary figure across replications (``None`` for a single replication),
+        and with SLOs ``slo_met``: ``{"met_in": replications meeting every SLO, "n"}``.
     """
     n = scenario.sim.replications
     results = []
@@ -163,4 +164,7 @@ def simulate_replications(scenario, progress=None) -> tuple[list[RunResult], dic
                 progress(k * total + done, n * total)
         results.append(simulate(scenario, replication=k, progress=cb))
     combined = combine_replications([r.summary for r in results]) if n > 1 else None
+    met = [r.summary.get("slo_met") for r in results]
+    if combined is not None and None not in met:   # a bool has no mean: counted apart
+        combined["slo_met"] = {"met_in": sum(met), "n": n}
     return results, combined

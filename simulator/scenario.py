@@ -211,7 +211,7 @@ SLOTarget = Annotated[
 
 
 class SLOConfig(_Strict):
-    """Latency targets in ms (metric definitions as in ``vllm bench serve``, DESIGN.md §1)."""
+    """Latency targets in ms (metric definitions as in ``vllm bench serve``: README, Metrics)."""
 
     ttft_ms: Optional[SLOTarget] = None
     tpot_ms: Optional[SLOTarget] = None

@@ -304,6 +304,27 @@ def test_replications_of_a_trace_are_said_to_be_identical(tmp_path, capsys):
     assert all(any(fnmatch(n, pat) for pat in REPORT_FILES["run"]) for n in names), names
 
 
+def test_replications_report_each_slo_statistic_and_how_many_met_them(tmp_path, capsys):
+    from simulator.run import simulate
+
+    y = tmp_path / "p.yaml"
+    for bound, met_in in (("1000000", 2), ("0.001", 0)):
+        y.write_text(POISSON_SCENARIO + f"slo: {{ttft_ms: {{p99.9: {bound}}}}}\n")
+        o = tmp_path / f"o{met_in}"
+        assert main(["run", str(y), "--out", str(o), "--quiet", "--replications", "2"]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        rep = json.loads((o / "replications.json").read_text())
+        assert rep["slo_met"] == {"met_in": met_in, "n": 2}
+        assert f"SLOs met in {met_in} of 2 replications." in said
+        assert f"SLOs met in {met_in} of 2 replications." in (o / "report.md").read_text()
+    # the statistic's row: the mean over the two replications, each rerun alone here
+    sc = load_scenario(y)
+    values = [simulate(sc, replication=k).summary["ttft_ms"]["p99.9"] for k in (0, 1)]
+    assert rep["slo"]["ttft_ms"]["p99.9"]["value"]["mean"] == pytest.approx(
+        sum(values) / 2, rel=1e-5)
+    assert "SLO ttft_ms.p99.9 (≤ 0.001)" in said
+
+
 def _without_read_permission() -> list[str] | None:
     """A command prefix under which a chmod 000 file cannot be read: none for a user, root
     without its file-permission override (setpriv); None when that cannot be had."""
