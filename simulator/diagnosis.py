@@ -12,7 +12,9 @@ limits a vLLM operator can turn, in this order:
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
   of work; only faster or more GPUs help. Also without queueing, when an SLO is missed while
   the engine is busy nearly all the time: near saturation every added request lengthens
-  the steps (TPOT) and the waits for them.
+  the steps (TPOT) and the waits for them; or when a TTFT, queue or E2EL SLO is missed and
+  the TTFT tail is mostly waiting (queue p99 at least half the TTFT p99): bursts of
+  arrivals the engine drains only after a while.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
@@ -47,6 +49,16 @@ SEQS_BUSY = 0.8
 ITL_SPIKE = 3.0
 #: Counterfactual runs only for workloads up to this many requests.
 MAX_COUNTERFACTUAL_REQUESTS = 20_000
+#: Queue p99 / TTFT p99 above which the TTFT tail is waiting (bursts), not prefill.
+TAIL_QUEUE = 0.5
+#: SLO metrics that waiting for the engine makes miss.
+WAIT_METRICS = ("ttft_ms", "queue_ms", "e2el_ms")
+
+
+def _missed(summary: dict, metrics) -> bool:
+    """Whether an SLO on one of ``metrics`` is missed."""
+    return any(not e.get("met", True) for m in metrics
+               for e in ((summary.get("slo") or {}).get(m) or {}).values())
 
 
 def _stats(x: np.ndarray) -> dict:
@@ -153,6 +165,14 @@ def find_limits(scenario, result) -> dict:
         # added request lengthens the batch (TPOT) and the waits for the step in flight.
         compute = (f"the engine is busy {busy:.0%} of the time: near saturation, each added "
                    f"request lengthens every step and the waits for it")
+    elif not found and _missed(s, WAIT_METRICS) and q_p99 >= QUEUE_STEPS * step_ms \
+            and q_p99 >= TAIL_QUEUE * (split["ttft_ms"]["p99"] or math.inf):
+        # A stable engine busy well below saturation, yet the tail of TTFT is waiting:
+        # arrivals come in bursts it drains only after a while (capacity for the peaks).
+        compute = (f"requests queue in bursts: the p99 wait for the engine is {q_p99:.0f} ms, "
+                   f"most of the p99 TTFT ({split['ttft_ms']['p99']:.0f} ms)"
+                   + (f", while it is busy {busy:.0%} of the time on average" if busy is not None
+                      else ""))
     if compute:
         found.append(_finding("compute", compute,
                               "more replicas, faster hardware or a higher tensor_parallel",
