@@ -6,8 +6,8 @@ limits a vLLM operator can turn, in this order:
 
 * ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
   cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
-  queueing while the KV cache is nearly full and running requests
-  are below ``max_num_seqs`` (admission waits for free blocks).
+  queueing while the KV cache is nearly full and running requests are below
+  ``max_num_seqs`` (admission waits for free blocks).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time.
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
   of work; only faster or more GPUs help. Also without queueing, when an SLO is missed while
