@@ -10,11 +10,12 @@ limits a vLLM operator can turn, in this order:
   ``max_num_seqs`` (admission waits for free blocks).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time.
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
-  of work; only faster or more GPUs help. Also without queueing, when an SLO is missed while
-  the engine is busy nearly all the time: near saturation every added request lengthens
-  the steps (TPOT) and the waits for them; or when a TTFT, queue or E2EL SLO is missed and
-  the TTFT tail is mostly waiting (queue p99 at least half the TTFT p99): bursts of
-  arrivals the engine drains only after a while.
+  of work; only faster or more GPUs help. Also without queueing, when a latency SLO is
+  missed (rejections alone are the ``max_model_len`` finding) while the engine is busy
+  nearly all the time: near saturation every added request lengthens the steps (TPOT) and
+  the waits for them; or when a TTFT, queue or E2EL SLO is missed and the TTFT tail is
+  mostly waiting (queue p99 at least half the TTFT p99): bursts of arrivals the engine
+  drains only after a while.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
@@ -32,6 +33,7 @@ import math
 import numpy as np
 
 from .executors import job_output, offered_rate
+from .metrics import METRICS
 from .run import max_model_len_text
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
@@ -160,7 +162,7 @@ def find_limits(scenario, result) -> dict:
         compute = ("requests queue although sequence slots and KV blocks are free"
                    + (f": the engine is busy {busy:.0%} of the time" if busy is not None
                       else ""))
-    elif not queued and s.get("slo_met") is False and busy is not None and busy >= BUSY:
+    elif not queued and _missed(s, METRICS) and busy is not None and busy >= BUSY:
         # Steps follow each other with little queueing, but nearly back to back: every
         # added request lengthens the batch (TPOT) and the waits for the step in flight.
         compute = (f"the engine is busy {busy:.0%} of the time: near saturation, each added "

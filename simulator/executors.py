@@ -73,17 +73,27 @@ def offered_rate(result) -> float | None:
     return float((arr.size - 1) / (arr.max() - arr.min()))
 
 
+def _served(req):
+    """The counted requests the engine took (not warm-up, not rejected): a rejected request
+    is never scheduled nor finished, and would read as a backlog that never drains."""
+    keep = ~req["warmup"]
+    if "finish_reason" in req:
+        keep &= req["finish_reason"] != "rejected"
+    return req[keep]
+
+
 def window_rates(result) -> tuple[float, float] | None:
     """Offered and achieved request rates (req/s) over one window: from the first finish
     to the last arrival of the counted requests. Arrivals and finishes are counted in the
     same window, so a stable run compares equal however long its drain after the last
     arrival (a whole-run throughput would count that drain against it). ``None`` when
     the window is shorter than a quarter of the arrival span (a burst, a very short run).
+    Rejected requests are left out (:func:`_served`).
     """
     req = result.requests
     if len(req) == 0:
         return None
-    req = req[~req["warmup"]]
+    req = _served(req)
     arr = req["arrival_s"].to_numpy(dtype=float)
     fin = req["finish_s"].to_numpy(dtype=float)
     done = fin[~np.isnan(fin)]
@@ -101,10 +111,10 @@ def backlog_grows(result) -> bool:
     """Whether requests pile up: the number waiting to be scheduled at the last arrival
     exceeds both 1 and the most that waited at any point of the first half of the arrival
     span. A short stable run can fall below ``STABLE_FRACTION`` by chance (the requests
-    still in flight at the end of the window); it cannot build a growing queue.
+    still in flight at the end of the window); it cannot build a growing queue. Rejected
+    requests are left out (:func:`_served`).
     """
-    req = result.requests
-    req = req[~req["warmup"]]
+    req = _served(result.requests)
     arr = req["arrival_s"].to_numpy(dtype=float)
     if arr.size < 2:
         return False
@@ -127,8 +137,10 @@ def job_output(result) -> dict:
     s = result.summary
     offered = offered_rate(result)
     rates = window_rates(result)
-    if rates is None:
-        rates = (offered, s.get("request_throughput") or 0.0) if offered else None
+    if rates is None:   # whole run: what was served against what the engine took
+        taken = offered and offered * (1 - (s.get("rejected") or 0)
+                                       / max(s.get("num_requests") or 1, 1))
+        rates = (taken, s.get("request_throughput") or 0.0) if taken else None
     stable = rates is None or rates[1] >= STABLE_FRACTION * rates[0] \
         or not backlog_grows(result)
     return {"summary": s, "offered_rate": offered, "stable": bool(stable)}

@@ -224,7 +224,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
 
 _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
            "kv_capacity": "KV-cache capacity", "max_num_seqs": "max_num_seqs",
-           "compute": "compute saturation", "prefill_interference":
+           "compute": "compute capacity", "prefill_interference":
            "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
            "none": "none: headroom at this load"}
 

@@ -3,6 +3,7 @@
 import pytest
 
 from simulator.diagnosis import diagnose, ttft_split
+from simulator.executors import job_output
 from simulator.run import simulate
 from simulator.scenario import scenario_from_dict
 
@@ -176,6 +177,26 @@ workload:
     d = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
     assert d["binding"] == "max_num_seqs"
     assert "## Diagnosis" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_rejections_alone_are_neither_instability_nor_compute():
+    # Prompts uniform in [16, 2000] over max_model_len 1024: about half are rejected. The
+    # rest (32 tokens at 10 ms a step, 20 req/s) keep the engine busy ~94% of the time but
+    # never queue: rejected requests, never scheduled, read as a backlog that never
+    # drained (unstable) and their SLO failure as saturation.
+    s = scenario_from_dict({
+        "name": "d", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_model_len": 1024, "max_num_seqs": 64},
+        "workload": {"seed": 0, "num_requests": 600,
+                     "arrival": {"process": "poisson", "rate": 20},
+                     "prompt_tokens": {"dist": "uniform", "min": 16, "max": 2000},
+                     "output_tokens": {"dist": "fixed", "value": 32}},
+        "slo": {"ttft_ms": {"p99": 100000}}})
+    r = simulate(s)
+    assert r.summary["rejected"] > 200 and job_output(r)["stable"]
+    d = diagnose(s, r, counterfactual=False)
+    assert d["figures"]["busy_fraction"] > 0.85
+    assert [f["limit"] for f in d["findings"]] == ["max_model_len"]
 
 
 def test_a_run_with_rejected_requests_writes_its_diagnosis(tmp_path):
