@@ -163,7 +163,10 @@ def simulate_replications(scenario, progress=None) -> tuple[list[RunResult], dic
             def cb(done, total, k=k):
                 progress(k * total + done, n * total)
         results.append(simulate(scenario, replication=k, progress=cb))
-    combined = combine_replications([r.summary for r in results]) if n > 1 else None
+    # a replication's index and seed are labels, not figures to average
+    labels = ("replication", "seed")
+    combined = combine_replications([{k: v for k, v in r.summary.items() if k not in labels}
+                                     for r in results]) if n > 1 else None
     met = [r.summary.get("slo_met") for r in results]
     if combined is not None and None not in met:   # a bool has no mean: counted apart
         combined["slo_met"] = {"met_in": sum(met), "n": n}

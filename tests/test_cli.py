@@ -315,6 +315,7 @@ def test_replications_report_each_slo_statistic_and_how_many_met_them(tmp_path, 
         said = " ".join(capsys.readouterr().out.split())
         rep = json.loads((o / "replications.json").read_text())
         assert rep["slo_met"] == {"met_in": met_in, "n": 2}
+        assert "seed" not in rep and "replication" not in rep   # labels, not figures
         assert f"SLOs met in {met_in} of 2 replications." in said
         assert f"SLOs met in {met_in} of 2 replications." in (o / "report.md").read_text()
     # the statistic's row: the mean over the two replications, each rerun alone here
