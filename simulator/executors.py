@@ -61,16 +61,20 @@ class Job:
     tag: Any = field(default=None, compare=False)
 
 
-def offered_rate(result) -> float | None:
-    """Offered load of a run, requests/s: counted requests over their arrival span
-    ``(n − 1) / (last arrival − first arrival)``; ``None`` for fewer than 2 requests."""
-    req = result.requests
-    if len(req) == 0:
-        return None
-    arr = req.loc[~req["warmup"], "arrival_s"].to_numpy()
+def _arrival_rate(req) -> float | None:
+    """``(n − 1) / (last arrival − first arrival)`` of ``req``'s rows, requests/s; ``None``
+    for fewer than 2 requests or no span."""
+    arr = req["arrival_s"].to_numpy()
     if arr.size < 2 or arr.max() <= arr.min():
         return None
     return float((arr.size - 1) / (arr.max() - arr.min()))
+
+
+def offered_rate(result) -> float | None:
+    """Offered load of a run, requests/s: the counted requests' arrival rate
+    (:func:`_arrival_rate`)."""
+    req = result.requests
+    return _arrival_rate(req[~req["warmup"]]) if len(req) else None
 
 
 def _served(req):
@@ -138,8 +142,7 @@ def job_output(result) -> dict:
     offered = offered_rate(result)
     rates = window_rates(result)
     if rates is None:   # whole run: what was served against what the engine took
-        taken = offered and offered * (1 - (s.get("rejected") or 0)
-                                       / max(s.get("num_requests") or 1, 1))
+        taken = _arrival_rate(_served(result.requests)) if len(result.requests) else None
         rates = (taken, s.get("request_throughput") or 0.0) if taken else None
     stable = rates is None or rates[1] >= STABLE_FRACTION * rates[0] \
         or not backlog_grows(result)

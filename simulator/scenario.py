@@ -18,10 +18,11 @@ Engine knobs carry vLLM's names and defaults (``vllm/config/scheduler.py``,
 enable_prefix_caching true, scheduler_reserve_full_isl true; max_num_seqs and
 max_num_batched_tokens by device as ``vllm serve`` sets them
 (``EngineArgs.get_batch_defaults``, :meth:`Scenario.serving_defaults`). ``max_model_len``
-defaults, as in vLLM, to the model's ``max_position_embeddings``; where vLLM would then refuse to start
-because the KV cache cannot hold one such request, servesim instead caps the default to
-what the cache holds, as ``--max-model-len auto`` makes vLLM do (vLLM PR #29431; reports
-say so), and an explicit ``max_model_len`` that does not fit is an error, as in vLLM.
+defaults, as in vLLM, to the model's ``max_position_embeddings``; where vLLM would then
+refuse to start because the KV cache cannot hold one such request, servesim instead caps
+the default to what the cache holds, as ``--max-model-len auto`` makes vLLM do (vLLM PR
+#29431; reports say so), and an explicit ``max_model_len`` that does not fit is an error,
+as in vLLM.
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ from .files import load_yaml, read_small_text, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
 from .policy.kv_cache import cdiv
-
-from .metrics import SLO_STATS, slo_stat_rank
+from .metrics import METRICS, SLO_STATS, slo_stat_rank
 from .workload import MAX_RATE, WorkloadConfig
 
 
@@ -186,7 +186,7 @@ class ClusterConfig(_Strict):
     router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "round_robin"
 
 
-SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
+SLO_METRICS = METRICS   # every metric the summary reports can carry an SLO
 
 
 def _slo_target(bounds: dict) -> dict:
