@@ -55,6 +55,11 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
             if msg.split(":")[0].endswith((".csv", ".jsonl", ".json", ".yaml", ".yml")):
                 raise
             raise InputError(f"{owner.source}: {msg}") from None
+        warm = scenario.sim.warmup_requests
+        if warm and warm >= len(specs):   # a trace: its count is known only once read
+            raise scenario.error("sim.warmup_requests", (
+                f"{warm} leaves none of the {len(specs)} requests of the trace to measure: "
+                f"must be < {len(specs)}"), depends=("workload.trace",))
     n_rep = scenario.cluster.replicas
     if cost_models is None:
         base = build_cost_model(scenario)

@@ -282,6 +282,21 @@ workload:
 """
 
 
+def test_a_warm_up_that_leaves_none_of_a_trace_is_refused(tmp_path, capsys):
+    # a trace's request count is known only once it is read: 3 rows, warm-up 3
+    (tmp_path / "t.csv").write_text("at,p,o\n0,10,5\n1,20,5\n2,30,5\n")
+    (tmp_path / "tr.yaml").write_text(TRACE_SCENARIO)
+    out = tmp_path / "o"
+    assert main(["run", str(tmp_path / "tr.yaml"), "--set", "sim.warmup_requests=3",
+                 "--out", str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "servesim: error: --set sim.warmup_requests=3: 3 leaves none of the 3 requests of "
+        "the trace to measure: must be < 3\n")
+    assert not out.exists()
+    assert main(["run", str(tmp_path / "tr.yaml"), "--set", "sim.warmup_requests=2",
+                 "--out", str(out), "--quiet"]) == 0
+
+
 def test_replications_of_a_trace_are_said_to_be_identical(tmp_path, capsys):
     (tmp_path / "t.csv").write_text("at,p,o\n0,10,5\n1,20,5\n2,30,5\n")
     (tmp_path / "tr.yaml").write_text(TRACE_SCENARIO)
