@@ -1,8 +1,13 @@
 """What limits a run, and which knob would move it (shown in every run report).
 
 :func:`diagnose` splits TTFT into queueing (arrival → first scheduled) and prefill (first
-scheduled → first token: the prompt's chunks, and any wait between them), then checks the
+scheduled → first token: the prompt's chunks, and any wait between them), prices each
+request as if served alone on an idle replica (:mod:`simulator.alone`), then checks the
 limits a vLLM operator can turn, in this order:
+
+* ``max_model_len``: rejected requests (they fail the SLO whatever else changes).
+* ``latency_floor``: a latency SLO that requests served alone would already miss: no
+  number of replicas meets it, only faster steps (a faster GPU, a higher tensor_parallel).
 
 * ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
   cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
@@ -11,19 +16,23 @@ limits a vLLM operator can turn, in this order:
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time.
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
   of work; only faster or more GPUs help. Also without queueing, when a latency SLO is
-  missed (rejections alone are the ``max_model_len`` finding) while the engine is busy
-  nearly all the time: near saturation every added request lengthens the steps (TPOT) and
-  the waits for them; or when a TTFT, queue or E2EL SLO is missed and the TTFT tail is
-  mostly waiting (queue p99 at least half the TTFT p99): bursts of arrivals the engine
-  drains only after a while.
+  missed (rejections alone are the ``max_model_len`` finding, SLOs under the latency floor
+  its own) while the engine is busy nearly all the time: near saturation every added
+  request lengthens the steps (TPOT) and the waits for them; or when a TTFT, queue or
+  E2EL SLO is missed and the TTFT tail is mostly waiting (queue p99 at least half the TTFT
+  p99): bursts of arrivals the engine drains only after a while; or, last, when a latency
+  SLO is missed that requests alone would meet and nothing else was found: sharing steps
+  with other requests makes the difference.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
   shared share of the prompts (caching off, or a router that scatters a prefix group).
 
-The first queueing limit found binds; without queueing, an interference or prefix finding
-binds while some SLO is missed (or none is given), else ``none`` (findings are still listed). Where cheap, one counterfactual run with the
-suggested knob turned confirms (or not) that it moves the figure.
+Rejections and the latency floor bind first; then the first queueing limit found;
+without queueing, an interference or prefix finding binds while some SLO is missed (or
+none is given), else ``none`` (findings are still listed). Where cheap, one
+counterfactual run with the suggested knob turned confirms (or not) that it moves the
+figure.
 """
 
 from __future__ import annotations
@@ -32,8 +41,9 @@ import math
 
 import numpy as np
 
+from .alone import FLOOR_METRICS, AloneLatency
+from .errors import InputError
 from .executors import job_output, offered_rate
-from .metrics import METRICS
 from .run import max_model_len_text
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
@@ -90,6 +100,25 @@ def _finding(limit, evidence, knob, change=None):
     return {"limit": limit, "evidence": evidence, "knob": knob, "change": change}
 
 
+def _name(metric: str) -> str:
+    return metric[:-3].upper()
+
+
+def _valid_change(scenario, change: str) -> str | None:
+    """``change`` when the scenario accepts it and can price its steps (a profile
+    measured at one tensor_parallel cannot price another), else None."""
+    from .cost_model import build_cost_model
+    from .scenario import scenario_from_dict
+
+    raw = scenario.model_dump(mode="python", exclude_none=True)
+    try:
+        build_cost_model(scenario_from_dict(raw, scenario.base_dir, source=scenario.source,
+                                            overrides=[change]))
+    except InputError:
+        return None
+    return change
+
+
 def find_limits(scenario, result) -> dict:
     """The figures and findings of :func:`diagnose`, without a counterfactual run."""
     s = result.summary
@@ -127,6 +156,32 @@ def find_limits(scenario, result) -> dict:
                "max_num_seqs": scenario.max_num_seqs, "kv_usage_mean": kv_mean,
                "preemptions": pre, "busy_fraction": busy, "mean_step_ms": step_ms,
                "num_gpu_blocks": s.get("num_gpu_blocks")}
+    alone = AloneLatency(scenario, result.requests)
+    missed = [(m, st, e["threshold"], e["value"])
+              for m, entries in (s.get("slo") or {}).items() if m in FLOOR_METRICS
+              for st, e in entries.items() if not e["met"] and e["value"] is not None]
+    figures["alone_ms"] = {m: {st: alone.stat(m, st) for st in
+                               dict.fromkeys(["p50", "p99"] + [x for k, x, _, _ in missed
+                                                               if k == m])}
+                           for m in FLOOR_METRICS}
+
+    floor = [(m, st, thr, value, figures["alone_ms"][m][st]) for m, st, thr, value in missed
+             if (figures["alone_ms"][m][st] or 0.0) >= thr]
+    head = []   # findings that come first: what no other knob fixes
+    if floor:
+        # Served alone the request already misses: only faster steps move it.
+        tp = scenario.hardware.tensor_parallel
+        head.append(_finding(
+            "latency_floor", "; ".join(
+                f"{_name(m)} {st} would be {fl:.4g} ms for requests served alone on an idle "
+                f"replica, above the SLO's {thr:g} ms (here {value:.4g} ms)"
+                for m, st, thr, value, fl in floor) + ": no number of replicas meets it",
+            "faster steps: a faster GPU or a higher tensor_parallel"
+            + ("; for TTFT also shorter prompts or prefix-cache hits on shared prompt "
+               "prefixes" if any(m == "ttft_ms" for m, *_ in floor) else ""),
+            # an inline step time does not depend on tensor_parallel
+            None if scenario.hardware.step_time is not None
+            else _valid_change(scenario, f"hardware.tensor_parallel={2 * tp}")))
 
     found = []
     blocks = s.get("num_gpu_blocks")
@@ -162,9 +217,11 @@ def find_limits(scenario, result) -> dict:
         compute = ("requests queue although sequence slots and KV blocks are free"
                    + (f": the engine is busy {busy:.0%} of the time" if busy is not None
                       else ""))
-    elif not queued and _missed(s, METRICS) and busy is not None and busy >= BUSY:
+    elif not queued and (len(floor) < len(missed) or _missed(s, ("queue_ms",))) \
+            and busy is not None and busy >= BUSY:
         # Steps follow each other with little queueing, but nearly back to back: every
-        # added request lengthens the batch (TPOT) and the waits for the step in flight.
+        # added request lengthens the batch (TPOT) and the waits for the step in flight
+        # (SLOs that a request alone misses are the latency floor's, not the load's).
         compute = (f"the engine is busy {busy:.0%} of the time: near saturation, each added "
                    f"request lengthens every step and the waits for it")
     elif not found and _missed(s, WAIT_METRICS) and q_p99 >= QUEUE_STEPS * step_ms \
@@ -175,20 +232,10 @@ def find_limits(scenario, result) -> dict:
                    f"most of the p99 TTFT ({split['ttft_ms']['p99']:.0f} ms)"
                    + (f", while it is busy {busy:.0%} of the time on average" if busy is not None
                       else ""))
+    more = ("more replicas, faster hardware or a higher tensor_parallel",
+            f"cluster.replicas={2 * nrep}")
     if compute:
-        found.append(_finding("compute", compute,
-                              "more replicas, faster hardware or a higher tensor_parallel",
-                              f"cluster.replicas={2 * nrep}"))
-    rejected = s.get("rejected") or 0
-    if rejected:   # they fail the SLO whatever else happens: the first thing to fix
-        capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len
-        found.insert(0, _finding(
-            "max_model_len", f"{rejected} requests rejected: prompt too long for "
-            f"max_model_len {max_model_len_text(scenario, s)}",
-            "give the KV cache more memory (gpu_memory_utilization, a GPU with more memory, "
-            "tensor_parallel) or cap prompts upstream" if capped else
-            "raise max_model_len (the KV cache must hold one such request) or cap prompts "
-            "upstream", None))
+        found.append(_finding("compute", compute, *more))
     itl = s.get("itl_ms") or {}
     if itl.get("p50") and itl.get("p99") and itl["p99"] > ITL_SPIKE * itl["p50"] \
             and (s.get("total_prompt_tokens") or 0) > 0:
@@ -215,6 +262,27 @@ def find_limits(scenario, result) -> dict:
             found.append(_finding(
                 "prefix_cache", f"prefix-cache hit rate {hit:.0%} while shared prefixes are "
                 f"{expected:.0%} of the prompts", knob, change))
+    if not found and missed and not floor:
+        # No other limit, yet a latency SLO is missed that a request alone would meet:
+        # sharing steps with other requests (and waiting for them) adds the rest.
+        m, st, thr, value = missed[0]
+        found.append(_finding(
+            "compute", f"{_name(m)} {st} is {value:.4g} ms against the SLO's {thr:g} ms, "
+            f"and {figures['alone_ms'][m][st]:.4g} ms for requests served alone: sharing "
+            f"steps with other requests and waiting for them adds the rest"
+            + (f" (the engine is busy {busy:.0%} of the time)" if busy is not None else ""),
+            *more))
+    rejected = s.get("rejected") or 0
+    if rejected:   # they fail the SLO whatever else happens: the first thing to fix
+        capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len
+        head.insert(0, _finding(
+            "max_model_len", f"{rejected} requests rejected: prompt too long for "
+            f"max_model_len {max_model_len_text(scenario, s)}",
+            "give the KV cache more memory (gpu_memory_utilization, a GPU with more memory, "
+            "tensor_parallel) or cap prompts upstream" if capped else
+            "raise max_model_len (the KV cache must hold one such request) or cap prompts "
+            "upstream", None))
+    found = head + found
     # A queueing limit binds; an ITL or prefix-cache observation binds only while some
     # SLO is missed (or none is given): with every SLO met, nothing binds yet.
     binding = "none"

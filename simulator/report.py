@@ -223,6 +223,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
 
 
 _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
+           "latency_floor": "latency of a request served alone",
            "kv_capacity": "KV-cache capacity", "max_num_seqs": "max_num_seqs",
            "compute": "compute capacity", "prefill_interference":
            "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
@@ -243,6 +244,13 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
     b.append(("p", (f"Queueing is {share:.0%} of mean TTFT. " if share is not None else
                     "No request got a first token: no TTFT to split. ")
               + f"Binding limit: **{_LIMITS.get(diag.get('binding'), diag.get('binding'))}**."))
+    alone = (diag.get("figures") or {}).get("alone_ms") or {}
+    parts = [f"{m[:-3].upper()} " + " / ".join(f"{st} {_fmt(v)}" for st, v in stats.items())
+             for m, stats in alone.items() if any(v is not None for v in stats.values())]
+    if parts:   # the floor no number of replicas lowers
+        b.append(("p", "Served alone on an idle replica (same prompt and output lengths and "
+                       "prefix-cache hits, steps back to back, noise-free), ms: "
+                  + "; ".join(parts) + "."))
     found = diag.get("findings") or []
     if found:
         b.append(("table", None, ["limit", "evidence", "knob", "try"],

@@ -1,0 +1,115 @@
+"""The latency each request would have served alone on an idle replica: the floor that no
+number of replicas lowers, only faster steps (hardware, tensor_parallel) do.
+
+A request alone runs its prompt in chunks of ``max_num_batched_tokens`` (vLLM chunked
+prefill; its prefix-cache hits as in the run), the last chunk sampling the first token,
+then one decode step per further output token. Steps are priced noise-free by the run's
+cost model, back to back (a synchronous engine with nothing else to do).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from .cost_model import build_cost_model
+from .metrics import percentile_from_runs, slo_stat_rank
+
+#: Metrics with a floor (queue_ms has none: a request alone never waits).
+FLOOR_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+
+
+def _plan(prefill=None, decode_context=0):
+    """A one-request step in the shape the cost model prices (``step_features``)."""
+    chunks = [SimpleNamespace(num_new_tokens=n, num_computed_before=c, samples_token=s)
+              for n, c, s in ([prefill] if prefill else [])]
+    return SimpleNamespace(prefills=chunks, num_decodes=1 if decode_context else 0,
+                           decode_context_tokens=decode_context)
+
+
+class AloneLatency:
+    """Per-request latency floors of a run's counted, completed requests, in ms.
+
+    Attributes:
+        ttft_ms, e2el_ms: shape (n,), one per request.
+        tpot_ms: shape (m,), requests with two or more output tokens.
+        itl_values_ms, itl_counts: the token gaps of every request as runs (value, count):
+            a lone decode step's cost is linear in its context in every cost form
+            (roofline, linear, constant), so gaps are priced per context length.
+
+    Args:
+        scenario: the run's scenario (its cost model and ``max_num_batched_tokens``).
+        requests: the run's request table (:data:`simulator.metrics.REQUEST_COLUMNS`);
+            rows marked ``warmup`` and rows without a finish (rejected) are left out, as
+            the run's statistics leave them out.
+
+    Raises:
+        InputError: the scenario's cost model cannot be built (as for the run itself).
+    """
+
+    def __init__(self, scenario, requests):
+        cost = build_cost_model(scenario).step_seconds
+        budget = scenario.max_num_batched_tokens
+        req = requests[~requests["warmup"] & requests["finish_s"].notna()] \
+            if len(requests) else requests
+        prompt = req["prompt_tokens"].to_numpy(dtype=np.int64) if len(req) else np.zeros(0, int)
+        cached = req["cached_tokens"].to_numpy(dtype=np.int64) if len(req) else prompt
+        out = req["output_tokens"].to_numpy(dtype=np.int64) if len(req) else prompt
+
+        memo: dict = {}   # (prompt, cached) -> seconds: workloads repeat lengths
+
+        def prefill_s(p: int, c: int) -> float:
+            if (p, c) not in memo:
+                t, done = 0.0, c
+                while done < p:
+                    n = min(budget, p - done)
+                    t += cost(_plan((n, done, done + n == p)))
+                    done += n
+                memo[(p, c)] = t
+            return memo[(p, c)]
+
+        ttft = np.array([prefill_s(p, c) for p, c in zip(prompt.tolist(), cached.tolist())],
+                        dtype=float)
+        d0 = cost(_plan(decode_context=1))
+        d1 = cost(_plan(decode_context=2)) - d0          # seconds per context token
+        # Decode k (k = 1 .. O-1) attends to prompt + k tokens.
+        gap = lambda ctx: (d0 + d1 * (np.asarray(ctx, dtype=float) - 1)) * 1e3   # noqa: E731
+        mean_ctx = prompt + out / 2.0                    # mean of prompt+1 .. prompt+O-1
+        many = out >= 2
+        self.ttft_ms = ttft * 1e3
+        self.tpot_ms = gap(mean_ctx[many])
+        self.e2el_ms = self.ttft_ms + np.where(many, (out - 1) * gap(mean_ctx), 0.0)
+        # Contexts prompt+1 .. prompt+O-1 of every request, counted by a difference array.
+        top = int((prompt + out).max()) if many.any() else 1
+        diff = np.zeros(top + 1, dtype=np.int64)
+        np.add.at(diff, prompt[many] + 1, 1)
+        np.add.at(diff, prompt[many] + out[many], -1)
+        counts = np.cumsum(diff)
+        ctx = np.nonzero(counts)[0]
+        self.itl_values_ms, self.itl_counts = gap(ctx), counts[ctx]
+
+    def stat(self, metric: str, stat: str) -> float | None:
+        """``stat`` (``mean`` or ``pNN``) of ``metric``'s floors in ms, as the run computes
+        it (numpy's linear percentiles; ITL over token gaps); None with no samples.
+
+        Raises:
+            ValueError: a metric without a floor (queue_ms) or an unknown statistic.
+        """
+        if metric not in FLOOR_METRICS:
+            raise ValueError(f"no floor for {metric}; metrics with one: {FLOOR_METRICS}")
+        rank = slo_stat_rank(stat)
+        if metric == "itl_ms":
+            v, c = self.itl_values_ms, self.itl_counts
+            if not c.sum():
+                return None
+            if rank < 0:
+                return float((v * c).sum() / c.sum())
+            return float(percentile_from_runs(v, c, rank))
+        x = getattr(self, metric)
+        if not x.size:
+            return None
+        return float(np.mean(x) if rank < 0 else np.percentile(x, rank))
+
+
+__all__ = ["AloneLatency", "FLOOR_METRICS"]
