@@ -112,4 +112,28 @@ class AloneLatency:
         return float(np.mean(x) if rank < 0 else np.percentile(x, rank))
 
 
-__all__ = ["AloneLatency", "FLOOR_METRICS"]
+def slo_floors(scenario, result, stats=()) -> dict:
+    """``{metric: {stat: floor ms or None}}`` of a run for every floor metric with an SLO
+    (its SLO statistics) plus ``stats`` for every floor metric (e.g. ``("p50", "p99")``);
+    ``{}`` when there is nothing to compute."""
+    slo = result.summary.get("slo") or {}
+    want = {m: list(dict.fromkeys([*stats, *(slo.get(m) or {})])) for m in FLOOR_METRICS}
+    want = {m: sts for m, sts in want.items() if sts}
+    if not want:
+        return {}
+    alone = AloneLatency(scenario, result.requests)
+    return {m: {st: alone.stat(m, st) for st in sts} for m, sts in want.items()}
+
+
+def below_floor(summary: dict, floors: dict) -> list[tuple]:
+    """Missed SLO entries that requests served alone would miss too: ``(metric, stat,
+    threshold, value, floor)`` for each missed entry whose floor (:func:`slo_floors`) is
+    at or above its threshold, in the summary's SLO order."""
+    return [(m, st, e["threshold"], e["value"], floors[m][st])
+            for m, entries in (summary.get("slo") or {}).items() if m in floors
+            for st, e in entries.items()
+            if not e["met"] and e["value"] is not None and floors[m].get(st) is not None
+            and floors[m][st] >= e["threshold"]]
+
+
+__all__ = ["AloneLatency", "FLOOR_METRICS", "below_floor", "slo_floors"]

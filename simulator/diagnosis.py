@@ -41,7 +41,7 @@ import math
 
 import numpy as np
 
-from .alone import FLOOR_METRICS, AloneLatency
+from .alone import FLOOR_METRICS, below_floor, slo_floors
 from .errors import InputError
 from .executors import job_output, offered_rate
 from .run import max_model_len_text
@@ -156,17 +156,11 @@ def find_limits(scenario, result) -> dict:
                "max_num_seqs": scenario.max_num_seqs, "kv_usage_mean": kv_mean,
                "preemptions": pre, "busy_fraction": busy, "mean_step_ms": step_ms,
                "num_gpu_blocks": s.get("num_gpu_blocks")}
-    alone = AloneLatency(scenario, result.requests)
     missed = [(m, st, e["threshold"], e["value"])
               for m, entries in (s.get("slo") or {}).items() if m in FLOOR_METRICS
               for st, e in entries.items() if not e["met"] and e["value"] is not None]
-    figures["alone_ms"] = {m: {st: alone.stat(m, st) for st in
-                               dict.fromkeys(["p50", "p99"] + [x for k, x, _, _ in missed
-                                                               if k == m])}
-                           for m in FLOOR_METRICS}
-
-    floor = [(m, st, thr, value, figures["alone_ms"][m][st]) for m, st, thr, value in missed
-             if (figures["alone_ms"][m][st] or 0.0) >= thr]
+    figures["alone_ms"] = slo_floors(scenario, result, ("p50", "p99"))
+    floor = below_floor(s, figures["alone_ms"])
     head = []   # findings that come first: what no other knob fixes
     if floor:
         # Served alone the request already misses: only faster steps move it.

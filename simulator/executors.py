@@ -151,11 +151,16 @@ def job_output(result) -> dict:
 
 def run_job(job: Job):
     """Run one job (in whatever process): ``RunResult`` if ``job.full``, else
-    :func:`job_output`."""
+    :func:`job_output` with ``alone_ms``: the SLO statistics of requests served alone
+    (:func:`simulator.alone.slo_floors`), which tell a rate search when no rate can meet
+    an SLO."""
+    from .alone import slo_floors
     from .run import simulate
 
     res = simulate(job.scenario, replication=job.replication)
-    return res if job.full else job_output(res)
+    if job.full:
+        return res
+    return {**job_output(res), "alone_ms": slo_floors(job.scenario, res)}
 
 
 class SerialExecutor:

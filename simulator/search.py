@@ -225,10 +225,10 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
             # Halving the load no longer helps: the SLO is out of reach at any rate.
             if not e.unstable and not prev.unstable and e.mean_ratio >= 0.99 * prev.mean_ratio:
                 hi = e.rate
-                return result(0.0, hi, "SLO not met even at low load")
+                return result(0.0, hi, "SLO not met even at low load" + _floor_note(e))
             hi, prev = e.rate, e
         if lo is None:
-            return result(0.0, hi, "SLO not met even at low load")
+            return result(0.0, hi, "SLO not met even at low load" + _floor_note(e))
     while hi / lo > 1.0 + tolerance:
         mid = math.sqrt(lo * hi)
         e = yield from ev(mid)
@@ -237,6 +237,17 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
         else:
             hi = mid
     return result(lo, hi)
+
+
+def _floor_note(e: RateEval) -> str:
+    """What requests served alone get where that already misses an SLO (first
+    replication of ``e``), else ''."""
+    from .alone import below_floor
+
+    out = e.outputs[0]
+    missed = below_floor(out["summary"], out.get("alone_ms") or {})
+    return "".join(f"; {m[:-3].upper()} {st} of requests served alone {fl:.4g} ms > "
+                   f"{thr:g} ms: only faster steps meet it" for m, st, thr, _, fl in missed)
 
 
 def drive(searches: dict[Any, Generator], executor,
