@@ -51,7 +51,7 @@ def _cmd_run(args) -> int:
 
     from .cost_model import build_cost_model, profile_warning
     from .report import print_summary, write_run_outputs
-    from .run import max_model_len_text, report_meta, simulate_replications
+    from .run import max_model_len_text, report_meta, simulate_replications, trace_shortfall
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
 
@@ -82,6 +82,9 @@ def _cmd_run(args) -> int:
                               replications=combined, diagnosis=diagnose(scenario, results[0]))
     print_summary(results[0], replications=combined,
                   max_model_len=max_model_len_text(scenario, results[0].summary))
+    short = trace_shortfall(scenario, results[0].summary)
+    if short:
+        print(f"servesim: note: {short}", file=sys.stderr)
     print(f"report: {paths['report.html']}")
     return 0
 

@@ -123,6 +123,25 @@ def max_model_len_text(scenario, summary: dict | None = None) -> str:
     return str(used)
 
 
+def _trace_requests(summary: dict | None) -> int | None:
+    """Requests a run served, warm-up included (a trace's rows used)."""
+    if not summary or summary.get("num_requests") is None:
+        return None
+    return summary["num_requests"] + (summary.get("warmup_requests") or 0)
+
+
+def trace_shortfall(scenario, summary: dict | None) -> str | None:
+    """Why a trace run served fewer requests than ``workload.num_requests`` asks for (the
+    trace, after ``window_s``, has no more rows), or None."""
+    wl = scenario.workload
+    asked, served = wl.num_requests, _trace_requests(summary)
+    if wl.trace is None or asked is None or served is None or served >= asked:
+        return None
+    return (f"workload.num_requests is {asked}, but the trace"
+            + (" (within workload.trace.window_s)" if wl.trace.window_s is not None else "")
+            + f" has only {served} requests: all of them are served")
+
+
 def report_meta(scenario, summary: dict | None = None) -> dict:
     """Run facts shown at the top of a report (not part of summary.json); ``summary``
     (a run's) gives the max_model_len it served with."""
@@ -143,7 +162,10 @@ def report_meta(scenario, summary: dict | None = None) -> dict:
             "num_gpu_blocks": ("from the KV cache memory (see KV cache)"
                                if e.num_gpu_blocks is None else e.num_gpu_blocks)}.items()),
         "cluster": f"{scenario.cluster.replicas} replica(s), router {scenario.cluster.router}",
-        "workload": (f"trace {wl.trace.path} ({wl.trace.format})" if wl.trace else
+        "workload": (f"trace {wl.trace.path} ({wl.trace.format})"
+                     + (f", {_trace_requests(summary)} requests" if summary else "")
+                     + (f"; {short}" if (short := trace_shortfall(scenario, summary)) else "")
+                     if wl.trace else
                      f"{wl.num_requests} requests, arrival {wl.arrival.process}"),
         "seed": wl.seed,
         "replications": scenario.sim.replications,

@@ -297,6 +297,24 @@ def test_a_warm_up_that_leaves_none_of_a_trace_is_refused(tmp_path, capsys):
                  "--out", str(out), "--quiet"]) == 0
 
 
+def test_a_trace_shorter_than_num_requests_says_so(tmp_path, capsys):
+    # 4 rows, window [0, 100) keeps 3 (the one at 150 s is outside), warm-up 1
+    (tmp_path / "t.csv").write_text("at,p,o\n0,10,5\n1,20,5\n2,30,5\n150,40,5\n")
+    (tmp_path / "tr.yaml").write_text(TRACE_SCENARIO)
+    for n, note in ((10, True), (3, False), (2, False)):
+        out = tmp_path / f"o{n}"
+        assert main(["run", str(tmp_path / "tr.yaml"), "--set", f"workload.num_requests={n}",
+                     "--set", "sim.warmup_requests=1", "--out", str(out), "--quiet"]) == 0
+        err = capsys.readouterr().err
+        md = " ".join((out / "report.md").read_text().split())
+        served = min(n, 3)
+        assert f"trace t.csv (csv), {served} requests" in md
+        text = ("workload.num_requests is 10, but the trace (within workload.trace.window_s) "
+                "has only 3 requests: all of them are served")
+        assert (err == f"servesim: note: {text}\n") == note and (text in md) == note
+        assert json.loads((out / "summary.json").read_text())["num_requests"] == served - 1
+
+
 def test_replications_of_a_trace_are_said_to_be_identical(tmp_path, capsys):
     (tmp_path / "t.csv").write_text("at,p,o\n0,10,5\n1,20,5\n2,30,5\n")
     (tmp_path / "tr.yaml").write_text(TRACE_SCENARIO)
