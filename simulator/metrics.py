@@ -430,7 +430,9 @@ class MetricsCollector:
             request has one output token, has value None and is met vacuously),
             ``slo_met`` (None without SLO), ``concurrency``
             (``requests_mean`` = sum E2EL / duration, Little's law, ``requests_max``,
-            ``running_mean`` cluster total, ``running_max_per_replica``), ``kv_usage``
+            ``peak_concurrent_requests`` as vllm bench serve counts it
+            (:func:`_peak_per_second`), ``running_mean`` cluster total,
+            ``running_max_per_replica``), ``kv_usage``
             (``mean`` time-weighted over replicas, ``max`` of any replica),
             ``preemptions``, ``preempted_requests``, ``timeseries_bin_s``, plus ``extra``.
             Floats rounded to 6 significant digits, NaN as None.
@@ -498,6 +500,7 @@ class MetricsCollector:
             "requests_mean": float(e2el.sum()) * NS_PER_MS / duration_ns
             if duration_ns > 0 else None,
             "requests_max": _max_overlap(arrival_ns[done], finish_ns[done]),
+            "peak_concurrent_requests": _peak_per_second(arrival_ns[done], finish_ns[done]),
         }
         step = self._step_window(ws, we)
         s["concurrency"]["running_mean"] = step["running_mean"]
@@ -748,6 +751,23 @@ def _max_overlap(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
                         -np.ones(finish_ns.size, np.int64)])
     order = np.lexsort((d, t))   # by time, departures (-1) before arrivals at a tie
     return int(np.cumsum(d[order]).max())
+
+
+def _peak_per_second(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
+    """``vllm bench serve``'s "Peak concurrent requests": seconds counted from the first
+    arrival, a request counts in every second from the one of its arrival to the one of
+    its finish, both included (so two requests in one second count twice even if they never
+    overlap); the most in any second. Source: ``calculate_metrics`` in
+    ``vllm/benchmarks/serve.py`` (``max_concurrent_requests``)."""
+    if arrival_ns.size == 0:
+        return 0
+    a = arrival_ns.min()
+    first = (arrival_ns - a) // NS_PER_S
+    last = (finish_ns - a) // NS_PER_S
+    diff = np.zeros(int(last.max()) + 2, dtype=np.int64)
+    np.add.at(diff, first, 1)
+    np.add.at(diff, last + 1, -1)
+    return int(np.cumsum(diff).max())
 
 
 def parse_slo(slo: dict | None) -> dict:

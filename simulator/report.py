@@ -77,8 +77,11 @@ DEFINITIONS = [
                "last finish; with warm-up, from the first counted arrival, and the first "
                "warm-up requests by arrival are left out of every request figure."),
     ("Concurrency", "requests in system: mean = Σ E2EL / duration (Little's law; SGLang "
-                    "`bench_serving`'s concurrency), max of overlapping [arrival, finish) "
-                    "(`vllm bench serve`'s peak concurrent requests). Running requests and KV usage "
+                    "`bench_serving`'s concurrency), max of overlapping [arrival, finish); "
+                    "peak concurrent requests as `vllm bench serve` counts them: seconds from "
+                    "the first arrival, a request counted in every second it is in the system "
+                    "for any part of, the most in one second (at least the max). Running "
+                    "requests and KV usage "
                     "are time-weighted over engine steps (idle time counts as 0); KV usage "
                     "is the fraction of usable blocks, averaged over replicas."),
 ]
@@ -175,6 +178,8 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     load = [
         ["requests in system, mean", _fmt(conc.get("requests_mean"))],
         ["requests in system, max", _fmt(conc.get("requests_max"))],
+        ["peak concurrent requests (per second, as vllm bench serve)",
+         _fmt(conc.get("peak_concurrent_requests"))],
         ["running requests, mean (all replicas)", _fmt(conc.get("running_mean"))],
         ["running requests, max (one replica)", _fmt(conc.get("running_max_per_replica"))],
         ["KV cache usage, mean", _fmt(kv.get("mean"))],

@@ -88,6 +88,8 @@ def test_throughput_window_and_request_concurrency():
     # mean = sum E2EL / duration = (150 + 180 + 90) / 200; all three overlap in [40, 130)
     assert s["concurrency"]["requests_mean"] == approx(2.1)
     assert s["concurrency"]["requests_max"] == 3
+    # all within the first second: vllm bench serve's peak counts the same three
+    assert s["concurrency"]["peak_concurrent_requests"] == 3
 
 
 def test_the_window_starts_at_the_run_start_as_vllm_bench_serve_duration():
@@ -373,3 +375,34 @@ def test_queue_length_series_integrates_each_requests_wait():
     assert col("0") == approx([30 / 50, 0, 0, 0])
     assert col("1") == approx([30 / 50, 20 / 50, 0, 0])
     assert col("all") == approx([60 / 50, 20 / 50, 0, 0])
+
+
+def test_peak_concurrent_requests_by_hand():
+    s = 10**9
+    # From the first arrival (0.5 s): [0.5, 0.9) and [1.2, 1.4) fall in second 0 and never
+    # overlap; [3.0, 3.1) in second 2; [1.0, 3.6) in seconds 0, 1, 2 and 3.
+    a = np.array([0.5, 1.2, 3.0, 1.0]) * s
+    f = np.array([0.9, 1.4, 3.1, 3.6]) * s
+    assert metrics._max_overlap(a[:2].astype(np.int64), f[:2].astype(np.int64)) == 1
+    assert metrics._peak_per_second(a[:2].astype(np.int64), f[:2].astype(np.int64)) == 2
+    assert metrics._peak_per_second(a.astype(np.int64), f.astype(np.int64)) == 3
+    assert metrics._peak_per_second(np.array([], np.int64), np.array([], np.int64)) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 9_000)), min_size=1,
+                max_size=40))
+def test_peak_concurrent_requests_is_vllm_bench_serves(spans_ms):
+    # vllm bench serve (calculate_metrics): buckets int(t - min start) over seconds, each
+    # request counted from its start bucket to its end bucket, both included.
+    start = [t for t, _ in spans_ms]
+    end = [t + d for t, d in spans_ms]
+    t0 = min(start)
+    buckets = [0] * ((max(end) - t0) // 1000 + 1)
+    for b, e in zip(start, end):
+        for k in range((b - t0) // 1000, (e - t0) // 1000 + 1):
+            buckets[k] += 1
+    ns = 10**6
+    got = metrics._peak_per_second(np.array(start, np.int64) * ns, np.array(end, np.int64) * ns)
+    assert got == max(buckets)
+    assert got >= metrics._max_overlap(np.array(start, np.int64), np.array(end, np.int64))
