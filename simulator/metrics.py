@@ -245,6 +245,10 @@ class MetricsCollector:
         self._limit = self._cap * self._w   # steps ending past this need coarser bins
         self._steps: list[tuple] = []       # steps not yet binned (see _flush)
         self._last_step_end = 0
+        # Output tokens per second from the first admitted arrival (vllm bench serve's
+        # peak output token throughput); None until a request is admitted.
+        self._first_admitted_ns: int | None = None
+        self._tokens_per_s = np.zeros(0, np.int64)
         # Pooled ITL: runs (gap, count) appended as steps end, folded into sorted distinct
         # gaps (exact counts) when the buffers grow long and at the end.
         self._itl_gap, self._itl_cnt = array("q"), array("q")
@@ -316,14 +320,25 @@ class MetricsCollector:
         del self._itl_gap[:]
         del self._itl_cnt[:]
 
+    def note_admitted(self, arrival_ns: int) -> None:
+        """A request the engine took (not rejected) arrived at ``arrival_ns``: the first
+        one starts the seconds over which output tokens are counted for
+        ``max_output_tokens_per_s``. Call in arrival order, before the steps that follow.
+        """
+        if self._first_admitted_ns is None:
+            self._first_admitted_ns = int(arrival_ns)
+
     def record_step(self, replica: int, start_ns: int, end_ns: int, num_prefill_tokens: int,
                     num_decodes: int, num_running: int, num_waiting: int, kv_usage: float,
-                    num_preempted: int) -> None:
+                    num_preempted: int, num_sampled: int | None = None) -> None:
         """Account one engine step of ``replica`` over ``[start_ns, end_ns)``.
 
         ``num_running``/``num_waiting``/``kv_usage`` (fraction of usable blocks) hold over
         the step; prefill tokens, decode tokens (one per decode) and preemptions count in
-        the bin where the step ends. Steps are buffered and binned in bulk; the result is
+        the bin where the step ends; so do the output tokens the step samples
+        (``num_sampled``, default ``num_decodes``: decodes plus prefill chunks that end a
+        prompt) in the second where it ends, once a request was admitted
+        (:meth:`note_admitted`). Steps are buffered and binned in bulk; the result is
         bit for bit that of adding each step to its bins in turn.
 
         Raises:
@@ -338,7 +353,8 @@ class MetricsCollector:
                 self._coarsen()
         buf = self._steps
         buf.append((replica, start_ns, end_ns, num_prefill_tokens, num_decodes, num_running,
-                    num_waiting, kv_usage, num_preempted))
+                    num_waiting, kv_usage, num_preempted,
+                    num_decodes if num_sampled is None else num_sampled))
         if len(buf) >= _STEP_BUFFER:
             self._flush()
 
@@ -361,6 +377,15 @@ class MetricsCollector:
             ("prefill", 3), ("decode", 4), ("running", 5), ("waiting", 6), ("preempt", 8))}
         kv_usage = np.array(cols[7], dtype=np.float64)
         self._last_step_end = max(self._last_step_end, int(end.max()))
+        if self._first_admitted_ns is not None:   # int(token time - first start), as vLLM
+            sec = (end - self._first_admitted_ns) // NS_PER_S
+            keep = sec >= 0
+            per_s = np.bincount(sec[keep], weights=np.array(cols[9], np.float64)[keep])
+            if per_s.size > self._tokens_per_s.size:
+                self._tokens_per_s = np.concatenate(
+                    [self._tokens_per_s, np.zeros(per_s.size - self._tokens_per_s.size,
+                                                  np.int64)])
+            self._tokens_per_s[:per_s.size] += per_s.astype(np.int64)
         w = self._w
         reps = dict.fromkeys(cols[0])   # replicas in order of their first step
         for r in reps:
@@ -430,9 +455,11 @@ class MetricsCollector:
             request has one output token, has value None and is met vacuously),
             ``slo_met`` (None without SLO), ``concurrency``
             (``requests_mean`` = sum E2EL / duration, Little's law, ``requests_max``,
-            ``peak_concurrent_requests`` as vllm bench serve counts it
-            (:func:`_peak_per_second`), ``running_mean`` cluster total,
-            ``running_max_per_replica``), ``kv_usage``
+            ``running_mean`` cluster total, ``running_max_per_replica``),
+            ``max_concurrent_requests`` and ``max_output_tokens_per_s``: vllm bench
+            serve's peak concurrent requests (:func:`_peak_per_second`) and peak output
+            token throughput (most output tokens in one second counted from the first
+            admitted arrival; None with warm-up or without steps), ``kv_usage``
             (``mean`` time-weighted over replicas, ``max`` of any replica),
             ``preemptions``, ``preempted_requests``, ``timeseries_bin_s``, plus ``extra``.
             Floats rounded to 6 significant digits, NaN as None.
@@ -500,8 +527,13 @@ class MetricsCollector:
             "requests_mean": float(e2el.sum()) * NS_PER_MS / duration_ns
             if duration_ns > 0 else None,
             "requests_max": _max_overlap(arrival_ns[done], finish_ns[done]),
-            "peak_concurrent_requests": _peak_per_second(arrival_ns[done], finish_ns[done]),
         }
+        s["max_concurrent_requests"] = _peak_per_second(arrival_ns[done], finish_ns[done])
+        # Every step's sampled tokens (warm-up requests' too): only without warm-up are
+        # they the counted requests' (vllm bench serve has no warm-up inside its run).
+        s["max_output_tokens_per_s"] = (
+            float(self._tokens_per_s.max()) if self._tokens_per_s.size and s["completed"]
+            and not self.warmup_requests else None)
         step = self._step_window(ws, we)
         s["concurrency"]["running_mean"] = step["running_mean"]
         s["concurrency"]["running_max_per_replica"] = step["running_max"]
@@ -754,8 +786,9 @@ def _max_overlap(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
 
 
 def _peak_per_second(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
-    """``vllm bench serve``'s "Peak concurrent requests": seconds counted from the first
-    arrival, a request counts in every second from the one of its arrival to the one of
+    """``vllm bench serve``'s "Peak concurrent requests" of the served requests whose
+    ``[arrival, finish]`` are given (ns): seconds counted from the first arrival (that of
+    the first successful request in vLLM), a request counts in every second from the one of its arrival to the one of
     its finish, both included (so two requests in one second count twice even if they never
     overlap); the most in any second. Source: ``calculate_metrics`` in
     ``vllm/benchmarks/serve.py`` (``max_concurrent_requests``)."""

@@ -88,6 +88,7 @@ class Replica:
             if self.on_finish is not None:
                 self.on_finish(req, self.env.now)  # its session goes on (and is refused)
             return
+        self.metrics.note_admitted(rec.arrival_ns)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
             self.busy_until_ns = self.env.now
@@ -157,7 +158,7 @@ class Replica:
                     self._note_tokens(prefills, t1)
                 update(plan)
                 record_step(index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
-                            waiting, usage, len(plan.preempted))
+                            waiting, usage, len(plan.preempted), plan.num_sampled)
                 t0 = t1
             self.busy_until_ns = t1
             yield env.timeout(t1 - env.now)
@@ -246,7 +247,7 @@ class Replica:
                 self._note_tokens(prefills, t1)
             finished = update(plan)
             record_step(index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
-                        waiting, usage, len(plan.preempted))
+                        waiting, usage, len(plan.preempted), plan.num_sampled)
             if finished:
                 self._note_finished(finished, t1)
             t0 = t1
@@ -295,7 +296,7 @@ class Replica:
             self._note_tokens(plan.prefills, t1)
         finished = self.scheduler.update(plan)
         self._record_step(self.index, t0, t1, plan.num_scheduled_tokens - nd, nd, batch,
-                          waiting, usage, len(plan.preempted))
+                          waiting, usage, len(plan.preempted), plan.num_sampled)
         if finished:
             self._note_finished(finished, t1)
 

@@ -72,6 +72,10 @@ DEFINITIONS = [
                 "smallest; a request with ≤ 1 output token has no TPOT and passes that "
                 "check; ITL SLOs are judged on the run statistic only."),
     ("Percentiles", "`numpy.percentile`, linear interpolation."),
+    ("Peak output token throughput", "as `vllm bench serve`: output tokens counted per "
+                                     "second from the first served request's arrival, the "
+                                     "most in one second; n/a with warm-up (the steps also "
+                                     "carry the warm-up requests' tokens)."),
     ("Window", "throughputs and time-weighted means run from the start of the run (as "
                "`vllm bench serve`'s duration, which includes the first arrival gap) to the "
                "last finish; with warm-up, from the first counted arrival, and the first "
@@ -79,10 +83,10 @@ DEFINITIONS = [
     ("Concurrency", "requests in system: mean = Σ E2EL / duration (Little's law; SGLang "
                     "`bench_serving`'s concurrency), max of overlapping [arrival, finish); "
                     "peak concurrent requests as `vllm bench serve` counts them: seconds from "
-                    "the first arrival, a request counted in every second it is in the system "
-                    "for any part of, the most in one second (at least the max). Running "
-                    "requests and KV usage "
-                    "are time-weighted over engine steps (idle time counts as 0); KV usage "
+                    "the first served request's arrival, a request counted in every second "
+                    "it is in the system for any part of, the most in one second (at least "
+                    "the max). Running requests and KV usage are time-weighted over engine "
+                    "steps (idle time counts as 0); KV usage "
                     "is the fraction of usable blocks, averaged over replicas."),
 ]
 
@@ -161,6 +165,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         ["request throughput (req/s)", _fmt(s.get("request_throughput"))],
         ["output throughput (tok/s)", _fmt(s.get("output_throughput"))],
         ["total token throughput (tok/s)", _fmt(s.get("total_token_throughput"))],
+        ["peak output token throughput (tok/s)", _fmt(s.get("max_output_tokens_per_s"))],
         ["goodput (req/s)", _fmt(s.get("goodput"))],
     ]
     b.append(("h2", f"Throughput ({label})"))
@@ -179,7 +184,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         ["requests in system, mean", _fmt(conc.get("requests_mean"))],
         ["requests in system, max", _fmt(conc.get("requests_max"))],
         ["peak concurrent requests (per second, as vllm bench serve)",
-         _fmt(conc.get("peak_concurrent_requests"))],
+         _fmt(s.get("max_concurrent_requests"))],
         ["running requests, mean (all replicas)", _fmt(conc.get("running_mean"))],
         ["running requests, max (one replica)", _fmt(conc.get("running_max_per_replica"))],
         ["KV cache usage, mean", _fmt(kv.get("mean"))],

@@ -89,7 +89,7 @@ def test_throughput_window_and_request_concurrency():
     assert s["concurrency"]["requests_mean"] == approx(2.1)
     assert s["concurrency"]["requests_max"] == 3
     # all within the first second: vllm bench serve's peak counts the same three
-    assert s["concurrency"]["peak_concurrent_requests"] == 3
+    assert s["max_concurrent_requests"] == 3
 
 
 def test_the_window_starts_at_the_run_start_as_vllm_bench_serve_duration():

@@ -102,3 +102,37 @@ def test_intake_moves_first_scheduled_only(exact):
     got = {r: [round(req.loc[r, f"{k}_s"] * 1e3, 6) for k in
                ("arrival", "first_scheduled", "first_token", "finish")] for r in "AB"}
     assert got == {"A": [0, 3, 10, 20], "B": [5, 13, 20, 20]}
+
+
+def test_peak_output_tokens_and_concurrency_per_second_by_hand(tmp_path):
+    # The request at 0 is rejected (300 prompt tokens >= max_model_len). Steps of 300 ms
+    # from the next arrival (100 ms): A and B (8 tokens each) prefill together: tokens at
+    # 400, 700, ... 2500 ms. C (4 tokens) arrives at 1050 ms, during the step [1000,
+    # 1300), and prefills in [1300, 1600): tokens at 1600 ... 2500 ms. vllm bench serve's
+    # seconds run from the first successful request's start (100 ms): int(t - 0.1 s) puts
+    # A's and B's tokens 3 + 3 + 2 in seconds 0, 1, 2 and C's 0 + 2 + 2: [6, 8, 6] → peak
+    # 8 tok/s (from 0 s it would be [4, 10, 6]). Every request spans seconds 0..2 → 3.
+    (tmp_path / "t.csv").write_text("t_ms,p,o\n0,300,4\n100,8,8\n100,8,8\n1050,8,4\n")
+    (tmp_path / "s.yaml").write_text("""
+name: peak
+model: llama-test
+hardware: {step_time: {constant_s: 0.3}}
+engine: {max_num_seqs: 8, max_model_len: 256}
+workload:
+  trace: {path: t.csv, format: csv, arrival_unit: ms,
+          columns: {arrival: t_ms, prompt_tokens: p, output_tokens: o}}
+""")
+    out = tmp_path / "o"
+    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(out), "--quiet"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    req = pd.read_csv(out / "requests.csv")
+    assert req["finish_reason"][0] == "rejected"
+    assert req["first_token_s"][1:].tolist() == pytest.approx([0.4, 0.4, 1.6])
+    assert req["finish_s"][1:].tolist() == pytest.approx([2.5, 2.5, 2.5])
+    assert s["max_output_tokens_per_s"] == 8
+    assert s["max_concurrent_requests"] == 3
+    # with warm-up the steps also carry uncounted requests' tokens: no figure
+    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "w"), "--quiet",
+                 "--set", "sim.warmup_requests=2"]) == 0
+    w = json.loads((tmp_path / "w" / "summary.json").read_text())
+    assert w["max_output_tokens_per_s"] is None
