@@ -78,10 +78,12 @@ def _cmd_run(args) -> int:
             scenario, progress=lambda done, total: bar.update(task, completed=done,
                                                               total=total))
     from .diagnosis import diagnose
+    diagnosis = diagnose(scenario, results[0])
     paths = write_run_outputs(out, results[0], title=scenario.name, meta=report_meta(scenario, results[0].summary),
-                              replications=combined, diagnosis=diagnose(scenario, results[0]))
+                              replications=combined, diagnosis=diagnosis)
     print_summary(results[0], replications=combined,
-                  max_model_len=max_model_len_text(scenario, results[0].summary))
+                  max_model_len=max_model_len_text(scenario, results[0].summary),
+                  diagnosis=diagnosis)
     short = trace_shortfall(scenario, results[0].summary)
     if short:
         print(f"servesim: note: {short}", file=sys.stderr)

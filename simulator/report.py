@@ -240,6 +240,22 @@ _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
            "none": "none: headroom at this load"}
 
 
+def diagnosis_line(diag: dict) -> str:
+    """The diagnosis in one line for the terminal: the binding limit, the knob the
+    counterfactual run turned and what it did (or the knob to try)."""
+    binding = diag.get("binding")
+    line = f"Binding limit: {_LIMITS.get(binding, binding)}"
+    cf = diag.get("counterfactual")
+    found = diag.get("findings") or []
+    if binding != "none" and cf:
+        line += (f"; with --set {cf['change']}: {cf['figure']} {_fmt(cf.get('before'))} → "
+                 f"{_fmt(cf.get('after'))}, SLOs met {_fmt(cf.get('slo_met_before'))} → "
+                 f"{_fmt(cf.get('slo_met_after'))}")
+    elif binding != "none" and found and found[0].get("change"):
+        line += f"; try --set {found[0]['change']}"
+    return line + " (details: the report's Diagnosis)."
+
+
 def diagnosis_blocks(diag: dict, label: str = "") -> list:
     """Report blocks for :func:`simulator.diagnosis.diagnose`: TTFT split into queueing
     and prefill, the binding limit, every finding with its knob, the counterfactual."""
@@ -610,7 +626,7 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
 
 
 def print_summary(result: RunResult, console=None, *, replications: dict | None = None,
-                  max_model_len: str | None = None) -> None:
+                  max_model_len: str | None = None, diagnosis: dict | None = None) -> None:
     """Print the key figures as a rich table (TTFT/TPOT/ITL/E2EL, throughput, goodput, SLO).
 
     Args:
@@ -620,6 +636,8 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         max_model_len: how the rejection line names the limit
             (:func:`simulator.run.max_model_len_text`: says when a default was capped);
             the summary's number by default.
+        diagnosis: from :func:`simulator.diagnosis.diagnose`; adds
+            :func:`diagnosis_line` under the tables.
     """
     from rich.console import Console
     from rich.table import Table
@@ -658,6 +676,8 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
                       f"latency figures.")
     if s.get("capped"):
         console.print(CAPPED_TEXT.format(n=_fmt(s["capped"])))
+    if diagnosis:
+        console.print(diagnosis_line(diagnosis), highlight=False, markup=False)
     if replications:
         n = max(((v.get("n") or 0) for v in replications.values()
                  if isinstance(v, dict) and "n" in v), default=0)

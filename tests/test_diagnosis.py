@@ -3,6 +3,7 @@
 import pytest
 
 from simulator.diagnosis import diagnose, ttft_split
+from simulator.report import fmt_number
 from simulator.executors import job_output
 from simulator.run import simulate
 from simulator.scenario import scenario_from_dict
@@ -158,7 +159,7 @@ def test_prefix_cache_misses():
     assert cf["before"] == 0 and cf["after"] == pytest.approx(298 * 512 / (300 * 600), rel=1e-3)
 
 
-def test_run_report_has_diagnosis(tmp_path):
+def test_run_report_has_diagnosis(tmp_path, capsys):
     import json
 
     from simulator.cli import main
@@ -176,6 +177,12 @@ workload:
     assert main(["run", str(y), "--out", str(tmp_path / "r"), "--quiet"]) == 0
     d = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
     assert d["binding"] == "max_num_seqs"
+    cf = d["counterfactual"]
+    said = " ".join(capsys.readouterr().out.split())   # the terminal has it in one line
+    # no SLO here: the counterfactual's figure is TTFT p99
+    assert (f"Binding limit: max_num_seqs; with --set {cf['change']}: TTFT p99 (ms) "
+            f"{fmt_number(cf['before'])} → {fmt_number(cf['after'])}, SLOs met n/a → n/a "
+            f"(details: the report's Diagnosis).") in said
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Diagnosis" in md
     # alone: one 10 ms prefill step, then 31 decode steps of 10 ms
