@@ -16,6 +16,9 @@ import numpy as np
 from .cost_model import build_cost_model
 from .metrics import percentile_from_runs, slo_stat_rank
 
+#: The simulator's clock resolution (1 ns) in ms: floors priced in floating point within it
+#: of a threshold are at it (a run steps in whole ns).
+CLOCK_MS = 1e-6
 #: Metrics with a floor (queue_ms has none: a request alone never waits).
 FLOOR_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
@@ -41,8 +44,8 @@ class AloneLatency:
     Args:
         scenario: the run's scenario (its cost model and ``max_num_batched_tokens``).
         requests: the run's request table (:data:`simulator.metrics.REQUEST_COLUMNS`);
-            rows marked ``warmup`` and rows without a finish (rejected) are left out, as
-            the run's statistics leave them out.
+            rows without a finish (rejected) are left out, and rows marked ``warmup`` from
+            all but the ITL gaps, as the run's statistics leave them out.
 
     Raises:
         InputError: the scenario's cost model cannot be built (as for the run itself).
@@ -51,11 +54,14 @@ class AloneLatency:
     def __init__(self, scenario, requests):
         cost = build_cost_model(scenario).step_seconds
         budget = scenario.max_num_batched_tokens
-        req = requests[~requests["warmup"] & requests["finish_s"].notna()] \
-            if len(requests) else requests
-        prompt = req["prompt_tokens"].to_numpy(dtype=np.int64) if len(req) else np.zeros(0, int)
-        cached = req["cached_tokens"].to_numpy(dtype=np.int64) if len(req) else prompt
-        out = req["output_tokens"].to_numpy(dtype=np.int64) if len(req) else prompt
+        served = requests[requests["finish_s"].notna()] if len(requests) else requests
+
+        def column(rows, name):
+            return rows[name].to_numpy(dtype=np.int64) if len(rows) else np.zeros(0, np.int64)
+
+        req = served[~served["warmup"]] if len(served) else served
+        prompt, cached, out = (column(req, c) for c in
+                               ("prompt_tokens", "cached_tokens", "output_tokens"))
 
         memo: dict = {}   # (prompt, cached) -> seconds: workloads repeat lengths
 
@@ -80,11 +86,13 @@ class AloneLatency:
         self.ttft_ms = ttft * 1e3
         self.tpot_ms = gap(mean_ctx[many])
         self.e2el_ms = self.ttft_ms + np.where(many, (out - 1) * gap(mean_ctx), 0.0)
-        # Contexts prompt+1 .. prompt+O-1 of every request, counted by a difference array.
-        top = int((prompt + out).max()) if many.any() else 1
-        diff = np.zeros(top + 1, dtype=np.int64)
-        np.add.at(diff, prompt[many] + 1, 1)
-        np.add.at(diff, prompt[many] + out[many], -1)
+        # Contexts prompt+1 .. prompt+O-1 of every request, counted by a difference array;
+        # warm-up requests too, as the run's pooled ITL keeps their gaps.
+        p_all, o_all = column(served, "prompt_tokens"), column(served, "output_tokens")
+        two = o_all >= 2
+        diff = np.zeros(int((p_all + o_all).max()) + 1 if two.any() else 1, dtype=np.int64)
+        np.add.at(diff, p_all[two] + 1, 1)
+        np.add.at(diff, p_all[two] + o_all[two], -1)
         counts = np.cumsum(diff)
         ctx = np.nonzero(counts)[0]
         self.itl_values_ms, self.itl_counts = gap(ctx), counts[ctx]
@@ -128,12 +136,12 @@ def slo_floors(scenario, result, stats=()) -> dict:
 def below_floor(summary: dict, floors: dict) -> list[tuple]:
     """Missed SLO entries that requests served alone would miss too: ``(metric, stat,
     threshold, value, floor)`` for each missed entry whose floor (:func:`slo_floors`) is
-    at or above its threshold, in the summary's SLO order."""
+    above its threshold (a value equal to it meets it), in the summary's SLO order."""
     return [(m, st, e["threshold"], e["value"], floors[m][st])
             for m, entries in (summary.get("slo") or {}).items() if m in floors
             for st, e in entries.items()
             if not e["met"] and e["value"] is not None and floors[m].get(st) is not None
-            and floors[m][st] >= e["threshold"]]
+            and floors[m][st] > e["threshold"] + CLOCK_MS]
 
 
 __all__ = ["AloneLatency", "FLOOR_METRICS", "below_floor", "slo_floors"]

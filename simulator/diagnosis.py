@@ -6,8 +6,10 @@ request as if served alone on an idle replica (:mod:`simulator.alone`), then che
 limits a vLLM operator can turn, in this order:
 
 * ``max_model_len``: rejected requests (they fail the SLO whatever else changes).
-* ``latency_floor``: a latency SLO that requests served alone would already miss: no
-  number of replicas meets it, only faster steps (a faster GPU, a higher tensor_parallel).
+* ``latency_floor``: a latency SLO that requests served alone would already miss (with the
+  run's prefix-cache hits): no number of replicas meets it, only faster steps (a faster
+  GPU, a higher tensor_parallel); or one missed although no two requests were ever in the
+  system at once (step-cost noise, ``cost_noise: empirical``).
 
 * ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
   cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
@@ -15,14 +17,11 @@ limits a vLLM operator can turn, in this order:
   ``max_num_seqs`` (admission waits for free blocks).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time.
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
-  of work; only faster or more GPUs help. Also without queueing, when a latency SLO is
-  missed (rejections alone are the ``max_model_len`` finding, SLOs under the latency floor
-  its own) while the engine is busy nearly all the time: near saturation every added
-  request lengthens the steps (TPOT) and the waits for them; or when a TTFT, queue or
+  of work; only faster or more GPUs help. Also without queueing, when a TTFT, queue or
   E2EL SLO is missed and the TTFT tail is mostly waiting (queue p99 at least half the TTFT
   p99): bursts of arrivals the engine drains only after a while; or, last, when a latency
-  SLO is missed that requests alone would meet and nothing else was found: sharing steps
-  with other requests makes the difference.
+  SLO that requests alone would meet is missed and nothing else was found: sharing steps
+  with other requests (each added request lengthens the batch) makes the difference.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
@@ -104,6 +103,27 @@ def _name(metric: str) -> str:
     return metric[:-3].upper()
 
 
+#: The most GPUs a tensor-parallel group spans (one node of 8: beyond it the all-reduce
+#: leaves NVLink, which the roofline does not price).
+MAX_TP = 8
+
+
+def _faster(scenario, ttft: bool) -> tuple[str, str | None]:
+    """Knob and ``--set`` change for faster steps: tensor_parallel ×2 where the cost model
+    can price it (not an inline step time, nor a profile measured at one tensor_parallel)
+    and it stays within one node (:data:`MAX_TP`)."""
+    tp = scenario.hardware.tensor_parallel
+    change = None
+    if scenario.hardware.step_time is None and 2 * tp <= MAX_TP:
+        change = _valid_change(scenario, f"hardware.tensor_parallel={2 * tp}")
+    knob = ("faster steps: a faster GPU or a higher tensor_parallel" if change else
+            "faster steps (hardware.step_time)" if scenario.hardware.step_time is not None
+            else "faster steps: a faster GPU or device")
+    if ttft:
+        knob += "; for TTFT also shorter prompts or prefix-cache hits on shared prefixes"
+    return knob, change
+
+
 def _valid_change(scenario, change: str) -> str | None:
     """``change`` when the scenario accepts it and can price its steps (a profile
     measured at one tensor_parallel cannot price another), else None."""
@@ -162,20 +182,18 @@ def find_limits(scenario, result) -> dict:
     figures["alone_ms"] = slo_floors(scenario, result, ("p50", "p99"))
     floor = below_floor(s, figures["alone_ms"])
     head = []   # findings that come first: what no other knob fixes
+    hits = bool(s.get("total_cached_tokens"))
     if floor:
         # Served alone the request already misses: only faster steps move it.
-        tp = scenario.hardware.tensor_parallel
         head.append(_finding(
             "latency_floor", "; ".join(
                 f"{_name(m)} {st} would be {fl:.4g} ms for requests served alone on an idle "
                 f"replica, above the SLO's {thr:g} ms (here {value:.4g} ms)"
-                for m, st, thr, value, fl in floor) + ": no number of replicas meets it",
-            "faster steps: a faster GPU or a higher tensor_parallel"
-            + ("; for TTFT also shorter prompts or prefix-cache hits on shared prompt "
-               "prefixes" if any(m == "ttft_ms" for m, *_ in floor) else ""),
-            # an inline step time does not depend on tensor_parallel
-            None if scenario.hardware.step_time is not None
-            else _valid_change(scenario, f"hardware.tensor_parallel={2 * tp}")))
+                for m, st, thr, value, fl in floor) + ": no number of replicas meets it"
+            + (" (with this run's prefix-cache hits)" if hits else ""),
+            *_faster(scenario, any(m == "ttft_ms" for m, *_ in floor))))
+    # Missed SLOs that a request alone would meet: what the load (or noise) adds.
+    loaded = [x for x in missed if not any(x[:2] == f[:2] for f in floor)]
 
     found = []
     blocks = s.get("num_gpu_blocks")
@@ -211,13 +229,6 @@ def find_limits(scenario, result) -> dict:
         compute = ("requests queue although sequence slots and KV blocks are free"
                    + (f": the engine is busy {busy:.0%} of the time" if busy is not None
                       else ""))
-    elif not queued and (len(floor) < len(missed) or _missed(s, ("queue_ms",))) \
-            and busy is not None and busy >= BUSY:
-        # Steps follow each other with little queueing, but nearly back to back: every
-        # added request lengthens the batch (TPOT) and the waits for the step in flight
-        # (SLOs that a request alone misses are the latency floor's, not the load's).
-        compute = (f"the engine is busy {busy:.0%} of the time: near saturation, each added "
-                   f"request lengthens every step and the waits for it")
     elif not found and _missed(s, WAIT_METRICS) and q_p99 >= QUEUE_STEPS * step_ms \
             and q_p99 >= TAIL_QUEUE * (split["ttft_ms"]["p99"] or math.inf):
         # A stable engine busy well below saturation, yet the tail of TTFT is waiting:
@@ -256,16 +267,25 @@ def find_limits(scenario, result) -> dict:
             found.append(_finding(
                 "prefix_cache", f"prefix-cache hit rate {hit:.0%} while shared prefixes are "
                 f"{expected:.0%} of the prompts", knob, change))
-    if not found and missed and not floor:
-        # No other limit, yet a latency SLO is missed that a request alone would meet:
-        # sharing steps with other requests (and waiting for them) adds the rest.
-        m, st, thr, value = missed[0]
-        found.append(_finding(
-            "compute", f"{_name(m)} {st} is {value:.4g} ms against the SLO's {thr:g} ms, "
-            f"and {figures['alone_ms'][m][st]:.4g} ms for requests served alone: sharing "
-            f"steps with other requests and waiting for them adds the rest"
-            + (f" (the engine is busy {busy:.0%} of the time)" if busy is not None else ""),
-            *more))
+    if not found and loaded:
+        m, st, thr, value = loaded[0]
+        fl = figures["alone_ms"].get(m, {}).get(st)
+        alone = f", and {fl:.4g} ms for requests served alone" if fl is not None else ""
+        busy_text = f" (the engine is busy {busy:.0%} of the time)" if busy is not None else ""
+        if ((s.get("concurrency") or {}).get("requests_max") or 0) <= 1:
+            # Nothing overlapped: what lifts the figure above the floor is the variation of
+            # the step cost (cost_noise), not the load.
+            head.append(_finding(
+                "latency_floor", f"{_name(m)} {st} is {value:.4g} ms against the SLO's "
+                f"{thr:g} ms{alone} (noise-free steps), although no two requests were in "
+                f"the system at once: the step-cost variation makes up the rest",
+                *_faster(scenario, m == "ttft_ms")))
+        else:
+            # Sharing steps with other requests (and waiting for them) adds the rest.
+            found.append(_finding(
+                "compute", f"{_name(m)} {st} is {value:.4g} ms against the SLO's {thr:g} "
+                f"ms{alone}: sharing steps with other requests and waiting for them adds "
+                f"the rest{busy_text}", *more))
     rejected = s.get("rejected") or 0
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
         capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len

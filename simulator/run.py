@@ -139,7 +139,7 @@ def trace_shortfall(scenario, summary: dict | None) -> str | None:
         return None
     return (f"workload.num_requests is {asked}, but the trace"
             + (" (within workload.trace.window_s)" if wl.trace.window_s is not None else "")
-            + f" has only {served} requests: all of them are served")
+            + f" has only {served} requests: the run takes all of them")
 
 
 def report_meta(scenario, summary: dict | None = None) -> dict:

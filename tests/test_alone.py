@@ -37,21 +37,22 @@ def test_floors_by_hand():
     a = AloneLatency(s, _frame([
         (600, 0, 5, False, True),     # chunks 256 + 256 + 88, then 4 decodes
         (100, 64, 1, False, True),    # one 36-token chunk after 64 cached; no decode
-        (900, 0, 50, True, True),     # warm-up: left out
+        (900, 0, 3, True, True),      # warm-up: only its token gaps count (pooled ITL)
         (3000, 0, 0, False, False),   # rejected (no finish): left out
     ]))
     # linear: 2 ms + 0.1 ms per prefill token + 1 ms per decode + 0.001 ms per context token
     chunks = [2 + 25.6 + 0.256, 2 + 25.6 + 0.512, 2 + 8.8 + 0.600]
     ttft = [sum(chunks), 2 + 3.6 + 0.100]
     gaps = [3 + 0.001 * ctx for ctx in (601, 602, 603, 604)]
+    itl = gaps + [3 + 0.001 * ctx for ctx in (901, 902)]
     np.testing.assert_allclose(a.ttft_ms, ttft, rtol=1e-12)
     np.testing.assert_allclose(a.tpot_ms, [sum(gaps) / 4], rtol=1e-12)
     np.testing.assert_allclose(a.e2el_ms, [ttft[0] + sum(gaps), ttft[1]], rtol=1e-12)
     assert a.stat("ttft_ms", "p50") == pytest.approx((ttft[0] + ttft[1]) / 2, rel=1e-12)
     assert a.stat("ttft_ms", "mean") == pytest.approx(sum(ttft) / 2, rel=1e-12)
-    assert a.stat("itl_ms", "mean") == pytest.approx(sum(gaps) / 4, rel=1e-12)
-    assert a.stat("itl_ms", "p99") == pytest.approx(np.percentile(gaps, 99), rel=1e-12)
-    assert a.stat("itl_ms", "p12.5") == pytest.approx(np.percentile(gaps, 12.5), rel=1e-12)
+    assert a.stat("itl_ms", "mean") == pytest.approx(sum(itl) / 6, rel=1e-12)
+    assert a.stat("itl_ms", "p99") == pytest.approx(np.percentile(itl, 99), rel=1e-12)
+    assert a.stat("itl_ms", "p12.5") == pytest.approx(np.percentile(itl, 12.5), rel=1e-12)
     with pytest.raises(ValueError, match="no floor for queue_ms"):
         a.stat("queue_ms", "p99")
     # no request with two output tokens: no TPOT or ITL floor

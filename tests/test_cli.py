@@ -310,7 +310,7 @@ def test_a_trace_shorter_than_num_requests_says_so(tmp_path, capsys):
         served = min(n, 3)
         assert f"trace t.csv (csv), {served} requests" in md
         text = ("workload.num_requests is 10, but the trace (within workload.trace.window_s) "
-                "has only 3 requests: all of them are served")
+                "has only 3 requests: the run takes all of them")
         assert (err == f"servesim: note: {text}\n") == note and (text in md) == note
         assert json.loads((out / "summary.json").read_text())["num_requests"] == served - 1
 
