@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import math
 import os
 import re
@@ -323,6 +324,35 @@ def list_profiles() -> dict[str, Path]:
     return found
 
 
+@functools.lru_cache(maxsize=64)
+def _parse_profile(path_str: str, mtime_ns: int, size: int) -> Profile:
+    """The profile in the file at ``path_str`` (the file's mtime and size key the cache).
+
+    Raises:
+        InputError: as :func:`load_profile`.
+    """
+    path = Path(path_str)
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = load_yaml(text)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(utf8_problem(path)) from None
+    except yaml.YAMLError as e:
+        raise InputError(yaml_error_text(str(path), e, text)) from None
+    if raw is None:   # no bytes, or only comments
+        raise InputError(f"{path}: the profile file is empty (a profile is the YAML "
+                         f"mapping servesim calibrate writes: name, device, engine, model, "
+                         f"dtype, kv, cost, provenance)")
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: a profile is a mapping of keys")
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as e:
+        raise InputError(format_validation_error(e, str(path), Profile, text=text)) from None
+
+
 def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profile:
     """Load a profile by name (see :func:`profile_dirs`) or by path.
 
@@ -348,24 +378,12 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
                              f"unknown profile {s!r} (known: {', '.join(known) or 'none'})"
                              + _missing_profile_dirs())
     try:
-        text = path.read_text(encoding="utf-8")
-        raw = load_yaml(text)
+        st = path.stat()
     except OSError as e:
         raise InputError(f"{path}: cannot read profile: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(utf8_problem(path)) from None
-    except yaml.YAMLError as e:
-        raise InputError(yaml_error_text(str(path), e, text)) from None
-    if raw is None:   # no bytes, or only comments
-        raise InputError(f"{path}: the profile file is empty (a profile is the YAML "
-                         f"mapping servesim calibrate writes: name, device, engine, model, "
-                         f"dtype, kv, cost, provenance)")
-    if not isinstance(raw, dict):
-        raise InputError(f"{path}: a profile is a mapping of keys")
-    try:
-        prof = Profile.model_validate(raw)
-    except ValidationError as e:
-        raise InputError(format_validation_error(e, str(path), Profile, text=text)) from None
+    # A copy of the parsed file, parsed again only when it changes: a plan or sweep
+    # builds a cost model per run, and YAML parsing of residuals dominates that.
+    prof = _parse_profile(str(path), st.st_mtime_ns, st.st_size).model_copy(deep=True)
     prof._path = path
     return prof
 

@@ -576,3 +576,23 @@ def test_a_noisy_profile_is_flagged_before_a_run(tmp_path, capsys):
     save_profile(make_profile(), path)                      # held-out 5%, no replay
     assert profile_warning(build_cost_model(sc)) is None
     assert profile_warning(build_cost_model(scenario(tmp_path))) is None   # inline step time
+
+
+def test_a_profile_rewritten_in_place_is_read_again(tmp_path):
+    # load_profile keeps parsed files by (path, mtime, size): a recalibration that
+    # rewrites the file must be seen, and callers get their own copy.
+    import os
+
+    prof = make_profile()
+    path = save_profile(prof, tmp_path / "cpu-llama-test.yaml")
+    first = load_profile(path)
+    first.cost.coefficients["a0_s"] = 123.0   # a caller's change stays its own
+    assert load_profile(path).model_dump() == prof.model_dump()
+    text = path.read_text().replace("cpu-llama-test", "cpu-llama-new")
+    path.write_text(text)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))   # mtime may not tick
+    assert load_profile(path).name == "cpu-llama-new"
+    path.write_text("name: [")
+    with pytest.raises(InputError, match="cpu-llama-test.yaml:1"):
+        load_profile(path)
