@@ -44,8 +44,8 @@ class AloneLatency:
     Args:
         scenario: the run's scenario (its cost model and ``max_num_batched_tokens``).
         requests: the run's request table (:data:`simulator.metrics.REQUEST_COLUMNS`);
-            rows without a finish (rejected) are left out, and rows marked ``warmup`` from
-            all but the ITL gaps, as the run's statistics leave them out.
+            rows not completed (rejected, aborted) are left out, and rows marked ``warmup``
+            from all but the ITL gaps, as the run's statistics leave them out.
 
     Raises:
         InputError: the scenario's cost model cannot be built (as for the run itself).
@@ -54,7 +54,9 @@ class AloneLatency:
     def __init__(self, scenario, requests):
         cost = build_cost_model(scenario).step_seconds
         budget = scenario.max_num_batched_tokens
-        served = requests[requests["finish_s"].notna()] if len(requests) else requests
+        served = requests[requests["finish_s"].notna() & requests["first_token_s"].notna()
+                          & ~requests["finish_reason"].isin(["rejected", "abort"])] \
+            if len(requests) else requests
 
         def column(rows, name):
             return rows[name].to_numpy(dtype=np.int64) if len(rows) else np.zeros(0, np.int64)

@@ -24,6 +24,8 @@ def _frame(rows):
     df["output_tokens"] = [r[2] for r in rows]
     df["warmup"] = [r[3] for r in rows]
     df["finish_s"] = [1.0 if r[4] else np.nan for r in rows]
+    df["first_token_s"] = df["finish_s"]
+    df["finish_reason"] = ["length" if r[4] else "rejected" for r in rows]
     return df
 
 
@@ -40,6 +42,10 @@ def test_floors_by_hand():
         (900, 0, 3, True, True),      # warm-up: only its token gaps count (pooled ITL)
         (3000, 0, 0, False, False),   # rejected (no finish): left out
     ]))
+    aborted = _frame([(600, 0, 5, False, True), (700, 0, 9, False, True)])
+    aborted.loc[1, "finish_reason"] = "abort"       # finished by an abort: left out too
+    np.testing.assert_allclose(AloneLatency(s, aborted).ttft_ms, [sum(
+        [2 + 25.6 + 0.256, 2 + 25.6 + 0.512, 2 + 8.8 + 0.600])], rtol=1e-12)
     # linear: 2 ms + 0.1 ms per prefill token + 1 ms per decode + 0.001 ms per context token
     chunks = [2 + 25.6 + 0.256, 2 + 25.6 + 0.512, 2 + 8.8 + 0.600]
     ttft = [sum(chunks), 2 + 3.6 + 0.100]
