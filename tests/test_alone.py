@@ -42,16 +42,15 @@ def test_floors_by_hand():
         (900, 0, 3, True, True),      # warm-up: only its token gaps count (pooled ITL)
         (3000, 0, 0, False, False),   # rejected (no finish): left out
     ]))
-    aborted = _frame([(600, 0, 5, False, True), (700, 0, 9, False, True)])
-    aborted.loc[1, "finish_reason"] = "abort"       # finished by an abort: left out too
-    np.testing.assert_allclose(AloneLatency(s, aborted).ttft_ms, [sum(
-        [2 + 25.6 + 0.256, 2 + 25.6 + 0.512, 2 + 8.8 + 0.600])], rtol=1e-12)
     # linear: 2 ms + 0.1 ms per prefill token + 1 ms per decode + 0.001 ms per context token
     chunks = [2 + 25.6 + 0.256, 2 + 25.6 + 0.512, 2 + 8.8 + 0.600]
     ttft = [sum(chunks), 2 + 3.6 + 0.100]
     gaps = [3 + 0.001 * ctx for ctx in (601, 602, 603, 604)]
     itl = gaps + [3 + 0.001 * ctx for ctx in (901, 902)]
     np.testing.assert_allclose(a.ttft_ms, ttft, rtol=1e-12)
+    aborted = _frame([(600, 0, 5, False, True), (700, 0, 9, False, True)])
+    aborted.loc[1, "finish_reason"] = "abort"       # finished by an abort: left out too
+    np.testing.assert_allclose(AloneLatency(s, aborted).ttft_ms, ttft[:1], rtol=1e-12)
     np.testing.assert_allclose(a.tpot_ms, [sum(gaps) / 4], rtol=1e-12)
     np.testing.assert_allclose(a.e2el_ms, [ttft[0] + sum(gaps), ttft[1]], rtol=1e-12)
     assert a.stat("ttft_ms", "p50") == pytest.approx((ttft[0] + ttft[1]) / 2, rel=1e-12)
