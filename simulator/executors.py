@@ -52,12 +52,15 @@ class Job:
         replication: replication index (seed derivation as in :func:`simulator.run.simulate`).
         full: return the whole :class:`~simulator.metrics.RunResult` (per-request tables for
             CDFs) instead of the compact :func:`job_output` dict.
+        diagnose: add the diagnosis's binding limit (``binding``,
+            :func:`simulator.diagnosis.find_limits`) to the compact output.
         tag: caller's label, returned untouched (not used for seeding).
     """
 
     scenario: Any
     replication: int = 0
     full: bool = False
+    diagnose: bool = False
     tag: Any = field(default=None, compare=False)
 
 
@@ -160,7 +163,11 @@ def run_job(job: Job):
     res = simulate(job.scenario, replication=job.replication)
     if job.full:
         return res
-    return {**job_output(res), "alone_ms": slo_floors(job.scenario, res)}
+    out = {**job_output(res), "alone_ms": slo_floors(job.scenario, res)}
+    if job.diagnose:
+        from .diagnosis import find_limits
+        out["binding"] = find_limits(job.scenario, res)["binding"]
+    return out
 
 
 class SerialExecutor:

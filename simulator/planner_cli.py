@@ -200,7 +200,7 @@ def _cmd_sweep(args) -> int:
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
         "offered_rate", "request_throughput", "stability", "rejected", "ttft_p50_ms",
-        "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_met"] if c in res.table],
+        "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_met", "binding"] if c in res.table],
         exact=tuple(axes))
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line

@@ -236,7 +236,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         raise InputError(f"--set: the swept values make {e}") from None
     scs = [derive(scenario, _point_overrides(p), Path.cwd())   # values typed on the CLI
            for p in points]
-    jobs = [Job(sc, k) for sc in scs for k in range(sc.sim.replications)]
+    # the binding limit of each point, from its first replication (as compare's)
+    jobs = [Job(sc, k, diagnose=k == 0) for sc in scs for k in range(sc.sim.replications)]
     outs = _run(jobs, executor, progress)
     rows, per_point = [], []
     i = 0
@@ -267,6 +268,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["slo_met"] = (all(s.get("slo_met") for s in sums)
                           if sums[0].get("slo_met") is not None else None)
         row["cost_kind"] = sums[0].get("cost_kind")
+        row["binding"] = group[0].get("binding")
         rows.append(row)
     table = pd.DataFrame(rows)
     return SweepResult(dict(axes), table, knees(table, list(axes)), per_point)

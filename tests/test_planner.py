@@ -108,6 +108,8 @@ def test_sweep_knee_matches_max_num_seqs_bound():
     assert len(res.knees) == 1
     assert res.knees[0]["knee"] == pytest.approx(cap, rel=0.05)
     assert not res.table["stable"].iloc[-1]
+    # past the knee the queue grows with every slot taken: max_num_seqs binds
+    assert res.table["binding"].iloc[-1] == "max_num_seqs"
 
 
 
