@@ -10,7 +10,6 @@ limits a vLLM operator can turn, in this order:
   run's prefix-cache hits): no number of replicas meets it, only faster steps (a faster
   GPU, a higher tensor_parallel); or one missed although no two requests were ever in the
   system at once (step-cost noise, ``cost_noise: empirical``).
-
 * ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
   cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
   queueing while the KV cache is nearly full and running requests are below
