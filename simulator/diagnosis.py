@@ -26,11 +26,12 @@ limits a vLLM operator can turn, in this order:
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
   shared share of the prompts (caching off, or a router that scatters a prefix group).
 
-Rejections and the latency floor bind first; then the first queueing limit found;
-without queueing, an interference or prefix finding binds while some SLO is missed (or
-none is given), else ``none`` (findings are still listed). Where cheap, one
-counterfactual run with the suggested knob turned confirms (or not) that it moves the
-figure.
+Rejections and the latency floor bind first; then the first queueing limit found; an
+interference or prefix finding binds only while an SLO its knob moves is missed (ITL, TPOT
+or E2EL for shorter chunks, which lengthen prefills; any for prefix-cache hits) or none is
+given; else ``none`` (findings are still listed). A latency SLO missed that no finding
+explains is the load's (``compute`` above). Where cheap, one counterfactual run with the
+binding knob turned confirms (or not) that it moves the figure, or says it makes it worse.
 """
 
 from __future__ import annotations
@@ -96,6 +97,19 @@ def ttft_split(result) -> dict:
 
 def _finding(limit, evidence, knob, change=None):
     return {"limit": limit, "evidence": evidence, "knob": knob, "change": change}
+
+
+#: Limits that hold requests in the queue: they move every latency.
+QUEUEING = ("kv_capacity", "max_num_seqs", "compute")
+#: The SLO metrics each observation's knob moves: shorter prefill chunks smooth the decodes
+#: (and lengthen prefills: TTFT is not among them); prefix-cache hits remove prefill work.
+MOVES = {"prefill_interference": ("itl_ms", "tpot_ms", "e2el_ms"),
+         "prefix_cache": ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")}
+
+
+def _moves(finding: dict, metrics) -> bool:
+    """Whether ``finding``'s knob moves one of ``metrics``."""
+    return bool(set(MOVES.get(finding["limit"], ())) & set(metrics))
 
 
 def _name(metric: str) -> str:
@@ -266,8 +280,12 @@ def find_limits(scenario, result) -> dict:
             found.append(_finding(
                 "prefix_cache", f"prefix-cache hit rate {hit:.0%} while shared prefixes are "
                 f"{expected:.0%} of the prompts", knob, change))
-    if not found and loaded:
-        m, st, thr, value = loaded[0]
+    missed_metrics = {m for m, *_ in missed} | (
+        {"queue_ms"} if _missed(s, ("queue_ms",)) else set())
+    unexplained = [x for x in loaded
+                   if not any(f["limit"] in QUEUEING or _moves(f, {x[0]}) for f in found)]
+    if unexplained:
+        m, st, thr, value = unexplained[0]
         fl = figures["alone_ms"].get(m, {}).get(st)
         alone = f", and {fl:.4g} ms for requests served alone" if fl is not None else ""
         busy_text = f" (the engine is busy {busy:.0%} of the time)" if busy is not None else ""
@@ -296,14 +314,18 @@ def find_limits(scenario, result) -> dict:
             "raise max_model_len (the KV cache must hold one such request) or cap prompts "
             "upstream", None))
     found = head + found
-    # A queueing limit binds; an ITL or prefix-cache observation binds only while some
-    # SLO is missed (or none is given): with every SLO met, nothing binds yet.
-    binding = "none"
-    if found and (found[0]["limit"] in ("kv_capacity", "max_num_seqs", "compute")
-                  or s.get("slo_met") is not True):
-        binding = found[0]["limit"]
-    return {"ttft_split": split, "figures": figures, "findings": found, "binding": binding,
-            "queued": queued}
+    # Rejections and the floor bind first; then a queueing limit; an ITL or prefix-cache
+    # observation binds only while an SLO it moves is missed (or none is given): with every
+    # SLO met, nothing binds yet. The binding finding leads the list (the counterfactual
+    # turns its knob).
+    slo_met = s.get("slo_met")
+    bind = next((f for f in found if f in head or f["limit"] in QUEUEING or slo_met is None
+                 or (slo_met is False and _moves(f, missed_metrics))), None)
+    if bind is not None:
+        found.remove(bind)
+        found.insert(0, bind)
+    return {"ttft_split": split, "figures": figures, "findings": found,
+            "binding": bind["limit"] if bind else "none", "queued": queued}
 
 
 def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None, bool]:
@@ -323,9 +345,15 @@ def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None, b
 
 
 def _moved(before, after, lower_better: bool) -> bool:
+    """Whether ``after`` is better than ``before`` by more than 10%."""
     if before is None or after is None:
         return False
     return after < 0.9 * before if lower_better else after > 1.1 * before + 0.01
+
+
+def _worse(before, after, lower_better: bool) -> bool:
+    """Whether ``after`` is worse than ``before`` by more than 10%."""
+    return _moved(after, before, lower_better)
 
 
 def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
@@ -341,7 +369,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
         "figures": {...}, "findings": [{limit, evidence, knob, change}], "binding": limit
         name or "none", "queued": bool, "counterfactual": None or {change, figure,
-        before, after, slo_met_before, slo_met_after, moved}}``, floats to 6 significant
+        before, after, slo_met_before, slo_met_after, moved, worse}}`` (``moved``: better
+        by more than 10%, ``worse``: worse by as much), floats to 6 significant
         digits. ``change`` is a ``--set`` override (comma-separated when it needs two).
     """
     from .metrics import jsonable
@@ -362,7 +391,7 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         d["counterfactual"] = {
             "change": first["change"], "figure": name, "before": before, "after": after,
             "slo_met_before": result.summary.get("slo_met"), "slo_met_after": alt.get("slo_met"),
-            "moved": _moved(before, after, lower)}
+            "moved": _moved(before, after, lower), "worse": _worse(before, after, lower)}
     return jsonable(d)   # figures as summary.json has them (6 significant digits)
 
 

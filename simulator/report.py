@@ -249,7 +249,8 @@ def diagnosis_line(diag: dict) -> str:
     found = diag.get("findings") or []
     if binding != "none" and cf:
         line += (f"; with --set {cf['change']}: {cf['figure']} {_fmt(cf.get('before'))} → "
-                 f"{_fmt(cf.get('after'))}, SLOs met {_fmt(cf.get('slo_met_before'))} → "
+                 f"{_fmt(cf.get('after'))}" + (" (worse)" if cf.get("worse") else "")
+                 + f", SLOs met {_fmt(cf.get('slo_met_before'))} → "
                  f"{_fmt(cf.get('slo_met_after'))}")
     elif binding != "none" and found and found[0].get("change"):
         line += f"; try --set {found[0]['change']}"
@@ -284,7 +285,8 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
                     f"--set {f['change']}" if f.get("change") else "n/a"] for f in found]))
     cf = diag.get("counterfactual")
     if cf:
-        verdict = "moves it" if cf.get("moved") else "does not move it much"
+        verdict = ("moves it" if cf.get("moved") else "makes it worse" if cf.get("worse")
+                   else "does not move it much")
         b.append(("p", f"Counterfactual run with `--set {cf['change']}`: {cf['figure']} "
                        f"{_fmt(cf.get('before'))} → {_fmt(cf.get('after'))} ({verdict}); "
                        f"SLOs met {_fmt(cf.get('slo_met_before'))} → "

@@ -401,3 +401,38 @@ slo: {itl_ms: {p99: 1}}
     d = diagnose(s, r, counterfactual=False)
     assert d["figures"]["alone_ms"]["itl_ms"]["p99"] == pytest.approx(10.0)
     assert d["binding"] == "latency_floor"
+
+
+def test_a_ttft_miss_is_not_blamed_on_prefill_chunks_stalling_decodes():
+    # 1900-token prompts stall decodes (ITL p99 ≈ 9× its median), but the SLO missed is
+    # TTFT's, above the 43 ms a request alone gets (5 ms + 1900 × 0.02 ms): shorter chunks
+    # would lengthen every prefill; more replicas meet it.
+    s = _with_slo(sc({"max_num_seqs": 64}, {"base_s": 0.005, "per_prefill_token_s": 2e-5},
+                     2, prompt=1900, out=64, n=300), {"ttft_ms": {"p99": 60}})
+    d = diagnose(s, simulate(s))
+    assert [f["limit"] for f in d["findings"]] == ["compute", "prefill_interference"]
+    assert d["binding"] == "compute"
+    assert "and 43 ms for requests served alone" in d["findings"][0]["evidence"]
+    cf = d["counterfactual"]
+    assert cf["change"] == "cluster.replicas=2" and cf["moved"] and cf["slo_met_after"]
+    # with an ITL SLO missed too, the chunks bind (their knob moves ITL), listed first
+    s = _with_slo(s, {"ttft_ms": {"p99": 60}, "itl_ms": {"p99": 20}})
+    d = diagnose(s, simulate(s), counterfactual=False)
+    assert d["binding"] == "prefill_interference"
+    assert d["findings"][0]["limit"] == "prefill_interference"
+
+
+def test_a_counterfactual_that_makes_the_figure_worse_says_so():
+    from simulator.diagnosis import _moved, _worse
+    from simulator.report import diagnosis_blocks, diagnosis_line
+
+    assert _worse(1.0, 1.6, True) and not _moved(1.0, 1.6, True)
+    assert not _worse(1.0, 1.05, True) and not _worse(1.0, 0.5, True)
+    assert _worse(0.5, 0.3, False) and not _worse(0.5, 0.5, False)   # a hit rate falls
+    cf = {"change": "engine.max_num_batched_tokens=512", "figure": "worst SLO value / "
+          "threshold", "before": 1.0671, "after": 1.6003, "slo_met_before": False,
+          "slo_met_after": False, "moved": False, "worse": True}
+    diag = {"binding": "prefill_interference", "findings": [], "counterfactual": cf}
+    assert "1.0671 → 1.6003 (worse), SLOs met no → no" in diagnosis_line(diag)
+    text = " ".join(str(b) for b in diagnosis_blocks(diag))
+    assert "(makes it worse)" in text
