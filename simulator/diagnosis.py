@@ -246,9 +246,12 @@ def find_limits(scenario, result) -> dict:
             and q_p99 >= TAIL_QUEUE * (split["ttft_ms"]["p99"] or math.inf):
         # A stable engine busy well below saturation, yet the tail of TTFT is waiting:
         # arrivals come in bursts it drains only after a while (capacity for the peaks).
-        compute = (f"requests queue in bursts: the p99 wait for the engine is {q_p99:.0f} ms, "
-                   f"most of the p99 TTFT ({split['ttft_ms']['p99']:.0f} ms)"
-                   + (f", while it is busy {busy:.0%} of the time on average" if busy is not None
+        tail = (f"the p99 wait for the engine is {q_p99:.0f} ms, most of the p99 TTFT "
+                f"({split['ttft_ms']['p99']:.0f} ms)")
+        compute = (f"requests queue in bursts: {tail}, while it is busy {busy:.0%} of the "
+                   f"time on average" if busy is not None and busy < BUSY else
+                   f"the TTFT tail is waiting: {tail}"
+                   + (f", with the engine busy {busy:.0%} of the time" if busy is not None
                       else ""))
     more = ("more replicas, faster hardware or a higher tensor_parallel",
             f"cluster.replicas={2 * nrep}")

@@ -436,3 +436,20 @@ def test_a_counterfactual_that_makes_the_figure_worse_says_so():
     assert "1.0671 → 1.6003 (worse), SLOs met no → no" in diagnosis_line(diag)
     text = " ".join(str(b) for b in diagnosis_blocks(diag))
     assert "(makes it worse)" in text
+
+
+def test_a_waiting_ttft_tail_on_a_busy_engine_is_not_called_bursts():
+    # chat.yaml's first 300 requests: decodes keep the engine stepping nearly all the time
+    # and the TTFT tail is mostly waiting (queue p99 362 of TTFT p99 662 ms): not "bursts
+    # while mostly idle".
+    from pathlib import Path
+
+    from simulator.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "chat.yaml"
+    s = load_scenario(path, ["workload.num_requests=300", "slo.ttft_ms.p99=500"])
+    d = diagnose(s, simulate(s), counterfactual=False)
+    ev = d["findings"][0]["evidence"]
+    assert not d["queued"] and d["figures"]["busy_fraction"] >= 0.85
+    assert d["binding"] == "compute" and ev.startswith("the TTFT tail is waiting: the p99 wait")
+    assert "in bursts" not in ev
