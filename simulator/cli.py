@@ -126,9 +126,17 @@ class _Parser(argparse.ArgumentParser):
         # argparse reports flags no command knows from the top parser, which cannot name
         # the command's --help; the command's own parser can.
         ns, extra = self.parse_known_args(args, namespace)
+        cmd = getattr(self, "commands", {}).get(getattr(ns, "command", None), self)
         if extra:
-            cmd = getattr(self, "commands", {}).get(getattr(ns, "command", None), self)
             cmd.error(f"unrecognized arguments: {' '.join(extra)}")
+        # A value option given twice would silently keep the last one (--out A --out B).
+        argv = sys.argv[1:] if args is None else list(args)
+        for action in cmd._actions:
+            if isinstance(action, argparse._StoreAction):
+                for opt in action.option_strings:
+                    n = sum(a == opt or a.startswith(opt + "=") for a in argv)
+                    if n > 1:
+                        cmd.error(f"{opt} is given {n} times; give it once")
         return ns
 
 

@@ -578,3 +578,24 @@ def test_a_huge_value_is_cut_in_the_error_line(scen, capsys):
     assert capsys.readouterr().err == ("servesim: error: unrecognized arguments: --bogus "
                                        + "x" * 60 + "… (300 characters) (see servesim run "
                                        "--help)\n")
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["run", "S", "--out", "a", "--out", "b"], "--out"),
+    (["run", "S", "--out=a", "--out", "b"], "--out"),
+    (["sweep", "S", "--set", "engine.max_num_seqs=4,8", "--replications", "2",
+      "--replications=3"], "--replications"),
+    (["plan", "S", "--target-rate", "5", "--target-rate", "6"], "--target-rate"),
+])
+def test_a_value_flag_given_twice_is_refused(tmp_path, capsys, argv, flag):
+    # argparse would keep the last one silently; --set (a list) may repeat
+    (tmp_path / "s.yaml").write_text(POISSON_SCENARIO)
+    argv = [str(tmp_path / "s.yaml") if a == "S" else
+            str(tmp_path / a) if a in ("a", "b") else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {flag} is given 2 times; give it once")
+    assert err.count("\n") == 1
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
