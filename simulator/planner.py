@@ -336,8 +336,10 @@ def plan(scenario, executor, *, target_rate: float | None = None,
     same seeds for every candidate), replicas = ceil(target / max rate), an operating-point
     run at target / replicas per replica (latency figures with 95% CIs), costs; then, from
     the cheapest estimate up, the replica count is confirmed by simulating the deployment
-    (:func:`confirm_replicas`) until the cheapest confirmed plan is cheaper than every
-    unconfirmed estimate.
+    (:func:`confirm_replicas`) for every candidate whose cost could be below the cheapest
+    confirmed plan (the low end of its cost CI; an open end could be anything), tried at
+    fewer replicas than would cost as much; one that fails there keeps its estimate
+    (``confirmed`` False), its replica CI starting above the count tried.
 
     Args:
         target_rate: req/s for the whole deployment (default ``plan.target_rate``).
@@ -371,18 +373,37 @@ def plan(scenario, executor, *, target_rate: float | None = None,
             r.beyond_max_replicas = r.replicas
             r.replicas = r.replicas_ci95 = None
             r.costs, r.costs_ci95 = {}, {}
+    def lowest(r):   # the least this candidate could cost: its cost CI's low end (open: 0)
+        lo = (r.costs_ci95.get("cost_per_hour") or [None])[0]
+        return lo if lo is not None else 0.0
+
     feasible = sorted((r for r in rows if r.feasible), key=cost)
     best = None
     if confirm:
+        # Every candidate that could be the cheapest is simulated as a deployment (a
+        # router pools replicas, so the count confirmed is often below the estimate); one
+        # after the first only at fewer replicas than would cost as much as the best.
         for r in feasible:
-            if best is not None and cost(best) <= cost(r):
-                break
+            limit, price = cfg.max_replicas, r.candidate.price_per_replica_hour
+            if best is not None:
+                if cost(best)[0] <= lowest(r):
+                    continue
+                if price:
+                    limit = min(limit, math.ceil(cost(best)[0] / price) - 1)
+                if limit < 1:
+                    continue
             n, trail, at_n = run_generator(confirm_replicas(
-                r.candidate.scenario, target, r.replicas, max_replicas=cfg.max_replicas,
+                r.candidate.scenario, target, min(r.replicas, limit), max_replicas=limit,
                 **kw), executor)
             r.confirmation = trail
             if n is None:
-                r.replicas = None
+                if best is None:   # no deployment up to max_replicas meets the SLOs
+                    r.replicas = None
+                else:              # not cheaper than the best: it needs more than `limit`
+                    lo, hi = r.replicas_ci95 or (None, None)
+                    r.replicas_ci95 = (max(lo or 0, limit + 1), hi)
+                    r.replicas = max(r.replicas, limit + 1)
+                    _set_costs(r, target)
                 continue
             r.replicas, r.confirmed = n, True
             r.replicas_ci95 = _confirmed_interval(n, trail)

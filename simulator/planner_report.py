@@ -218,9 +218,12 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                    "the max rate on one side only, so the fewest replicas (and the lowest "
                    "cost) or the most are open; a whole CI n/a means no interval (one "
                    "replication, or no rate to bound). Confirmed: yes when simulating the "
-                   "whole deployment confirmed the replica count, no when it did not, n/a "
-                   "when it was not simulated (only candidates that could be the cheapest "
-                   "are)."))
+                   "whole deployment confirmed the replica count; no when it did not (for "
+                   "a candidate after the first confirmed: fewer replicas than would cost as "
+                   "much as the cheapest so far missed the SLOs, so it cannot be cheaper; "
+                   "its count stays the estimate, its CI starting above the count tried); "
+                   "n/a when it was not simulated (its cost CI says it could not be the "
+                   "cheapest)."))
     cols = list(table.columns)
     b.append(("table", None, ["#"] + cols,
               [[str(i)] + [_cell(r[c]) for c in cols] for i, r in table.iterrows()]))

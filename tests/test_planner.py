@@ -925,3 +925,25 @@ def test_sweep_csv_gives_each_interval_as_two_numbers(tmp_path):
     for row, p in zip(t.itertuples(), points):
         assert [row.ttft_p99_ci95_lo, row.ttft_p99_ci95_hi] == pytest.approx(p["ttft_p99_ci95"])
         assert row.ttft_p99_ci95_lo <= row.ttft_p99_ms <= row.ttft_p99_ci95_hi
+
+
+def test_a_candidate_that_could_be_cheaper_is_tried_at_fewer_replicas():
+    # plan_chat at TTFT p99 <= 100 ms: both H100 TP2 candidates are estimated at 6
+    # replicas; behind the router the first confirms at 4 (23.92 USD/h at 5.98 a replica),
+    # and the second, whose cost CI reaches below that, is tried at the most replicas that
+    # would still be cheaper, ceil(23.92 / 5.98) - 1 = 3: it misses there, so it cannot
+    # beat the first; it keeps its estimate, unconfirmed, its CI starting at 4.
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "plan_chat.yaml"
+    sc = load_scenario(path, ["slo.ttft_ms.p99=100", "plan.candidates={hardware.tensor_parallel:"
+                              " [2], engine.max_num_seqs: [64, 256]}"])
+    with make_executor("serial") as ex:
+        res = plan(sc, ex)
+    first, second = res.rows
+    assert res.best is first and first.confirmed and first.replicas == 4
+    assert first.costs["cost_per_hour"] == pytest.approx(4 * 5.98)
+    assert second.costs_ci95["cost_per_hour"][0] is not None
+    assert not second.confirmed
+    assert [(c["replicas"], c["feasible"]) for c in second.confirmation] == [(3, False)]
+    assert second.replicas_ci95[0] == 4 and second.replicas >= 4
