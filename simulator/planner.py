@@ -464,6 +464,8 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
     for key in (result.rows[0].candidate.values if result.rows else ()):
         # as given: a null beside 4096 would turn the column into floats (4096.0)
         table[key] = pd.Series([r.candidate.values[key] for r in result.rows], dtype=object)
+    if len(table):   # counts stay integers beside a missing one (4, not 4.0)
+        table["replicas"] = pd.Series([r.replicas for r in result.rows], dtype=object)
     return table
 
 
