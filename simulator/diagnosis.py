@@ -121,15 +121,32 @@ def _name(metric: str) -> str:
 MAX_TP = 8
 
 
-def _faster(scenario, ttft: bool) -> tuple[str, str | None]:
-    """Knob and ``--set`` change for faster steps: tensor_parallel ×2 where the cost model
-    can price it (not an inline step time, nor a profile measured at one tensor_parallel)
-    and it stays within one node (:data:`MAX_TP`)."""
+def _faster(scenario, ttft: bool, result=None, floor=()) -> tuple[str, str | None]:
+    """Knob and ``--set`` change for faster steps: a higher tensor_parallel where the cost
+    model can price it (not an inline step time, nor a profile measured at one
+    tensor_parallel) within one node (:data:`MAX_TP`): the smallest power-of-two multiple
+    whose requests alone meet the SLOs in ``floor`` (:func:`below_floor` entries of
+    ``result``), else the largest, said to fall short; without ``floor``, ×2."""
     tp = scenario.hardware.tensor_parallel
-    change = None
-    if scenario.hardware.step_time is None and 2 * tp <= MAX_TP:
-        change = _valid_change(scenario, f"hardware.tensor_parallel={2 * tp}")
-    knob = ("faster steps: a faster GPU or a higher tensor_parallel" if change else
+    change, short = None, ""
+    if scenario.hardware.step_time is None:
+        k = 2 * tp
+        while k <= MAX_TP:
+            sc = _valid_change(scenario, f"hardware.tensor_parallel={k}")
+            if sc is None:
+                break
+            change = f"hardware.tensor_parallel={k}"
+            if not floor:
+                break
+            left = below_floor(result.summary, slo_floors(sc, result))
+            if not left:
+                short = ""
+                break
+            m, st, thr, _, fl = left[0]
+            short = (f" (even tensor_parallel {k} leaves {_name(m)} {st} of requests alone "
+                     f"at {fl:.4g} ms, above {thr:g} ms: a faster GPU too)")
+            k *= 2
+    knob = ("faster steps: a faster GPU or a higher tensor_parallel" + short if change else
             "faster steps (hardware.step_time)" if scenario.hardware.step_time is not None
             else "faster steps: a faster GPU or device")
     if ttft:
@@ -137,19 +154,20 @@ def _faster(scenario, ttft: bool) -> tuple[str, str | None]:
     return knob, change
 
 
-def _valid_change(scenario, change: str) -> str | None:
-    """``change`` when the scenario accepts it and can price its steps (a profile
+def _valid_change(scenario, change: str):
+    """The scenario with ``change`` when it accepts it and can price its steps (a profile
     measured at one tensor_parallel cannot price another), else None."""
     from .cost_model import build_cost_model
     from .scenario import scenario_from_dict
 
     raw = scenario.model_dump(mode="python", exclude_none=True)
     try:
-        build_cost_model(scenario_from_dict(raw, scenario.base_dir, source=scenario.source,
-                                            overrides=[change]))
+        sc = scenario_from_dict(raw, scenario.base_dir, source=scenario.source,
+                                overrides=[change])
+        build_cost_model(sc)
     except InputError:
         return None
-    return change
+    return sc
 
 
 def find_limits(scenario, result) -> dict:
@@ -204,7 +222,7 @@ def find_limits(scenario, result) -> dict:
                 f"replica, above the SLO's {thr:g} ms (here {value:.4g} ms)"
                 for m, st, thr, value, fl in floor) + ": no number of replicas meets it"
             + (" (with this run's prefix-cache hits)" if hits else ""),
-            *_faster(scenario, any(m == "ttft_ms" for m, *_ in floor))))
+            *_faster(scenario, any(m == "ttft_ms" for m, *_ in floor), result, floor)))
     # Missed SLOs that a request alone would meet: what the load (or noise) adds.
     loaded = [x for x in missed if not any(x[:2] == f[:2] for f in floor)]
 

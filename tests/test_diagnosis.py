@@ -310,11 +310,25 @@ def test_the_latency_floor_counterfactual_doubles_tensor_parallel():
                      "prompt_tokens": {"dist": "fixed", "value": 8000},
                      "output_tokens": {"dist": "fixed", "value": 16}},
         "slo": {"ttft_ms": {"p99": 250}}})
-    d = diagnose(s, simulate(s))
+    r = simulate(s)
+    d = diagnose(s, r)
     assert d["binding"] == "latency_floor"
     assert d["figures"]["alone_ms"]["ttft_ms"]["p99"] >= 250
     cf = d["counterfactual"]
     assert cf["change"] == "hardware.tensor_parallel=2" and cf["moved"] and cf["slo_met_after"]
+    # the smallest tensor_parallel whose requests alone meet the SLO is the one to try:
+    # the floor at each (TTFT p99 of the same requests served alone) decides it
+    from simulator.alone import slo_floors
+    from simulator.diagnosis import _valid_change
+
+    alone = {k: slo_floors(_valid_change(s, f"hardware.tensor_parallel={k}"), r)["ttft_ms"]["p99"]
+             for k in (2, 4, 8)}
+    assert alone[2] > alone[4] > alone[8]
+    for slo, want, short in ((alone[2] * 0.99, 4, False), (alone[8] * 0.99, 8, True)):
+        s2 = _with_slo(s, {"ttft_ms": {"p99": slo}})
+        f = diagnose(s2, simulate(s2), counterfactual=False)["findings"][0]
+        assert f["limit"] == "latency_floor" and f["change"] == f"hardware.tensor_parallel={want}"
+        assert ("even tensor_parallel 8 leaves TTFT p99" in f["knob"]) == short
 
 
 def test_a_profile_measured_at_one_tensor_parallel_offers_no_other():
