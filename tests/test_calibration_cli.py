@@ -35,9 +35,20 @@ def tiny_grid(monkeypatch):
 
 
 def run_calibrate(out, on_measure=None, *extra):
-    argv = ["calibrate", "--model", "llama-test", "--out", str(out), "--threads", "1",
-            "--kv-cache-memory", "4MiB", "--max-model-len", "512", "--replay-seconds", "0.5",
-            "--no-progress", "--quick", *extra]
+    """``servesim calibrate`` of a tiny grid; ``extra`` flags replace the defaults here (a
+    value flag may be given once)."""
+    opts = {"--model": "llama-test", "--out": str(out), "--threads": "1",
+            "--kv-cache-memory": "4MiB", "--max-model-len": "512", "--replay-seconds": "0.5"}
+    rest, i = [], 0
+    while i < len(extra):
+        if extra[i] in opts and i + 1 < len(extra):
+            opts[extra[i]] = extra[i + 1]
+            i += 2
+        else:
+            rest.append(extra[i])
+            i += 1
+    argv = ["calibrate", *(x for kv in opts.items() for x in kv), "--no-progress", "--quick",
+            *rest]
     args = build_parser().parse_args(argv)
     return calibrate(args, argv=argv, on_measure=on_measure)
 
@@ -487,7 +498,8 @@ def test_calibrate_refuses_before_measuring(flags, message, tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")
     flags = [a.format(f=f) for a in flags]
-    argv = ["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml")]
+    argv = ["calibrate", "--model", "llama-test"] + (   # a flag may be given once
+        [] if "--out" in flags else ["--out", str(tmp_path / "p.yaml")])
     assert main(argv + flags) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.format(f=f) in err[0]

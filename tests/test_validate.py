@@ -359,7 +359,8 @@ def test_validate_refuses_bad_flags_before_serving(flags, field, tmp_path, capsy
     if "RO/x" in flags:   # a read-only folder (root ignores permission bits, so say so)
         monkeypatch.setattr(files.tempfile, "TemporaryFile", _read_only)
     flags = [str(tmp_path / a) if a.startswith(("FILE", "RO")) else a for a in flags]
-    assert main(["validate", "--scenario", str(y), "--no-quiet-wait", "--out", str(out),
+    own_out = [] if "--out" in flags else ["--out", str(out)]   # a flag may be given once
+    assert main(["validate", "--scenario", str(y), "--no-quiet-wait", *own_out,
                  *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0]
