@@ -116,7 +116,12 @@ def _attach_dash_values(argv: list[str]) -> list[str]:
 
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error, ``servesim: error: ...`` as every other input error
-    (exit 2), naming the command's ``--help`` instead of printing the usage block."""
+    (exit 2), naming the command's ``--help`` instead of printing the usage block; no
+    abbreviated flags (``--ou`` for ``--out`` would slip past the given-twice check)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         hint = f" (see {self.prog} --help)" if " " in self.prog else ""

@@ -14,7 +14,8 @@ limits a vLLM operator can turn, in this order:
   cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
   queueing while the KV cache is nearly full and running requests are below
   ``max_num_seqs`` (admission waits for free blocks).
-* ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time.
+* ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time,
+  or while most of the waiting happens with every sequence slot taken (bursts).
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
   of work; only faster or more GPUs help. Also without queueing, when a TTFT, queue or
   E2EL SLO is missed and the TTFT tail is mostly waiting (queue p99 at least half the TTFT
@@ -56,6 +57,8 @@ BUSY = 0.85
 KV_FULL = 0.9
 #: Mean running requests per replica / max_num_seqs above which the cap binds.
 SEQS_BUSY = 0.8
+#: Share of the waiting done while every sequence slot is taken above which the slots bind.
+SLOTS_FULL = 0.5
 #: ITL p99 / p50 above which prefills stall decodes.
 ITL_SPIKE = 3.0
 #: Counterfactual runs only for workloads up to this many requests.
@@ -245,15 +248,29 @@ def find_limits(scenario, result) -> dict:
         found.append(_finding("kv_capacity", f"requests queue while the KV cache is "
                               f"{kv_mean:.0%} full and {running:.1f} of {scenario.max_num_seqs} "
                               f"sequence slots are used", kv_knob, kv_change))
+    # The share of the waiting (request-seconds) that happens while every sequence slot of
+    # the replica is taken: bursts fill the slots although the mean running count is low.
+    at_cap = None
+    if ts is not None and len(ts):
+        reps = ts[ts["replica"] != "all"]
+        w = reps["waiting"] * reps["bin_s"]
+        if w.sum() > 0:
+            at_cap = float((w * (reps["running_max"] >= scenario.max_num_seqs)).sum()
+                           / w.sum())
+    figures["waiting_at_max_num_seqs"] = at_cap
     if queued and not found and running_max >= scenario.max_num_seqs \
-            and running >= SEQS_BUSY * scenario.max_num_seqs:
+            and (running >= SEQS_BUSY * scenario.max_num_seqs
+                 or (at_cap or 0.0) >= SLOTS_FULL):
         mns = 2 * scenario.max_num_seqs
         change = f"engine.max_num_seqs={mns}"
         if scenario.max_num_batched_tokens < mns:
             change += f",engine.max_num_batched_tokens={mns}"
         found.append(_finding(
-            "max_num_seqs", f"requests queue while a replica runs {running:.1f} requests on "
-            f"average against max_num_seqs {scenario.max_num_seqs}",
+            "max_num_seqs", f"requests queue while a replica runs all {scenario.max_num_seqs} "
+            f"sequences (max_num_seqs): "
+            + (f"{at_cap:.0%} of the waiting happens with every slot taken, "
+               if at_cap is not None else "")
+            + f"{running:.1f} running on average",
             "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
     compute = None
     if queued and not found and (busy is None or busy >= BUSY or not stable):

@@ -583,6 +583,7 @@ def test_a_huge_value_is_cut_in_the_error_line(scen, capsys):
 @pytest.mark.parametrize("argv,flag", [
     (["run", "S", "--out", "a", "--out", "b"], "--out"),
     (["run", "S", "--out=a", "--out", "b"], "--out"),
+    (["run", "S", "--ou", "a", "--out", "b"], "--ou"),   # no abbreviations: unrecognized
     (["sweep", "S", "--set", "engine.max_num_seqs=4,8", "--replications", "2",
       "--replications=3"], "--replications"),
     (["plan", "S", "--target-rate", "5", "--target-rate", "6"], "--target-rate"),
@@ -596,6 +597,7 @@ def test_a_value_flag_given_twice_is_refused(tmp_path, capsys, argv, flag):
         main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"servesim: error: {flag} is given 2 times; give it once")
+    assert err.startswith(f"servesim: error: unrecognized arguments: {flag} " if flag == "--ou"
+                          else f"servesim: error: {flag} is given 2 times; give it once")
     assert err.count("\n") == 1
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

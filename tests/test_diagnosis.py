@@ -467,3 +467,28 @@ def test_a_waiting_ttft_tail_on_a_busy_engine_is_not_called_bursts():
     assert not d["queued"] and d["figures"]["busy_fraction"] >= 0.85
     assert d["binding"] == "compute" and ev.startswith("the TTFT tail is waiting: the p99 wait")
     assert "in bursts" not in ev
+
+
+def test_slots_that_fill_in_bursts_are_max_num_seqs():
+    # chat.yaml's first 300 requests at max_num_seqs 32: 22.5 running on average (below the
+    # 80% rule), but bursty arrivals fill all 32 slots and nearly all the waiting happens
+    # then; 64 slots meet the SLO (more replicas would too, at twice the GPUs).
+    from pathlib import Path
+
+    from simulator.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "chat.yaml"
+    s = load_scenario(path, ["workload.num_requests=300", "engine.max_num_seqs=32",
+                             "slo.ttft_ms.p99=1000"])
+    r = simulate(s)
+    d = diagnose(s, r)
+    assert d["figures"]["running_per_replica_mean"] < 0.8 * 32
+    # independently: the waiting in timeseries.csv's bins where a step ran all 32
+    ts = r.timeseries[r.timeseries["replica"] == "0"]
+    w = ts["waiting"] * ts["bin_s"]
+    share = float((w * (ts["running_max"] >= 32)).sum() / w.sum())
+    assert share > 0.9 and d["figures"]["waiting_at_max_num_seqs"] == pytest.approx(share,
+                                                                                   rel=1e-5)
+    assert d["binding"] == "max_num_seqs"
+    cf = d["counterfactual"]
+    assert cf["change"] == "engine.max_num_seqs=64" and cf["moved"] and cf["slo_met_after"]
