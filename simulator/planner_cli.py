@@ -269,8 +269,12 @@ def _cmd_plan(args) -> int:
         "ttft_p99_ms", "status"])
     if res.best is not None:
         cost = res.best.costs.get("cost_per_hour")
+        ties = [r for r in res.rows if r is not res.best and r.feasible and cost is not None
+                and r.costs.get("cost_per_hour") == cost]
         print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s), "
-              + (f"{cost:.2f} USD/h" if cost is not None else "no price for this hardware"))
+              + (f"{cost:.2f} USD/h" if cost is not None else "no price for this hardware")
+              + (f" (as cheap: {'; '.join(r.candidate.label for r in ties)}; the fewest "
+                 f"replicas, then the first confirmed, is chosen)" if ties else ""))
         print(f"report: {paths['report.html']}")
         return 0
     miss = closest_miss(res)

@@ -947,3 +947,16 @@ def test_a_candidate_that_could_be_cheaper_is_tried_at_fewer_replicas():
     assert not second.confirmed
     assert [(c["replicas"], c["feasible"]) for c in second.confirmation] == [(3, False)]
     assert second.replicas_ci95[0] == 4 and second.replicas >= 4
+
+
+def test_a_tie_on_cost_is_said(tmp_path, capsys):
+    # max_num_seqs 8 or 16 alike when at most a few requests run: one replica each, 1 USD/h
+    y = tmp_path / "t.yaml"
+    y.write_text(SMALL_PLAN.replace("candidates: {engine.max_num_seqs: [2, 4]}",
+                                    "candidates: {engine.max_num_seqs: [8, 16]}")
+                 .replace("target_rate: 30", "target_rate: 20"))
+    assert main(["plan", str(y), "--out", str(tmp_path / "p"), "--executor", "serial",
+                 "--quiet"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert ("cheapest feasible: max_num_seqs=8, 1 replica(s), 1.00 USD/h (as cheap: "
+            "max_num_seqs=16; the fewest replicas, then the first confirmed, is chosen)") in said
