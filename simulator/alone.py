@@ -1,6 +1,7 @@
 """The latency each request would have served alone on an idle replica: the floor that no
-number of replicas lowers (with the run's prefix-cache hits, which more load or colder
-per-replica caches can only reduce), only faster steps (hardware, tensor_parallel) do.
+number of replicas lowers, only faster steps (hardware, tensor_parallel) do. It is priced
+with the run's prefix-cache hits: at a lighter load, or on fewer replicas with warmer
+caches, a request may hit more and its floor be lower.
 
 A request alone runs its prompt in chunks of ``max_num_batched_tokens`` (vLLM chunked
 prefill; its prefix-cache hits as in the run), the last chunk sampling the first token,
