@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .cost_model import build_cost_model
-from .metrics import percentile_from_runs, slo_stat_rank
+from .metrics import interval_counts, percentile_from_runs, slo_stat_rank
 
 #: The simulator's clock resolution (1 ns) in ms: floors priced in floating point within it
 #: of a threshold are at it (a run steps in whole ns).
@@ -90,14 +90,12 @@ class AloneLatency:
         self.ttft_ms = ttft * 1e3
         self.tpot_ms = gap(mean_ctx[many])
         self.e2el_ms = self.ttft_ms + np.where(many, (out - 1) * gap(mean_ctx), 0.0)
-        # Contexts prompt+1 .. prompt+O-1 of every request, counted by a difference array;
+        # Contexts prompt+1 .. prompt+O-1 of every request, counted per context length;
         # warm-up requests too, as the run's pooled ITL keeps their gaps.
         p_all, o_all = column(served, "prompt_tokens"), column(served, "output_tokens")
         two = o_all >= 2
-        diff = np.zeros(int((p_all + o_all).max()) + 1 if two.any() else 1, dtype=np.int64)
-        np.add.at(diff, p_all[two] + 1, 1)
-        np.add.at(diff, p_all[two] + o_all[two], -1)
-        counts = np.cumsum(diff)
+        counts = (interval_counts(p_all[two] + 1, p_all[two] + o_all[two] - 1) if two.any()
+                  else np.zeros(1, np.int64))
         ctx = np.nonzero(counts)[0]
         self.itl_values_ms, self.itl_counts = gap(ctx), counts[ctx]
 

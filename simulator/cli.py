@@ -79,7 +79,8 @@ def _cmd_run(args) -> int:
                                                               total=total))
     from .diagnosis import diagnose
     diagnosis = diagnose(scenario, results[0])
-    paths = write_run_outputs(out, results[0], title=scenario.name, meta=report_meta(scenario, results[0].summary),
+    paths = write_run_outputs(out, results[0], title=scenario.name,
+                              meta=report_meta(scenario, results[0].summary),
                               replications=combined, diagnosis=diagnosis)
     print_summary(results[0], replications=combined,
                   max_model_len=max_model_len_text(scenario, results[0].summary),

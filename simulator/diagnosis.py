@@ -44,6 +44,7 @@ import numpy as np
 from .alone import FLOOR_METRICS, below_floor, slo_floors
 from .errors import InputError
 from .executors import job_output, offered_rate
+from .metrics import METRIC_LABELS
 from .run import max_model_len_text
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
@@ -115,10 +116,6 @@ def _moves(finding: dict, metrics) -> bool:
     return bool(set(MOVES.get(finding["limit"], ())) & set(metrics))
 
 
-def _name(metric: str) -> str:
-    return metric[:-3].upper()
-
-
 #: The most GPUs a tensor-parallel group spans (one node of 8: beyond it the all-reduce
 #: leaves NVLink, which the roofline does not price).
 MAX_TP = 8
@@ -146,8 +143,8 @@ def _faster(scenario, ttft: bool, result=None, floor=()) -> tuple[str, str | Non
                 short = ""
                 break
             m, st, thr, _, fl = left[0]
-            short = (f" (even tensor_parallel {k} leaves {_name(m)} {st} of requests alone "
-                     f"at {fl:.4g} ms, above {thr:g} ms: a faster GPU too)")
+            short = (f" (even tensor_parallel {k} leaves {METRIC_LABELS[m]} {st} of requests "
+                     f"alone at {fl:.4g} ms, above {thr:g} ms: a faster GPU too)")
             k *= 2
     knob = ("faster steps: a faster GPU or a higher tensor_parallel" + short if change else
             "faster steps (hardware.step_time)" if scenario.hardware.step_time is not None
@@ -221,8 +218,8 @@ def find_limits(scenario, result) -> dict:
         # Served alone the request already misses: only faster steps move it.
         head.append(_finding(
             "latency_floor", "; ".join(
-                f"{_name(m)} {st} would be {fl:.4g} ms for requests served alone on an idle "
-                f"replica, above the SLO's {thr:g} ms (here {value:.4g} ms)"
+                f"{METRIC_LABELS[m]} {st} would be {fl:.4g} ms for requests served alone on an "
+                f"idle replica, above the SLO's {thr:g} ms (here {value:.4g} ms)"
                 for m, st, thr, value, fl in floor) + ": no number of replicas meets it"
             + (" (with this run's prefix-cache hits)" if hits else ""),
             *_faster(scenario, any(m == "ttft_ms" for m, *_ in floor), result, floor)))
@@ -331,15 +328,15 @@ def find_limits(scenario, result) -> dict:
             # Nothing overlapped: what lifts the figure above the floor is the variation of
             # the step cost (cost_noise), not the load.
             head.append(_finding(
-                "latency_floor", f"{_name(m)} {st} is {value:.4g} ms against the SLO's "
-                f"{thr:g} ms{alone} (noise-free steps), although no two requests were in "
+                "latency_floor", f"{METRIC_LABELS[m]} {st} is {value:.4g} ms against the "
+                f"SLO's {thr:g} ms{alone} (noise-free steps), although no two requests were in "
                 f"the system at once: the step-cost variation makes up the rest",
                 *_faster(scenario, m == "ttft_ms")))
         else:
             # Sharing steps with other requests (and waiting for them) adds the rest.
             found.append(_finding(
-                "compute", f"{_name(m)} {st} is {value:.4g} ms against the SLO's {thr:g} "
-                f"ms{alone}: sharing steps with other requests and waiting for them adds "
+                "compute", f"{METRIC_LABELS[m]} {st} is {value:.4g} ms against the SLO's "
+                f"{thr:g} ms{alone}: sharing steps with other requests and waiting for them adds "
                 f"the rest{busy_text}", *more))
     rejected = s.get("rejected") or 0
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
@@ -379,7 +376,7 @@ def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None, b
         ratio = slo_ratio(summary)
         return "worst SLO value / threshold", (ratio if math.isfinite(ratio) else None), True
     key = "itl_ms" if limit == "prefill_interference" else "ttft_ms"
-    return f"{key[:-3].upper()} p99 (ms)", (summary.get(key) or {}).get("p99"), True
+    return f"{METRIC_LABELS[key]} p99 (ms)", (summary.get(key) or {}).get("p99"), True
 
 
 def _moved(before, after, lower_better: bool) -> bool:

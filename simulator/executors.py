@@ -155,15 +155,18 @@ def job_output(result) -> dict:
 def run_job(job: Job):
     """Run one job (in whatever process): ``RunResult`` if ``job.full``, else
     :func:`job_output` with ``alone_ms``: the SLO statistics of requests served alone
-    (:func:`simulator.alone.slo_floors`), which tell a rate search when no rate can meet
-    an SLO."""
+    (:func:`simulator.alone.slo_floors`) of a run that missed an SLO, which tell a rate
+    search when no rate can meet it (``{}`` otherwise)."""
     from .alone import slo_floors
     from .run import simulate
 
     res = simulate(job.scenario, replication=job.replication)
     if job.full:
         return res
-    out = {**job_output(res), "alone_ms": slo_floors(job.scenario, res)}
+    out = job_output(res)
+    # floors only where an SLO was missed: the only place the search reads them
+    out["alone_ms"] = slo_floors(job.scenario, res) if res.summary.get("slo_met") is False \
+        else {}
     if job.diagnose:
         from .diagnosis import find_limits
         out["binding"] = find_limits(job.scenario, res)["binding"]

@@ -42,6 +42,9 @@ from .errors import InputError
 from .policy.request import NS_PER_MS, NS_PER_S, RequestRecord
 
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
+#: How reports and messages name each metric.
+METRIC_LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2EL",
+                 "queue_ms": "Queue"}
 PER_REQUEST_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms", "queue_ms")
 STATS = ("mean", "std", "p50", "p90", "p95", "p99", "max")
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99")   # the SLO statistics every summary has
@@ -785,22 +788,26 @@ def _max_overlap(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
     return int(np.cumsum(d[order]).max())
 
 
-def _peak_per_second(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
-    """``vllm bench serve``'s "Peak concurrent requests" of the served requests whose
-    ``[arrival, finish]`` are given (ns): seconds counted from the first arrival (that of
-    the first successful request in vLLM), a request counts in every second from the one of its arrival to the one of
-    its finish, both included (so two requests in one second count twice even if they never
-    overlap); the most in any second. Source: ``calculate_metrics`` in
-    ``vllm/benchmarks/serve.py`` (``max_concurrent_requests``)."""
-    if arrival_ns.size == 0:
-        return 0
-    a = arrival_ns.min()
-    first = (arrival_ns - a) // NS_PER_S
-    last = (finish_ns - a) // NS_PER_S
+def interval_counts(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """How many of the closed integer intervals ``[first[i], last[i]]`` (non-negative,
+    ``first <= last``) cover each index ``0 .. max(last)``, by a difference array."""
     diff = np.zeros(int(last.max()) + 2, dtype=np.int64)
     np.add.at(diff, first, 1)
     np.add.at(diff, last + 1, -1)
-    return int(np.cumsum(diff).max())
+    return np.cumsum(diff)[:-1]
+
+
+def _peak_per_second(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
+    """``vllm bench serve``'s "Peak concurrent requests" of the served requests whose
+    ``[arrival, finish]`` are given (ns): seconds counted from the first arrival (that of
+    the first successful request in vLLM), a request counts in every second from the one
+    of its arrival to the one of its finish, both included (so two requests in one second
+    count twice even if they never overlap); the most in any second. Source:
+    ``calculate_metrics`` in ``vllm/benchmarks/serve.py`` (``max_concurrent_requests``)."""
+    if arrival_ns.size == 0:
+        return 0
+    a = arrival_ns.min()
+    return int(interval_counts((arrival_ns - a) // NS_PER_S, (finish_ns - a) // NS_PER_S).max())
 
 
 def parse_slo(slo: dict | None) -> dict:

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 
 from .errors import InputError
 from .files import check_folder
-from .metrics import METRICS, RunResult
+from .metrics import METRIC_LABELS, METRICS, RunResult
 
 FILES = {
     "summary": "summary.json",
@@ -42,8 +42,7 @@ FILES = {
     "report_html": "report.html",
 }
 PLOTS = ("latency_cdf", "timeline", "batch")
-_LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2EL",
-           "queue_ms": "Queue"}
+_LABELS = METRIC_LABELS
 _ECDF_POINTS = 2000   # points drawn per CDF; the figures themselves use every value
 # vLLM's engine (and offline LLM) cuts such an output at max_model_len; its OpenAI server
 # refuses the request ("'max_tokens' ... is too large", serving's input validation).
@@ -272,7 +271,7 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
                     "No request got a first token: no TTFT to split. ")
               + f"Binding limit: **{_LIMITS.get(diag.get('binding'), diag.get('binding'))}**."))
     alone = (diag.get("figures") or {}).get("alone_ms") or {}
-    parts = [f"{m[:-3].upper()} " + " / ".join(f"{st} {_fmt(v)}" for st, v in stats.items())
+    parts = [f"{_LABELS[m]} " + " / ".join(f"{st} {_fmt(v)}" for st, v in stats.items())
              for m, stats in alone.items() if any(v is not None for v in stats.values())]
     if parts:   # the floor no number of replicas lowers
         b.append(("p", "Served alone on an idle replica (same prompt and output lengths and "

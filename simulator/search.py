@@ -243,10 +243,11 @@ def _floor_note(e: RateEval) -> str:
     """What requests served alone get where that already misses an SLO (first
     replication of ``e``), else ''."""
     from .alone import below_floor
+    from .metrics import METRIC_LABELS
 
     out = e.outputs[0]
     missed = below_floor(out["summary"], out.get("alone_ms") or {})
-    return "".join(f"; {m[:-3].upper()} {st} of requests served alone {fl:.4g} ms > "
+    return "".join(f"; {METRIC_LABELS[m]} {st} of requests served alone {fl:.4g} ms > "
                    f"{thr:g} ms: only faster steps meet it" for m, st, thr, _, fl in missed)
 
 
