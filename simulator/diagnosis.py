@@ -19,9 +19,10 @@ limits a vLLM operator can turn, in this order:
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
   of work; only faster or more GPUs help. Also without queueing, when a TTFT, queue or
   E2EL SLO is missed and the TTFT tail is mostly waiting (queue p99 at least half the TTFT
-  p99): bursts of arrivals the engine drains only after a while; or, last, when a latency
-  SLO that requests alone would meet is missed and nothing else was found: sharing steps
-  with other requests (each added request lengthens the batch) makes the difference.
+  p99): bursts of arrivals the engine drains only after a while (inter-arrival CV of at
+  least :data:`BURSTY_CV`), or Poisson-like arrivals colliding by chance; or, last, when a
+  latency SLO that requests alone would meet is missed and nothing else was found: sharing
+  steps with other requests (each added request lengthens the batch) makes the difference.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
@@ -66,6 +67,9 @@ ITL_SPIKE = 3.0
 MAX_COUNTERFACTUAL_REQUESTS = 20_000
 #: Queue p99 / TTFT p99 above which the TTFT tail is waiting (bursts), not prefill.
 TAIL_QUEUE = 0.5
+#: Inter-arrival coefficient of variation from which arrivals count as bursts (Poisson: 1;
+#: vLLM's gamma arrivals: 1 / sqrt(burstiness), so burstiness 0.5 gives 1.41).
+BURSTY_CV = 1.3
 #: SLO metrics that waiting for the engine makes miss.
 WAIT_METRICS = ("ttft_ms", "queue_ms", "e2el_ms")
 
@@ -97,6 +101,20 @@ def ttft_split(result) -> dict:
     out = {"queue_ms": _stats(q), "prefill_ms": _stats(t - q), "ttft_ms": _stats(t)}
     out["queue_share"] = float(q.mean() / t.mean()) if t.size and t.mean() > 0 else 0.0
     return out
+
+
+def arrival_cv(result) -> float | None:
+    """Coefficient of variation (std / mean) of the gaps between counted requests' arrivals
+    (warm-up excluded): 1 for Poisson arrivals, above 1 for bursts, 0 for a fixed rate;
+    None with fewer than three arrivals or all at one instant."""
+    req = result.requests
+    if not len(req):
+        return None
+    t = np.sort(req.loc[~req["warmup"], "arrival_s"].to_numpy(dtype=float))
+    gaps = np.diff(t)
+    if gaps.size < 2 or gaps.mean() <= 0:
+        return None
+    return float(gaps.std() / gaps.mean())
 
 
 def _finding(limit, evidence, knob, change=None):
@@ -206,7 +224,7 @@ def find_limits(scenario, result) -> dict:
                "running_per_replica_mean": running, "running_per_replica_max": running_max,
                "max_num_seqs": scenario.max_num_seqs, "kv_usage_mean": kv_mean,
                "preemptions": pre, "busy_fraction": busy, "mean_step_ms": step_ms,
-               "num_gpu_blocks": s.get("num_gpu_blocks")}
+               "num_gpu_blocks": s.get("num_gpu_blocks"), "arrival_cv": arrival_cv(result)}
     missed = [(m, st, e["threshold"], e["value"])
               for m, entries in (s.get("slo") or {}).items() if m in FLOOR_METRICS
               for st, e in entries.items() if not e["met"] and e["value"] is not None]
@@ -276,15 +294,24 @@ def find_limits(scenario, result) -> dict:
                       else ""))
     elif not found and _missed(s, WAIT_METRICS) and q_p99 >= QUEUE_STEPS * step_ms \
             and q_p99 >= TAIL_QUEUE * (split["ttft_ms"]["p99"] or math.inf):
-        # A stable engine busy well below saturation, yet the tail of TTFT is waiting:
-        # arrivals come in bursts it drains only after a while (capacity for the peaks).
+        # A stable engine, yet the tail of TTFT is waiting: capacity for the peaks. Below
+        # saturation the peaks are bursts when arrivals cluster more than Poisson ones;
+        # Poisson arrivals collide by chance (an M/G/1 wait grows as 1 / (1 - busy)).
         tail = (f"the p99 wait for the engine is {q_p99:.0f} ms, most of the p99 TTFT "
                 f"({split['ttft_ms']['p99']:.0f} ms)")
-        compute = (f"requests queue in bursts: {tail}, while it is busy {busy:.0%} of the "
-                   f"time on average" if busy is not None and busy < BUSY else
-                   f"the TTFT tail is waiting: {tail}"
-                   + (f", with the engine busy {busy:.0%} of the time" if busy is not None
-                      else ""))
+        cv = figures["arrival_cv"]
+        cv_text = f"inter-arrival CV {cv:.2f}, Poisson 1" if cv is not None else ""
+        if busy is not None and busy < BUSY and cv is not None and cv >= BURSTY_CV:
+            compute = (f"requests queue in bursts: {tail}, while it is busy {busy:.0%} of "
+                       f"the time on average ({cv_text})")
+        elif busy is not None and busy < BUSY:
+            compute = (f"the TTFT tail is waiting: {tail}; arrivals are no burstier than "
+                       f"Poisson ({cv_text}) but at {busy:.0%} busy random arrivals "
+                       f"still collide")
+        else:
+            compute = (f"the TTFT tail is waiting: {tail}"
+                       + (f", with the engine busy {busy:.0%} of the time" if busy is not None
+                          else ""))
     more = ("more replicas, faster hardware or a higher tensor_parallel",
             f"cluster.replicas={2 * nrep}")
     if compute:
@@ -430,4 +457,4 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     return jsonable(d)   # figures as summary.json has them (6 significant digits)
 
 
-__all__ = ["diagnose", "find_limits", "ttft_split"]
+__all__ = ["arrival_cv", "diagnose", "find_limits", "ttft_split"]

@@ -87,8 +87,37 @@ def test_bursts_that_queue_the_ttft_tail_are_compute_at_the_peaks():
     split = d["ttft_split"]
     assert split["queue_ms"]["p99"] >= 0.5 * split["ttft_ms"]["p99"]
     assert d["counterfactual"]["change"] == "cluster.replicas=2" and d["counterfactual"]["moved"]
+    assert "(inter-arrival CV 4." in d["findings"][0]["evidence"]   # 1 / sqrt(0.05) = 4.47
     calm = run({"process": "poisson", "rate": 1.0})
     assert calm["binding"] == "none" and all(f["limit"] != "compute" for f in calm["findings"])
+    # Poisson arrivals at 4 req/s (busy ~66%) also wait most of the TTFT tail: chance
+    # collisions at that utilisation, not bursts.
+    busy = run({"process": "poisson", "rate": 4.0})
+    ev = busy["findings"][0]["evidence"]
+    assert busy["binding"] == "compute" and 0.5 < busy["figures"]["busy_fraction"] < 0.85
+    assert "in bursts" not in ev and "no burstier than Poisson" in ev
+    assert 0.85 < busy["figures"]["arrival_cv"] < 1.15
+
+
+def test_arrival_cv():
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+
+    from simulator.diagnosis import arrival_cv
+
+    def cv(arrivals, warmup=0):
+        return arrival_cv(SimpleNamespace(requests=pd.DataFrame(
+            {"arrival_s": arrivals, "warmup": [i < warmup for i in range(len(arrivals))]})))
+
+    assert cv([0.0, 1.0, 2.0, 3.0]) == 0.0                 # a fixed rate
+    # gaps 1, 3 (out of order in the table): mean 2, population std 1
+    assert cv([4.0, 0.0, 1.0]) == pytest.approx(0.5)
+    assert cv([0.0, 100.0, 101.0, 104.0], warmup=1) == pytest.approx(0.5)   # warm-up out
+    assert cv([0.0, 1.0]) is None and cv([2.0, 2.0, 2.0]) is None
+    gaps = np.random.default_rng(0).exponential(1.0, 20_000)
+    assert cv(np.cumsum(gaps)) == pytest.approx(1.0, abs=0.03)          # Poisson
 
 
 def test_a_busy_engine_without_queueing_that_misses_tpot_is_compute():
