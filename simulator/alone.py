@@ -25,12 +25,14 @@ CLOCK_MS = 1e-6
 FLOOR_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
-def _plan(prefill=None, decode_context=0):
-    """A one-request step in the shape the cost model prices (``step_features``)."""
+def step_plan(prefill=None, num_decodes=0, decode_context=0):
+    """A step in the shape the cost model prices (``step_features``): at most one prefill
+    chunk ``(num_new_tokens, num_computed_before, samples_token)`` and ``num_decodes``
+    decodes attending to ``decode_context`` tokens each."""
     chunks = [SimpleNamespace(num_new_tokens=n, num_computed_before=c, samples_token=s)
               for n, c, s in ([prefill] if prefill else [])]
-    return SimpleNamespace(prefills=chunks, num_decodes=1 if decode_context else 0,
-                           decode_context_tokens=decode_context)
+    return SimpleNamespace(prefills=chunks, num_decodes=num_decodes,
+                           decode_context_tokens=num_decodes * decode_context)
 
 
 class AloneLatency:
@@ -74,15 +76,15 @@ class AloneLatency:
                 t, done = 0.0, c
                 while done < p:
                     n = min(budget, p - done)
-                    t += cost(_plan((n, done, done + n == p)))
+                    t += cost(step_plan((n, done, done + n == p)))
                     done += n
                 memo[(p, c)] = t
             return memo[(p, c)]
 
         ttft = np.array([prefill_s(p, c) for p, c in zip(prompt.tolist(), cached.tolist())],
                         dtype=float)
-        d0 = cost(_plan(decode_context=1))
-        d1 = cost(_plan(decode_context=2)) - d0          # seconds per context token
+        d0 = cost(step_plan(num_decodes=1, decode_context=1))
+        d1 = cost(step_plan(num_decodes=1, decode_context=2)) - d0   # s per context token
         # Decode k (k = 1 .. O-1) attends to prompt + k tokens.
         gap = lambda ctx: (d0 + d1 * (np.asarray(ctx, dtype=float) - 1)) * 1e3   # noqa: E731
         mean_ctx = prompt + out / 2.0                    # mean of prompt+1 .. prompt+O-1
@@ -146,4 +148,4 @@ def below_floor(summary: dict, floors: dict) -> list[tuple]:
             and floors[m][st] > e["threshold"] + CLOCK_MS]
 
 
-__all__ = ["AloneLatency", "FLOOR_METRICS", "below_floor", "slo_floors"]
+__all__ = ["AloneLatency", "FLOOR_METRICS", "below_floor", "slo_floors", "step_plan"]

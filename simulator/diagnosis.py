@@ -15,7 +15,9 @@ limits a vLLM operator can turn, in this order:
   queueing while the KV cache is nearly full and running requests are below
   ``max_num_seqs`` (admission waits for free blocks).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time,
-  or while most of the waiting happens with every sequence slot taken (bursts).
+  or while most of the waiting happens with every sequence slot taken (bursts), and twice
+  the slots would raise decode throughput by :data:`SLOTS_GAIN` or more (else the steps
+  are full: ``compute``).
 * ``compute``: queueing (or an unstable run) with neither of the above: every step is full
   of work; only faster or more GPUs help. Also without queueing, when a TTFT, queue or
   E2EL SLO is missed and the TTFT tail is mostly waiting (queue p99 at least half the TTFT
@@ -28,11 +30,11 @@ limits a vLLM operator can turn, in this order:
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
   shared share of the prompts (caching off, or a router that scatters a prefix group).
 
-Rejections and the latency floor bind first; then the first queueing limit found; an
-interference or prefix finding binds only while an SLO its knob moves is missed (ITL, TPOT
-or E2EL for shorter chunks, which lengthen prefills; any for prefix-cache hits) or none is
-given; else ``none`` (findings are still listed). A latency SLO missed that no finding
-explains is the load's (``compute`` above). Where cheap, one counterfactual run with the
+Rejections and the latency floor bind first; then the first finding whose knob moves a
+missed SLO (:data:`MOVES`: more slots shorten waits but lengthen steps, so not TPOT or ITL;
+shorter chunks lengthen prefills, so not TTFT); with every SLO met, the first queueing
+limit; with none given, the first finding; else ``none`` (findings are still listed). A
+latency SLO missed that no finding explains is the load's (``compute`` above). Where cheap, one counterfactual run with the
 binding knob turned confirms (or not) that it moves the figure, or says it makes it worse.
 """
 
@@ -42,7 +44,7 @@ import math
 
 import numpy as np
 
-from .alone import FLOOR_METRICS, below_floor, slo_floors
+from .alone import FLOOR_METRICS, below_floor, slo_floors, step_plan
 from .errors import InputError
 from .executors import job_output, offered_rate
 from .metrics import METRIC_LABELS
@@ -61,6 +63,11 @@ KV_FULL = 0.9
 SEQS_BUSY = 0.8
 #: Share of the waiting done while every sequence slot is taken above which the slots bind.
 SLOTS_FULL = 0.5
+#: Decode throughput at 2 × max_num_seqs over that at max_num_seqs below which more slots
+#: add too little (10%, as a counterfactual that "moves" a figure): each added sequence
+#: lengthens the step nearly as much as it adds work (per-sequence cost, e.g. KV reads,
+#: dominates), so the steps, not the slots, are full.
+SLOTS_GAIN = 1.1
 #: ITL p99 / p50 above which prefills stall decodes.
 ITL_SPIKE = 3.0
 #: Counterfactual runs only for workloads up to this many requests.
@@ -117,16 +124,45 @@ def arrival_cv(result) -> float | None:
     return float(gaps.std() / gaps.mean())
 
 
+def slots_gain(scenario, result) -> float | None:
+    """Decode throughput of a replica with twice ``max_num_seqs`` over that at
+    ``max_num_seqs`` (tokens per second: 2 · t(N) / t(2N), t priced noise-free by the run's
+    cost model for a decode-only step at the counted, completed requests' mean context,
+    prompt + output / 2 tokens); None without such requests.
+
+    Raises:
+        InputError: the scenario's cost model cannot be built (as for the run itself).
+    """
+    from .cost_model import build_cost_model
+
+    req = result.requests
+    if len(req):
+        req = req[~req["warmup"] & req["finish_s"].notna()
+                  & ~req["finish_reason"].isin(["rejected", "abort"])]
+    if not len(req):
+        return None
+    ctx = max(1, round(float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())))
+    cost = build_cost_model(scenario).step_seconds
+    n = scenario.max_num_seqs
+    return 2 * cost(step_plan(num_decodes=n, decode_context=ctx)) \
+        / cost(step_plan(num_decodes=2 * n, decode_context=ctx))
+
+
 def _finding(limit, evidence, knob, change=None):
     return {"limit": limit, "evidence": evidence, "knob": knob, "change": change}
 
 
-#: Limits that hold requests in the queue: they move every latency.
+#: Limits that hold requests in the queue.
 QUEUEING = ("kv_capacity", "max_num_seqs", "compute")
-#: The SLO metrics each observation's knob moves: shorter prefill chunks smooth the decodes
-#: (and lengthen prefills: TTFT is not among them); prefix-cache hits remove prefill work.
-MOVES = {"prefill_interference": ("itl_ms", "tpot_ms", "e2el_ms"),
-         "prefix_cache": ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")}
+#: The SLO metrics each finding's knob moves. More slots shorten the wait but put more
+#: sequences in each step (TPOT and ITL rise); more KV cache ends preemptions (whose
+#: recomputation every figure pays); more or faster GPUs move all; shorter prefill chunks
+#: smooth the decodes (and lengthen prefills: TTFT is not among them); prefix-cache hits
+#: remove prefill work.
+ALL_METRICS = (*FLOOR_METRICS, "queue_ms")
+MOVES = {"max_num_seqs": WAIT_METRICS, "kv_capacity": ALL_METRICS, "compute": ALL_METRICS,
+         "prefill_interference": ("itl_ms", "tpot_ms", "e2el_ms"),
+         "prefix_cache": ALL_METRICS}
 
 
 def _moves(finding: dict, metrics) -> bool:
@@ -245,6 +281,8 @@ def find_limits(scenario, result) -> dict:
     loaded = [x for x in missed if not any(x[:2] == f[:2] for f in floor)]
 
     found = []
+    more = ("more replicas, faster hardware or a higher tensor_parallel",
+            f"cluster.replicas={2 * nrep}")
     blocks = s.get("num_gpu_blocks")
     kv_change = f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
     # A fixed engine.num_gpu_blocks ignores memory: only it (or removing it) moves the cache.
@@ -273,9 +311,19 @@ def find_limits(scenario, result) -> dict:
             at_cap = float((w * (reps["running_max"] >= scenario.max_num_seqs)).sum()
                            / w.sum())
     figures["waiting_at_max_num_seqs"] = at_cap
-    if queued and not found and running_max >= scenario.max_num_seqs \
-            and (running >= SEQS_BUSY * scenario.max_num_seqs
-                 or (at_cap or 0.0) >= SLOTS_FULL):
+    slots_full = (queued and not found and running_max >= scenario.max_num_seqs
+                  and (running >= SEQS_BUSY * scenario.max_num_seqs
+                       or (at_cap or 0.0) >= SLOTS_FULL))
+    gain = figures["max_num_seqs_gain"] = slots_gain(scenario, result) if slots_full else None
+    if slots_full and gain is not None and gain < SLOTS_GAIN:
+        # The slots are taken, but steps of twice as many sequences would take nearly twice
+        # as long: the replica's compute, not its slot count, holds requests back.
+        found.append(_finding(
+            "compute", f"requests queue while a replica runs all {scenario.max_num_seqs} "
+            f"sequences, but a decode step of {2 * scenario.max_num_seqs} would take "
+            f"×{2 / gain:.2f} as long (decode throughput ×{gain:.2f}): each step is full of "
+            f"work", *more))
+    elif slots_full:
         mns = 2 * scenario.max_num_seqs
         change = f"engine.max_num_seqs={mns}"
         if scenario.max_num_batched_tokens < mns:
@@ -312,8 +360,6 @@ def find_limits(scenario, result) -> dict:
             compute = (f"the TTFT tail is waiting: {tail}"
                        + (f", with the engine busy {busy:.0%} of the time" if busy is not None
                           else ""))
-    more = ("more replicas, faster hardware or a higher tensor_parallel",
-            f"cluster.replicas={2 * nrep}")
     if compute:
         found.append(_finding("compute", compute, *more))
     itl = s.get("itl_ms") or {}
@@ -345,7 +391,7 @@ def find_limits(scenario, result) -> dict:
     missed_metrics = {m for m, *_ in missed} | (
         {"queue_ms"} if _missed(s, ("queue_ms",)) else set())
     unexplained = [x for x in loaded
-                   if not any(f["limit"] in QUEUEING or _moves(f, {x[0]}) for f in found)]
+                   if not any(_moves(f, {x[0]}) for f in found)]
     if unexplained:
         m, st, thr, value = unexplained[0]
         fl = figures["alone_ms"].get(m, {}).get(st)
@@ -376,12 +422,13 @@ def find_limits(scenario, result) -> dict:
             "raise max_model_len (the KV cache must hold one such request) or cap prompts "
             "upstream", None))
     found = head + found
-    # Rejections and the floor bind first; then a queueing limit; an ITL or prefix-cache
-    # observation binds only while an SLO it moves is missed (or none is given): with every
-    # SLO met, nothing binds yet. The binding finding leads the list (the counterfactual
-    # turns its knob).
+    # Rejections and the floor bind first; then the first finding whose knob moves a
+    # missed SLO (:data:`MOVES`); with every SLO met, a queueing limit (what caps the rate);
+    # with none given, the first finding. The binding finding leads the list (the
+    # counterfactual turns its knob).
     slo_met = s.get("slo_met")
-    bind = next((f for f in found if f in head or f["limit"] in QUEUEING or slo_met is None
+    bind = next((f for f in found if f in head or slo_met is None
+                 or (slo_met and f["limit"] in QUEUEING)
                  or (slo_met is False and _moves(f, missed_metrics))), None)
     if bind is not None:
         found.remove(bind)

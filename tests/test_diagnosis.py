@@ -42,6 +42,53 @@ def test_kv_capacity_binds():
     assert "scheduler_reserve_full_isl" not in knob   # already vLLM's default here
 
 
+def test_full_slots_whose_steps_are_full_of_work_are_compute():
+    # Each decode adds 1 ms to a 5 ms step: 256 slots decode 256 tokens per 261 ms, 512
+    # would decode 512 per 517 ms, only 2·261/517 = 1.0097× the throughput. At 40 req/s ×
+    # 32 tokens (capacity ~31 req/s) every slot is taken, but more slots would not serve
+    # more: the replica's compute binds.
+    s = sc({"max_num_seqs": 256}, {"base_s": 0.005, "per_decode_seq_s": 0.001}, 40)
+    r = simulate(s)
+    d = diagnose(s, r)
+    assert d["queued"] and d["figures"]["running_per_replica_mean"] > 0.8 * 256
+    assert d["figures"]["max_num_seqs_gain"] == pytest.approx(2 * 261 / 517, rel=1e-5)
+    assert d["binding"] == "compute" and all(f["limit"] != "max_num_seqs"
+                                             for f in d["findings"])
+    assert "a decode step of 512 would take ×1.98 as long" in d["findings"][0]["evidence"]
+    assert d["counterfactual"]["change"] == "cluster.replicas=2" and d["counterfactual"]["moved"]
+    # With 4 slots (steps of 9 ms, 8 would take 13: throughput ×1.38) the slots bind.
+    s4 = sc({"max_num_seqs": 4}, {"base_s": 0.005, "per_decode_seq_s": 0.001}, 40, n=600)
+    d4 = diagnose(s4, simulate(s4), counterfactual=False)
+    assert d4["figures"]["max_num_seqs_gain"] == pytest.approx(2 * 9 / 13, rel=1e-5)
+    assert d4["binding"] == "max_num_seqs"
+
+
+def test_full_slots_do_not_bind_a_tpot_miss():
+    # 8 slots full (22 req/s against ~19 served), a step of 5 ms + 1 ms per decode: more
+    # slots would serve 2·13/21 = 1.24× as many tokens but make each step longer, so a
+    # TPOT-only miss is not theirs: it binds the load (compute); with a TTFT SLO missed too,
+    # the slots bind (they shorten the wait).
+    def run(slo, **over):
+        s = scenario_from_dict({**sc({"max_num_seqs": 8},
+                                     {"base_s": 0.005, "per_decode_seq_s": 0.001}, 22,
+                                     n=1000).model_dump(mode="python", exclude_none=True),
+                                "slo": slo})
+        return s, simulate(s)
+
+    s, r = run({"tpot_ms": {"p99": 12}})
+    d = diagnose(s, r, counterfactual=False)
+    limits = [f["limit"] for f in d["findings"]]
+    assert d["binding"] == "compute" and "max_num_seqs" in limits
+    assert d["findings"][0]["evidence"].startswith("TPOT p99 is")
+    # independently: 16 slots make that TPOT worse
+    s16 = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                              "engine": {**s.engine.model_dump(exclude_none=True),
+                                         "max_num_seqs": 16}})
+    assert simulate(s16).summary["tpot_ms"]["p99"] > r.summary["tpot_ms"]["p99"]
+    s, r = run({"tpot_ms": {"p99": 12}, "ttft_ms": {"p99": 200}})
+    assert diagnose(s, r, counterfactual=False)["binding"] == "max_num_seqs"
+
+
 def test_preemptions_with_first_chunk_admission_name_the_full_isl_knob():
     # 1000-token prompts (63 blocks of 16 with their output) in 250-token chunks, 80 usable
     # blocks: admitted on a first chunk, two requests outgrow the cache and preempt.
