@@ -40,11 +40,11 @@ from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
-from .errors import InputError, KeyedInputError, SubkeyError
+from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
                     utf8_problem, yaml_error_text)
 from .policy.kv_cache import min_gpu_blocks
@@ -88,7 +88,8 @@ _RATE_KEYS = ("w_eff_bytes_per_s", "f_eff_flops_per_s", "w_attn_bytes_per_s",
 # == profile schema ========================================================================
 
 class _P(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # as the scenario: no "1.0e-3" or true taken for a number, no .nan or .inf
+    model_config = STRICT_SCHEMA
 
 
 class DeviceInfo(_P):
@@ -130,7 +131,7 @@ class KVInfo(_P):
 
 def _coefficient(v: float) -> float:
     # A value check (not a dict one), so the error names cost.coefficients.<key> and its line.
-    if not 0 <= v < math.inf:
+    if v < 0:   # (the schema refuses .nan and .inf)
         raise ValueError(f"a coefficient is a finite number >= 0, got {v:g}")
     return v
 

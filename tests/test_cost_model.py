@@ -474,8 +474,9 @@ def test_a_provenance_date_is_an_iso_date(tmp_path, value, got):
 
 @pytest.mark.parametrize("value, said", [
     ("-1.0", "a0_s: a coefficient is a finite number >= 0, got -1"),
-    (".nan", "a0_s: a coefficient is a finite number >= 0, got nan"),
-    ("1e400", "a0_s: a coefficient is a finite number >= 0, got inf"),
+    (".nan", "a0_s: Input should be a finite number (got nan)"),
+    ("1e400", "a0_s: Input should be a finite number (got inf)"),
+    ('"1.0"', "a0_s: Input should be a valid number (got '1.0')"),   # quoted: text
 ])
 def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     # the key's line, not cost:'s (two lines up in a profile calibrate writes)
@@ -495,13 +496,25 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
 
 
 def test_profile_reads_exponent_numbers_as_the_scenario_loader_does(tmp_path):
-    # YAML 1.1 (yaml.safe_load) leaves 25e9 a string, which then fails as an integer
+    # YAML 1.1 (yaml.safe_load) leaves 25e9 a string; here it is a float, as in scenarios:
+    # a number where a float goes, refused where an integer goes (engine.max_num_seqs: 2e2
+    # is refused the same way), with its line.
     text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
-    mem = yaml.safe_load(text)["device"]["memory_bytes"]
+    raw = yaml.safe_load(text)
+    mem, bw = raw["device"]["memory_bytes"], raw["device"]["memory_bandwidth"]
     p = tmp_path / "e.yaml"
+    p.write_text(text.replace(f"memory_bandwidth: {bw}", "memory_bandwidth: 25e9"))
+    assert load_profile(p).device.memory_bandwidth == 25e9
     p.write_text(text.replace(f"memory_bytes: {mem}", "memory_bytes: 25e9"))
-    assert "memory_bytes: 25e9" in p.read_text()
-    assert load_profile(p).device.memory_bytes == 25_000_000_000
+    line = next(i for i, t in enumerate(p.read_text().splitlines(), 1) if "memory_bytes" in t)
+    with pytest.raises(InputError, match=rf"^{re.escape(str(p))}:{line}: device\.memory_bytes: "
+                                         r"Input should be a valid integer > 0 "
+                                         r"\(got 25000000000\.0\)$"):
+        load_profile(p)
+    p.write_text(text.replace(f"memory_bytes: {mem}", "memory_bytes: true"))
+    with pytest.raises(InputError, match=r"device\.memory_bytes: Input should be a valid "
+                                         r"integer > 0 \(got True\)$"):
+        load_profile(p)
     n = len(text.splitlines()) + 1
     p.write_text(text + "name: again\n")     # a key given twice is refused, as in scenarios
     with pytest.raises(InputError, match=rf"^{re.escape(str(p))}:{n}: YAML syntax error: duplicate key "
