@@ -856,6 +856,16 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             loc += key if isinstance(key, tuple) else (key,)
     elif typ == "missing":
         msg = "required key missing"
+    elif typ == "invalid_key" or (loc and loc[-1] == "[key]"):
+        # A key YAML read as a boolean, number or null (true:, 3:): pydantic puts it in the
+        # path (true as 1), and a plain mapping's check adds "[key]": name the mapping.
+        key = err.get("input")
+        shown = yaml.safe_dump(key).splitlines()[0] if key is None or isinstance(
+            key, (bool, int, float)) else repr(key)
+        loc = loc[:-2] if loc[-1] == "[key]" else loc[:-1]
+        msg = f"key {shown} is not text: keys are names" + (
+            f" (allowed: {', '.join(parent.model_fields)})"
+            if typ == "invalid_key" and parent is not None else "")
     elif typ in ("model_type", "model_attributes_type"):   # pydantic: "a valid dictionary
         # or instance of <Model>" / "... or object to extract fields from"
         msg = f"must be a mapping of keys (got {err.get('input')!r})"

@@ -246,6 +246,26 @@ def test_unknown_keys_reported_before_consequences(tmp_path):
         "workload, slo, sim, plan) (and 1 more error, at hardware)")
 
 
+def test_a_key_that_is_not_text_is_named_as_written(tmp_path, chat):
+    # YAML reads `true:` as a boolean key (and `3:` as a number); pydantic puts it in the
+    # path as 1: the error names the mapping and the key as YAML wrote it.
+    p = tmp_path / "s.yaml"
+    allowed = ("block_size, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, "
+               "enable_prefix_caching, max_model_len, num_gpu_blocks, "
+               "scheduler_reserve_full_isl")
+    for key in ("true", "3", "null", "1.5"):
+        p.write_text(yaml.safe_dump(BASE, sort_keys=False) + f"engine:\n  {key}: 1\n")
+        assert err(load_scenario, p) == (
+            f"s.yaml:{line_of(p, 'engine:')}: engine: key {key} is not text: keys are names "
+            f"(allowed: {allowed})")
+    assert err(load_scenario, chat, ["engine={true: 1}"]) == (
+        f"--set engine={{true: 1}}: key true is not text: keys are names (allowed: {allowed})")
+    # a plain mapping (an SLO's statistics) is named the same way
+    p.write_text(yaml.safe_dump(BASE, sort_keys=False) + "slo:\n  ttft_ms:\n    99: 500\n")
+    assert err(load_scenario, p) == (f"s.yaml:{line_of(p, 'ttft_ms:')}: slo.ttft_ms: key 99 "
+                                     f"is not text: keys are names")
+
+
 def test_yaml_syntax_error_names_line(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("name: x\nmodel: llama-test\nengine: {block_size: [16}\n")
