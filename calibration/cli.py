@@ -490,11 +490,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
 
         from simulator.workload import build_workload
 
-        def seconds(n, c, B):
-            X = {"tokens": [n + B], "requests": [int(n > 0) + B], "prefill_tokens": [n],
-                 "decodes": [B], "context_tokens": [(n and c + n) + B * c],
-                 "attn_pairs": [n * (n + 1) / 2 + B * c], "sampled": [B + int(n > 0)]}
-            return float(fitmod.predict(result.form, result.coefficients, k, X)[0])
+        seconds = fitmod.step_price(result.form, result.coefficients, k)
 
         if replay_path.is_file() and read_csv_identity(replay_path) == _identity(header):
             replay_df = pd.read_csv(replay_path, comment="#", keep_default_na=False,

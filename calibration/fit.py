@@ -76,6 +76,18 @@ def predict(form: str, coef: dict, k: RooflineConstants | None, X) -> np.ndarray
     return np.full(len(X["tokens"]), float(coef["constant_s"]))
 
 
+def step_price(form: str, coef: dict, k: RooflineConstants | None):
+    """``seconds(n, c, B)``: :func:`predict` for one step of an ``n``-token prefill chunk
+    after ``c`` computed tokens (none when ``n`` is 0) beside ``B`` decodes at context ``c``
+    each, in seconds (what :func:`calibration.cli.replay_workload` sizes its load with)."""
+    def seconds(n: int, c: int, B: int) -> float:
+        X = {"tokens": [n + B], "requests": [int(n > 0) + B], "prefill_tokens": [n],
+             "decodes": [B], "context_tokens": [(n and c + n) + B * c],
+             "attn_pairs": [n * (n + 1) / 2 + B * c], "sampled": [B + int(n > 0)]}
+        return float(predict(form, coef, k, X)[0])
+    return seconds
+
+
 def error_stats(measured, predicted) -> dict:
     """Absolute relative errors ``|predicted / measured − 1|``: mean (MAPE), 90th percentile
     (``numpy.percentile``, linear), maximum, count; fractions."""

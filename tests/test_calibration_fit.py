@@ -135,3 +135,16 @@ def test_pass_warning_names_the_slowest_pass(capsys):
     assert line.startswith("servesim: warning: the grid's passes ran up to 22% apart in "
                            "speed (pass 2 of 3 slowest, ×1.20 its cells' medians)")
     assert capsys.readouterr().err.strip() == line
+
+
+def test_step_price_of_one_chunk_beside_decodes():
+    from calibration.fit import step_price
+
+    coef = {"base_s": 1.0, "per_prefill_token_s": 0.1, "per_decode_seq_s": 0.01,
+            "per_context_token_s": 0.001}
+    seconds = step_price("linear", coef, None)
+    # 100 new tokens after 50 computed (context 150) and 4 decodes at context 50 each
+    assert seconds(100, 50, 4) == pytest.approx(1 + 10 + 0.04 + 0.001 * (150 + 4 * 50))
+    # decodes alone: no chunk, so c counts once per decode only
+    assert seconds(0, 50, 4) == pytest.approx(1 + 0.04 + 0.001 * 200)
+    assert step_price("constant", {"constant_s": 0.25}, None)(7, 3, 2) == 0.25

@@ -182,11 +182,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     replay_path = out.with_name(out.stem + ".replay.csv")
     replay_df = rep_err = None
     if not args.no_replay:
-        def seconds(n, c, B):
-            X = {"tokens": [n + B], "requests": [int(n > 0) + B], "prefill_tokens": [n],
-                 "decodes": [B], "context_tokens": [(n and c + n) + B * c],
-                 "attn_pairs": [n * (n + 1) / 2 + B * c], "sampled": [B + int(n > 0)]}
-            return float(fitmod.predict(result.form, result.coefficients, k, X)[0])
+        seconds = fitmod.step_price(result.form, result.coefficients, k)
 
         wl = replay_workload("cpu", args.quick, seconds, eng.max_model_len, seed=args.seed,
                              duration_s=args.replay_seconds)
