@@ -133,7 +133,10 @@ def _print_table(df, title: str, columns=None, console=None, exact=()) -> None:
     from rich.text import Text
 
     cols = columns or list(df.columns)
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    # no edge columns (80 columns hold a sweep's table); as wide as its title, which
+    # would otherwise wrap over a narrow table
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+              show_edge=False, min_width=len(title))
     rows, notes, ci_notes = [], [], []
     for _, r in df.iterrows():
         row = [_fmt_value(getattr(r[c], "item", lambda: r[c])()) if c in exact
@@ -198,10 +201,11 @@ def _cmd_sweep(args) -> int:
     with _executor(args) as ex, _progress(args, f"sweeping {scenario.name}") as prog:
         res = sweep(scenario, axes, ex, progress=prog)
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
+    # rejected only when a point rejects (sweep.csv keeps the column): 80 columns hold the rest
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
         "offered_rate", "request_throughput", "stability", "rejected", "ttft_p50_ms",
-        "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_met", "binding"] if c in res.table],
-        exact=tuple(axes))
+        "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_met", "binding"] if c in res.table
+        and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")

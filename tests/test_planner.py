@@ -363,6 +363,25 @@ def test_the_sweep_table_shows_each_swept_value_as_given(tmp_path, capsys):
     assert [r[0] for r in rows if r and r[0][:1].isdigit()] == ["10.25", "1000.5"]
 
 
+def test_a_two_axis_sweep_table_fits_80_columns(tmp_path, capsys, monkeypatch):
+    import pandas as pd
+
+    # two swept keys, every figure column and the binding limit: no header word split,
+    # no line past 80 columns; no rejections, so no rejected column (sweep.csv keeps it)
+    monkeypatch.setenv("COLUMNS", "80")
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN)
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=10,20", "--set",
+                 "engine.max_num_batched_tokens=8192,16384", "--out", str(tmp_path / "sw"),
+                 "--executor", "serial", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[:next(i for i, x in enumerate(lines) if x.startswith("highest stable"))]
+    assert max(map(len, table)) <= 80
+    words = " ".join(table).split()
+    assert "stability" in words and "rejected" not in words
+    assert (pd.read_csv(tmp_path / "sw" / "sweep.csv")["rejected"] == 0).all()
+
+
 def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys):
     # One output token per request: no TPOT exists, so a TPOT SLO cannot be missed (as
     # goodput counts it). One step of 10 ms per request and max_num_seqs 4: a candidate
