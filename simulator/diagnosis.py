@@ -225,7 +225,8 @@ def _valid_change(scenario, change: str):
 
 
 def find_limits(scenario, result) -> dict:
-    """The figures and findings of :func:`diagnose`, without a counterfactual run."""
+    """The figures and findings of :func:`diagnose`, without a counterfactual run, and
+    ``eligible``: how many of the findings (the first ones) could bind."""
     s = result.summary
     e = scenario.engine
     nrep = s.get("replicas") or scenario.cluster.replicas
@@ -254,8 +255,12 @@ def find_limits(scenario, result) -> dict:
     q_p99 = split["queue_ms"]["p99"] or 0.0
     # With nothing completed (every prompt rejected) nothing queued: the run is "unstable"
     # only because nothing was served, and the rejections are the finding.
-    queued = ((split["queue_share"] >= QUEUE_SHARE and q_p99 >= QUEUE_STEPS * step_ms)
-              or not stable) and (s.get("completed") or 0) > 0
+    waits = split["queue_share"] >= QUEUE_SHARE and q_p99 >= QUEUE_STEPS * step_ms
+    queued = (waits or not stable) and (s.get("completed") or 0) > 0
+    # what holds requests back, as the evidence says it: waits, or a backlog that grows
+    # (an unstable run whose requests have not waited long yet)
+    held = ("requests queue" if waits or not (achieved and offered) else
+            f"the backlog grows ({achieved:.3g} of {offered:.3g} req/s offered are served)")
     figures = {"offered_rate": offered, "achieved_rate": achieved, "stable": stable,
                "running_per_replica_mean": running, "running_per_replica_max": running_max,
                "max_num_seqs": scenario.max_num_seqs, "kv_usage_mean": kv_mean,
@@ -298,7 +303,7 @@ def find_limits(scenario, result) -> dict:
         found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "
                               f"mean KV usage {kv_mean:.0%})", kv_knob, kv_change))
     elif queued and kv_mean >= KV_FULL and running_max < scenario.max_num_seqs:
-        found.append(_finding("kv_capacity", f"requests queue while the KV cache is "
+        found.append(_finding("kv_capacity", f"{held} while the KV cache is "
                               f"{kv_mean:.0%} full and {running:.1f} of {scenario.max_num_seqs} "
                               f"sequence slots are used", kv_knob, kv_change))
     # The share of the waiting (request-seconds) that happens while every sequence slot of
@@ -319,7 +324,7 @@ def find_limits(scenario, result) -> dict:
         # The slots are taken, but steps of twice as many sequences would take nearly twice
         # as long: the replica's compute, not its slot count, holds requests back.
         found.append(_finding(
-            "compute", f"requests queue while a replica runs all {scenario.max_num_seqs} "
+            "compute", f"{held} while a replica runs all {scenario.max_num_seqs} "
             f"sequences, but a decode step of {2 * scenario.max_num_seqs} would take "
             f"×{2 / gain:.2f} as long (decode throughput ×{gain:.2f}): each step is full of "
             f"work", *more))
@@ -329,17 +334,17 @@ def find_limits(scenario, result) -> dict:
         if scenario.max_num_batched_tokens < mns:
             change += f",engine.max_num_batched_tokens={mns}"
         found.append(_finding(
-            "max_num_seqs", f"requests queue while a replica runs all {scenario.max_num_seqs} "
+            "max_num_seqs", f"{held} while a replica runs all {scenario.max_num_seqs} "
             f"sequences (max_num_seqs): "
             + (f"{at_cap:.0%} of the waiting happens with every slot taken, "
                if at_cap is not None else "")
             + f"{running:.1f} running on average",
             "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
     compute = None
+    busy_text = f"the engine is busy {busy:.0%} of the time" if busy is not None else ""
     if queued and not found and (busy is None or busy >= BUSY or not stable):
-        compute = ("requests queue although sequence slots and KV blocks are free"
-                   + (f": the engine is busy {busy:.0%} of the time" if busy is not None
-                      else ""))
+        compute = (f"{held} although sequence slots and KV blocks are free"
+                   + (f": {busy_text}" if busy_text else ""))
     elif not found and _missed(s, WAIT_METRICS) and q_p99 >= QUEUE_STEPS * step_ms \
             and q_p99 >= TAIL_QUEUE * (split["ttft_ms"]["p99"] or math.inf):
         # A stable engine, yet the tail of TTFT is waiting: capacity for the peaks. Below
@@ -396,7 +401,6 @@ def find_limits(scenario, result) -> dict:
         m, st, thr, value = unexplained[0]
         fl = figures["alone_ms"].get(m, {}).get(st)
         alone = f", and {fl:.4g} ms for requests served alone" if fl is not None else ""
-        busy_text = f" (the engine is busy {busy:.0%} of the time)" if busy is not None else ""
         if ((s.get("concurrency") or {}).get("requests_max") or 0) <= 1:
             # Nothing overlapped: what lifts the figure above the floor is the variation of
             # the step cost (cost_noise), not the load.
@@ -410,7 +414,13 @@ def find_limits(scenario, result) -> dict:
             found.append(_finding(
                 "compute", f"{METRIC_LABELS[m]} {st} is {value:.4g} ms against the SLO's "
                 f"{thr:g} ms{alone}: sharing steps with other requests and waiting for them adds "
-                f"the rest{busy_text}", *more))
+                f"the rest" + (f" ({busy_text})" if busy_text else ""), *more))
+    if queued and (busy is None or busy >= BUSY or not stable) \
+            and not any(f["limit"] == "compute" for f in found):
+        # Beside a KV or slot limit: more replicas also take load off each replica (the
+        # counterfactual runs tell which knob moves the figure).
+        found.append(_finding("compute", (f"{held} while {busy_text}" if busy_text else held)
+                              + ": more replicas would share the load", *more))
     rejected = s.get("rejected") or 0
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
         capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len
@@ -424,17 +434,16 @@ def find_limits(scenario, result) -> dict:
     found = head + found
     # Rejections and the floor bind first; then the first finding whose knob moves a
     # missed SLO (:data:`MOVES`); with every SLO met, a queueing limit (what caps the rate);
-    # with none given, the first finding. The binding finding leads the list (the
-    # counterfactual turns its knob).
+    # with none given, the first finding. Those that could bind lead the list, the binding
+    # one first (``eligible``: how many; :func:`diagnose` tries their knobs in turn).
     slo_met = s.get("slo_met")
-    bind = next((f for f in found if f in head or slo_met is None
-                 or (slo_met and f["limit"] in QUEUEING)
-                 or (slo_met is False and _moves(f, missed_metrics))), None)
-    if bind is not None:
-        found.remove(bind)
-        found.insert(0, bind)
+    eligible = [f for f in found if f in head or slo_met is None
+                or (slo_met and f["limit"] in QUEUEING)
+                or (slo_met is False and _moves(f, missed_metrics))]
+    found = eligible + [f for f in found if not any(f is g for g in eligible)]
     return {"ttft_split": split, "figures": figures, "findings": found,
-            "binding": bind["limit"] if bind else "none", "queued": queued}
+            "binding": eligible[0]["limit"] if eligible else "none", "queued": queued,
+            "eligible": len(eligible)}
 
 
 def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None, bool]:
@@ -465,42 +474,103 @@ def _worse(before, after, lower_better: bool) -> bool:
     return _moved(after, before, lower_better)
 
 
+def _breaks(before: dict, after: dict) -> list[dict]:
+    """SLO entries met in summary ``before`` and missed in ``after``: ``[{metric, stat,
+    threshold, before, after}]`` (ms), in the SLO's order."""
+    out = []
+    for m, entries in (before.get("slo") or {}).items():
+        for st, e in entries.items():
+            a = ((after.get("slo") or {}).get(m) or {}).get(st) or {}
+            if e.get("met") and a.get("met") is False:
+                out.append({"metric": m, "stat": st, "threshold": e["threshold"],
+                            "before": e["value"], "after": a.get("value")})
+    return out
+
+
+def _counterfactual(scenario, result, finding: dict) -> dict:
+    """Replication ``result`` ran again with ``finding``'s change: ``{limit, change, figure,
+    before, after, slo_met_before, slo_met_after, moved, worse, breaks}``."""
+    from .run import simulate
+    from .scenario import scenario_from_dict
+
+    raw = scenario.model_dump(mode="python", exclude_none=True)
+    sc = scenario_from_dict(raw, scenario.base_dir, source=scenario.source,
+                            overrides=finding["change"].split(","))
+    alt = simulate(sc, replication=result.summary.get("replication") or 0).summary
+    name, before, lower = _headline(scenario, result.summary, finding["limit"])
+    _, after, _ = _headline(scenario, alt, finding["limit"])
+    return {"limit": finding["limit"], "change": finding["change"], "figure": name,
+            "before": before, "after": after, "slo_met_before": result.summary.get("slo_met"),
+            "slo_met_after": alt.get("slo_met"), "moved": _moved(before, after, lower),
+            "worse": _worse(before, after, lower), "breaks": _breaks(result.summary, alt)}
+
+
+#: Most counterfactual runs per diagnosis: the binding finding's, then the next candidates'.
+MAX_COUNTERFACTUALS = 3
+#: Findings that nothing after them can get past: rejected prompts, a latency floor.
+FACTS = ("max_model_len", "latency_floor")
+
+
 def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     """Diagnose one run.
+
+    The findings that could bind are tried in order, each by one counterfactual run with
+    its knob turned (at most :data:`MAX_COUNTERFACTUALS`, none past a finding in
+    :data:`FACTS`), until one meets every SLO (without SLOs: moves the figure): the first
+    that does binds, else the first that moves the figure by more than 10%, in either case
+    without breaking an SLO that was met. When none does, the first stays binding.
 
     Args:
         scenario: the scenario that produced ``result``.
         result: its :class:`~simulator.metrics.RunResult`.
-        counterfactual: rerun replication 0 with the binding limit's knob turned (only for
-            workloads of at most :data:`MAX_COUNTERFACTUAL_REQUESTS` requests).
+        counterfactual: rerun replication 0 with knobs turned (only for workloads of at
+            most :data:`MAX_COUNTERFACTUAL_REQUESTS` requests).
 
     Returns:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
         "figures": {...}, "findings": [{limit, evidence, knob, change}], "binding": limit
-        name or "none", "queued": bool, "counterfactual": None or {change, figure,
-        before, after, slo_met_before, slo_met_after, moved, worse}}`` (``moved``: better
-        by more than 10%, ``worse``: worse by as much), floats to 6 significant
-        digits. ``change`` is a ``--set`` override (comma-separated when it needs two).
+        name or "none", "queued": bool, "counterfactual": None or {limit, change, figure,
+        before, after, slo_met_before, slo_met_after, moved, worse, breaks},
+        "other_counterfactuals": [the same, for candidates tried that did not bind]}``
+        (``moved``: better by more than 10%, ``worse``: worse by as much, ``breaks``:
+        SLOs met before and missed after, ``[{metric, stat, threshold, before, after}]``),
+        floats to 6 significant digits. ``change`` is a ``--set`` override
+        (comma-separated when it needs two).
     """
     from .metrics import jsonable
-    from .run import simulate
-    from .scenario import scenario_from_dict
 
     d = find_limits(scenario, result)
-    d["counterfactual"] = None
-    first = d["findings"][0] if d["findings"] else None
+    eligible = d.pop("eligible")
+    d["counterfactual"], d["other_counterfactuals"] = None, []
     n = scenario.workload.num_requests or 0
-    if counterfactual and first and first["change"] and n <= MAX_COUNTERFACTUAL_REQUESTS:
-        raw = scenario.model_dump(mode="python", exclude_none=True)
-        sc = scenario_from_dict(raw, scenario.base_dir, source=scenario.source,
-                                overrides=first["change"].split(","))
-        alt = simulate(sc, replication=result.summary.get("replication") or 0).summary
-        name, before, lower = _headline(scenario, result.summary, first["limit"])
-        _, after, _ = _headline(scenario, alt, first["limit"])
-        d["counterfactual"] = {
-            "change": first["change"], "figure": name, "before": before, "after": after,
-            "slo_met_before": result.summary.get("slo_met"), "slo_met_after": alt.get("slo_met"),
-            "moved": _moved(before, after, lower), "worse": _worse(before, after, lower)}
+    if not counterfactual or n > MAX_COUNTERFACTUAL_REQUESTS:
+        return jsonable(d)
+    def helps(cf):   # 2: meets every SLO; 1: moves the figure; 0: neither (or breaks one)
+        return 0 if cf["breaks"] or not cf["moved"] else 2 if cf["slo_met_after"] else 1
+
+    enough = 1 if result.summary.get("slo_met") is None else 2   # no SLO: moving it is all
+    tried = []
+    for f in d["findings"][:eligible]:
+        if len(tried) == MAX_COUNTERFACTUALS:
+            break
+        if f["change"]:
+            tried.append((f, _counterfactual(scenario, result, f)))
+            if helps(tried[-1][1]) >= enough:
+                break
+        if f["limit"] in FACTS:
+            break
+    best = max((helps(cf) for _, cf in tried), default=0)
+    won = next(((f, cf) for f, cf in tried if best and helps(cf) == best), None)
+    if won is not None:   # the knob that moves it binds (first in the list)
+        d["findings"].remove(won[0])
+        d["findings"].insert(0, won[0])
+        d["binding"] = won[0]["limit"]
+    first = d["findings"][0] if d["findings"] else None
+    for f, cf in tried:
+        if f is first:
+            d["counterfactual"] = cf
+        else:
+            d["other_counterfactuals"].append(cf)
     return jsonable(d)   # figures as summary.json has them (6 significant digits)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.diagnosis import diagnose, ttft_split
+from simulator.diagnosis import diagnose, find_limits, ttft_split
 from simulator.report import fmt_number
 from simulator.executors import job_output
 from simulator.run import simulate
@@ -568,3 +568,57 @@ def test_slots_that_fill_in_bursts_are_max_num_seqs():
     assert d["binding"] == "max_num_seqs"
     cf = d["counterfactual"]
     assert cf["change"] == "engine.max_num_seqs=64" and cf["moved"] and cf["slo_met_after"]
+
+
+def test_a_knob_that_breaks_a_met_slo_does_not_bind():
+    # 8 slots full at 22 req/s (steps of 5 ms + 1 ms per decode): TTFT p99 misses 200 ms,
+    # TPOT p99 meets 14 ms (~13 ms with 8 running). 16 slots shorten the wait but put 16
+    # decodes in a step (~21 ms): TPOT then misses. Two replicas meet both: they bind.
+    s = scenario_from_dict({**sc({"max_num_seqs": 8}, {"base_s": 0.005,
+                                                        "per_decode_seq_s": 0.001}, 22,
+                                 n=1000).model_dump(mode="python", exclude_none=True),
+                            "slo": {"tpot_ms": {"p99": 14}, "ttft_ms": {"p99": 200}}})
+    r = simulate(s)
+    assert r.summary["slo"]["tpot_ms"]["p99"]["met"]
+    d = diagnose(s, r)
+    assert find_limits(s, r)["binding"] == "max_num_seqs"   # by the rules alone
+    assert d["binding"] == "compute" and d["counterfactual"]["change"] == "cluster.replicas=2"
+    assert d["counterfactual"]["slo_met_after"] and not d["counterfactual"]["breaks"]
+    (other,) = d["other_counterfactuals"]
+    assert other["change"] == "engine.max_num_seqs=16" and other["moved"]
+    # independently: the TPOT of 16 slots
+    s16 = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                              "engine": {**s.engine.model_dump(exclude_none=True),
+                                         "max_num_seqs": 16}})
+    tpot16 = simulate(s16).summary["tpot_ms"]["p99"]
+    assert tpot16 > 14
+    (b,) = other["breaks"]
+    assert (b["metric"], b["stat"], b["threshold"]) == ("tpot_ms", "p99", 14)
+    assert b["after"] == pytest.approx(tpot16, rel=1e-5)
+    from simulator.report import diagnosis_blocks, diagnosis_line
+
+    line = diagnosis_line(d)
+    assert line.startswith("Binding limit: compute capacity; with --set cluster.replicas=2")
+    assert "(also tried --set engine.max_num_seqs=16: " in line and "; breaks TPOT p99 (" in line
+    text = " ".join(str(x) for x in diagnosis_blocks(d))
+    assert "Also tried for max_num_seqs: `--set engine.max_num_seqs=16`" in text
+
+
+def test_preemptions_that_more_kv_barely_moves_bind_compute():
+    # 200 blocks of 16 hold ~10 requests of 300 tokens; a step is 1 ms + 2 ms per decode,
+    # so 10 or 20 running decode alike (476 vs 488 tokens/s): one replica serves ~2.4 of
+    # 3.5 req/s offered and preempts. Twice the blocks barely help; two replicas meet the
+    # TTFT SLO, so compute binds, with the KV finding still listed (and tried).
+    s = sc({"max_num_seqs": 256, "num_gpu_blocks": 201}, {"base_s": 0.001,
+                                                          "per_decode_seq_s": 0.002}, 3.5,
+           prompt=100, out=200, n=600)
+    s = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                            "slo": {"ttft_ms": {"p99": 3000}}})
+    r = simulate(s)
+    assert r.summary["preemptions"] > 0
+    assert find_limits(s, r)["binding"] == "kv_capacity"
+    d = diagnose(s, r)
+    assert d["binding"] == "compute" and d["counterfactual"]["slo_met_after"]
+    (other,) = d["other_counterfactuals"]
+    assert other["limit"] == "kv_capacity" and not other["slo_met_after"]
+    assert [f["limit"] for f in d["findings"]] == ["compute", "kv_capacity"]
