@@ -50,14 +50,16 @@ class AloneLatency:
         requests: the run's request table (:data:`simulator.metrics.REQUEST_COLUMNS`);
             rows not completed (rejected, aborted) are left out, and rows marked ``warmup``
             from all but the ITL gaps, as the run's statistics leave them out.
+        budget: tokens per prefill chunk instead of ``max_num_batched_tokens`` (what a
+            larger step budget would give).
 
     Raises:
         InputError: the scenario's cost model cannot be built (as for the run itself).
     """
 
-    def __init__(self, scenario, requests):
+    def __init__(self, scenario, requests, budget: int | None = None):
         cost = build_cost_model(scenario).step_seconds
-        budget = scenario.max_num_batched_tokens
+        budget = budget or scenario.max_num_batched_tokens
         served = requests[requests["finish_s"].notna() & requests["first_token_s"].notna()
                           & ~requests["finish_reason"].isin(["rejected", "abort"])] \
             if len(requests) else requests
@@ -124,16 +126,16 @@ class AloneLatency:
         return float(np.mean(x) if rank < 0 else np.percentile(x, rank))
 
 
-def slo_floors(scenario, result, stats=()) -> dict:
+def slo_floors(scenario, result, stats=(), budget: int | None = None) -> dict:
     """``{metric: {stat: floor ms or None}}`` of a run for every floor metric with an SLO
     (its SLO statistics) plus ``stats`` for every floor metric (e.g. ``("p50", "p99")``);
-    ``{}`` when there is nothing to compute."""
+    ``{}`` when there is nothing to compute. ``budget``: as :class:`AloneLatency`'s."""
     slo = result.summary.get("slo") or {}
     want = {m: list(dict.fromkeys([*stats, *(slo.get(m) or {})])) for m in FLOOR_METRICS}
     want = {m: sts for m, sts in want.items() if sts}
     if not want:
         return {}
-    alone = AloneLatency(scenario, result.requests)
+    alone = AloneLatency(scenario, result.requests, budget)
     return {m: {st: alone.stat(m, st) for st in sts} for m, sts in want.items()}
 
 

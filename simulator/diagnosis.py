@@ -6,36 +6,45 @@ request as if served alone on an idle replica (:mod:`simulator.alone`), then che
 limits a vLLM operator can turn, in this order:
 
 * ``max_model_len``: rejected requests (they fail the SLO whatever else changes).
-* ``latency_floor``: a latency SLO that requests served alone would already miss (with the
-  run's prefix-cache hits): no number of replicas meets it, only faster steps (a faster
-  GPU, a higher tensor_parallel); or one missed although no two requests were ever in the
-  system at once (step-cost noise, ``cost_noise: empirical``).
+* ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
+  shared share of the prompts. Caching off, or a router that scatters a prefix group, is a
+  setting that removes prefill work, so it comes before any hardware; a cache too small
+  to keep the prefixes comes with the other findings.
+* ``max_num_batched_tokens`` / ``latency_floor``: a latency SLO that requests served alone
+  would already miss (with the run's prefix-cache hits): no number of replicas meets it.
+  When longer prefill chunks would meet it (each step reads the weights once), the step
+  budget binds; else only faster steps (a faster GPU, a higher tensor_parallel). Also a
+  miss although no two requests were ever in the system at once (step-cost noise,
+  ``cost_noise: empirical``).
 * ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
   cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
   queueing while the KV cache is nearly full and running requests are below
-  ``max_num_seqs`` (admission waits for free blocks).
+  ``max_num_seqs`` (admission waits for free blocks). The change tried is one the GPUs
+  can hold (:func:`_kv_change`).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time,
   or while most of the waiting happens with every sequence slot taken (bursts), and twice
   the slots would raise decode throughput by :data:`SLOTS_GAIN` or more (else the steps
   are full: ``compute``).
-* ``compute``: queueing (or an unstable run) with neither of the above: every step is full
-  of work; only faster or more GPUs help. Also without queueing, when a TTFT, queue or
-  E2EL SLO is missed and the TTFT tail is mostly waiting (queue p99 at least half the TTFT
-  p99): bursts of arrivals the engine drains only after a while (inter-arrival CV of at
-  least :data:`BURSTY_CV`), or Poisson-like arrivals colliding by chance; or, last, when a
-  latency SLO that requests alone would meet is missed and nothing else was found: sharing
-  steps with other requests (each added request lengthens the batch) makes the difference.
+* ``max_num_batched_tokens``: queueing while steps carry their whole token budget, where
+  twice the budget would raise token throughput by :data:`SLOTS_GAIN` or more.
+* ``compute``: queueing (or an unstable run): every step is full of work; only faster or
+  more GPUs help (beside a KV, slot or budget limit too: more replicas share the load).
+  Also without queueing, when a TTFT, queue or E2EL SLO is missed and the TTFT tail is
+  mostly waiting (queue p99 at least half the TTFT p99): bursts of arrivals the engine
+  drains only after a while (inter-arrival CV of at least :data:`BURSTY_CV`), or
+  Poisson-like arrivals colliding by chance; or, last, when a latency SLO that requests
+  alone would meet is missed and nothing else was found: sharing steps with other
+  requests (each added request lengthens the batch) makes the difference.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
-* ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
-  shared share of the prompts (caching off, or a router that scatters a prefix group).
 
-Rejections and the latency floor bind first; then the first finding whose knob moves a
-missed SLO (:data:`MOVES`: more slots shorten waits but lengthen steps, so not TPOT or ITL;
-shorter chunks lengthen prefills, so not TTFT); with every SLO met, the first queueing
-limit; with none given, the first finding; else ``none`` (findings are still listed). A
-latency SLO missed that no finding explains is the load's (``compute`` above). Where cheap, one counterfactual run with the
-binding knob turned confirms (or not) that it moves the figure, or says it makes it worse.
+Rejections, free prefix-cache settings and the floor come first; then the findings whose
+knob moves a missed SLO (:data:`MOVES`: more slots or a larger budget shorten waits but
+lengthen steps, so not TPOT or ITL; shorter chunks lengthen prefills, so not TTFT); with
+every SLO met, the queueing limits; with none given, every finding. The first of these
+binds (``none`` when there is none; findings are still listed). A latency SLO missed that
+no finding explains is the load's (``compute`` above). Where cheap, counterfactual runs
+with their knobs turned decide among them (:func:`diagnose`).
 """
 
 from __future__ import annotations
@@ -68,6 +77,8 @@ SLOTS_FULL = 0.5
 #: lengthens the step nearly as much as it adds work (per-sequence cost, e.g. KV reads,
 #: dominates), so the steps, not the slots, are full.
 SLOTS_GAIN = 1.1
+#: Mean tokens per step / max_num_batched_tokens above which the steps' budget is full.
+TOKENS_FULL = 0.9
 #: ITL p99 / p50 above which prefills stall decodes.
 ITL_SPIKE = 3.0
 #: Counterfactual runs only for workloads up to this many requests.
@@ -148,19 +159,75 @@ def slots_gain(scenario, result) -> float | None:
         / cost(step_plan(num_decodes=2 * n, decode_context=ctx))
 
 
+def budget_gain(scenario) -> float:
+    """Token throughput of steps of twice ``max_num_batched_tokens`` over steps of it: 2 ·
+    t(B) / t(2B), t priced noise-free by the run's cost model for one prefill chunk of B
+    tokens from the start of a prompt.
+
+    Raises:
+        InputError: the scenario's cost model cannot be built (as for the run itself).
+    """
+    from .cost_model import build_cost_model
+
+    cost = build_cost_model(scenario).step_seconds
+    b = scenario.max_num_batched_tokens
+    return 2 * cost(step_plan((b, 0, False))) / cost(step_plan((2 * b, 0, False)))
+
+
+def _budget_floor(scenario, result, floor) -> dict | None:
+    """A ``max_num_batched_tokens`` finding when requests served alone miss the SLOs in
+    ``floor`` (:func:`below_floor` entries) only because their prompts run in chunks: the
+    smallest ``max_num_batched_tokens`` × 2^k (up to ``max_model_len``) whose floors meet
+    them all, or vLLM's default for the device when larger (the load adds to the floor);
+    None when none does (or prompts are not chunked)."""
+    b0, top = scenario.max_num_batched_tokens, scenario.max_model_len
+    b = b0
+    while b < top:
+        b = min(2 * b, top)
+        if not below_floor(result.summary, slo_floors(scenario, result, budget=b)):
+            break
+    else:
+        return None
+    b = max(b, min(scenario.serving_defaults()[0], top))
+    alone = slo_floors(scenario, result, budget=b)
+    return _finding(
+        "max_num_batched_tokens", "; ".join(
+            f"{METRIC_LABELS[m]} {st} would be {fl:.4g} ms for requests served alone in "
+            f"prefill chunks of {b0} tokens, above the SLO's {thr:g} ms (here {value:.4g} "
+            f"ms), and {alone[m][st]:.4g} ms in chunks of {b}" for m, st, thr, value, fl in floor),
+        "raise max_num_batched_tokens: a prompt in fewer, longer steps (each reads the "
+        "weights once); longer chunks stall the decodes that share their steps (ITL)",
+        f"engine.max_num_batched_tokens={b}")
+
+
+def _kv_change(scenario, blocks: int | None) -> str | None:
+    """A ``--set`` change that gives the KV cache more blocks the GPUs can hold: twice a
+    block count the scenario sets itself (or that no memory bounds: inline step times);
+    else ``gpu_memory_utilization`` 0.9 (vLLM's default) when below it; else twice the
+    tensor_parallel within one node, where the cost model prices it; else None."""
+    if scenario.engine.num_gpu_blocks is not None or scenario.hardware.step_time is not None:
+        return f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
+    if scenario.engine.gpu_memory_utilization < 0.9:
+        return "engine.gpu_memory_utilization=0.9"
+    k = 2 * scenario.hardware.tensor_parallel
+    change = f"hardware.tensor_parallel={k}"
+    return change if k <= MAX_TP and _valid_change(scenario, change) is not None else None
+
+
 def _finding(limit, evidence, knob, change=None):
     return {"limit": limit, "evidence": evidence, "knob": knob, "change": change}
 
 
 #: Limits that hold requests in the queue.
-QUEUEING = ("kv_capacity", "max_num_seqs", "compute")
-#: The SLO metrics each finding's knob moves. More slots shorten the wait but put more
-#: sequences in each step (TPOT and ITL rise); more KV cache ends preemptions (whose
+QUEUEING = ("kv_capacity", "max_num_seqs", "max_num_batched_tokens", "compute")
+#: The SLO metrics each finding's knob moves. More slots (or a larger token budget)
+#: shorten the wait but put more in each step (TPOT and ITL rise); more KV cache ends preemptions (whose
 #: recomputation every figure pays); more or faster GPUs move all; shorter prefill chunks
 #: smooth the decodes (and lengthen prefills: TTFT is not among them); prefix-cache hits
 #: remove prefill work.
 ALL_METRICS = (*FLOOR_METRICS, "queue_ms")
-MOVES = {"max_num_seqs": WAIT_METRICS, "kv_capacity": ALL_METRICS, "compute": ALL_METRICS,
+MOVES = {"max_num_seqs": WAIT_METRICS, "max_num_batched_tokens": WAIT_METRICS,
+         "kv_capacity": ALL_METRICS, "compute": ALL_METRICS,
          "prefill_interference": ("itl_ms", "tpot_ms", "e2el_ms"),
          "prefix_cache": ALL_METRICS}
 
@@ -271,25 +338,47 @@ def find_limits(scenario, result) -> dict:
               for st, e in entries.items() if not e["met"] and e["value"] is not None]
     figures["alone_ms"] = slo_floors(scenario, result, ("p50", "p99"))
     floor = below_floor(s, figures["alone_ms"])
-    head = []   # findings that come first: what no other knob fixes
+    head = []   # findings that come first: free knobs that remove work, then floors
+    found = []
+    more = ("more replicas, faster hardware or a higher tensor_parallel",
+            f"cluster.replicas={2 * nrep}")
+    blocks = s.get("num_gpu_blocks")
+    kv_change = _kv_change(scenario, blocks)
+    pf = getattr(scenario.workload, "prefix", None)
+    if pf is not None and s.get("total_prompt_tokens"):
+        prompts = s["total_prompt_tokens"] / max(s.get("completed") or 1, 1)
+        expected = min(pf.shared_tokens / prompts, 1.0) if prompts else 0.0
+        hit = s.get("prefix_cache_hit_rate") or 0.0
+        if hit < 0.5 * expected:
+            # Caching off or a router that scatters the groups: a setting removes the
+            # shared prefill work, before any hardware (it also lowers the floor below).
+            free = True
+            if not e.enable_prefix_caching:
+                knob, change = "enable_prefix_caching", "engine.enable_prefix_caching=true"
+            elif nrep > 1 and scenario.cluster.router != "prefix_affinity":
+                knob, change = "router prefix_affinity", "cluster.router=prefix_affinity"
+            else:
+                knob, change, free = "more KV cache to keep prefixes resident", kv_change, False
+            (head if free else found).append(_finding(
+                "prefix_cache", f"prefix-cache hit rate {hit:.0%} while shared prefixes are "
+                f"{expected:.0%} of the prompts", knob, change))
     hits = bool(s.get("total_cached_tokens"))
-    if floor:
+    chunked = _budget_floor(scenario, result, floor) if floor else None
+    if chunked is not None:   # longer prefill chunks would meet it on these GPUs
+        head.append(chunked)
+    elif floor:
         # Served alone the request already misses: only faster steps move it.
         head.append(_finding(
             "latency_floor", "; ".join(
                 f"{METRIC_LABELS[m]} {st} would be {fl:.4g} ms for requests served alone on an "
                 f"idle replica, above the SLO's {thr:g} ms (here {value:.4g} ms)"
                 for m, st, thr, value, fl in floor) + ": no number of replicas meets it"
-            + (" (with this run's prefix-cache hits)" if hits else ""),
+            + (" (with this run's prefix-cache hits)" if hits else "")
+            + ("; more prefix-cache hits would lower it" if head else ""),
             *_faster(scenario, any(m == "ttft_ms" for m, *_ in floor), result, floor)))
     # Missed SLOs that a request alone would meet: what the load (or noise) adds.
     loaded = [x for x in missed if not any(x[:2] == f[:2] for f in floor)]
 
-    found = []
-    more = ("more replicas, faster hardware or a higher tensor_parallel",
-            f"cluster.replicas={2 * nrep}")
-    blocks = s.get("num_gpu_blocks")
-    kv_change = f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
     # A fixed engine.num_gpu_blocks ignores memory: only it (or removing it) moves the cache.
     kv_knob = ("more KV cache: raise engine.num_gpu_blocks (or remove it to size the cache "
                "from gpu_memory_utilization); or lower max_num_seqs so fewer requests share "
@@ -340,6 +429,27 @@ def find_limits(scenario, result) -> dict:
                if at_cap is not None else "")
             + f"{running:.1f} running on average",
             "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
+    # Steps that carry their whole token budget while requests wait: a larger budget
+    # serves more tokens per second where a step's cost is mostly fixed (weight reads).
+    tokens = None
+    if ts is not None and len(ts):
+        reps = ts[ts["replica"] != "all"]
+        n_steps = reps["steps"].sum()
+        if n_steps:
+            tokens = float((reps["prefill_tokens"] + reps["decode_tokens"]).sum() / n_steps)
+    figures["tokens_per_step_mean"] = tokens
+    budget = scenario.max_num_batched_tokens
+    tokens_full = (queued and not found and tokens is not None
+                   and tokens >= TOKENS_FULL * budget)
+    bgain = figures["max_num_batched_tokens_gain"] = budget_gain(scenario) if tokens_full \
+        else None
+    if tokens_full and bgain >= SLOTS_GAIN:
+        found.append(_finding(
+            "max_num_batched_tokens", f"{held} while steps carry their whole budget of "
+            f"{budget} tokens ({tokens:.0f} on average): steps of {2 * budget} would take "
+            f"×{2 / bgain:.2f} as long (token throughput ×{bgain:.2f})",
+            "raise max_num_batched_tokens (longer prefill chunks stall the decodes that share "
+            "their steps: ITL)", f"engine.max_num_batched_tokens={2 * budget}"))
     compute = None
     busy_text = f"the engine is busy {busy:.0%} of the time" if busy is not None else ""
     if queued and not found and (busy is None or busy >= BUSY or not stable):
@@ -378,21 +488,6 @@ def find_limits(scenario, result) -> dict:
             "lower max_num_batched_tokens (shorter prefill chunks per step)",
             f"engine.max_num_batched_tokens={chunk}" if chunk < scenario.max_num_batched_tokens
             else None))
-    pf = getattr(scenario.workload, "prefix", None)
-    if pf is not None and s.get("total_prompt_tokens"):
-        prompts = s["total_prompt_tokens"] / max(s.get("completed") or 1, 1)
-        expected = min(pf.shared_tokens / prompts, 1.0) if prompts else 0.0
-        hit = s.get("prefix_cache_hit_rate") or 0.0
-        if hit < 0.5 * expected:
-            if not e.enable_prefix_caching:
-                knob, change = "enable_prefix_caching", "engine.enable_prefix_caching=true"
-            elif nrep > 1 and scenario.cluster.router != "prefix_affinity":
-                knob, change = "router prefix_affinity", "cluster.router=prefix_affinity"
-            else:
-                knob, change = "more KV cache to keep prefixes resident", kv_change
-            found.append(_finding(
-                "prefix_cache", f"prefix-cache hit rate {hit:.0%} while shared prefixes are "
-                f"{expected:.0%} of the prompts", knob, change))
     missed_metrics = {m for m, *_ in missed} | (
         {"queue_ms"} if _missed(s, ("queue_ms",)) else set())
     unexplained = [x for x in loaded
@@ -447,17 +542,17 @@ def find_limits(scenario, result) -> dict:
 
 
 def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None, bool]:
-    """The figure a counterfactual should move, and whether lower is better: the hit rate
-    for prefix-cache findings, else the worst SLO ratio when SLOs are given, else TTFT p99
-    for queueing limits and ITL p99 for interference."""
+    """The figure a counterfactual should move, and whether lower is better: the worst SLO
+    ratio when SLOs are given (one scale for every knob tried), else the hit rate for
+    prefix-cache findings, TTFT p99 for queueing limits and ITL p99 for interference."""
     from .search import slo_ratio
 
-    if limit == "prefix_cache":
-        return "prefix-cache hit rate", summary.get("prefix_cache_hit_rate"), False
     if summary.get("slo"):
         # Rejected requests make the ratio infinite: no finite figure to compare then.
         ratio = slo_ratio(summary)
         return "worst SLO value / threshold", (ratio if math.isfinite(ratio) else None), True
+    if limit == "prefix_cache":
+        return "prefix-cache hit rate", summary.get("prefix_cache_hit_rate"), False
     key = "itl_ms" if limit == "prefill_interference" else "ttft_ms"
     return f"{METRIC_LABELS[key]} p99 (ms)", (summary.get(key) or {}).get("p99"), True
 

@@ -234,6 +234,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
 _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
            "latency_floor": "latency of a request served alone",
            "kv_capacity": "KV-cache capacity", "max_num_seqs": "max_num_seqs",
+           "max_num_batched_tokens": "max_num_batched_tokens (tokens per step)",
            "compute": "compute capacity", "prefill_interference":
            "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
            "none": "none: headroom at this load"}

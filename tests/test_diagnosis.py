@@ -622,3 +622,112 @@ def test_preemptions_that_more_kv_barely_moves_bind_compute():
     (other,) = d["other_counterfactuals"]
     assert other["limit"] == "kv_capacity" and not other["slo_met_after"]
     assert [f["limit"] for f in d["findings"]] == ["compute", "kv_capacity"]
+
+
+def _prefix_run(rate, slo, prefix=True, **engine):
+    # 1000-token prompts, 900 of them one shared prefix; a step costs 2 ms + 0.1 ms per
+    # prefill token: 100 ms of prefill per prompt without hits (≤ 10 req/s), 10 ms with.
+    raw = {
+        "name": "d", "model": "llama-test",
+        "hardware": {"step_time": {"base_s": 0.002, "per_prefill_token_s": 1e-4}},
+        "engine": {"max_model_len": 2048, "max_num_seqs": 64,
+                   "max_num_batched_tokens": 2048, **engine},
+        "workload": {"seed": 0, "num_requests": 600,
+                     "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_tokens": {"dist": "fixed", "value": 1000},
+                     "output_tokens": {"dist": "fixed", "value": 4},
+                     "prefix": {"shared_tokens": 900, "groups": 1}},
+        "slo": slo}
+    if not prefix:
+        del raw["workload"]["prefix"]
+    s = scenario_from_dict(raw)
+    return s, simulate(s)
+
+
+def test_prefix_caching_off_binds_before_more_gpus():
+    # At 12 req/s without hits the engine cannot keep up (compute would bind, more replicas
+    # would help); turning caching on removes 90% of the prefill work on the same GPU.
+    s, r = _prefix_run(12, {"ttft_ms": {"p99": 500}}, enable_prefix_caching=False)
+    assert not r.summary["slo_met"]
+    rule = find_limits(s, r)
+    assert rule["binding"] == "prefix_cache"
+    assert "compute" in [f["limit"] for f in rule["findings"]]
+    d = diagnose(s, r)
+    cf = d["counterfactual"]
+    assert cf["change"] == "engine.enable_prefix_caching=true" and cf["slo_met_after"]
+    # with an SLO, every counterfactual is judged on the worst SLO ratio
+    assert cf["figure"] == "worst SLO value / threshold" and d["other_counterfactuals"] == []
+    # A TTFT SLO below what requests alone get without hits (~100 ms), above it with
+    # (~12 ms): the floor is listed, after the setting that lowers it.
+    s, r = _prefix_run(2, {"ttft_ms": {"p99": 50}}, enable_prefix_caching=False)
+    d = diagnose(s, r, counterfactual=False)
+    assert [f["limit"] for f in d["findings"]][:2] == ["prefix_cache", "latency_floor"]
+    assert d["findings"][1]["evidence"].endswith("more prefix-cache hits would lower it")
+
+
+def test_prefill_chunks_that_set_the_floor_bind_max_num_batched_tokens():
+    # 1000-token prompts in chunks of 64 tokens: 16 steps (15 of 64, one of 40), so alone
+    # a prompt takes 16 · 2 + 1000 · 0.1 = 132 ms; in one chunk 102 ms. A TTFT p50 SLO of
+    # 120 ms: only longer chunks meet it on this hardware, and vLLM's 2048 for an unnamed
+    # device is what to try.
+    s, r = _prefix_run(0.5, {"ttft_ms": {"p50": 120}}, prefix=False,
+                       max_num_batched_tokens=64)
+    d = diagnose(s, r)
+    f = d["findings"][0]
+    assert d["binding"] == "max_num_batched_tokens"
+    assert f["change"] == "engine.max_num_batched_tokens=2048"
+    alone = d["figures"]["alone_ms"]["ttft_ms"]["p50"]
+    assert alone == pytest.approx(16 * 2 + 1000 * 0.1, rel=1e-6)
+    assert "in prefill chunks of 64 tokens" in f["evidence"]
+    assert f"and {2 + 100:.4g} ms in chunks of 2048" in f["evidence"]
+    assert d["counterfactual"]["moved"] and d["counterfactual"]["slo_met_after"]
+    from simulator.alone import slo_floors
+
+    assert slo_floors(s, r, budget=128)["ttft_ms"]["p50"] == pytest.approx(8 * 2 + 100)
+
+
+def test_a_full_token_budget_that_caps_throughput_binds_max_num_batched_tokens():
+    # Steps of 64 tokens cost 8 ms + 0.01 ms per token: 64 tokens per 8.64 ms (≈ 7.4 k/s),
+    # 128 per 9.28 ms (≈ 13.8 k/s): ×2·8.64/9.28 = 1.862 the throughput. 500-token prompts
+    # at 16 req/s (8 k prompt tokens/s + decodes) fill every step's budget and queue.
+    s = scenario_from_dict({
+        "name": "d", "model": "llama-test",
+        "hardware": {"step_time": {"base_s": 0.008, "per_prefill_token_s": 1e-5}},
+        "engine": {"max_model_len": 2048, "max_num_seqs": 64, "max_num_batched_tokens": 64},
+        "workload": {"seed": 0, "num_requests": 600,
+                     "arrival": {"process": "poisson", "rate": 16},
+                     "prompt_tokens": {"dist": "fixed", "value": 500},
+                     "output_tokens": {"dist": "fixed", "value": 4}},
+        "slo": {"ttft_ms": {"p99": 1000}}})
+    r = simulate(s)
+    d = diagnose(s, r)
+    assert d["queued"] and d["figures"]["tokens_per_step_mean"] >= 0.9 * 64
+    assert d["figures"]["max_num_batched_tokens_gain"] == pytest.approx(2 * 8.64 / 9.28,
+                                                                        rel=1e-6)
+    assert d["binding"] == "max_num_batched_tokens"
+    assert d["counterfactual"]["change"] == "engine.max_num_batched_tokens=128"
+    assert d["counterfactual"]["moved"]
+
+
+def test_the_kv_change_tried_is_one_the_gpus_can_hold():
+    from simulator.diagnosis import _kv_change
+
+    def gpu(**over):
+        hw = {"profile": "h100-sxm", "tensor_parallel": over.pop("tp", 1)}
+        return scenario_from_dict({
+            "name": "d", "model": "llama-3.1-8b", "hardware": hw, "engine": over,
+            "workload": {"num_requests": 10, "arrival": {"process": "poisson", "rate": 1},
+                         "prompt_tokens": {"dist": "fixed", "value": 16},
+                         "output_tokens": {"dist": "fixed", "value": 4}}})
+
+    # a block count the scenario sets (vLLM's --num-gpu-blocks-override) is the user's knob
+    assert _kv_change(gpu(num_gpu_blocks=1000), 1000) == "engine.num_gpu_blocks=2000"
+    # memory-sized: first vLLM's default share of memory, then more GPUs per replica;
+    # twice the blocks of a full GPU would not fit in its memory
+    assert _kv_change(gpu(gpu_memory_utilization=0.3), 9000) == \
+        "engine.gpu_memory_utilization=0.9"
+    assert _kv_change(gpu(), 27000) == "hardware.tensor_parallel=2"
+    assert _kv_change(gpu(tp=8), 400000) is None   # one node holds no more
+    # inline step times bound no memory: the count itself
+    assert _kv_change(sc({"num_gpu_blocks": 64}, {"constant_s": 0.01}, 1), 64) == \
+        "engine.num_gpu_blocks=128"
