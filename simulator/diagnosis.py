@@ -135,11 +135,13 @@ def arrival_cv(result) -> float | None:
     return float(gaps.std() / gaps.mean())
 
 
-def slots_gain(scenario, result) -> float | None:
-    """Decode throughput of a replica with twice ``max_num_seqs`` over that at
-    ``max_num_seqs`` (tokens per second: 2 · t(N) / t(2N), t priced noise-free by the run's
-    cost model for a decode-only step at the counted, completed requests' mean context,
-    prompt + output / 2 tokens); None without such requests.
+def slots_gain(scenario, result) -> tuple[float, int] | None:
+    """What more sequence slots would give a replica: ``(gain, n2)``, ``n2`` = twice
+    ``max_num_seqs`` N, or fewer where the KV cache holds fewer sequences at the mean
+    context (blocks of the run / blocks per sequence), and ``gain`` = decode throughput at
+    ``n2`` over that at N (n2 · t(N) / (N · t(n2)), t priced noise-free by the run's cost
+    model for a decode-only step at the counted, completed requests' mean context, prompt +
+    output / 2 tokens; 1 when no more sequences fit). None without such requests.
 
     Raises:
         InputError: the scenario's cost model cannot be built (as for the run itself).
@@ -153,10 +155,16 @@ def slots_gain(scenario, result) -> float | None:
     if not len(req):
         return None
     ctx = max(1, round(float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())))
-    cost = build_cost_model(scenario).step_seconds
     n = scenario.max_num_seqs
-    return 2 * cost(step_plan(num_decodes=n, decode_context=ctx)) \
-        / cost(step_plan(num_decodes=2 * n, decode_context=ctx))
+    n2 = 2 * n
+    blocks = result.summary.get("num_gpu_blocks")
+    if blocks:   # sequences the cache holds at the mean context (less vLLM's null block)
+        n2 = min(n2, (blocks - 1) // -(-ctx // scenario.engine.block_size))
+    if n2 <= n:
+        return 1.0, n2
+    cost = build_cost_model(scenario).step_seconds
+    return (n2 * cost(step_plan(num_decodes=n, decode_context=ctx))
+            / (n * cost(step_plan(num_decodes=n2, decode_context=ctx)))), n2
 
 
 def budget_gain(scenario) -> float:
@@ -408,26 +416,34 @@ def find_limits(scenario, result) -> dict:
     slots_full = (queued and not found and running_max >= scenario.max_num_seqs
                   and (running >= SEQS_BUSY * scenario.max_num_seqs
                        or (at_cap or 0.0) >= SLOTS_FULL))
-    gain = figures["max_num_seqs_gain"] = slots_gain(scenario, result) if slots_full else None
-    if slots_full and gain is not None and gain < SLOTS_GAIN:
-        # The slots are taken, but steps of twice as many sequences would take nearly twice
-        # as long: the replica's compute, not its slot count, holds requests back.
+    sg = slots_gain(scenario, result) if slots_full else None
+    gain, n2 = sg if sg is not None else (None, None)
+    figures["max_num_seqs_gain"] = gain
+    n = scenario.max_num_seqs
+    all_slots = f"{held} while a replica runs all {n} sequences"
+    if gain is not None and n2 <= n:
+        # Every slot is taken and the cache holds no more such requests: more slots need
+        # more KV cache first.
         found.append(_finding(
-            "compute", f"{held} while a replica runs all {scenario.max_num_seqs} "
-            f"sequences, but a decode step of {2 * scenario.max_num_seqs} would take "
-            f"×{2 / gain:.2f} as long (decode throughput ×{gain:.2f}): each step is full of "
-            f"work", *more))
-    elif slots_full:
-        mns = 2 * scenario.max_num_seqs
-        change = f"engine.max_num_seqs={mns}"
-        if scenario.max_num_batched_tokens < mns:
-            change += f",engine.max_num_batched_tokens={mns}"
+            "kv_capacity", f"{all_slots}, and its KV cache holds about {n2} at their mean "
+            f"context: more sequence slots need more KV cache", kv_knob, kv_change))
+    elif gain is not None and gain < SLOTS_GAIN:
+        # The slots are taken, but steps of more sequences would take nearly as much
+        # longer: the replica's compute, not its slot count, holds requests back.
         found.append(_finding(
-            "max_num_seqs", f"{held} while a replica runs all {scenario.max_num_seqs} "
-            f"sequences (max_num_seqs): "
+            "compute", f"{all_slots}, but a decode step of {n2} would take "
+            f"×{n2 / n / gain:.2f} as long (decode throughput ×{gain:.2f}): each step is "
+            f"full of work", *more))
+    elif gain is not None:
+        change = f"engine.max_num_seqs={n2}"
+        if scenario.max_num_batched_tokens < n2:
+            change += f",engine.max_num_batched_tokens={n2}"
+        found.append(_finding(
+            "max_num_seqs", f"{all_slots} (max_num_seqs): "
             + (f"{at_cap:.0%} of the waiting happens with every slot taken, "
                if at_cap is not None else "")
-            + f"{running:.1f} running on average",
+            + f"{running:.1f} running on average"
+            + (f"; the KV cache holds about {n2} at their mean context" if n2 < 2 * n else ""),
             "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
     # Steps that carry their whole token budget while requests wait: a larger budget
     # serves more tokens per second where a step's cost is mostly fixed (weight reads).

@@ -731,3 +731,26 @@ def test_the_kv_change_tried_is_one_the_gpus_can_hold():
     # inline step times bound no memory: the count itself
     assert _kv_change(sc({"num_gpu_blocks": 64}, {"constant_s": 0.01}, 1), 64) == \
         "engine.num_gpu_blocks=128"
+
+
+def test_more_slots_than_the_kv_cache_holds_are_not_offered():
+    from simulator.diagnosis import slots_gain
+
+    # 100-token prompts, 200 output tokens: 200 tokens of context on average, 13 blocks of
+    # 16; 8 slots, steps of 5 ms + 1 ms per decode.
+    def run(blocks):
+        s = sc({"max_num_seqs": 8, "num_gpu_blocks": blocks, "max_model_len": 512},
+               {"base_s": 0.005, "per_decode_seq_s": 0.001}, 6, prompt=100, out=200, n=300)
+        return s, simulate(s)
+
+    s, r = run(201)    # 200 // 13 = 15 sequences fit (block 0 is vLLM's null block)
+    assert slots_gain(s, r) == pytest.approx((15 * 13 / (8 * 20), 15))   # n2·t(8)/(8·t(n2))
+    d = diagnose(s, r, counterfactual=False)
+    f = next(f for f in d["findings"] if f["limit"] == "max_num_seqs")
+    assert f["change"] == "engine.max_num_seqs=15"
+    assert "the KV cache holds about 15 at their mean context" in f["evidence"]
+    s, r = run(101)    # 100 // 13 = 7 fit: no more slots help without more KV cache
+    assert slots_gain(s, r) == (1.0, 7)
+    d = diagnose(s, r, counterfactual=False)
+    assert d["binding"] == "kv_capacity" and "max_num_seqs" not in [
+        f["limit"] for f in d["findings"]]
