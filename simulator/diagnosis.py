@@ -627,9 +627,9 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
     The findings that could bind are tried in order, each by one counterfactual run with
     its knob turned (at most :data:`MAX_COUNTERFACTUALS`, none past a finding in
-    :data:`FACTS`), until one meets every SLO (without SLOs: moves the figure): the first
-    that does binds, else the first that moves the figure by more than 10%, in either case
-    without breaking an SLO that was met. When none does, the first stays binding.
+    :data:`FACTS`), until one meets every SLO (without SLOs: moves the figure): that one
+    binds, else the one that moves the worst SLO ratio most (by more than 10%), in either
+    case without breaking an SLO that was met. When none does, the first stays binding.
 
     Args:
         scenario: the scenario that produced ``result``.
@@ -671,7 +671,10 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         if f["limit"] in FACTS:
             break
     best = max((helps(cf) for _, cf in tried), default=0)
-    won = next(((f, cf) for f, cf in tried if best and helps(cf) == best), None)
+    won = [(f, cf) for f, cf in tried if best and helps(cf) == best]
+    if won and enough == 2:   # one scale (the worst SLO ratio): the knob that moves it most
+        won.sort(key=lambda x: x[1]["after"])
+    won = won[0] if won else None
     if won is not None:   # the knob that moves it binds (first in the list)
         d["findings"].remove(won[0])
         d["findings"].insert(0, won[0])

@@ -754,3 +754,19 @@ def test_more_slots_than_the_kv_cache_holds_are_not_offered():
     d = diagnose(s, r, counterfactual=False)
     assert d["binding"] == "kv_capacity" and "max_num_seqs" not in [
         f["limit"] for f in d["findings"]]
+
+
+def test_when_no_knob_meets_the_slos_the_one_that_moves_them_most_binds():
+    # 40 req/s against 8 slots of 5 ms + 1 ms per decode (~19 req/s) or 16 slots (~24):
+    # neither twice the slots nor two replicas (~38 req/s) keep up, but two replicas come
+    # much closer; by the rules alone the slots come first.
+    s = sc({"max_num_seqs": 8}, {"base_s": 0.005, "per_decode_seq_s": 0.001}, 40, n=1000)
+    s = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                            "slo": {"ttft_ms": {"p99": 200}}})
+    r = simulate(s)
+    assert find_limits(s, r)["binding"] == "max_num_seqs"
+    d = diagnose(s, r)
+    cf, (other,) = d["counterfactual"], d["other_counterfactuals"]
+    assert not cf["slo_met_after"] and not other["slo_met_after"]
+    assert cf["moved"] and other["moved"] and cf["after"] < other["after"]
+    assert d["binding"] == "compute" and other["limit"] == "max_num_seqs"
