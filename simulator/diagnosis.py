@@ -189,6 +189,8 @@ def _budget_floor(scenario, result, floor) -> dict | None:
     them all, or vLLM's default for the device when larger (the load adds to the floor);
     None when none does (or prompts are not chunked)."""
     b0, top = scenario.max_num_batched_tokens, scenario.max_model_len
+    if not any(m in ("ttft_ms", "e2el_ms") for m, *_ in floor):
+        return None   # chunks set no TPOT or ITL floor
     b = b0
     while b < top:
         b = min(2 * b, top)
