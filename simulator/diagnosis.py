@@ -211,17 +211,44 @@ def _budget_floor(scenario, result, floor) -> dict | None:
 
 
 def _kv_change(scenario, blocks: int | None) -> str | None:
-    """A ``--set`` change that gives the KV cache more blocks the GPUs can hold: twice a
-    block count the scenario sets itself (or that no memory bounds: inline step times);
-    else ``gpu_memory_utilization`` 0.9 (vLLM's default) when below it; else twice the
-    tensor_parallel within one node, where the cost model prices it; else None."""
-    if scenario.engine.num_gpu_blocks is not None or scenario.hardware.step_time is not None:
-        return f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
-    if scenario.engine.gpu_memory_utilization < 0.9:
+    """The ``--set`` change that tries a larger KV cache and nothing else: vLLM's default
+    ``gpu_memory_utilization`` 0.9 where the scenario uses less of the memory; else twice
+    the blocks (``engine.num_gpu_blocks``, as vLLM's ``--num-gpu-blocks-override``), a test
+    of the cache alone that the knob text says how to realise (a higher tensor_parallel
+    or a GPU with more memory also changes the compute, which would hide whether the
+    cache is what binds). None without a block count."""
+    if scenario.engine.num_gpu_blocks is None and scenario.hardware.step_time is None \
+            and scenario.engine.gpu_memory_utilization < 0.9:
         return "engine.gpu_memory_utilization=0.9"
-    k = 2 * scenario.hardware.tensor_parallel
-    change = f"hardware.tensor_parallel={k}"
-    return change if k <= MAX_TP and _valid_change(scenario, change) is not None else None
+    return f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
+
+
+def shareable_share(specs) -> float:
+    """Share of prompt tokens that one unbounded prefix cache would hit: the longest
+    leading run of each prompt's segments (:class:`simulator.policy.RequestSpec`) that an
+    earlier prompt, or an earlier prompt with its answer, began with (a shared system
+    prompt, a conversation's history), at most all but the prompt's last token (vLLM
+    computes that one). Requests in arrival order, follow-up turns after them in id
+    order (each after its previous turn); block alignment is ignored. 0 without prompts."""
+    firsts = sorted((s for s in specs if s.after is None),
+                    key=lambda s: (s.arrival_ns, str(s.request_id)))
+    follow = sorted((s for s in specs if s.after is not None),
+                    key=lambda s: (not isinstance(s.request_id, int), s.request_id))
+    seen: set = set()
+    hit = total = 0
+    for s in firsts + follow:
+        key, n, best = (), 0, 0
+        for seg in s.prompt:
+            key += (seg,)
+            n += seg[1]
+            if key in seen:
+                best = n
+            seen.add(key)
+        out = s.output_content_id if s.output_content_id is not None else ("out", s.request_id)
+        seen.add(key + ((out, s.max_tokens),))
+        hit += min(best, n - 1)
+        total += n
+    return hit / total if total else 0.0
 
 
 def _finding(limit, evidence, knob, change=None):
@@ -354,10 +381,13 @@ def find_limits(scenario, result) -> dict:
             f"cluster.replicas={2 * nrep}")
     blocks = s.get("num_gpu_blocks")
     kv_change = _kv_change(scenario, blocks)
-    pf = getattr(scenario.workload, "prefix", None)
-    if pf is not None and s.get("total_prompt_tokens"):
-        prompts = s["total_prompt_tokens"] / max(s.get("completed") or 1, 1)
-        expected = min(pf.shared_tokens / prompts, 1.0) if prompts else 0.0
+    wl = scenario.workload
+    if (wl.prefix is not None or wl.sessions is not None or wl.trace is not None) \
+            and s.get("total_prompt_tokens"):
+        from .run import workload_specs
+
+        expected = shareable_share(workload_specs(scenario, s.get("replication") or 0))
+        figures["shareable_prompt_share"] = expected
         hit = s.get("prefix_cache_hit_rate") or 0.0
         if hit < 0.5 * expected:
             # Caching off or a router that scatters the groups: a setting removes the
@@ -370,8 +400,9 @@ def find_limits(scenario, result) -> dict:
             else:
                 knob, change, free = "more KV cache to keep prefixes resident", kv_change, False
             (head if free else found).append(_finding(
-                "prefix_cache", f"prefix-cache hit rate {hit:.0%} while shared prefixes are "
-                f"{expected:.0%} of the prompts", knob, change))
+                "prefix_cache", f"prefix-cache hit rate {hit:.0%} while {expected:.0%} of the "
+                f"prompt tokens repeat an earlier prompt (a shared prefix or a conversation's "
+                f"history)", knob, change))
     hits = bool(s.get("total_cached_tokens"))
     chunked = _budget_floor(scenario, result, floor) if floor else None
     if chunked is not None:   # longer prefill chunks would meet it on these GPUs
@@ -393,8 +424,10 @@ def find_limits(scenario, result) -> dict:
     kv_knob = ("more KV cache: raise engine.num_gpu_blocks (or remove it to size the cache "
                "from gpu_memory_utilization); or lower max_num_seqs so fewer requests share "
                "it" if scenario.engine.num_gpu_blocks is not None else
-               "more KV cache: raise gpu_memory_utilization or tensor_parallel, or a GPU "
-               "with more memory; or lower max_num_seqs so fewer requests share it")
+               "more KV cache: raise gpu_memory_utilization, or a higher tensor_parallel or "
+               "a GPU with more memory (more compute too; a run with twice the blocks, "
+               "engine.num_gpu_blocks, tries the cache alone); or lower max_num_seqs so "
+               "fewer requests share it")
     if pre > 0:
         if not e.scheduler_reserve_full_isl:   # admitted on a first chunk, later preempted
             kv_knob += ("; or engine.scheduler_reserve_full_isl=true (vLLM's default: admit "
@@ -510,11 +543,15 @@ def find_limits(scenario, result) -> dict:
         {"queue_ms"} if _missed(s, ("queue_ms",)) else set())
     unexplained = [x for x in loaded
                    if not any(_moves(f, {x[0]}) for f in found)]
+    overlapped = ((s.get("concurrency") or {}).get("requests_max") or 0) > 1
+    if not unexplained and overlapped and not any(f["limit"] == "compute" for f in found):
+        # explained by a setting, yet more replicas are the knob to try when it falls short
+        unexplained = loaded
     if unexplained:
         m, st, thr, value = unexplained[0]
         fl = figures["alone_ms"].get(m, {}).get(st)
         alone = f", and {fl:.4g} ms for requests served alone" if fl is not None else ""
-        if ((s.get("concurrency") or {}).get("requests_max") or 0) <= 1:
+        if not overlapped:
             # Nothing overlapped: what lifts the figure above the floor is the variation of
             # the step cost (cost_noise), not the load.
             head.append(_finding(
@@ -559,16 +596,21 @@ def find_limits(scenario, result) -> dict:
             "eligible": len(eligible)}
 
 
-def _headline(scenario, summary: dict, limit: str) -> tuple[str, float | None, bool]:
+def _headline(scenario, summary: dict, limit: str,
+              unstable: bool = False) -> tuple[str, float | None, bool]:
     """The figure a counterfactual should move, and whether lower is better: the worst SLO
-    ratio when SLOs are given (one scale for every knob tried), else the hit rate for
-    prefix-cache findings, TTFT p99 for queueing limits and ITL p99 for interference."""
+    ratio when SLOs are given (one scale for every knob tried); else, for an ``unstable``
+    run, the request throughput (one scale too; its TTFT tail grows with the run's length);
+    else the hit rate for prefix-cache findings, TTFT p99 for queueing limits and ITL p99
+    for interference."""
     from .search import slo_ratio
 
     if summary.get("slo"):
         # Rejected requests make the ratio infinite: no finite figure to compare then.
         ratio = slo_ratio(summary)
         return "worst SLO value / threshold", (ratio if math.isfinite(ratio) else None), True
+    if unstable:
+        return "requests/s served", summary.get("request_throughput"), False
     if limit == "prefix_cache":
         return "prefix-cache hit rate", summary.get("prefix_cache_hit_rate"), False
     key = "itl_ms" if limit == "prefill_interference" else "ttft_ms"
@@ -600,9 +642,10 @@ def _breaks(before: dict, after: dict) -> list[dict]:
     return out
 
 
-def _counterfactual(scenario, result, finding: dict) -> dict:
+def _counterfactual(scenario, result, finding: dict, unstable: bool = False) -> dict:
     """Replication ``result`` ran again with ``finding``'s change: ``{limit, change, figure,
-    before, after, slo_met_before, slo_met_after, moved, worse, breaks}``."""
+    before, after, slo_met_before, slo_met_after, moved, worse, breaks}`` (the figure:
+    :func:`_headline`)."""
     from .run import simulate
     from .scenario import scenario_from_dict
 
@@ -610,10 +653,11 @@ def _counterfactual(scenario, result, finding: dict) -> dict:
     sc = scenario_from_dict(raw, scenario.base_dir, source=scenario.source,
                             overrides=finding["change"].split(","))
     alt = simulate(sc, replication=result.summary.get("replication") or 0).summary
-    name, before, lower = _headline(scenario, result.summary, finding["limit"])
-    _, after, _ = _headline(scenario, alt, finding["limit"])
+    name, before, lower = _headline(scenario, result.summary, finding["limit"], unstable)
+    _, after, _ = _headline(scenario, alt, finding["limit"], unstable)
     return {"limit": finding["limit"], "change": finding["change"], "figure": name,
-            "before": before, "after": after, "slo_met_before": result.summary.get("slo_met"),
+            "lower_better": lower, "before": before, "after": after,
+            "slo_met_before": result.summary.get("slo_met"),
             "slo_met_after": alt.get("slo_met"), "moved": _moved(before, after, lower),
             "worse": _worse(before, after, lower), "breaks": _breaks(result.summary, alt)}
 
@@ -629,9 +673,11 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
     The findings that could bind are tried in order, each by one counterfactual run with
     its knob turned (at most :data:`MAX_COUNTERFACTUALS`, none past a finding in
-    :data:`FACTS`), until one meets every SLO (without SLOs: moves the figure): that one
-    binds, else the one that moves the worst SLO ratio most (by more than 10%), in either
-    case without breaking an SLO that was met. When none does, the first stays binding.
+    :data:`FACTS`; a change already tried is not run again), until one meets every SLO:
+    that one binds, else the one that moves the figure most (by more than 10%) where all
+    share one figure (the worst SLO ratio; without SLOs, an unstable run's throughput),
+    else the first that moves its own. An SLO that was met and a run misses is reported
+    with it (``breaks``). When none moves it, the first stays binding.
 
     Args:
         scenario: the scenario that produced ``result``.
@@ -643,7 +689,7 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
         "figures": {...}, "findings": [{limit, evidence, knob, change}], "binding": limit
         name or "none", "queued": bool, "counterfactual": None or {limit, change, figure,
-        before, after, slo_met_before, slo_met_after, moved, worse, breaks},
+        lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks},
         "other_counterfactuals": [the same, for candidates tried that did not bind]}``
         (``moved``: better by more than 10%, ``worse``: worse by as much, ``breaks``:
         SLOs met before and missed after, ``[{metric, stat, threshold, before, after}]``),
@@ -658,25 +704,30 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     n = scenario.workload.num_requests or 0
     if not counterfactual or n > MAX_COUNTERFACTUAL_REQUESTS:
         return jsonable(d)
-    def helps(cf):   # 2: meets every SLO; 1: moves the figure; 0: neither (or breaks one)
-        return 0 if cf["breaks"] or not cf["moved"] else 2 if cf["slo_met_after"] else 1
+    def helps(cf):   # 2: meets every SLO; 1: moves the figure; 0: neither
+        return 2 if cf["slo_met_after"] else 1 if cf["moved"] else 0
 
-    enough = 1 if result.summary.get("slo_met") is None else 2   # no SLO: moving it is all
+    def gain(cf):    # how far it moves the figure (before / after where lower is better)
+        b, a = cf["before"], cf["after"]
+        return (b / a if cf["lower_better"] else a / b) if a and b else 0.0
+
+    unstable = not d["figures"]["stable"]
+    # one figure for every knob (SLO ratio, or an unstable run's throughput): the one that
+    # moves it most binds; else each its own, and the first that moves binds
+    common = bool(result.summary.get("slo")) or unstable
     tried = []
     for f in d["findings"][:eligible]:
         if len(tried) == MAX_COUNTERFACTUALS:
             break
-        if f["change"]:
-            tried.append((f, _counterfactual(scenario, result, f)))
-            if helps(tried[-1][1]) >= enough:
+        if f["change"] and all(f["change"] != g["change"] for g, _ in tried):
+            tried.append((f, _counterfactual(scenario, result, f, unstable)))
+            if helps(tried[-1][1]) == 2 or (not common and helps(tried[-1][1])):
                 break
         if f["limit"] in FACTS:
             break
     best = max((helps(cf) for _, cf in tried), default=0)
-    won = [(f, cf) for f, cf in tried if best and helps(cf) == best]
-    if won and enough == 2:   # one scale (the worst SLO ratio): the knob that moves it most
-        won.sort(key=lambda x: x[1]["after"])
-    won = won[0] if won else None
+    won = max(((f, cf) for f, cf in tried if best and helps(cf) == best),
+              key=lambda x: gain(x[1]), default=None)   # the first of equals
     if won is not None:   # the knob that moves it binds (first in the list)
         d["findings"].remove(won[0])
         d["findings"].insert(0, won[0])

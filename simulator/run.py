@@ -24,6 +24,28 @@ def _replication_seed(seed: int, replication: int) -> int:
     return int(np.random.SeedSequence([seed, replication]).generate_state(1)[0])
 
 
+def workload_specs(scenario, replication: int = 0) -> list:
+    """The request list (:func:`simulator.workload.build_workload`) that replication
+    ``replication`` of ``scenario`` serves (its seed: the workload's, spawned per
+    replication).
+
+    Raises:
+        InputError: the workload cannot be built, naming the scenario's key or file line.
+    """
+    seed = _replication_seed(scenario.workload.seed, replication)
+    wl = scenario.workload.model_copy(update={"seed": seed})
+    owner = scenario.workload_owner   # compare: the first plan's file gave the workload
+    try:
+        return build_workload(wl, base_dir=owner.base_dir)
+    except KeyedInputError as e:   # the key's line in the file, or its --set flag
+        raise owner.error(e.key, e.detail, depends=e.depends) from None
+    except InputError as e:   # name the scenario unless a data file's line is named
+        msg = str(e)
+        if msg.split(":")[0].endswith((".csv", ".jsonl", ".json", ".yaml", ".yml")):
+            raise
+        raise InputError(f"{owner.source}: {msg}") from None
+
+
 def simulate(scenario, replication: int = 0, specs=None, progress=None,
              cost_models=None) -> RunResult:
     """Simulate one replication of ``scenario``.
@@ -44,17 +66,7 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
     """
     seed = _replication_seed(scenario.workload.seed, replication)
     if specs is None:
-        wl = scenario.workload.model_copy(update={"seed": seed})
-        owner = scenario.workload_owner   # compare: the first plan's file gave the workload
-        try:
-            specs = build_workload(wl, base_dir=owner.base_dir)
-        except KeyedInputError as e:   # the key's line in the file, or its --set flag
-            raise owner.error(e.key, e.detail, depends=e.depends) from None
-        except InputError as e:   # name the scenario unless a data file's line is named
-            msg = str(e)
-            if msg.split(":")[0].endswith((".csv", ".jsonl", ".json", ".yaml", ".yml")):
-                raise
-            raise InputError(f"{owner.source}: {msg}") from None
+        specs = workload_specs(scenario, replication)
         warm = scenario.sim.warmup_requests
         if warm and warm >= len(specs):   # a trace: its count is known only once read
             raise scenario.error("sim.warmup_requests", (
