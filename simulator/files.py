@@ -292,8 +292,9 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
         InputError: ``<flag>: empty path``, ``<flag> <path>: <which> is a file, not a
             folder``, ``<flag> <path>: cannot write there (<reason>)`` (no permission, a
             name too long for the file system) or ``<flag> <path>: holds a <command>
-            report ...`` or ``<flag> <path>: holds files that are not a <kind> report
-            (<names>) ...``.
+            report ...``, ``<flag> <path>: holds files that are not a <kind> report
+            (<names>) ...`` or ``<flag> <path>: holds a folder named <file> ...`` (a file
+            the report writes).
     """
     if not str(path).strip():   # Path("") would be the current folder
         raise InputError(f"{flag}: empty path (give a folder)")
@@ -318,6 +319,12 @@ def _check_folder(p: Path, shown, flag: str, kind: str | None, it: Path | None) 
         # would be lost, and any other file would sit beside the report as if part of it
         # (hidden files and subfolders are left alone and never collide)
         report = (p / REPORT_MARKERS[kind]).is_file()
+        # a folder where the report writes a file: the write would fail after the run
+        blocked = sorted(f.name for f in p.iterdir() if f.is_dir() and any(
+            fnmatch.fnmatch(f.name, pat) for pat in REPORT_FILES[kind]))
+        if blocked:
+            raise InputError(f"{flag} {shown}: holds a folder named {blocked[0]}, a file the "
+                             f"{kind} report writes; move it, or give another folder")
         mine = sorted(f.name for f in p.iterdir() if not f.name.startswith(".")
                       and not f.is_dir() and not (report and any(
                           fnmatch.fnmatch(f.name, pat) for pat in REPORT_FILES[kind])))

@@ -114,6 +114,30 @@ def test_an_output_folder_holding_files_of_no_report_is_refused(tmp_path, capsys
     assert str(e.value) == (f"--out {empty}: holds a run report and files that are not part "
                             f"of it (notes.txt); move them, or give another folder")
 
+
+@pytest.mark.parametrize("kind, name", [("run", "report.html"), ("run", "timeseries.csv"),
+                                        ("sweep", "curves.png"),
+                                        ("validate", "cdf_load_0.5.png")])
+def test_a_subfolder_named_as_a_report_file_is_refused_before_running(tmp_path, capsys,
+                                                                     kind, name):
+    # the report's write of that file failed after the run, leaving half a report
+    from pathlib import Path
+
+    from simulator.cli import main
+    from simulator.errors import InputError
+    from simulator.files import check_folder
+
+    (tmp_path / name).mkdir()
+    with pytest.raises(InputError) as e:
+        check_folder(tmp_path, "--out", kind)
+    assert str(e.value) == (f"--out {tmp_path}: holds a folder named {name}, a file the "
+                            f"{kind} report writes; move it, or give another folder")
+    if kind == "run":
+        scenario = Path(__file__).parent.parent / "scenarios" / "cpu_tiny.yaml"
+        assert main(["run", str(scenario), "--set", "workload.num_requests=10", "--out",
+                     str(tmp_path)]) == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
 @pytest.mark.parametrize("kind", [None, "run"])
 def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, kind):
     # a 300-byte name exceeds NAME_MAX (255 on Linux file systems): Path.is_file() and
