@@ -195,6 +195,12 @@ def _slo_target(bounds: dict) -> dict:
     if not bounds:
         raise ValueError(f"give at least one statistic ({', '.join(SLO_STATS)}, "
                          f"p99.9, ...)")
+    seen: dict = {}
+    for k in bounds:   # p99 and p99.0 would be two bounds on one figure
+        rank = slo_stat_rank(k)
+        if rank in seen:
+            raise SubkeyError(k, f"the same statistic as {seen[rank]}: give it once")
+        seen[rank] = k
     return {k: bounds[k] for k in sorted(bounds, key=slo_stat_rank)}
 
 

@@ -734,3 +734,15 @@ def test_an_empty_scenario_names_its_whole_path():
     # /dev/null (as a pipe would) read as its name alone: "null: the scenario file is empty"
     assert err(load_scenario, "/dev/null").startswith(
         "/dev/null: the scenario file is empty (a scenario needs at least model")
+
+
+def test_one_slo_statistic_given_twice_is_refused(tmp_path):
+    # p99 and p99.0 are one statistic: two bounds on it would list two rows for one figure
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(BASE, sort_keys=False)
+                 + "slo:\n  ttft_ms:\n    p99: 2000\n    p99.0: 1000\n")
+    assert err(load_scenario, p) == (f"s.yaml:{line_of(p, 'p99.0:')}: slo.ttft_ms.p99.0: the "
+                                     f"same statistic as p99: give it once")
+    p.write_text(yaml.safe_dump(BASE, sort_keys=False)
+                 + "slo:\n  ttft_ms:\n    p99: 2000\n    p50: 1000\n    p99.9: 3000\n")
+    assert list(load_scenario(p).slo.ttft_ms) == ["p50", "p99", "p99.9"]
