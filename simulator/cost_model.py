@@ -815,8 +815,11 @@ class CostModel:
             raise KeyedInputError(
                 "hardware.step_time" if inline else "hardware.profile",
                 f"one engine step was priced at {t:.6g} s ({self.label}); a step may take at "
-                f"most {MAX_STEP_S:g} s: check " + ("the step time's coefficients" if inline
-                                                     else "the profile's coefficients"))
+                f"most {MAX_STEP_S:g} s: check " + (
+                    "the step time's coefficients" if inline else
+                    "the profile's coefficients and noise.relative_residuals (cost_noise: "
+                    "empirical scales steps by them)" if self._res is not None else
+                    "the profile's coefficients"))
         ns = int(t * 1e9 + 0.5)
         return ns if ns > 1 else 1
 
