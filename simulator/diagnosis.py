@@ -704,6 +704,7 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     n = scenario.workload.num_requests or 0
     if not counterfactual or n > MAX_COUNTERFACTUAL_REQUESTS:
         return jsonable(d)
+
     def helps(cf):   # 2: meets every SLO; 1: moves the figure; 0: neither
         return 2 if cf["slo_met_after"] else 1 if cf["moved"] else 0
 
@@ -741,4 +742,5 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     return jsonable(d)   # figures as summary.json has them (6 significant digits)
 
 
-__all__ = ["arrival_cv", "diagnose", "find_limits", "ttft_split"]
+__all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "shareable_share",
+           "slots_gain", "ttft_split"]
