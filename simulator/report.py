@@ -297,6 +297,10 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
                        "prefix-cache hits, steps back to back, noise-free), ms: "
                   + "; ".join(parts) + "."))
     found = diag.get("findings") or []
+    if found and diag.get("binding") == "none":   # the table would read as advice
+        b.append(("p", "Nothing binds at this load. The findings below are observations "
+                       "of this run (a knob that moves them is worth it only for tighter "
+                       "SLOs or more load)."))
     if found:
         b.append(("table", None, ["limit", "evidence", "knob", "try"],
                   [[_LIMITS.get(f["limit"], f["limit"]), f["evidence"], f["knob"],

@@ -827,3 +827,15 @@ def test_conversations_scattered_by_round_robin_bind_the_router():
     assert r.summary["prefix_cache_hit_rate"] < 0.5 * share
     assert d["binding"] == "prefix_cache" and f["change"] == "cluster.router=prefix_affinity"
     assert d["counterfactual"]["slo_met_after"]
+
+
+def test_findings_of_a_run_that_meets_its_slos_read_as_observations():
+    from simulator.report import diagnosis_blocks
+
+    diag = {"binding": "none", "counterfactual": None, "findings": [
+        {"limit": "prefill_interference", "evidence": "ITL p99 150 ms is 13.6× its median",
+         "knob": "lower max_num_batched_tokens", "change": "engine.max_num_batched_tokens=512"}]}
+    text = " ".join(str(x) for x in diagnosis_blocks(diag))
+    assert "Nothing binds at this load. The findings below are observations" in text
+    diag["binding"] = "prefill_interference"
+    assert "Nothing binds" not in " ".join(str(x) for x in diagnosis_blocks(diag))
