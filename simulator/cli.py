@@ -133,10 +133,16 @@ class _Parser(argparse.ArgumentParser):
         # the command's --help; the command's own parser can.
         ns, extra = self.parse_known_args(args, namespace)
         cmd = getattr(self, "commands", {}).get(getattr(ns, "command", None), self)
+        argv = sys.argv[1:] if args is None else list(args)
         if extra:
+            # --set engine.max_num_seqs 64: the value went astray, say how --set takes it
+            i = next((i for i in range(len(argv) - 2) if argv[i] == "--set"
+                      and "=" not in argv[i + 1] and argv[i + 2] == extra[0]), None)
+            if i is not None:
+                cmd.error(f"--set {argv[i + 1]} {extra[0]}: --set takes KEY=VALUE "
+                          f"(--set {argv[i + 1]}={extra[0]})")
             cmd.error(f"unrecognized arguments: {' '.join(extra)}")
         # A value option given twice would silently keep the last one (--out A --out B).
-        argv = sys.argv[1:] if args is None else list(args)
         for action in cmd._actions:
             if isinstance(action, argparse._StoreAction):
                 for opt in action.option_strings:

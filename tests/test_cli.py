@@ -180,6 +180,13 @@ def test_missing_scenario_file_and_bad_flag(tmp_path):
      "servesim: error: unrecognized arguments: --bogus 1 (see servesim run --help)"),
     (["plan", "s.yaml", "--nope"],
      "servesim: error: unrecognized arguments: --nope (see servesim plan --help)"),
+    # a space for the = of --set: the value went astray
+    (["run", "s.yaml", "--set", "engine.max_num_seqs", "64"],
+     "servesim: error: --set engine.max_num_seqs 64: --set takes KEY=VALUE "
+     "(--set engine.max_num_seqs=64) (see servesim run --help)"),
+    (["sweep", "s.yaml", "--set", "a=1", "--set", "workload.arrival.rate", "1,2"],
+     "servesim: error: --set workload.arrival.rate 1,2: --set takes KEY=VALUE "
+     "(--set workload.arrival.rate=1,2) (see servesim sweep --help)"),
 ])
 def test_an_unknown_flag_names_its_commands_help(tmp_path, capsys, argv, expected):
     with pytest.raises(SystemExit) as e:
