@@ -48,7 +48,7 @@ from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
                     utf8_problem, yaml_error_text)
 from .policy.kv_cache import min_gpu_blocks
-from .scenario import BLOCK_SIZES, Scenario, format_validation_error
+from .scenario import Scenario, format_validation_error, vllm_block_size
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
@@ -124,13 +124,8 @@ class KVInfo(_P):
     bytes_per_token: int = Field(gt=0, description="2 x layers x kv_heads x head_dim x dtype bytes")
     block_size: int = Field(ge=1)
 
-    @field_validator("block_size")
-    @classmethod
-    def _vllm_block_size(cls, v: int) -> int:   # as the scenario's engine.block_size
-        if v not in BLOCK_SIZES:
-            raise ValueError(f"must be one of {', '.join(map(str, BLOCK_SIZES))}, as vLLM's "
-                             f"--block-size (got {v})")
-        return v
+    # as the scenario's engine.block_size
+    _vllm_block_size = field_validator("block_size")(vllm_block_size)
     num_gpu_blocks: Optional[int] = Field(None, ge=2, description="at memory_budget_bytes")
     memory_budget_bytes: Optional[int] = Field(
         None, ge=0, description="KV memory of the whole tensor-parallel group")

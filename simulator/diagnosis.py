@@ -441,8 +441,8 @@ def find_limits(scenario, result) -> dict:
     # The share of the waiting (request-seconds) that happens while every sequence slot of
     # the replica is taken: bursts fill the slots although the mean running count is low.
     at_cap = None
-    if ts is not None and len(ts):
-        reps = ts[ts["replica"] != "all"]
+    reps = ts[ts["replica"] != "all"] if ts is not None and len(ts) else None   # per replica
+    if reps is not None:
         w = reps["waiting"] * reps["bin_s"]
         if w.sum() > 0:
             at_cap = float((w * (reps["running_max"] >= scenario.max_num_seqs)).sum()
@@ -483,8 +483,7 @@ def find_limits(scenario, result) -> dict:
     # Steps that carry their whole token budget while requests wait: a larger budget
     # serves more tokens per second where a step's cost is mostly fixed (weight reads).
     tokens = None
-    if ts is not None and len(ts):
-        reps = ts[ts["replica"] != "all"]
+    if reps is not None:
         n_steps = reps["steps"].sum()
         if n_steps:
             tokens = float((reps["prefill_tokens"] + reps["decode_tokens"]).sum() / n_steps)

@@ -49,6 +49,19 @@ from .workload import MAX_RATE, WorkloadConfig
 # The values vLLM's --block-size accepts (vllm/config/cache.py BlockSize).
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 
+
+def vllm_block_size(v: int) -> int:
+    """``v`` when vLLM's ``--block-size`` takes it (:data:`BLOCK_SIZES`): the scenario's
+    ``engine.block_size`` and a profile's ``kv.block_size``.
+
+    Raises:
+        ValueError: another size (a schema validator's message).
+    """
+    if v not in BLOCK_SIZES:
+        raise ValueError(f"must be {', '.join(map(str, BLOCK_SIZES[:-1]))} or "
+                         f"{BLOCK_SIZES[-1]}, as vLLM's --block-size (got {v})")
+    return v
+
 #: Most replications a run takes (each is a whole simulation; 95% CIs settle long before).
 MAX_REPLICATIONS = 1000
 
@@ -162,13 +175,7 @@ class EngineConfig(_Strict):
         "admit a waiting request only when its whole prompt fits in the free KV blocks, not "
         "only its first chunk (vLLM's knob and default)"))
 
-    @field_validator("block_size")
-    @classmethod
-    def _vllm_block_size(cls, v: int) -> int:
-        if v not in BLOCK_SIZES:
-            raise ValueError(f"must be 1, 8, 16, 32, 64 or 128, as vLLM's --block-size "
-                             f"(got {v})")
-        return v
+    _vllm_block_size = field_validator("block_size")(vllm_block_size)
 
     @model_validator(mode="after")
     def _budget_covers_seqs(self):

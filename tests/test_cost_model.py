@@ -618,7 +618,7 @@ def test_a_profile_block_size_vllm_does_not_take_is_refused(tmp_path):
     p.write_text(text.replace(f"block_size: {size}", "block_size: 7"))
     line = next(i for i, t in enumerate(p.read_text().splitlines(), 1) if "block_size" in t)
     with pytest.raises(InputError, match=rf"^{re.escape(str(p))}:{line}: kv\.block_size: must "
-                                         r"be one of 1, 8, 16, 32, 64, 128, as vLLM's "
+                                         r"be 1, 8, 16, 32, 64 or 128, as vLLM's "
                                          r"--block-size \(got 7\)$"):
         load_profile(p)
     p.write_text(text.replace(f"block_size: {size}", "block_size: 128"))   # vLLM CPU's
