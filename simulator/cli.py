@@ -65,9 +65,12 @@ def _cmd_run(args) -> int:
             update={"exact_steps": True})})
     out = out_folder(args.out, Path("reports") / scenario.name)
     check_folder(out, "--out", "run")   # fail before simulating, not after
-    warning = profile_warning(build_cost_model(scenario))
+    cost = build_cost_model(scenario)
+    warning = profile_warning(cost)
     if warning:
         print(warning, file=sys.stderr)
+    if cost.kv_warning:
+        print(f"servesim: warning: {cost.kv_warning}", file=sys.stderr)
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,

@@ -748,6 +748,8 @@ class CostModel:
             ``projected: ...`` or ``inline: ...``).
         num_gpu_blocks: KV blocks incl. the null block, ``None`` = unlimited.
         kv_note: how ``num_gpu_blocks`` was obtained.
+        kv_warning: ``engine.num_gpu_blocks`` beyond what the GPU's memory holds (vLLM
+            would fail to allocate that cache at start-up), else ``None``.
         profile: the profile used (a projected one for catalog GPUs), or ``None``.
         form: ``roofline``, ``linear`` or ``constant``.
         price_per_replica_hour: USD per replica-hour (GPU price × tensor_parallel), or
@@ -757,13 +759,14 @@ class CostModel:
     def __init__(self, form: str, seconds_fn, *, measured: bool, label: str,
                  num_gpu_blocks: int | None, kv_note: str, profile: Profile | None = None,
                  residuals=None, rng: np.random.Generator | None = None,
-                 price_per_replica_hour: float | None = None):
+                 price_per_replica_hour: float | None = None, kv_warning: str | None = None):
         self.form = form
         self._seconds = seconds_fn
         self.measured = measured
         self.label = label
         self.num_gpu_blocks = num_gpu_blocks
         self.kv_note = kv_note
+        self.kv_warning = kv_warning
         self.profile = profile
         self.price_per_replica_hour = price_per_replica_hour
         self._res = np.asarray(residuals, dtype=float) if residuals is not None else None
@@ -850,13 +853,26 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     hw, eng = scenario.hardware, scenario.engine
     shape, dtype, tp = scenario.model_shape, scenario.dtype, hw.tensor_parallel
 
-    def override(blocks: int | None, note: str) -> tuple[int | None, str]:
-        if eng.num_gpu_blocks is not None:
-            flag = scenario.set_by("engine.num_gpu_blocks")
-            return eng.num_gpu_blocks, (
-                f"engine.num_gpu_blocks = {eng.num_gpu_blocks} "
+    kv_warning = None
+
+    def override(blocks: int | None, note: str, memory: str | None = None
+                 ) -> tuple[int | None, str]:
+        # memory: what says ``blocks`` is all the GPU's memory holds (None: no memory limit
+        # known, e.g. a CPU profile, whose count is the calibration engine's setting)
+        nonlocal kv_warning
+        if eng.num_gpu_blocks is None:
+            return blocks, note
+        flag = scenario.set_by("engine.num_gpu_blocks")
+        text = (f"engine.num_gpu_blocks = {eng.num_gpu_blocks} "
                 + (f"(set with --set {flag})" if flag else "(set in the scenario)"))
-        return blocks, note
+        if memory is not None and blocks is not None and eng.num_gpu_blocks > blocks:
+            # vLLM's --num-gpu-blocks-override is not checked against memory either: the
+            # cache allocation fails at start-up; the run is a what-if of a larger GPU
+            kv_warning = (f"{text} is more than the {blocks} blocks {memory}; vLLM would "
+                          f"fail to allocate that KV cache, so this run describes a GPU with "
+                          f"more memory")
+            text += f"; more than the {blocks} blocks {memory}"
+        return eng.num_gpu_blocks, text
 
     if hw.step_time is not None:
         st = hw.step_time
@@ -894,7 +910,10 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                               eng.max_model_len)
             blocks, note = override(cap.num_gpu_blocks,
                                     cap.note(gpu.name, tp, eng.gpu_memory_utilization,
-                                             eng.block_size))
+                                             eng.block_size),
+                                    memory=(f"that {gpu.name}'s memory holds at gpu_memory_utilization "
+                                            f"{eng.gpu_memory_utilization:g} "
+                                            f"(tensor_parallel={tp})"))
             eff = prof.efficiencies
             how = (f"efficiencies of measured profile {src.display_name}" if src is not None
                    else "default efficiencies")
@@ -906,7 +925,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                 else gpu.price_per_gpu_hour
             return CostModel("roofline", _seconds_fn("roofline", prof.cost.coefficients, k),
                              measured=False, label=label, num_gpu_blocks=blocks, kv_note=note,
-                             profile=prof, price_per_replica_hour=price * tp)
+                             profile=prof, price_per_replica_hour=price * tp,
+                             kv_warning=kv_warning)
     except KeyedInputError as e:
         raise scenario.error(e.key, e.detail, depends=e.depends) from None
     except InputError as e:
@@ -929,7 +949,10 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                  f"{prof.name} has none (use cost_noise: none)",
                                  depends=("hardware.profile",))
         residuals = prof.noise.relative_residuals
-    blocks, note = override(kv_blocks, kv_note)
+    gpu_budget = prof.device.kind == "gpu" and prof.kv.memory_budget_bytes is not None
+    blocks, note = override(kv_blocks, kv_note, memory=(
+        f"that the KV memory measured in profile {prof.display_name} holds"
+        if gpu_budget else None))
     k = RooflineConstants.of(prof.model_shape, prof.dtype, prof.tensor_parallel) \
         if prof.cost.form == "roofline" else None
     kind = "measured" if prof.measured else "projected"
@@ -940,7 +963,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     return CostModel(prof.cost.form, _seconds_fn(prof.cost.form, prof.cost.coefficients, k),
                      measured=prof.measured, label=label, num_gpu_blocks=blocks, kv_note=note,
                      profile=prof, residuals=residuals, rng=rng,
-                     price_per_replica_hour=price * tp if price is not None else None)
+                     price_per_replica_hour=price * tp if price is not None else None,
+                     kv_warning=kv_warning)
 
 
 #: Errors above which a profile is flagged (``calibrate`` at the end, ``servesim run`` before

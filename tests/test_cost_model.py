@@ -282,6 +282,37 @@ def test_measured_profile_blocks_converted_to_block_size(tmp_path):
     assert cm.num_gpu_blocks == 2**31 // (16 * 256)
 
 
+def test_kv_override_beyond_gpu_memory_warns(tmp_path):
+    """engine.num_gpu_blocks past what the memory holds (27806 blocks for llama-3.1-8b on
+    an H100 at 0.9, test_kv_blocks_llama_8b_h100_by_hand) is vLLM's override, which would
+    fail to allocate: the run goes on, with a warning; at or below it, none."""
+    gpu = {"model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"}}
+    cm = build_cost_model(scenario(engine={"num_gpu_blocks": 27807}, **gpu))
+    assert cm.num_gpu_blocks == 27807
+    assert cm.kv_warning == (
+        "engine.num_gpu_blocks = 27807 (set in the scenario) is more than the 27806 blocks "
+        "that h100-sxm's memory holds at gpu_memory_utilization 0.9 (tensor_parallel=1); vLLM "
+        "would fail to allocate that KV cache, so this run describes a GPU with more memory")
+    assert cm.kv_note.endswith("; more than the 27806 blocks that h100-sxm's memory holds at "
+                               "gpu_memory_utilization 0.9 (tensor_parallel=1)")
+    assert build_cost_model(scenario(engine={"num_gpu_blocks": 27806}, **gpu)).kv_warning is None
+    # a CPU profile's count is its calibration engine's setting, not a memory limit
+    save_profile(make_profile(), tmp_path / "p.yaml")
+    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"},
+                                   engine={"num_gpu_blocks": 10**6}))
+    assert cm.num_gpu_blocks == 10**6 and cm.kv_warning is None
+    # a GPU profile's measured KV memory: 2**31 bytes / (16 tokens x 256 bytes) = 524288
+    dev = {"name": "h100-sxm", "kind": "gpu", "peak_flops": 1e15, "memory_bandwidth": 3e12,
+           "memory_bytes": 80 * 2**30}
+    save_profile(make_profile(device=dev, kv={"bytes_per_token": 256, "block_size": 16,
+                                              "memory_budget_bytes": 2**31}),
+                 tmp_path / "g.yaml")
+    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "g.yaml"},
+                                   engine={"num_gpu_blocks": 524289}))
+    assert "more than the 524288 blocks that the KV memory measured in profile g (name " \
+        "field: cpu-llama-test) holds;" in cm.kv_warning
+
+
 # -- profiles -------------------------------------------------------------------------------
 
 def test_profile_round_trip_and_lookup(tmp_path, monkeypatch):
