@@ -339,7 +339,9 @@ def plan(scenario, executor, *, target_rate: float | None = None,
     (:func:`confirm_replicas`) for every candidate whose cost could be below the cheapest
     confirmed plan (the low end of its cost CI; an open end could be anything), tried at
     fewer replicas than would cost as much; one that fails there keeps its estimate
-    (``confirmed`` False), its replica CI starting above the count tried.
+    (``confirmed`` False), its replica CI starting above the count tried. At equal cost
+    the most capacity (replicas × max rate per replica) is confirmed first, then the fewest
+    replicas; the first confirmed of equal cost is the plan.
 
     Args:
         target_rate: req/s for the whole deployment (default ``plan.target_rate``).
@@ -365,8 +367,12 @@ def plan(scenario, executor, *, target_rate: float | None = None,
     rows = [found.get(i) or PlanRow(c) for i, c in enumerate(cands)]
 
     def cost(r):
+        # At equal cost (TP1 x 4 and TP2 x 2 on one GPU type), the deployment with the most
+        # capacity (replicas x max rate per replica: the most headroom over the target),
+        # then the fewest replicas.
+        capacity = (r.replicas or 0) * (r.search.max_rate if r.search else 0.0)
         return (r.costs.get("cost_per_hour") if r.costs.get("cost_per_hour") is not None
-                else math.inf, r.replicas or 0)
+                else math.inf, -capacity, r.replicas or 0)
 
     for r in rows:   # an estimate beyond the largest deployment considered is no plan
         if r.replicas is not None and r.replicas > cfg.max_replicas:

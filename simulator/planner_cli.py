@@ -277,8 +277,9 @@ def _cmd_plan(args) -> int:
                 and r.costs.get("cost_per_hour") == cost]
         print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s), "
               + (f"{cost:.2f} USD/h" if cost is not None else "no price for this hardware")
-              + (f" (as cheap: {'; '.join(r.candidate.label for r in ties)}; the fewest "
-                 f"replicas, then the first confirmed, is chosen)" if ties else ""))
+              + (f" (as cheap: {'; '.join(r.candidate.label for r in ties)}; the most "
+                 f"capacity, replicas × max rate per replica, then the fewest replicas, is "
+                 f"chosen)" if ties else ""))
         print(f"report: {paths['report.html']}")
         return 0
     miss = closest_miss(res)

@@ -948,10 +948,11 @@ def test_sweep_csv_gives_each_interval_as_two_numbers(tmp_path):
 
 def test_a_candidate_that_could_be_cheaper_is_tried_at_fewer_replicas():
     # plan_chat at TTFT p99 <= 100 ms: both H100 TP2 candidates are estimated at 6
-    # replicas; behind the router the first confirms at 4 (23.92 USD/h at 5.98 a replica),
-    # and the second, whose cost CI reaches below that, is tried at the most replicas that
-    # would still be cheaper, ceil(23.92 / 5.98) - 1 = 3: it misses there, so it cannot
-    # beat the first; it keeps its estimate, unconfirmed, its CI starting at 4.
+    # replicas; the one with the higher max rate per replica (the more capacity at equal
+    # cost) is confirmed first: behind the router it confirms at 4 (23.92 USD/h at 5.98 a
+    # replica), and the other, whose cost CI reaches below that, is tried at the most
+    # replicas that would still be cheaper, ceil(23.92 / 5.98) - 1 = 3: it misses there, so
+    # it cannot beat the first; it keeps its estimate, unconfirmed, its CI starting at 4.
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "scenarios" / "plan_chat.yaml"
@@ -959,7 +960,7 @@ def test_a_candidate_that_could_be_cheaper_is_tried_at_fewer_replicas():
                               " [2], engine.max_num_seqs: [64, 256]}"])
     with make_executor("serial") as ex:
         res = plan(sc, ex)
-    first, second = res.rows
+    first, second = sorted(res.rows, key=lambda r: -r.search.max_rate)
     assert res.best is first and first.confirmed and first.replicas == 4
     assert first.costs["cost_per_hour"] == pytest.approx(4 * 5.98)
     assert second.costs_ci95["cost_per_hour"][0] is not None
@@ -968,8 +969,11 @@ def test_a_candidate_that_could_be_cheaper_is_tried_at_fewer_replicas():
     assert second.replicas_ci95[0] == 4 and second.replicas >= 4
 
 
-def test_a_tie_on_cost_is_said(tmp_path, capsys):
-    # max_num_seqs 8 or 16 alike when at most a few requests run: one replica each, 1 USD/h
+def test_a_tie_on_cost_goes_to_the_most_capacity_and_is_said(tmp_path, capsys):
+    # max_num_seqs 8 or 16: one replica each at 20 req/s, 1 USD/h; a request is 4 steps of
+    # 10 ms (prefill + 3 decodes), so a replica serves about max_num_seqs / 0.04 s: twice
+    # the rate with 16 slots, the headroom that breaks the tie
+    import csv
     y = tmp_path / "t.yaml"
     y.write_text(SMALL_PLAN.replace("candidates: {engine.max_num_seqs: [2, 4]}",
                                     "candidates: {engine.max_num_seqs: [8, 16]}")
@@ -977,5 +981,9 @@ def test_a_tie_on_cost_is_said(tmp_path, capsys):
     assert main(["plan", str(y), "--out", str(tmp_path / "p"), "--executor", "serial",
                  "--quiet"]) == 0
     said = " ".join(capsys.readouterr().out.split())
-    assert ("cheapest feasible: max_num_seqs=8, 1 replica(s), 1.00 USD/h (as cheap: "
-            "max_num_seqs=16; the fewest replicas, then the first confirmed, is chosen)") in said
+    assert ("cheapest feasible: max_num_seqs=16, 1 replica(s), 1.00 USD/h (as cheap: "
+            "max_num_seqs=8; the most capacity, replicas × max rate per replica, then the "
+            "fewest replicas, is chosen)") in said
+    with open(tmp_path / "p" / "plan.csv", newline="") as f:
+        rate = [float(r["max_rate_per_replica"]) for r in csv.DictReader(f)]
+    assert 1.8 < rate[1] / rate[0] < 2.2 and rate[0] < 8 / 0.04
