@@ -10,6 +10,9 @@ limits a vLLM operator can turn, in this order:
   shared share of the prompts. Caching off, or a router that scatters a prefix group, is a
   setting that removes prefill work, so it comes before any hardware; a cache too small
   to keep the prefixes comes with the other findings.
+* ``router``: waiting (or a waiting SLO missed) behind ``round_robin``, most of it on a
+  replica while another kept nobody waiting (:func:`waiting_while_another_admits`): a
+  router that looks at load (``least_outstanding``) is a free setting.
 * ``max_num_batched_tokens`` / ``latency_floor``: a latency SLO that requests served alone
   would already miss (with the run's prefix-cache hits): no number of replicas meets it.
   When longer prefill chunks would meet it (each step reads the weights once), the step
@@ -38,7 +41,7 @@ limits a vLLM operator can turn, in this order:
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
 
-Rejections, free prefix-cache settings and the floor come first; then the findings whose
+Rejections, free prefix-cache settings, the floor and the router come first; then the findings whose
 knob moves a missed SLO (:data:`MOVES`: more slots or a larger budget shorten waits but
 lengthen steps, so not TPOT or ITL; shorter chunks lengthen prefills, so not TTFT); with
 every SLO met, the queueing limits; with none given, every finding. The first of these
@@ -90,6 +93,9 @@ TAIL_QUEUE = 0.5
 BURSTY_CV = 1.3
 #: SLO metrics that waiting for the engine makes miss.
 WAIT_METRICS = ("ttft_ms", "queue_ms", "e2el_ms")
+#: Share of the waiting that happens while another replica holds nobody waiting above which
+#: a round-robin router's imbalance is a finding (a load-aware router sends it there).
+IDLE_ELSEWHERE = 0.5
 
 
 def _missed(summary: dict, metrics) -> bool:
@@ -133,6 +139,30 @@ def arrival_cv(result) -> float | None:
     if gaps.size < 2 or gaps.mean() <= 0:
         return None
     return float(gaps.std() / gaps.mean())
+
+
+def waiting_while_another_admits(reps) -> float | None:
+    """Share of the waiting (request-seconds, time series bins of each replica) held back on
+    a replica while another replica kept nobody waiting: no request stayed in its queue past
+    a scheduling decision in that bin (``waiting_max`` 0), so a router that looks at the
+    replicas' load would have had it start there. Only waits past a scheduling decision
+    count (a synchronous engine makes every arrival wait for the step in flight). None
+    with one replica or no such wait.
+
+    Args:
+        reps: per-replica rows of a run's time series (``replica`` != "all").
+    """
+    if reps is None or not len(reps) or reps["replica"].nunique() < 2:
+        return None
+    wide = reps.pivot_table(index="time_s", columns="replica",
+                            values=["waiting", "waiting_max", "bin_s"], fill_value=0)
+    held = wide["waiting_max"].to_numpy() > 0
+    w = (wide["waiting"] * wide["bin_s"]).to_numpy() * held
+    if w.sum() <= 0:
+        return None
+    admits = ~held   # nobody left waiting in the bin
+    elsewhere = (admits.sum(axis=1, keepdims=True) - admits) > 0
+    return float((w * elsewhere).sum() / w.sum())
 
 
 def slots_gain(scenario, result) -> tuple[float, int] | None:
@@ -266,7 +296,7 @@ ALL_METRICS = (*FLOOR_METRICS, "queue_ms")
 MOVES = {"max_num_seqs": WAIT_METRICS, "max_num_batched_tokens": WAIT_METRICS,
          "kv_capacity": ALL_METRICS, "compute": ALL_METRICS,
          "prefill_interference": ("itl_ms", "tpot_ms", "e2el_ms"),
-         "prefix_cache": ALL_METRICS}
+         "prefix_cache": ALL_METRICS, "router": ALL_METRICS}
 
 
 def _moves(finding: dict, metrics) -> bool:
@@ -345,6 +375,7 @@ def find_limits(scenario, result) -> dict:
     kv_mean = kv.get("mean") or 0.0
     pre = s.get("preemptions") or 0
     ts = result.timeseries
+    reps = ts[ts["replica"] != "all"] if ts is not None and len(ts) else None   # per replica
     busy = None
     if ts is not None and len(ts):
         all_rows = ts[ts["replica"] == "all"]
@@ -417,6 +448,19 @@ def find_limits(scenario, result) -> dict:
             + (" (with this run's prefix-cache hits)" if hits else "")
             + ("; more prefix-cache hits would lower it" if head else ""),
             *_faster(scenario, any(m == "ttft_ms" for m, *_ in floor), result, floor)))
+    # Round robin sends requests in turn whatever each replica holds: waits on one
+    # replica while another admits every request at once are the router's (a free setting;
+    # after a floor, which no router moves).
+    elsewhere = figures["waiting_while_another_admits"] = \
+        waiting_while_another_admits(reps) if nrep > 1 else None
+    waiting = queued or (_missed(s, WAIT_METRICS) and q_p99 >= QUEUE_STEPS * step_ms)
+    if scenario.cluster.router == "round_robin" and waiting \
+            and (elsewhere or 0.0) >= IDLE_ELSEWHERE:
+        head.append(_finding(
+            "router", f"{elsewhere:.0%} of the waiting happens on a replica while another "
+            f"keeps nobody waiting: round_robin sends requests in turn, whatever each "
+            f"replica holds", "router least_outstanding (each request to the replica with "
+            "the fewest queued and running requests)", "cluster.router=least_outstanding"))
     # Missed SLOs that a request alone would meet: what the load (or noise) adds.
     loaded = [x for x in missed if not any(x[:2] == f[:2] for f in floor)]
 
@@ -441,7 +485,6 @@ def find_limits(scenario, result) -> dict:
     # The share of the waiting (request-seconds) that happens while every sequence slot of
     # the replica is taken: bursts fill the slots although the mean running count is low.
     at_cap = None
-    reps = ts[ts["replica"] != "all"] if ts is not None and len(ts) else None   # per replica
     if reps is not None:
         w = reps["waiting"] * reps["bin_s"]
         if w.sum() > 0:
@@ -742,4 +785,4 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
 
 __all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "shareable_share",
-           "slots_gain", "ttft_split"]
+           "slots_gain", "ttft_split", "waiting_while_another_admits"]

@@ -237,6 +237,7 @@ _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
            "max_num_batched_tokens": "max_num_batched_tokens (tokens per step)",
            "compute": "compute capacity", "prefill_interference":
            "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
+           "router": "router (round_robin ignores the replicas' load)",
            "none": "none: headroom at this load"}
 
 

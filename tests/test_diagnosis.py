@@ -839,3 +839,71 @@ def test_findings_of_a_run_that_meets_its_slos_read_as_observations():
     assert "Nothing binds at this load. The findings below are observations" in text
     diag["binding"] = "prefill_interference"
     assert "Nothing binds" not in " ".join(str(x) for x in diagnosis_blocks(diag))
+
+
+def _alternating(tmp_path, long_out, short_out, router="round_robin"):
+    """Two 1-slot replicas at 10 ms a step; a request every 100 ms, alternately
+    ``long_out`` and ``short_out`` output tokens (16-token prompts)."""
+    from simulator.scenario import load_scenario
+
+    rows = [f"{i / 10:.1f},16,{long_out if i % 2 == 0 else short_out}" for i in range(200)]
+    (tmp_path / "t.csv").write_text("t,p,o\n" + "\n".join(rows) + "\n")
+    (tmp_path / "s.yaml").write_text(f"""model: llama-test
+hardware: {{step_time: {{constant_s: 0.01}}}}
+engine: {{max_model_len: 2048, max_num_seqs: 1}}
+cluster: {{replicas: 2, router: {router}}}
+workload:
+  trace: {{path: t.csv, format: csv, arrival_unit: s,
+           columns: {{arrival: t, prompt_tokens: p, output_tokens: o}}}}
+slo: {{ttft_ms: {{p99: 500}}}}
+""")
+    return load_scenario(tmp_path / "s.yaml")
+
+
+def test_round_robin_piling_long_requests_on_one_replica_binds_the_router(tmp_path):
+    # Round robin sends every 30-token request (30 steps: 300 ms) to replica 0, one every
+    # 200 ms, and every 1-token one (10 ms) to replica 1: replica 0's k-th request waits
+    # k x 100 ms while replica 1 never keeps anyone waiting, so all the waiting could have
+    # started elsewhere. Balanced, the two replicas are 310 / 400 busy.
+    s = _alternating(tmp_path, 30, 1)
+    r = simulate(s)
+    long_ttft = r.requests["ttft_ms"].to_numpy()[0::2]
+    assert long_ttft == pytest.approx([100 * k + 10 for k in range(100)])
+    assert (r.requests["ttft_ms"].to_numpy()[1::2] == 10).all()
+    d = diagnose(s, r)
+    assert d["figures"]["waiting_while_another_admits"] == 1.0
+    f = d["findings"][0]
+    assert d["binding"] == "router" and f["change"] == "cluster.router=least_outstanding"
+    assert f["evidence"].startswith("100% of the waiting happens on a replica while another "
+                                    "keeps nobody waiting")
+    assert d["counterfactual"]["slo_met_after"]
+
+
+def test_replicas_that_all_keep_requests_waiting_are_not_the_router(tmp_path):
+    # Every request 300 ms, one every 200 ms to each replica in turn: both replicas build
+    # the same backlog; only in the first bins (replica 1's first request arrives 100 ms
+    # after replica 0's) does one wait while the other admits. Not the router: the one slot
+    # (a step costs the same with two sequences, so two would serve twice as much).
+    s = _alternating(tmp_path, 30, 30)
+    d = diagnose(s, simulate(s))
+    assert d["figures"]["waiting_while_another_admits"] < 0.001
+    assert "router" not in [f["limit"] for f in d["findings"]]
+    assert d["binding"] == "max_num_seqs"
+    # a router that already looks at load is not offered again
+    s = _alternating(tmp_path, 30, 1, router="least_outstanding")
+    d = diagnose(s, simulate(s), counterfactual=False)
+    assert "router" not in [f["limit"] for f in d["findings"]]
+
+
+def test_waiting_while_another_admits_by_hand():
+    import pandas as pd
+    from simulator.diagnosis import waiting_while_another_admits
+
+    # bin 0: replica 0 holds 2 waiting (on average) while replica 1 admits everyone;
+    # bin 1: both hold 1; bin 2: replica 1's 0.5 waiting never outlives a step (not held)
+    reps = pd.DataFrame({"time_s": [0, 1, 2] * 2, "bin_s": [1.0] * 6,
+                         "replica": ["0"] * 3 + ["1"] * 3,
+                         "waiting": [2.0, 1.0, 0.0, 0.0, 1.0, 0.5],
+                         "waiting_max": [3, 1, 0, 0, 2, 0]})
+    assert waiting_while_another_admits(reps) == pytest.approx(2 / (2 + 1 + 1))
+    assert waiting_while_another_admits(reps[reps["replica"] == "0"]) is None
