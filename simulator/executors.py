@@ -21,6 +21,7 @@ Executors (``make_executor``):
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import os
 import re
@@ -114,25 +115,56 @@ def window_rates(result) -> tuple[float, float] | None:
             float(((done >= t0) & (done <= t1)).sum() / w))
 
 
+#: Segments of the last three quarters of the arrival span whose mean counts the backlog
+#: trend is fitted to (the first quarter is the start-up: requests in flight build up from
+#: none to their steady number in about one E2EL).
+TREND_SEGMENTS = 6
+#: t statistic (slope / its standard error over the segments) from which a trend counts.
+TREND_T = 3.0
+#: Growth of the requests in the system (running or waiting), as a share of the arrivals,
+#: from which a run that does not keep its queue waiting is still unstable: its batch
+#: swells without bound (a stable continuous batch of long outputs drifts by a few % over a
+#: short run by chance, as the outputs in flight vary).
+SWELL_FRACTION = 0.1
+
+
+def _trend(arr: np.ndarray, end: np.ndarray) -> tuple[float, float]:
+    """Slope (per second) of the number of intervals ``[arr, end)`` open at a time, fitted
+    by least squares to its exact mean over :data:`TREND_SEGMENTS` equal segments of the
+    last three quarters of the arrival span, and its t statistic (inf for an exact line
+    that rises)."""
+    from scipy import stats
+
+    a0, a1 = float(arr.min()), float(arr.max())
+    edges = np.linspace(a0 + (a1 - a0) / 4, a1, TREND_SEGMENTS + 1)
+    lo, hi = edges[:-1], edges[1:]
+    open_s = np.clip(np.minimum(end[:, None], hi) - np.maximum(arr[:, None], lo), 0, None)
+    fit = stats.linregress((lo + hi) / 2, open_s.sum(axis=0) / (hi - lo))
+    t = fit.slope / fit.stderr if fit.stderr > 0 else (math.inf if fit.slope > 0 else 0.0)
+    return float(fit.slope), float(t)
+
+
 def backlog_grows(result) -> bool:
-    """Whether requests pile up: the number waiting to be scheduled at the last arrival
-    exceeds both 1 and the most that waited at any point of the first half of the arrival
-    span. A short stable run can fall below ``STABLE_FRACTION`` by chance (the requests
-    still in flight at the end of the window); it cannot build a growing queue. Rejected
-    requests are left out (:func:`_served`).
+    """Whether requests pile up: over the last three quarters of the arrival span
+    (:func:`_trend`), the requests waiting to be scheduled rise by at least 1 −
+    :data:`STABLE_FRACTION` of the arrival rate, or those in the system (running or
+    waiting) by :data:`SWELL_FRACTION` of it, each with a t statistic of at least
+    :data:`TREND_T`. A short stable run can fall below ``STABLE_FRACTION`` in the window of
+    :func:`window_rates` (the outputs still running when the arrivals end); it shows no
+    such trend. Rejected requests are left out (:func:`_served`).
     """
     req = _served(result.requests)
     arr = req["arrival_s"].to_numpy(dtype=float)
-    if arr.size < 2:
+    if arr.size < 2 or arr.max() <= arr.min():
         return False
-    sched = req["first_scheduled_s"].to_numpy(dtype=float)
-    sched = np.where(np.isnan(sched), np.inf, sched)   # never scheduled: waits for ever
-
-    def waiting(t):
-        return int(((arr <= t) & (sched > t)).sum())
-    t_first, t_last = float(arr.min()), float(arr.max())
-    early = max(waiting(t) for t in np.linspace(t_first, (t_first + t_last) / 2, 64))
-    return waiting(t_last) > max(1, early)
+    rate = (arr.size - 1) / (arr.max() - arr.min())
+    for col, share in (("first_scheduled_s", 1 - STABLE_FRACTION),
+                       ("finish_s", SWELL_FRACTION)):
+        end = req[col].to_numpy(dtype=float)
+        slope, t = _trend(arr, np.where(np.isnan(end), np.inf, end))   # never: for ever
+        if slope >= share * rate and t >= TREND_T:
+            return True
+    return False
 
 
 def job_output(result) -> dict:

@@ -17,11 +17,12 @@ from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write
 #: How the reports state :func:`simulator.executors.job_output`'s stability test.
 UNSTABLE_RULE = (
     "A point is unstable when requests pile up: between the first finish and the last "
-    "arrival it completes fewer than 0.98 × the requests that arrive, and the queue at the "
-    "last arrival is longer than any in the first half of the run (the whole-run "
-    "`request_throughput` also counts the drain after the last arrival, so a stable short "
-    "run can show less than 0.98 × `offered_rate`); an unstable point's latencies depend on "
-    "the run length.")
+    "arrival it completes fewer than 0.98 × the requests that arrive, and over the last "
+    "three quarters of the arrivals the requests waiting rise by at least 2% of the arrival "
+    "rate, or those in the system by 10% of it (a least-squares trend over six segments, t "
+    "≥ 3; the whole-run `request_throughput` also counts the drain after the last arrival, "
+    "so a stable short run can show less than 0.98 × `offered_rate`); an unstable point's "
+    "latencies depend on the run length.")
 
 
 def _cell(v) -> str:

@@ -12,8 +12,9 @@ Statistics (all per rate tried):
 * Each replication yields its *SLO ratio*: the largest ``value / threshold`` over the SLO
   entries (met when <= 1). A run whose queue grows (achieved throughput below 0.98 ×
   offered, :data:`~simulator.executors.STABLE_FRACTION`, over the window of
-  :func:`~simulator.executors.window_rates`, and a backlog at the last arrival,
-  :func:`~simulator.executors.backlog_grows`) is flagged *unstable* and the rate fails;
+  :func:`~simulator.executors.window_rates`, and a backlog that rises significantly over
+  the run, :func:`~simulator.executors.backlog_grows`) is flagged *unstable* and the rate
+  fails;
   its latencies are not averaged.
 * With ``n`` stable replications the mean ratio has a Student t 95% interval. A rate is
   decided *confidently* when that interval lies below 1 (feasible) or above it

@@ -266,3 +266,47 @@ def test_ctrl_c_while_servesim_imports_its_commands_is_one_line():
          "sys.exit(cli.main(['schema']))"],
         capture_output=True, text=True, timeout=120, preexec_fn=_sigint_default)
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "servesim: interrupted\n", "")
+
+
+def _infinite_server(step, rate, out, n=300):
+    """Every request starts at once (1024 slots, a KV cache without limit): with a
+    constant step time this is an M/G/inf queue, stable at any rate."""
+    return scenario_from_dict({
+        "name": "e", "model": "llama-test", "hardware": {"step_time": step},
+        "engine": {"max_num_seqs": 1024, "max_num_batched_tokens": 8192,
+                   "max_model_len": 2048},
+        "workload": {"seed": 3, "num_requests": n,
+                     "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_tokens": {"dist": "fixed", "value": 8},
+                     "output_tokens": out}})
+
+
+def test_a_short_stable_run_of_long_outputs_is_stable():
+    # 30 s of arrivals, outputs of 3 s (median) to 19 s at 10 ms a token: far fewer finish
+    # than arrive in the window after the first (short) one finishes, yet an
+    # infinite-server queue cannot be unstable, and no backlog trend says otherwise.
+    from simulator.executors import backlog_grows, job_output, window_rates
+    from simulator.run import simulate
+
+    s = _infinite_server({"constant_s": 0.01}, 10,
+                         {"dist": "lognormal", "median": 300, "p90": 1000, "max": 1900})
+    for rep in range(3):
+        r = simulate(s, replication=rep)
+        offered, achieved = window_rates(r)
+        assert achieved < STABLE_FRACTION * offered
+        assert not backlog_grows(r) and job_output(r)["stable"]
+
+
+def test_a_batch_that_swells_without_a_queue_is_unstable():
+    # Each decode adds 1 ms to a step: at most 1000 tokens/s however large the batch, so
+    # 100-token outputs cap a replica at 10 req/s; 15 offered swell the running batch
+    # while no request waits (every one is scheduled on arrival).
+    from simulator.executors import backlog_grows, job_output
+    from simulator.run import simulate
+
+    s = _infinite_server({"base_s": 0.002, "per_decode_seq_s": 0.001}, 15,
+                         {"dist": "fixed", "value": 100})
+    r = simulate(s)
+    assert r.timeseries["waiting_max"].max() == 0   # no one left waiting by a step
+    assert backlog_grows(r) and not job_output(r)["stable"]
+    assert r.summary["request_throughput"] < 10
