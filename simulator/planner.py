@@ -73,6 +73,16 @@ def expand_candidates(scenario) -> list[Candidate]:
         points = grid(axes, parse=False)   # typed by the scenario's YAML already
     except ValueError as e:
         raise scenario.error("plan.candidates", f"the candidates make {e}") from None
+    gpus = list(dict.fromkeys(str(p["hardware.profile"]) for p in points
+                              if "hardware.profile" in p))
+    if len(gpus) > 1 and scenario.hardware.price_per_gpu_hour is not None \
+            and "hardware.price_per_gpu_hour" not in axes:
+        # One price for GPUs of different prices would rank them by their speed alone.
+        raise scenario.error("hardware.price_per_gpu_hour", (
+            f"one price for every GPU the candidates try ({', '.join(gpus)}): give each "
+            f"its price in plan.prices (e.g. plan.prices: {{{gpus[0]}: "
+            f"{scenario.hardware.price_per_gpu_hour:g}}}), or leave it out for the "
+            f"catalog's"), depends=("plan.candidates",))
     for point in points:
         try:
             sc = derive(scenario, _point_overrides(point))

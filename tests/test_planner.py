@@ -857,6 +857,24 @@ def test_a_price_for_a_gpu_no_candidate_runs_on_names_its_key(tmp_path):
     assert c.price_per_replica_hour == 2.0
 
 
+def test_one_price_for_candidates_on_several_gpus_is_refused(tmp_path, capsys):
+    # an H100 price applied to an L4 too would rank the GPUs by speed alone
+    p = tmp_path / "p.yaml"
+    p.write_text(small_scenario("p", 50).replace("{profile: h100-sxm}",
+                                                 "{profile: h100-sxm, price_per_gpu_hour: 2.2}")
+                 + "plan:\n  target_rate: 1\n  candidates: {hardware.profile: [h100-sxm, l4]}\n")
+    assert main(["plan", str(p), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "servesim: error: p.yaml:3: hardware.price_per_gpu_hour: one price for every GPU the "
+        "candidates try (h100-sxm, l4): give each its price in plan.prices (e.g. "
+        "plan.prices: {h100-sxm: 2.2}), or leave it out for the catalog's\n")
+    assert not (tmp_path / "o").exists()
+    # one GPU, or a price per candidate: the scenario's price is what it says
+    p.write_text(p.read_text().replace("[h100-sxm, l4]", "[h100-sxm]"))
+    (c,) = expand_candidates(load_scenario(p))
+    assert c.price_per_replica_hour == 2.2
+
+
 def test_a_target_beyond_max_replicas_is_no_plan_and_is_not_simulated():
     # One replica serves at most 25 req/s (max_num_seqs 2, 8 tokens of 10 ms): 1e6 req/s
     # needs tens of thousands of replicas, past plan.max_replicas (64); the deployment is
