@@ -292,6 +292,19 @@ def _set_costs(row: PlanRow, target: float) -> None:
                           if hi_n else None] for k in row.costs}
 
 
+def _needs_more_than(row: PlanRow, limit: int, target: float) -> None:
+    """``row``'s deployment missed the SLOs at every count up to ``limit``: its replica CI
+    starts above ``limit`` (its upper end opens where it fell below), and an estimate at or
+    below ``limit`` is refuted: the count becomes ``limit + 1`` and the operating point
+    (``target`` / estimate per replica, a count that misses) is dropped; costs follow."""
+    lo, hi = row.replicas_ci95 or (None, None)
+    lo = max(lo or 0, limit + 1)
+    row.replicas_ci95 = (lo, hi if hi is None or hi >= lo else None)
+    if limit + 1 > row.replicas:
+        row.replicas, row.operating = limit + 1, None
+    _set_costs(row, target)
+
+
 def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int = 64,
                      min_replications: int = 2, max_replications: int = 5,
                      tolerance: float = 0.02):
@@ -416,10 +429,7 @@ def plan(scenario, executor, *, target_rate: float | None = None,
                 if best is None:   # no deployment up to max_replicas meets the SLOs
                     r.replicas = None
                 else:              # not cheaper than the best: it needs more than `limit`
-                    lo, hi = r.replicas_ci95 or (None, None)
-                    r.replicas_ci95 = (max(lo or 0, limit + 1), hi)
-                    r.replicas = max(r.replicas, limit + 1)
-                    _set_costs(r, target)
+                    _needs_more_than(r, limit, target)
                 continue
             r.replicas, r.confirmed = n, True
             r.replicas_ci95 = _confirmed_interval(n, trail)

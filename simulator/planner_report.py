@@ -222,7 +222,9 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                    "whole deployment confirmed the replica count; no when it did not (for "
                    "a candidate after the first confirmed: fewer replicas than would cost as "
                    "much as the cheapest so far missed the SLOs, so it cannot be cheaper; "
-                   "its count stays the estimate, its CI starting above the count tried); "
+                   "its count stays the estimate, its CI starting above the count tried, or, "
+                   "where the estimate itself missed, becomes one more than the count tried, "
+                   "without operating-point latencies); "
                    "n/a when it was not simulated (its cost CI says it could not be the "
                    "cheapest)."))
     cols = list(table.columns)

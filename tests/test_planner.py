@@ -1005,3 +1005,22 @@ def test_a_tie_on_cost_goes_to_the_most_capacity_and_is_said(tmp_path, capsys):
     with open(tmp_path / "p" / "plan.csv", newline="") as f:
         rate = [float(r["max_rate_per_replica"]) for r in csv.DictReader(f)]
     assert 1.8 < rate[1] / rate[0] < 2.2 and rate[0] < 8 / 0.04
+
+
+def test_a_deployment_that_refutes_its_estimate_keeps_an_ordered_interval():
+    # estimated at 2 replicas [2, 2] (8 req/s each at 16), its deployment missed at 2:
+    # it needs 3 or more, the interval [3, open], and the 2-replica operating point goes
+    from simulator.planner import Candidate, PlanRow, _needs_more_than
+
+    row = PlanRow(Candidate({}, price_per_replica_hour=2.0), replicas=2,
+                  replicas_ci95=(2, 2), operating={"ttft_ms": {"p99": {"mean": 150.0}}},
+                  mean_output_tokens=100.0)
+    _needs_more_than(row, 2, 16.0)
+    assert (row.replicas, row.replicas_ci95, row.operating) == (3, (3, None), None)
+    assert row.costs["cost_per_hour"] == 6.0
+    assert row.costs_ci95["cost_per_hour"] == [6.0, None]
+    # an estimate above the count tried stands, its interval starting past it
+    row = PlanRow(Candidate({}, price_per_replica_hour=2.0), replicas=6,
+                  replicas_ci95=(4, 8), operating={}, mean_output_tokens=100.0)
+    _needs_more_than(row, 4, 16.0)
+    assert (row.replicas, row.replicas_ci95, row.operating) == (6, (5, 8), {})
