@@ -294,11 +294,13 @@ def _set_costs(row: PlanRow, target: float) -> None:
 
 def _needs_more_than(row: PlanRow, limit: int, target: float) -> None:
     """``row``'s deployment missed the SLOs at every count up to ``limit``: its replica CI
-    starts above ``limit`` (its upper end opens where it fell below), and an estimate at or
-    below ``limit`` is refuted: the count becomes ``limit + 1`` and the operating point
-    (``target`` / estimate per replica, a count that misses) is dropped; costs follow."""
-    lo, hi = row.replicas_ci95 or (None, None)
-    lo = max(lo or 0, limit + 1)
+    starts just above ``limit`` (what the deployment showed; the estimate's own lower end
+    is one replica's, which a router's pooling can undercut), its upper end opens where it
+    fell below, and an estimate at or below ``limit`` is refuted: the count becomes
+    ``limit + 1`` and the operating point (``target`` / estimate per replica, a count that
+    misses) is dropped; costs follow."""
+    hi = (row.replicas_ci95 or (None, None))[1]
+    lo = limit + 1
     row.replicas_ci95 = (lo, hi if hi is None or hi >= lo else None)
     if limit + 1 > row.replicas:
         row.replicas, row.operating = limit + 1, None
@@ -359,9 +361,10 @@ def plan(scenario, executor, *, target_rate: float | None = None,
     same seeds for every candidate), replicas = ceil(target / max rate), an operating-point
     run at target / replicas per replica (latency figures with 95% CIs), costs; then, from
     the cheapest estimate up, the replica count is confirmed by simulating the deployment
-    (:func:`confirm_replicas`) for every candidate whose cost could be below the cheapest
-    confirmed plan (the low end of its cost CI; an open end could be anything), tried at
-    fewer replicas than would cost as much; one that fails there keeps its estimate
+    (:func:`confirm_replicas`) for every candidate, after the first at fewer replicas than
+    would cost as much as the cheapest confirmed plan (a router's pooling can need far
+    fewer than the estimate, below its CI, which is one replica's); one that fails there
+    keeps its estimate
     (``confirmed`` False), its replica CI starting above the count tried. At equal cost
     the most capacity (replicas × max rate per replica) is confirmed first, then the fewest
     replicas; the first confirmed of equal cost is the plan.
@@ -402,21 +405,16 @@ def plan(scenario, executor, *, target_rate: float | None = None,
             r.beyond_max_replicas = r.replicas
             r.replicas = r.replicas_ci95 = None
             r.costs, r.costs_ci95 = {}, {}
-    def lowest(r):   # the least this candidate could cost: its cost CI's low end (open: 0)
-        lo = (r.costs_ci95.get("cost_per_hour") or [None])[0]
-        return lo if lo is not None else 0.0
-
     feasible = sorted((r for r in rows if r.feasible), key=cost)
     best = None
     if confirm:
-        # Every candidate that could be the cheapest is simulated as a deployment (a
-        # router pools replicas, so the count confirmed is often below the estimate); one
-        # after the first only at fewer replicas than would cost as much as the best.
+        # Every candidate is simulated as a deployment (a router pools replicas, so the
+        # count confirmed is often well below the estimate, and below its CI: that CI is
+        # of one replica's max rate); one after the first only at fewer replicas than
+        # would cost as much as the best.
         for r in feasible:
             limit, price = cfg.max_replicas, r.candidate.price_per_replica_hour
             if best is not None:
-                if cost(best)[0] <= lowest(r):
-                    continue
                 if price:
                     limit = min(limit, math.ceil(cost(best)[0] / price) - 1)
                 if limit < 1:
@@ -445,7 +443,7 @@ def plan(scenario, executor, *, target_rate: float | None = None,
 def plan_table(result: PlanResult) -> pd.DataFrame:
     """One row per candidate: values, max rate per replica (+ 95% CI), replicas (+ CI;
     ``confirmed``: True/False when the deployment was simulated at that count, None when
-    it was not, as only candidates that could be the cheapest are), cost per hour and per
+    it was not: infeasible, or one replica costs as much as the cheapest), cost per hour and per
     million output tokens (+ CI), operating-point TTFT and TPOT p99 (+ CI), cost kind,
     status.
 
@@ -467,7 +465,8 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
             "max_rate_ci95": list(s.ci95) if s else None,
             "replicas": r.replicas, "replicas_ci95": list(r.replicas_ci95)
             if r.replicas_ci95 else None,
-            # None: never simulated as a deployment (it could not be the cheapest)
+            # None: never simulated as a deployment (infeasible, or one replica costs as
+            # much as the cheapest)
             "confirmed": r.confirmed if r.confirmation else None,
             "cost_per_hour": r.costs.get("cost_per_hour"),
             "cost_per_hour_ci95": r.costs_ci95.get("cost_per_hour"),

@@ -225,8 +225,8 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                    "its count stays the estimate, its CI starting above the count tried, or, "
                    "where the estimate itself missed, becomes one more than the count tried, "
                    "without operating-point latencies); "
-                   "n/a when it was not simulated (its cost CI says it could not be the "
-                   "cheapest)."))
+                   "n/a when it was not simulated (one replica of it costs as much as the "
+                   "cheapest, it is infeasible, or confirmation was off)."))
     cols = list(table.columns)
     b.append(("table", None, ["#"] + cols,
               [[str(i)] + [_cell(r[c]) for c in cols] for i, r in table.iterrows()]))

@@ -92,9 +92,13 @@ def test_plan_sizes_replicas_confirmed_by_simulation():
     table = plan_table(res)
     assert list(table["status"]).count("cheapest feasible") == 1
     assert set(table["cost_kind"]) == {"inline"}
-    # max_num_seqs 1 needs more replicas, so it could not be cheaper: never simulated
+    # max_num_seqs 1 serves half as much a replica: tried at fewer replicas than would
+    # cost as much as the best (same price: at most n - 1), it misses there
     confirmed = dict(zip(table["engine.max_num_seqs"], table["confirmed"]))
-    assert confirmed[2] is True and confirmed[1] is None
+    assert confirmed[2] is True and confirmed[1] is False
+    other = next(r for r in res.rows if r is not best)
+    assert max(c["replicas"] for c in other.confirmation) == n - 1
+    assert not any(c["feasible"] for c in other.confirmation)
 
 
 def test_sweep_knee_matches_max_num_seqs_bound():
@@ -1019,8 +1023,9 @@ def test_a_deployment_that_refutes_its_estimate_keeps_an_ordered_interval():
     assert (row.replicas, row.replicas_ci95, row.operating) == (3, (3, None), None)
     assert row.costs["cost_per_hour"] == 6.0
     assert row.costs_ci95["cost_per_hour"] == [6.0, None]
-    # an estimate above the count tried stands, its interval starting past it
-    row = PlanRow(Candidate({}, price_per_replica_hour=2.0), replicas=6,
-                  replicas_ci95=(4, 8), operating={}, mean_output_tokens=100.0)
-    _needs_more_than(row, 4, 16.0)
-    assert (row.replicas, row.replicas_ci95, row.operating) == (6, (5, 8), {})
+    # an estimate above the count tried stands, its interval starting just past it (the
+    # estimate's own lower end, one replica's, does not bound a pooled deployment)
+    row = PlanRow(Candidate({}, price_per_replica_hour=2.0), replicas=8,
+                  replicas_ci95=(7, 9), operating={}, mean_output_tokens=100.0)
+    _needs_more_than(row, 2, 16.0)
+    assert (row.replicas, row.replicas_ci95, row.operating) == (8, (3, 9), {})
