@@ -24,8 +24,8 @@ import pandas as pd
 from .errors import InputError
 from .executors import Job
 from .metrics import combine_replications
-from .search import (SearchResult, drive, evaluate, max_rate_search, run_generator,
-                     with_rate)
+from .search import (SearchResult, _worst_slo, drive, evaluate, max_rate_search,
+                     run_generator, with_rate)
 from .sweep import (SweepResult, _fmt_value, _get, _point_overrides, _run, derive, grid,
                     knees, split_sets, sweep)
 
@@ -494,23 +494,6 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
     return table
 
 
-def _worst_slo(outputs: list[dict]) -> tuple[str, float, float] | None:
-    """The SLO furthest from its threshold over ``outputs``' summaries, by mean
-    value / threshold: ``(\"<metric> <stat>\", mean value, threshold)``."""
-    worst, where = None, None
-    keys = {(m, st) for o in outputs for m, e in (o["summary"].get("slo") or {}).items()
-            for st in e}
-    for m, st in sorted(keys):
-        vals = [o["summary"]["slo"][m][st] for o in outputs]
-        if any(v.get("value") is None or not v["threshold"] for v in vals):
-            continue
-        value = float(np.mean([v["value"] for v in vals]))
-        ratio = value / vals[0]["threshold"]
-        if worst is None or ratio > worst:
-            worst, where = ratio, (f"{m} {st}", value, float(vals[0]["threshold"]))
-    return where
-
-
 def closest_miss(result: PlanResult) -> dict | None:
     """When no candidate meets every SLO, the one that came closest; None when a plan was
     found or no candidate ran to a finite SLO figure.
@@ -528,7 +511,8 @@ def closest_miss(result: PlanResult) -> dict | None:
         a deployment), ``"replicas"`` (deployment size, or the estimate past
         ``plan.max_replicas``; 1 for a per-replica run),
         ``"slo"``, ``"value"``, ``"threshold"`` (the worst SLO's name, mean value and
-        threshold, ms or count; None when unknown)``}``.
+        threshold, ms or count; None when unknown), and for a deployment ``"unstable"``
+        (a run's backlog grew)``}``.
     """
     if result.best is not None:
         return None
@@ -549,7 +533,8 @@ def closest_miss(result: PlanResult) -> dict | None:
                 found.append(((0, t["mean_ratio"], i), {
                     "row": r, "per_replica": True, "ratio": t["mean_ratio"],
                     "rate": result.target_rate, "replicas": t["replicas"],
-                    "slo": None, "value": None, "threshold": None}))
+                    "slo": None, "value": None, "threshold": None,
+                    "unstable": t["unstable"]}))
             continue
         evals = [e for e in r.search.evaluations
                  if not e.unstable and not e.feasible and math.isfinite(e.mean_ratio)]
@@ -587,7 +572,9 @@ def closest_text(miss: dict, max_replicas: int) -> str:
         return (f"closest: {label} meets every SLO on one replica, but no deployment of up "
                 f"to {max_replicas} replicas did at {fmt_number(miss['rate'], 3)} req/s "
                 f"(best: {miss['replicas']} replicas, worst SLO at "
-                f"{fmt_number(miss['ratio'], 3)}x its threshold)")
+                f"{fmt_number(miss['ratio'], 3)}x its threshold"
+                + (" in its stable runs; a run's backlog grew" if miss.get("unstable") else "")
+                + ")")
     what = "worst SLO"
     if miss["slo"]:
         metric, stat = miss["slo"].split(" ", 1)

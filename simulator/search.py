@@ -226,10 +226,10 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
             # Halving the load no longer helps: the SLO is out of reach at any rate.
             if not e.unstable and not prev.unstable and e.mean_ratio >= 0.99 * prev.mean_ratio:
                 hi = e.rate
-                return result(0.0, hi, "SLO not met even at low load" + _floor_note(e))
+                return result(0.0, hi, "SLO not met even at low load" + _miss_note(e))
             hi, prev = e.rate, e
         if lo is None:
-            return result(0.0, hi, "SLO not met even at low load" + _floor_note(e))
+            return result(0.0, hi, "SLO not met even at low load" + _miss_note(e))
     while hi / lo > 1.0 + tolerance:
         mid = math.sqrt(lo * hi)
         e = yield from ev(mid)
@@ -240,16 +240,45 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
     return result(lo, hi)
 
 
-def _floor_note(e: RateEval) -> str:
-    """What requests served alone get where that already misses an SLO (first
-    replication of ``e``), else ''."""
+def _miss_note(e: RateEval) -> str:
+    """Why the lowest rate tried, ``e``, misses: what requests served alone get where that
+    already misses an SLO (first replication), else the SLO furthest from its threshold
+    (:func:`_worst_slo`) at that rate, or its growing backlog."""
     from .alone import below_floor
     from .metrics import METRIC_LABELS
 
     out = e.outputs[0]
     missed = below_floor(out["summary"], out.get("alone_ms") or {})
-    return "".join(f"; {METRIC_LABELS[m]} {st} of requests served alone {fl:.4g} ms > "
-                   f"{thr:g} ms: only faster steps meet it" for m, st, thr, _, fl in missed)
+    if missed:
+        return "".join(f"; {METRIC_LABELS[m]} {st} of requests served alone {fl:.4g} ms > "
+                       f"{thr:g} ms: only faster steps meet it" for m, st, thr, _, fl in missed)
+    if e.unstable:
+        return f"; at {e.rate:.3g} req/s the backlog still grows"
+    worst = _worst_slo(e.outputs)
+    if worst is None:
+        return ""
+    key, value, thr = worst
+    metric, stat = key.split(" ", 1)
+    unit = " ms" if metric.endswith("_ms") else ""
+    return (f"; at {e.rate:.3g} req/s {METRIC_LABELS.get(metric, metric)} {stat} "
+            f"{value:.4g}{unit} > {thr:g}{unit}")
+
+
+def _worst_slo(outputs: list[dict]) -> tuple[str, float, float] | None:
+    """The SLO furthest from its threshold over ``outputs``' summaries, by mean
+    value / threshold: ``(\"<metric> <stat>\", mean value, threshold)``."""
+    worst, where = None, None
+    keys = {(m, st) for o in outputs for m, e in (o["summary"].get("slo") or {}).items()
+            for st in e}
+    for m, st in sorted(keys):
+        vals = [o["summary"]["slo"][m][st] for o in outputs]
+        if any(v.get("value") is None or not v["threshold"] for v in vals):
+            continue
+        value = float(np.mean([v["value"] for v in vals]))
+        ratio = value / vals[0]["threshold"]
+        if worst is None or ratio > worst:
+            worst, where = ratio, (f"{m} {st}", value, float(vals[0]["threshold"]))
+    return where
 
 
 def drive(searches: dict[Any, Generator], executor,

@@ -60,6 +60,24 @@ def test_unservable_slo_gives_zero_rate():
                         "10 ms > 5 ms: only faster steps meet it")
 
 
+def test_a_miss_at_low_load_names_the_slo_or_the_backlog():
+    # no floor: the note says which SLO the lowest rate tried still misses (mean over
+    # replications), or that its backlog grows
+    from simulator.search import RateEval, _miss_note
+
+    def out(ttft, e2el):
+        return {"summary": {"slo": {"ttft_ms": {"p99": {"value": ttft, "threshold": 400,
+                                                        "met": ttft <= 400}},
+                                    "e2el_ms": {"p99": {"value": e2el, "threshold": 1500,
+                                                        "met": e2el <= 1500}}}},
+                "alone_ms": {"ttft_ms": {"p99": 390.0}, "e2el_ms": {"p99": 900.0}}}
+    e = RateEval(0.0581, False, True, False, [1.1, 1.0], 1.05, None,
+                 [out(440.0, 1000.0), out(400.2, 1400.0)])
+    assert _miss_note(e) == "; at 0.0581 req/s TTFT p99 420.1 ms > 400 ms"
+    e.unstable = True
+    assert _miss_note(e) == "; at 0.0581 req/s the backlog still grows"
+
+
 def test_cost_figures_by_hand():
     # 3 replicas × 2 GPUs × 2.5 USD = 15 USD/h; 10 req/s × 200 tokens × 3600 s = 7.2 M tok/h.
     c = cost_figures(3, 2 * 2.5, 10.0, 200.0)
@@ -1029,3 +1047,21 @@ def test_a_deployment_that_refutes_its_estimate_keeps_an_ordered_interval():
                   replicas_ci95=(7, 9), operating={}, mean_output_tokens=100.0)
     _needs_more_than(row, 2, 16.0)
     assert (row.replicas, row.replicas_ci95, row.operating) == (8, (3, 9), {})
+
+
+def test_the_closest_deployment_says_when_its_backlog_grew():
+    # a deployment whose stable runs met the SLOs (0.73x) but one run's backlog grew: the
+    # ratio alone would read as a pass
+    from simulator.planner import Candidate, PlanResult, PlanRow, closest_miss, closest_text
+    from simulator.search import SearchResult
+
+    row = PlanRow(Candidate({"hardware.profile": "h100-sxm"}),
+                  search=SearchResult(max_rate=11.0, bracket=(11.0, 11.2), ci95=(10.0, 12.0),
+                                      evaluations=[], at_max=None, capacity=None),
+                  confirmation=[{"replicas": 2, "feasible": False, "confident": True,
+                                 "unstable": True, "mean_ratio": 0.732, "ci95": None}])
+    miss = closest_miss(PlanResult(16.0, [row], None))
+    assert closest_text(miss, 2) == (
+        "closest: profile=h100-sxm meets every SLO on one replica, but no deployment of up "
+        "to 2 replicas did at 16 req/s (best: 2 replicas, worst SLO at 0.732x its threshold "
+        "in its stable runs; a run's backlog grew)")
