@@ -444,8 +444,9 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
     """One row per candidate: values, max rate per replica (+ 95% CI), replicas (+ CI;
     ``confirmed``: True/False when the deployment was simulated at that count, None when
     it was not: infeasible, or one replica costs as much as the cheapest), cost per hour and per
-    million output tokens (+ CI), operating-point TTFT and TPOT p99 (+ CI), cost kind,
-    status.
+    million output tokens (+ CI), operating-point TTFT and TPOT p99 (+ CI) and every
+    statistic an SLO names (``e2el_p99_ms``, ``ttft_p50_ms``, + CI; their column names in
+    ``table.attrs["slo_columns"]``), cost kind, status.
 
     A ``*_ci95`` cell is ``[lo, hi]``, ``None`` where there is no interval (one
     replication, no max rate), or has one end ``None`` where the rate search bounded the
@@ -485,7 +486,26 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
                            "feasible" if r.feasible else "infeasible")),
         })
         rows.append(d)
+    # the statistics the SLOs name (E2EL p99, TTFT p50, ...), beside TTFT and TPOT p99
+    names = {}
+    for r in result.rows:
+        for m, stats in ((r.operating or {}).get("slo") or {}).items():
+            for st in stats:
+                names.setdefault(f"{m.removesuffix('_ms')}_{st}", (m, st))
+    slo_cols = []
+    for name, (m, st) in names.items():
+        slo_cols.append(f"{name}_ms")
+        if f"{name}_ms" in rows[0]:
+            continue
+        for d, r in zip(rows, result.rows):
+            v = ((((r.operating or {}).get("slo") or {}).get(m) or {}).get(st) or {}).get(
+                "value") or {}
+            d[f"{name}_ms"], d[f"{name}_ci95"] = v.get("mean"), v.get("ci95")
     table = pd.DataFrame(rows)
+    if len(table):   # the SLO columns beside the other latencies, before cost_kind
+        cols = [c for c in table.columns if c not in ("cost_kind", "status")]
+        table = table[cols + ["cost_kind", "status"]]
+    table.attrs["slo_columns"] = slo_cols
     for key in (result.rows[0].candidate.values if result.rows else ()):
         # as given: a null beside 4096 would turn the column into floats (4096.0)
         table[key] = pd.Series([r.candidate.values[key] for r in result.rows], dtype=object)

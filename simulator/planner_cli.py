@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,6 +72,9 @@ def _label(column: str) -> str:
     """Header for a column: a swept key shows its last part (``engine.max_num_seqs`` ->
     ``max seqs``), known figures their short name."""
     last = str(column).rsplit(".", 1)[-1]
+    stat = re.fullmatch(r"(ttft|tpot|itl|e2el|queue)_(.+)_ms", last)
+    if last not in _LABELS and stat:   # an SLO's statistic: e2el_p99.9_ms -> E2EL p99.9 ms
+        return f"{stat[1].upper()} {stat[2]} ms"
     return _LABELS.get(column, _LABELS.get(last, last))
 
 
@@ -270,7 +274,7 @@ def _cmd_plan(args) -> int:
     _print_table(table, f"Plans for {res.target_rate:g} req/s", list(
         table.columns[:len(res.rows[0].candidate.values)]) + [
         "max_rate_per_replica", "replicas", "cost_per_hour", "cost_per_hour_ci95",
-        "ttft_p99_ms", "status"])
+        *(table.attrs.get("slo_columns") or ["ttft_p99_ms"]), "status"])
     if res.best is not None:
         cost = res.best.costs.get("cost_per_hour")
         ties = [r for r in res.rows if r is not res.best and r.feasible and cost is not None

@@ -1065,3 +1065,24 @@ def test_the_closest_deployment_says_when_its_backlog_grew():
         "closest: profile=h100-sxm meets every SLO on one replica, but no deployment of up "
         "to 2 replicas did at 16 req/s (best: 2 replicas, worst SLO at 0.732x its threshold "
         "in its stable runs; a run's backlog grew)")
+
+
+def test_the_plan_table_shows_the_statistics_the_slos_name(tmp_path, capsys):
+    # an E2EL p99 SLO: the table, plan.csv and the terminal carry E2EL p99 (the mean over
+    # the operating point's replications of the SLO's own value)
+    import csv
+    y = tmp_path / "t.yaml"
+    y.write_text(SMALL_PLAN.replace("slo: {ttft_ms: {p99: 200}}",
+                                    "slo: {e2el_ms: {p99: 300}, ttft_ms: {p50: 200}}"))
+    assert main(["plan", str(y), "--out", str(tmp_path / "p"), "--executor", "serial",
+                 "--quiet"]) == 0
+    head = capsys.readouterr().out.split("─")[0]
+    assert "E2EL" in head and "TTFT" in head and "p50" in head
+    with open(tmp_path / "p" / "plan.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cols = list(rows[0])
+    assert cols.index("e2el_p99_ms") < cols.index("cost_kind")
+    assert {"ttft_p50_ms", "ttft_p50_ci95_lo", "e2el_p99_ci95_hi"} <= set(cols)
+    best = next(r for r in rows if r["status"] == "cheapest feasible")
+    # 4 output tokens at 10 ms a step: E2EL at least 40 ms, within the 300 ms SLO
+    assert 40 <= float(best["e2el_p99_ms"]) <= 300
