@@ -206,9 +206,12 @@ def _cmd_sweep(args) -> int:
         res = sweep(scenario, axes, ex, progress=prog)
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
     # rejected only when a point rejects (sweep.csv keeps the column): 80 columns hold the rest
+    slo = [f"{m.removesuffix('_ms')}_{st}_ms"
+           for m, st, _ in (scenario.slo.targets() if scenario.slo else [])]
+    shown = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"]
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
-        "offered_rate", "request_throughput", "stability", "rejected", "ttft_p50_ms",
-        "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_met", "binding"] if c in res.table
+        "offered_rate", "request_throughput", "stability", "rejected", *shown,
+        *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
         and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line

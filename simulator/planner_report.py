@@ -91,7 +91,8 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     kinds = sorted(set(map(str, t["cost_kind"].dropna()))) if "cost_kind" in t else []
     shown = list(result.axes) + ["offered_rate", "request_throughput", "stability",
                                  "rejected", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
-                                 "tpot_p99_ms", "itl_p99_ms", "goodput", "slo_met", "binding"]
+                                 "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "goodput",
+                                 "slo_met", "binding"]
     shown = [c for c in shown if c in t]
     b: list = [("h1", title),
                ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. " + UNSTABLE_RULE + " A "

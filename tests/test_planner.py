@@ -402,6 +402,15 @@ def test_a_two_axis_sweep_table_fits_80_columns(tmp_path, capsys, monkeypatch):
     words = " ".join(table).split()
     assert "stability" in words and "rejected" not in words
     assert (pd.read_csv(tmp_path / "sw" / "sweep.csv")["rejected"] == 0).all()
+    # an SLO on E2EL p99 adds its column, still within 80
+    y.write_text(SMALL_PLAN.replace("slo: {ttft_ms: {p99: 200}}",
+                                    "slo: {ttft_ms: {p99: 200}, e2el_ms: {p99: 300}}"))
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=10,20", "--set",
+                 "engine.max_num_batched_tokens=8192,16384", "--out", str(tmp_path / "sw2"),
+                 "--executor", "serial", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[:next(i for i, x in enumerate(lines) if x.startswith("highest stable"))]
+    assert max(map(len, table)) <= 80 and "E2EL" in " ".join(table).split()
 
 
 def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys):
