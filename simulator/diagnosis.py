@@ -57,6 +57,7 @@ import math
 import numpy as np
 
 from .alone import FLOOR_METRICS, below_floor, slo_floors, step_plan
+from .cost_model import MAX_TP
 from .errors import InputError
 from .executors import job_output, offered_rate
 from .metrics import METRIC_LABELS
@@ -304,9 +305,6 @@ def _moves(finding: dict, metrics) -> bool:
     return bool(set(MOVES.get(finding["limit"], ())) & set(metrics))
 
 
-#: The most GPUs a tensor-parallel group spans (one node of 8: beyond it the all-reduce
-#: leaves NVLink, which the roofline does not price).
-MAX_TP = 8
 
 
 def _faster(scenario, ttft: bool, result=None, floor=()) -> tuple[str, str | None]:

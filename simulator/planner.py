@@ -73,6 +73,12 @@ def expand_candidates(scenario) -> list[Candidate]:
         points = grid(axes, parse=False)   # typed by the scenario's YAML already
     except ValueError as e:
         raise scenario.error("plan.candidates", f"the candidates make {e}") from None
+    for key in axes:   # a --set value the candidates would replace unseen
+        flag = scenario.set_by(key)
+        if flag:
+            raise InputError(f"--set {flag}: plan.candidates gives {key} its values, which "
+                             f"replace this one in every candidate; change "
+                             f"plan.candidates.{key} instead")
     gpus = list(dict.fromkeys(str(p["hardware.profile"]) for p in points
                               if "hardware.profile" in p))
     if len(gpus) > 1 and scenario.hardware.price_per_gpu_hour is not None \
@@ -384,6 +390,14 @@ def plan(scenario, executor, *, target_rate: float | None = None,
         raise scenario.error("plan.target_rate", "give the rate to serve (here or with "
                                                  "--target-rate)")
     with_rate(scenario, 1.0)   # fail early on a workload without an arrival rate
+    from .policy.request import MAX_TIME_NS, NS_PER_S
+
+    n = scenario.workload.num_requests
+    if n and n / target >= MAX_TIME_NS / NS_PER_S:   # the operating point's arrivals
+        msg = (f"{target:g} req/s spreads {n} arrivals over more than the 4.6e9 s a run "
+               f"can hold")
+        raise (InputError(f"--target-rate: {msg}") if target_rate
+               else scenario.error("plan.target_rate", msg))
     kw = dict(min_replications=cfg.min_replications, max_replications=cfg.max_replications,
               tolerance=cfg.tolerance)
     cands = expand_candidates(scenario)

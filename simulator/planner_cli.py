@@ -78,10 +78,11 @@ def _label(column: str) -> str:
     return _LABELS.get(column, _LABELS.get(last, last))
 
 
-def _short(v) -> str:
+def _short(v, cents: bool = False) -> str:
     """A terminal cell: 3 significant figures in positional notation
-    (:func:`simulator.report.fmt_number`), a 95% CI as ``lo–hi``, ``≤hi`` / ``≥lo`` when
-    only one end is known, ``–`` when none is, a missing value as ``-``."""
+    (:func:`simulator.report.fmt_number`; with ``cents``, two decimals: costs that differ
+    by cents must not read alike), a 95% CI as ``lo–hi``, ``≤hi`` / ``≥lo`` when only
+    one end is known, ``–`` when none is, a missing value as ``-``."""
     import math
 
     from .planner_report import _cell
@@ -93,12 +94,14 @@ def _short(v) -> str:
         if lo is None and hi is None:
             return "–"
         if lo is None:
-            return f"≤{_short(hi)}"
+            return f"≤{_short(hi, cents)}"
         if hi is None:
-            return f"≥{_short(lo)}"
-        return f"{_short(lo)}–{_short(hi)}"
+            return f"≥{_short(lo, cents)}"
+        return f"{_short(lo, cents)}–{_short(hi, cents)}"
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
+    if isinstance(v, (int, float)) and cents:
+        return f"{v:.2f}"
     if isinstance(v, float):
         return fmt_number(v, 3)
     return _cell(v)
@@ -144,7 +147,8 @@ def _print_table(df, title: str, columns=None, console=None, exact=()) -> None:
     rows, notes, ci_notes = [], [], []
     for _, r in df.iterrows():
         row = [_fmt_value(getattr(r[c], "item", lambda: r[c])()) if c in exact
-               else _short(r[c]) for c in cols]   # .item(): a NumPy scalar as Python's
+               else _short(r[c], cents=str(c).startswith("cost_per_hour"))
+               for c in cols]   # .item(): a NumPy scalar as Python's
         for j, (c, cell) in enumerate(zip(cols, row)):
             if str(c).endswith("_ci95"):
                 if cell == "-":      # no interval at all
@@ -197,6 +201,11 @@ def _cmd_sweep(args) -> int:
     if not axes:
         raise InputError("--set: give at least one swept key with comma-separated values, "
                          "e.g. --set workload.arrival.rate=1,2,4,8")
+    for key in axes:   # every point would be the same run
+        if key == "plan" or key.startswith("plan."):
+            raise InputError(f"--set {key}={','.join(axes[key])}: the plan: section changes "
+                             f"only what servesim plan does; every point of a sweep would be "
+                             f"the same run")
     if args.replications is not None and "sim.replications" in axes:
         raise InputError("--replications: sim.replications is also swept by --set; give one")
     scenario = with_replications(scenario, args.replications)
@@ -282,7 +291,9 @@ def _cmd_plan(args) -> int:
         cost = res.best.costs.get("cost_per_hour")
         ties = [r for r in res.rows if r is not res.best and r.feasible and cost is not None
                 and r.costs.get("cost_per_hour") == cost]
-        print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s), "
+        print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s)"
+              + ("" if res.best.confirmed else " (estimated from one replica's max rate: "
+                 "not simulated as a deployment)") + ", "
               + (f"{cost:.2f} USD/h" if cost is not None else "no price for this hardware")
               + (f" (as cheap: {'; '.join(r.candidate.label for r in ties)}; the most "
                  f"capacity, replicas × max rate per replica, then the fewest replicas, is "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
 from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
@@ -33,6 +34,24 @@ def _cell(v) -> str:
     if isinstance(v, float) and np.isnan(v):
         return "n/a"
     return _fmt(v)
+
+
+def _rounded(table):
+    """``table`` with its finite floats (in CIs too) at 6 significant digits, as
+    ``summary.json`` has them (``10.8``, not ``10.799999999999999`` from 6 × 1.8)."""
+    from .metrics import round_sig
+
+    def cell(v):
+        if isinstance(v, (list, tuple)):
+            return [cell(x) for x in v]
+        if isinstance(v, (float, np.floating)) and np.isfinite(v):
+            return round_sig(v)
+        return v
+    out = table.copy()
+    for col in out.columns:   # object columns stay objects (a candidate's 64, not 64.0)
+        out[col] = pd.Series([cell(v) for v in out[col]], index=out.index,
+                             dtype=out[col].dtype)
+    return out
 
 
 def _json(obj) -> bytes:
@@ -109,6 +128,7 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
     img = plot_sweep(result)
+    t = _rounded(t)
     return write_files(out_dir, {
         "sweep.csv": csv_table(t).to_csv(index=False, lineterminator="\n").encode(),
         "sweep.json": _json({"axes": result.axes, "knees": result.knees,
@@ -242,6 +262,7 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
     img = plot_pareto(table, best_index)
+    table = _rounded(table)
     return write_files(out_dir, {
         "plan.csv": csv_table(table).to_csv(index=False, lineterminator="\n").encode(),
         "plan.json": _json({"target_rate": result.target_rate, "best": best_index,

@@ -117,6 +117,9 @@ BAD_CASES = [
     (None, ["--set", "engine.max_num_seqs=16", "--set", "engine. max_num_seqs=32"],
      "--set engine. max_num_seqs=32: engine.max_num_seqs is already set by --set "
      "engine.max_num_seqs=16"),
+    # past one node of 8 the projection would price an all-reduce over NVLink
+    (None, ["--set", "hardware.tensor_parallel=16", "--set", "model=llama-3.1-70b"],
+     "--set hardware.tensor_parallel=16: 16 GPUs span more than one node of 8"),
 ]
 
 

@@ -575,7 +575,9 @@ def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys
     _print_table(df, "Plans", list(df.columns))
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80
-    assert "8.31" in out and "17.9–25.1" in out and "best" in out and "note 1" in out
+    # costs to the cent: 17.93 and 17.9 must not read alike
+    assert "8.31" in out and "17.90" in out and "17.93–25.14" in out and "best" in out \
+        and "note 1" in out
     assert "note 1: model does not fit: 16.1 GB of weights" in out.replace("\n", " ")
 
 
@@ -638,7 +640,8 @@ def test_terminal_tables_fit_80_columns_without_exponents_or_lost_cells(monkeypa
     assert "…" not in out and "e+" not in out
     first, second = (line.split() for line in out.splitlines()
                      if line.split()[:1] in (["16,384"], ["2,048"]))
-    assert first == ["16,384", "13.1", "≥11.6", "4", "12", "≤12", "12346", "-3.5–1380", "ok"]
+    assert first == ["16,384", "13.1", "≥11.6", "4", "11.96", "≤11.96", "12346", "-3.5–1380",
+                     "ok"]
     assert second == ["2,048", "1234", "–", "1", "2.99", "–", "0.5", "–", "best"]
     assert "– in a 95% CI column: no interval" in out
     assert "only one end of the 95% CI is known" in out.replace("\n", " ")
@@ -1095,3 +1098,46 @@ def test_the_plan_table_shows_the_statistics_the_slos_name(tmp_path, capsys):
     best = next(r for r in rows if r["status"] == "cheapest feasible")
     # 4 output tokens at 10 ms a step: E2EL at least 40 ms, within the 300 ms SLO
     assert 40 <= float(best["e2el_p99_ms"]) <= 300
+
+
+@pytest.mark.parametrize("args, said", [
+    # a --set value the candidates replace would be ignored unseen
+    (["plan", "--set", "engine.max_num_seqs=8"],
+     "--set engine.max_num_seqs=8: plan.candidates gives engine.max_num_seqs its values, which "
+     "replace this one in every candidate; change plan.candidates.engine.max_num_seqs instead"),
+    # a target so low that the operating point's arrivals outrun what a run holds
+    (["plan", "--target-rate", "1e-9"],
+     "--target-rate: 1e-09 req/s spreads 200 arrivals over more than the 4.6e9 s a run can "
+     "hold"),
+    # every point of a sweep over the plan: section is one run
+    (["sweep", "--set", "plan.target_rate=10,20"],
+     "--set plan.target_rate=10,20: the plan: section changes only what servesim plan does; "
+     "every point of a sweep would be the same run"),
+])
+def test_plan_and_sweep_settings_that_would_be_ignored_are_refused(tmp_path, capsys, args,
+                                                                   said):
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN)
+    cmd, *rest = args
+    assert main([cmd, str(y), *rest, "--out", str(tmp_path / "o"), "--executor", "serial",
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {said}\n"
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_unconfirmed_plan_says_so_and_its_files_round_costs(tmp_path, capsys):
+    # --no-confirm: the replica count is one replica's estimate. At 100 req/s max_num_seqs
+    # 2 (about 40 req/s a replica) needs 3 replicas: 3 x 3.6 USD/h is 10.8 in plan.csv, not
+    # 10.799999999999999
+    import csv
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("price_per_gpu_hour: 1.0", "price_per_gpu_hour: 3.6")
+                 .replace("target_rate: 30", "target_rate: 100"))
+    assert main(["plan", str(y), "--out", str(tmp_path / "p"), "--executor", "serial",
+                 "--quiet", "--no-confirm"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "replica(s) (estimated from one replica's max rate: not simulated as a " \
+           "deployment)" in said
+    with open(tmp_path / "p" / "plan.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["replicas"], r["cost_per_hour"]) for r in rows][0] == ("3", "10.8")
