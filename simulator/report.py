@@ -822,6 +822,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
     if any("binding" in e for e in entries):
         rows.append(["binding limit"] + [_LIMITS.get(e.get("binding"), str(e.get("binding")))
                                          for e in entries])
+        csv_rows.append({"figure": "binding limit",   # the diagnosis's name, as in sweep.csv
+                         **{n: e.get("binding") for n, e in zip(names, entries)}})
     b: list = [("h1", title)]
     if note:
         b.append(("p", note))

@@ -539,6 +539,9 @@ workload:
         assert r[6] == "0"                               # rejected requests
     csv = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
     assert any(line.startswith("rejected requests,0,0") for line in csv)
+    # the binding limit of each plan, as the terminal and report.md give it
+    binding = next(line for line in csv if line.startswith("binding limit,"))
+    assert binding.split(",")[1:] == [rows["fast"][-1], rows["slow"][-1]]
     assert main(["compare", str(a)] + args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"servesim: error: compare needs two or more scenario files, got 1 ({a}); "
