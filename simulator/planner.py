@@ -630,8 +630,12 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
     Returns:
         Per scenario ``{"name", "scenario", "result"`` (replication 0's RunResult),
         ``"replications"`` (:func:`combine_replications` or None), ``"slo_met"`` (met in
-        every replication; None without SLOs)``}``.
+        every replication; None without SLOs), ``"stability"`` (:func:`stability_label`
+        of every replication: stable only when each is)``}``.
     """
+    from .executors import job_output
+    from .sweep import stability_label
+
     base = scenarios[0]
     scs = [sc if i == 0 else sc.serving(base) for i, sc in enumerate(scenarios)]
     jobs = [Job(sc, k, full=True) for sc in scs for k in range(sc.sim.replications)]
@@ -642,10 +646,13 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
         group = outs[i:i + n]
         i += n
         met = [g.summary.get("slo_met") for g in group]
+        stable = all(job_output(g)["stable"] for g in group)
+        rejected = float(np.mean([g.summary.get("rejected") or 0 for g in group]))
         res.append({"name": sc.name, "scenario": sc, "result": group[0],
                     "replications": combine_replications([g.summary for g in group])
                     if n > 1 else None,
-                    "slo_met": None if None in met else all(met)})
+                    "slo_met": None if None in met else all(met),
+                    "stability": stability_label(stable, rejected)})
     names = [r["name"] for r in res]
     for r in res:
         if names.count(r["name"]) > 1:

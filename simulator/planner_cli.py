@@ -377,7 +377,8 @@ def compare_table(entries: list[dict]):
     them (:func:`simulator.report.plan_figure`: means over replications): ``plan``,
     ``ttft_p99_ms`` and ``tpot_p99_ms``, ``request_throughput`` and ``goodput`` (req/s),
     ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt does not fit
-    max_model_len) and ``binding`` (the diagnosis's binding limit, of replication 0)."""
+    max_model_len), ``stability`` (as sweep's) and ``binding`` (the diagnosis's binding
+    limit, of replication 0)."""
     import pandas as pd
 
     from .report import plan_figure
@@ -389,7 +390,8 @@ def compare_table(entries: list[dict]):
                      "request_throughput": plan_figure(e, ("request_throughput",)),
                      "goodput": plan_figure(e, ("goodput",)),
                      "slo_met": plan_figure(e, ("slo_met",)),
-                     "rejected": plan_figure(e, ("rejected",)), "binding": e.get("binding")})
+                     "rejected": plan_figure(e, ("rejected",)),
+                     "stability": e.get("stability"), "binding": e.get("binding")})
     return pd.DataFrame(rows)
 
 

@@ -824,6 +824,10 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
                                          for e in entries])
         csv_rows.append({"figure": "binding limit",   # the diagnosis's name, as in sweep.csv
                          **{n: e.get("binding") for n, e in zip(names, entries)}})
+    if any("stability" in e for e in entries):   # as sweep's: an overloaded plan says so
+        rows.append(["stability"] + [str(e.get("stability")) for e in entries])
+        csv_rows.append({"figure": "stability",
+                         **{n: e.get("stability") for n, e in zip(names, entries)}})
     b: list = [("h1", title)]
     if note:
         b.append(("p", note))

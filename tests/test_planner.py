@@ -1144,3 +1144,31 @@ def test_an_unconfirmed_plan_says_so_and_its_files_round_costs(tmp_path, capsys)
     with open(tmp_path / "p" / "plan.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["replicas"], r["cost_per_hour"]) for r in rows][0] == ("3", "10.8")
+
+
+def test_compare_says_which_plan_cannot_keep_up(tmp_path, capsys):
+    # 7 req/s of 5-token answers: 4 slots of 10 ms steps serve 80 req/s; 1 slot of 50 ms
+    # steps serves 1 / 0.25 s = 4 req/s, so its backlog grows the whole run
+    import csv
+    text = """name: {name}
+model: llama-test
+hardware: {{step_time: {{constant_s: {step}}}}}
+engine: {{max_num_seqs: {seqs}, max_model_len: 512}}
+workload:
+  num_requests: 200
+  arrival: {{process: poisson, rate: 7}}
+  prompt_tokens: {{dist: fixed, value: 8}}
+  output_tokens: {{dist: fixed, value: 5}}
+"""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(text.format(name="fast", step=0.01, seqs=4))
+    b.write_text(text.format(name="tiny", step=0.05, seqs=1))
+    assert main(["compare", str(a), str(b), "--executor", "serial", "--quiet", "--out",
+                 str(tmp_path / "cmp")]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] in (["fast"], ["tiny"])}
+    assert "stable" in rows["fast"] and "unstable" in rows["tiny"]
+    with open(tmp_path / "cmp" / "compare.csv", newline="") as f:
+        got = {r["figure"]: r for r in csv.DictReader(f)}
+    assert (got["stability"]["fast"], got["stability"]["tiny"]) == ("stable", "unstable")
+    assert "| stability | stable | unstable |" in (tmp_path / "cmp" / "report.md").read_text()
