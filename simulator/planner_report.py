@@ -20,7 +20,7 @@ UNSTABLE_RULE = (
     "A point is unstable when requests pile up: between the first finish and the last "
     "arrival it completes fewer than 0.98 × the requests that arrive, and over the last "
     "three quarters of the arrivals the requests waiting rise by at least 2% of the arrival "
-    "rate, or those in the system by 10% of it (a least-squares trend over six segments, t "
+    "rate, or those in the system by 20% of it (a least-squares trend over six segments, t "
     "≥ 3; the whole-run `request_throughput` also counts the drain after the last arrival, "
     "so a stable short run can show less than 0.98 × `offered_rate`); an unstable point's "
     "latencies depend on the run length.")
