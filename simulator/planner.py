@@ -43,6 +43,7 @@ class Candidate:
     price_per_replica_hour: float | None = None
     cost_kind: str | None = None
     cost_label: str | None = None
+    kv_warning: str | None = None
 
     @property
     def label(self) -> str:
@@ -89,6 +90,14 @@ def expand_candidates(scenario) -> list[Candidate]:
             f"its price in plan.prices (e.g. plan.prices: {{{gpus[0]}: "
             f"{scenario.hardware.price_per_gpu_hour:g}}}), or leave it out for the "
             f"catalog's"), depends=("plan.candidates",))
+    used = gpus or [str(scenario.hardware.profile)]
+    both = [g for g in used if cfg and g in cfg.prices]
+    if both and scenario.hardware.price_per_gpu_hour is not None \
+            and "hardware.price_per_gpu_hour" not in axes:   # one would be dropped unseen
+        raise scenario.error("hardware.price_per_gpu_hour", (
+            f"{scenario.hardware.price_per_gpu_hour:g} and plan.prices.{both[0]} "
+            f"({cfg.prices[both[0]]:g}) both price {both[0]}: give one"),
+            depends=("plan.prices",))
     for point in points:
         try:
             sc = derive(scenario, _point_overrides(point))
@@ -111,6 +120,7 @@ def expand_candidates(scenario) -> list[Candidate]:
         else:
             c.price_per_replica_hour = cm.price_per_replica_hour
             c.cost_label = cm.label
+            c.kv_warning = cm.kv_warning
             c.cost_kind = cm.label.split(":", 1)[0]
         out.append(c)
     _check_prices(scenario, {c.scenario.hardware.profile for c in out})

@@ -186,6 +186,12 @@ def _print_table(df, title: str, columns=None, console=None, exact=()) -> None:
                       markup=False)
 
 
+def _warn(warnings: list[str]) -> None:
+    """Each warning once on stderr (after the runs: an error in them stays the one line)."""
+    for w in warnings:
+        print(f"servesim: warning: {w}", file=sys.stderr)
+
+
 def _cmd_sweep(args) -> int:
     from .cli import with_replications
     from .planner import split_sets, sweep
@@ -222,6 +228,7 @@ def _cmd_sweep(args) -> int:
         "offered_rate", "request_throughput", "stability", "rejected", *shown,
         *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
         and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
+    _warn(res.warnings)
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")
@@ -272,6 +279,8 @@ def _cmd_plan(args) -> int:
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
                    confirm=not args.no_confirm)
+    _warn(list(dict.fromkeys(r.candidate.kv_warning for r in res.rows
+                             if r.candidate.kv_warning)))
     n = scenario.workload.num_requests   # None for a whole trace
     if n is not None and n - scenario.sim.warmup_requests < MIN_PLAN_REQUESTS:
         # a handful of requests never fills the queue: a rate far past capacity "meets" it
@@ -341,6 +350,8 @@ def _cmd_compare(args) -> int:
     check_folder(out, "--out", "compare")   # before the runs, not after
     with _executor(args) as ex, _progress(args, "comparing") as prog:
         entries = compare(scenarios, ex, progress=prog)
+    from .sweep import kv_warnings
+    _warn(kv_warnings(scenarios))
     ignored = [sc.source for sc in scenarios[1:]
                if _served_workload(sc) != _served_workload(scenarios[0])]
     if ignored:  # a comparison holds the traffic fixed: say whose is used (after the runs,

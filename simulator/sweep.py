@@ -183,12 +183,15 @@ class SweepResult:
             axis whose stability is ``stable``: ``[{...other axis values, "knee": value}]``
             (``None`` when there is none).
         summaries: per point, the replication summaries.
+        warnings: distinct cost-model warnings of the points (an engine.num_gpu_blocks
+            beyond what the GPU's memory holds).
     """
 
     axes: dict[str, list]
     table: pd.DataFrame
     knees: list[dict]
     summaries: list[list[dict]] = field(repr=False)
+    warnings: list[str] = field(default_factory=list)
 
 
 _SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
@@ -271,7 +274,26 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["binding"] = group[0].get("binding")
         rows.append(row)
     table = pd.DataFrame(rows)
-    return SweepResult(dict(axes), table, knees(table, list(axes)), per_point)
+    return SweepResult(dict(axes), table, knees(table, list(axes)), per_point,
+                       kv_warnings(scs))
+
+
+def kv_warnings(scenarios) -> list[str]:
+    """The distinct ``kv_warning`` of the scenarios' cost models
+    (:class:`simulator.cost_model.CostModel`: more blocks than the GPU's memory holds), in
+    order; a scenario whose cost model cannot be built adds none (its run says why)."""
+    from .cost_model import build_cost_model
+    from .errors import InputError
+
+    out: list[str] = []
+    for sc in scenarios:
+        try:
+            w = build_cost_model(sc).kv_warning
+        except InputError:
+            continue
+        if w and w not in out:
+            out.append(w)
+    return out
 
 
 def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
@@ -296,5 +318,5 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["STABILITY", "SweepResult", "derive", "grid", "knees", "split_sets",
+__all__ = ["STABILITY", "SweepResult", "derive", "grid", "knees", "kv_warnings", "split_sets",
            "stability_label", "sweep"]

@@ -1112,6 +1112,11 @@ def test_the_plan_table_shows_the_statistics_the_slos_name(tmp_path, capsys):
     (["plan", "--target-rate", "1e-9"],
      "--target-rate: 1e-09 req/s spreads 200 arrivals over more than the 4.6e9 s a run can "
      "hold"),
+    # a scenario price and plan.prices for the same GPU: one would be dropped unseen
+    (["plan", "--set", "hardware.price_per_gpu_hour=2", "--set", "plan.prices={h100-sxm: 3}",
+      "--set", "hardware.profile=h100-sxm", "--set", "hardware.step_time=null"],
+     "--set hardware.price_per_gpu_hour=2: 2 and plan.prices.h100-sxm (3) both price "
+     "h100-sxm: give one"),
     # every point of a sweep over the plan: section is one run
     (["sweep", "--set", "plan.target_rate=10,20"],
      "--set plan.target_rate=10,20: the plan: section changes only what servesim plan does; "
@@ -1172,3 +1177,23 @@ workload:
         got = {r["figure"]: r for r in csv.DictReader(f)}
     assert (got["stability"]["fast"], got["stability"]["tiny"]) == ("stable", "unstable")
     assert "| stability | stable | unstable |" in (tmp_path / "cmp" / "report.md").read_text()
+
+
+def test_sweep_plan_and_compare_warn_of_more_kv_blocks_than_the_gpu_holds(tmp_path, capsys):
+    # 10**9 blocks of 16 tokens are past what an H100's memory holds: each command warns,
+    # once per distinct cache (compare's two plans, max_num_seqs 4 and 8, reserve different
+    # activation memory, so their counts differ)
+    y = tmp_path / "s.yaml"
+    y.write_text(small_scenario("s", 60) + "slo: {ttft_ms: {p99: 500}}\n"
+                 "plan: {target_rate: 5, candidates: {engine.max_num_seqs: [4]}}\n")
+    z = tmp_path / "z.yaml"
+    z.write_text(small_scenario("z", 60).replace("max_num_seqs: 4", "max_num_seqs: 8"))
+    big = ["--set", "engine.num_gpu_blocks=1000000000"]
+    for argv in (["sweep", str(y), "--set", "workload.arrival.rate=5,10"] + big,
+                 ["plan", str(y)] + big, ["compare", str(y), str(z)] + big):
+        out = tmp_path / argv[0]
+        assert main(argv + ["--out", str(out), "--executor", "serial", "--quiet"]) in (0, 1)
+        err = capsys.readouterr().err
+        assert err.count("servesim: warning: engine.num_gpu_blocks = 1000000000") == (
+            2 if argv[0] == "compare" else 1), argv
+        assert "blocks that h100-sxm's memory holds" in err
