@@ -130,14 +130,21 @@ def _slo_value(entry: dict) -> str:
 
 
 def _basis(summary: dict) -> tuple[str, str]:
-    """(label, label with source) of the step costs, e.g. ("projected", "projected (...)")."""
+    """(label for titles, label with source) of the step costs, e.g. ("projected",
+    "projected (...)"); figures simulated from measured step costs are titled "measured costs"."""
     label = summary.get("cost_kind") or summary.get("cost_label") or "unlabelled"
     source = summary.get("cost_model") or summary.get("cost_source")
     label = str(label)
     if not source:
-        return label, label
+        return _SIMULATED.get(label, label), label
     source = str(source)
-    return label, source if source.lower().startswith(label.lower()) else f"{label} ({source})"
+    return (_SIMULATED.get(label, label),
+            source if source.lower().startswith(label.lower()) else f"{label} ({source})")
+
+
+#: How the section titles name figures simulated from measured step costs: "(measured)"
+#: read as if the latencies themselves had been measured.
+_SIMULATED = {"measured": "measured costs"}
 
 
 def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None,
@@ -149,7 +156,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         b.append(("table", "Run", ["key", "value"],
                   [[str(k), _fmt(v)] for k, v in meta.items()]))
     b.append(("p", f"Step costs: **{basis}**. Every latency, throughput and load figure "
-                   f"below follows from these costs, so each is {label}."))
+                   f"below is simulated with these costs."))
     if s.get("kv_note"):
         b.append(("p", f"KV cache: {s['kv_note']}"))
 
@@ -831,7 +838,7 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
     b: list = [("h1", title)]
     if note:
         b.append(("p", note))
-    kinds = sorted({str(_basis(e["result"].summary)[0]) for e in entries})
+    kinds = sorted({_basis(e["result"].summary)[1].split(" (")[0] for e in entries})
     b.append(("p", f"Step costs: **{', '.join(kinds)}** (per plan in the last rows)."
                    + (" A plan run with replications shows the mean over them, its 95% "
                       "confidence interval in brackets (SLO met: in every replication)."

@@ -126,6 +126,12 @@ def test_markdown_links_plots_and_labels_figures(tmp_path, result):
         assert f"]({name})" in md
     assert "## Latency, ms (projected)" in md
     assert "## Throughput (projected)" in md
+    # simulated from a calibration profile: the latencies were not measured, their costs were
+    result.summary.update(cost_kind="measured", cost_model="measured: profile p (torch)")
+    md = write_run_outputs(tmp_path / "m", result, title="t",
+                           meta={})["report.md"].read_text()
+    assert "## Latency, ms (measured costs)" in md and "(measured)" not in md
+    assert "Step costs: **measured: profile p (torch)**" in md
     # SLO table: TTFT p99 = 40 ms met; TPOT mean = 10 ms misses 5 ms.
     assert "| TTFT | p99 | 100 | 40 | yes |" in md
     assert "| TPOT | mean | 5 | 10 | no |" in md
