@@ -127,8 +127,10 @@ def test_markdown_links_plots_and_labels_figures(tmp_path, result):
     assert "## Latency, ms (projected)" in md
     assert "## Throughput (projected)" in md
     # simulated from a calibration profile: the latencies were not measured, their costs were
-    result.summary.update(cost_kind="measured", cost_model="measured: profile p (torch)")
-    md = write_run_outputs(tmp_path / "m", result, title="t",
+    import dataclasses
+    measured = dataclasses.replace(result, summary={
+        **result.summary, "cost_kind": "measured", "cost_model": "measured: profile p (torch)"})
+    md = write_run_outputs(tmp_path / "m", measured, title="t",
                            meta={})["report.md"].read_text()
     assert "## Latency, ms (measured costs)" in md and "(measured)" not in md
     assert "Step costs: **measured: profile p (torch)**" in md
