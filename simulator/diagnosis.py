@@ -406,7 +406,9 @@ def find_limits(scenario, result) -> dict:
     floor = below_floor(s, figures["alone_ms"])
     head = []   # findings that come first: free knobs that remove work, then floors
     found = []
-    more = ("more replicas, faster hardware or a higher tensor_parallel",
+    # twice the replicas is a test of the knob, not a sizing: plan finds the fewest
+    more = ("more replicas (servesim plan finds the fewest that meet the SLOs), faster "
+            "hardware or a higher tensor_parallel",
             f"cluster.replicas={2 * nrep}")
     blocks = s.get("num_gpu_blocks")
     kv_change = _kv_change(scenario, blocks)

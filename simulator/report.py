@@ -259,7 +259,10 @@ def diagnosis_line(diag: dict) -> str:
         line += (f"; with --set {cf['change']}: {cf['figure']} {_fmt(cf.get('before'))} → "
                  f"{_fmt(cf.get('after'))}" + (" (worse)" if cf.get("worse") else "")
                  + f", SLOs met {_fmt(cf.get('slo_met_before'))} → "
-                 f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf))
+                 f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf)
+                 # twice the replicas tests the knob; it is not the count needed
+                 + ("; servesim plan finds the fewest replicas"
+                    if str(cf["change"]).startswith("cluster.replicas=") else ""))
     elif binding != "none" and found and found[0].get("change"):
         line += f"; try --set {found[0]['change']}"
     others = [f"--set {o['change']}: {_fmt(o.get('before'))} → {_fmt(o.get('after'))}"

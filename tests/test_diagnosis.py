@@ -108,6 +108,10 @@ def test_compute_binds():
     assert d["binding"] == "compute"
     assert d["figures"]["busy_fraction"] > 0.95
     assert d["counterfactual"]["moved"]
+    # twice the replicas is the knob's test, not a sizing: the line says who sizes it
+    from simulator.report import diagnosis_line
+    assert d["counterfactual"]["change"] == "cluster.replicas=2"
+    assert "; servesim plan finds the fewest replicas (details" in diagnosis_line(d)
 
 
 def test_bursts_that_queue_the_ttft_tail_are_compute_at_the_peaks():
