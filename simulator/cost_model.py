@@ -828,12 +828,6 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1e6:g} us"
 
 
-#: The most GPUs a tensor-parallel group of a catalog projection spans: one node of 8
-#: (beyond it the all-reduce leaves NVLink / the node's PCIe switch, which the roofline does
-#: not price).
-MAX_TP = 8
-
-
 def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None) -> CostModel:
     """The :class:`CostModel` of a scenario.
 
@@ -854,8 +848,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     Raises:
         InputError: unknown profile, profile measured for another model, dtype or
             tensor_parallel, ``cost_noise: empirical`` without residuals, no room for a
-            KV cache, a catalog GPU's tensor_parallel beyond :data:`MAX_TP`; one line
-            naming the scenario file and key.
+            KV cache; one line naming the scenario file and key.
     """
     hw, eng = scenario.hardware, scenario.engine
     shape, dtype, tp = scenario.model_shape, scenario.dtype, hw.tensor_parallel
@@ -903,12 +896,6 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
         raise scenario.error("hardware.cost_noise", "empirical needs a measured profile's "
                              "residuals; a projection has none",
                              depends=("hardware.profile",))
-    if name in list_hardware() and tp > MAX_TP:
-        raise scenario.error("hardware.tensor_parallel", (
-            f"{tp} GPUs span more than one node of {MAX_TP}: the projection prices the "
-            f"all-reduce over the GPUs' link within a node only (vLLM across nodes adds "
-            f"the network, which it does not model); at most {MAX_TP}, with more replicas "
-            f"for more capacity"), depends=("hardware.profile",))
     try:
         if name in list_hardware():
             gpu = load_hardware(name)
@@ -1051,7 +1038,7 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
 
 
 __all__ = [
-    "COEFFICIENTS", "CostModel", "CostSpec", "DEFAULT_MBU", "DEFAULT_MFU", "MAX_TP",
+    "COEFFICIENTS", "CostModel", "CostSpec", "DEFAULT_MBU", "DEFAULT_MFU",
     "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
     "ErrorInfo", "ErrorStats", "KVCapacity", "KVInfo", "ModelInfo", "NON_TORCH_BYTES",
     "NoiseInfo", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",

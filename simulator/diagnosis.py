@@ -57,7 +57,7 @@ import math
 import numpy as np
 
 from .alone import FLOOR_METRICS, below_floor, slo_floors, step_plan
-from .cost_model import MAX_TP
+from .scenario import MAX_TP
 from .errors import InputError
 from .executors import job_output, offered_rate
 from .metrics import METRIC_LABELS

@@ -41,6 +41,11 @@ from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
 from .files import load_yaml, read_small_text, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
+
+#: The most GPUs a tensor-parallel group of a catalog projection spans: one node of 8
+#: (beyond it the all-reduce leaves NVLink / the node's PCIe switch, which the roofline does
+#: not price).
+MAX_TP = 8
 from .policy.kv_cache import cdiv
 from .metrics import METRICS, SLO_STATS, slo_stat_rank
 from .workload import MAX_RATE, WorkloadConfig
@@ -643,6 +648,13 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
         flag = origins.get(("model",))
         raise InputError(f"--set {flag}: {e}" if flag else f"{sc.source}: {e}") from None
     tp = sc.hardware.tensor_parallel
+    from .catalog import list_hardware
+    if sc.hardware.profile in list_hardware() and tp > MAX_TP:
+        fail(("hardware", "tensor_parallel"),
+             f"{tp} GPUs span more than one node of {MAX_TP}: the projection prices the "
+             f"all-reduce over the GPUs' link within a node only (vLLM across nodes adds "
+             f"the network, which it does not model); at most {MAX_TP}, with more replicas "
+             f"for more capacity", also=("hardware.profile",))
     if shape.num_attention_heads % tp:
         fail(("hardware", "tensor_parallel"),
              f"{tp} does not divide the model's num_attention_heads "

@@ -1197,3 +1197,15 @@ def test_sweep_plan_and_compare_warn_of_more_kv_blocks_than_the_gpu_holds(tmp_pa
         assert err.count("servesim: warning: engine.num_gpu_blocks = 1000000000") == (
             2 if argv[0] == "compare" else 1), argv
         assert "blocks that h100-sxm's memory holds" in err
+
+
+def test_a_candidate_past_one_node_of_tensor_parallel_is_refused(tmp_path, capsys):
+    # as run and sweep refuse it: the roofline prices the all-reduce within a node only
+    y = tmp_path / "p.yaml"
+    y.write_text(small_scenario("p", 50) + "slo: {ttft_ms: {p99: 500}}\n"
+                 "plan: {target_rate: 1, candidates: {hardware.tensor_parallel: [1, 16]}}\n")
+    assert main(["plan", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: p.yaml:11: plan.candidates.hardware.tensor_parallel"
+                          ".1: 16 GPUs span more than one node of 8") and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
