@@ -508,22 +508,25 @@ sim: {{replications: 3}}
     assert "shows the mean over them" in md
     assert rows["SLO met"]["slow"] in ("True", "False")
 
-def test_compare_prints_a_formatted_table_and_needs_two_scenarios(tmp_path, capsys):
-    import re
-
-    text = """name: {name}
+# A compare plan: 5-token answers at 7 req/s, one token per step of ``step`` seconds.
+COMPARE_PLAN = """name: {name}
 model: llama-test
 hardware: {{step_time: {{constant_s: {step}}}}}
-engine: {{max_num_seqs: 4, max_model_len: 512}}
+engine: {{max_num_seqs: {seqs}, max_model_len: 512}}
 workload:
-  num_requests: 60
+  num_requests: {n}
   arrival: {{process: poisson, rate: 7}}
   prompt_tokens: {{dist: fixed, value: 8}}
   output_tokens: {{dist: fixed, value: 5}}
 """
+
+def test_compare_prints_a_formatted_table_and_needs_two_scenarios(tmp_path, capsys):
+    import re
+
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    a.write_text(text.format(name="fast", step=0.01))    # no SLO: goodput, SLO met unknown
-    b.write_text(text.format(name="slow", step=0.03))
+    # no SLO: goodput, SLO met unknown
+    a.write_text(COMPARE_PLAN.format(name="fast", step=0.01, seqs=4, n=60))
+    b.write_text(COMPARE_PLAN.format(name="slow", step=0.03, seqs=4, n=60))
     args = ["--executor", "serial", "--quiet", "--out", str(tmp_path / "cmp")]
     assert main(["compare", str(a), str(b)] + args) == 0
     out = capsys.readouterr().out
@@ -1155,19 +1158,9 @@ def test_compare_says_which_plan_cannot_keep_up(tmp_path, capsys):
     # 7 req/s of 5-token answers: 4 slots of 10 ms steps serve 80 req/s; 1 slot of 50 ms
     # steps serves 1 / 0.25 s = 4 req/s, so its backlog grows the whole run
     import csv
-    text = """name: {name}
-model: llama-test
-hardware: {{step_time: {{constant_s: {step}}}}}
-engine: {{max_num_seqs: {seqs}, max_model_len: 512}}
-workload:
-  num_requests: 200
-  arrival: {{process: poisson, rate: 7}}
-  prompt_tokens: {{dist: fixed, value: 8}}
-  output_tokens: {{dist: fixed, value: 5}}
-"""
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    a.write_text(text.format(name="fast", step=0.01, seqs=4))
-    b.write_text(text.format(name="tiny", step=0.05, seqs=1))
+    a.write_text(COMPARE_PLAN.format(name="fast", step=0.01, seqs=4, n=200))
+    b.write_text(COMPARE_PLAN.format(name="tiny", step=0.05, seqs=1, n=200))
     assert main(["compare", str(a), str(b), "--executor", "serial", "--quiet", "--out",
                  str(tmp_path / "cmp")]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
