@@ -140,8 +140,10 @@ def _trend(arr: np.ndarray, end: np.ndarray) -> tuple[float, float]:
     a0, a1 = float(arr.min()), float(arr.max())
     edges = np.linspace(a0 + (a1 - a0) / 4, a1, TREND_SEGMENTS + 1)
     lo, hi = edges[:-1], edges[1:]
-    open_s = np.clip(np.minimum(end[:, None], hi) - np.maximum(arr[:, None], lo), 0, None)
-    fit = stats.linregress((lo + hi) / 2, open_s.sum(axis=0) / (hi - lo))
+    # one segment at a time: memory of one column of the requests, however many there are
+    mean_open = [np.clip(np.minimum(end, b) - np.maximum(arr, a), 0, None).sum() / (b - a)
+                 for a, b in zip(lo, hi)]
+    fit = stats.linregress((lo + hi) / 2, mean_open)
     t = fit.slope / fit.stderr if fit.stderr > 0 else (math.inf if fit.slope > 0 else 0.0)
     return float(fit.slope), float(t)
 
