@@ -536,8 +536,7 @@ def test_profile_reads_exponent_numbers_as_the_scenario_loader_does(tmp_path):
     p = tmp_path / "e.yaml"
     p.write_text(text.replace(f"memory_bandwidth: {bw}", "memory_bandwidth: 25e9"))
     assert load_profile(p).device.memory_bandwidth == 25e9
-    p.write_text(text.replace(f"memory_bytes: {mem}", "memory_bytes: 25e9"))
-    line = next(i for i, t in enumerate(p.read_text().splitlines(), 1) if "memory_bytes" in t)
+    p, line = _edited_profile(tmp_path, "e.yaml", f"memory_bytes: {mem}", "memory_bytes: 25e9")
     with pytest.raises(InputError, match=rf"^{re.escape(str(p))}:{line}: device\.memory_bytes: "
                                          r"Input should be a valid integer > 0 "
                                          r"\(got 25000000000\.0\)$"):
@@ -642,12 +641,20 @@ def test_a_profile_rewritten_in_place_is_read_again(tmp_path):
         load_profile(path)
 
 
+def _edited_profile(tmp_path, name, old, new):
+    """A saved test profile with ``old`` replaced by ``new``: (path, 1-based line of the
+    key, the text before ``:`` in ``new``)."""
+    text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
+    p = tmp_path / name
+    p.write_text(text.replace(old, new))
+    key = new.split(":")[0]
+    return p, next(i for i, t in enumerate(p.read_text().splitlines(), 1) if key in t)
+
+
 def test_a_profile_block_size_vllm_does_not_take_is_refused(tmp_path):
     text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
     size = yaml.safe_load(text)["kv"]["block_size"]
-    p = tmp_path / "b.yaml"
-    p.write_text(text.replace(f"block_size: {size}", "block_size: 7"))
-    line = next(i for i, t in enumerate(p.read_text().splitlines(), 1) if "block_size" in t)
+    p, line = _edited_profile(tmp_path, "b.yaml", f"block_size: {size}", "block_size: 7")
     with pytest.raises(InputError, match=rf"^{re.escape(str(p))}:{line}: kv\.block_size: must "
                                          r"be 1, 8, 16, 32, 64 or 128, as vLLM's "
                                          r"--block-size \(got 7\)$"):
