@@ -272,22 +272,30 @@ class PlanResult:
     best: PlanRow | None
 
 
-def _candidate_search(c: Candidate, target: float, kw: dict):
+def _candidate_search(c: Candidate, target: float, kw: dict, max_replicas: int):
     """Generator: max-rate search of one candidate, then its operating point (target /
-    replicas per replica)."""
+    replicas per replica), judged as the search judges a rate: a miss there (another run
+    near the max rate, within the search's noise) costs one more replica, up to
+    ``max_replicas``, so that the latencies a row shows meet the SLOs its count claims."""
     sc = _per_replica(c.scenario)
     res = yield from max_rate_search(sc, **kw)
     row = PlanRow(c, res)
     n = replicas_needed(target, res.max_rate)
     if n is None:
         return row
+    ev = None
+    while n <= max_replicas:
+        ev = yield from evaluate(with_rate(sc, target / n), **kw)
+        if ev.feasible:
+            break
+        n, ev = n + 1, None
     row.replicas = n
     lo, hi = res.ci95
+    most = replicas_needed(target, lo) if lo else None
     row.replicas_ci95 = (replicas_needed(target, hi) if hi else None,
-                         replicas_needed(target, lo) if lo else None)
-    ev = yield from evaluate(with_rate(sc, target / n), min_replications=kw["min_replications"],
-                             max_replications=kw["min_replications"], tolerance=kw["tolerance"])
-    _set_operating(row, [o["summary"] for o in ev.outputs])
+                         max(most, n) if most else None)
+    if ev is not None:
+        _set_operating(row, [o["summary"] for o in ev.outputs])
     _set_costs(row, target)
     return row
 
@@ -375,7 +383,8 @@ def plan(scenario, executor, *, target_rate: float | None = None,
 
     Steps: the max-rate search of all candidates in lock-step (common random numbers: the
     same seeds for every candidate), replicas = ceil(target / max rate), an operating-point
-    run at target / replicas per replica (latency figures with 95% CIs), costs; then, from
+    run at target / replicas per replica (latency figures with 95% CIs; one more replica
+    while it misses the SLOs), costs; then, from
     the cheapest estimate up, the replica count is confirmed by simulating the deployment
     (:func:`confirm_replicas`) for every candidate, after the first at fewer replicas than
     would cost as much as the cheapest confirmed plan (a router's pooling can need far
@@ -411,8 +420,8 @@ def plan(scenario, executor, *, target_rate: float | None = None,
     kw = dict(min_replications=cfg.min_replications, max_replications=cfg.max_replications,
               tolerance=cfg.tolerance)
     cands = expand_candidates(scenario)
-    gens = {i: _candidate_search(c, target, kw) for i, c in enumerate(cands)
-            if c.error is None}
+    gens = {i: _candidate_search(c, target, kw, cfg.max_replicas)
+            for i, c in enumerate(cands) if c.error is None}
     found = drive(gens, executor, progress)
     rows = [found.get(i) or PlanRow(c) for i, c in enumerate(cands)]
 

@@ -1202,3 +1202,43 @@ def test_a_candidate_past_one_node_of_tensor_parallel_is_refused(tmp_path, capsy
     assert err.startswith("servesim: error: p.yaml:11: plan.candidates.hardware.tensor_parallel"
                           ".1: 16 GPUs span more than one node of 8") and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_an_operating_point_that_misses_costs_one_more_replica(monkeypatch):
+    # The search put the max rate at 10 req/s per replica, so 25 req/s needs ceil(2.5) = 3;
+    # at 25 / 3 = 8.33 req/s the operating point's TPOT p99 (55 ms) misses the 50 ms SLO
+    # (noise near the max rate): the row takes 4 replicas, whose operating point (6.25
+    # req/s, 45 ms) meets it, so no row shows a latency over the SLO its count claims.
+    from simulator import planner
+    from simulator.planner import Candidate, _candidate_search
+    from simulator.search import SearchResult, drive
+
+    def fake_search(sc, **kw):
+        return SearchResult(10.0, (10.0, 10.2), (9.0, 11.0), None, [], None)
+        yield   # a generator that asks for no jobs
+
+    monkeypatch.setattr(planner, "max_rate_search", fake_search)
+
+    class Executor:
+        def run(self, jobs):
+            out = []
+            for j in jobs:
+                v = 55.0 if j.scenario.workload.arrival.rate > 7 else 45.0
+                out.append({"stable": True, "summary": {
+                    "completed": 10, "total_output_tokens": 100,
+                    "tpot_ms": {"p99": v},
+                    "slo": {"tpot_ms": {"p99": {"value": v, "threshold": 50.0,
+                                                 "met": v <= 50.0}}}}})
+            return out
+
+    kw = dict(min_replications=2, max_replications=5, tolerance=0.02)
+    cand = Candidate({}, scenario(), price_per_replica_hour=2.0)
+    row = drive({0: _candidate_search(cand, 25.0, kw, 64)}, Executor())[0]
+    assert row.replicas == 4
+    assert row.operating["tpot_ms"]["p99"]["mean"] == 45.0
+    # the CI's upper end, ceil(25 / 9) = 3, is below the count the operating point needed
+    assert row.replicas_ci95 == (3, 4)
+    assert row.costs["cost_per_hour"] == 8.0
+    # past plan.max_replicas (3 here) the row has no operating point: plan marks it
+    row = drive({0: _candidate_search(cand, 25.0, kw, 3)}, Executor())[0]
+    assert (row.replicas, row.operating) == (4, None)
