@@ -44,7 +44,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateA
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
                       shape_from_dict)
-from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
+from .errors import STRICT_SCHEMA, InputError, KeyedDoesNotFit, KeyedInputError, SubkeyError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
                     utf8_problem, yaml_error_text)
 from .policy.kv_cache import min_gpu_blocks
@@ -623,7 +623,7 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     the group-wide ``(memory·tp·util − weights − ...) // (block_size · kv_bytes_per_token)``.
 
     Raises:
-        KeyedInputError: the weights and reserves leave no room for two blocks; keyed
+        KeyedDoesNotFit: the weights and reserves leave no room for two blocks; keyed
             ``engine.gpu_memory_utilization`` (or ``engine.max_num_batched_tokens`` when
             the activation reserve is the larger part), with the fix in the message: the
             least utilization that also holds one request of an explicit ``max_model_len``
@@ -642,7 +642,7 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
                 "engine.block_size", "engine.gpu_memory_utilization",
                 "engine.max_num_batched_tokens", "engine.max_num_seqs")
         if act > weights:  # the profiling-run reserve, not the weights, fills the GPU
-            raise KeyedInputError("engine.max_num_batched_tokens", (
+            raise KeyedDoesNotFit("engine.max_num_batched_tokens", (
                 f"{shape.name} on {gpu.name} with tensor_parallel={tp}: the activation "
                 f"reserve for max_num_batched_tokens {max_num_batched_tokens} / max_num_seqs "
                 f"{max_num_seqs} ({act / GiB:.1f} GiB) plus {weights / GiB:.1f} GiB of weights "
@@ -656,7 +656,7 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
                f"a larger GPU (hardware.profile)" if need <= 1 else
                "not even gpu_memory_utilization 1 leaves room: raise "
                "hardware.tensor_parallel or choose a larger GPU (hardware.profile)")
-        raise KeyedInputError("engine.gpu_memory_utilization", (
+        raise KeyedDoesNotFit("engine.gpu_memory_utilization", (
             f"{shape.name} in {dtype} ({weights / GiB:.1f} GiB of weights per GPU) "
             f"leaves no room for a KV cache on {gpu.name} with tensor_parallel={tp} at "
             f"gpu_memory_utilization {gpu_memory_utilization:g} ({usable / GiB:.1f} GiB per "
@@ -847,8 +847,9 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
 
     Raises:
         InputError: unknown profile, profile measured for another model, dtype or
-            tensor_parallel, ``cost_noise: empirical`` without residuals, no room for a
-            KV cache; one line naming the scenario file and key.
+            tensor_parallel, ``cost_noise: empirical`` without residuals; one line naming
+            the scenario file and key.
+        DoesNotFit: no room for a KV cache (an :class:`InputError` too).
     """
     hw, eng = scenario.hardware, scenario.engine
     shape, dtype, tp = scenario.model_shape, scenario.dtype, hw.tensor_parallel
@@ -928,7 +929,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                              profile=prof, price_per_replica_hour=price * tp,
                              kv_warning=kv_warning)
     except KeyedInputError as e:
-        raise scenario.error(e.key, e.detail, depends=e.depends) from None
+        raise scenario.error(e.key, e.detail, depends=e.depends,
+                             does_not_fit=isinstance(e, KeyedDoesNotFit)) from None
     except InputError as e:
         raise scenario.error("hardware", str(e), depends=(
             "engine.gpu_memory_utilization", "engine.block_size", "model", "dtype")) from None

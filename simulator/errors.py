@@ -46,6 +46,24 @@ class KeyedInputError(InputError):
         self.key, self.detail, self.depends = key, detail, tuple(depends)
 
 
+class DoesNotFit(InputError):
+    """A valid scenario whose model and KV cache do not fit the GPU's memory (no room for a
+    KV cache, or max_model_len beyond it): as vLLM, which refuses to start. A sweep shows
+    such a point as a row (``does not fit``) beside the points that run.
+
+    Attributes:
+        detail: what does not fit and what to change, without the file, line or key.
+    """
+
+    def __init__(self, message: str, detail: str):
+        super().__init__(message)
+        self.detail = detail
+
+
+class KeyedDoesNotFit(KeyedInputError):
+    """:class:`DoesNotFit` at a known key, before the scenario names its line or flag."""
+
+
 class SubkeyError(ValueError):
     """A schema validator's error about one key of the mapping it checks as a whole (a
     before-validator): the error line names ``<mapping>.<key>`` and that key's line.

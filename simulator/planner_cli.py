@@ -109,7 +109,7 @@ def _short(v, cents: bool = False) -> str:
 
 _STATUS = {"cheapest feasible": "best", "feasible": "ok", "infeasible": "fails SLO"}
 # Terminal words for the sweep's stability column; sweep.csv keeps the full label.
-_STABILITY = {"rejects requests": "rejects"}
+_STABILITY = {"rejects requests": "rejects", "does not fit": "no fit"}
 _CI_NOTES = {"–": "– in a 95% CI column: no interval (one replication, or no rate to "
                   "bound)",
              "≤": "≤x or ≥x: only one end of the 95% CI is known (the rate search bounded "
@@ -229,6 +229,8 @@ def _cmd_sweep(args) -> int:
         *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
         and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
     _warn(res.warnings)
+    for note, points in _misfits(res.table, list(axes)).items():
+        print(f"no fit ({points}): {note}")
     first = list(axes)[0]
     for k in res.knees:   # the highest stable value of the first swept key, per line
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")
@@ -238,14 +240,34 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _misfits(table, keys: list[str], most: int = 3) -> dict[str, str]:
+    """Per reason a point does not fit its GPU, the points' swept values (``TP=1; TP=2``),
+    the first ``most`` and how many more."""
+    from .sweep import DOES_NOT_FIT
+
+    out: dict[str, list[str]] = {}
+    if "note" not in table:
+        return {}
+    for _, r in table[table["stability"] == DOES_NOT_FIT].iterrows():
+        out.setdefault(r["note"], []).append(
+            ", ".join(f"{k.split('.')[-1]}={_fmt_value(r[k])}" for k in keys))
+    return {note: "; ".join(p[:most]) + (f"; {len(p) - most} more" if len(p) > most else "")
+            for note, p in out.items()}
+
+
 def _knee_text(table, knee: dict) -> str:
-    """A knee's value, or why a line has none (every point unstable or rejecting)."""
+    """A knee's value, or why a line has none (every point unstable, rejecting or not
+    fitting)."""
+    from .sweep import DOES_NOT_FIT
+
     if knee["knee"] is not None:   # as --set takes it (16384, not 16,384)
         return _fmt_value(knee["knee"])
     line = table
     for a, v in knee.items():
         if a != "knee":
             line = line[line[a] == v]
+    if len(line) and (line["stability"] == DOES_NOT_FIT).all():
+        return "none (no point fits its GPU)"
     if len(line) and (line["stability"] == "rejects requests").all():
         return ("none (every point rejects requests: prompts of max_model_len tokens or more; "
                 "raise engine.max_model_len or shorten the prompts)")

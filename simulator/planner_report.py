@@ -111,13 +111,15 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     shown = list(result.axes) + ["offered_rate", "request_throughput", "stability",
                                  "rejected", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
                                  "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "goodput",
-                                 "slo_met", "binding"]
+                                 "slo_met", "binding", "note"]
     shown = [c for c in shown if c in t]
     b: list = [("h1", title),
                ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. " + UNSTABLE_RULE + " A "
                      "point *rejects requests* when some prompts have max_model_len "
                      "tokens or more (vLLM refuses them; `rejected` counts them per run): "
-                     "they never finish, so the throughput test cannot judge its queue.")]
+                     "they never finish, so the throughput test cannot judge its queue. A "
+                     "point *does not fit* when its model and KV cache do not fit its GPU's "
+                     "memory (vLLM would not start): it is not run, and `note` says why.")]
     b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))
     first = list(result.axes)[0]
     if result.knees:   # none for a first axis that is not numeric (a router, a GPU)

@@ -37,7 +37,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import ModelShape, load_model
-from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
+from .errors import STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, SubkeyError
 from .files import load_yaml, read_small_text, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
@@ -414,17 +414,20 @@ class Scenario(_Strict):
             self._shape = load_model(self.model, self._base_dir)
         return self._shape
 
-    def error(self, key_path: str, message: str,
-              depends: typing.Sequence[str] = ()) -> InputError:
+    def error(self, key_path: str, message: str, depends: typing.Sequence[str] = (),
+              does_not_fit: bool = False) -> InputError:
         """An :class:`InputError` for this scenario's key ``key_path`` (dotted):
         ``"<file>:LINE: <key_path>: <message>"`` with the line of the key (or of its
         nearest parent the file holds; no line when the scenario was not read from a
         file), or ``"--set <flag>: <message>"`` when a ``--set`` flag gave the key, as in
         schema errors (:func:`_prefix`). ``depends``: further dotted key paths the error
         follows from (``engine.gpu_memory_utilization`` for a KV cache that does not fit);
-        ``--set`` flags on them are named too, ``"(with --set a=1, --set b=2)"``."""
-        return InputError(_prefix(tuple(key_path.split(".")), self._source, self._origins,
-                                  message, self._text, also=depends))
+        ``--set`` flags on them are named too, ``"(with --set a=1, --set b=2)"``.
+        ``does_not_fit``: a :class:`~simulator.errors.DoesNotFit` (the model and its KV
+        cache do not fit the memory), ``message`` its detail."""
+        line = _prefix(tuple(key_path.split(".")), self._source, self._origins, message,
+                       self._text, also=depends)
+        return DoesNotFit(line, message) if does_not_fit else InputError(line)
 
     def set_by(self, key_path: str | tuple) -> str | None:
         """The ``--set`` flag (``"key=value"``) that gave ``key_path`` (dotted, or a tuple
@@ -516,7 +519,7 @@ class Scenario(_Strict):
         tokens, the most one request can hold.
 
         Raises:
-            InputError: an explicit ``max_model_len`` needs more KV blocks than the cache
+            DoesNotFit: an explicit ``max_model_len`` needs more KV blocks than the cache
                 holds (vLLM refuses to start then too).
         """
         e = self.engine
@@ -530,7 +533,8 @@ class Scenario(_Strict):
                         if e.num_gpu_blocks is not None else
                         ("engine.block_size", "engine.gpu_memory_utilization", "hardware",
                          "model", "dtype"))
-            raise self.error("engine.max_model_len", depends=sized_by, message=(
+            raise self.error("engine.max_model_len", depends=sized_by, does_not_fit=True,
+                             message=(
                 f"{max_len} tokens need {cdiv(max_len, e.block_size)} KV blocks of "
                 f"{e.block_size} but the cache holds {usable} for requests "
                 f"({num_gpu_blocks} blocks less block 0, which vLLM reserves as its null "

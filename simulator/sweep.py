@@ -178,11 +178,15 @@ class SweepResult:
             (every replication passed the throughput test), ``rejected`` (requests
             rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
-            ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications.
+            ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications. A point
+            whose model and KV cache do not fit its GPU is not run: its ``stability`` is
+            :data:`DOES_NOT_FIT`, ``note`` says why (a column only then), its figures
+            are empty.
         knees: per line (combination of the other axes), the highest value of the first
             axis whose stability is ``stable``: ``[{...other axis values, "knee": value}]``
             (``None`` when there is none).
-        summaries: per point, the replication summaries.
+        summaries: per point, the replication summaries (none for a point that does
+            not fit).
         warnings: distinct cost-model warnings of the points (an engine.num_gpu_blocks
             beyond what the GPU's memory holds).
     """
@@ -200,8 +204,11 @@ _SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
                   ("queue_ms", "mean")]
 
 
+#: A sweep point whose model and KV cache do not fit its GPU (not run; why in ``note``).
+DOES_NOT_FIT = "does not fit"
+
 #: Values of the sweep table's ``stability`` column.
-STABILITY = ("stable", "unstable", "rejects requests")
+STABILITY = ("stable", "unstable", "rejects requests", DOES_NOT_FIT)
 
 
 def stability_label(stable: bool, rejected: float) -> str:
@@ -231,7 +238,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         executor: from :func:`simulator.executors.make_executor`.
 
     Raises:
-        InputError: a point that is not a valid scenario (names the ``--set``).
+        InputError: a point that is not a valid scenario (names the ``--set``); a
+            :class:`~simulator.errors.DoesNotFit` when no point fits its GPU.
     """
     try:
         points = grid(axes)
@@ -239,12 +247,20 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         raise InputError(f"--set: the swept values make {e}") from None
     scs = [derive(scenario, _point_overrides(p), Path.cwd())   # values typed on the CLI
            for p in points]
+    misfits = [_does_not_fit(sc) for sc in scs]
+    if all(misfits):   # nothing to compare a row with: the input is at fault
+        raise misfits[0]
+    runs = [sc for sc, m in zip(scs, misfits) if m is None]
     # the binding limit of each point, from its first replication (as compare's)
-    jobs = [Job(sc, k, diagnose=k == 0) for sc in scs for k in range(sc.sim.replications)]
+    jobs = [Job(sc, k, diagnose=k == 0) for sc in runs for k in range(sc.sim.replications)]
     outs = _run(jobs, executor, progress)
     rows, per_point = [], []
     i = 0
-    for p, sc in zip(points, scs):
+    for p, sc, misfit in zip(points, scs, misfits):
+        if misfit is not None:
+            rows.append({**p, "stability": DOES_NOT_FIT, "note": misfit.detail})
+            per_point.append([])
+            continue
         n = sc.sim.replications
         group = outs[i:i + n]
         i += n
@@ -273,9 +289,25 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["cost_kind"] = sums[0].get("cost_kind")
         row["binding"] = group[0].get("binding")
         rows.append(row)
-    table = pd.DataFrame(rows)
+    ran = next(r for r in rows if r["stability"] != DOES_NOT_FIT)
+    # a row that did not run has no figures; the reason it did not, last
+    table = pd.DataFrame(rows, columns=list(ran) + (["note"] if len(runs) < len(scs) else []))
     return SweepResult(dict(axes), table, knees(table, list(axes)), per_point,
-                       kv_warnings(scs))
+                       kv_warnings(runs))
+
+
+def _does_not_fit(sc):
+    """The :class:`~simulator.errors.DoesNotFit` of a point whose model and KV cache do
+    not fit its GPU (None when it does); any other error of its cost model is raised: a
+    typo stops the sweep before it runs."""
+    from .cost_model import build_cost_model
+    from .errors import DoesNotFit
+
+    try:
+        sc.scheduler_config(build_cost_model(sc).num_gpu_blocks)
+    except DoesNotFit as e:
+        return e
+    return None
 
 
 def kv_warnings(scenarios) -> list[str]:
@@ -318,5 +350,5 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["STABILITY", "SweepResult", "derive", "grid", "knees", "kv_warnings", "split_sets",
+__all__ = ["DOES_NOT_FIT", "STABILITY", "SweepResult", "derive", "grid", "knees", "kv_warnings", "split_sets",
            "stability_label", "sweep"]

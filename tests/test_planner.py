@@ -1242,3 +1242,41 @@ def test_an_operating_point_that_misses_costs_one_more_replica(monkeypatch):
     # past plan.max_replicas (3 here) the row has no operating point: plan marks it
     row = drive({0: _candidate_search(cand, 25.0, kw, 3)}, Executor())[0]
     assert (row.replicas, row.operating) == (4, None)
+
+
+def test_a_sweep_point_that_does_not_fit_is_a_row_and_no_point_fitting_is_refused(
+        tmp_path, capsys):
+    # 10 blocks of 16 tokens hold 9 for requests (block 0 is the null block): 144 tokens,
+    # not one request of max_model_len 1024 (ceil(1024 / 16) = 64 blocks); 100 blocks do
+    from pathlib import Path
+    from simulator.sweep import DOES_NOT_FIT
+
+    sc = scenario(n=200, engine={"num_gpu_blocks": 100})
+    with make_executor("serial") as ex:
+        res = sweep(sc, {"engine.num_gpu_blocks": ["10", "100"]}, ex)
+    small, big = res.table.to_dict(orient="records")
+    assert small["stability"] == DOES_NOT_FIT and small["request_throughput"] != \
+        small["request_throughput"]   # NaN: not run
+    assert small["note"].startswith("1024 tokens need 64 KV blocks of 16 but the cache "
+                                    "holds 9 for requests")
+    assert big["stability"] == "stable" and big["request_throughput"] > 0
+    assert res.summaries[0] == [] and len(res.summaries[1]) == 1
+    assert res.knees == [{"knee": 100}]
+    # the CLI: a 70B model on one H100 (131 GiB of bfloat16 weights in 80 GB) beside two
+    chat = Path(__file__).resolve().parents[1] / "scenarios" / "chat.yaml"
+    args = ["sweep", str(chat), "--set", "model=llama-3.1-70b", "--set",
+            "workload.num_requests=40", "--executor", "serial", "--quiet"]
+    assert main(args + ["--set", "hardware.tensor_parallel=1,2", "--out",
+                        str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "no fit (tensor_parallel=1): llama-3.1-70b in bfloat16" in out
+    rows = (tmp_path / "s" / "sweep.csv").read_text().splitlines()
+    assert rows[1].startswith("1,") and ",does not fit," in rows[1]
+    assert "leaves no room for a KV cache" in rows[1] and "does not fit" not in rows[2]
+    assert "does not fit" in (tmp_path / "s" / "report.md").read_text()
+    # no point fits: the input is at fault, as for run
+    assert main(args + ["--set", "hardware.tensor_parallel=1", "--set",
+                        "workload.arrival.rate=1,2", "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "leaves no room for a KV cache" in err
+    assert not (tmp_path / "t").exists()
