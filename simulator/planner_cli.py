@@ -212,6 +212,10 @@ def _cmd_sweep(args) -> int:
             raise InputError(f"--set {key}={','.join(axes[key])}: the plan: section changes "
                              f"only what servesim plan does; every point of a sweep would be "
                              f"the same run")
+        if key == "name":
+            raise InputError(f"--set name={','.join(axes[key])}: the name only labels the "
+                             f"run and its folder; every point of a sweep would be the same "
+                             f"run")
     if args.replications is not None and "sim.replications" in axes:
         raise InputError("--replications: sim.replications is also swept by --set; give one")
     scenario = with_replications(scenario, args.replications)

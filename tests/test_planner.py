@@ -1124,6 +1124,9 @@ def test_the_plan_table_shows_the_statistics_the_slos_name(tmp_path, capsys):
     (["sweep", "--set", "plan.target_rate=10,20"],
      "--set plan.target_rate=10,20: the plan: section changes only what servesim plan does; "
      "every point of a sweep would be the same run"),
+    (["sweep", "--set", "name=a,b"],
+     "--set name=a,b: the name only labels the run and its folder; every point of a sweep "
+     "would be the same run"),
 ])
 def test_plan_and_sweep_settings_that_would_be_ignored_are_refused(tmp_path, capsys, args,
                                                                    said):
