@@ -107,7 +107,8 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     gives it as two numeric columns ``*_ci95_lo`` / ``*_ci95_hi`` (:func:`csv_table`), as
     the plan's files do."""
     t = result.table
-    kinds = sorted(set(map(str, t["cost_kind"].dropna()))) if "cost_kind" in t else []
+    # in the table's row order, each once
+    kinds = list(dict.fromkeys(map(str, t["cost_kind"].dropna()))) if "cost_kind" in t else []
     shown = list(result.axes) + ["offered_rate", "request_throughput", "stability",
                                  "rejected", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
                                  "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "goodput",

@@ -841,7 +841,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
     b: list = [("h1", title)]
     if note:
         b.append(("p", note))
-    kinds = sorted({_basis(e["result"].summary)[1].split(" (")[0] for e in entries})
+    # in the plans' column order, each once
+    kinds = list(dict.fromkeys(_basis(e["result"].summary)[1].split(" (")[0] for e in entries))
     b.append(("p", f"Step costs: **{', '.join(kinds)}** (per plan in the last rows)."
                    + (" A plan run with replications shows the mean over them, its 95% "
                       "confidence interval in brackets (SLO met: in every replication)."

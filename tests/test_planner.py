@@ -1283,3 +1283,17 @@ def test_a_sweep_point_that_does_not_fit_is_a_row_and_no_point_fitting_is_refuse
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "leaves no room for a KV cache" in err
     assert not (tmp_path / "t").exists()
+
+
+def test_compare_names_the_step_costs_in_the_plans_column_order(tmp_path, capsys):
+    # a projected GPU first, a constant step second: the line reads in that order (sorted,
+    # the constant came first, beside the other plan's column)
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(COMPARE_PLAN.format(name="gpu", step=0.01, seqs=4, n=30).replace(
+        "{step_time: {constant_s: 0.01}}", "{profile: h100-sxm}"))
+    b.write_text(COMPARE_PLAN.format(name="const", step=0.01, seqs=4, n=30))
+    assert main(["compare", str(a), str(b), "--executor", "serial", "--quiet", "--out",
+                 str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / "report.md").read_text()
+    assert ("Step costs: **projected: roofline h100-sxm, tensor_parallel=1, default "
+            "efficiencies, inline: constant 10 ms/step**") in md
