@@ -361,8 +361,10 @@ def _cmd_compare(args) -> int:
         raise InputError(f"{twice} is given twice; compare takes each plan's file once")
     names = [Path(p).name for p in args.scenarios]   # two s.yaml: messages give the paths
     try:
-        scenarios = [load_scenario(p, args.overrides, source=p if names.count(n) > 1 else None)
-                     for p, n in zip(args.scenarios, names)]
+        scenarios: list = []
+        for p, n in zip(args.scenarios, names):   # a later plan may leave out the workload
+            scenarios.append(load_scenario(p, args.overrides, source=p if names.count(n) > 1
+                                           else None, serving=(scenarios or [None])[0]))
     except InputError as e:
         raise with_sweep_hint(e, args.overrides, "compare") from None
     scenarios = [with_replications(sc, args.replications) for sc in scenarios]
@@ -452,8 +454,9 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("compare", help="the same workload through several scenarios")
-    p.add_argument("scenarios", nargs="+", help="two or more scenario YAML files (workload "
-                                                "and SLO of the first are used for all)")
+    p.add_argument("scenarios", nargs="+", help="two or more scenario YAML files (workload, "
+                                                "SLO and sim of the first are used for all; "
+                                                "the others may leave them out)")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override applied to every scenario")
     add_replications_arg(p)

@@ -556,13 +556,16 @@ class Scenario(_Strict):
 # -- loading -------------------------------------------------------------------------------
 
 def load_scenario(path: str | Path, overrides: typing.Sequence[str] = (), *,
-                  source: str | None = None) -> Scenario:
+                  source: str | None = None, serving: Scenario | None = None) -> Scenario:
     """Read, override and validate a scenario file.
 
     Args:
         path: the scenario YAML.
         source: how messages name the file (default its name; ``compare`` gives the path
             when two files share a name).
+        serving: the scenario whose ``workload``, ``slo`` and ``sim`` a file without
+            those sections takes (``compare`` serves the first plan's through every
+            plan: another plan's file may give hardware, engine and cluster alone).
         overrides: ``key.path=value`` strings (``--set``); values parse as YAML scalars or
             flow collections (``engine.max_num_seqs=128``, ``slo.ttft_ms={p99: 500}``),
             read as the file is (:func:`simulator.files.load_yaml`).
@@ -601,6 +604,10 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = (), *,
                          f"keys a scenario does not ({_some(foreign)}); servesim schema "
                          f"lists a scenario's keys")
     raw.setdefault("name", path.stem)
+    for key in ("workload", "slo", "sim") if serving is not None else ():
+        if key not in raw:   # its relative paths (a trace) as the serving file reads them
+            raw[key] = _from_cwd((key,), getattr(serving, key).model_dump(
+                mode="python", exclude_none=True), serving.base_dir.resolve())
     return scenario_from_dict(raw, path.parent, overrides=overrides, source=name, text=text,
                               overrides_cwd=Path.cwd())
 

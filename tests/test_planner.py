@@ -469,6 +469,13 @@ workload:
     # both serve a.csv's 3-token answers, one request at a time: E2EL = 3 steps of each
     # plan (b's trace, 40 tokens out, would give 800 ms for plan two)
     assert "E2EL p50 (ms),30.0,60.0" in rows.splitlines()
+    # a later plan's file may leave out workload, SLO and sim: it serves the first's (its
+    # trace read beside the first file), without a note that anything was ignored
+    (tmp_path / "b" / "s.yaml").write_text(text.format(name="two", step=0.02)
+                                           .split("workload:")[0])
+    assert main(["compare", a_yaml, b_yaml] + args + [str(tmp_path / "c3")]) == 0
+    assert capsys.readouterr().err == ""
+    assert (tmp_path / "c3" / "compare.csv").read_text() == rows
 
 def test_compare_with_replications_shows_the_mean_beside_its_interval(tmp_path, capsys):
     # replication 0's figure sat beside the 95% CI of the mean (it can lie outside it)
