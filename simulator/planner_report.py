@@ -156,8 +156,14 @@ def pareto_front(costs, latencies) -> list[int]:
 
 def plot_pareto(table, best_index: int | None) -> bytes:
     """PNG: cost per hour vs TTFT p99 and vs TPOT p99 at the operating point, with 95% CI
-    error bars, the Pareto front joined, the cheapest feasible plan starred. A panel whose
+    error bars, the Pareto front joined, the cheapest feasible plan starred, each point
+    labelled with its row numbers (``4,5`` where candidates coincide). A panel whose
     metric has no value (TPOT when every request has one output token) says so."""
+    return _png(pareto_figure(table, best_index))
+
+
+def pareto_figure(table, best_index: int | None) -> Figure:
+    """The figure :func:`plot_pareto` draws (two axes: TTFT, TPOT)."""
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, m in zip(axes, ("ttft", "tpot")):
@@ -165,6 +171,12 @@ def plot_pareto(table, best_index: int | None) -> bytes:
         if ok.empty:
             ax.text(0.5, 0.5, f"no {m.upper()} p99 values", ha="center", va="center",
                     transform=ax.transAxes)
+        at: dict[tuple, list[str]] = {}   # candidates at one point share one label
+        for i, r in ok.iterrows():
+            at.setdefault((r["cost_per_hour"], r[f"{m}_p99_ms"]), []).append(str(i))
+        for (x, y), names in at.items():
+            ax.annotate(",".join(names), (x, y), fontsize="x-small", xytext=(3, 3),
+                        textcoords="offset points")
         for i, r in ok.iterrows():
             ci = r[f"{m}_p99_ci95"]
             yerr = None
@@ -175,8 +187,6 @@ def plot_pareto(table, best_index: int | None) -> bytes:
             ax.errorbar([r["cost_per_hour"]], [r[f"{m}_p99_ms"]], yerr=yerr, fmt=marker,
                         ms=12 if i == best_index else 6,
                         mfc="none" if kind == "projected" else None, color=f"C{i % 10}")
-            ax.annotate(str(i), (r["cost_per_hour"], r[f"{m}_p99_ms"]), fontsize="x-small",
-                        xytext=(3, 3), textcoords="offset points")
         front = pareto_front(list(ok["cost_per_hour"]), list(ok[f"{m}_p99_ms"]))
         f = ok.iloc[front].sort_values("cost_per_hour")
         ax.plot(f["cost_per_hour"], f[f"{m}_p99_ms"], "k-", lw=0.8, alpha=0.6)
@@ -184,7 +194,7 @@ def plot_pareto(table, best_index: int | None) -> bytes:
         ax.set_ylabel(f"{m.upper()} p99 at the operating point (ms)")
         ax.grid(alpha=0.3)
         ax.set_title(f"cost vs {m.upper()} p99 (★ cheapest; hollow = projected)")
-    return _png(fig)
+    return fig
 
 
 def csv_table(table):

@@ -279,6 +279,22 @@ def test_pareto_front():
     assert pareto_front([1, None], [1, 2]) == [0]
 
 
+def test_pareto_plot_labels_coinciding_candidates_once():
+    # rows 0 and 1 (max_num_seqs 64 and 256 that ran alike) at one point: one label "0,1"
+    import pandas as pd
+    from simulator.planner_report import pareto_figure
+
+    table = pd.DataFrame({"cost_per_hour": [4.0, 4.0, 6.0],
+                          "ttft_p99_ms": [100.0, 100.0, 80.0],
+                          "ttft_p99_ci95": [None, None, [70.0, 90.0]],
+                          "tpot_p99_ms": [20.0, 21.0, 15.0],
+                          "tpot_p99_ci95": [None, None, None],
+                          "cost_kind": ["projected"] * 3})
+    ttft, tpot = pareto_figure(table, 0).axes
+    assert sorted(t.get_text() for t in ttft.texts) == ["0,1", "2"]
+    assert sorted(t.get_text() for t in tpot.texts) == ["0", "1", "2"]
+
+
 # 10 ms per step, max_num_seqs 4 or 2: a small plan that finds a feasible candidate
 SMALL_PLAN = """name: s
 model: llama-test
