@@ -171,12 +171,6 @@ def pareto_figure(table, best_index: int | None) -> Figure:
         if ok.empty:
             ax.text(0.5, 0.5, f"no {m.upper()} p99 values", ha="center", va="center",
                     transform=ax.transAxes)
-        at: dict[tuple, list[str]] = {}   # candidates at one point share one label
-        for i, r in ok.iterrows():
-            at.setdefault((r["cost_per_hour"], r[f"{m}_p99_ms"]), []).append(str(i))
-        for (x, y), names in at.items():
-            ax.annotate(",".join(names), (x, y), fontsize="x-small", xytext=(3, 3),
-                        textcoords="offset points")
         for i, r in ok.iterrows():
             ci = r[f"{m}_p99_ci95"]
             yerr = None
@@ -187,6 +181,8 @@ def pareto_figure(table, best_index: int | None) -> Figure:
             ax.errorbar([r["cost_per_hour"]], [r[f"{m}_p99_ms"]], yerr=yerr, fmt=marker,
                         ms=12 if i == best_index else 6,
                         mfc="none" if kind == "projected" else None, color=f"C{i % 10}")
+        _label_points(ax, [(str(i), r["cost_per_hour"], r[f"{m}_p99_ms"])
+                           for i, r in ok.iterrows()])
         front = pareto_front(list(ok["cost_per_hour"]), list(ok[f"{m}_p99_ms"]))
         f = ok.iloc[front].sort_values("cost_per_hour")
         ax.plot(f["cost_per_hour"], f[f"{m}_p99_ms"], "k-", lw=0.8, alpha=0.6)
@@ -195,6 +191,29 @@ def pareto_figure(table, best_index: int | None) -> Figure:
         ax.grid(alpha=0.3)
         ax.set_title(f"cost vs {m.upper()} p99 (★ cheapest; hollow = projected)")
     return fig
+
+
+#: Points closer than this (fraction of an axis) share one label.
+LABEL_NEAR = 0.02
+
+
+def _label_points(ax, points: list[tuple[str, float, float]]) -> None:
+    """Annotate ``(name, x, y)`` points; those within :data:`LABEL_NEAR` of the first of a
+    group (in axes fractions, after autoscaling) share one label, ``0,2``, rather than
+    printing over each other."""
+    ax.autoscale_view()
+    groups: list[tuple] = []
+    for name, x, y in points:
+        fx, fy = ax.transLimits.transform((x, y))
+        g = next((g for g in groups if abs(g[0][0] - fx) < LABEL_NEAR
+                  and abs(g[0][1] - fy) < LABEL_NEAR), None)
+        if g is None:
+            groups.append(((fx, fy), [name], (x, y)))
+        else:
+            g[1].append(name)
+    for _, names, xy in groups:
+        ax.annotate(",".join(names), xy, fontsize="x-small", xytext=(3, 3),
+                    textcoords="offset points")
 
 
 def csv_table(table):

@@ -280,12 +280,13 @@ def test_pareto_front():
 
 
 def test_pareto_plot_labels_coinciding_candidates_once():
-    # rows 0 and 1 (max_num_seqs 64 and 256 that ran alike) at one point: one label "0,1"
+    # rows 0 and 1 (max_num_seqs 64 and 256 that ran alike) at one point: one label "0,1";
+    # so are two that round apart (TP1 x 4 and TP2 x 2 at 11.96 USD/h, one cost 1e-9 more)
     import pandas as pd
     from simulator.planner_report import pareto_figure
 
-    table = pd.DataFrame({"cost_per_hour": [4.0, 4.0, 6.0],
-                          "ttft_p99_ms": [100.0, 100.0, 80.0],
+    table = pd.DataFrame({"cost_per_hour": [4.0, 4.0 + 1e-9, 6.0],
+                          "ttft_p99_ms": [100.0, 100.2, 80.0],
                           "ttft_p99_ci95": [None, None, [70.0, 90.0]],
                           "tpot_p99_ms": [20.0, 21.0, 15.0],
                           "tpot_p99_ci95": [None, None, None],
