@@ -318,10 +318,16 @@ def _cmd_plan(args) -> int:
     table = plan_table(res)
     paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
                                                       f"{res.target_rate:g} req/s")
-    _print_table(table, f"Plans for {res.target_rate:g} req/s", list(
+    shown = table.copy()   # an estimate's count marked ≈: only a deployment run confirms it
+    shown["replicas"] = [f"≈{_short(n)}" if n is not None and not r.confirmed else n
+                         for n, r in zip(table["replicas"], res.rows)]
+    _print_table(shown, f"Plans for {res.target_rate:g} req/s", list(
         table.columns[:len(res.rows[0].candidate.values)]) + [
         "max_rate_per_replica", "replicas", "cost_per_hour", "cost_per_hour_ci95",
         *(table.attrs.get("slo_columns") or ["ttft_p99_ms"]), "status"])
+    if any(str(v).startswith("≈") for v in shown["replicas"]):
+        print("≈ replicas: estimated from one replica's max rate, not simulated as a "
+              "deployment (a router's pooling often needs fewer; plan.csv: confirmed)")
     if res.best is not None:
         cost = res.best.costs.get("cost_per_hour")
         ties = [r for r in res.rows if r is not res.best and r.feasible and cost is not None

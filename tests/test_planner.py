@@ -1062,7 +1062,11 @@ def test_a_tie_on_cost_goes_to_the_most_capacity_and_is_said(tmp_path, capsys):
                  .replace("target_rate: 30", "target_rate: 20"))
     assert main(["plan", str(y), "--out", str(tmp_path / "p"), "--executor", "serial",
                  "--quiet"]) == 0
-    said = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    said = " ".join(out.split())
+    # the plan's count was simulated as a deployment; the other's is one replica's estimate
+    assert [line.split()[2] for line in out.splitlines()
+            if line.split()[:1] in (["8"], ["16"])] == ["≈1", "1"]
     assert ("cheapest feasible: max_num_seqs=16, 1 replica(s), 1.00 USD/h (as cheap: "
             "max_num_seqs=8; the most capacity, replicas × max rate per replica, then the "
             "fewest replicas, is chosen)") in said
@@ -1173,9 +1177,14 @@ def test_an_unconfirmed_plan_says_so_and_its_files_round_costs(tmp_path, capsys)
                  .replace("target_rate: 30", "target_rate: 100"))
     assert main(["plan", str(y), "--out", str(tmp_path / "p"), "--executor", "serial",
                  "--quiet", "--no-confirm"]) == 0
-    said = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    said = " ".join(out.split())
     assert "replica(s) (estimated from one replica's max rate: not simulated as a " \
            "deployment)" in said
+    # the table marks each estimate (csv: confirmed empty) apart from a confirmed count
+    assert [line.split()[2] for line in out.splitlines()
+            if line.split()[:1] in (["2"], ["4"])] == ["≈3", "≈2"]
+    assert "≈ replicas: estimated from one replica's max rate" in said
     with open(tmp_path / "p" / "plan.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["replicas"], r["cost_per_hour"]) for r in rows][0] == ("3", "10.8")
