@@ -25,9 +25,11 @@ limits a vLLM operator can turn, in this order:
   ``max_num_seqs`` (admission waits for free blocks). The change tried is one the GPUs
   can hold (:func:`_kv_change`).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time,
-  or while most of the waiting happens with every sequence slot taken (bursts), and twice
-  the slots would raise decode throughput by :data:`SLOTS_GAIN` or more (else the steps
-  are full: ``compute``).
+  or while most of the waiting happens with every sequence slot taken (bursts), and the
+  slots the offered load needs (Little's law, :func:`slots_needed`; at least twice as many,
+  at most what the KV cache holds) would raise decode throughput by :data:`SLOTS_GAIN` or
+  more (else the steps are full: ``compute``). The change tried is that many slots: twice
+  them can fall short of the load where more replicas (all resources at once) do not.
 * ``max_num_batched_tokens``: queueing while steps carry their whole token budget, where
   twice the budget would raise token throughput by :data:`SLOTS_GAIN` or more.
 * ``compute``: queueing (or an unstable run): every step is full of work; only faster or
@@ -167,9 +169,10 @@ def waiting_while_another_admits(reps) -> float | None:
 
 
 def slots_gain(scenario, result) -> tuple[float, int] | None:
-    """What more sequence slots would give a replica: ``(gain, n2)``, ``n2`` = twice
-    ``max_num_seqs`` N, or fewer where the KV cache holds fewer sequences at the mean
-    context (blocks of the run / blocks per sequence), and ``gain`` = decode throughput at
+    """What more sequence slots would give a replica: ``(gain, n2)``. ``n2`` is the
+    smallest N · 2^k (k >= 1; N = ``max_num_seqs``) at or above the slots the offered load
+    needs (:func:`slots_needed`), or fewer where the KV cache holds fewer sequences at the
+    mean context (blocks of the run / blocks per sequence); ``gain`` = decode throughput at
     ``n2`` over that at N (n2 · t(N) / (N · t(n2)), t priced noise-free by the run's cost
     model for a decode-only step at the counted, completed requests' mean context, prompt +
     output / 2 tokens; 1 when no more sequences fit). None without such requests.
@@ -179,15 +182,12 @@ def slots_gain(scenario, result) -> tuple[float, int] | None:
     """
     from .cost_model import build_cost_model
 
-    req = result.requests
-    if len(req):
-        req = req[~req["warmup"] & req["finish_s"].notna()
-                  & ~req["finish_reason"].isin(["rejected", "abort"])]
+    req = _served_requests(result)
     if not len(req):
         return None
     ctx = max(1, round(float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())))
     n = scenario.max_num_seqs
-    n2 = 2 * n
+    n2 = _slots_to_try(n, slots_needed(scenario, result))
     blocks = result.summary.get("num_gpu_blocks")
     if blocks:   # sequences the cache holds at the mean context (less vLLM's null block)
         n2 = min(n2, (blocks - 1) // -(-ctx // scenario.engine.block_size))
@@ -196,6 +196,38 @@ def slots_gain(scenario, result) -> tuple[float, int] | None:
     cost = build_cost_model(scenario).step_seconds
     return (n2 * cost(step_plan(num_decodes=n, decode_context=ctx))
             / (n * cost(step_plan(num_decodes=n2, decode_context=ctx)))), n2
+
+
+def _slots_to_try(n: int, need: float | None) -> int:
+    """The smallest ``n`` · 2^k (k >= 1) at or above ``need`` slots (2n without one)."""
+    n2 = 2 * n
+    while need is not None and n2 < need:
+        n2 *= 2
+    return n2
+
+
+def _served_requests(result):
+    """The counted requests that completed (not warm-up, rejected or aborted)."""
+    req = result.requests
+    if len(req):
+        req = req[~req["warmup"] & req["finish_s"].notna()
+                  & ~req["finish_reason"].isin(["rejected", "abort"])]
+    return req
+
+
+def slots_needed(scenario, result) -> float | None:
+    """Sequence slots a replica needs to run every offered request without queueing: L +
+    3 √L, L = λ · S by Little's law (λ the offered rate per replica, S the mean time a
+    counted, completed request spent running, first scheduled → finish, in this run: a
+    lower bound, as steps of more sequences take longer), with three standard deviations
+    of a Poisson count of L for the peaks. None without a rate or such requests."""
+    req = _served_requests(result)
+    rate = offered_rate(result)
+    if not len(req) or not rate:
+        return None
+    service_s = float((req["finish_s"] - req["first_scheduled_s"]).mean())
+    load = rate / (result.summary.get("replicas") or scenario.cluster.replicas) * service_s
+    return load + 3.0 * math.sqrt(load)
 
 
 def budget_gain(scenario) -> float:
@@ -243,15 +275,35 @@ def _budget_floor(scenario, result, floor) -> dict | None:
 
 def _kv_change(scenario, blocks: int | None) -> str | None:
     """The ``--set`` change that tries a larger KV cache and nothing else: vLLM's default
-    ``gpu_memory_utilization`` 0.9 where the scenario uses less of the memory; else twice
-    the blocks (``engine.num_gpu_blocks``, as vLLM's ``--num-gpu-blocks-override``), a test
-    of the cache alone that the knob text says how to realise (a higher tensor_parallel
-    or a GPU with more memory also changes the compute, which would hide whether the
-    cache is what binds). None without a block count."""
+    ``gpu_memory_utilization`` 0.9 where the scenario uses less of the memory; the blocks
+    the GPUs' memory holds where ``engine.num_gpu_blocks`` (vLLM's
+    ``--num-gpu-blocks-override``) sets fewer (twice as many could still bind where the
+    memory does not); else twice the blocks, a test of the cache alone that the knob text
+    says how to realise (a higher tensor_parallel or a GPU with more memory also changes
+    the compute, which would hide whether the cache is what binds). None without a block
+    count."""
     if scenario.engine.num_gpu_blocks is None and scenario.hardware.step_time is None \
             and scenario.engine.gpu_memory_utilization < 0.9:
         return "engine.gpu_memory_utilization=0.9"
+    held = _memory_blocks(scenario) if scenario.engine.num_gpu_blocks is not None else None
+    if held and blocks and held > blocks:
+        return f"engine.num_gpu_blocks={held}"
     return f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
+
+
+def _memory_blocks(scenario) -> int | None:
+    """KV blocks the scenario's GPUs hold at its gpu_memory_utilization, without its
+    ``engine.num_gpu_blocks`` (None where no memory sizes the cache: an inline step time,
+    or a profile that records no KV capacity)."""
+    from .cost_model import build_cost_model
+    from .scenario import scenario_from_dict
+
+    raw = scenario.model_dump(mode="python", exclude_none=True)
+    raw["engine"].pop("num_gpu_blocks", None)
+    try:
+        return build_cost_model(scenario_from_dict(raw, scenario.base_dir)).num_gpu_blocks
+    except InputError:
+        return None
 
 
 def shareable_share(specs) -> float:
@@ -497,6 +549,8 @@ def find_limits(scenario, result) -> dict:
     sg = slots_gain(scenario, result) if slots_full else None
     gain, n2 = sg if sg is not None else (None, None)
     figures["max_num_seqs_gain"] = gain
+    need = figures["max_num_seqs_needed"] = slots_needed(scenario, result) if slots_full \
+        else None
     n = scenario.max_num_seqs
     all_slots = f"{held} while a replica runs all {n} sequences"
     if gain is not None and n2 <= n:
@@ -521,7 +575,10 @@ def find_limits(scenario, result) -> dict:
             + (f"{at_cap:.0%} of the waiting happens with every slot taken, "
                if at_cap is not None else "")
             + f"{running:.1f} running on average"
-            + (f"; the KV cache holds about {n2} at their mean context" if n2 < 2 * n else ""),
+            + (f"; the offered load needs about {need:.0f} slots (Little's law, with "
+               f"three standard deviations for the peaks)" if need is not None else "")
+            + (f"; the KV cache holds about {n2} at their mean context"
+               if n2 < _slots_to_try(n, need) else ""),
             "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
     # Steps that carry their whole token budget while requests wait: a larger budget
     # serves more tokens per second where a step's cost is mostly fixed (weight reads).

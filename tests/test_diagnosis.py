@@ -20,12 +20,20 @@ def sc(engine, step, rate, prompt=16, out=32, n=1500):
 
 
 def test_max_num_seqs_binds():
-    # 4 slots × 32 tokens × 10 ms: capacity 12.5 req/s, offered 16; KV unlimited.
+    # 4 slots × 32 tokens × 10 ms: capacity 12.5 req/s, offered 16; KV unlimited. A request
+    # runs 32 steps, 0.32 s: the load needs L = 16 × 0.32 = 5.1 slots (Little's law), 5.1 +
+    # 3 √5.1 = 11.9 with its peaks, so the change tried is 4 × 2^2 = 16 slots.
     s = sc({"max_num_seqs": 4}, {"constant_s": 0.01}, 16)
-    d = diagnose(s, simulate(s))
+    r = simulate(s)
+    d = diagnose(s, r)
     assert d["binding"] == "max_num_seqs"
+    rate = d["figures"]["offered_rate"]
+    assert 15 < rate < 17
+    load = rate * 0.32
+    assert d["figures"]["max_num_seqs_needed"] == pytest.approx(load + 3 * load ** 0.5,
+                                                                rel=1e-4)
     cf = d["counterfactual"]
-    assert cf["change"] == "engine.max_num_seqs=8" and cf["moved"]
+    assert cf["change"] == "engine.max_num_seqs=16" and cf["moved"]
 
 
 def test_kv_capacity_binds():
@@ -56,10 +64,13 @@ def test_full_slots_whose_steps_are_full_of_work_are_compute():
                                              for f in d["findings"])
     assert "a decode step of 512 would take ×1.98 as long" in d["findings"][0]["evidence"]
     assert d["counterfactual"]["change"] == "cluster.replicas=2" and d["counterfactual"]["moved"]
-    # With 4 slots (steps of 9 ms, 8 would take 13: throughput ×1.38) the slots bind.
+    # With 4 slots the slots bind: a request runs 32 steps of 9 ms, 0.288 s, so the load
+    # needs 40 × 0.288 = 11.5 slots, 21.7 with its peaks: 32 are tried, whose steps take
+    # 37 ms (throughput 32 · 9 / (4 · 37) = ×1.95).
     s4 = sc({"max_num_seqs": 4}, {"base_s": 0.005, "per_decode_seq_s": 0.001}, 40, n=600)
     d4 = diagnose(s4, simulate(s4), counterfactual=False)
-    assert d4["figures"]["max_num_seqs_gain"] == pytest.approx(2 * 9 / 13, rel=1e-5)
+    assert d4["figures"]["max_num_seqs_gain"] == pytest.approx(32 * 9 / (4 * 37), rel=1e-5)
+    assert d4["findings"][0]["change"] == "engine.max_num_seqs=32"
     assert d4["binding"] == "max_num_seqs"
 
 
@@ -583,8 +594,9 @@ def test_slots_that_fill_in_bursts_are_max_num_seqs():
 
 def test_a_knob_that_breaks_a_met_slo_does_not_bind():
     # 8 slots full at 22 req/s (steps of 5 ms + 1 ms per decode): TTFT p99 misses 200 ms,
-    # TPOT p99 meets 14 ms (~13 ms with 8 running). 16 slots shorten the wait but put 16
-    # decodes in a step (~21 ms): TPOT then misses. Two replicas meet both: they bind.
+    # TPOT p99 meets 14 ms (~13 ms with 8 running). The load needs 22 × 32 × 13 ms = 9.2
+    # slots, 18.3 with its peaks: 32 are tried, which shorten the wait but put up to 32
+    # decodes in a step: TPOT then misses. Two replicas meet both: they bind.
     s = scenario_from_dict({**sc({"max_num_seqs": 8}, {"base_s": 0.005,
                                                         "per_decode_seq_s": 0.001}, 22,
                                  n=1000).model_dump(mode="python", exclude_none=True),
@@ -596,23 +608,23 @@ def test_a_knob_that_breaks_a_met_slo_does_not_bind():
     assert d["binding"] == "compute" and d["counterfactual"]["change"] == "cluster.replicas=2"
     assert d["counterfactual"]["slo_met_after"] and not d["counterfactual"]["breaks"]
     (other,) = d["other_counterfactuals"]
-    assert other["change"] == "engine.max_num_seqs=16" and other["moved"]
-    # independently: the TPOT of 16 slots
-    s16 = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+    assert other["change"] == "engine.max_num_seqs=32" and other["moved"]
+    # independently: the TPOT of 32 slots
+    s32 = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
                               "engine": {**s.engine.model_dump(exclude_none=True),
-                                         "max_num_seqs": 16}})
-    tpot16 = simulate(s16).summary["tpot_ms"]["p99"]
-    assert tpot16 > 14
+                                         "max_num_seqs": 32}})
+    tpot32 = simulate(s32).summary["tpot_ms"]["p99"]
+    assert tpot32 > 14
     (b,) = other["breaks"]
     assert (b["metric"], b["stat"], b["threshold"]) == ("tpot_ms", "p99", 14)
-    assert b["after"] == pytest.approx(tpot16, rel=1e-5)
+    assert b["after"] == pytest.approx(tpot32, rel=1e-5)
     from simulator.report import diagnosis_blocks, diagnosis_line
 
     line = diagnosis_line(d)
     assert line.startswith("Binding limit: compute capacity; with --set cluster.replicas=2")
-    assert "(also tried --set engine.max_num_seqs=16: " in line and "; breaks TPOT p99 (" in line
+    assert "(also tried --set engine.max_num_seqs=32: " in line and "; breaks TPOT p99 (" in line
     text = " ".join(str(x) for x in diagnosis_blocks(d))
-    assert "Also tried for max_num_seqs: `--set engine.max_num_seqs=16`" in text
+    assert "Also tried for max_num_seqs: `--set engine.max_num_seqs=32`" in text
 
 
 def test_preemptions_that_more_kv_barely_moves_bind_compute():
@@ -737,8 +749,15 @@ def test_the_kv_change_tried_moves_the_cache_alone():
     # else twice the blocks (vLLM's --num-gpu-blocks-override): the cache alone; a higher
     # tensor_parallel would add compute too and hide whether the cache binds
     assert _kv_change(gpu(), 27000) == "engine.num_gpu_blocks=54000"
+    # an engine.num_gpu_blocks below what the memory holds: that count (twice the override
+    # can still bind where the GPU would not); above it, twice the override
+    from simulator.cost_model import build_cost_model
+    held = build_cost_model(gpu(gpu_memory_utilization=0.3)).num_gpu_blocks
+    assert 2000 < held < 5000
     assert _kv_change(gpu(num_gpu_blocks=1000, gpu_memory_utilization=0.3), 1000) == \
-        "engine.num_gpu_blocks=2000"
+        f"engine.num_gpu_blocks={held}"
+    assert _kv_change(gpu(num_gpu_blocks=5000, gpu_memory_utilization=0.3), 5000) == \
+        "engine.num_gpu_blocks=10000"
     assert _kv_change(sc({"num_gpu_blocks": 64}, {"constant_s": 0.01}, 1), 64) == \
         "engine.num_gpu_blocks=128"
     assert _kv_change(sc({}, {"constant_s": 0.01}, 1), None) is None   # unlimited
@@ -911,3 +930,45 @@ def test_waiting_while_another_admits_by_hand():
                          "waiting_max": [3, 1, 0, 0, 2, 0]})
     assert waiting_while_another_admits(reps) == pytest.approx(2 / (2 + 1 + 1))
     assert waiting_while_another_admits(reps[reps["replica"] == "0"]) is None
+
+
+def _h100(engine: dict, rate: float, prompt: tuple, out: tuple, slo: dict):
+    return scenario_from_dict({
+        "name": "d", "model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"},
+        "engine": {"max_num_batched_tokens": 8192, "max_model_len": 8192, **engine},
+        "workload": {"seed": 0, "num_requests": 1500,
+                     "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_tokens": {"dist": "lognormal", "median": prompt[0],
+                                       "p90": prompt[1], "max": prompt[2]},
+                     "output_tokens": {"dist": "lognormal", "median": out[0],
+                                       "p90": out[1], "max": out[2]}},
+        "slo": slo})
+
+
+def test_a_free_knob_is_tried_far_enough_to_beat_more_replicas():
+    # 8 slots on an H100 decoding 8 sequences in ~8 ms steps: the slots, not the GPU,
+    # hold 6 req/s back. Twice the slots fell short of the load (about 12 running on average,
+    # 22 at its peaks) while two replicas (twice everything) met the SLOs, so more GPUs were
+    # named; the slots the load needs (32) meet them on one GPU.
+    s = _h100({"max_num_seqs": 8}, 6.0, (500, 1000, 4000), (200, 400, 1000),
+              {"ttft_ms": {"p99": 1000}, "tpot_ms": {"p99": 40}})
+    d = diagnose(s, simulate(s))
+    assert d["binding"] == "max_num_seqs"
+    cf = d["counterfactual"]
+    assert cf["change"] == "engine.max_num_seqs=32" and cf["slo_met_after"]
+    # 1200 blocks (an override) on a GPU whose memory holds ~28,000 preempt 434 times: the
+    # cache tried is what the memory holds (twice the override still missed, 101x -> 27x
+    # the SLO, and two replicas, twice the cache too, were preferred)
+    s = _h100({"max_num_seqs": 256, "num_gpu_blocks": 1200}, 8.0, (1000, 2000, 6000),
+              (300, 600, 1500), {"ttft_ms": {"p99": 2000}, "tpot_ms": {"p99": 60}})
+    from simulator.cost_model import build_cost_model
+    raw = s.model_dump(mode="python", exclude_none=True)
+    raw["engine"].pop("num_gpu_blocks")
+    held = build_cost_model(scenario_from_dict(raw)).num_gpu_blocks
+    assert 20_000 < held < 40_000   # 8B bf16: 128 KiB per token, ~55 GiB for the cache
+    r = simulate(s)
+    assert r.summary["preemptions"] > 0
+    d = diagnose(s, r)
+    assert d["binding"] == "kv_capacity"
+    cf = d["counterfactual"]
+    assert cf["change"] == f"engine.num_gpu_blocks={held}" and cf["slo_met_after"]
