@@ -189,12 +189,13 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     load = [
         ["requests in system, mean", _fmt(conc.get("requests_mean"))],
         ["requests in system, max", _fmt(conc.get("requests_max"))],
-        ["peak concurrent requests (per second, as vllm bench serve)",
+        ["peak concurrent requests (active in any one second, as vllm bench serve: "
+         "at least the max in system)",
          _fmt(s.get("max_concurrent_requests"))],
         ["running requests, mean (all replicas)", _fmt(conc.get("running_mean"))],
         ["running requests, max (one replica)", _fmt(conc.get("running_max_per_replica"))],
-        ["KV cache usage, mean", _fmt(kv.get("mean"))],
-        ["KV cache usage, max", _fmt(kv.get("max"))],
+        ["KV cache usage, mean (share of blocks)", _fmt(kv.get("mean"))],
+        ["KV cache usage, max (share of blocks)", _fmt(kv.get("max"))],
         ["prefix cache hit rate", _fmt(s.get("prefix_cache_hit_rate"))],
         ["preemptions", _fmt(s.get("preemptions"))],
         ["preempted requests", _fmt(s.get("preempted_requests"))],
