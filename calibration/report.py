@@ -98,6 +98,17 @@ def _figure(profile, result, df, replay_df, k, peaks):
     return fig
 
 
+def efficiency_cells(eff: dict) -> list[tuple[str, str]]:
+    """``(name, value)`` rows of a profile's efficiencies (None left out), 3 significant
+    figures; one at the fit's bound (:data:`calibration.fit.MAX_EFFICIENCY` × the
+    ceiling) says so: its term was too small in the measured steps to be fitted."""
+    from .fit import MAX_EFFICIENCY
+
+    return [(n, f"{v:.3g}" + (" (the fit's bound: too small a term in these steps to fit)"
+                              if v >= MAX_EFFICIENCY * (1 - 1e-6) else ""))
+            for n, v in eff.items() if v is not None]
+
+
 def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
     """Write ``html_path`` and the PNG beside it (``.png`` instead of ``.html``).
 
@@ -133,9 +144,8 @@ def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
                        for n, s in err_rows)
     coef_html = "".join(f"<tr><td>{e(n)}</td><td>{v:.4g}</td></tr>"
                         for n, v in profile.cost.coefficients.items())
-    eff = profile.efficiencies.model_dump()
-    eff_html = "".join(f"<tr><td>{e(n)}</td><td>{v:.3g}</td></tr>"
-                       for n, v in eff.items() if v is not None)
+    eff_html = "".join(f"<tr><td>{e(n)}</td><td>{e(v)}</td></tr>"
+                       for n, v in efficiency_cells(profile.efficiencies.model_dump()))
     cells = result.cells
     cell_html = "".join(
         f"<tr><td>{e(str(idx))}</td><td>{int(r['n'])}</td><td>{r['seconds'] * 1e3:.3f}</td>"

@@ -148,3 +148,12 @@ def test_step_price_of_one_chunk_beside_decodes():
     # decodes alone: no chunk, so c counts once per decode only
     assert seconds(0, 50, 4) == pytest.approx(1 + 0.04 + 0.001 * 200)
     assert step_price("constant", {"constant_s": 0.25}, None)(7, 3, 2) == 0.25
+
+
+def test_an_efficiency_at_the_fits_bound_says_so():
+    from calibration.fit import MAX_EFFICIENCY
+    from calibration.report import efficiency_cells
+
+    cells = efficiency_cells({"mbu": MAX_EFFICIENCY, "mfu": 0.512, "attn_mbu": None})
+    assert cells == [("mbu", "4 (the fit's bound: too small a term in these steps to fit)"),
+                     ("mfu", "0.512")]
