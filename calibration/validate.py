@@ -23,6 +23,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -371,6 +372,19 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
                          f"and 90th percentile finishes), got {saturation_requests}")
 
 
+def saturation_warning(scenario, saturation_requests: int | None) -> str | None:
+    """Why a ``--saturation-requests`` burst under twice ``max_num_seqs`` misleads (None
+    otherwise): it runs as a batch or two draining, faster than the engine sustains with a
+    queue, and every load is a fraction of that rate (0.5 of it can be an overload)."""
+    n = scenario.max_num_seqs
+    if saturation_requests is None or saturation_requests >= 2 * n:
+        return None
+    return (f"--saturation-requests {saturation_requests} is under twice max_num_seqs "
+            f"({n}): the burst runs as a batch or two draining, not at the rate the engine "
+            f"sustains with requests queued, and every load is a fraction of it (default "
+            f"{4 * n}, 4 × max_num_seqs)")
+
+
 def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                      seconds_per_load: float, saturation_requests: int | None,
                      front_end: bool, progress, engine_name: str, speed=None,
@@ -663,6 +677,9 @@ def _validate_command(args) -> int:
         raise with_sweep_hint(e, overrides, "validate") from None
     loads = parse_loads(args.loads)   # bad flags first, whatever is installed
     check_validation_args(sc, loads, args.replications, args.seconds, args.saturation_requests)
+    warning = saturation_warning(sc, args.saturation_requests)
+    if warning:
+        print(f"servesim: warning: {warning}", file=sys.stderr)
     if args.backend == "servesim":
         from .cli import require_torch
         require_torch()

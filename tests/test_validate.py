@@ -528,3 +528,13 @@ def test_model_dir_without_the_vllm_backend_and_an_empty_scenario_are_refused(ca
     assert main(["run", ""]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "servesim: error: scenario: empty path (give a scenario YAML file)"]
+
+
+def test_a_saturation_burst_under_twice_max_num_seqs_is_warned_of():
+    # max_num_seqs 8: 15 requests run as two batches draining (no queue to sustain), 16 keep
+    # one batch's worth waiting throughout the first
+    sc = scenario_from_dict(SCENARIO)
+    assert V.saturation_warning(sc, None) is None and V.saturation_warning(sc, 16) is None
+    said = V.saturation_warning(sc, 15)
+    assert said.startswith("--saturation-requests 15 is under twice max_num_seqs (8)")
+    assert "(default 32, 4 × max_num_seqs)" in said
