@@ -88,6 +88,10 @@ def _cmd_run(args) -> int:
     print_summary(results[0], replications=combined,
                   max_model_len=max_model_len_text(scenario, results[0].summary),
                   diagnosis=diagnosis)
+    used = max_model_len_text(scenario, results[0].summary)
+    if used != str(scenario.max_model_len) and not results[0].summary.get("rejected"):
+        # said beside the rejections when there are some
+        print(f"servesim: note: max_model_len {used}", file=sys.stderr)
     short = trace_shortfall(scenario, results[0].summary)
     if short:
         print(f"servesim: note: {short}", file=sys.stderr)

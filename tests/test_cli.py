@@ -242,6 +242,14 @@ slo: {ttft_ms: {p99: 500}}
     assert (f"7 requests rejected: prompt too long for max_model_len 128 (the default, "
             f"{default}, capped to what the KV cache holds, as vLLM's --max-model-len auto "
             f"does; left unset, vLLM would refuse to start); they count") in out
+    # with nothing rejected the cap is said all the same (vLLM would not start unless told)
+    y.write_text(y.read_text().replace("value: 600", "value: 100"))
+    assert main(["run", str(y), "--out", str(tmp_path / "d"), "--quiet"]) == 0
+    cap = capsys.readouterr()
+    assert "requests rejected" not in cap.out
+    assert cap.err == (f"servesim: note: max_model_len 128 (the default, {default}, capped "
+                       f"to what the KV cache holds, as vLLM's --max-model-len auto does; "
+                       f"left unset, vLLM would refuse to start)\n")
 
 
 def test_run_warns_of_more_kv_blocks_than_the_gpu_holds(scen, tmp_path, capsys):
