@@ -21,8 +21,9 @@ limits a vLLM operator can turn, in this order:
   ``cost_noise: empirical``).
 * ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
   cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
-  queueing while the KV cache is nearly full and running requests are below
-  ``max_num_seqs`` (admission waits for free blocks). The change tried is one the GPUs
+  queueing while running requests are below ``max_num_seqs`` and the KV cache is nearly
+  full, or as many ran at once as it holds at their mean length (a few long requests fill
+  it, leaving fewer blocks free than one needs): admission waits for free blocks. The change tried is one the GPUs
   can hold (:func:`_kv_change`).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time,
   or while most of the waiting happens with every sequence slot taken (bursts), and the
@@ -196,6 +197,18 @@ def slots_gain(scenario, result) -> tuple[float, int] | None:
     cost = build_cost_model(scenario).step_seconds
     return (n2 * cost(step_plan(num_decodes=n, decode_context=ctx))
             / (n * cost(step_plan(num_decodes=n2, decode_context=ctx)))), n2
+
+
+def _kv_holds(scenario, result) -> int | None:
+    """Requests of the counted, completed requests' mean prompt + output tokens that the
+    run's KV cache holds at once (less vLLM's null block); None when the cache is
+    unlimited or no such request completed."""
+    blocks = result.summary.get("num_gpu_blocks")
+    req = _served_requests(result)
+    if not blocks or not len(req):
+        return None
+    tokens = float((req["prompt_tokens"] + req["output_tokens"]).mean())
+    return int((blocks - 1) // math.ceil(tokens / scenario.engine.block_size))
 
 
 def _slots_to_try(n: int, need: float | None) -> int:
@@ -524,15 +537,23 @@ def find_limits(scenario, result) -> dict:
                "a GPU with more memory (more compute too; a run with twice the blocks, "
                "engine.num_gpu_blocks, tries the cache alone); or lower max_num_seqs so "
                "fewer requests share it")
+    # Requests of the mean length (prompt + output) the cache holds at once: a cache of a few
+    # long requests is full at their count, though blocks (less than one request's) are free.
+    holds = figures["kv_holds_requests"] = _kv_holds(scenario, result)
     if pre > 0:
         if not e.scheduler_reserve_full_isl:   # admitted on a first chunk, later preempted
             kv_knob += ("; or engine.scheduler_reserve_full_isl=true (vLLM's default: admit "
                         "a request only when its whole prompt fits in the free blocks)")
         found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "
                               f"mean KV usage {kv_mean:.0%})", kv_knob, kv_change))
-    elif queued and kv_mean >= KV_FULL and running_max < scenario.max_num_seqs:
+    elif queued and running_max < scenario.max_num_seqs and (
+            kv_mean >= KV_FULL or (holds is not None and running_max >= holds)):
         found.append(_finding("kv_capacity", f"{held} while the KV cache is "
-                              f"{kv_mean:.0%} full and {running:.1f} of {scenario.max_num_seqs} "
+                              f"{kv_mean:.0%} full"
+                              + (f" (it holds about {holds} requests at their mean length, "
+                                 f"and {running_max} ran at once)" if holds is not None
+                                 and running_max >= holds else "")
+                              + f" and {running:.1f} of {scenario.max_num_seqs} "
                               f"sequence slots are used", kv_knob, kv_change))
     # The share of the waiting (request-seconds) that happens while every sequence slot of
     # the replica is taken: bursts fill the slots although the mean running count is low.

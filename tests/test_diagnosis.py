@@ -972,3 +972,28 @@ def test_a_free_knob_is_tried_far_enough_to_beat_more_replicas():
     assert d["binding"] == "kv_capacity"
     cf = d["counterfactual"]
     assert cf["change"] == f"engine.num_gpu_blocks={held}" and cf["slo_met_after"]
+
+
+def test_a_cache_full_of_a_few_long_requests_is_found_below_the_nearly_full_mark():
+    # 16 users of 2000-token prompts and 10 output tokens, 1000 blocks of 16: a request
+    # holds ceil(2010 / 16) = 126 blocks, so 999 // 126 = 7 fit at once and 117 blocks
+    # (fewer than one request's) stay free: the cache is 87% full on average, below the
+    # 90% mark, yet it is what keeps 7 of 16 slots running while requests queue
+    s = scenario_from_dict({
+        "name": "d", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"num_gpu_blocks": 1000, "max_num_seqs": 16,
+                   "max_num_batched_tokens": 2048, "max_model_len": 2048},
+        "workload": {"seed": 0, "num_requests": 400,
+                     "arrival": {"process": "closed_loop", "concurrency": 16,
+                                 "think_time_s": 0},
+                     "prompt_tokens": {"dist": "fixed", "value": 2000},
+                     "output_tokens": {"dist": "fixed", "value": 10}}})
+    r = simulate(s)
+    d = diagnose(s, r, counterfactual=False)
+    f = d["figures"]
+    assert f["kv_holds_requests"] == 7 and f["running_per_replica_max"] == 7
+    assert f["kv_usage_mean"] < 0.9 and r.summary["preemptions"] == 0
+    kv = next(x for x in d["findings"] if x["limit"] == "kv_capacity")
+    assert "(it holds about 7 requests at their mean length, and 7 ran at once)" \
+        in kv["evidence"]
+    assert kv["change"] == "engine.num_gpu_blocks=2000"
