@@ -85,10 +85,9 @@ def _cmd_run(args) -> int:
     paths = write_run_outputs(out, results[0], title=scenario.name,
                               meta=report_meta(scenario, results[0].summary),
                               replications=combined, diagnosis=diagnosis)
-    print_summary(results[0], replications=combined,
-                  max_model_len=max_model_len_text(scenario, results[0].summary),
-                  diagnosis=diagnosis)
     used = max_model_len_text(scenario, results[0].summary)
+    print_summary(results[0], replications=combined, max_model_len=used,
+                  diagnosis=diagnosis)
     if used != str(scenario.max_model_len) and not results[0].summary.get("rejected"):
         # said beside the rejections when there are some
         print(f"servesim: note: max_model_len {used}", file=sys.stderr)

@@ -23,8 +23,8 @@ limits a vLLM operator can turn, in this order:
   cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
   queueing while running requests are below ``max_num_seqs`` and the KV cache is nearly
   full, or as many ran at once as it holds at their mean length (a few long requests fill
-  it, leaving fewer blocks free than one needs): admission waits for free blocks. The change tried is one the GPUs
-  can hold (:func:`_kv_change`).
+  it, leaving fewer blocks free than one needs): admission waits for free blocks. The
+  change tried is one the GPUs can hold (:func:`_kv_change`).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time,
   or while most of the waiting happens with every sequence slot taken (bursts), and the
   slots the offered load needs (Little's law, :func:`slots_needed`; at least twice as many,

@@ -350,5 +350,5 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["DOES_NOT_FIT", "STABILITY", "SweepResult", "derive", "grid", "knees", "kv_warnings", "split_sets",
-           "stability_label", "sweep"]
+__all__ = ["DOES_NOT_FIT", "STABILITY", "SweepResult", "derive", "grid", "knees",
+           "kv_warnings", "split_sets", "stability_label", "sweep"]
