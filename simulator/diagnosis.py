@@ -233,14 +233,15 @@ def slots_needed(scenario, result) -> float | None:
     3 √L, L = λ · S by Little's law (λ the offered rate per replica, S the mean time a
     counted, completed request spent running, first scheduled → finish, in this run: a
     lower bound, as steps of more sequences take longer), with three standard deviations
-    of a Poisson count of L for the peaks. None without a rate or such requests."""
+    of a Poisson count of L for the peaks; at most the run's requests per replica (a burst
+    of them all at once needs no more). None without a rate or such requests."""
     req = _served_requests(result)
     rate = offered_rate(result)
     if not len(req) or not rate:
         return None
-    service_s = float((req["finish_s"] - req["first_scheduled_s"]).mean())
-    load = rate / (result.summary.get("replicas") or scenario.cluster.replicas) * service_s
-    return load + 3.0 * math.sqrt(load)
+    nrep = result.summary.get("replicas") or scenario.cluster.replicas
+    load = rate / nrep * float((req["finish_s"] - req["first_scheduled_s"]).mean())
+    return min(load + 3.0 * math.sqrt(load), len(result.requests) / nrep)
 
 
 def budget_gain(scenario) -> float:

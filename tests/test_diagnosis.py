@@ -997,3 +997,14 @@ def test_a_cache_full_of_a_few_long_requests_is_found_below_the_nearly_full_mark
     assert "(it holds about 7 requests at their mean length, and 7 ran at once)" \
         in kv["evidence"]
     assert kv["change"] == "engine.num_gpu_blocks=2000"
+
+
+def test_the_slots_a_burst_needs_are_at_most_its_requests():
+    # 300 requests at once (1e6 req/s) on 4 slots: Little's law says hundreds of thousands
+    # of slots; no more than the 300 requests can run at once, so 4 · 2^7 = 512 is tried
+    from simulator.diagnosis import slots_gain, slots_needed
+
+    s = sc({"max_num_seqs": 4}, {"constant_s": 0.01}, 1e6, n=300)
+    r = simulate(s)
+    assert slots_needed(s, r) == 300
+    assert slots_gain(s, r)[1] == 512
