@@ -35,11 +35,13 @@ class Router:
 
     Policies:
         round_robin: replicas in turn.
-        least_outstanding: fewest queued + running requests (ties: lowest index).
+        least_outstanding: fewest queued + running requests; ties in turn (from the
+            replica after the last one chosen: at light load, where most choices tie,
+            the lowest index would take the most requests).
         prefix_affinity: the replica whose prefix cache holds the longest prefix of the
             request, among replicas whose load is at most ``1.25 × mean + 1`` outstanding
             requests (bounded-load affinity, so a hot prefix cannot pile onto one replica);
-            ties go to the least loaded, then the lowest index.
+            ties go to the least loaded, then in turn as above.
 
     Raises:
         ValueError: unknown policy.
@@ -60,19 +62,23 @@ class Router:
             rep = replicas[self._next % len(replicas)]
             self._next += 1
             return rep
+        n = len(replicas)
+        order = [(self._next + k) % n for k in range(n)]   # ties go in turn
         loads = [r.num_outstanding for r in replicas]
         if self.policy == "least_outstanding":
-            return replicas[loads.index(min(loads))]
-        bound = self.LOAD_FACTOR * sum(loads) / len(loads) + 1
-        best, best_key = None, None
-        for rep, load in zip(replicas, loads):
-            if load > bound:
-                continue
-            _, hit = rep.scheduler.kv.get_computed_blocks(req)
-            key = (-hit, load)
-            if best_key is None or key < best_key:
-                best, best_key = rep, key
-        return best
+            best = min(order, key=lambda i: loads[i])
+        else:
+            bound = self.LOAD_FACTOR * sum(loads) / n + 1
+            best, best_key = None, None
+            for i in order:
+                if loads[i] > bound:
+                    continue
+                _, hit = replicas[i].scheduler.kv.get_computed_blocks(req)
+                key = (-hit, loads[i])
+                if best_key is None or key < best_key:
+                    best, best_key = i, key
+        self._next = best + 1
+        return replicas[best]
 
 
 class Cluster:

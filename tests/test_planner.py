@@ -1031,10 +1031,10 @@ def test_sweep_csv_gives_each_interval_as_two_numbers(tmp_path):
 def test_a_candidate_that_could_be_cheaper_is_tried_at_fewer_replicas():
     # plan_chat at TTFT p99 <= 100 ms: both H100 TP2 candidates are estimated at 6
     # replicas; the one with the higher max rate per replica (the more capacity at equal
-    # cost) is confirmed first: behind the router it confirms at 4 (23.92 USD/h at 5.98 a
+    # cost) is confirmed first: behind the router it confirms at 3 (17.94 USD/h at 5.98 a
     # replica), and the other, whose cost CI reaches below that, is tried at the most
-    # replicas that would still be cheaper, ceil(23.92 / 5.98) - 1 = 3: it misses there, so
-    # it cannot beat the first; it keeps its estimate, unconfirmed, its CI starting at 4.
+    # replicas that would still be cheaper, ceil(17.94 / 5.98) - 1 = 2: it misses there, so
+    # it cannot beat the first; it keeps its estimate, unconfirmed, its CI starting at 3.
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "scenarios" / "plan_chat.yaml"
@@ -1043,12 +1043,12 @@ def test_a_candidate_that_could_be_cheaper_is_tried_at_fewer_replicas():
     with make_executor("serial") as ex:
         res = plan(sc, ex)
     first, second = sorted(res.rows, key=lambda r: -r.search.max_rate)
-    assert res.best is first and first.confirmed and first.replicas == 4
-    assert first.costs["cost_per_hour"] == pytest.approx(4 * 5.98)
+    assert res.best is first and first.confirmed and first.replicas == 3
+    assert first.costs["cost_per_hour"] == pytest.approx(3 * 5.98)
     assert second.costs_ci95["cost_per_hour"][0] is not None
     assert not second.confirmed
-    assert [(c["replicas"], c["feasible"]) for c in second.confirmation] == [(3, False)]
-    assert second.replicas_ci95[0] == 4 and second.replicas >= 4
+    assert [(c["replicas"], c["feasible"]) for c in second.confirmation] == [(2, False)]
+    assert second.replicas_ci95[0] == 3 and second.replicas >= 3
 
 
 def test_a_tie_on_cost_goes_to_the_most_capacity_and_is_said(tmp_path, capsys):

@@ -136,3 +136,23 @@ workload:
                  "--set", "sim.warmup_requests=2"]) == 0
     w = json.loads((tmp_path / "w" / "summary.json").read_text())
     assert w["max_output_tokens_per_s"] is None
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "prefix_affinity"])
+def test_load_aware_routers_take_turns_when_replicas_tie(router):
+    # one request a second, each served in 30 ms: every replica is empty at each arrival,
+    # so every choice ties and the requests go round the 4 replicas in turn (the lowest
+    # index took them all)
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+
+    s = scenario_from_dict({
+        "name": "r", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_num_seqs": 8, "max_model_len": 256},
+        "cluster": {"replicas": 4, "router": router},
+        "workload": {"seed": 0, "num_requests": 10,
+                     "arrival": {"process": "constant", "rate": 1.0},
+                     "prompt_tokens": {"dist": "fixed", "value": 8},
+                     "output_tokens": {"dist": "fixed", "value": 3}}})
+    req = simulate(s).requests.sort_values("arrival_s")
+    assert req["replica"].astype(int).tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
