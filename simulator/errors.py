@@ -45,6 +45,9 @@ class KeyedInputError(InputError):
         super().__init__(message if message is not None else f"{key}: {detail}")
         self.key, self.detail, self.depends = key, detail, tuple(depends)
 
+    def __reduce__(self):   # a worker process sends it back whole (args holds the line only)
+        return type(self), (self.key, self.detail, str(self), self.depends)
+
 
 class DoesNotFit(InputError):
     """A valid scenario whose model and KV cache do not fit the GPU's memory (no room for a
@@ -58,6 +61,9 @@ class DoesNotFit(InputError):
     def __init__(self, message: str, detail: str):
         super().__init__(message)
         self.detail = detail
+
+    def __reduce__(self):   # a worker process sends it back whole (args holds the line only)
+        return type(self), (str(self), self.detail)
 
 
 class KeyedDoesNotFit(KeyedInputError):

@@ -330,3 +330,30 @@ def test_a_batch_still_settling_near_capacity_is_stable():
     assert achieved >= STABLE_FRACTION * offered and not backlog_grows(long)
     short = simulate(load_scenario(path, sets))
     assert short.summary["num_requests"] == 400 and job_output(short)["stable"]
+
+
+def test_an_input_error_raised_in_a_worker_comes_back_as_one_error(tmp_path, capsys):
+    # compare runs each plan in the pool: a plan whose model does not fit its GPU raised
+    # DoesNotFit there, which did not unpickle (its __init__ takes the detail too), broke
+    # the pool and read as a worker crash before the error
+    import pickle
+
+    from simulator.cli import main
+    from simulator.errors import DoesNotFit, KeyedDoesNotFit, KeyedInputError
+
+    for e in (DoesNotFit("f.yaml:3: k: d", "d"), KeyedInputError("k", "d", depends=("x",)),
+              KeyedDoesNotFit("k", "d", "line")):
+        back = pickle.loads(pickle.dumps(e))
+        assert (type(back), str(back), back.args) == (type(e), str(e), e.args)
+        assert vars(back) == vars(e)
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("name: a\nmodel: llama-test\nhardware: {profile: h100-sxm}\nworkload: "
+                 "{num_requests: 20, arrival: {process: poisson, rate: 5}, prompt_tokens: "
+                 "{dist: fixed, value: 8}, output_tokens: {dist: fixed, value: 4}}\n")
+    b.write_text("name: b\nmodel: llama-3.1-70b\nhardware: {profile: h100-sxm}\n")
+    assert main(["compare", str(a), str(b), "--executor", "local", "--workers", "2",
+                 "--quiet", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: b.yaml: engine.gpu_memory_utilization: "
+                          "llama-3.1-70b in bfloat16") and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
