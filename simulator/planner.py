@@ -59,7 +59,8 @@ def expand_candidates(scenario) -> list[Candidate]:
     cache, ...) is kept with its ``error``.
 
     Raises:
-        InputError: a candidate key or value the schema refuses (names ``plan.candidates``),
+        InputError: the first candidate's error when no candidate can run; a candidate key
+            or value the schema refuses (names ``plan.candidates``),
             a ``plan.prices`` key that is neither a catalog GPU nor a candidate's profile,
             or a ``hardware.profile`` that is neither a catalog GPU nor a readable
             calibration profile (names the key and the known GPUs): a typo, not a plan
@@ -98,6 +99,7 @@ def expand_candidates(scenario) -> list[Candidate]:
             f"{scenario.hardware.price_per_gpu_hour:g} and plan.prices.{both[0]} "
             f"({cfg.prices[both[0]]:g}) both price {both[0]}: give one"),
             depends=("plan.prices",))
+    first_error = None
     for point in points:
         try:
             sc = derive(scenario, _point_overrides(point))
@@ -117,6 +119,7 @@ def expand_candidates(scenario) -> list[Candidate]:
             sc.scheduler_config(cm.num_gpu_blocks)
         except InputError as e:
             c.error = str(e).split(": ", 1)[-1]
+            first_error = first_error or e
         else:
             c.price_per_replica_hour = cm.price_per_replica_hour
             c.cost_label = cm.label
@@ -124,6 +127,12 @@ def expand_candidates(scenario) -> list[Candidate]:
             c.cost_kind = cm.label.split(":", 1)[0]
         out.append(c)
     _check_prices(scenario, {c.scenario.hardware.profile for c in out})
+    if all(c.error for c in out):   # nothing to plan with: the input is at fault (as sweep)
+        if not axes:
+            raise first_error
+        raise InputError(f"{_candidate_where(scenario)}: no candidate can run ("
+                         f"{out[0].label}: {out[0].error}"
+                         + ("; nor can the other candidates)" if len(out) > 1 else ")"))
     return out
 
 

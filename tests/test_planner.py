@@ -900,6 +900,16 @@ def test_a_candidate_without_room_for_a_kv_cache_names_the_keys_to_change(tmp_pa
     assert "raise engine.gpu_memory_utilization (to at least 0." in low.error
     assert low.error.endswith("raise hardware.tensor_parallel or choose a larger GPU "
                               "(hardware.profile)")
+    # no candidate that runs: nothing to plan with, refused (exit 2) as a sweep of no point
+    # that fits, not "no candidate meets every SLO" (exit 1)
+    p.write_text(p.read_text().replace("[0.3, 0.9]", "[0.3, 0.35]"))
+    with pytest.raises(InputError) as e:
+        expand_candidates(load_scenario(p))
+    assert str(e.value).startswith(
+        "p.yaml:9: plan.candidates: no candidate can run (gpu_memory_utilization=0.3, "
+        "tensor_parallel=1: llama-3.1-8b in bfloat16 (15.0 GiB of weights per GPU) leaves no "
+        "room for a KV cache on l4")
+    assert str(e.value).endswith("; nor can the other candidates)")
 
 
 def test_a_price_for_a_gpu_no_candidate_runs_on_names_its_key(tmp_path):
