@@ -40,7 +40,9 @@ limits a vLLM operator can turn, in this order:
   drains only after a while (inter-arrival CV of at least :data:`BURSTY_CV`), or
   Poisson-like arrivals colliding by chance; or, last, when a latency SLO that requests
   alone would meet is missed and nothing else was found: sharing steps with other
-  requests (each added request lengthens the batch) makes the difference.
+  requests (each added request lengthens the batch) makes the difference. Where requests
+  alone already take :data:`NEAR_FLOOR` of the SLO or more, the tail is their own length
+  and the knob tried is faster steps, not more replicas.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
 
@@ -97,6 +99,9 @@ TAIL_QUEUE = 0.5
 BURSTY_CV = 1.3
 #: SLO metrics that waiting for the engine makes miss.
 WAIT_METRICS = ("ttft_ms", "queue_ms", "e2el_ms")
+#: Floor (requests served alone) / SLO threshold from which a missed SLO is near the floor:
+#: more replicas remove only the little that sharing adds, faster steps are tried instead.
+NEAR_FLOOR = 0.9
 #: Share of the waiting that happens while another replica holds nobody waiting above which
 #: a round-robin router's imbalance is a finding (a load-aware router sends it there).
 IDLE_ELSEWHERE = 0.5
@@ -529,6 +534,11 @@ def find_limits(scenario, result) -> dict:
             "the fewest queued and running requests)", "cluster.router=least_outstanding"))
     # Missed SLOs that a request alone would meet: what the load (or noise) adds.
     loaded = [x for x in missed if not any(x[:2] == f[:2] for f in floor)]
+    # ... of which requests served alone already nearly reach the SLO: sharing steps and
+    # waiting add little there, and the tail is the requests' own length, not a queue
+    near = [x for x in loaded
+            if (figures["alone_ms"].get(x[0]) or {}).get(x[1]) is not None
+            and figures["alone_ms"][x[0]][x[1]] >= NEAR_FLOOR * x[2]]
 
     # A fixed engine.num_gpu_blocks ignores memory: only it (or removing it) moves the cache.
     kv_knob = ("more KV cache: raise engine.num_gpu_blocks (or remove it to size the cache "
@@ -627,7 +637,8 @@ def find_limits(scenario, result) -> dict:
     if queued and not found and (busy is None or busy >= BUSY or not stable):
         compute = (f"{held} although sequence slots and KV blocks are free"
                    + (f": {busy_text}" if busy_text else ""))
-    elif not found and _missed(s, WAIT_METRICS) and q_p99 >= QUEUE_STEPS * step_ms \
+    elif not found and not near and _missed(s, WAIT_METRICS) \
+            and q_p99 >= QUEUE_STEPS * step_ms \
             and q_p99 >= TAIL_QUEUE * (split["ttft_ms"]["p99"] or math.inf):
         # A stable engine, yet the tail of TTFT is waiting: capacity for the peaks. Below
         # saturation the peaks are bursts when arrivals cluster more than Poisson ones;
@@ -669,7 +680,7 @@ def find_limits(scenario, result) -> dict:
         # explained by a setting, yet more replicas are the knob to try when it falls short
         unexplained = loaded
     if unexplained:
-        m, st, thr, value = unexplained[0]
+        m, st, thr, value = next((x for x in unexplained if x in near), unexplained[0])
         fl = figures["alone_ms"].get(m, {}).get(st)
         alone = f", and {fl:.4g} ms for requests served alone" if fl is not None else ""
         if not overlapped:
@@ -681,11 +692,17 @@ def find_limits(scenario, result) -> dict:
                 f"the system at once: the step-cost variation makes up the rest",
                 *_faster(scenario, m == "ttft_ms")))
         else:
-            # Sharing steps with other requests (and waiting for them) adds the rest.
+            # Sharing steps with other requests (and waiting for them) adds the rest; where
+            # requests alone nearly reach the SLO, more replicas leave little to remove:
+            # faster steps make the headroom.
+            close = (m, st, thr, value) in near
             found.append(_finding(
                 "compute", f"{METRIC_LABELS[m]} {st} is {value:.4g} ms against the SLO's "
                 f"{thr:g} ms{alone}: sharing steps with other requests and waiting for them adds "
-                f"the rest" + (f" ({busy_text})" if busy_text else ""), *more))
+                f"the rest" + (f" ({busy_text})" if busy_text else "")
+                + (f"; requests alone already take {fl / thr:.0%} of the SLO: faster steps "
+                   f"make the headroom" if close else ""),
+                *(_faster(scenario, m == "ttft_ms") if close else more)))
     if queued and (busy is None or busy >= BUSY or not stable) \
             and not any(f["limit"] == "compute" for f in found):
         # Beside a KV or slot limit: more replicas also take load off each replica (the
