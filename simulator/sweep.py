@@ -175,7 +175,8 @@ class SweepResult:
         axes: ``{key: [values]}`` swept (first axis = the x of each curve).
         table: one row per point: the swept values, ``offered_rate`` and
             ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``
-            (every replication passed the throughput test), ``rejected`` (requests
+            (every replication passed the throughput test; None where requests were
+            rejected, which it cannot judge), ``rejected`` (requests
             rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
             ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications. A point
@@ -270,9 +271,11 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row = dict(p)
         offered = [o["offered_rate"] for o in group if o["offered_rate"]]
         row["offered_rate"] = float(np.mean(offered)) if offered else None
-        row["stable"] = all(o["stable"] for o in group)
+        stable = row["stable"] = all(o["stable"] for o in group)
         row["rejected"] = float(np.mean([s.get("rejected") or 0 for s in sums]))
-        row["stability"] = stability_label(row["stable"], row["rejected"])
+        row["stability"] = stability_label(stable, row["rejected"])
+        # rejected requests never finish: the throughput test cannot judge the queue
+        row["stable"] = None if row["rejected"] else stable
         for path in _SWEEP_FIGURES:
             # ttft_p99_ms: the unit last, as plan.csv names its columns
             name = (f"{path[0].removesuffix('_ms')}_{path[1]}_ms" if len(path) > 1
