@@ -528,8 +528,12 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
                            "feasible" if r.feasible else "infeasible")),
         })
         rows.append(d)
-    # the statistics the SLOs name (E2EL p99, TTFT p50, ...), beside TTFT and TPOT p99
+    # the statistics the SLOs name (E2EL p99, TTFT p50, ...), beside TTFT and TPOT p99:
+    # the scenario's (a column even where no candidate ran to an operating point)
     names = {}
+    sc = result.rows[0].candidate.scenario if result.rows else None
+    for m, st, _ in (sc.slo.targets() if sc is not None and sc.slo else []):
+        names.setdefault(f"{m.removesuffix('_ms')}_{st}", (m, st))
     for r in result.rows:
         for m, stats in ((r.operating or {}).get("slo") or {}).items():
             for st in stats:

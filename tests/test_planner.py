@@ -787,6 +787,10 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
     assert verdict[0].endswith("TPOT p99 10 ms against an SLO of 5 ms (2x the SLO)")
     assert (out / "plan.csv").is_file() and (out / "report.html").is_file()
     assert "closest: constant_s=0.01" in (out / "report.md").read_text()
+    # the SLO's statistic keeps its column (empty: no candidate ran to an operating point)
+    header = next(i for i, line in enumerate(lines) if "TPOT" in line.split())
+    assert "TPOT" in lines[header] and "p99" in lines[header + 1]
+    assert "tpot_p99_ms" in (out / "plan.csv").read_text().splitlines()[0].split(",")
 
 
 @pytest.mark.parametrize("candidates, want", [
