@@ -354,6 +354,7 @@ def _cmd_compare(args) -> int:
     from .diagnosis import find_limits
     from .planner import compare
     from .report import write_compare_report
+    from .run import trace_shortfall
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
 
@@ -392,6 +393,9 @@ def _cmd_compare(args) -> int:
         # so that an error in them stays the one line)
         print(f"servesim: note: workload, SLO and sim settings of {scenarios[0].source} used "
               f"for every plan; those of {', '.join(ignored)} are ignored", file=sys.stderr)
+    short = trace_shortfall(scenarios[0], entries[0]["result"].summary)
+    if short:   # every plan served the first one's trace
+        print(f"servesim: note: {short}", file=sys.stderr)
     for e in entries:
         e["binding"] = find_limits(e["scenario"], e["result"])["binding"]
     paths = write_compare_report(

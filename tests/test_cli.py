@@ -343,6 +343,15 @@ def test_a_trace_shorter_than_num_requests_says_so(tmp_path, capsys):
                 "has only 3 requests: the run takes all of them")
         assert (err == f"servesim: note: {text}\n") == note and (text in md) == note
         assert json.loads((out / "summary.json").read_text())["num_requests"] == served - 1
+    # compare serves the first plan's trace through every plan: said there too
+    (tmp_path / "b.yaml").write_text("name: b\nmodel: llama-test\nhardware: {step_time: "
+                                     "{constant_s: 0.02}}\n")
+    assert main(["compare", str(tmp_path / "tr.yaml"), str(tmp_path / "b.yaml"), "--set",
+                 "workload.num_requests=10", "--executor", "serial", "--out",
+                 str(tmp_path / "c"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ("servesim: note: workload.num_requests is 10, but the "
+                                       "trace (within workload.trace.window_s) has only 3 "
+                                       "requests: the run takes all of them\n")
 
 
 def test_replications_of_a_trace_are_said_to_be_identical(tmp_path, capsys):
