@@ -67,8 +67,17 @@ def plot_sweep(result) -> bytes:
     """PNG: TTFT and TPOT (p50 solid, p99 dashed) vs achieved request throughput, one line
     per combination of the other swept keys; points not ``stable`` (unstable, or
     rejecting requests) marked ×. Up to :data:`MAX_LEGEND` combinations are named in a
-    legend; past that (a legend taller than the plot) a note points to ``sweep.csv``."""
+    legend; past that (a legend taller than the plot) a note points to ``sweep.csv``.
+    Points that do not fit their GPU are not run: no line or legend entry."""
+    return _png(sweep_figure(result))
+
+
+def sweep_figure(result) -> Figure:
+    """The figure :func:`plot_sweep` draws (two axes: TTFT, TPOT)."""
+    from .sweep import DOES_NOT_FIT
+
     t = result.table
+    t = t[t["stability"] != DOES_NOT_FIT]   # not run: nothing to draw (sweep.csv says why)
     keys = list(result.axes)
     others = keys[1:]
     fig = Figure(figsize=(11, 4.5), layout="constrained")
@@ -97,7 +106,7 @@ def plot_sweep(result) -> bytes:
         fig.suptitle(f"{len(groups)} lines, one per combination of "
                      f"{', '.join(k.split('.')[-1] for k in others)} (too many to name: "
                      f"see sweep.csv)", fontsize="small")
-    return _png(fig)
+    return fig
 
 
 def write_sweep_report(out_dir, result, *, title: str) -> dict:

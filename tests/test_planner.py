@@ -1324,6 +1324,14 @@ def test_a_sweep_point_that_does_not_fit_is_a_row_and_no_point_fitting_is_refuse
     assert "no fit (tensor_parallel=1): llama-3.1-70b in bfloat16" in out
     rows = (tmp_path / "s" / "sweep.csv").read_text().splitlines()
     assert rows[1].startswith("1,") and ",does not fit," in rows[1]
+    # the curves have no line for the point that did not run (a legend entry without one)
+    from simulator.planner_report import sweep_figure
+    from simulator.sweep import SweepResult
+    import pandas as pd
+    t = pd.read_csv(tmp_path / "s" / "sweep.csv")
+    fig = sweep_figure(SweepResult({"workload.arrival.rate": [10], "hardware.tensor_parallel":
+                                    [1, 2]}, t.assign(**{"workload.arrival.rate": 10}), [], []))
+    assert [x.get_text() for x in fig.axes[0].get_legend().get_texts()] == ["tensor_parallel=2"]
     assert "leaves no room for a KV cache" in rows[1] and "does not fit" not in rows[2]
     assert "does not fit" in (tmp_path / "s" / "report.md").read_text()
     # no point fits: the input is at fault, as for run
