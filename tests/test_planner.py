@@ -1354,3 +1354,18 @@ def test_compare_names_the_step_costs_in_the_plans_column_order(tmp_path, capsys
     md = (tmp_path / "cmp" / "report.md").read_text()
     assert ("Step costs: **projected: roofline h100-sxm, tensor_parallel=1, default "
             "efficiencies, inline: constant 10 ms/step**") in md
+
+
+def test_a_piped_table_wider_than_80_columns_keeps_each_number_whole(capsys, monkeypatch):
+    # piped without COLUMNS, rich took 80 columns and folded "11.96–14.95" into "11.96–14"
+    # over ".95"; in a terminal of 80 columns (COLUMNS) the table still folds to fit
+    import pandas as pd
+
+    from simulator.planner_cli import _print_table
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    df = pd.DataFrame([{f"cost_per_hour_ci95_{i}": [11.96, 14.95] for i in range(9)}])
+    _print_table(df, "wide")
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) > 80
+    assert any(line.count("11.96–14.95") == 9 for line in lines)
