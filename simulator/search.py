@@ -47,7 +47,8 @@ def with_rate(scenario, rate: float):
     """``scenario`` with ``workload.arrival.rate = rate`` (req/s); other keys unchanged.
 
     Raises:
-        InputError: the workload has no open-loop arrival rate (trace or closed loop).
+        InputError: the workload has no open-loop arrival rate (trace or closed loop), or
+            has sessions (the rate starts conversations, not requests).
     """
     wl = scenario.workload
     arrival = getattr(wl, "arrival", None)
@@ -56,6 +57,15 @@ def with_rate(scenario, rate: float):
                              "process with a rate (poisson, gamma or constant); a trace's "
                              "arrivals are its own (workload.trace.time_scale stretches "
                              "them)")
+    if getattr(wl, "sessions", None) is not None:
+        # The rate starts conversations whose later turns wait for think times: with a fixed
+        # number of requests, a higher rate only packs the starts closer, and the run's
+        # request rate stops following it (195 "req/s" served 3).
+        raise scenario.error("workload.sessions", "a rate search sets the arrival rate of "
+                             "single requests; with sessions it starts conversations whose "
+                             "turns follow think times, so the requests per second do not "
+                             "follow it: size a multi-turn workload with servesim run or "
+                             "sweep (they report the request rate served)")
     if arrival is None or not hasattr(arrival, "rate"):
         raise scenario.error("workload.arrival", "a rate search needs an open-loop arrival "
                              "process with a rate (poisson, gamma or constant)")

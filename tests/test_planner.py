@@ -1369,3 +1369,19 @@ def test_a_piped_table_wider_than_80_columns_keeps_each_number_whole(capsys, mon
     lines = capsys.readouterr().out.splitlines()
     assert max(map(len, lines)) > 80
     assert any(line.count("11.96–14.95") == 9 for line in lines)
+
+
+def test_a_plan_of_conversations_is_refused_before_any_run(tmp_path, capsys):
+    # with sessions the rate starts conversations: 600 turns of ~4.5 per conversation, their
+    # later turns after think times, served about 3 req/s whatever the rate; the search
+    # called 195 "req/s" feasible
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "multi_turn.yaml"
+    assert main(["plan", str(path), "--target-rate", "4", "--executor", "serial", "--quiet",
+                 "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: multi_turn.yaml:17: workload.sessions: a rate "
+                          "search sets the arrival rate of single requests; with sessions it "
+                          "starts conversations") and err.count("\n") == 1
+    assert not (tmp_path / "p").exists()
