@@ -137,8 +137,11 @@ def replay_workload(device: str, quick: bool, seconds_fn, max_model_len: int, se
 
     cpu = device == "cpu"
     p_med, p90, o_med, o90 = (96, 320, 24, 64) if cpu else (1020, 2735, 129, 424)
-    o_max = 4 * o90
+    o_max = min(4 * o90, max_model_len // 2)
     p_max = min(4 * p90, max_model_len // 2, max_model_len - o_max)
+    # a short max_model_len: the tails are what fits (a max below p90 is refused)
+    o90, p90 = min(o90, o_max), min(p90, p_max)
+    o_med, p_med = min(o_med, o90), min(p_med, p90)
     conc = 4 if cpu else 32
     dur = duration_s or ((20 if quick else 40) if cpu else (30 if quick else 60))
     work = seconds_fn(p_med, 0, 0) + o_med * seconds_fn(0, p_med + o_med // 2, conc) / conc

@@ -54,6 +54,7 @@ def _cmd_run(args) -> int:
     from .run import max_model_len_text, report_meta, simulate_replications, trace_shortfall
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
+    from .workload import prefix_warning
 
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -69,8 +70,9 @@ def _cmd_run(args) -> int:
     warning = profile_warning(cost)
     if warning:
         print(warning, file=sys.stderr)
-    if cost.kv_warning:
-        print(f"servesim: warning: {cost.kv_warning}", file=sys.stderr)
+    for w in (cost.kv_warning, prefix_warning(scenario.workload, scenario.base_dir)):
+        if w:
+            print(f"servesim: warning: {w}", file=sys.stderr)
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,

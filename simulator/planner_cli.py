@@ -199,6 +199,14 @@ def _console():
     return c
 
 
+def _workload_warnings(scenario) -> list[str]:
+    """The workload's warnings (a shared prefix that swallows prompts), as a list."""
+    from .workload import prefix_warning
+
+    w = prefix_warning(scenario.workload, scenario.base_dir)
+    return [w] if w else []
+
+
 def _warn(warnings: list[str]) -> None:
     """Each warning once on stderr (after the runs: an error in them stays the one line)."""
     for w in warnings:
@@ -245,7 +253,7 @@ def _cmd_sweep(args) -> int:
         "offered_rate", "request_throughput", "stability", "rejected", *shown,
         *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
         and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
-    _warn(res.warnings)
+    _warn(res.warnings + _workload_warnings(scenario))
     for note, points in _misfits(res.table, list(axes)).items():
         print(f"no fit ({points}): {note}")
     first = list(axes)[0]
@@ -319,7 +327,7 @@ def _cmd_plan(args) -> int:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
                    confirm=not args.no_confirm)
     _warn(list(dict.fromkeys(r.candidate.kv_warning for r in res.rows
-                             if r.candidate.kv_warning)))
+                             if r.candidate.kv_warning)) + _workload_warnings(scenario))
     n = scenario.workload.num_requests   # None for a whole trace
     if n is not None and n - scenario.sim.warmup_requests < MIN_PLAN_REQUESTS:
         # a handful of requests never fills the queue: a rate far past capacity "meets" it
@@ -399,7 +407,7 @@ def _cmd_compare(args) -> int:
     with _executor(args) as ex, _progress(args, "comparing") as prog:
         entries = compare(scenarios, ex, progress=prog)
     from .sweep import kv_warnings
-    _warn(kv_warnings(scenarios))
+    _warn(kv_warnings(scenarios) + _workload_warnings(scenarios[0]))
     ignored = [sc.source for sc in scenarios[1:]
                if _served_workload(sc) != _served_workload(scenarios[0])]
     if ignored:  # a comparison holds the traffic fixed: say whose is used (after the runs,

@@ -125,6 +125,10 @@ class LognormalDist(_Dist):
         if self.p90 < self.median:
             raise ValueError(f"p90 ({self.p90:g}) must be >= median ({self.median:g})")
         _centre_inside(self, self.median, "median")
+        if self.max is not None and self.max < self.p90:   # the p90 asked for is out of reach
+            raise ValueError(f"max ({self.max:g}) is below p90 ({self.p90:g}): over a tenth "
+                             f"of the samples would be clipped to max, and the 90th "
+                             f"percentile would be max, not p90")
         return self
 
     @property
@@ -687,6 +691,34 @@ def _build_trace(cfg, r, base_dir) -> list[RequestSpec]:
         specs.append(RequestSpec(request_id=i, arrival_ns=int(table.arrival_ns[i]),
                                  prompt=prompt, max_tokens=int(table.output_tokens[i])))
     return specs
+
+
+#: Share of single requests whose drawn prompt a shared prefix swallows above which a run
+#: warns (their prompts become the prefix and one token of their own).
+PREFIX_SWALLOWS = 0.01
+
+
+def prefix_warning(cfg: WorkloadConfig, base_dir=".") -> str | None:
+    """Why ``workload.prefix`` reshapes the prompt lengths (None when it does not): for
+    single requests ``prompt_tokens`` counts the whole prompt, so a draw at or below
+    ``shared_tokens`` becomes ``shared_tokens + 1`` tokens; said when more than
+    :data:`PREFIX_SWALLOWS` of the draws are (the draws of the run itself: same seed).
+
+    Raises:
+        InputError: an empirical length file missing or malformed (as the run would).
+    """
+    if cfg.prefix is None or cfg.sessions is not None or cfg.trace is not None:
+        return None
+    draws = sample_lengths(cfg.prompt_tokens, cfg.num_requests, _rngs(cfg.seed)["prompt"],
+                           base_dir, "workload.prompt_tokens")
+    shared = cfg.prefix.shared_tokens
+    share = float(np.mean(draws <= shared))
+    if share <= PREFIX_SWALLOWS:
+        return None
+    return (f"workload.prefix.shared_tokens ({shared}) is at or above {share:.0%} of the "
+            f"prompt_tokens drawn, which count the whole prompt, prefix included: those "
+            f"prompts are {shared + 1} tokens, the prefix and one of their own (lower "
+            f"shared_tokens, or raise prompt_tokens to lengths that include it)")
 
 
 def build_workload(cfg: WorkloadConfig, base_dir=".") -> list[RequestSpec]:

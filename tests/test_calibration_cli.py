@@ -570,3 +570,17 @@ def test_profile_name_is_the_flags_or_the_files(tmp_path, name, expected):
         assert str(e.value) == expected
     else:
         assert profile_out(args) == (tmp_path / "p.yaml", expected)
+
+
+def test_the_replay_workload_of_a_short_max_model_len_keeps_p90_within_its_max():
+    # GPU lengths (prompts p90 2735) under max_model_len 4096: prompts are capped at
+    # min(4 x 2735, 2048, 4096 - 4 x 424) = 2048, so the p90 asked for is 2048 too (a max
+    # below p90 is refused: a tenth of the draws would pile at it)
+    from calibration.cli import replay_workload
+
+    wl = replay_workload("cuda", True, lambda n, c, b: 0.01, 4096)
+    assert (wl.prompt_tokens.max, wl.prompt_tokens.p90, wl.prompt_tokens.median) == \
+        (2048, 2048, 1020)
+    wl = replay_workload("cuda", True, lambda n, c, b: 0.01, 1024)   # 512: the median too
+    assert (wl.prompt_tokens.max, wl.prompt_tokens.p90, wl.prompt_tokens.median) == \
+        (512, 512, 512)

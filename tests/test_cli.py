@@ -640,3 +640,26 @@ def test_a_value_flag_given_twice_is_refused(tmp_path, capsys, argv, flag):
                           else f"servesim: error: {flag} is given 2 times; give it once")
     assert err.count("\n") == 1
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_run_and_sweep_warn_of_a_prefix_that_swallows_the_prompts(tmp_path, capsys):
+    # 8-token prompts under a 16-token shared prefix: every prompt is the prefix + 1 token
+    y = tmp_path / "p.yaml"
+    y.write_text("""model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_model_len: 256}
+workload:
+  num_requests: 20
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 2}
+  prefix: {shared_tokens: 16}
+""")
+    want = ("servesim: warning: workload.prefix.shared_tokens (16) is at or above 100% of the "
+            "prompt_tokens drawn, which count the whole prompt, prefix included: those "
+            "prompts are 17 tokens")
+    assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert capsys.readouterr().err.startswith(want)
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--executor",
+                 "serial", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    assert capsys.readouterr().err.startswith(want)

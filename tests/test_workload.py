@@ -71,6 +71,8 @@ def test_lengths_are_clipped_and_at_least_one():
      "max (10) is below the median (96)"),
     ({"dist": "lognormal", "median": 96, "p90": 320, "min": 200},
      "min (200) is above the median (96)"),
+    ({"dist": "lognormal", "median": 100, "p90": 1000, "max": 500},   # 19% of draws at 500
+     "max (500) is below p90 (1000): over a tenth of the samples would be clipped"),
     ({"dist": "normal", "mean": 500, "std": 50, "max": 100}, "max (100) is below the mean"),
 ])
 def test_clip_bounds_that_cut_off_the_centre_are_refused(d, msg):
@@ -557,3 +559,27 @@ def test_a_tail_past_int64_is_clipped_not_wrapped():
     d = DIST.validate_python({"dist": "lognormal", "median": 100, "p90": 1e30})
     x = sample_lengths(d, 1000, rng())
     assert x.min() >= 1 and x.max() == 10**9
+
+
+def test_a_prefix_that_swallows_prompts_is_warned_of():
+    # lognormal prompts median 2600 / p90 3400 (sigma = ln(3400/2600) / 1.2816 = 0.2094)
+    # under a 2048-token prefix: P(X <= 2048) = Phi(ln(2048/2600) / 0.2094) = 12.7% become
+    # 2049 tokens (whole prompts: the prefix and one token of their own)
+    from simulator.workload import prefix_warning
+
+    def cfg(median, p90, **over):
+        return WorkloadConfig.model_validate({
+            "seed": 0, "num_requests": 3000, "arrival": {"process": "poisson", "rate": 1.0},
+            "prompt_tokens": {"dist": "lognormal", "median": median, "p90": p90},
+            "output_tokens": {"dist": "fixed", "value": 4},
+            "prefix": {"shared_tokens": 2048}, **over})
+
+    expected = stats.norm.cdf(math.log(2048 / 2600) / (math.log(3400 / 2600) / 1.2816))
+    said = prefix_warning(cfg(2600, 3400))
+    share = int(re.search(r"at or above (\d+)% of", said)[1]) / 100
+    assert abs(share - expected) < 0.015
+    assert "those prompts are 2049 tokens, the prefix and one of their own" in said
+    assert prefix_warning(cfg(2800, 3300)) is None   # 0.7% below the prefix
+    # sessions count new user tokens per turn, on top of the prefix: nothing is swallowed
+    assert prefix_warning(cfg(100, 200, sessions={"turns": {"dist": "fixed", "value": 2}})) \
+        is None
