@@ -132,10 +132,10 @@ def _print_table(df, title: str, columns=None, console=None, exact=()) -> None:
     meaning of an undefined (``–``) or one-sided (``≤x``, ``≥x``) confidence interval.
 
     Args:
-        console: a ``rich.console.Console``; a new one on stdout by default.
+        console: a ``rich.console.Console``; a new one on stdout by default
+            (:func:`_console`).
     """
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
