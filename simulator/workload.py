@@ -221,6 +221,14 @@ def _count_centre_first(v):
     return v
 
 
+def _turns_as_fixed(v):
+    """Before the schema: a plain integer of turns ``n`` is ``{dist: fixed, value: n}``
+    (as ``think_time_s`` takes a plain number), then :func:`_count_centre_first`."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = {"dist": "fixed", "value": v}
+    return _count_centre_first(v)
+
+
 def _number_as_fixed(v):
     """Before the schema: a plain number of seconds ``x`` is ``{dist: fixed, value: x}``
     (``think_time_s: 0``); anything else but a mapping is refused with both forms."""
@@ -459,7 +467,8 @@ class PrefixConfig(BaseModel):
 class SessionConfig(BaseModel):
     """``workload.sessions``: multi-turn conversations.
 
-    ``turns`` is drawn per conversation (integers >= 1); ``think_time_s`` between a turn's
+    ``turns`` is drawn per conversation (integers >= 1; a plain integer ``n`` is ``{dist:
+    fixed, value: n}``); ``think_time_s`` between a turn's
     finish and the next turn's arrival (seconds, may be fractional): a distribution or a
     plain number ``x >= 0``, read as ``{dist: fixed, value: x}``; default 0.
     """
@@ -469,7 +478,7 @@ class SessionConfig(BaseModel):
     turns: Dist
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
 
-    _turns_count = field_validator("turns", mode="before")(_count_centre_first)
+    _turns_count = field_validator("turns", mode="before")(_turns_as_fixed)
     _think_number = field_validator("think_time_s", mode="before")(_number_as_fixed)
 
     @field_validator("turns")

@@ -296,6 +296,10 @@ def test_session_turn_counts_follow_the_distribution():
     sizes = sorted(len(v) for v in sessions.values())
     # 2000 = 666 sessions of 3 + one truncated session of 2
     assert sizes == [2] + [3] * 666
+    # a plain integer of turns is that fixed count (as think_time_s takes a number)
+    assert build_workload(cfg(num_requests=2000, sessions={"turns": 3})) == specs
+    with pytest.raises(ValidationError, match="fixed value 0 is not a whole number >= 1"):
+        cfg(sessions={"turns": 0})
 
 
 def test_second_turn_hits_first_turns_prompt_and_answer_blocks():
