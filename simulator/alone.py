@@ -131,7 +131,9 @@ def slo_floors(scenario, result, stats=(), budget: int | None = None) -> dict:
     (its SLO statistics) plus ``stats`` for every floor metric (e.g. ``("p50", "p99")``);
     ``{}`` when there is nothing to compute. ``budget``: as :class:`AloneLatency`'s."""
     slo = result.summary.get("slo") or {}
-    want = {m: list(dict.fromkeys([*stats, *(slo.get(m) or {})])) for m in FLOOR_METRICS}
+    # mean first, then percentiles in order (p50, p90, p99), as the run's figures read
+    want = {m: sorted(dict.fromkeys([*stats, *(slo.get(m) or {})]), key=slo_stat_rank)
+            for m in FLOOR_METRICS}
     want = {m: sts for m, sts in want.items() if sts}
     if not want:
         return {}

@@ -288,6 +288,11 @@ workload:
     # alone: one 10 ms prefill step, then 31 decode steps of 10 ms
     assert "Served alone on an idle replica" in md and "TTFT p50 10 / p99 10" in md
     assert "E2EL p50 320 / p99 320" in md
+    # an SLO's own statistic takes its place among them (p90 between p50 and p99)
+    y.write_text(y.read_text() + "slo: {e2el_ms: {p90: 1000, mean: 900}}\n")
+    assert main(["run", str(y), "--out", str(tmp_path / "p90"), "--quiet"]) == 0
+    md = (tmp_path / "p90" / "report.md").read_text()
+    assert "E2EL mean 320 / p50 320 / p90 320 / p99 320" in md
 
 
 def test_rejections_alone_are_neither_instability_nor_compute():
