@@ -67,12 +67,6 @@ def _cmd_run(args) -> int:
     out = out_folder(args.out, Path("reports") / scenario.name)
     check_folder(out, "--out", "run")   # fail before simulating, not after
     cost = build_cost_model(scenario)
-    warning = profile_warning(cost)
-    if warning:
-        print(warning, file=sys.stderr)
-    for w in (cost.kv_warning, prefix_warning(scenario.workload, scenario.base_dir)):
-        if w:
-            print(f"servesim: warning: {w}", file=sys.stderr)
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -96,6 +90,13 @@ def _cmd_run(args) -> int:
     short = trace_shortfall(scenario, results[0].summary)
     if short:
         print(f"servesim: note: {short}", file=sys.stderr)
+    # after the runs, so that an error in them stays the one line
+    warning = profile_warning(cost)
+    if warning:
+        print(warning, file=sys.stderr)
+    for w in (cost.kv_warning, prefix_warning(scenario.workload, scenario.base_dir)):
+        if w:
+            print(f"servesim: warning: {w}", file=sys.stderr)
     print(f"report: {paths['report.html']}")
     return 0
 
