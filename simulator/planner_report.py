@@ -55,7 +55,21 @@ def _rounded(table):
 
 
 def _json(obj) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, default=_cell) + "\n").encode()
+    """``obj`` as strict JSON: a missing figure (NaN in a table: a point that did not run,
+    a row without an operating point) is null, which every JSON reader takes."""
+    def clean(x):
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        if isinstance(x, (np.integer, np.floating, np.bool_)):
+            x = x.item()
+        if isinstance(x, float) and not np.isfinite(x):
+            return None
+        return x
+
+    return (json.dumps(clean(obj), indent=2, sort_keys=True, default=_cell, allow_nan=False)
+            + "\n").encode()
 
 
 # -- sweep --------------------------------------------------------------------------------

@@ -791,6 +791,12 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
     header = next(i for i, line in enumerate(lines) if "TPOT" in line.split())
     assert "TPOT" in lines[header] and "p99" in lines[header + 1]
     assert "tpot_p99_ms" in (out / "plan.csv").read_text().splitlines()[0].split(",")
+    import json   # strict JSON: the missing figures are null, not NaN
+
+    def refuse(c):
+        raise ValueError(c)
+    rows = json.loads((out / "plan.json").read_text(), parse_constant=refuse)
+    assert "NaN" not in (out / "plan.json").read_text() and rows
 
 
 @pytest.mark.parametrize("candidates, want", [
@@ -1334,6 +1340,15 @@ def test_a_sweep_point_that_does_not_fit_is_a_row_and_no_point_fitting_is_refuse
     assert [x.get_text() for x in fig.axes[0].get_legend().get_texts()] == ["tensor_parallel=2"]
     assert "leaves no room for a KV cache" in rows[1] and "does not fit" not in rows[2]
     assert "does not fit" in (tmp_path / "s" / "report.md").read_text()
+    # strict JSON (no NaN, which JSON readers refuse): a figure a point lacks is null
+    import json
+
+    def refuse(c):
+        raise ValueError(c)
+    points = json.loads((tmp_path / "s" / "sweep.json").read_text(),
+                        parse_constant=refuse)["points"]
+    assert points[0]["ttft_p99_ms"] is None and points[0]["binding"] is None
+    assert points[1]["note"] is None and points[1]["ttft_p99_ms"] > 0
     # no point fits: the input is at fault, as for run
     assert main(args + ["--set", "hardware.tensor_parallel=1", "--set",
                         "workload.arrival.rate=1,2", "--out", str(tmp_path / "t")]) == 2
@@ -1385,3 +1400,17 @@ def test_a_plan_of_conversations_is_refused_before_any_run(tmp_path, capsys):
                           "search sets the arrival rate of single requests; with sessions it "
                           "starts conversations") and err.count("\n") == 1
     assert not (tmp_path / "p").exists()
+
+
+def test_plan_and_sweep_json_is_strict_json():
+    # a missing figure is NaN in a pandas table; JSON has no NaN (JSON.parse refuses it)
+    import json
+
+    import numpy as np
+
+    from simulator.planner_report import _json
+
+    text = _json({"ttft_p99_ms": float("nan"), "ci": [np.float64("nan"), np.float64(1.5)],
+                  "n": np.int64(3), "inf": float("inf")}).decode()
+    assert json.loads(text) == {"ttft_p99_ms": None, "ci": [None, 1.5], "n": 3, "inf": None}
+    assert "NaN" not in text and "Infinity" not in text
