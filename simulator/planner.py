@@ -265,6 +265,9 @@ class PlanRow:
     costs_ci95: dict = field(default_factory=dict)
     mean_output_tokens: float | None = None
     beyond_max_replicas: int | None = None   # replicas the target needs, past the cap
+    # a deployment of this many missed where the estimate was at most that: the count
+    # shown (one more) is a lower bound, not an estimate that meets the SLOs
+    refuted: int | None = None
 
     @property
     def feasible(self) -> bool:
@@ -330,13 +333,13 @@ def _needs_more_than(row: PlanRow, limit: int, target: float) -> None:
     starts just above ``limit`` (what the deployment showed; the estimate's own lower end
     is one replica's, which a router's pooling can undercut), its upper end opens where it
     fell below, and an estimate at or below ``limit`` is refuted: the count becomes
-    ``limit + 1`` and the operating point (``target`` / estimate per replica, a count that
-    misses) is dropped; costs follow."""
+    ``limit + 1``, a lower bound (``refuted`` = ``limit``), and the operating point
+    (``target`` / estimate per replica, a count that misses) is dropped; costs follow."""
     hi = (row.replicas_ci95 or (None, None))[1]
     lo = limit + 1
     row.replicas_ci95 = (lo, hi if hi is None or hi >= lo else None)
     if limit + 1 > row.replicas:
-        row.replicas, row.operating = limit + 1, None
+        row.replicas, row.operating, row.refuted = limit + 1, None, limit
     _set_costs(row, target)
 
 
@@ -524,6 +527,9 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
             "status": (c.error or (s.note if s and s.max_rate == 0 else None)
                        or (f"needs {_count(r.beyond_max_replicas)} replicas (> plan.max_replicas)"
                            if r.beyond_max_replicas else None)
+                       or (f"needs more than {r.refuted} replicas (a deployment of "
+                           f"{r.refuted} missed the SLOs; more would cost as much as the "
+                           f"plan: not simulated)" if r.refuted else None)
                        or ("cheapest feasible" if r is result.best else
                            "feasible" if r.feasible else "infeasible")),
         })

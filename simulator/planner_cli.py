@@ -113,7 +113,8 @@ _STABILITY = {"rejects requests": "rejects", "does not fit": "no fit"}
 _CI_NOTES = {"–": "– in a 95% CI column: no interval (one replication, or no rate to "
                   "bound)",
              "≤": "≤x or ≥x: only one end of the 95% CI is known (the rate search bounded "
-                  "the max rate on one side only)"}
+                  "the max rate on one side only, or a deployment showed only how many "
+                  "replicas are too few)"}
 
 
 def _header(column: str) -> str:
@@ -340,7 +341,8 @@ def _cmd_plan(args) -> int:
     paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
                                                       f"{res.target_rate:g} req/s")
     shown = table.copy()   # an estimate's count marked ≈: only a deployment run confirms it
-    shown["replicas"] = [f"≈{_short(n)}" if n is not None and not r.confirmed else n
+    shown["replicas"] = [n if n is None or r.confirmed else
+                         f"≥{_short(n)}" if r.refuted else f"≈{_short(n)}"
                          for n, r in zip(table["replicas"], res.rows)]
     _print_table(shown, f"Plans for {res.target_rate:g} req/s", list(
         table.columns[:len(res.rows[0].candidate.values)]) + [
@@ -349,10 +351,13 @@ def _cmd_plan(args) -> int:
     if any(str(v).startswith("≈") for v in shown["replicas"]):
         print("≈ replicas: estimated from one replica's max rate, not simulated as a "
               "deployment (a router's pooling often needs fewer; plan.csv: confirmed)")
+    if any(str(v).startswith("≥") for v in shown["replicas"]):
+        print("≥ replicas: a deployment of one fewer missed the SLOs; more would cost as "
+              "much as the plan, so none was simulated")
     if res.best is not None:
         cost = res.best.costs.get("cost_per_hour")
         ties = [r for r in res.rows if r is not res.best and r.feasible and cost is not None
-                and r.costs.get("cost_per_hour") == cost]
+                and not r.refuted and r.costs.get("cost_per_hour") == cost]
         print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s)"
               + ("" if res.best.confirmed else " (estimated from one replica's max rate: "
                  "not simulated as a deployment)") + ", "

@@ -1109,12 +1109,23 @@ def test_a_deployment_that_refutes_its_estimate_keeps_an_ordered_interval():
     assert (row.replicas, row.replicas_ci95, row.operating) == (3, (3, None), None)
     assert row.costs["cost_per_hour"] == 6.0
     assert row.costs_ci95["cost_per_hour"] == [6.0, None]
+    # 3 is a lower bound, not an estimate shown to meet the SLOs: the row says so
+    from simulator.planner import PlanResult
+    from simulator.search import SearchResult
+    assert row.refuted == 2
+    row.search = SearchResult(8.0, (8.0, 8.1), (7.9, 8.2), None, [], None)
+    best = PlanRow(Candidate({}, price_per_replica_hour=2.0), search=row.search, replicas=3,
+                   confirmed=True)
+    status = plan_table(PlanResult(16.0, [row, best], best))["status"].tolist()
+    assert status == ["needs more than 2 replicas (a deployment of 2 missed the SLOs; more "
+                      "would cost as much as the plan: not simulated)", "cheapest feasible"]
     # an estimate above the count tried stands, its interval starting just past it (the
     # estimate's own lower end, one replica's, does not bound a pooled deployment)
     row = PlanRow(Candidate({}, price_per_replica_hour=2.0), replicas=8,
                   replicas_ci95=(7, 9), operating={}, mean_output_tokens=100.0)
     _needs_more_than(row, 2, 16.0)
     assert (row.replicas, row.replicas_ci95, row.operating) == (8, (3, 9), {})
+    assert row.refuted is None
 
 
 def test_the_closest_deployment_says_when_its_backlog_grew():
