@@ -678,6 +678,13 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
         fail(("engine", "max_model_len"),
              f"{sc.engine.max_model_len} is longer than the model's max_position_embeddings "
              f"({shape.max_position_embeddings})", also=("model",))
+    prefix = sc.workload.prefix
+    if prefix is not None and prefix.shared_tokens >= sc.max_model_len:
+        # every prompt starts with it and has a token of its own: vLLM refuses them all
+        fail(("workload", "prefix", "shared_tokens"),
+             f"{prefix.shared_tokens} tokens leave no prompt under max_model_len "
+             f"({sc.max_model_len}): every request would be rejected; must be < "
+             f"{sc.max_model_len}", also=("engine.max_model_len", "model"))
     n, warm = sc.workload.num_requests, sc.sim.warmup_requests
     if n is not None and warm >= n:   # a trace's count is known only once it is read
         fail(("sim", "warmup_requests"), f"{warm} leaves none of the {n} requests "

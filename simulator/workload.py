@@ -226,6 +226,9 @@ def _turns_as_fixed(v):
     (as ``think_time_s`` takes a plain number), then :func:`_count_centre_first`."""
     if isinstance(v, int) and not isinstance(v, bool):
         v = {"dist": "fixed", "value": v}
+    elif not isinstance(v, dict):
+        raise ValueError(f"expected a whole number of turns >= 1 or a distribution such as "
+                         f"{{dist: uniform, min: 2, max: 6}}, got {v!r}")
     return _count_centre_first(v)
 
 

@@ -124,6 +124,10 @@ def test_brief_error_examples(chat):
     ("", "--set '': expected key.path=value"),   # was "--set : expected"
     ("workload.prefix={shared_tokens: 100, groups: 1000001}",
      "workload.prefix.groups: Input should be less than or equal to 1000000"),
+    # every prompt is the prefix and a token of its own: none under max_model_len 2048
+    ("workload.prefix={shared_tokens: 2048}", "--set workload.prefix={shared_tokens: 2048}: "
+     "workload.prefix.shared_tokens: 2048 tokens leave no prompt under max_model_len (2048): "
+     "every request would be rejected; must be < 2048"),
     # arrivals are integer ns: a faster rate would be a burst at t = 0
     ("workload.arrival.rate=1e30", "workload.arrival.rate=1e30: Input should be less than or "
                                    "equal to 1000000000 (got 1e+30)"),

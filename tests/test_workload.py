@@ -300,6 +300,9 @@ def test_session_turn_counts_follow_the_distribution():
     assert build_workload(cfg(num_requests=2000, sessions={"turns": 3})) == specs
     with pytest.raises(ValidationError, match="fixed value 0 is not a whole number >= 1"):
         cfg(sessions={"turns": 0})
+    with pytest.raises(ValidationError, match="expected a whole number of turns >= 1 or a "
+                                              "distribution"):
+        cfg(sessions={"turns": 2.5})
 
 
 def test_second_turn_hits_first_turns_prompt_and_answer_blocks():
