@@ -727,9 +727,9 @@ def prefix_warning(cfg: WorkloadConfig, base_dir=".") -> str | None:
     share = float(np.mean(draws <= shared))
     if share <= PREFIX_SWALLOWS:
         return None
-    return (f"workload.prefix.shared_tokens ({shared}) is at or above {share:.0%} of the "
-            f"prompt_tokens drawn, which count the whole prompt, prefix included: those "
-            f"prompts are {shared + 1} tokens, the prefix and one of their own (lower "
+    return (f"workload.prefix.shared_tokens ({shared}) is as long as the whole prompt or "
+            f"longer in {share:.0%} of the prompt_tokens drawn (they count the prefix too): "
+            f"those prompts are {shared + 1} tokens, the prefix and one of their own (lower "
             f"shared_tokens, or raise prompt_tokens to lengths that include it)")
 
 

@@ -655,9 +655,9 @@ workload:
   output_tokens: {dist: fixed, value: 2}
   prefix: {shared_tokens: 16}
 """)
-    want = ("servesim: warning: workload.prefix.shared_tokens (16) is at or above 100% of the "
-            "prompt_tokens drawn, which count the whole prompt, prefix included: those "
-            "prompts are 17 tokens")
+    want = ("servesim: warning: workload.prefix.shared_tokens (16) is as long as the whole "
+            "prompt or longer in 100% of the prompt_tokens drawn (they count the prefix too): "
+            "those prompts are 17 tokens")
     assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     assert capsys.readouterr().err.startswith(want)
     assert main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--executor",

@@ -583,7 +583,7 @@ def test_a_prefix_that_swallows_prompts_is_warned_of():
 
     expected = stats.norm.cdf(math.log(2048 / 2600) / (math.log(3400 / 2600) / 1.2816))
     said = prefix_warning(cfg(2600, 3400))
-    share = int(re.search(r"at or above (\d+)% of", said)[1]) / 100
+    share = int(re.search(r"or longer in (\d+)% of", said)[1]) / 100
     assert abs(share - expected) < 0.015
     assert "those prompts are 2049 tokens, the prefix and one of their own" in said
     assert prefix_warning(cfg(2800, 3300)) is None   # 0.7% below the prefix
