@@ -315,14 +315,9 @@ def _memory_blocks(scenario) -> int | None:
     ``engine.num_gpu_blocks`` (None where no memory sizes the cache: an inline step time,
     or a profile that records no KV capacity)."""
     from .cost_model import build_cost_model
-    from .scenario import scenario_from_dict
 
-    raw = scenario.model_dump(mode="python", exclude_none=True)
-    raw["engine"].pop("num_gpu_blocks", None)
-    try:
-        return build_cost_model(scenario_from_dict(raw, scenario.base_dir)).num_gpu_blocks
-    except InputError:
-        return None
+    sc = _valid_change(scenario, "engine.num_gpu_blocks=null")
+    return build_cost_model(sc).num_gpu_blocks if sc is not None else None
 
 
 def shareable_share(specs) -> float:
