@@ -16,6 +16,15 @@ from simulator.search import max_rate_search, run_generator
 STEP = 0.01
 
 
+def strict_json(path):
+    """The JSON file at ``path``, read as strict JSON readers do (NaN, Infinity refused)."""
+    import json
+
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
 def scenario(out=2, n=2000, slo=None, engine=None, plan_cfg=None, price=None, rate=1.0):
     hw = {"step_time": {"constant_s": STEP}}
     if price is not None:
@@ -791,11 +800,7 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
     header = next(i for i, line in enumerate(lines) if "TPOT" in line.split())
     assert "TPOT" in lines[header] and "p99" in lines[header + 1]
     assert "tpot_p99_ms" in (out / "plan.csv").read_text().splitlines()[0].split(",")
-    import json   # strict JSON: the missing figures are null, not NaN
-
-    def refuse(c):
-        raise ValueError(c)
-    rows = json.loads((out / "plan.json").read_text(), parse_constant=refuse)
+    rows = strict_json(out / "plan.json")   # the missing figures are null, not NaN
     assert "NaN" not in (out / "plan.json").read_text() and rows
 
 
@@ -1352,12 +1357,7 @@ def test_a_sweep_point_that_does_not_fit_is_a_row_and_no_point_fitting_is_refuse
     assert "leaves no room for a KV cache" in rows[1] and "does not fit" not in rows[2]
     assert "does not fit" in (tmp_path / "s" / "report.md").read_text()
     # strict JSON (no NaN, which JSON readers refuse): a figure a point lacks is null
-    import json
-
-    def refuse(c):
-        raise ValueError(c)
-    points = json.loads((tmp_path / "s" / "sweep.json").read_text(),
-                        parse_constant=refuse)["points"]
+    points = strict_json(tmp_path / "s" / "sweep.json")["points"]
     assert points[0]["ttft_p99_ms"] is None and points[0]["binding"] is None
     assert points[1]["note"] is None and points[1]["ttft_p99_ms"] > 0
     # no point fits: the input is at fault, as for run
