@@ -230,14 +230,12 @@ def _cmd_sweep(args) -> int:
         raise InputError("--set: give at least one swept key with comma-separated values, "
                          "e.g. --set workload.arrival.rate=1,2,4,8")
     for key in axes:   # every point would be the same run
-        if key == "plan" or key.startswith("plan."):
-            raise InputError(f"--set {key}={','.join(axes[key])}: the plan: section changes "
-                             f"only what servesim plan does; every point of a sweep would be "
-                             f"the same run")
-        if key == "name":
-            raise InputError(f"--set name={','.join(axes[key])}: the name only labels the "
-                             f"run and its folder; every point of a sweep would be the same "
-                             f"run")
+        unused = ("the plan: section changes only what servesim plan does"
+                  if key == "plan" or key.startswith("plan.") else
+                  "the name only labels the run and its folder" if key == "name" else None)
+        if unused:
+            raise InputError(f"--set {key}={','.join(axes[key])}: {unused}; every point of a "
+                             f"sweep would be the same run")
     if args.replications is not None and "sim.replications" in axes:
         raise InputError("--replications: sim.replications is also swept by --set; give one")
     scenario = with_replications(scenario, args.replications)
