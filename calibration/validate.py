@@ -26,11 +26,12 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.files import check_folder
+from simulator.files import check_folder, through_parents
 
 from .timing_replay import (ScaledCost, compare_timing, engine_config, engine_result,
                             run_engine, simulate_specs, simulate_timing)
@@ -668,6 +669,7 @@ def _validate_command(args) -> int:
     from simulator.scenario import load_scenario
     from simulator.sweep import with_sweep_hint
     check_folder(args.out, "--out", "validate")
+    out = through_parents(Path(args.out))   # as checked: no folder left above a ".."
     overrides = list(args.set)
     if args.profile:
         overrides.append(f"hardware.profile={args.profile}")
@@ -699,7 +701,7 @@ def _validate_command(args) -> int:
                           front_end=args.front_end, quiet=not args.no_quiet_wait,
                           host_speed=not args.no_host_speed, again=args.serve_again)
     from .validate_report import markdown_table, write_outputs   # it imports this module
-    paths = write_outputs(result, args.out)
+    paths = write_outputs(result, out)
     print(markdown_table(result))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

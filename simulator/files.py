@@ -273,7 +273,15 @@ def out_folder(arg: str | None, default: str | Path, flag: str = "--out") -> Pat
         return Path(default)
     if not arg.strip():
         raise InputError(f"{flag}: empty path (give a folder, or leave {flag} out)")
-    return Path(arg)
+    return through_parents(Path(arg))
+
+
+def through_parents(p: Path) -> Path:
+    """``p`` with its ``..`` resolved as the OS will once the folders above exist
+    (``os.path.realpath``): ``new/../plan`` is ``plan``, whose report the checks must see
+    (``new`` does not exist yet, so the path itself did not); ``p`` unchanged without
+    ``..``, so that messages show it as given."""
+    return Path(os.path.realpath(p)) if ".." in p.parts else p
 
 
 def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
@@ -298,7 +306,7 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
     """
     if not str(path).strip():   # Path("") would be the current folder
         raise InputError(f"{flag}: empty path (give a folder)")
-    p = Path(path)
+    p = through_parents(Path(path))
     shown = path if named is None else named
     if name_too_long(p):   # before mkdir would make the folders above it, then fail
         raise InputError(f"{flag} {shown}: cannot write there (File name too long)")

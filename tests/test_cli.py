@@ -663,3 +663,18 @@ workload:
     assert main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--executor",
                  "serial", "--out", str(tmp_path / "s"), "--quiet"]) == 0
     assert capsys.readouterr().err.startswith(want)
+
+
+def test_an_out_folder_reached_through_a_new_folder_is_that_folder(scen, tmp_path, capsys):
+    # --out new/../r: the report lands in r (no empty `new` left above it), and a report
+    # of another command already there is refused before any run, as for --out r
+    assert main(["run", str(scen), "--out", str(tmp_path / "new" / ".." / "r"),
+                 "--quiet"]) == 0
+    assert (tmp_path / "r" / "summary.json").is_file() and not (tmp_path / "new").exists()
+    capsys.readouterr()
+    assert main(["sweep", str(scen), "--set", "workload.arrival.rate=1,2", "--out",
+                 str(tmp_path / "ghost" / ".." / "r"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out {tmp_path / 'r'}: holds a "
+                                       f"run report (summary.json); a sweep report there "
+                                       f"would mix with it: give another folder\n")
+    assert not (tmp_path / "ghost").exists()

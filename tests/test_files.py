@@ -73,6 +73,10 @@ def test_an_output_folder_holding_another_commands_report_is_refused(tmp_path):
             check_folder(tmp_path, "--out", kind)
         assert str(e.value) == (f"--out {tmp_path}: holds a run report (summary.json); a "
                                 f"{kind} report there would mix with it: give another folder")
+    # through a folder that does not exist yet and back: the same folder, once made (it
+    # was taken for a new folder, the runs ran, and the write failed leaving `ghost`)
+    with pytest.raises(InputError, match="holds a run report"):
+        check_folder(tmp_path / "ghost" / "..", "--out", "sweep")
 
 
 
