@@ -798,7 +798,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--replications", type=int, default=3,
                    help="workloads per load, each with its own seed (default 3; 1 to 100)")
     p.add_argument("--seconds", type=float, default=60.0,
-                   help="seconds of arrivals per load (default 60; at most 3600)")
+                   help="seconds of arrivals per load (default 60; at most 3600; a load gets at "
+                        "least 10 requests, which may take longer)")
     p.add_argument("--saturation-requests", type=int,
                    help="burst size of the saturation run (default 4 × max_num_seqs)")
     p.add_argument("--front-end", action="store_true",
