@@ -729,6 +729,10 @@ def find_limits(scenario, result) -> dict:
             "eligible": len(eligible)}
 
 
+#: The figure counterfactuals compare when SLOs are given (:func:`_headline`).
+SLO_FIGURE = "worst SLO value / threshold"
+
+
 def _headline(scenario, summary: dict, limit: str,
               unstable: bool = False) -> tuple[str, float | None, bool]:
     """The figure a counterfactual should move, and whether lower is better: the worst SLO
@@ -741,7 +745,7 @@ def _headline(scenario, summary: dict, limit: str,
     if summary.get("slo"):
         # Rejected requests make the ratio infinite: no finite figure to compare then.
         ratio = slo_ratio(summary)
-        return "worst SLO value / threshold", (ratio if math.isfinite(ratio) else None), True
+        return SLO_FIGURE, (ratio if math.isfinite(ratio) else None), True
     if unstable:
         return "requests/s served", summary.get("request_throughput"), False
     if limit == "prefix_cache":
@@ -788,11 +792,23 @@ def _counterfactual(scenario, result, finding: dict, unstable: bool = False) -> 
     alt = simulate(sc, replication=result.summary.get("replication") or 0).summary
     name, before, lower = _headline(scenario, result.summary, finding["limit"], unstable)
     _, after, _ = _headline(scenario, alt, finding["limit"], unstable)
-    return {"limit": finding["limit"], "change": finding["change"], "figure": name,
-            "lower_better": lower, "before": before, "after": after,
-            "slo_met_before": result.summary.get("slo_met"),
-            "slo_met_after": alt.get("slo_met"), "moved": _moved(before, after, lower),
-            "worse": _worse(before, after, lower), "breaks": _breaks(result.summary, alt)}
+    out = {"limit": finding["limit"], "change": finding["change"], "figure": name,
+           "lower_better": lower, "before": before, "after": after,
+           "slo_met_before": result.summary.get("slo_met"),
+           "slo_met_after": alt.get("slo_met"), "moved": _moved(before, after, lower),
+           "worse": _worse(before, after, lower), "breaks": _breaks(result.summary, alt)}
+    if name == SLO_FIGURE:   # which SLO is worst, before and after: the ratio alone is abstract
+        out["worst_before"], out["worst_after"] = (_worst_entry(result.summary),
+                                                   _worst_entry(alt))
+    return out
+
+
+def _worst_entry(summary: dict) -> dict | None:
+    """:func:`simulator.search.worst_slo` without its ratio (the figure holds it)."""
+    from .search import worst_slo
+
+    w = worst_slo(summary)
+    return None if w is None else {k: w[k] for k in ("metric", "stat", "value", "threshold")}
 
 
 #: Most counterfactual runs per diagnosis: the binding finding's, then the next candidates'.
@@ -825,7 +841,9 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks},
         "other_counterfactuals": [the same, for candidates tried that did not bind]}``
         (``moved``: better by more than 10%, ``worse``: worse by as much, ``breaks``:
-        SLOs met before and missed after, ``[{metric, stat, threshold, before, after}]``),
+        SLOs met before and missed after, ``[{metric, stat, threshold, before, after}]``;
+        with SLOs also ``worst_before`` / ``worst_after``: the worst entry of each run,
+        ``{metric, stat, value, threshold}`` or None),
         floats to 6 significant digits. ``change`` is a ``--set`` override
         (comma-separated when it needs two).
     """

@@ -257,8 +257,8 @@ def diagnosis_line(diag: dict) -> str:
     cf = diag.get("counterfactual")
     found = diag.get("findings") or []
     if binding != "none" and cf:
-        line += (f"; with --set {cf['change']}: {cf['figure']} {_fmt(cf.get('before'))} → "
-                 f"{_fmt(cf.get('after'))}" + (" (worse)" if cf.get("worse") else "")
+        line += (f"; with --set {cf['change']}: {cf['figure']} {_side(cf, 'before')} → "
+                 f"{_side(cf, 'after')}" + (" (worse)" if cf.get("worse") else "")
                  + f", SLOs met {_fmt(cf.get('slo_met_before'))} → "
                  f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf)
                  # twice the replicas tests the knob; it is not the count needed
@@ -266,11 +266,24 @@ def diagnosis_line(diag: dict) -> str:
                     if str(cf["change"]).startswith("cluster.replicas=") else ""))
     elif binding != "none" and found and found[0].get("change"):
         line += f"; try --set {found[0]['change']}"
-    others = [f"--set {o['change']}: {_fmt(o.get('before'))} → {_fmt(o.get('after'))}"
+    others = [f"--set {o['change']}: {_side(o, 'before')} → {_side(o, 'after')}"
               + _breaks_text(o) for o in diag.get("other_counterfactuals") or []]
     if others:
         line += f" (also tried {'; '.join(others)})"
     return line + " (details: the report's Diagnosis)."
+
+
+def _side(cf: dict, side: str) -> str:
+    """A counterfactual's figure ``side`` ("before" / "after"), naming the worst SLO entry
+    when the figure is the worst SLO ratio: ``"1.2 (TTFT p99 600 ms, SLO 500 ms)"``."""
+    text = _fmt(cf.get(side))
+    w = cf.get(f"worst_{side}")
+    if w and w.get("value") is not None:
+        unit = " ms" if w["metric"] in _LABELS else ""
+        name = _LABELS.get(w["metric"], w["metric"].replace("_", " "))
+        stat = "" if w["stat"] == "count" else f" {w['stat']}"
+        text += f" ({name}{stat} {_fmt(w['value'])}{unit}, SLO {_fmt(w['threshold'])}{unit})"
+    return text
 
 
 def _breaks_text(cf: dict) -> str:
@@ -320,13 +333,13 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
     cf = diag.get("counterfactual")
     if cf:
         b.append(("p", f"Counterfactual run with `--set {cf['change']}`: {cf['figure']} "
-                       f"{_fmt(cf.get('before'))} → {_fmt(cf.get('after'))} ({_verdict(cf)}); "
+                       f"{_side(cf, 'before')} → {_side(cf, 'after')} ({_verdict(cf)}); "
                        f"SLOs met {_fmt(cf.get('slo_met_before'))} → "
                        f"{_fmt(cf.get('slo_met_after'))}{_breaks_text(cf)}."))
     for o in diag.get("other_counterfactuals") or []:
         b.append(("p", f"Also tried for {_LIMITS.get(o['limit'], o['limit'])}: "
-                       f"`--set {o['change']}`: {o['figure']} {_fmt(o.get('before'))} → "
-                       f"{_fmt(o.get('after'))} ({_verdict(o)}){_breaks_text(o)}."))
+                       f"`--set {o['change']}`: {o['figure']} {_side(o, 'before')} → "
+                       f"{_side(o, 'after')} ({_verdict(o)}){_breaks_text(o)}."))
     return b
 
 

@@ -73,22 +73,33 @@ def with_rate(scenario, rate: float):
     return scenario.model_copy(update={"workload": new_wl})
 
 
-def slo_ratio(summary: dict) -> float:
-    """Largest ``value / threshold`` over the run's SLO entries (<= 1: all met); 0 without
-    SLO; ``inf`` when a figure is missing and not met (nothing completed). An entry met
-    with no value (a statistic over no samples, e.g. TPOT when every request has one
-    output token: :func:`simulator.metrics._evaluate_slo`) adds nothing."""
-    worst = 0.0
-    for entries in (summary.get("slo") or {}).values():
-        for e in entries.values():
+def worst_slo(summary: dict) -> dict | None:
+    """The run's SLO entry furthest past its threshold: ``{metric, stat, value, threshold,
+    ratio}`` (value and threshold in the SLO's unit, ms or a count; ratio = value /
+    threshold, ``inf`` when the value is missing and not met (nothing completed) or when a
+    zero-threshold entry such as rejected requests is exceeded). ``None`` without SLO or
+    when every entry is met with no value (a statistic over no samples, e.g. TPOT when every
+    request has one output token: :func:`simulator.metrics._evaluate_slo`)."""
+    worst = None
+    for m, entries in (summary.get("slo") or {}).items():
+        for st, e in entries.items():
             v, thr = e.get("value"), e["threshold"]
             if v is None and e.get("met"):
                 continue
-            if v is None or (thr == 0 and v > 0):  # nothing completed; rejected requests
-                return math.inf
-            if thr:
-                worst = max(worst, v / thr)
+            ratio = (math.inf if v is None or (thr == 0 and v > 0)
+                     else v / thr if thr else 0.0)
+            if worst is None or ratio > worst["ratio"]:
+                worst = {"metric": m, "stat": st, "value": v, "threshold": thr,
+                         "ratio": ratio}
     return worst
+
+
+def slo_ratio(summary: dict) -> float:
+    """Largest ``value / threshold`` over the run's SLO entries (<= 1: all met); 0 without
+    SLO; ``inf`` when a figure is missing and not met (nothing completed) or requests were
+    rejected (:func:`worst_slo`)."""
+    worst = worst_slo(summary)
+    return 0.0 if worst is None else worst["ratio"]
 
 
 @dataclass

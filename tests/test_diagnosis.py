@@ -125,6 +125,41 @@ def test_compute_binds():
     assert "; servesim plan finds the fewest replicas (details" in diagnosis_line(d)
 
 
+def test_the_line_names_the_worst_slo_before_and_after_a_counterfactual():
+    from simulator.report import diagnosis_line
+
+    cf = {"limit": "compute", "change": "cluster.replicas=2",
+          "figure": "worst SLO value / threshold", "before": 1.2, "after": 0.9,
+          "slo_met_before": False, "slo_met_after": True, "worse": False, "breaks": [],
+          "worst_before": {"metric": "tpot_ms", "stat": "p99", "value": 60.0,
+                           "threshold": 50.0},
+          "worst_after": {"metric": "ttft_ms", "stat": "p99", "value": 450.0,
+                          "threshold": 500.0}}
+    line = diagnosis_line({"binding": "compute", "counterfactual": cf, "findings": []})
+    assert ("with --set cluster.replicas=2: worst SLO value / threshold 1.2 (TPOT p99 60 ms, "
+            "SLO 50 ms) → 0.9 (TTFT p99 450 ms, SLO 500 ms), SLOs met no → yes") in line
+
+
+def test_a_counterfactual_with_slos_records_the_worst_entry_of_each_run():
+    # The compute-bound scenario above with a TTFT SLO: 0.2 s prefills at 8 req/s queue,
+    # (5 req/s at most), so TTFT p99 is the worst entry before; two replicas at 80% busy
+    # bring it under 1.5 s.
+    s = sc({"max_num_seqs": 256, "max_num_batched_tokens": 2048},
+           {"base_s": 0.002, "per_prefill_token_s": 1e-4}, 8, prompt=2000, out=4, n=600)
+    s = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                            "slo": {"ttft_ms": {"p99": 1500}}}, s.base_dir)
+    r = simulate(s)
+    cf = diagnose(s, r)["counterfactual"]
+    assert cf["change"] == "cluster.replicas=2"
+    p99 = r.summary["ttft_ms"]["p99"]
+    assert cf["worst_before"] == {"metric": "ttft_ms", "stat": "p99", "value": p99,
+                                  "threshold": 1500}
+    after = cf["worst_after"]
+    assert cf["before"] == pytest.approx(p99 / 1500, rel=1e-5) and cf["before"] > 1
+    assert after["metric"] == "ttft_ms" and after["value"] <= 1500
+    assert cf["after"] == pytest.approx(after["value"] / 1500, rel=1e-5)
+
+
 def test_bursts_that_queue_the_ttft_tail_are_compute_at_the_peaks():
     # A 1500-token prompt takes one 155 ms step (5 ms + 0.1 ms/token): at 1 req/s the
     # engine is busy ~18% of the time. Poisson arrivals meet TTFT p99 <= 500 ms; gamma

@@ -1,8 +1,8 @@
-"""slo_ratio: the worst value / threshold over a run's SLO table, by hand."""
+"""slo_ratio / worst_slo: the worst value / threshold over a run's SLO table, by hand."""
 
 import math
 
-from simulator.search import slo_ratio
+from simulator.search import slo_ratio, worst_slo
 
 
 def entry(value, thr, met, samples=1):
@@ -58,3 +58,15 @@ def test_a_rate_search_on_a_trace_or_a_closed_loop_names_the_key_the_file_has(tm
                                       "  output_tokens: {dist: fixed, value: 5}\n")
     with pytest.raises(InputError, match=r"^s\.yaml:6: workload\.arrival: a rate search "):
         with_rate(closed, 2.0)
+
+
+def test_worst_slo_names_the_entry_furthest_past_its_threshold():
+    s = {"slo": {"ttft_ms": {"p99": entry(450.0, 500.0, True)},
+                 "tpot_ms": {"p50": entry(30.0, 20.0, False), "p99": entry(40.0, 50.0, True)}}}
+    assert worst_slo(s) == {"metric": "tpot_ms", "stat": "p50", "value": 30.0,
+                            "threshold": 20.0, "ratio": 1.5}
+    assert worst_slo({"slo": {}}) is None
+    rejected = {"slo": {"ttft_ms": {"p99": entry(900.0, 500.0, False)},
+                        "rejected_requests": {"count": entry(3, 0, False)}}}
+    assert worst_slo(rejected)["metric"] == "rejected_requests"
+    assert worst_slo(rejected)["ratio"] == math.inf
