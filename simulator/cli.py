@@ -54,7 +54,7 @@ def _cmd_run(args) -> int:
     from .run import max_model_len_text, report_meta, simulate_replications, trace_shortfall
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
-    from .workload import prefix_warning
+    from .workload import workload_warnings
 
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -94,7 +94,7 @@ def _cmd_run(args) -> int:
     warning = profile_warning(cost)
     if warning:
         print(warning, file=sys.stderr)
-    for w in (cost.kv_warning, prefix_warning(scenario.workload, scenario.base_dir)):
+    for w in [cost.kv_warning] + workload_warnings(scenario.workload, scenario.base_dir):
         if w:
             print(f"servesim: warning: {w}", file=sys.stderr)
     print(f"report: {paths['report.html']}")

@@ -201,11 +201,10 @@ def _console():
 
 
 def _workload_warnings(scenario) -> list[str]:
-    """The workload's warnings (a shared prefix that swallows prompts), as a list."""
-    from .workload import prefix_warning
+    """The workload's warnings (:func:`simulator.workload.workload_warnings`)."""
+    from .workload import workload_warnings
 
-    w = prefix_warning(scenario.workload, scenario.base_dir)
-    return [w] if w else []
+    return workload_warnings(scenario.workload, scenario.base_dir)
 
 
 def _warn(warnings: list[str]) -> None:

@@ -14,7 +14,8 @@ Formats (``TraceConfig.format``):
 A trace lists its requests in arrival order (equal timestamps allowed); a timestamp
 earlier than the one before it is refused with its line, since a shuffled file or a wrong
 arrival column would otherwise replay silently as some other traffic. Every trace is
-re-based so its first arrival is at 0, then multiplied by ``time_scale``, then cut to
+re-based so its first arrival is at 0, its ties spread if ``spread_ties`` asks (a trace
+stamped at a coarse resolution), then multiplied by ``time_scale``, then cut to
 ``window_s = [start, end)`` (arrival becomes ``t - start``) and to the first
 ``num_requests`` requests. Request ids are ``0..N-1`` in file order.
 
@@ -75,6 +76,8 @@ class TraceConfig(BaseModel):
         time_scale: multiplies every (re-based) arrival time; 0.5 replays twice as fast.
         window_s: keep arrivals in ``[start, end)`` seconds after scaling; arrival
             becomes ``t - start``.
+        spread_ties: spread requests sharing a timestamp over one timestamp step
+            (:func:`spread_ties`), before ``time_scale``; default off (replayed as one burst).
     """
 
     # Strict like the rest of the scenario ("1" and true are not numbers).
@@ -86,6 +89,9 @@ class TraceConfig(BaseModel):
     arrival_unit: Optional[Literal["s", "ms", "us", "iso"]] = None
     time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
     window_s: Optional[tuple[float, float]] = None
+    spread_ties: bool = Field(False, description=(
+        "spread requests that share a timestamp evenly over one timestamp step (for traces "
+        "stamped at a coarse resolution, such as Mooncake's 3 s steps)"))
 
     @field_validator("window_s", mode="before")
     @classmethod
@@ -433,9 +439,64 @@ def _read_mooncake(path: Path) -> TraceTable:
 
 # -- public API -----------------------------------------------------------------------
 
+def timestamp_step_ns(t: np.ndarray) -> int:
+    """A trace's timestamp step: the median gap between its distinct arrival times (ns),
+    0 with fewer than two."""
+    u = np.unique(t)
+    return int(np.median(np.diff(u))) if len(u) > 1 else 0
+
+
+def spread_ties(t: np.ndarray) -> np.ndarray:
+    """Arrivals ``t`` (int64 ns, non-decreasing) with each group of equal timestamps spread
+    evenly over one timestamp step (:func:`timestamp_step_ns`), never reaching the next
+    timestamp: the ``k``-th of ``n`` requests stamped ``t0`` arrives at ``t0 + k·w/n``, ``w``
+    the smaller of the step and the gap to the next timestamp (the step for the last). For
+    a trace logged at a coarse resolution (Mooncake's conversation trace stamps arrivals in
+    3 s steps), where the requests of one step did not arrive at once. Returns a new array."""
+    u, first, counts = np.unique(t, return_index=True, return_counts=True)
+    step = timestamp_step_ns(t)
+    if step == 0 or counts.max() == 1:
+        return t.copy()
+    width = np.minimum(np.append(np.diff(u), step), step)
+    rank = np.arange(len(t)) - np.repeat(first, counts)
+    # floor(rank·width / n) without the product, which can pass int64 for long steps
+    return t + (np.repeat(width // counts, counts) * rank
+                + np.repeat(width % counts, counts) * rank // np.repeat(counts, counts))
+
+
+#: Share of a trace's arrivals that share their timestamp with another above which a run
+#: says they replay as bursts (:func:`ties_warning`).
+TIES_SHARE = 0.1
+
+
+def ties_warning(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = None
+                 ) -> str | None:
+    """Why a trace's arrivals may replay burstier than they came (None when they do not):
+    more than :data:`TIES_SHARE` of the requests replayed share their timestamp with
+    another and ``spread_ties`` is off.
+
+    Raises:
+        InputError: as :func:`load_trace`.
+    """
+    if trace_cfg.spread_ties:
+        return None
+    t = load_trace(trace_cfg, base_dir, num_requests).arrival_ns
+    u, counts = np.unique(t, return_counts=True)
+    share = 1 - len(u) / len(t)
+    if share <= TIES_SHARE:
+        return None
+    step = timestamp_step_ns(t) / NS_PER_S
+    return (f"workload.trace: {share:.0%} of the arrivals share their timestamp with another "
+            f"(up to {counts.max()} at one instant; timestamps come in steps of {step:g} s "
+            f"after time_scale) and replay as simultaneous bursts; if the trace stamps "
+            f"arrivals at that resolution, workload.trace.spread_ties: true spreads each "
+            f"step's requests evenly over it")
+
+
 def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = None
                ) -> TraceTable:
-    """Read a trace and apply re-basing, ``time_scale``, ``window_s`` and truncation.
+    """Read a trace and apply re-basing, ``spread_ties``, ``time_scale``, ``window_s`` and
+    truncation.
 
     Args:
         trace_cfg: the ``workload.trace`` section.
@@ -465,6 +526,8 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
         raise InputError(f"{path}:2: no requests (only a header line)")
 
     t = table.arrival_ns - table.arrival_ns[0]   # non-decreasing: the first is the earliest
+    if trace_cfg.spread_ties:
+        t = spread_ties(t)
     if trace_cfg.time_scale != 1.0:
         if float(t[-1]) * trace_cfg.time_scale >= MAX_TIME_NS:
             raise KeyedInputError(

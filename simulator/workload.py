@@ -45,7 +45,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
 from .files import is_regular_file, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
-from .traces import TraceConfig, load_trace, mooncake_segments, read_csv_table
+from .traces import TraceConfig, load_trace, mooncake_segments, read_csv_table, ties_warning
 
 #: z-score of the 90th percentile of the standard normal, ``scipy.stats.norm.ppf(0.9)``.
 Z90 = 1.2815515655446004
@@ -731,6 +731,20 @@ def prefix_warning(cfg: WorkloadConfig, base_dir=".") -> str | None:
             f"longer in {share:.0%} of the prompt_tokens drawn (they count the prefix too): "
             f"those prompts are {shared + 1} tokens, the prefix and one of their own (lower "
             f"shared_tokens, or raise prompt_tokens to lengths that include it)")
+
+
+def workload_warnings(cfg: WorkloadConfig, base_dir=".") -> list[str]:
+    """What in the workload may not be what its author meant, said after the runs: a
+    shared prefix that swallows prompts (:func:`prefix_warning`), trace arrivals that
+    replay as bursts (:func:`simulator.traces.ties_warning`).
+
+    Raises:
+        InputError: a length or trace file missing or malformed (as the run would).
+    """
+    found = [prefix_warning(cfg, base_dir)]
+    if cfg.trace is not None:
+        found.append(ties_warning(cfg.trace, base_dir, cfg.num_requests))
+    return [w for w in found if w]
 
 
 def build_workload(cfg: WorkloadConfig, base_dir=".") -> list[RequestSpec]:

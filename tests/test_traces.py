@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from simulator.errors import InputError
-from simulator.traces import TraceConfig, read_trace
+from simulator.traces import TraceConfig, read_trace, ties_warning
 from simulator.workload import WorkloadConfig, build_workload
 
 TRACES = Path(__file__).parents[2] / "shared" / "traces"
@@ -93,6 +93,34 @@ def test_num_requests_time_scale_and_window():
     assert [s.arrival_ns for s in win] == [s.arrival_ns - 60_000_000_000 for s in kept]
     assert [s.prompt_tokens for s in win] == [s.prompt_tokens for s in kept]
     assert [s.request_id for s in win] == list(range(len(win)))
+
+
+def test_spread_ties_spaces_each_timestamp_group_over_one_step(tmp_path):
+    # Timestamps in ms: three at 0, one at 3000, two at 6000, then a quiet gap, four at
+    # 60000 — a step of 3000 ms (median of the gaps 3000, 3000, 54000). A group spreads
+    # over min(step, gap to the next): the last one, with no next, over the step.
+    f = tmp_path / "t.csv"
+    f.write_text("t,p,o\n" + "".join(f"{t},10,5\n" for t in
+                                      (0, 0, 0, 3000, 6000, 6000, 60000, 60000, 60000, 60000)))
+    cols = {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}
+    base = dict(path=str(f), format="csv", columns=cols, arrival_unit="ms")
+    got = [s.arrival_ns for s in read_trace(trace(**base, spread_ties=True))]
+    ms = [0, 1000, 2000, 3000, 6000, 7500, 60000, 60750, 61500, 62250]
+    assert got == [m * 1_000_000 for m in ms]
+    # spread before time_scale: the same instants, halved
+    half = [s.arrival_ns for s in read_trace(trace(**base, spread_ties=True, time_scale=0.5))]
+    assert half == [m * 500_000 for m in ms]
+    # off by default: the groups arrive at once, and a run says so
+    assert [s.arrival_ns for s in read_trace(trace(**base))][:3] == [0, 0, 0]
+    said = ties_warning(trace(**base))
+    assert said.startswith("workload.trace: 60% of the arrivals share their timestamp with "
+                           "another (up to 4 at one instant; timestamps come in steps of 3 s")
+    assert "spread_ties: true" in said
+    assert ties_warning(trace(**base, spread_ties=True)) is None
+    # one tie in eleven requests (9% share their timestamp): no bursts to speak of
+    g = tmp_path / "g.csv"
+    g.write_text("t,p,o\n" + "".join(f"{t},10,5\n" for t in (0, 0, *range(1, 10))))
+    assert ties_warning(trace(**{**base, "path": str(g)})) is None
 
 
 def test_trace_workload_with_prefix_and_relative_path():
