@@ -54,6 +54,7 @@ def _cmd_run(args) -> int:
     from .run import max_model_len_text, report_meta, simulate_replications, trace_shortfall
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
+    from .session_ramp import ramp_warning
     from .workload import workload_warnings
 
     try:
@@ -94,7 +95,8 @@ def _cmd_run(args) -> int:
     warning = profile_warning(cost)
     if warning:
         print(warning, file=sys.stderr)
-    for w in [cost.kv_warning] + workload_warnings(scenario.workload, scenario.base_dir):
+    for w in [cost.kv_warning, ramp_warning(results[0].summary)] + workload_warnings(
+            scenario.workload, scenario.base_dir):
         if w:
             print(f"servesim: warning: {w}", file=sys.stderr)
     print(f"report: {paths['report.html']}")

@@ -130,15 +130,17 @@ TREND_T = 3.0
 SWELL_FRACTION = 0.2
 
 
-def _trend(arr: np.ndarray, end: np.ndarray) -> tuple[float, float]:
+def open_trend(arr: np.ndarray, end: np.ndarray, start: float | None = None
+               ) -> tuple[float, float]:
     """Slope (per second) of the number of intervals ``[arr, end)`` open at a time, fitted
-    by least squares to its exact mean over :data:`TREND_SEGMENTS` equal segments of the
-    last three quarters of the arrival span, and its t statistic (inf for an exact line
-    that rises)."""
+    by least squares to its exact mean over :data:`TREND_SEGMENTS` equal segments from
+    ``start`` (s; default: past the first quarter of the arrival span) to the last arrival,
+    and its t statistic (inf for an exact line that rises)."""
     from scipy import stats
 
     a0, a1 = float(arr.min()), float(arr.max())
-    edges = np.linspace(a0 + (a1 - a0) / 4, a1, TREND_SEGMENTS + 1)
+    edges = np.linspace(a0 + (a1 - a0) / 4 if start is None else start, a1,
+                        TREND_SEGMENTS + 1)
     lo, hi = edges[:-1], edges[1:]
     # one segment at a time: memory of one column of the requests, however many there are
     mean_open = [np.clip(np.minimum(end, b) - np.maximum(arr, a), 0, None).sum() / (b - a)
@@ -150,7 +152,7 @@ def _trend(arr: np.ndarray, end: np.ndarray) -> tuple[float, float]:
 
 def backlog_grows(result) -> bool:
     """Whether requests pile up: over the last three quarters of the arrival span
-    (:func:`_trend`), the requests waiting to be scheduled rise by at least 1 −
+    (:func:`open_trend`), the requests waiting to be scheduled rise by at least 1 −
     :data:`STABLE_FRACTION` of the arrival rate, or those in the system (running or
     waiting) by :data:`SWELL_FRACTION` of it, each with a t statistic of at least
     :data:`TREND_T`. A short stable run can fall below ``STABLE_FRACTION`` in the window of
@@ -161,11 +163,19 @@ def backlog_grows(result) -> bool:
     arr = req["arrival_s"].to_numpy(dtype=float)
     if arr.size < 2 or arr.max() <= arr.min():
         return False
-    rate = (arr.size - 1) / (arr.max() - arr.min())
+    return piles_up(req, (arr.size - 1) / (arr.max() - arr.min()))
+
+
+def piles_up(req, rate: float, start: float | None = None) -> bool:
+    """The trend test of :func:`backlog_grows` on requests ``req`` (``arrival_s``,
+    ``first_scheduled_s``, ``finish_s``; NaN: never) arriving at ``rate`` req/s, fitted
+    from ``start`` (s; default past the first quarter of the arrival span) to the last
+    arrival of ``req``."""
+    arr = req["arrival_s"].to_numpy(dtype=float)
     for col, share in (("first_scheduled_s", 1 - STABLE_FRACTION),
                        ("finish_s", SWELL_FRACTION)):
         end = req[col].to_numpy(dtype=float)
-        slope, t = _trend(arr, np.where(np.isnan(end), np.inf, end))   # never: for ever
+        slope, t = open_trend(arr, np.where(np.isnan(end), np.inf, end), start)  # NaN: never
         if slope >= share * rate and t >= TREND_T:
             return True
     return False
@@ -176,8 +186,15 @@ def job_output(result) -> dict:
     (req/s, :func:`offered_rate`) and ``stable``: achieved >= :data:`STABLE_FRACTION` ×
     offered over the window of :func:`window_rates` (whole-run figures when that window
     is too short), or else no growing backlog (:func:`backlog_grows`); True when the rates
-    are unknown (e.g. a closed loop)."""
+    are unknown (e.g. a closed loop). For open-loop conversations (``summary["sessions"]``,
+    :func:`simulator.session_ramp.session_ramp`): their steady request rate, their
+    stability (True while the run is too short to judge) and ``steady``, whether it was
+    long enough to judge."""
     s = result.summary
+    conv = s.get("sessions")
+    if conv:   # follow-ups wait for answers: judged on the conversations' load instead
+        return {"summary": s, "offered_rate": conv["steady_request_rate"],
+                "stable": conv["stable"] is not False, "steady": conv["steady_state"]}
     offered = offered_rate(result)
     rates = window_rates(result)
     if rates is None:   # whole run: what was served against what the engine took

@@ -684,13 +684,15 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
         group = outs[i:i + n]
         i += n
         met = [g.summary.get("slo_met") for g in group]
-        stable = all(job_output(g)["stable"] for g in group)
+        judged = [job_output(g) for g in group]
+        stable = all(o["stable"] for o in judged)
+        steady = all(o.get("steady", True) for o in judged)
         rejected = float(np.mean([g.summary.get("rejected") or 0 for g in group]))
         res.append({"name": sc.name, "scenario": sc, "result": group[0],
                     "replications": combine_replications([g.summary for g in group])
                     if n > 1 else None,
                     "slo_met": None if None in met else all(met),
-                    "stability": stability_label(stable, rejected)})
+                    "stability": stability_label(stable, rejected, steady)})
     names = [r["name"] for r in res]
     for r in res:
         if names.count(r["name"]) > 1:

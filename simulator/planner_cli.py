@@ -11,6 +11,7 @@ from pathlib import Path
 from .errors import InputError
 from .files import check_folder, out_folder
 from .executors import EXECUTORS
+from .session_ramp import RAMP_TEXT
 from .sweep import _fmt_value
 from .workload import MAX_RATE
 
@@ -109,7 +110,8 @@ def _short(v, cents: bool = False) -> str:
 
 _STATUS = {"cheapest feasible": "best", "feasible": "ok", "infeasible": "fails SLO"}
 # Terminal words for the sweep's stability column; sweep.csv keeps the full label.
-_STABILITY = {"rejects requests": "rejects", "does not fit": "no fit"}
+_STABILITY = {"rejects requests": "rejects", "does not fit": "no fit",
+              "ramp-up only": "ramp-up"}
 _CI_NOTES = {"–": "– in a 95% CI column: no interval (one replication, or no rate to "
                   "bound)",
              "≤": "≤x or ≥x: only one end of the 95% CI is known (the rate search bounded "
@@ -185,6 +187,8 @@ def _print_table(df, title: str, columns=None, console=None, exact=()) -> None:
         console.print("rejects: some prompts have max_model_len tokens or more; vLLM refuses "
                       "them (the rejected column counts them per run)", highlight=False,
                       markup=False)
+    if "stability" in cols and any(r[cols.index("stability")] == "ramp-up" for r in rows):
+        console.print(f"ramp-up: {RAMP_TEXT}", highlight=False, markup=False)
 
 
 def _console():
@@ -279,9 +283,9 @@ def _misfits(table, keys: list[str], most: int = 3) -> dict[str, str]:
 
 
 def _knee_text(table, knee: dict) -> str:
-    """A knee's value, or why a line has none (every point unstable, rejecting or not
-    fitting)."""
-    from .sweep import DOES_NOT_FIT
+    """A knee's value, or why a line has none (every point unstable, rejecting, ramp-up
+    only or not fitting)."""
+    from .sweep import DOES_NOT_FIT, RAMP_ONLY
 
     if knee["knee"] is not None:   # as --set takes it (16384, not 16,384)
         return _fmt_value(knee["knee"])
@@ -291,6 +295,8 @@ def _knee_text(table, knee: dict) -> str:
             line = line[line[a] == v]
     if len(line) and (line["stability"] == DOES_NOT_FIT).all():
         return "none (no point fits its GPU)"
+    if len(line) and (line["stability"] == RAMP_ONLY).all():
+        return f"none (every point is ramp-up only: {RAMP_TEXT})"
     if len(line) and (line["stability"] == "rejects requests").all():
         return ("none (every point rejects requests: prompts of max_model_len tokens or more; "
                 "raise engine.max_model_len or shorten the prompts)")

@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
+from .session_ramp import RAMP_TEXT
 
 #: How the reports state :func:`simulator.executors.job_output`'s stability test.
 UNSTABLE_RULE = (
@@ -113,7 +114,7 @@ def sweep_figure(result) -> Figure:
         ax.set_ylabel(f"{m} (ms)")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.set_title(f"{m} p50 (solid), p99 (dashed); × unstable or rejecting")
+        ax.set_title(f"{m} p50 (solid), p99 (dashed); × not stable")
     if len(groups) <= MAX_LEGEND:
         axes[0].legend(fontsize="x-small")
     else:   # a legend of hundreds of entries collapses the axes to nothing
@@ -141,7 +142,13 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. " + UNSTABLE_RULE + " A "
                      "point *rejects requests* when some prompts have max_model_len "
                      "tokens or more (vLLM refuses them; `rejected` counts them per run): "
-                     "they never finish, so the throughput test cannot judge its queue. A "
+                     "they never finish, so the throughput test cannot judge its queue. "
+                     "With open-loop conversations (sessions) a follow-up waits for the "
+                     "answer before it, so the test is made on the conversations: unstable "
+                     "when, past their ramp-up, the requests waiting or in the system rise as "
+                     "above; `offered_rate` is the request rate they build up to (the "
+                     "conversation rate × the mean turns), and a point is *ramp-up only* when "
+                     f"{RAMP_TEXT} (to at least twice a conversation's length of openings). A "
                      "point *does not fit* when its model and KV cache do not fit its GPU's "
                      "memory (vLLM would not start): it is not run, and `note` says why.")]
     b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))

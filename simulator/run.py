@@ -14,7 +14,8 @@ import simpy
 from .cluster import Cluster
 from .cost_model import build_cost_model
 from .errors import InputError, KeyedInputError
-from .metrics import MetricsCollector, RunResult, combine_replications
+from .metrics import MetricsCollector, RunResult, combine_replications, round_sig
+from .session_ramp import session_ramp
 from .workload import build_workload
 
 
@@ -62,7 +63,9 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
             engine's recorded step durations or to scale the profile's costs.
 
     Returns:
-        The :class:`RunResult` (summary, per-request table, time series, ITL runs).
+        The :class:`RunResult` (summary, per-request table, time series, ITL runs); for
+        open-loop conversations the summary's ``sessions`` holds their ramp figures
+        (:func:`simulator.session_ramp.session_ramp`).
     """
     seed = _replication_seed(scenario.workload.seed, replication)
     if specs is None:
@@ -121,7 +124,14 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
                                       if p_queries else 0.0),
         "engine_steps": sum(s.num_steps for s in stats),
     }
-    return metrics.finalize(slo=scenario.slo.model_dump(exclude_none=True), extra=extra)
+    result = metrics.finalize(slo=scenario.slo.model_dump(exclude_none=True), extra=extra)
+    wl = scenario.workload
+    if wl.sessions is not None and wl.arrival is not None \
+            and wl.arrival.process != "closed_loop":   # a closed loop has no ramp
+        ramp = session_ramp(specs, result.requests)
+        if ramp is not None:
+            result.summary["sessions"] = {k: round_sig(v) for k, v in ramp.items()}
+    return result
 
 
 def max_model_len_text(scenario, summary: dict | None = None) -> str:

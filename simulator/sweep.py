@@ -173,10 +173,11 @@ class SweepResult:
 
     Attributes:
         axes: ``{key: [values]}`` swept (first axis = the x of each curve).
-        table: one row per point: the swept values, ``offered_rate`` and
+        table: one row per point: the swept values, ``offered_rate`` (for open-loop
+            conversations the request rate they build up to) and
             ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``
             (every replication passed the throughput test; None where requests were
-            rejected, which it cannot judge), ``rejected`` (requests
+            rejected or conversations ended in their ramp, which it cannot judge), ``rejected`` (requests
             rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
             ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications. A point
@@ -208,18 +209,25 @@ _SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
 #: A sweep point whose model and KV cache do not fit its GPU (not run; why in ``note``).
 DOES_NOT_FIT = "does not fit"
 
+#: A sweep point of open-loop conversations that ended before they built up their load
+#: (:func:`simulator.session_ramp.session_ramp`): too short to judge.
+RAMP_ONLY = "ramp-up only"
+
 #: Values of the sweep table's ``stability`` column.
-STABILITY = ("stable", "unstable", "rejects requests", DOES_NOT_FIT)
+STABILITY = ("stable", "unstable", "rejects requests", RAMP_ONLY, DOES_NOT_FIT)
 
 
-def stability_label(stable: bool, rejected: float) -> str:
+def stability_label(stable: bool, rejected: float, steady: bool = True) -> str:
     """``rejects requests`` when a run rejected any request (a prompt of
     max_model_len tokens or more, as vLLM refuses it): those never finish, so the run falls short of the
     offered rate whatever the load and the throughput test says nothing about the queue.
+    Else :data:`RAMP_ONLY` when a run of conversations ended in its ramp (not ``steady``).
     Otherwise ``stable`` or ``unstable`` as the test (:func:`simulator.executors.job_output`)
     says."""
     if rejected:
         return "rejects requests"
+    if not steady:
+        return RAMP_ONLY
     return "stable" if stable else "unstable"
 
 
@@ -272,10 +280,11 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         offered = [o["offered_rate"] for o in group if o["offered_rate"]]
         row["offered_rate"] = float(np.mean(offered)) if offered else None
         stable = row["stable"] = all(o["stable"] for o in group)
+        steady = all(o.get("steady", True) for o in group)
         row["rejected"] = float(np.mean([s.get("rejected") or 0 for s in sums]))
-        row["stability"] = stability_label(stable, row["rejected"])
-        # rejected requests never finish: the throughput test cannot judge the queue
-        row["stable"] = None if row["rejected"] else stable
+        row["stability"] = stability_label(stable, row["rejected"], steady)
+        # rejected requests never finish, a ramp never loads: the test cannot judge them
+        row["stable"] = None if row["rejected"] or not steady else stable
         for path in _SWEEP_FIGURES:
             # ttft_p99_ms: the unit last, as plan.csv names its columns
             name = (f"{path[0].removesuffix('_ms')}_{path[1]}_ms" if len(path) > 1
@@ -353,5 +362,5 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["DOES_NOT_FIT", "STABILITY", "SweepResult", "derive", "grid", "knees",
+__all__ = ["DOES_NOT_FIT", "RAMP_ONLY", "STABILITY", "SweepResult", "derive", "grid", "knees",
            "kv_warnings", "split_sets", "stability_label", "sweep"]
