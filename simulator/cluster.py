@@ -2,7 +2,8 @@
 
 Actors: one arrival process for the open-loop requests, one process per replica
 (:mod:`simulator.replica`), and follow-up requests (conversation turns, closed-loop users)
-released when the request they follow finishes, after its think time.
+released when the request they follow finishes, after its think time; a rejected turn
+ends its conversation (its later turns are not sent).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class Cluster:
         self._children: dict = {}
         self._on_request_done = on_request_done
         self.num_done = 0
+        self.turns_not_sent = 0   # later turns of conversations a rejection ended
         self._next_root_ns = _NEVER
         self._timers: list[int] = []  # heap of pending follow-up arrival times
         self._shared_first: set = set()
@@ -196,10 +198,20 @@ class Cluster:
         self.num_done += 1
         if self._on_request_done is not None:
             self._on_request_done(self.num_done)
-        for child in self._children.pop(req.request_id, ()):
-            if child.think_time_ns <= 0:
-                self._deliver(child)  # seen by the step that starts now
-            else:
-                ev = _ArrivalTimer(self.env, child.think_time_ns)
-                ev.callbacks.append(lambda _e, c=child: self._deliver(c))
-                heapq.heappush(self._timers, t_ns + child.think_time_ns)
+        # A rejected turn ends its conversation: the client got an error (vLLM's server:
+        # HTTP 400) and has no answer to follow up on, so the session's later turns are not
+        # sent; a closed-loop user's next conversation still starts, a think time after.
+        session = req.spec.session_id if req.spec is not None else None
+        ended = session if req.record.finish_reason == "rejected" else None
+        parents = [req.request_id]
+        while parents:
+            for child in self._children.pop(parents.pop(), ()):
+                if ended is not None and child.session_id == ended:
+                    self.turns_not_sent += 1
+                    parents.append(child.request_id)
+                elif child.think_time_ns <= 0:
+                    self._deliver(child)  # seen by the step that starts now
+                else:
+                    ev = _ArrivalTimer(self.env, child.think_time_ns)
+                    ev.callbacks.append(lambda _e, c=child: self._deliver(c))
+                    heapq.heappush(self._timers, t_ns + child.think_time_ns)

@@ -86,7 +86,7 @@ class Replica:
             rec.finish_reason = "rejected"
             self.metrics.record_request(rec)
             if self.on_finish is not None:
-                self.on_finish(req, self.env.now)  # its session goes on (and is refused)
+                self.on_finish(req, self.env.now)  # ends its conversation (Cluster)
             return
         self.metrics.note_admitted(rec.arrival_ns)
         if self._wake is not None and not self._wake.triggered:

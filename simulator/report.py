@@ -46,6 +46,10 @@ _LABELS = METRIC_LABELS
 _ECDF_POINTS = 2000   # points drawn per CDF; the figures themselves use every value
 # vLLM's engine (and offline LLM) cuts such an output at max_model_len; its OpenAI server
 # refuses the request ("'max_tokens' ... is too large", serving's input validation).
+# A client whose turn vLLM's server refused (HTTP 400) has no answer to follow up on.
+NOT_SENT_TEXT = ("{n} later turns were not sent: a turn rejected for max_model_len ends its "
+                 "conversation, as a client that gets an error from vLLM's server (HTTP 400) "
+                 "has no answer to follow up on.")
 CAPPED_TEXT = ("{n} requests asked for more output than max_model_len leaves after their "
                "prompt (prompt + max_tokens > max_model_len): they were served with the "
                "output cut at max_model_len (finish 'length'), as vLLM's engine does; vLLM's "
@@ -165,6 +169,8 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         ["warm-up requests excluded", _fmt(s.get("warmup_requests"))],
         ["completed", _fmt(s.get("completed"))],
         ["rejected", _fmt(s.get("rejected"))],
+        *([["later turns not sent (conversation ended by a rejection)",
+            _fmt(s["turns_not_sent"])]] if s.get("turns_not_sent") else []),
         ["output cut at max_model_len", _fmt(s.get("capped"))],
         ["aborted", _fmt(s.get("aborted"))],
         ["duration (s)", _fmt(s.get("duration_s"))],
@@ -176,6 +182,8 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     ]
     b.append(("h2", f"Throughput ({label})"))
     b.append(("table", None, ["figure", "value"], rows))
+    if s.get("turns_not_sent"):
+        b.append(("p", NOT_SENT_TEXT.format(n=_fmt(s["turns_not_sent"]))))
     if s.get("capped"):
         b.append(("p", CAPPED_TEXT.format(n=_fmt(s["capped"]))))
 
@@ -725,6 +733,8 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         console.print(f"{_fmt(s['rejected'])} requests rejected: prompt too long for "
                       f"max_model_len{limit}; they count as SLO failures and are not in the "
                       f"latency figures.")
+    if s.get("turns_not_sent"):
+        console.print(NOT_SENT_TEXT.format(n=_fmt(s["turns_not_sent"])))
     if s.get("capped"):
         console.print(CAPPED_TEXT.format(n=_fmt(s["capped"])))
     if diagnosis:

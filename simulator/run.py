@@ -123,6 +123,7 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
         "preempted_prefix_hit_rate": (sum(s.preempted_hits for s in stats) / p_queries
                                       if p_queries else 0.0),
         "engine_steps": sum(s.num_steps for s in stats),
+        "turns_not_sent": cluster.turns_not_sent,
     }
     result = metrics.finalize(slo=scenario.slo.model_dump(exclude_none=True), extra=extra)
     wl = scenario.workload

@@ -1,4 +1,5 @@
-"""Open-loop conversations: their steady load, the ramp before it, and the stability test.
+"""Conversations: their steady load, the ramp before it, the stability test, and the end
+of a conversation at a rejected turn.
 
 The served cases use a constant 10 ms step and fixed lengths, so a turn's time on the
 engine is known by hand: a 16-token prompt is prefilled in one step that yields the first
@@ -128,3 +129,38 @@ def test_a_closed_loop_of_conversations_has_no_ramp():
                      "output_tokens": {"dist": "fixed", "value": 8},
                      "sessions": {"turns": 2, "think_time_s": 0}}})
     assert "sessions" not in simulate(sc).summary
+
+
+def rejecting(arrival, n, turns):
+    # 100 new tokens per turn, 50 output tokens, max_model_len 256: turn 1 has a 100-token
+    # prompt; turn 2 quotes it and its answer, 250 tokens, and is cut to 6 output tokens;
+    # turn 3, 400 tokens, is rejected.
+    return scenario_from_dict({
+        "name": "r", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_model_len": 256},
+        "workload": {"seed": 0, "num_requests": n, "arrival": arrival,
+                     "prompt_tokens": {"dist": "fixed", "value": 100},
+                     "output_tokens": {"dist": "fixed", "value": 50},
+                     "sessions": {"turns": turns, "think_time_s": 1}}})
+
+
+def test_a_rejected_turn_ends_its_conversation():
+    # 3 conversations of 5 turns: each serves 2, is refused at its 3rd, never sends 4 and 5
+    r = simulate(rejecting({"process": "constant", "rate": 1}, 15, 5))
+    s = r.summary
+    assert (s["completed"], s["rejected"], s["turns_not_sent"], s["capped"]) == (6, 3, 6, 3)
+    assert len(r.requests) == 9
+    assert sorted(r.requests["prompt_tokens"]) == [100] * 3 + [250] * 3 + [400] * 3
+
+
+def test_a_closed_loop_user_starts_a_new_conversation_after_a_rejection():
+    # one user, conversations of 4 turns: each serves 2, is refused at its 3rd (its 4th is
+    # not sent), and the next conversation opens a think time after the refusal
+    r = simulate(rejecting({"process": "closed_loop", "concurrency": 1, "think_time_s": 1},
+                           12, 4))
+    s = r.summary
+    assert (s["completed"], s["rejected"], s["turns_not_sent"]) == (6, 3, 3)
+    req = r.requests.sort_values("arrival_s")
+    rejected = req[req["finish_reason"] == "rejected"]["arrival_s"].to_list()
+    firsts = req[req["prompt_tokens"] == 100]["arrival_s"].to_list()
+    assert firsts[1:] == pytest.approx([t + 1 for t in rejected[:2]])
