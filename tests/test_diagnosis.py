@@ -1075,3 +1075,42 @@ def test_an_slo_near_what_requests_alone_take_is_met_by_faster_steps():
         in f["evidence"]
     assert d["counterfactual"]["slo_met_after"]
     assert not simulate(mk(slo, replicas=2)).summary["slo_met"]
+
+
+def _conversations(router, ttft_p99_ms):
+    # 4 replicas; conversations of 4 turns behind a 64-token system prompt: a turn repeats
+    # the prompt and the whole conversation so far, which only the replica that served the
+    # turn before holds (each replica holds the system prompt).
+    return scenario_from_dict({
+        "name": "s", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_model_len": 2048}, "cluster": {"replicas": 4, "router": router},
+        "workload": {"seed": 0, "num_requests": 400,
+                     "arrival": {"process": "poisson", "rate": 4},
+                     "prompt_tokens": {"dist": "fixed", "value": 32},
+                     "output_tokens": {"dist": "fixed", "value": 32},
+                     "prefix": {"shared_tokens": 64},
+                     "sessions": {"turns": 4, "think_time_s": 0.5}},
+        "slo": {"ttft_ms": {"p99": ttft_p99_ms}}})
+
+
+def test_a_router_that_scatters_conversations_over_replicas_is_found():
+    from simulator.diagnosis import find_limits
+
+    s = _conversations("round_robin", 5)
+    r = simulate(s)
+    d = find_limits(s, r)
+    share = r.summary["prefix_cache_hit_rate"] / d["figures"]["shareable_prompt_share"]
+    assert 0.5 < share < 0.8   # more than a single cache's suspicion, less than affinity's
+    assert d["binding"] == "prefix_cache"
+    assert d["findings"][0]["change"] == "cluster.router=prefix_affinity"
+    aff = _conversations("prefix_affinity", 5)
+    ra = simulate(aff)
+    da = find_limits(aff, ra)
+    assert ra.summary["prefix_cache_hit_rate"] >= 0.8 * da["figures"]["shareable_prompt_share"]
+    assert "prefix_cache" not in [f["limit"] for f in da["findings"]]
+    # with every SLO met the free setting is listed, and does not bind
+    met = _conversations("round_robin", 10_000)
+    dm = find_limits(met, simulate(met))
+    assert dm["binding"] == "none"
+    assert [f["change"] for f in dm["findings"] if f["limit"] == "prefix_cache"] == \
+        ["cluster.router=prefix_affinity"]
