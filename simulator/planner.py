@@ -51,6 +51,24 @@ class Candidate:
             or "scenario as given"
 
 
+def default_efficiency_note(candidates) -> str | None:
+    """Why a ranking of GPUs may be off (None when it is not one): candidates on two or
+    more GPUs, every one priced by the roofline at the default efficiencies
+    (:data:`simulator.cost_model.DEFAULT_MBU`, :data:`~simulator.cost_model.DEFAULT_MFU`),
+    which take every GPU to reach the same share of its peaks."""
+    from .cost_model import DEFAULT_MBU, DEFAULT_MFU
+
+    ran = [c for c in candidates if c.scenario is not None and c.error is None]
+    gpus = {c.scenario.hardware.profile for c in ran}
+    if len(gpus) < 2 or not all("default efficiencies" in (c.cost_label or "") for c in ran):
+        return None
+    return (f"the GPUs ({', '.join(sorted(gpus))}) are ranked by a roofline projection that "
+            f"takes each to reach the same share of its peaks (MBU {DEFAULT_MBU:g}, MFU "
+            f"{DEFAULT_MFU:g}); real kernels reach different shares on different GPUs, so "
+            f"the ratios between GPUs are projections too: a profile calibrated on each "
+            f"(servesim calibrate) ranks them on measured step costs")
+
+
 def expand_candidates(scenario) -> list[Candidate]:
     """The cross product of ``plan.candidates`` applied to ``scenario``.
 

@@ -313,7 +313,7 @@ MIN_PLAN_REQUESTS = 100
 
 
 def _cmd_plan(args) -> int:
-    from .planner import closest_miss, closest_text, plan, plan_table
+    from .planner import closest_miss, closest_text, default_efficiency_note, plan, plan_table
     from .planner_report import write_plan_report
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
@@ -340,6 +340,9 @@ def _cmd_plan(args) -> int:
               f"{n - scenario.sim.warmup_requests} requests (workload.num_requests less "
               f"sim.warmup_requests); a maximum rate needs at least {MIN_PLAN_REQUESTS}, and "
               f"a few hundred give steadier figures", file=sys.stderr)
+    ranked = default_efficiency_note([r.candidate for r in res.rows])
+    if ranked:
+        print(f"servesim: note: {ranked}", file=sys.stderr)
     table = plan_table(res)
     paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
                                                       f"{res.target_rate:g} req/s")

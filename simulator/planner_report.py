@@ -291,6 +291,11 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
         b.append(("p", f"No candidate meets every SLO at {_fmt(result.target_rate)} req/s"
                        + (f"; {closest_text(miss, cfg.max_replicas if cfg else 64)}."
                           if miss else ".")))
+    from .planner import default_efficiency_note
+
+    ranked = default_efficiency_note([r.candidate for r in result.rows])
+    if ranked:
+        b.append(("p", f"Note: {ranked}."))
     b.append(("p", "Max rate per replica: bisection on the arrival rate with common random "
                    "numbers across candidates; an unstable run (its queue grows, below "
                    "0.98 × the offered rate) fails the rate. CIs: rates decided with 95% "

@@ -247,6 +247,22 @@ def test_split_sets_and_candidates():
         expand_candidates(scenario_from_dict(d))
 
 
+def test_a_ranking_of_gpus_on_default_efficiencies_says_so():
+    from simulator.planner import default_efficiency_note
+
+    d = {"name": "c", "model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"},
+         "workload": {"num_requests": 10, "arrival": {"process": "poisson", "rate": 1},
+                      "prompt_tokens": {"dist": "fixed", "value": 8},
+                      "output_tokens": {"dist": "fixed", "value": 8}},
+         "plan": {"candidates": {"hardware.profile": ["h100-sxm", "l4"],
+                                 "hardware.tensor_parallel": [1, 2]}}}
+    note = default_efficiency_note(expand_candidates(scenario_from_dict(d)))
+    assert note.startswith("the GPUs (h100-sxm, l4) are ranked by a roofline projection that "
+                           "takes each to reach the same share of its peaks (MBU 0.7, MFU 0.5)")
+    d["plan"]["candidates"]["hardware.profile"] = ["h100-sxm"]   # one GPU: nothing ranked
+    assert default_efficiency_note(expand_candidates(scenario_from_dict(d))) is None
+
+
 def small_scenario(name: str, num_requests: int) -> str:
     """YAML of a small llama-test scenario on h100-sxm (fixed 8-token prompts, 4 out)."""
     return f"""name: {name}
