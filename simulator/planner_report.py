@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
 from .session_ramp import RAMP_TEXT
+from .sweep import slo_met_at
 
 #: How the reports state :func:`simulator.executors.job_output`'s stability test.
 UNSTABLE_RULE = (
@@ -157,6 +158,12 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
         b.append(("h2", f"Knee: highest stable {first}"))
         b.append(("table", None, list(result.knees[0]),
                   [[_cell(v) for v in k.values()] for k in result.knees]))
+    met = slo_met_at(t, list(result.axes))
+    if met:
+        b.append(("h2", f"Every SLO met (and stable) at {first}"))
+        b.append(("table", None, list(met[0]),
+                  [[_cell(v) if k != "met_at" else ", ".join(map(_cell, v)) or "none"
+                    for k, v in m.items()] for m in met]))
     b.append(("img", "curves.png", "Latency vs achieved throughput"))
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
@@ -164,7 +171,7 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     t = _rounded(t)
     return write_files(out_dir, {
         "sweep.csv": csv_table(t).to_csv(index=False, lineterminator="\n").encode(),
-        "sweep.json": _json({"axes": result.axes, "knees": result.knees,
+        "sweep.json": _json({"axes": result.axes, "knees": result.knees, "slo_met_at": met,
                              "points": t.to_dict(orient="records")}),
         "curves.png": img,
         "report.md": render_markdown(b).encode(),

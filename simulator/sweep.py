@@ -362,5 +362,23 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
+def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
+    """Per line (other axes' values), the values of the first axis whose point is stable
+    and meets every SLO, in the table's order: ``[{...other axis values, "met_at":
+    [values]}]``; empty for a table without SLOs. For an axis that adds capacity (replicas,
+    max_num_seqs, a GPU) this is the answer "highest stable" is not: the fewest that do."""
+    if not keys or table.empty or "slo_met" not in table or table["slo_met"].isna().all():
+        return []
+    x, others = keys[0], keys[1:]
+    groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
+    out = []
+    for vals, df in groups:
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        ok = (df["stability"] == "stable") & (df["slo_met"] == True)  # noqa: E712 (None)
+        out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
+                    "met_at": [getattr(v, "item", lambda v=v: v)() for v in df.loc[ok, x]]})
+    return out
+
+
 __all__ = ["DOES_NOT_FIT", "RAMP_ONLY", "STABILITY", "SweepResult", "derive", "grid", "knees",
-           "kv_warnings", "split_sets", "stability_label", "sweep"]
+           "kv_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]

@@ -144,6 +144,23 @@ def test_sweep_knee_matches_max_num_seqs_bound():
 
 
 
+def test_slo_met_at_lists_the_stable_points_that_meet_every_slo_per_line():
+    import pandas as pd
+
+    from simulator.sweep import slo_met_at
+
+    t = pd.DataFrame({"cluster.replicas": [1, 2, 3, 1, 2, 3],
+                      "hardware.profile": ["h100-sxm"] * 3 + ["l4"] * 3,
+                      "stability": ["unstable", "stable", "stable", "unstable", "unstable",
+                                    "stable"],
+                      "slo_met": [False, False, True, False, True, False]})
+    # l4 × 2 meets the SLOs on an unstable run: not counted
+    assert slo_met_at(t, ["cluster.replicas", "hardware.profile"]) == [
+        {"hardware.profile": "h100-sxm", "met_at": [3]},
+        {"hardware.profile": "l4", "met_at": []}]
+    assert slo_met_at(t.assign(slo_met=None), ["cluster.replicas"]) == []   # no SLO
+
+
 def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path, capsys):
     import pandas as pd
 
