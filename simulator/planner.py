@@ -680,6 +680,15 @@ def closest_text(miss: dict, max_replicas: int) -> str:
 
 # == compare ===============================================================================
 
+def _cost_per_hour(scenario) -> float | None:
+    """USD per hour of ``scenario``'s replicas (:attr:`CostModel.price_per_replica_hour`
+    × replicas), None without a price (an inline step time, a CPU profile)."""
+    from .cost_model import build_cost_model
+
+    price = build_cost_model(scenario).price_per_replica_hour
+    return None if price is None else price * scenario.cluster.replicas
+
+
 def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
     """Serve the first scenario's workload and SLO through every scenario.
 
@@ -687,7 +696,8 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
         Per scenario ``{"name", "scenario", "result"`` (replication 0's RunResult),
         ``"replications"`` (:func:`combine_replications` or None), ``"slo_met"`` (met in
         every replication; None without SLOs), ``"stability"`` (:func:`stability_label`
-        of every replication: stable only when each is)``}``.
+        of every replication: stable only when each is), ``"cost_per_hour"`` (USD for its
+        replicas, from the GPU's price; None without one)``}``.
     """
     from .executors import job_output
     from .sweep import stability_label
@@ -710,7 +720,8 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
                     "replications": combine_replications([g.summary for g in group])
                     if n > 1 else None,
                     "slo_met": None if None in met else all(met),
-                    "stability": stability_label(stable, rejected, steady)})
+                    "stability": stability_label(stable, rejected, steady),
+                    "cost_per_hour": _cost_per_hour(sc)})
     names = [r["name"] for r in res]
     for r in res:
         if names.count(r["name"]) > 1:

@@ -463,8 +463,8 @@ def compare_table(entries: list[dict]):
     them (:func:`simulator.report.plan_figure`: means over replications): ``plan``,
     ``ttft_p99_ms`` and ``tpot_p99_ms``, ``request_throughput`` and ``goodput`` (req/s),
     ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt does not fit
-    max_model_len), ``stability`` (as sweep's) and ``binding`` (the diagnosis's binding
-    limit, of replication 0)."""
+    max_model_len), ``stability`` (as sweep's), ``binding`` (the diagnosis's binding
+    limit, of replication 0) and ``cost_per_hour`` (USD, where some plan has a price)."""
     import pandas as pd
 
     from .report import plan_figure
@@ -477,8 +477,12 @@ def compare_table(entries: list[dict]):
                      "goodput": plan_figure(e, ("goodput",)),
                      "slo_met": plan_figure(e, ("slo_met",)),
                      "rejected": plan_figure(e, ("rejected",)),
-                     "stability": e.get("stability"), "binding": e.get("binding")})
-    return pd.DataFrame(rows)
+                     "stability": e.get("stability"), "binding": e.get("binding"),
+                     "cost_per_hour": e.get("cost_per_hour")})
+    table = pd.DataFrame(rows)
+    # a price column only where some plan has a price (an inline step time has none)
+    return table if table["cost_per_hour"].notna().any() else \
+        table.drop(columns="cost_per_hour")
 
 
 def add_parsers(sub) -> None:

@@ -829,7 +829,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
 
     Args:
         entries: per plan ``{"name", "result": RunResult, "replications": combined or
-            None, "binding": limit name (optional)}``.
+            None, "binding": limit name (optional), "stability" (optional),
+            "cost_per_hour": USD for its replicas (optional)}``.
         note: a paragraph under the title (e.g. where the shared workload comes from).
 
     Figures are :func:`plan_figure`'s (means over replications where a plan ran several).
@@ -858,6 +859,10 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
                                          for e in entries])
         csv_rows.append({"figure": "binding limit",   # the diagnosis's name, as in sweep.csv
                          **{n: e.get("binding") for n, e in zip(names, entries)}})
+    if any(e.get("cost_per_hour") is not None for e in entries):
+        rows.append(["cost (USD/h)"] + [_fmt(e.get("cost_per_hour")) for e in entries])
+        csv_rows.append({"figure": "cost_per_hour",
+                         **{n: e.get("cost_per_hour") for n, e in zip(names, entries)}})
     if any("stability" in e for e in entries):   # as sweep's: an overloaded plan says so
         rows.append(["stability"] + [str(e.get("stability")) for e in entries])
         csv_rows.append({"figure": "stability",

@@ -1458,3 +1458,26 @@ def test_plan_and_sweep_json_is_strict_json():
                   "n": np.int64(3), "inf": float("inf")}).decode()
     assert json.loads(text) == {"ttft_p99_ms": None, "ci": [None, 1.5], "n": 3, "inf": None}
     assert "NaN" not in text and "Infinity" not in text
+
+
+def test_compare_prices_each_plan_by_its_gpus(tmp_path, capsys):
+    # catalog prices per GPU-hour: h100-sxm 2.99, a100-80gb 1.79 (simulator/catalog)
+    body = """model: llama-3.1-8b
+hardware: {{profile: {gpu}, tensor_parallel: {tp}}}
+cluster: {{replicas: {n}}}
+workload:
+  num_requests: 20
+  arrival: {{process: poisson, rate: 2}}
+  prompt_tokens: {{dist: fixed, value: 64}}
+  output_tokens: {{dist: fixed, value: 8}}
+"""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(body.format(gpu="h100-sxm", tp=1, n=2))
+    b.write_text(body.format(gpu="a100-80gb", tp=2, n=1))
+    assert main(["compare", str(a), str(b), "--executor", "serial", "--quiet",
+                 "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "USD/h" in out
+    row = next(line for line in (tmp_path / "c" / "compare.csv").read_text().splitlines()
+               if line.startswith("cost_per_hour,"))
+    assert [float(x) for x in row.split(",")[1:]] == pytest.approx([2 * 2.99, 2 * 1.79])
