@@ -256,6 +256,10 @@ def _cmd_sweep(args) -> int:
         *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
         and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
     _warn(res.warnings + _workload_warnings(scenario))
+    if any(s.get("sessions") for sums in res.summaries for s in sums):
+        print("offered req/s (conversations): the request rate the conversations build up "
+              "to, the conversation rate × the mean turns; served req/s is over the whole "
+              "run, its ramp-up and wind-down included")
     for note, points in _misfits(res.table, list(axes)).items():
         print(f"no fit ({points}): {note}")
     first = list(axes)[0]

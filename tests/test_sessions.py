@@ -164,3 +164,26 @@ def test_a_closed_loop_user_starts_a_new_conversation_after_a_rejection():
     rejected = req[req["finish_reason"] == "rejected"]["arrival_s"].to_list()
     firsts = req[req["prompt_tokens"] == 100]["arrival_s"].to_list()
     assert firsts[1:] == pytest.approx([t + 1 for t in rejected[:2]])
+
+
+def test_a_sweep_labels_a_ramp_and_gives_the_conversations_load(tmp_path, capsys):
+    y = tmp_path / "c.yaml"
+    y.write_text("""model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_model_len: 2048, max_num_seqs: 4}
+workload:
+  num_requests: 8
+  arrival: {process: constant, rate: 4}
+  prompt_tokens: {dist: fixed, value: 16}
+  output_tokens: {dist: fixed, value: 32}
+  sessions: {turns: 2, think_time_s: 1}
+""")
+    assert main(["sweep", str(y), "--set", "workload.num_requests=8,400", "--executor",
+                 "serial", "--quiet", "--out", str(tmp_path / "sw")]) == 0
+    out = capsys.readouterr().out
+    table = pd.read_csv(tmp_path / "sw" / "sweep.csv")
+    assert table["stability"].tolist() == ["ramp-up only", "stable"]
+    # both offer 4 conversations/s of 2 turns
+    assert table["offered_rate"].tolist() == pytest.approx([8.0, 8.0])
+    assert "ramp-up: the conversations (open-loop sessions) ended before" in out
+    assert "offered req/s (conversations): the request rate the conversations build up" in out
