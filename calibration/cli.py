@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from simulator.errors import InputError
-from simulator.files import check_folder, check_writable, name_too_long
+from simulator.files import REPORT_MARKERS, check_folder, check_writable, name_too_long
 
 DEFAULT_CPU_KV_BYTES = 2 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE is set explicitly on CPU
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*"
@@ -220,6 +220,17 @@ def profile_out(args) -> tuple[Path, str]:
     report_dir = getattr(args, "report_dir", None)
     if report_dir is not None:   # "" too: an empty path
         check_folder(report_dir, "--report-dir")
+    # a profile and its files in another command's report folder would mix with it (and
+    # that command would then refuse the folder, as holding files not its own)
+    for flag, folder, shown in (("--out", out.parent, out), ("--report-dir", report_dir,
+                                                              report_dir)):
+        held = next((k for k, f in REPORT_MARKERS.items()
+                     if folder is not None and (Path(folder) / f).is_file()), None)
+        if held is not None:
+            where = "its folder holds" if flag == "--out" else "holds"
+            raise InputError(f"{flag} {shown}: {where} a {held} report "
+                             f"({REPORT_MARKERS[held]}); the profile's files there would mix "
+                             f"with it: give another folder")
     # the longest name written: <stem>.calibration-report.html (beside --out by default)
     longest = f"{out.stem}.calibration-report.html"
     if name_too_long(out.parent / longest) or (

@@ -188,6 +188,24 @@ def test_an_empty_out_or_report_dir_is_refused(tmp_path, capsys, monkeypatch, fl
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("flag", ["--out", "--report-dir"])
+def test_a_folder_holding_another_report_is_refused_before_measuring(tmp_path, capsys,
+                                                                     monkeypatch, flag):
+    # the profile's CSV left in a run's folder made `run --out` refuse that folder after
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_text("{}")
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: pytest.fail("measured despite the bad flag"))
+    out = tmp_path / "r" / "p.yaml" if flag == "--out" else tmp_path / "p.yaml"
+    extra = ["--report-dir", str(tmp_path / "r")] if flag == "--report-dir" else []
+    assert main(["calibrate", "--model", "llama-test", "--out", str(out), *extra]) == 2
+    shown, where = (out, "its folder holds") if flag == "--out" else (tmp_path / "r", "holds")
+    assert capsys.readouterr().err == (
+        f"servesim: error: {flag} {shown}: {where} a run report (summary.json); the "
+        f"profile's files there would mix with it: give another folder\n")
+    assert sorted(f.name for f in (tmp_path / "r").iterdir()) == ["summary.json"]
+
+
 def test_a_model_or_out_the_file_system_cannot_take_is_refused(tmp_path, capsys, monkeypatch):
     # --model's error names the flag (it read "model: ..."); a profile name too long for the
     # file system was a traceback when the CSV beside it was looked for
