@@ -317,23 +317,25 @@ def warn_if_busy(device: str) -> str | None:
     return line
 
 
-def warn_if_emulated_bf16(device: str, dtype: str,
-                          fix: str = "--dtype float32 measures what it runs well") -> str | None:
-    """On a CPU without AVX512 (where oneDNN cannot even prepack bfloat16,
-    :func:`calibration.engine.model.prepack_supported`), bfloat16 matmuls are emulated:
-    about 23x slower than float32 on an AVX2-only AMD EPYC (1.4 against 32 GFLOP/s on one
-    core, n = 512), so a calibration takes tens of minutes and describes a dtype nobody
-    serves there. Prints one warning line to stderr ending in ``fix``, what to do instead,
-    and returns it, else None."""
-    if device != "cpu" or dtype != "bfloat16":
+def warn_if_emulated(device: str, dtype: str,
+                     fix: str = "--dtype float32 measures what it runs well") -> str | None:
+    """On a CPU whose oneDNN has no kernels for ``dtype`` (it cannot even prepack it,
+    :func:`calibration.engine.model.prepack_supported`), its matmuls are emulated, so a
+    calibration takes tens of minutes and describes a dtype nobody serves there: bfloat16
+    without AVX512 (about 23x slower than float32 on an AVX2-only AMD EPYC, 1.4 against 32
+    GFLOP/s on one core, n = 512), float16 without AVX512-FP16 (about 100x slower on this
+    repository's AVX512-BF16 EPYC: 0.9 against 100 GFLOP/s). Prints one warning line to
+    stderr ending in ``fix``, what to do instead, and returns it, else None."""
+    if device != "cpu" or dtype not in ("bfloat16", "float16"):
         return None
     import torch
 
     from .engine.model import prepack_supported
 
-    if prepack_supported(torch.bfloat16):
+    if prepack_supported(getattr(torch, dtype)):
         return None
-    line = ("servesim: warning: this CPU has no AVX512, so bfloat16 matmuls are emulated "
+    lacks = "AVX512" if dtype == "bfloat16" else "float16 matmul kernels (AVX512-FP16)"
+    line = (f"servesim: warning: this CPU has no {lacks}, so {dtype} matmuls are emulated "
             "(many times slower than float32): measuring takes far longer and prices a "
             f"dtype this CPU serves poorly; {fix}")
     print(line, file=sys.stderr)
@@ -452,7 +454,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     # a CSV measured for another run is refused before minutes of measuring, not after
     old = read_csv_header(csv_path) if check_resumable(csv_path, identity) else None
     warn_if_busy(device)   # the flags are good: measuring starts now
-    warn_if_emulated_bf16(device, dtype)
+    warn_if_emulated(device, dtype)
 
     # -- device ceilings and KV facts ------------------------------------------------------
     if old and old.get("ceilings"):
@@ -832,4 +834,4 @@ def add_parsers(subparsers) -> None:
 
 __all__ = ["BUSY_OTHER_LOAD", "add_parsers", "busy_cpu_warning", "calibrate", "parse_bytes",
            "profile_column_widths", "profiles_rich_table", "profiles_table", "replay_workload",
-           "warn_if_busy", "warn_if_emulated_bf16"]
+           "warn_if_busy", "warn_if_emulated"]

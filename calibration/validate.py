@@ -552,13 +552,13 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
 
     from calibration.engine.weights import parse_dtype, random_model
 
-    from .cli import warn_if_emulated_bf16
+    from .cli import warn_if_emulated
 
     check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
     base = servable_cost_model(scenario)
     cfg = engine_config(scenario, base.num_gpu_blocks, scenario.workload.seed)
     # after every input error, so that a bad input stays one line
-    warn_if_emulated_bf16("cpu", scenario.dtype, fix=(   # our engine serves on cpu here
+    warn_if_emulated("cpu", scenario.dtype, fix=(   # our engine serves on cpu here
         "validate in float32: --set dtype=float32 with a float32 profile (shipped: "
         "--set hardware.profile=cpu-llama-tiny-56m-float32)"))
     prof = base.profile

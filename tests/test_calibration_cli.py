@@ -548,21 +548,28 @@ def test_a_kv_cache_that_cannot_hold_max_model_len_is_refused_before_measuring(
         run_calibrate(out, None, "--kv-cache-memory", str(need * per_block))
 
 
-def test_bfloat16_on_a_cpu_without_avx512_gets_one_warning(monkeypatch, capsys):
+def test_an_emulated_dtype_on_the_cpu_gets_one_warning(monkeypatch, capsys):
     # oneDNN refuses to prepack bfloat16 without AVX512 (prepack_supported False): there
     # bfloat16 is emulated, and the warning says so once; elsewhere nothing is printed.
-    from calibration.cli import warn_if_emulated_bf16
+    from calibration.cli import warn_if_emulated
     from calibration.engine import model as M
 
     monkeypatch.setitem(M._prepack_ok, torch.bfloat16, False)
-    line = warn_if_emulated_bf16("cpu", "bfloat16")
+    line = warn_if_emulated("cpu", "bfloat16")
     assert line.startswith("servesim: warning: this CPU has no AVX512")
     assert "--dtype float32" in line and capsys.readouterr().err == line + "\n"
-    assert warn_if_emulated_bf16("cpu", "float32") is None
-    assert warn_if_emulated_bf16("cuda", "bfloat16") is None
+    assert warn_if_emulated("cpu", "float32") is None
+    assert warn_if_emulated("cuda", "bfloat16") is None
     monkeypatch.setitem(M._prepack_ok, torch.bfloat16, True)
-    assert warn_if_emulated_bf16("cpu", "bfloat16") is None
+    assert warn_if_emulated("cpu", "bfloat16") is None
     assert capsys.readouterr().err == ""
+    # float16 likewise, where oneDNN has no float16 kernels (this repository's EPYC)
+    monkeypatch.setitem(M._prepack_ok, torch.float16, False)
+    line = warn_if_emulated("cpu", "float16")
+    assert line.startswith("servesim: warning: this CPU has no float16 matmul kernels "
+                           "(AVX512-FP16), so float16 matmuls are emulated")
+    monkeypatch.setitem(M._prepack_ok, torch.float16, True)
+    assert warn_if_emulated("cpu", "float16") is None
 
 
 @pytest.mark.parametrize("name, expected", [
