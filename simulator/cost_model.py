@@ -951,6 +951,13 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                  f"{prof.name} has none (use cost_noise: none)",
                                  depends=("hardware.profile",))
         residuals = prof.noise.relative_residuals
+    if prof.kv.block_size != eng.block_size:   # a what-if the KV count follows; steps do not
+        kv_warning = (f"profile {prof.display_name} measured its steps with blocks of "
+                      f"{prof.kv.block_size} tokens, the scenario's engine.block_size is "
+                      f"{eng.block_size}: the KV cache is counted in blocks of "
+                      f"{eng.block_size}, but the step costs stay those measured (attention "
+                      f"over blocks of another size may cost otherwise; vLLM's CPU backend "
+                      f"uses 128 unless set)")
     gpu_budget = prof.device.kind == "gpu" and prof.kv.memory_budget_bytes is not None
     blocks, note = override(kv_blocks, kv_note, memory=(
         f"that the KV memory measured in profile {prof.display_name} holds"

@@ -275,6 +275,13 @@ def test_measured_profile_blocks_converted_to_block_size(tmp_path):
     save_profile(make_profile(), tmp_path / "p.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
     assert cm.num_gpu_blocks == 2048 * 128 // 16
+    # the steps were measured with blocks of 128: said, since only the KV count converts
+    assert cm.kv_warning.startswith("profile p (name field: cpu-llama-test) measured its "
+                                    "steps with blocks of 128 tokens, the scenario's "
+                                    "engine.block_size is 16")
+    same = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"},
+                                     engine={"block_size": 128}))
+    assert same.num_gpu_blocks == 2048 and same.kv_warning is None
     prof = make_profile(kv={"bytes_per_token": 256, "block_size": 128, "num_gpu_blocks": 2048,
                             "memory_budget_bytes": 2**31})
     save_profile(prof, tmp_path / "q.yaml")
@@ -299,7 +306,7 @@ def test_kv_override_beyond_gpu_memory_warns(tmp_path):
     # a CPU profile's count is its calibration engine's setting, not a memory limit
     save_profile(make_profile(), tmp_path / "p.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"},
-                                   engine={"num_gpu_blocks": 10**6}))
+                                   engine={"num_gpu_blocks": 10**6, "block_size": 128}))
     assert cm.num_gpu_blocks == 10**6 and cm.kv_warning is None
     # a GPU profile's measured KV memory: 2**31 bytes / (16 tokens x 256 bytes) = 524288
     dev = {"name": "h100-sxm", "kind": "gpu", "peak_flops": 1e15, "memory_bandwidth": 3e12,
