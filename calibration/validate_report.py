@@ -194,7 +194,10 @@ def write_outputs(result: dict, out_dir) -> dict:
     body = {k: v for k, v in result.items() if k != "cdf"}
     files["validation.json"] = json.dumps(body, indent=1).encode()
     md = markdown_table(result)
-    files["validation.md"] = md.encode()
+    # the run's facts first, as the HTML gives them: a table alone does not say what it is
+    head = [f"# Validation: {result['meta']['scenario']}", ""] + [
+        f"- {k}: {v}" for k, v in result["meta"].items()] + [""]
+    files["validation.md"] = ("\n".join(head) + "\n" + md).encode()
     imgs = []
     for c in result.get("cdf", []):
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))

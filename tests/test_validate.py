@@ -319,6 +319,10 @@ def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
     text = html.read_text()
     assert "&lt; 1: priced too fast" in text and "< 1: priced" not in text
     assert "Validation: a&lt;b&amp;c</h1>" in text
+    # the markdown opens with the same facts as the HTML, then the table
+    written = (tmp_path / "v" / "validation.md").read_text()
+    assert written.startswith("# Validation: a<b&c\n\n- scenario: a<b&c\n\n")
+    assert written.endswith(md)
     from fnmatch import fnmatch
 
     from simulator.files import REPORT_FILES
