@@ -542,6 +542,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     speeds = fitmod.pass_speeds(df)
     source += (f"; passes ran at ×{min(speeds.values()):.3f}–×{max(speeds.values()):.3f} of "
                f"their cells' median step times")
+    if result.dropped:
+        source += (f"; {result.dropped} disturbed steps (over {fitmod.OUTLIER_FACTOR:g}× "
+                   f"their cell's median) left out of the fit")
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
     profile = Profile(
@@ -566,7 +569,23 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                          report_dir / f"{out.stem}.calibration-report.html")
     _print_summary(profile, result, rep_err, run, time.perf_counter() - t_start, out, paths)
     pass_warning(speeds)
+    outlier_warning(result.dropped, len(df))
     return out
+
+
+def outlier_warning(dropped: int, steps: int) -> str | None:
+    """One warning line (stderr) when the fit left out disturbed steps
+    (:func:`calibration.fit.outlier_steps`); returns it, else None."""
+    from .fit import OUTLIER_FACTOR
+
+    if not dropped:
+        return None
+    line = (f"servesim: warning: {dropped} of {steps} measured steps took more than "
+            f"{OUTLIER_FACTOR:g}× their cell's median and were left out of the fit: other "
+            f"work took the cores the engine's threads needed; calibrate again on a quiet "
+            f"host (one thread, --threads 1, leaves a core to the rest)")
+    print(line, file=sys.stderr)
+    return line
 
 
 def pass_warning(speeds: dict[int, float]) -> str | None:
@@ -578,11 +597,12 @@ def pass_warning(speeds: dict[int, float]) -> str | None:
     spread = pass_spread(speeds)
     if spread <= PASS_SPREAD_WARN:
         return None
-    slow = max(speeds, key=speeds.get)
+    slow, fast = max(speeds, key=speeds.get), min(speeds, key=speeds.get)
     line = (f"servesim: warning: the grid's passes ran up to {spread:.0%} apart in speed "
-            f"(pass {slow + 1} of {len(speeds)} slowest, ×{speeds[slow]:.2f} its cells' "
-            f"medians): the host's speed moved while measuring, and the profile prices "
-            f"its average; calibrate again on a quiet host, or check the replay MAPE")
+            f"(of {len(speeds)}, pass {slow + 1} slowest at ×{speeds[slow]:.2f} its cells' "
+            f"medians, pass {fast + 1} fastest at ×{speeds[fast]:.2f}): the host's speed "
+            f"moved while measuring, and the profile prices its average; calibrate again "
+            f"on a quiet host, or check the replay MAPE")
     print(line, file=sys.stderr)
     return line
 
@@ -834,4 +854,4 @@ def add_parsers(subparsers) -> None:
 
 __all__ = ["BUSY_OTHER_LOAD", "add_parsers", "busy_cpu_warning", "calibrate", "parse_bytes",
            "profile_column_widths", "profiles_rich_table", "profiles_table", "replay_workload",
-           "warn_if_busy", "warn_if_emulated"]
+           "outlier_warning", "warn_if_busy", "warn_if_emulated"]

@@ -34,6 +34,18 @@ HELDOUT_FOLDS = 5
 # Grid passes whose speeds (pass_speeds) differ by more than this: the host was not steady.
 PASS_SPREAD_WARN = 0.10
 MAX_RESIDUALS = 4000
+# A step this many times its cell's median step was disturbed, not a cost of the engine:
+# another process took a core its threads needed (10-34x seen on the 2-core CPU, 2 threads
+# beside a busy core), which the run-queue check of a step can miss; a quiet host's steps
+# stay within 1.6x. Left out of the fit and its residuals (the CSV keeps every step).
+OUTLIER_FACTOR = 3.0
+
+
+def outlier_steps(df) -> np.ndarray:
+    """Boolean mask of the steps of ``df`` (a measurements table) taking more than
+    :data:`OUTLIER_FACTOR` × their cell's median step time."""
+    med = df.groupby("cell")["duration_ns"].transform("median")
+    return (df["duration_ns"] > OUTLIER_FACTOR * med).to_numpy()
 
 
 def pass_speeds(df) -> dict[int, float]:
@@ -206,8 +218,10 @@ class FitResult:
             come from them).
         heldout: :func:`error_stats` of the kept form on held-out cells.
         candidates: held-out stats of every form tried.
-        residuals: ``measured / predicted − 1`` of every measured step (all repeats).
+        residuals: ``measured / predicted − 1`` of every measured step (all repeats but
+            the disturbed ones).
         cells: per-cell table (:func:`cell_means`) with ``predicted`` and ``heldout``.
+        dropped: disturbed steps left out (:func:`outlier_steps`).
     """
 
     form: str
@@ -217,17 +231,21 @@ class FitResult:
     candidates: dict
     residuals: list
     cells: object = field(repr=False)
+    dropped: int = 0
 
 
 def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0,
                      forms=("roofline", "linear")) -> FitResult:
     """Fit every form in ``forms`` to the cell means of ``df`` (a measurements table,
     :func:`calibration.profiler.read_measurements`), keep one (module docstring), and return
-    its coefficients, held-out error and residuals. Deterministic for a given table.
+    its coefficients, held-out error and residuals, leaving out disturbed steps
+    (:func:`outlier_steps`). Deterministic for a given table.
 
     Raises:
         ValueError: fewer than 4 cells (nothing to hold out).
     """
+    wild = outlier_steps(df)
+    df = df[~wild]
     cells = cell_means(df)
     if len(cells) < 4:
         raise ValueError(f"need at least 4 measured cells to fit and hold out, got {len(cells)}")
@@ -249,7 +267,7 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
     if res.size > MAX_RESIDUALS:  # an even, deterministic thinning keeps the shape
         res = np.sort(res)[np.linspace(0, res.size - 1, MAX_RESIDUALS).round().astype(int)]
     return FitResult(form, coef, roof, cand[form], cand, [round(float(r), 5) for r in res],
-                     cells)
+                     cells, int(wild.sum()))
 
 
 def replay_errors(form: str, coef: dict, k: RooflineConstants, steps) -> dict:
@@ -279,7 +297,7 @@ def refit_profile(profile) -> FitResult:
                                     profile.device.memory_bandwidth))
 
 
-__all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "PASS_SPREAD_WARN", "SWITCH_MARGIN",
-           "cell_means", "error_stats", "fit_form", "fit_linear", "fit_measurements",
+__all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "OUTLIER_FACTOR", "PASS_SPREAD_WARN",
+           "SWITCH_MARGIN", "cell_means", "outlier_steps", "error_stats", "fit_form", "fit_linear", "fit_measurements",
            "fit_roofline", "heldout_predictions", "pass_speeds", "pass_spread", "predict",
            "refit_profile", "replay_errors"]

@@ -133,8 +133,31 @@ def test_pass_warning_names_the_slowest_pass(capsys):
     assert pass_warning({0: 1.0, 1: 1.05, 2: 0.98}) is None      # 7% apart: steady enough
     line = pass_warning({0: 1.0, 1: 1.2, 2: 0.98})
     assert line.startswith("servesim: warning: the grid's passes ran up to 22% apart in "
-                           "speed (pass 2 of 3 slowest, ×1.20 its cells' medians)")
+                           "speed (of 3, pass 2 slowest at ×1.20 its cells' medians, pass 3 "
+                           "fastest at ×0.98)")
     assert capsys.readouterr().err.strip() == line
+
+
+def test_disturbed_steps_are_left_out_of_the_fit_and_said(capsys):
+    from calibration.cli import outlier_warning
+    from calibration.fit import fit_measurements
+
+    clean = synthetic_steps(TRUE)
+    # one pass's prefill steps 10-30x slow (a core taken from the engine's threads)
+    wild = clean.copy()
+    pre = wild.index[(wild["kind"] == "prefill") & (wild.index % 3 == 1)]
+    wild.loc[pre, "duration_ns"] *= np.linspace(10, 30, len(pre))
+    got, want = fit_measurements(wild, K), fit_measurements(clean, K)
+    assert got.dropped == len(pre) and want.dropped == 0
+    # the fit of the other repeats: the true coefficients, residuals near 0
+    for name, value in TRUE.items():
+        assert got.coefficients[name] == pytest.approx(value, rel=2e-3), name
+    assert max(abs(r) for r in got.residuals) < 1e-3
+    line = outlier_warning(got.dropped, len(wild))
+    assert line.startswith(f"servesim: warning: {len(pre)} of {len(wild)} measured steps "
+                           f"took more than 3× their cell's median and were left out")
+    assert capsys.readouterr().err.strip() == line
+    assert outlier_warning(0, len(clean)) is None
 
 
 def test_step_price_of_one_chunk_beside_decodes():
