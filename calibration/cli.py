@@ -544,7 +544,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                f"their cells' median step times")
     if result.dropped:
         source += (f"; {result.dropped} disturbed steps (over {fitmod.OUTLIER_FACTOR:g}× "
-                   f"their cell's median) left out of the fit")
+                   f"their cell's fastest) left out of the fit")
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
     profile = Profile(
@@ -581,7 +581,7 @@ def outlier_warning(dropped: int, steps: int) -> str | None:
     if not dropped:
         return None
     line = (f"servesim: warning: {dropped} of {steps} measured steps took more than "
-            f"{OUTLIER_FACTOR:g}× their cell's median and were left out of the fit: other "
+            f"{OUTLIER_FACTOR:g}× their cell's fastest and were left out of the fit: other "
             f"work took the cores the engine's threads needed; calibrate again on a quiet "
             f"host (one thread, --threads 1, leaves a core to the rest)")
     print(line, file=sys.stderr)

@@ -34,18 +34,19 @@ HELDOUT_FOLDS = 5
 # Grid passes whose speeds (pass_speeds) differ by more than this: the host was not steady.
 PASS_SPREAD_WARN = 0.10
 MAX_RESIDUALS = 4000
-# A step this many times its cell's median step was disturbed, not a cost of the engine:
-# another process took a core its threads needed (10-34x seen on the 2-core CPU, 2 threads
-# beside a busy core), which the run-queue check of a step can miss; a quiet host's steps
-# stay within 1.6x. Left out of the fit and its residuals (the CSV keeps every step).
+# A step this many times its cell's fastest step was disturbed, not a cost of the engine:
+# another process took a core its threads needed (10-40x seen on the 2-core CPU, 2 threads
+# beside a busy core, in two of a cell's three passes at times, so not the median), which
+# the run-queue check of a step can miss; a quiet host's steps stay within 1.8x of the
+# fastest. Left out of the fit and its residuals (the CSV keeps every step).
 OUTLIER_FACTOR = 3.0
 
 
 def outlier_steps(df) -> np.ndarray:
     """Boolean mask of the steps of ``df`` (a measurements table) taking more than
-    :data:`OUTLIER_FACTOR` × their cell's median step time."""
-    med = df.groupby("cell")["duration_ns"].transform("median")
-    return (df["duration_ns"] > OUTLIER_FACTOR * med).to_numpy()
+    :data:`OUTLIER_FACTOR` × their cell's fastest step (a disturbance only slows a step)."""
+    fastest = df.groupby("cell")["duration_ns"].transform("min")
+    return (df["duration_ns"] > OUTLIER_FACTOR * fastest).to_numpy()
 
 
 def pass_speeds(df) -> dict[int, float]:

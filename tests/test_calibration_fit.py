@@ -143,9 +143,11 @@ def test_disturbed_steps_are_left_out_of_the_fit_and_said(capsys):
     from calibration.fit import fit_measurements
 
     clean = synthetic_steps(TRUE)
-    # one pass's prefill steps 10-30x slow (a core taken from the engine's threads)
+    # prefill steps 10-30x slow (a core taken from the engine's threads), in two of the
+    # three passes of a cell at times: the cell's median is then a disturbed one
     wild = clean.copy()
-    pre = wild.index[(wild["kind"] == "prefill") & (wild.index % 3 == 1)]
+    pre = wild.index[(wild["kind"] == "prefill") & ((wild.index % 3 == 1) | (
+        (wild.index % 3 == 2) & (wild.index < 9)))]
     wild.loc[pre, "duration_ns"] *= np.linspace(10, 30, len(pre))
     got, want = fit_measurements(wild, K), fit_measurements(clean, K)
     assert got.dropped == len(pre) and want.dropped == 0
@@ -155,7 +157,7 @@ def test_disturbed_steps_are_left_out_of_the_fit_and_said(capsys):
     assert max(abs(r) for r in got.residuals) < 1e-3
     line = outlier_warning(got.dropped, len(wild))
     assert line.startswith(f"servesim: warning: {len(pre)} of {len(wild)} measured steps "
-                           f"took more than 3× their cell's median and were left out")
+                           f"took more than 3× their cell's fastest and were left out")
     assert capsys.readouterr().err.strip() == line
     assert outlier_warning(0, len(clean)) is None
 
