@@ -181,10 +181,11 @@ def _device_info(device: str, dtype: str, flops: float, bw: float, name: str | N
     from simulator.catalog import list_hardware, load_hardware
     from simulator.cost_model import DeviceInfo
 
-    from .profiler import cpu_name, memory_bytes
+    from .profiler import cpu_isa, cpu_name, memory_bytes
 
-    if device == "cpu":
-        label = name or f"cpu {cpu_name()} ({threads_label(threads)})"
+    if device == "cpu":   # the ISA too: bfloat16 runs many times slower without AVX512
+        isa = cpu_isa()
+        label = name or f"cpu {cpu_name()} ({isa + ', ' if isa else ''}{threads_label(threads)})"
         return DeviceInfo(name=label, kind="cpu", peak_flops=flops, memory_bandwidth=bw,
                           memory_bytes=memory_bytes(device)), "measured ceilings"
     import torch

@@ -681,6 +681,28 @@ def cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+#: CPU flags (``/proc/cpuinfo``) that decide how fast oneDNN runs a dtype's matmuls: the
+#: bfloat16 and float16 paths first, then the vector width (bfloat16 is emulated without
+#: AVX512: calibration.cli.warn_if_emulated).
+_ISA = (("amx_bf16", "AMX-BF16"), ("avx512_fp16", "AVX512-FP16"),
+        ("avx512_bf16", "AVX512-BF16"))
+_WIDTH = (("avx512f", "AVX512"), ("avx2", "AVX2"))
+
+
+def cpu_isa(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The matmul instruction sets of the first CPU (``"AVX512-BF16"``, ``"AMX-BF16,
+    AVX512-FP16, AVX512-BF16"``, ``"AVX2"``): its bfloat16/float16 extensions, else its
+    widest vector set; ``""`` when ``cpuinfo`` says none of them or cannot be read."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in
+                      Path(cpuinfo).read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        return ""
+    found = [name for flag, name in _ISA if flag in flags]
+    return ", ".join(found) or next((name for flag, name in _WIDTH if flag in flags), "")
+
+
 def memory_bytes(device: str) -> int:
     """Total memory of the device (host RAM for cpu)."""
     if device.startswith("cuda"):
@@ -691,6 +713,6 @@ def memory_bytes(device: str) -> int:
 
 __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed", "Grid",
            "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "check_resumable",
-           "cpu_name",
+           "cpu_isa", "cpu_name",
            "default_grid", "measure_ceilings", "measure_grid", "memory_bytes",
            "read_measurements", "record_features", "run_queue_wait_ns", "warm_up"]

@@ -609,3 +609,21 @@ def test_the_replay_workload_of_a_short_max_model_len_keeps_p90_within_its_max()
     wl = replay_workload("cuda", True, lambda n, c, b: 0.01, 1024)   # 512: the median too
     assert (wl.prompt_tokens.max, wl.prompt_tokens.p90, wl.prompt_tokens.median) == \
         (512, 512, 512)
+
+
+@pytest.mark.parametrize("flags, isa", [
+    ("fpu avx avx2 avx512f avx512bw avx512_bf16 amx_bf16 avx512_fp16",
+     "AMX-BF16, AVX512-FP16, AVX512-BF16"),
+    ("fpu avx avx2 avx512f avx512bw avx512_bf16", "AVX512-BF16"),
+    ("fpu avx avx2 avx512f", "AVX512"),
+    ("fpu avx avx2", "AVX2"),
+    ("fpu sse2", ""),
+])
+def test_a_cpu_profile_names_the_instruction_sets_its_matmuls_ran_on(tmp_path, flags, isa):
+    # bfloat16 is many times slower without AVX512: two profiles of one "AMD EPYC" differ
+    from calibration.profiler import cpu_isa
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n")
+    assert cpu_isa(str(info)) == isa
+    assert cpu_isa(str(tmp_path / "missing")) == ""

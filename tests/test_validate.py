@@ -227,7 +227,8 @@ def test_profile_threads_read_from_the_csv_header_else_the_text(tmp_path):
     prof = load_profile(tmp_path / f"{name}.yaml")
     assert V.profile_threads(prof) == 3          # the header, not the text ("1 thread")
     csv.unlink()                                 # no CSV: the text says it
-    for text, want in (("cpu X (1 thread)", 1), ("cpu X (12 threads)", 12), ("cpu X", None)):
+    for text, want in (("cpu X (1 thread)", 1), ("cpu X (12 threads)", 12), ("cpu X", None),
+                       ("cpu X (AVX512-BF16, 2 threads)", 2)):
         p = prof.model_copy(update={
             "device": prof.device.model_copy(update={"name": text}),
             "provenance": prof.provenance.model_copy(update={"source": "s"})})
