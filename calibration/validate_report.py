@@ -126,7 +126,9 @@ def markdown_table(result: dict) -> str:
     if adj:
         head += ["predicted at host speed", "error at host speed", "in MAPE band around it"]
     lines += ["TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − "
-              "measured) / measured; cells: mean [min, max] over replications.", "",
+              "measured) / measured; cells: mean [min, max] over replications. Below "
+              "saturation both sides serve what arrives, so their throughputs agree by "
+              "construction: the saturation line above is the throughput test.", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     def band(row, key):
         return {True: "yes", False: "no", None: "–"}[row[key]] if key in row else ""
