@@ -51,7 +51,8 @@ def _cmd_run(args) -> int:
 
     from .cost_model import build_cost_model, profile_warning
     from .report import print_summary, write_run_outputs
-    from .run import max_model_len_text, report_meta, simulate_replications, trace_shortfall
+    from .run import (max_model_len_text, memory_warning, report_meta, simulate_replications,
+                      trace_shortfall)
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
     from .session_ramp import ramp_warning
@@ -68,6 +69,9 @@ def _cmd_run(args) -> int:
     out = out_folder(args.out, Path("reports") / scenario.name)
     check_folder(out, "--out", "run")   # fail before simulating, not after
     cost = build_cost_model(scenario)
+    heavy = memory_warning(scenario)
+    if heavy:   # before the run: it may not get to the end
+        print(f"servesim: warning: {heavy}", file=sys.stderr)
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,

@@ -502,7 +502,7 @@ class WorkloadConfig(BaseModel):
     model_config = STRICT_SCHEMA
 
     seed: int = Field(0, ge=0)
-    num_requests: Optional[int] = Field(None, ge=1, le=100_000_000)  # memory: ~1 KiB each
+    num_requests: Optional[int] = Field(None, ge=1, le=100_000_000)  # run.BYTES_PER_REQUEST each
     arrival: Optional[Arrival] = None
     prompt_tokens: Optional[Dist] = None
     output_tokens: Optional[Dist] = None

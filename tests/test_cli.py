@@ -678,3 +678,20 @@ def test_an_out_folder_reached_through_a_new_folder_is_that_folder(scen, tmp_pat
                                        f"run report (summary.json); a sweep report there "
                                        f"would mix with it: give another folder\n")
     assert not (tmp_path / "ghost").exists()
+
+
+def test_a_run_too_large_for_the_machine_says_so_before_it_starts():
+    from simulator.run import BYTES_PER_REQUEST, memory_warning
+
+    sc = load_scenario(Path(__file__).parents[1] / "scenarios" / "chat.yaml",
+                       ["workload.num_requests=20000000"])
+    # 20M requests × 1400 bytes = 26 GiB: more than 24 GiB, most of 40 GiB, half of 64 GiB fits
+    said = memory_warning(sc, physical_bytes=24 * 2**30)
+    assert said == ("workload.num_requests 20,000,000 needs about 26 GiB of memory (1.4 KiB "
+                    "per request), more than this machine's 24 GiB: the run may be killed "
+                    "before it ends; tens of thousands of requests already give steady p99s")
+    assert 20_000_000 * BYTES_PER_REQUEST / 2**30 == pytest.approx(26.08, abs=0.01)
+    assert "most of this machine's 40 GiB" in memory_warning(sc, physical_bytes=40 * 2**30)
+    assert memory_warning(sc, physical_bytes=64 * 2**30) is None
+    assert memory_warning(load_scenario(Path(__file__).parents[1] / "scenarios" / "chat.yaml")) \
+        is None
