@@ -45,11 +45,11 @@ def session_ramp(specs, requests: pd.DataFrame) -> dict | None:
         ``{conversations, opening_s (W: first to last opening, s), conversation_s (D₀: mean
         last finish − opening less the turns' queueing, s), mean_turns,
         steady_request_rate ((conversations − 1) / W × mean_turns, req/s), steady_state
-        (W >= RAMP·D₀), stable (conversations in progress do not rise, from D₀ after the
-        first opening to the last, by :data:`~simulator.executors.SWELL_FRACTION` of the
-        opening rate with t >= :data:`~simulator.executors.TREND_T`; None when not
-        steady_state), num_requests_needed (requests for W = RAMP·D₀ at this run's rate,
-        D₀ and turns)}``.
+        (W >= RAMP·D₀), stable (requests do not pile up, as
+        :func:`simulator.executors.piles_up` tests, from D₀ after the first opening to the
+        last; a run that ended in its ramp can only be told to pile up: False then, else
+        None), num_requests_needed (requests for W = RAMP·D₀ at this run's rate, D₀ and
+        turns)}``.
     """
     session = {s.request_id: s.session_id for s in specs if s.session_id is not None}
     req = requests[requests["request_id"].isin(session.keys())]
@@ -70,11 +70,13 @@ def session_ramp(specs, requests: pd.DataFrame) -> dict | None:
     turns = float(conv["turns"].mean())
     rate = (n - 1) / opening
     steady = opening >= RAMP * length
-    stable = None
-    if steady:   # requests while conversations open, past the ramp (the last opening ends
-        # the window: later arrivals are follow-ups of a load that is winding down)
-        served = req[(req["arrival_s"] <= t1) & req["finish_s"].notna()]
+    # requests while conversations open (the last opening ends the window: later arrivals
+    # are follow-ups of a load that is winding down), past the ramp when there is a past
+    served = req[(req["arrival_s"] <= t1) & req["finish_s"].notna()]
+    if steady:
         stable = not piles_up(served, rate * turns, start=t0 + length)
+    else:   # a queue that grows during the ramp grows the more once the load is up
+        stable = False if piles_up(served, rate * turns, start=t0) else None
     return {"conversations": n, "opening_s": opening, "conversation_s": length,
             "mean_turns": turns, "steady_request_rate": rate * turns,
             "steady_state": bool(steady), "stable": stable,
@@ -93,13 +95,20 @@ def ramp_warning(summary: dict) -> str | None:
     s = summary.get("sessions")
     if not s or s.get("steady_state"):
         return None
+    if s.get("stable") is False:   # overloaded already while the load built up
+        return (f"workload.sessions: requests queued more and more while the conversations "
+                f"opened ({s['opening_s']:.4g} s), before they even overlapped as under a "
+                f"sustained load (about {s['steady_request_rate']:.4g} req/s: the "
+                f"conversation rate × {s['mean_turns']:.3g} turns): this rate overloads the "
+                f"engine, and a longer run only queues more")
     return (f"workload.sessions: the conversations opened over {s['opening_s']:.4g} s and "
             f"last {s['conversation_s']:.4g} s each on average (turns, answers and think "
             f"times, not counting waits for a slot), so the run ended before they overlapped "
             f"as under a sustained load (about {s['steady_request_rate']:.4g} req/s: the "
             f"conversation rate × {s['mean_turns']:.3g} turns): its latencies are those of "
             f"a ramp-up and understate that load; raise workload.num_requests to at least "
-            f"{s['num_requests_needed']} (conversations opening over {RAMP:g}× their length)")
+            f"{s['num_requests_needed']} (conversations opening over {RAMP:g}× their length; "
+            f"more if the load lengthens them)")
 
 
 __all__ = ["RAMP", "RAMP_TEXT", "ramp_warning", "session_ramp"]

@@ -221,12 +221,13 @@ def stability_label(stable: bool, rejected: float, steady: bool = True) -> str:
     """``rejects requests`` when a run rejected any request (a prompt of
     max_model_len tokens or more, as vLLM refuses it): those never finish, so the run falls short of the
     offered rate whatever the load and the throughput test says nothing about the queue.
-    Else :data:`RAMP_ONLY` when a run of conversations ended in its ramp (not ``steady``).
+    Else :data:`RAMP_ONLY` when a run of conversations ended in its ramp (not ``steady``)
+    without piling up.
     Otherwise ``stable`` or ``unstable`` as the test (:func:`simulator.executors.job_output`)
     says."""
     if rejected:
         return "rejects requests"
-    if not steady:
+    if not steady and stable:   # an overload shows even in the ramp: unstable then
         return RAMP_ONLY
     return "stable" if stable else "unstable"
 
@@ -284,7 +285,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["rejected"] = float(np.mean([s.get("rejected") or 0 for s in sums]))
         row["stability"] = stability_label(stable, row["rejected"], steady)
         # rejected requests never finish, a ramp never loads: the test cannot judge them
-        row["stable"] = None if row["rejected"] or not steady else stable
+        row["stable"] = None if row["rejected"] or (not steady and stable) else stable
         for path in _SWEEP_FIGURES:
             # ttft_p99_ms: the unit last, as plan.csv names its columns
             name = (f"{path[0].removesuffix('_ms')}_{path[1]}_ms" if len(path) > 1

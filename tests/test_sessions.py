@@ -119,6 +119,21 @@ workload:
     assert "raise workload.num_requests to at least 29 " in err
 
 
+def test_an_overload_shows_in_the_ramp_already():
+    # 8 conversations/s (16 req/s against 12.5) opening over 2.4 s, each 1.64 s long: too
+    # short to reach the sustained load, yet the queue grows while they open
+    r = simulate(convs(8.0, 40))
+    s = r.summary["sessions"]
+    assert s["opening_s"] == pytest.approx(19 / 8) and s["steady_state"] is False
+    assert s["stable"] is False
+    out = job_output(r)
+    assert stability_label(out["stable"], 0, out["steady"]) == "unstable"
+    assert ramp_warning(r.summary).startswith(
+        "workload.sessions: requests queued more and more while the conversations opened "
+        "(2.375 s)")
+    assert "this rate overloads the engine" in ramp_warning(r.summary)
+
+
 def test_a_closed_loop_of_conversations_has_no_ramp():
     sc = scenario_from_dict({
         "name": "s", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
