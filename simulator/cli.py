@@ -83,9 +83,14 @@ def _cmd_run(args) -> int:
                                                               total=total))
     from .diagnosis import diagnose
     diagnosis = diagnose(scenario, results[0])
+    # the report says them too: a shared report is read without the terminal
+    prefix = "servesim: warning: "
+    warnings = [w.removeprefix(prefix) for w in [
+        profile_warning(cost), cost.kv_warning, ramp_warning(results[0].summary),
+        *workload_warnings(scenario.workload, scenario.base_dir)] if w]
     paths = write_run_outputs(out, results[0], title=scenario.name,
                               meta=report_meta(scenario, results[0].summary),
-                              replications=combined, diagnosis=diagnosis)
+                              replications=combined, diagnosis=diagnosis, warnings=warnings)
     used = max_model_len_text(scenario, results[0].summary)
     print_summary(results[0], replications=combined, max_model_len=used,
                   diagnosis=diagnosis)
@@ -95,14 +100,8 @@ def _cmd_run(args) -> int:
     short = trace_shortfall(scenario, results[0].summary)
     if short:
         print(f"servesim: note: {short}", file=sys.stderr)
-    # after the runs, so that an error in them stays the one line
-    warning = profile_warning(cost)
-    if warning:
-        print(warning, file=sys.stderr)
-    for w in [cost.kv_warning, ramp_warning(results[0].summary)] + workload_warnings(
-            scenario.workload, scenario.base_dir):
-        if w:
-            print(f"servesim: warning: {w}", file=sys.stderr)
+    for w in warnings:   # after the runs, so that an error in them stays the one line
+        print(prefix + w, file=sys.stderr)
     print(f"report: {paths['report.html']}")
     return 0
 

@@ -6,6 +6,8 @@ request as if served alone on an idle replica (:mod:`simulator.alone`), then che
 limits a vLLM operator can turn, in this order:
 
 * ``max_model_len``: rejected requests (they fail the SLO whatever else changes).
+* ``session_ramp``: conversations that ended before they built up their load
+  (:mod:`simulator.session_ramp`): nothing can be said of that load, so this comes first.
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
   shared share of the prompts (under half; under :data:`SCATTERED_HITS` of it behind a
   router that ignores prefixes, which scatters prefix groups and conversations' histories
@@ -709,6 +711,14 @@ def find_limits(scenario, result) -> dict:
         # counterfactual runs tell which knob moves the figure).
         found.append(_finding("compute", (f"{held} while {busy_text}" if busy_text else held)
                               + ": more replicas would share the load", *more))
+    ramp = s.get("sessions") or {}
+    if ramp and not ramp.get("steady_state") and ramp.get("stable") is None:
+        # nothing said of a load the run never reached (simulator.session_ramp)
+        head.insert(0, _finding(
+            "session_ramp", f"the conversations opened over {ramp['opening_s']:.4g} s and "
+            f"last {ramp['conversation_s']:.4g} s each: the run ended before they built up "
+            f"their load (about {ramp['steady_request_rate']:.4g} req/s)",
+            f"raise workload.num_requests to at least {ramp['num_requests_needed']}"))
     rejected = s.get("rejected") or 0
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
         capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len
@@ -825,8 +835,9 @@ def _worst_entry(summary: dict) -> dict | None:
 
 #: Most counterfactual runs per diagnosis: the binding finding's, then the next candidates'.
 MAX_COUNTERFACTUALS = 3
-#: Findings that nothing after them can get past: rejected prompts, a latency floor.
-FACTS = ("max_model_len", "latency_floor")
+#: Findings that nothing after them can get past: rejected prompts, a latency floor, a run
+#: of conversations too short to judge.
+FACTS = ("max_model_len", "latency_floor", "session_ramp")
 
 
 def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:

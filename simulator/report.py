@@ -152,13 +152,15 @@ _SIMULATED = {"measured": "measured costs"}
 
 
 def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None,
-            diagnosis: dict | None = None) -> list:
+            diagnosis: dict | None = None, warnings: list[str] | None = None) -> list:
     s = result.summary
     label, basis = _basis(s)
     b: list = [("h1", title)]
     if meta:
         b.append(("table", "Run", ["key", "value"],
                   [[str(k), _fmt(v)] for k, v in meta.items()]))
+    for w in warnings or ():
+        b.append(("p", f"**Warning:** {w}"))
     b.append(("p", f"Step costs: **{basis}**. Every latency, throughput and load figure "
                    f"below is simulated with these costs."))
     if s.get("kv_note"):
@@ -254,6 +256,7 @@ _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
            "compute": "compute capacity", "prefill_interference":
            "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
            "router": "router (round_robin ignores the replicas' load)",
+           "session_ramp": "not known: the run ended in its conversations' ramp-up",
            "none": "none: headroom at this load"}
 
 
@@ -573,11 +576,11 @@ def plot_batch(result: RunResult) -> bytes:
 
 # -- writing ----------------------------------------------------------------------------
 def _contents(result: RunResult, title: str, meta: dict, replications: dict | None,
-              diagnosis: dict | None = None) -> dict:
+              diagnosis: dict | None = None, warnings: list[str] | None = None) -> dict:
     """File name -> bytes for every output."""
     images = {"latency_cdf": plot_latency_cdf(result), "timeline": plot_timeline(result),
               "batch": plot_batch(result)}
-    blocks = _blocks(result, title, meta or {}, replications, diagnosis)
+    blocks = _blocks(result, title, meta or {}, replications, diagnosis, warnings)
     files = {
         FILES["summary"]: _json_bytes(result.summary),
         FILES["requests"]: result.requests.to_csv(index=False, float_format="%.9f",
@@ -650,7 +653,8 @@ def write_files(out_dir, contents: dict, flag: str = "--out",
 
 def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
                       replications: dict | None = None,
-                      diagnosis: dict | None = None) -> dict[str, Path]:
+                      diagnosis: dict | None = None,
+                      warnings: list[str] | None = None) -> dict[str, Path]:
     """Write a run's outputs into ``out_dir`` atomically.
 
     Files: ``summary.json`` (sorted keys, indent 2: byte-identical for identical input),
@@ -673,6 +677,7 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
             seed, model, hardware, ...); not written to summary.json.
         diagnosis: from :func:`simulator.diagnosis.diagnose`; adds a Diagnosis section
             and ``diagnosis.json``.
+        warnings: lines the run printed as warnings, repeated under the run facts.
 
     Returns:
         file name -> path of each file written (e.g. ``paths["report.html"]``).
@@ -680,7 +685,8 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
     Raises:
         InputError: ``out_dir`` exists and is not a directory, or cannot be written.
     """
-    return write_files(out_dir, _contents(result, title, meta, replications, diagnosis),
+    return write_files(out_dir, _contents(result, title, meta, replications, diagnosis,
+                                          warnings),
                        stale=("replications.json", "diagnosis.json"))
 
 

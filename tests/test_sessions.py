@@ -8,6 +8,7 @@ last token. A conversation of two turns with a 1 s think time then lasts 0.32 + 
 1.64 s of engine time and thinking (waits for a step or a slot left out).
 """
 
+import json
 import math
 
 import pandas as pd
@@ -117,6 +118,13 @@ workload:
             "last 1.64 s each on average") in err
     assert "(about 8 req/s: the conversation rate × 2 turns)" in err
     assert "raise workload.num_requests to at least 29 " in err
+    # the report says it too, and its diagnosis claims no headroom for a load never reached
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "**Warning:** workload.sessions: the conversations opened over 0.75 s" in md
+    diag = json.loads((tmp_path / "o" / "diagnosis.json").read_text())
+    assert diag["binding"] == "session_ramp"
+    assert diag["findings"][0]["knob"] == "raise workload.num_requests to at least 29"
+    assert diag["counterfactual"] is None
 
 
 def test_an_overload_shows_in_the_ramp_already():
