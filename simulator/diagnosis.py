@@ -352,6 +352,17 @@ def shareable_share(specs) -> float:
     return hit / total if total else 0.0
 
 
+def replica_sizer(scenario) -> str:
+    """The command that finds the fewest replicas for ``scenario``: ``servesim plan``, which
+    searches a request rate, unless the workload has none to search (a trace, a closed loop,
+    conversations: plan refuses them), where a sweep over the replica count does."""
+    wl = scenario.workload
+    if wl.trace is not None or wl.sessions is not None or (
+            wl.arrival is not None and wl.arrival.process == "closed_loop"):
+        return "servesim sweep --set cluster.replicas=1,2,3,..."
+    return "servesim plan"
+
+
 def _finding(limit, evidence, knob, change=None):
     return {"limit": limit, "evidence": evidence, "knob": knob, "change": change}
 
@@ -477,7 +488,8 @@ def find_limits(scenario, result) -> dict:
     head = []   # findings that come first: free knobs that remove work, then floors
     found = []
     # twice the replicas is a test of the knob, not a sizing: plan finds the fewest
-    more = ("more replicas (servesim plan finds the fewest that meet the SLOs), faster "
+    more = (f"more replicas ({replica_sizer(scenario)} finds the fewest that meet the SLOs), "
+            "faster "
             "hardware or a higher tensor_parallel",
             f"cluster.replicas={2 * nrep}")
     blocks = s.get("num_gpu_blocks")
@@ -740,6 +752,7 @@ def find_limits(scenario, result) -> dict:
                 or (slo_met is False and _moves(f, missed_metrics))]
     found = eligible + [f for f in found if not any(f is g for g in eligible)]
     return {"ttft_split": split, "figures": figures, "findings": found,
+            "sizer": replica_sizer(scenario),
             "binding": eligible[0]["limit"] if eligible else "none", "queued": queued,
             "eligible": len(eligible)}
 
@@ -859,7 +872,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
     Returns:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
-        "figures": {...}, "findings": [{limit, evidence, knob, change}], "binding": limit
+        "figures": {...}, "findings": [{limit, evidence, knob, change}], "sizer" (the
+        command that finds the fewest replicas, :func:`replica_sizer`), "binding": limit
         name or "none", "queued": bool, "counterfactual": None or {limit, change, figure,
         lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks},
         "other_counterfactuals": [the same, for candidates tried that did not bind]}``

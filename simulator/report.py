@@ -273,7 +273,7 @@ def diagnosis_line(diag: dict) -> str:
                  + f", SLOs met {_fmt(cf.get('slo_met_before'))} → "
                  f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf)
                  # twice the replicas tests the knob; it is not the count needed
-                 + ("; servesim plan finds the fewest replicas"
+                 + (f"; {diag.get('sizer') or 'servesim plan'} finds the fewest replicas"
                     if str(cf["change"]).startswith("cluster.replicas=") else ""))
     elif binding != "none" and found and found[0].get("change"):
         line += f"; try --set {found[0]['change']}"

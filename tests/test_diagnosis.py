@@ -1114,3 +1114,22 @@ def test_a_router_that_scatters_conversations_over_replicas_is_found():
     assert dm["binding"] == "none"
     assert [f["change"] for f in dm["findings"] if f["limit"] == "prefix_cache"] == \
         ["cluster.router=prefix_affinity"]
+
+
+def test_the_fewest_replicas_are_found_by_plan_or_for_what_plan_refuses_by_a_sweep():
+    from simulator.diagnosis import replica_sizer
+    from simulator.report import diagnosis_line
+
+    open_loop = sc({}, {"constant_s": 0.01}, 4)
+    assert replica_sizer(open_loop) == "servesim plan"
+    raw = open_loop.model_dump(mode="python", exclude_none=True)
+    for change in ({"sessions": {"turns": 2, "think_time_s": 1}},
+                   {"arrival": {"process": "closed_loop", "concurrency": 4}}):
+        other = scenario_from_dict({**raw, "workload": {**raw["workload"], **change}},
+                                   open_loop.base_dir)
+        assert replica_sizer(other) == "servesim sweep --set cluster.replicas=1,2,3,..."
+    cf = {"change": "cluster.replicas=2", "figure": "TTFT p99 (ms)", "before": 900,
+          "after": 100, "slo_met_before": None, "slo_met_after": None, "breaks": []}
+    line = diagnosis_line({"binding": "compute", "counterfactual": cf, "findings": [],
+                           "sizer": replica_sizer(other)})
+    assert "; servesim sweep --set cluster.replicas=1,2,3,... finds the fewest replicas" in line
