@@ -12,7 +12,7 @@ from .errors import InputError
 from .files import check_folder, out_folder
 from .executors import EXECUTORS
 from .session_ramp import RAMP_TEXT
-from .sweep import _fmt_value, slo_met_at
+from .sweep import _fmt_value, knee_word, slo_met_at
 from .workload import MAX_RATE
 
 
@@ -263,9 +263,9 @@ def _cmd_sweep(args) -> int:
     for note, points in _misfits(res.table, list(axes)).items():
         print(f"no fit ({points}): {note}")
     first = list(axes)[0]
-    for k in res.knees:   # the highest stable value of the first swept key, per line
+    for k in res.knees:   # the highest stable load (lowest stable capacity) per line
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")
-        print(f"highest stable {first}: {_knee_text(res.table, k)}"
+        print(f"{knee_word(first)} stable {first}: {_knee_text(res.table, k)}"
               + (f" (with {others})" if others else ""))
     for m in slo_met_at(res.table, list(axes)):   # the answer for a capacity axis
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in m.items() if a != "met_at")

@@ -185,8 +185,9 @@ class SweepResult:
             :data:`DOES_NOT_FIT`, ``note`` says why (a column only then), its figures
             are empty.
         knees: per line (combination of the other axes), the highest value of the first
-            axis whose stability is ``stable``: ``[{...other axis values, "knee": value}]``
-            (``None`` when there is none).
+            axis whose stability is ``stable`` (the lowest for a key not in
+            :data:`LOAD_KEYS`: the fewest replicas that keep up): ``[{...other axis values,
+            "knee": value}]`` (``None`` when there is none).
         summaries: per point, the replication summaries (none for a point that does
             not fit).
         warnings: distinct cost-model warnings of the points (an engine.num_gpu_blocks
@@ -305,7 +306,9 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     ran = next(r for r in rows if r["stability"] != DOES_NOT_FIT)
     # a row that did not run has no figures; the reason it did not, last
     table = pd.DataFrame(rows, columns=list(ran) + (["note"] if len(runs) < len(scs) else []))
-    return SweepResult(dict(axes), table, knees(table, list(axes)), per_point,
+    first = list(axes)[0]
+    return SweepResult(dict(axes), table, knees(table, list(axes),
+                                                lowest=knee_word(first) == "lowest"), per_point,
                        kv_warnings(runs))
 
 
@@ -341,10 +344,22 @@ def kv_warnings(scenarios) -> list[str]:
     return out
 
 
-def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
+#: Keys whose higher values mean more load: a sweep's knee is the highest stable one. Any
+#: other numeric key adds capacity or changes the engine (replicas, max_num_seqs, blocks):
+#: its knee is the lowest stable value.
+LOAD_KEYS = ("workload.arrival.rate", "workload.arrival.concurrency")
+
+
+def knee_word(key: str) -> str:
+    """``"highest"`` for a load key (:data:`LOAD_KEYS`), else ``"lowest"``."""
+    return "highest" if key in LOAD_KEYS else "lowest"
+
+
+def knees(table: pd.DataFrame, keys: list[str], lowest: bool = False) -> list[dict]:
     """Per line (other axes' values), the highest value of the first axis whose
-    ``stability`` is ``stable`` (``stable`` alone for a table without that column); none
-    when the first axis is not numeric (a router, a GPU: "highest" means nothing)."""
+    ``stability`` is ``stable`` (``stable`` alone for a table without that column), or with
+    ``lowest`` the lowest; none when the first axis is not numeric (a router, a GPU:
+    "highest" means nothing)."""
     if not keys or table.empty:
         return []
     x, others = keys[0], keys[1:]
@@ -357,7 +372,7 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
         vals = vals if isinstance(vals, tuple) else (vals,)
         ok = df["stability"] == "stable" if "stability" in df else df["stable"].astype(bool)
         stable = df[ok]
-        knee = stable[x].max() if len(stable) else None
+        knee = (stable[x].min() if lowest else stable[x].max()) if len(stable) else None
         out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
                     "knee": getattr(knee, "item", lambda: knee)()})
     return out
@@ -367,7 +382,7 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     """Per line (other axes' values), the values of the first axis whose point is stable
     and meets every SLO, in the table's order: ``[{...other axis values, "met_at":
     [values]}]``; empty for a table without SLOs. For an axis that adds capacity (replicas,
-    max_num_seqs, a GPU) this is the answer "highest stable" is not: the fewest that do."""
+    max_num_seqs, a GPU) the first of them is the answer: the fewest that do."""
     if not keys or table.empty or "slo_met" not in table or table["slo_met"].isna().all():
         return []
     x, others = keys[0], keys[1:]
@@ -381,5 +396,5 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["DOES_NOT_FIT", "RAMP_ONLY", "STABILITY", "SweepResult", "derive", "grid", "knees",
-           "kv_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]
+__all__ = ["DOES_NOT_FIT", "LOAD_KEYS", "RAMP_ONLY", "STABILITY", "SweepResult", "derive", "grid", "knees",
+           "knee_word", "kv_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]

@@ -172,17 +172,25 @@ def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path,
     t = pd.DataFrame({"engine.num_gpu_blocks": [16384, 20000, 30000],
                       "stability": ["stable", "stable", "unstable"]})
     assert knees(t, ["engine.num_gpu_blocks"]) == [{"knee": 20000}]
+    # a key that adds capacity: the lowest stable value is the answer (fewest replicas)
+    from simulator.sweep import knee_word
+    r = pd.DataFrame({"cluster.replicas": [1, 2, 3], "stability": ["unstable", "stable",
+                                                                   "stable"]})
+    assert knees(r, ["cluster.replicas"], lowest=True) == [{"knee": 2}]
+    assert knee_word("cluster.replicas") == "lowest"
+    assert knee_word("workload.arrival.rate") == "highest"
     y = tmp_path / "k.yaml"
     y.write_text(SMALL_PLAN.split("slo:")[0])
     out = tmp_path / "sw"
     assert main(["sweep", str(y), "--set", "engine.num_gpu_blocks=16384,20000", "--out",
                  str(out), "--executor", "serial", "--quiet"]) == 0
-    # as --set takes it back (16,384 would sweep 16 and 384)
-    assert "highest stable engine.num_gpu_blocks: 20000\n" in capsys.readouterr().out
+    # as --set takes it back (16,384 would sweep 16 and 384); blocks add capacity: the
+    # lowest that keeps up is the answer
+    assert "lowest stable engine.num_gpu_blocks: 16384\n" in capsys.readouterr().out
     out2 = tmp_path / "sw2"
     assert main(["sweep", str(y), "--set", "cluster.router=round_robin,least_outstanding",
                  "--out", str(out2), "--executor", "serial", "--quiet"]) == 0
-    assert "highest stable" not in capsys.readouterr().out
+    assert "stable cluster.router" not in capsys.readouterr().out
     assert "Knee" not in (out2 / "report.md").read_text()
 
 def test_sweep_labels_points_that_reject_requests(tmp_path, capsys):
