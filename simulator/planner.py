@@ -435,10 +435,11 @@ def plan(scenario, executor, *, target_rate: float | None = None,
 
     cfg = scenario.plan or PlanConfig()
     target = target_rate or cfg.target_rate
+    # a workload without an arrival rate first: no target rate would make it plannable
+    with_rate(scenario, 1.0)
     if not target:
         raise scenario.error("plan.target_rate", "give the rate to serve (here or with "
                                                  "--target-rate)")
-    with_rate(scenario, 1.0)   # fail early on a workload without an arrival rate
     from .policy.request import MAX_TIME_NS, NS_PER_S
 
     n = scenario.workload.num_requests

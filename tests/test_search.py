@@ -70,3 +70,20 @@ def test_worst_slo_names_the_entry_furthest_past_its_threshold():
                         "rejected_requests": {"count": entry(3, 0, False)}}}
     assert worst_slo(rejected)["metric"] == "rejected_requests"
     assert worst_slo(rejected)["ratio"] == math.inf
+
+
+def test_plan_refuses_conversations_before_asking_for_a_target_rate(tmp_path, capsys):
+    # asking for a rate first made the user give one, only to be refused for the workload
+    from simulator.cli import main
+
+    y = tmp_path / "s.yaml"
+    y.write_text("model: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                 "engine: {max_model_len: 512}\nworkload:\n  num_requests: 4\n"
+                 "  arrival: {process: poisson, rate: 1}\n"
+                 "  prompt_tokens: {dist: fixed, value: 10}\n"
+                 "  output_tokens: {dist: fixed, value: 5}\n"
+                 "  sessions: {turns: 2, think_time_s: 1}\n")
+    assert main(["plan", str(y), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: s.yaml:9: workload.sessions: a rate search ")
+    assert not (tmp_path / "p").exists()
