@@ -51,6 +51,19 @@ def test_figures_of_a_hand_made_run():
     assert session_ramp(specs[:2], req.iloc[:2]) is None
 
 
+#: convs(4.0, 8) as a scenario file, for the commands.
+CONVERSATIONS_YAML = """model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_model_len: 2048, max_num_seqs: 4}
+workload:
+  num_requests: 8
+  arrival: {process: constant, rate: 4}
+  prompt_tokens: {dist: fixed, value: 16}
+  output_tokens: {dist: fixed, value: 32}
+  sessions: {turns: 2, think_time_s: 1}
+"""
+
+
 def convs(rate, n, slots=4):
     return scenario_from_dict({
         "name": "s", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
@@ -102,16 +115,7 @@ def test_a_run_that_ends_in_its_ramp_is_said_so(tmp_path, capsys):
     assert stability_label(out["stable"], 2, out["steady"]) == "rejects requests"
 
     y = tmp_path / "c.yaml"
-    y.write_text("""model: llama-test
-hardware: {step_time: {constant_s: 0.01}}
-engine: {max_model_len: 2048, max_num_seqs: 4}
-workload:
-  num_requests: 8
-  arrival: {process: constant, rate: 4}
-  prompt_tokens: {dist: fixed, value: 16}
-  output_tokens: {dist: fixed, value: 32}
-  sessions: {turns: 2, think_time_s: 1}
-""")
+    y.write_text(CONVERSATIONS_YAML)
     assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     err = capsys.readouterr().err
     assert ("servesim: warning: workload.sessions: the conversations opened over 0.75 s and "
@@ -191,16 +195,7 @@ def test_a_closed_loop_user_starts_a_new_conversation_after_a_rejection():
 
 def test_a_sweep_labels_a_ramp_and_gives_the_conversations_load(tmp_path, capsys):
     y = tmp_path / "c.yaml"
-    y.write_text("""model: llama-test
-hardware: {step_time: {constant_s: 0.01}}
-engine: {max_model_len: 2048, max_num_seqs: 4}
-workload:
-  num_requests: 8
-  arrival: {process: constant, rate: 4}
-  prompt_tokens: {dist: fixed, value: 16}
-  output_tokens: {dist: fixed, value: 32}
-  sessions: {turns: 2, think_time_s: 1}
-""")
+    y.write_text(CONVERSATIONS_YAML)
     assert main(["sweep", str(y), "--set", "workload.num_requests=8,400", "--executor",
                  "serial", "--quiet", "--out", str(tmp_path / "sw")]) == 0
     out = capsys.readouterr().out
