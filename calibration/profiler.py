@@ -708,7 +708,8 @@ def memory_bytes(device: str) -> int:
     if device.startswith("cuda"):
         import torch
         return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    from simulator.run import host_memory_bytes
+    return host_memory_bytes()
 
 
 __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed", "Grid",

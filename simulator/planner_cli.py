@@ -12,7 +12,7 @@ from .errors import InputError
 from .files import check_folder, out_folder
 from .executors import EXECUTORS
 from .session_ramp import RAMP_TEXT
-from .sweep import _fmt_value, knee_word, slo_met_at
+from .sweep import _fmt_value, knee_word
 from .workload import MAX_RATE
 
 
@@ -267,7 +267,7 @@ def _cmd_sweep(args) -> int:
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")
         print(f"{knee_word(first)} stable {first}: {_knee_text(res.table, k)}"
               + (f" (with {others})" if others else ""))
-    for m in slo_met_at(res.table, list(axes)):   # the answer for a capacity axis
+    for m in res.met_at:   # the answer for a capacity axis
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in m.items() if a != "met_at")
         print(f"every SLO met (stable) at {first}: "
               + (", ".join(_fmt_value(v) for v in m["met_at"]) or "none")

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
 from .session_ramp import RAMP_TEXT
-from .sweep import knee_word, slo_met_at
+from .sweep import knee_word
 
 #: How the reports state :func:`simulator.executors.job_output`'s stability test.
 UNSTABLE_RULE = (
@@ -158,7 +158,7 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
         b.append(("h2", f"Knee: {knee_word(first)} stable {first}"))
         b.append(("table", None, list(result.knees[0]),
                   [[_cell(v) for v in k.values()] for k in result.knees]))
-    met = slo_met_at(t, list(result.axes))
+    met = result.met_at
     if met:
         b.append(("h2", f"Every SLO met (and stable) at {first}"))
         b.append(("table", None, list(met[0]),

@@ -140,16 +140,25 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
 BYTES_PER_REQUEST = 1400
 
 
+def host_memory_bytes() -> int:
+    """This machine's physical memory, bytes (``os.sysconf``).
+
+    Raises:
+        ValueError, OSError, AttributeError: where the OS does not tell.
+    """
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
 def memory_warning(scenario, physical_bytes: int | None = None) -> str | None:
     """Why a run may be killed for memory before it ends (None when it fits): the
     workload's ``num_requests`` × :data:`BYTES_PER_REQUEST` over half the machine's memory
-    (``physical_bytes``, default ``os.sysconf``'s), said before the run starts."""
-    import os
-
+    (``physical_bytes``, default :func:`host_memory_bytes`), said before the run starts."""
     n = scenario.workload.num_requests
     if physical_bytes is None:
         try:
-            physical_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            physical_bytes = host_memory_bytes()
         except (ValueError, OSError, AttributeError):
             return None
     need = (n or 0) * BYTES_PER_REQUEST

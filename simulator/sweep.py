@@ -177,8 +177,8 @@ class SweepResult:
             conversations the request rate they build up to) and
             ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``
             (every replication passed the throughput test; None where requests were
-            rejected or conversations ended in their ramp, which it cannot judge), ``rejected`` (requests
-            rejected per replication, mean), ``stability`` (:func:`stability_label`),
+            rejected or conversations ended in their ramp, which it cannot judge),
+            ``rejected`` (requests rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
             ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications. A point
             whose model and KV cache do not fit its GPU is not run: its ``stability`` is
@@ -192,6 +192,8 @@ class SweepResult:
             not fit).
         warnings: distinct cost-model warnings of the points (an engine.num_gpu_blocks
             beyond what the GPU's memory holds).
+        met_at: per line, the first axis's values meeting every SLO on a stable run
+            (:func:`slo_met_at`; empty without SLOs).
     """
 
     axes: dict[str, list]
@@ -199,6 +201,7 @@ class SweepResult:
     knees: list[dict]
     summaries: list[list[dict]] = field(repr=False)
     warnings: list[str] = field(default_factory=list)
+    met_at: list[dict] = field(default_factory=list)
 
 
 _SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
@@ -306,10 +309,10 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     ran = next(r for r in rows if r["stability"] != DOES_NOT_FIT)
     # a row that did not run has no figures; the reason it did not, last
     table = pd.DataFrame(rows, columns=list(ran) + (["note"] if len(runs) < len(scs) else []))
-    first = list(axes)[0]
-    return SweepResult(dict(axes), table, knees(table, list(axes),
-                                                lowest=knee_word(first) == "lowest"), per_point,
-                       kv_warnings(runs))
+    keys = list(axes)
+    lowest = knee_word(keys[0]) == "lowest"
+    return SweepResult(dict(axes), table, knees(table, keys, lowest=lowest), per_point,
+                       kv_warnings(runs), slo_met_at(table, keys))
 
 
 def _does_not_fit(sc):
@@ -396,5 +399,6 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["DOES_NOT_FIT", "LOAD_KEYS", "RAMP_ONLY", "STABILITY", "SweepResult", "derive", "grid", "knees",
-           "knee_word", "kv_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]
+__all__ = ["DOES_NOT_FIT", "LOAD_KEYS", "RAMP_ONLY", "STABILITY", "SweepResult", "derive",
+           "grid", "knee_word", "knees", "kv_warnings", "slo_met_at", "split_sets",
+           "stability_label", "sweep"]
