@@ -225,6 +225,9 @@ def _turns_as_fixed(v):
     """Before the schema: a plain integer of turns ``n`` is ``{dist: fixed, value: n}``
     (as ``think_time_s`` takes a plain number), then :func:`_count_centre_first`."""
     if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:   # said here: after the conversion the error would name ".value"
+            raise ValueError(f"must be a whole number of turns >= 1 (or a distribution "
+                             f"such as {{dist: uniform, min: 2, max: 6}}), got {v!r}")
         v = {"dist": "fixed", "value": v}
     elif not isinstance(v, dict):
         raise ValueError(f"expected a whole number of turns >= 1 or a distribution such as "
