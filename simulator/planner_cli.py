@@ -12,7 +12,7 @@ from .errors import InputError
 from .files import check_folder, out_folder
 from .executors import EXECUTORS
 from .session_ramp import RAMP_TEXT
-from .sweep import _fmt_value, knee_word
+from .sweep import _fmt_value, knee_title
 from .workload import MAX_RATE
 
 
@@ -263,9 +263,9 @@ def _cmd_sweep(args) -> int:
     for note, points in _misfits(res.table, list(axes)).items():
         print(f"no fit ({points}): {note}")
     first = list(axes)[0]
-    for k in res.knees:   # the highest stable load (lowest stable capacity) per line
+    for k in res.knees:   # per line: sweep.knees
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")
-        print(f"{knee_word(first)} stable {first}: {_knee_text(res.table, k)}"
+        print(f"{knee_title(first)}: {_knee_text(res.table, k, first)}"
               + (f" (with {others})" if others else ""))
     for m in res.met_at:   # the answer for a capacity axis
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in m.items() if a != "met_at")
@@ -291,17 +291,19 @@ def _misfits(table, keys: list[str], most: int = 3) -> dict[str, str]:
             for note, p in out.items()}
 
 
-def _knee_text(table, knee: dict) -> str:
-    """A knee's value, or why a line has none (every point unstable, rejecting, ramp-up
-    only or not fitting)."""
-    from .sweep import DOES_NOT_FIT, RAMP_ONLY
+def _knee_text(table, knee: dict, first: str) -> str:
+    """A knee's value (of the first axis ``first``), or why a line has none (every point
+    unstable, rejecting, ramp-up only or not fitting)."""
+    from .sweep import CONCURRENCY, DOES_NOT_FIT, RAMP_ONLY
 
-    if knee["knee"] is not None:   # as --set takes it (16384, not 16,384)
-        return _fmt_value(knee["knee"])
     line = table
     for a, v in knee.items():
         if a != "knee":
             line = line[line[a] == v]
+    if knee["knee"] is not None:   # as --set takes it (16384, not 16,384)
+        last = first == CONCURRENCY and knee["knee"] == line[first].max() and len(line) > 1
+        return _fmt_value(knee["knee"]) + (" (the largest swept: throughput may still grow "
+                                           "with more users)" if last else "")
     if len(line) and (line["stability"] == DOES_NOT_FIT).all():
         return "none (no point fits its GPU)"
     if len(line) and (line["stability"] == RAMP_ONLY).all():

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
 from .session_ramp import RAMP_TEXT
-from .sweep import knee_word
+from .sweep import knee_title
 
 #: How the reports state :func:`simulator.executors.job_output`'s stability test.
 UNSTABLE_RULE = (
@@ -155,7 +155,7 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))
     first = list(result.axes)[0]
     if result.knees:   # none for a first axis that is not numeric (a router, a GPU)
-        b.append(("h2", f"Knee: {knee_word(first)} stable {first}"))
+        b.append(("h2", f"Knee: {knee_title(first)}"))
         b.append(("table", None, list(result.knees[0]),
                   [[_cell(v) for v in k.values()] for k in result.knees]))
     met = result.met_at

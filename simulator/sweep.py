@@ -184,10 +184,10 @@ class SweepResult:
             whose model and KV cache do not fit its GPU is not run: its ``stability`` is
             :data:`DOES_NOT_FIT`, ``note`` says why (a column only then), its figures
             are empty.
-        knees: per line (combination of the other axes), the highest value of the first
-            axis whose stability is ``stable`` (the lowest for a key not in
-            :data:`LOAD_KEYS`: the fewest replicas that keep up): ``[{...other axis values,
-            "knee": value}]`` (``None`` when there is none).
+        knees: per line (combination of the other axes), the first axis's knee
+            (:func:`knees`: the highest stable rate, the concurrency where throughput
+            saturates, the lowest stable value of a capacity key such as replicas):
+            ``[{...other axis values, "knee": value}]`` (``None`` when there is none).
         summaries: per point, the replication summaries (none for a point that does
             not fit).
         warnings: distinct cost-model warnings of the points (an engine.num_gpu_blocks
@@ -310,8 +310,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     # a row that did not run has no figures; the reason it did not, last
     table = pd.DataFrame(rows, columns=list(ran) + (["note"] if len(runs) < len(scs) else []))
     keys = list(axes)
-    lowest = knee_word(keys[0]) == "lowest"
-    return SweepResult(dict(axes), table, knees(table, keys, lowest=lowest), per_point,
+    return SweepResult(dict(axes), table, knees(table, keys), per_point,
                        kv_warnings(runs), slo_met_at(table, keys))
 
 
@@ -347,22 +346,32 @@ def kv_warnings(scenarios) -> list[str]:
     return out
 
 
-#: Keys whose higher values mean more load: a sweep's knee is the highest stable one. Any
-#: other numeric key adds capacity or changes the engine (replicas, max_num_seqs, blocks):
-#: its knee is the lowest stable value.
-LOAD_KEYS = ("workload.arrival.rate", "workload.arrival.concurrency")
+#: The rate of open-loop arrivals: a sweep's knee is its highest stable value. A closed
+#: loop is always stable (each user waits for its answer), so its concurrency's knee is
+#: where throughput stops growing: the fewest users reaching SATURATION_SHARE of the line's
+#: highest request throughput (more users past it only wait longer: Little's law at flat
+#: throughput). Any other numeric key adds capacity or changes the engine (replicas,
+#: max_num_seqs, blocks): its knee is the lowest stable value, the least that keeps up.
+RATE, CONCURRENCY = "workload.arrival.rate", "workload.arrival.concurrency"
+SATURATION_SHARE = 0.95
 
 
-def knee_word(key: str) -> str:
-    """``"highest"`` for a load key (:data:`LOAD_KEYS`), else ``"lowest"``."""
-    return "highest" if key in LOAD_KEYS else "lowest"
+def knee_title(key: str) -> str:
+    """What a sweep's knee over ``key`` is, as printed before its value: ``highest stable
+    workload.arrival.rate``, ``throughput saturates (>= 95% of the highest) at
+    workload.arrival.concurrency`` or ``lowest stable cluster.replicas``."""
+    if key == CONCURRENCY:
+        return f"throughput saturates (>= {SATURATION_SHARE:.0%} of the highest) at {key}"
+    return f"{'highest' if key == RATE else 'lowest'} stable {key}"
 
 
-def knees(table: pd.DataFrame, keys: list[str], lowest: bool = False) -> list[dict]:
-    """Per line (other axes' values), the highest value of the first axis whose
-    ``stability`` is ``stable`` (``stable`` alone for a table without that column), or with
-    ``lowest`` the lowest; none when the first axis is not numeric (a router, a GPU:
-    "highest" means nothing)."""
+def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
+    """Per line (other axes' values), the knee of the first axis: for the arrival rate the
+    highest value whose ``stability`` is ``stable`` (``stable``
+    alone for a table without that column), for a closed loop's concurrency the lowest
+    stable value whose ``request_throughput`` reaches :data:`SATURATION_SHARE` of the
+    line's highest, for any other key the lowest stable value (see :data:`RATE`); none when the first axis
+    is not numeric (a router, a GPU: "highest" means nothing)."""
     if not keys or table.empty:
         return []
     x, others = keys[0], keys[1:]
@@ -375,7 +384,10 @@ def knees(table: pd.DataFrame, keys: list[str], lowest: bool = False) -> list[di
         vals = vals if isinstance(vals, tuple) else (vals,)
         ok = df["stability"] == "stable" if "stability" in df else df["stable"].astype(bool)
         stable = df[ok]
-        knee = (stable[x].min() if lowest else stable[x].max()) if len(stable) else None
+        if x == CONCURRENCY and len(stable):
+            tput = stable["request_throughput"]
+            stable = stable[tput >= SATURATION_SHARE * tput.max()]
+        knee = (stable[x].max() if x == RATE else stable[x].min()) if len(stable) else None
         out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
                     "knee": getattr(knee, "item", lambda: knee)()})
     return out
@@ -399,6 +411,6 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["DOES_NOT_FIT", "LOAD_KEYS", "RAMP_ONLY", "STABILITY", "SweepResult", "derive",
-           "grid", "knee_word", "knees", "kv_warnings", "slo_met_at", "split_sets",
-           "stability_label", "sweep"]
+__all__ = ["CONCURRENCY", "DOES_NOT_FIT", "RAMP_ONLY", "RATE", "SATURATION_SHARE",
+           "STABILITY", "SweepResult", "derive", "grid", "knee_title", "knees",
+           "kv_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]

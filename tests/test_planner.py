@@ -171,14 +171,34 @@ def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path,
     assert knees(t, ["cluster.router"]) == []   # "highest stable router" means nothing
     t = pd.DataFrame({"engine.num_gpu_blocks": [16384, 20000, 30000],
                       "stability": ["stable", "stable", "unstable"]})
-    assert knees(t, ["engine.num_gpu_blocks"]) == [{"knee": 20000}]
+    assert knees(t, ["engine.num_gpu_blocks"]) == [{"knee": 16384}]   # capacity: the least
     # a key that adds capacity: the lowest stable value is the answer (fewest replicas)
-    from simulator.sweep import knee_word
+    from simulator.sweep import knee_title
     r = pd.DataFrame({"cluster.replicas": [1, 2, 3], "stability": ["unstable", "stable",
                                                                    "stable"]})
-    assert knees(r, ["cluster.replicas"], lowest=True) == [{"knee": 2}]
-    assert knee_word("cluster.replicas") == "lowest"
-    assert knee_word("workload.arrival.rate") == "highest"
+    assert knees(r, ["cluster.replicas"]) == [{"knee": 2}]
+    assert knee_title("cluster.replicas") == "lowest stable cluster.replicas"
+    assert knee_title("workload.arrival.rate") == "highest stable workload.arrival.rate"
+    # a closed loop is always stable: its knee is the fewest users reaching 95% of the
+    # line's highest throughput (11.1 < 0.95 × 12.2 = 11.59 <= 11.9), per line
+    c = pd.DataFrame({"workload.arrival.concurrency": [8, 32, 128, 256, 512] * 2,
+                      "cluster.replicas": [1] * 5 + [2] * 5,
+                      "stability": ["stable"] * 9 + ["rejects requests"],
+                      "request_throughput": [3.2, 7.4, 11.1, 11.9, 12.2,
+                                             3.2, 7.4, 14.8, 20.0, 30.0]})
+    assert knees(c, ["workload.arrival.concurrency", "cluster.replicas"]) == [
+        {"cluster.replicas": 1, "knee": 256}, {"cluster.replicas": 2, "knee": 256}]
+    assert knee_title("workload.arrival.concurrency").startswith("throughput saturates")
+    from simulator.planner_cli import _knee_text
+    # still rising at the largest swept (14.8 -> 20.0): the knee says the sweep stopped early
+    rising = c[c["workload.arrival.concurrency"] <= 256]
+    assert knees(rising, ["workload.arrival.concurrency", "cluster.replicas"])[1] == {
+        "cluster.replicas": 2, "knee": 256}
+    assert _knee_text(rising, {"cluster.replicas": 2, "knee": 256},
+                      "workload.arrival.concurrency") == "256 (the largest swept: " \
+        "throughput may still grow with more users)"
+    assert _knee_text(c, {"cluster.replicas": 1, "knee": 256},
+                      "workload.arrival.concurrency") == "256"
     y = tmp_path / "k.yaml"
     y.write_text(SMALL_PLAN.split("slo:")[0])
     out = tmp_path / "sw"
