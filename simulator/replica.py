@@ -271,8 +271,9 @@ class Replica:
                     rec.first_scheduled_ns = ts
         for r in plan.preempted:
             if r.num_output_tokens:
-                # Its last token came out of the previous step, which ended at t0.
-                self._last_token_ns[r] = t0
+                # Its last token came out of the previous step, which ended at t0, unless
+                # it was preempted again while recomputing: its last token is older then.
+                self._last_token_ns.setdefault(r, t0)
 
     def _note_tokens(self, prefills, t1: int) -> None:
         """First tokens (TTFT) and resumed requests' first gaps of a step ending at t1."""

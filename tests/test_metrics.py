@@ -249,6 +249,34 @@ def test_itl_runs_and_summary():
     assert itl["max"] == 20.0
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_every_token_gap_counts_once_under_repeated_preemption(exact):
+    """The ITL gaps of a request sum to its decode span (finish − first token): a request
+    preempted again while recomputing its context, before any new token, keeps its last
+    token's time (the second preemption is not a token)."""
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+
+    res = simulate(scenario_from_dict({
+        "name": "p", "model": "llama-3.1-8b", "sim": {"exact_steps": exact},
+        "hardware": {"step_time": {"base_s": 0.01, "per_prefill_token_s": 1e-5,
+                                   "per_decode_seq_s": 1e-4}},
+        # a small cache and admission on a first chunk: preempted while recomputing
+        "engine": {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 128,
+                   "num_gpu_blocks": 401, "max_model_len": 4800,
+                   "scheduler_reserve_full_isl": False},
+        "workload": {"seed": 2, "num_requests": 80,
+                     "arrival": {"process": "poisson", "rate": 4.0},
+                     "prompt_tokens": {"dist": "uniform", "min": 600, "max": 3000},
+                     "output_tokens": {"dist": "uniform", "min": 200, "max": 1500}}}))
+    rq = res.requests
+    assert (rq["preemptions"] >= 2).any()
+    gaps = int((res.itl_runs["gap_ns"] * res.itl_runs["count"]).sum())
+    spans = ((rq["finish_s"] - rq["first_token_s"]) * 1e9).round().sum()
+    assert gaps == pytest.approx(spans, abs=len(rq))   # (seconds in the table: ns rounding)
+    assert res.summary["itl_tokens"] == int((rq["output_tokens"] - 1).sum())
+
+
 @settings(max_examples=200, deadline=None)
 @given(runs=st.lists(st.tuples(st.integers(0, 10**10), st.integers(1, 40)),
                      min_size=1, max_size=25),
