@@ -71,9 +71,21 @@ DEFAULT_MFU = 0.5
 MAX_STEP_S = 3600.0
 DEFAULT_STEP_OVERHEAD_S = 1.0e-3
 DEFAULT_PER_REQUEST_S = 1.0e-5
-# Device memory outside torch's allocator (CUDA context, cuBLAS workspaces, NCCL buffers):
-# vLLM measures it at start-up ("non-torch memory"); a few hundred MiB on one GPU.
+# Device memory outside torch's allocator that vLLM's start-up profiling charges to the
+# budget ("non_torch_memory": cuBLAS workspaces and, with tensor_parallel > 1, NCCL and
+# custom all-reduce buffers, created after its baseline snapshot), per GPU. Published
+# start-up logs: 0.05-0.34 GiB on one GPU; with tensor_parallel > 1, 0.7-2.2 GiB (A100-40GB
+# and MI-series TP8: 1.07-2.15 GiB; vLLM PR #10511, H100 Llama-3-8B: 1.79 GiB at TP1, 3.58
+# at TP2). Estimates, on the side that leaves the KV cache smaller: measure yours in the
+# log line "non_torch_memory takes ..." (or engine.num_gpu_blocks to set the cache).
 NON_TORCH_BYTES = 512 * (1 << 20)
+NON_TORCH_TP_BYTES = 2 * (1 << 30)
+
+
+def non_torch_bytes(tp: int) -> int:
+    """Estimated non-torch memory per GPU (bytes): :data:`NON_TORCH_BYTES` on one GPU,
+    :data:`NON_TORCH_TP_BYTES` with ``tp`` > 1 (communication buffers)."""
+    return NON_TORCH_BYTES if tp == 1 else NON_TORCH_TP_BYTES
 
 COEFFICIENTS = {
     "roofline": ("a0_s", "per_request_s", "w_eff_bytes_per_s", "f_eff_flops_per_s",
@@ -608,7 +620,8 @@ class KVCapacity:
         g = lambda x: f"{x / GiB:.2f} GiB"  # noqa: E731
         return (f"projected: {gpu} {g(self.usable_bytes / util)} × {util:g} − weights "
                 f"{g(self.weight_bytes)} − activations {g(self.activation_bytes)} − non-torch "
-                f"{g(self.non_torch_bytes)} = {g(self.budget_bytes)} per GPU (tensor_parallel={tp}) → "
+                f"{g(self.non_torch_bytes)} = {g(self.budget_bytes)} per GPU "
+                f"(tensor_parallel={tp}; activations and non-torch estimated) → "
                 f"{self.num_gpu_blocks} blocks of {block_size} tokens")
 
 
@@ -618,7 +631,8 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     """KV blocks on ``tp`` GPUs of type ``gpu`` (vLLM ``determine_available_memory``).
 
     Per GPU: ``budget = memory × gpu_memory_utilization − weights/tp − activation reserve
-    (:func:`activation_reserve_bytes`) − NON_TORCH_BYTES``; ``num_gpu_blocks = budget //
+    (:func:`activation_reserve_bytes`) − non-torch memory (:func:`non_torch_bytes`)``;
+    ``num_gpu_blocks = budget //
     (block_size × KV bytes per token per GPU)``. With kv heads divisible by tp this equals
     the group-wide ``(memory·tp·util − weights − ...) // (block_size · kv_bytes_per_token)``.
 
@@ -632,7 +646,8 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = -(-shape.weight_bytes(dtype) // tp)
     act = activation_reserve_bytes(shape, dtype, max_num_batched_tokens, max_num_seqs, tp)
-    budget = usable - weights - act - NON_TORCH_BYTES
+    other = non_torch_bytes(tp)
+    budget = usable - weights - act - other
     block_bytes = block_size * RooflineConstants.of(shape, dtype, tp).kv_bytes_per_token
     blocks = int(budget // block_bytes) if budget > 0 else 0
     if blocks < 2:
@@ -650,7 +665,7 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
                 f"engine.max_num_batched_tokens"), depends=deps)
         # the utilization that would leave two blocks, if any does
         min_blocks = 2 if max_model_len is None else min_gpu_blocks(max_model_len, block_size)
-        need = (weights + act + NON_TORCH_BYTES + min_blocks * block_bytes) / gpu.memory_bytes
+        need = (weights + act + other + min_blocks * block_bytes) / gpu.memory_bytes
         fix = (f"raise engine.gpu_memory_utilization (to at least "
                f"{math.ceil(need * 100) / 100:g}), raise hardware.tensor_parallel or choose "
                f"a larger GPU (hardware.profile)" if need <= 1 else
@@ -661,7 +676,7 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
             f"leaves no room for a KV cache on {gpu.name} with tensor_parallel={tp} at "
             f"gpu_memory_utilization {gpu_memory_utilization:g} ({usable / GiB:.1f} GiB per "
             f"GPU): {fix}"), depends=deps)
-    return KVCapacity(blocks, usable, weights, act, NON_TORCH_BYTES, int(budget),
+    return KVCapacity(blocks, usable, weights, act, other, int(budget),
                       int(block_bytes))
 
 
@@ -1050,8 +1065,8 @@ __all__ = [
     "COEFFICIENTS", "CostModel", "CostSpec", "DEFAULT_MBU", "DEFAULT_MFU",
     "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
     "ErrorInfo", "ErrorStats", "KVCapacity", "KVInfo", "ModelInfo", "NON_TORCH_BYTES",
-    "NoiseInfo", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
+    "NON_TORCH_TP_BYTES", "NoiseInfo", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "StepFeatures", "activation_reserve_bytes", "build_cost_model", "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",
-    "roofline_seconds", "save_profile", "step_features",
+    "non_torch_bytes", "roofline_seconds", "save_profile", "step_features",
 ]

@@ -166,7 +166,7 @@ def test_projection_label_and_tp_scaling():
     assert not cm1.measured and cm1.profile.provenance.kind == "projected"
     # the GPU count per replica is named as the knob it is, not a bare "×2"
     assert cm2.label.startswith("projected: roofline h100-sxm, tensor_parallel=2, ")
-    assert "×" not in cm2.label and "tensor_parallel=2) →" in cm2.kv_note
+    assert "×" not in cm2.label and "(tensor_parallel=2; " in cm2.kv_note
     assert cm1.price_per_replica_hour == pytest.approx(2.99)
     assert cm2.price_per_replica_hour == pytest.approx(2 * 2.99)
     # one decode of 1000 tokens: weights + KV read over 0.7 x 3.35 TB/s, rest tiny
@@ -287,6 +287,23 @@ def test_measured_profile_blocks_converted_to_block_size(tmp_path):
     save_profile(prof, tmp_path / "q.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "q.yaml"}))
     assert cm.num_gpu_blocks == 2**31 // (16 * 256)
+
+
+def test_kv_blocks_at_tensor_parallel_2_charge_communication_buffers():
+    """With tensor_parallel > 1 vLLM's non-torch memory holds NCCL and custom all-reduce
+    buffers: 2 GiB per GPU (1.79 -> 3.58 GiB from TP1 to TP2 in vLLM PR #10511), 0.5 GiB on
+    one GPU; weights, the tp-split activations and the KV heads are halved per GPU."""
+    sc = scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm", "tensor_parallel": 2})
+    cm = build_cost_model(sc)
+    memory = 81559 * 2**20
+    weights = 8_030_261_248 * 2 // 2
+    act = 8192 * 2 * (3 * 14336 // 2 + 3 * 4096 + (32 + 2 * 8) * 128 // 2) \
+        + 2 * 1024 * 128256 * 4
+    budget = int(memory * 0.9) - weights - act - 2 * 2**30
+    want = budget // (16 * 2 * 32 * (8 // 2) * 128 * 2)
+    assert want == 62118
+    assert cm.num_gpu_blocks == want
+    assert "− non-torch 2.00 GiB = " in cm.kv_note and "non-torch estimated" in cm.kv_note
 
 
 def test_kv_override_beyond_gpu_memory_warns(tmp_path):
