@@ -326,7 +326,7 @@ MIN_PLAN_REQUESTS = 100
 def _cmd_plan(args) -> int:
     from .planner import closest_miss, closest_text, default_efficiency_note, plan, plan_table
     from .planner_report import write_plan_report
-    from .scenario import load_scenario
+    from .scenario import PlanConfig, load_scenario
     from .sweep import with_sweep_hint
 
     try:
@@ -376,8 +376,9 @@ def _cmd_plan(args) -> int:
         ties = [r for r in res.rows if r is not res.best and r.feasible and cost is not None
                 and not r.refuted and r.costs.get("cost_per_hour") == cost]
         print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s)"
-              + ("" if res.best.confirmed else " (estimated from one replica's max rate: "
-                 "not simulated as a deployment)") + ", "
+              + (_unsure_text(res.best, (scenario.plan or PlanConfig()).tolerance)
+                 if res.best.confirmed else " (estimated from one "
+                 "replica's max rate: not simulated as a deployment)") + ", "
               + (f"{cost:.2f} USD/h" if cost is not None else "no price for this hardware")
               + (f" (as cheap: {'; '.join(r.candidate.label for r in ties)}; the most "
                  f"capacity, replicas × max rate per replica, then the fewest replicas, is "
@@ -390,6 +391,24 @@ def _cmd_plan(args) -> int:
           + (f"; {closest_text(miss, cfg.max_replicas if cfg else 64)}" if miss else ""))
     print(f"report: {paths['report.html']}")
     return NO_PLAN_STATUS
+
+
+def _unsure_text(row, tolerance: float) -> str:
+    """For a confirmed count not decided by its confidence intervals, its 95% interval and,
+    when the count itself met the SLOs only in the mean (within the indifference zone
+    ``1 ± tolerance`` or at the replication cap), by how much (empty otherwise)."""
+    n, (lo, hi) = row.replicas, row.replicas_ci95
+    if (lo, hi) == (n, n):
+        return ""
+    at = next(t for t in row.confirmation if t["replicas"] == n)
+    ci = at["ci95"]
+    return (f" (95% interval {lo}–{hi} replicas"
+            + (f": at {n} the worst SLO value is {at['mean_ratio']:.3g} × its threshold in "
+               f"the mean of the replications"
+               + (f", 95% CI {ci[0]:.3g}–{ci[1]:.3g}" if ci else "")
+               + f", not confidently met; a plan.tolerance below {tolerance:g} with more "
+               f"plan.max_replications decides it" if hi > n else
+               f": {n - 1} was not confidently refuted") + ")")
 
 
 def _cmd_compare(args) -> int:

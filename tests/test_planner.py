@@ -1509,3 +1509,25 @@ workload:
     row = next(line for line in (tmp_path / "c" / "compare.csv").read_text().splitlines()
                if line.startswith("cost_per_hour,"))
     assert [float(x) for x in row.split(",")[1:]] == pytest.approx([2 * 2.99, 2 * 1.79])
+
+
+def test_a_plan_count_met_only_in_the_mean_says_so():
+    """A confirmed count whose SLO ratio lay inside the indifference zone (0.984: met by
+    1.6% in the mean, its 95% CI across 1) is given with its interval and the ratio; one
+    decided by its intervals on both sides adds nothing."""
+    from types import SimpleNamespace
+
+    from simulator.planner_cli import _unsure_text
+
+    trail = [{"replicas": 8, "confident": True, "mean_ratio": 1.3, "ci95": (1.2, 1.4)},
+             {"replicas": 9, "confident": False, "mean_ratio": 0.984, "ci95": (0.529, 1.44)}]
+    row = SimpleNamespace(replicas=9, replicas_ci95=(9, 10), confirmation=trail)
+    assert _unsure_text(row, 0.02) == (
+        " (95% interval 9–10 replicas: at 9 the worst SLO value is 0.984 × its threshold in "
+        "the mean of the replications, 95% CI 0.529–1.44, not confidently met; a "
+        "plan.tolerance below 0.02 with more plan.max_replications decides it)")
+    row.replicas_ci95 = (8, 9)   # 9 confidently met, 8 refuted only in the mean
+    assert _unsure_text(row, 0.02) == " (95% interval 8–9 replicas: 8 was not confidently " \
+                                      "refuted)"
+    row.replicas_ci95 = (9, 9)
+    assert _unsure_text(row, 0.02) == ""
