@@ -66,7 +66,12 @@ _LABELS = {"max_rate_per_replica": "req/s per replica", "replicas": "replicas",
            "tpot_p50_ms": "TPOT p50 ms", "tpot_p99_ms": "TPOT p99 ms",
            "slo_met": "SLO met", "tensor_parallel": "TP", "max_num_seqs": "max seqs",
            "max_num_batched_tokens": "max batched tokens", "goodput": "goodput req/s",
-           "binding": "binding limit"}
+           "binding": "binding (rules)"}
+
+#: Said under a sweep's or compare's binding column: a run of the same scenario also tries
+#: the knobs and can name another limit.
+RULES_NOTE = ("binding (rules): the diagnosis's rules on each point's first replication; "
+              "servesim run also tries the knobs in counterfactual runs and can name another")
 
 
 def _label(column: str) -> str:
@@ -256,6 +261,8 @@ def _cmd_sweep(args) -> int:
         *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
         and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
     _warn(res.warnings + _workload_warnings(scenario))
+    if "binding" in res.table:
+        print(RULES_NOTE)
     if any(s.get("sessions") for sums in res.summaries for s in sums):
         print("offered req/s (conversations): the request rate the conversations build up "
               "to, the conversation rate × the mean turns; served req/s is over the whole "
@@ -469,6 +476,7 @@ def _cmd_compare(args) -> int:
                                          f"{scenarios[0].source}" + (
                                              f" (means over {reps} replications)"
                                              if reps > 1 else ""))
+    print(RULES_NOTE)
     print(f"report: {paths['report.html']}")
     return 0
 

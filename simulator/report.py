@@ -861,7 +861,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
         rows.append([label] + cells)
         csv_rows.append(csv_row)
     if any("binding" in e for e in entries):
-        rows.append(["binding limit"] + [_LIMITS.get(e.get("binding"), str(e.get("binding")))
+        rows.append(["binding limit (rules)"] + [_LIMITS.get(e.get("binding"),
+                                                             str(e.get("binding")))
                                          for e in entries])
         csv_rows.append({"figure": "binding limit",   # the diagnosis's name, as in sweep.csv
                          **{n: e.get("binding") for n, e in zip(names, entries)}})

@@ -486,7 +486,7 @@ def test_a_two_axis_sweep_table_fits_80_columns(tmp_path, capsys, monkeypatch):
                  "engine.max_num_batched_tokens=8192,16384", "--out", str(tmp_path / "sw"),
                  "--executor", "serial", "--quiet"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    table = lines[:next(i for i, x in enumerate(lines) if x.startswith("highest stable"))]
+    table = lines[:next(i for i, x in enumerate(lines) if x.startswith("binding (rules):"))]
     assert max(map(len, table)) <= 80
     words = " ".join(table).split()
     assert "stability" in words and "rejected" not in words
@@ -498,7 +498,7 @@ def test_a_two_axis_sweep_table_fits_80_columns(tmp_path, capsys, monkeypatch):
                  "engine.max_num_batched_tokens=8192,16384", "--out", str(tmp_path / "sw2"),
                  "--executor", "serial", "--quiet"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    table = lines[:next(i for i, x in enumerate(lines) if x.startswith("highest stable"))]
+    table = lines[:next(i for i, x in enumerate(lines) if x.startswith("binding (rules):"))]
     assert max(map(len, table)) <= 80 and "E2EL" in " ".join(table).split()
 
 
