@@ -183,7 +183,10 @@ class _Bins:
     float64 arrays filled in bulk from buffered steps (:meth:`MetricsCollector._flush`)."""
 
     # No waiting integral: the queue-length series comes from the requests' own waits.
-    SUM = ("run", "kv", "busy", "prefill", "decode", "preempt", "steps")
+    # prefill/decode: tokens counted in the bin where their step ends (as vLLM's counters);
+    # prefill_spread/decode_spread: the same tokens spread over the step's time (rates).
+    SUM = ("run", "kv", "busy", "prefill", "decode", "preempt", "steps", "prefill_spread",
+           "decode_spread")
     MAX = ("run_max", "wait_max", "kv_max", "cmax")
     MIN = ("cmin",)
 
@@ -365,8 +368,9 @@ class MetricsCollector:
         """Add the buffered steps to their bins.
 
         Sums of integers (running x ns, busy ns, token and step counts) are exact in
-        float64, so their order does not matter; KV usage x ns is not, so it is added
-        step by step in arrival order (``np.add.at`` is unbuffered), as a loop would.
+        float64, so their order does not matter; KV usage x ns and tokens spread over a
+        step's time are not, so they are added step by step in arrival order
+        (``np.add.at`` is unbuffered), as a loop would.
         """
         buf = self._steps
         if not buf:
@@ -425,6 +429,12 @@ class MetricsCollector:
                               ("preempt", "preempt")):
                 a[name] += np.bincount(b1, weights=cols_r[key], minlength=n)
             a["steps"] += np.bincount(b1, minlength=n)
+            # each piece's share of its step's time (a step of no time: all of it); not
+            # integers, so added piece by piece in step order, as KV usage
+            dur = (e0 - s0)[step].astype(np.float64)
+            share = np.divide(d, dur, out=np.ones_like(d), where=dur > 0)
+            for key in ("prefill", "decode"):
+                np.add.at(a[f"{key}_spread"], b, cols_r[key][step] * share)
 
     def _coarsen(self) -> None:
         for bins in self._bins.values():
@@ -734,8 +744,8 @@ def _ts_frame(start, width, out_w, replica, agg, nrep, waiting) -> pd.DataFrame:
         "steps": agg["steps"].astype(np.int64),
         "prefill_tokens": agg["prefill"].astype(np.int64),
         "decode_tokens": agg["decode"].astype(np.int64),
-        "prefill_tok_s": agg["prefill"] / (wd / NS_PER_S),
-        "decode_tok_s": agg["decode"] / (wd / NS_PER_S),
+        "prefill_tok_s": agg["prefill_spread"] / (wd / NS_PER_S),
+        "decode_tok_s": agg["decode_spread"] / (wd / NS_PER_S),
         "preemptions": agg["preempt"].astype(np.int64),
     }, columns=list(TIMESERIES_COLUMNS))
 

@@ -342,7 +342,14 @@ def test_timeseries_bins_per_replica_and_total():
     # tokens count in the bin where the step ends: 40 ms -> bin 0, 100 -> 1, 150 -> 2
     assert col("all", "prefill_tokens") == [8, 4, 0, 0]
     assert col("all", "decode_tokens") == [0, 3, 2, 0]
-    assert col("all", "decode_tok_s") == approx([0, 60, 40, 0])
+    # rates spread each step's tokens over its time: replica 1's 3 decodes over [20, 100)
+    # ms are 30/80 in bin 0 and 50/80 in bin 1; replica 0's 2 over [50, 150) half in each
+    assert col("all", "decode_tok_s") == approx([3 * 30 / 80 / 0.05, (1 + 3 * 50 / 80) / 0.05,
+                                                 1 / 0.05, 0])
+    assert col("all", "prefill_tok_s") == approx([(8 + 4 * 30 / 80) / 0.05,
+                                                  4 * 50 / 80 / 0.05, 0, 0])
+    # no bin's rate runs faster than the steps did: 3 tokens in 80 ms at most 37.5 tok/s
+    assert max(col("1", "decode_tok_s")) == approx(3 / 0.08)
     assert col("all", "preemptions") == [0, 0, 1, 0]
     assert col("all", "running_max") == [3, 3, 2, 0]
 
