@@ -52,7 +52,7 @@ def _cmd_run(args) -> int:
     from .cost_model import build_cost_model, profile_warning
     from .report import print_summary, write_run_outputs
     from .run import (max_model_len_text, memory_warning, report_meta, simulate_replications,
-                      trace_shortfall)
+                      tail_warning, trace_shortfall)
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
     from .session_ramp import ramp_warning
@@ -85,9 +85,11 @@ def _cmd_run(args) -> int:
     diagnosis = diagnose(scenario, results[0])
     # the report says them too: a shared report is read without the terminal
     prefix = "servesim: warning: "
+    ramp = ramp_warning(results[0].summary)   # says the count itself: the tail's would repeat it
     warnings = [w.removeprefix(prefix) for w in [
-        profile_warning(cost), cost.kv_warning, ramp_warning(results[0].summary),
-        *workload_warnings(scenario.workload, scenario.base_dir)] if w]
+        profile_warning(cost), cost.kv_warning, ramp,
+        *workload_warnings(scenario.workload, scenario.base_dir),
+        None if ramp else tail_warning(results[0].summary, scenario.sim.replications)] if w]
     paths = write_run_outputs(out, results[0], title=scenario.name,
                               meta=report_meta(scenario, results[0].summary),
                               replications=combined, diagnosis=diagnosis, warnings=warnings)

@@ -172,6 +172,26 @@ def memory_warning(scenario, physical_bytes: int | None = None) -> str | None:
             f"thousands of requests already give steady p99s")
 
 
+#: Counted requests below which a single run's p99 rests on a handful of them (vllm bench
+#: serve sends 1000 prompts unless told otherwise).
+MIN_TAIL_REQUESTS = 1000
+
+
+def tail_warning(summary: dict, replications: int) -> str | None:
+    """Why a single run's p99 figures are not to be trusted (None when they are): fewer
+    than :data:`MIN_TAIL_REQUESTS` counted requests (``summary["completed"]``) and no
+    replications to show their spread. The p99 of n values interpolates between the
+    ⌈n/100⌉ + 1 largest (numpy's linear method, as vllm bench serve)."""
+    n = summary.get("completed") or 0
+    if replications > 1 or n == 0 or n >= MIN_TAIL_REQUESTS:
+        return None
+    top = -(-n // 100) + 1
+    return (f"the p99 figures rest on {n} requests (their {top} slowest set them), and a run "
+            f"this short may end before queues reach their steady length: another seed or a "
+            f"longer run can move them far; run at least {MIN_TAIL_REQUESTS} "
+            f"(workload.num_requests), or --replications 3 to see their spread")
+
+
 def max_model_len_text(scenario, summary: dict | None = None) -> str:
     """The max_model_len a run served with (``summary["max_model_len"]``, else the
     scenario's), saying so when the default was capped to what the KV cache holds."""

@@ -247,9 +247,13 @@ slo: {ttft_ms: {p99: 500}}
     assert main(["run", str(y), "--out", str(tmp_path / "d"), "--quiet"]) == 0
     cap = capsys.readouterr()
     assert "requests rejected" not in cap.out
-    assert cap.err == (f"servesim: note: max_model_len 128 (the default, {default}, capped "
-                       f"to what the KV cache holds, as vLLM's --max-model-len auto does; "
-                       f"left unset, vLLM would refuse to start)\n")
+    note, tail = cap.err.splitlines()
+    assert note == (f"servesim: note: max_model_len 128 (the default, {default}, capped "
+                    f"to what the KV cache holds, as vLLM's --max-model-len auto does; "
+                    f"left unset, vLLM would refuse to start)")
+    # 7 requests: p99 is interpolated between the 2nd and 1st largest (0.99 × 6 = 5.94)
+    assert tail.startswith("servesim: warning: the p99 figures rest on 7 requests (their 2 "
+                           "slowest set them)")
 
 
 def test_run_warns_of_more_kv_blocks_than_the_gpu_holds(scen, tmp_path, capsys):
@@ -336,6 +340,9 @@ def test_a_trace_shorter_than_num_requests_says_so(tmp_path, capsys):
         assert main(["run", str(tmp_path / "tr.yaml"), "--set", f"workload.num_requests={n}",
                      "--set", "sim.warmup_requests=1", "--out", str(out), "--quiet"]) == 0
         err = capsys.readouterr().err
+        # a run of 3 requests is also warned of as too short for a p99: said last
+        assert err.endswith("--replications 3 to see their spread\n")
+        err = "".join(x for x in err.splitlines(True) if "p99 figures rest on" not in x)
         md = " ".join((out / "report.md").read_text().split())
         served = min(n, 3)
         assert f"trace t.csv (csv), {served} requests" in md
