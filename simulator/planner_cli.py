@@ -477,8 +477,24 @@ def _cmd_compare(args) -> int:
                                              f" (means over {reps} replications)"
                                              if reps > 1 else ""))
     print(RULES_NOTE)
+    print(_cheapest_text(entries))
     print(f"report: {paths['report.html']}")
     return 0
+
+
+def _cheapest_text(entries: list[dict]) -> str:
+    """Which compared plan meets every SLO, keeping up, at the least cost per hour (or why
+    none is named: no SLO, none meets it, no prices)."""
+    if all(e.get("slo_met") is None for e in entries):
+        return "no SLO in the workload: no plan is named the cheapest meeting it"
+    ok = [e for e in entries if e.get("slo_met") and e.get("stability") == "stable"]
+    if not ok:
+        return "no plan meets every SLO while keeping up with the workload"
+    priced = [e for e in ok if e.get("cost_per_hour") is not None]
+    if not priced:
+        return "meeting every SLO: " + ", ".join(e["name"] for e in ok) + " (no prices)"
+    best = min(priced, key=lambda e: e["cost_per_hour"])   # the first of equal cost
+    return f"cheapest meeting every SLO: {best['name']} ({best['cost_per_hour']:.2f} USD/h)"
 
 
 def _served_workload(sc):

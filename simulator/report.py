@@ -774,8 +774,8 @@ _COMPARE_FIGURES = [
     ("SLO met", ("slo_met",)),
     ("rejected requests", ("rejected",)),
 ] + [(f"{_LABELS[m]} {st} (ms)", (m, st)) for m in METRICS for st in ("mean", "p50", "p99")] + [
-    ("running requests, mean", ("concurrency", "running_mean")),
-    ("KV cache usage, mean", ("kv_usage", "mean")),
+    ("running requests, mean (all replicas)", ("concurrency", "running_mean")),
+    ("KV cache usage, mean (share of blocks, mean over replicas)", ("kv_usage", "mean")),
     ("preemptions", ("preemptions",)),
     ("prefix cache hit rate", ("prefix_cache_hit_rate",)),
     ("step costs", ("cost_model",)),

@@ -1531,3 +1531,19 @@ def test_a_plan_count_met_only_in_the_mean_says_so():
                                       "refuted)"
     row.replicas_ci95 = (9, 9)
     assert _unsure_text(row, 0.02) == ""
+
+
+def test_compare_names_the_cheapest_plan_meeting_every_slo():
+    from simulator.planner_cli import _cheapest_text
+
+    def e(name, met, stability="stable", cost=None):
+        return {"name": name, "slo_met": met, "stability": stability, "cost_per_hour": cost}
+    # the cheapest (1.0) misses; 2.0 keeps up and meets; 1.5 meets but cannot keep up
+    assert _cheapest_text([e("a", False, cost=1.0), e("b", True, cost=2.0),
+                           e("c", True, "unstable", 1.5), e("d", True, cost=3.0)]) == \
+        "cheapest meeting every SLO: b (2.00 USD/h)"
+    assert _cheapest_text([e("a", None), e("b", None)]).startswith("no SLO")
+    assert _cheapest_text([e("a", False, cost=1.0)]) == \
+        "no plan meets every SLO while keeping up with the workload"
+    assert _cheapest_text([e("a", True), e("b", True)]) == \
+        "meeting every SLO: a, b (no prices)"
