@@ -52,21 +52,32 @@ class Candidate:
 
 
 def default_efficiency_note(candidates) -> str | None:
-    """Why a ranking of GPUs may be off (None when it is not one): candidates on two or
-    more GPUs, every one priced by the roofline at the default efficiencies
-    (:data:`simulator.cost_model.DEFAULT_MBU`, :data:`~simulator.cost_model.DEFAULT_MFU`),
-    which take every GPU to reach the same share of its peaks."""
+    """Why a ranking of GPUs or tensor_parallel degrees may be off (None when neither is
+    one): candidates on two or more GPUs, every one priced by the roofline at the default
+    efficiencies (:data:`simulator.cost_model.DEFAULT_MBU`,
+    :data:`~simulator.cost_model.DEFAULT_MFU`), which take every GPU to reach the same share
+    of its peaks; or two or more projected tensor_parallel degrees, priced at one share
+    whatever a shard's matmul size."""
     from .cost_model import DEFAULT_MBU, DEFAULT_MFU
 
     ran = [c for c in candidates if c.scenario is not None and c.error is None]
     gpus = {c.scenario.hardware.profile for c in ran}
-    if len(gpus) < 2 or not all("default efficiencies" in (c.cost_label or "") for c in ran):
-        return None
-    return (f"the GPUs ({', '.join(sorted(gpus))}) are ranked by a roofline projection that "
-            f"takes each to reach the same share of its peaks (MBU {DEFAULT_MBU:g}, MFU "
-            f"{DEFAULT_MFU:g}); real kernels reach different shares on different GPUs, so "
-            f"the ratios between GPUs are projections too: a profile calibrated on each "
-            f"(servesim calibrate) ranks them on measured step costs")
+    tps = {c.scenario.hardware.tensor_parallel for c in ran
+           if (c.cost_label or "").startswith("projected")}
+    notes = []
+    if len(gpus) >= 2 and all("default efficiencies" in (c.cost_label or "") for c in ran):
+        notes.append(f"the GPUs ({', '.join(sorted(gpus))}) are ranked by a roofline "
+                     f"projection that takes each to reach the same share of its peaks (MBU "
+                     f"{DEFAULT_MBU:g}, MFU {DEFAULT_MFU:g}); real kernels reach different "
+                     f"shares on different GPUs, so the ratios between GPUs are projections "
+                     f"too: a profile calibrated on each (servesim calibrate) ranks them on "
+                     f"measured step costs")
+    if len(tps) >= 2:
+        notes.append(f"tensor_parallel {', '.join(map(str, sorted(tps)))} are projected at "
+                     f"the same share of each GPU's peaks, though a shard's smaller matmuls "
+                     f"usually reach less of it: the higher degrees' step times are likely "
+                     f"optimistic (a profile measured at each degree prices them)")
+    return "; ".join(notes) or None
 
 
 def expand_candidates(scenario) -> list[Candidate]:

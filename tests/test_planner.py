@@ -304,7 +304,14 @@ def test_a_ranking_of_gpus_on_default_efficiencies_says_so():
     note = default_efficiency_note(expand_candidates(scenario_from_dict(d)))
     assert note.startswith("the GPUs (h100-sxm, l4) are ranked by a roofline projection that "
                            "takes each to reach the same share of its peaks (MBU 0.7, MFU 0.5)")
-    d["plan"]["candidates"]["hardware.profile"] = ["h100-sxm"]   # one GPU: nothing ranked
+    assert note.endswith("; tensor_parallel 1, 2 are projected at the same share of each "
+                         "GPU's peaks, though a shard's smaller matmuls usually reach less of "
+                         "it: the higher degrees' step times are likely optimistic (a profile "
+                         "measured at each degree prices them)")
+    d["plan"]["candidates"]["hardware.profile"] = ["h100-sxm"]   # one GPU: TP ranked only
+    assert default_efficiency_note(expand_candidates(scenario_from_dict(d))).startswith(
+        "tensor_parallel 1, 2 are projected")
+    d["plan"]["candidates"]["hardware.tensor_parallel"] = [1]   # nothing ranked
     assert default_efficiency_note(expand_candidates(scenario_from_dict(d))) is None
 
 
