@@ -569,6 +569,10 @@ def find_limits(scenario, result) -> dict:
         if not e.scheduler_reserve_full_isl:   # admitted on a first chunk, later preempted
             kv_knob += ("; or engine.scheduler_reserve_full_isl=true (vLLM's default: admit "
                         "a request only when its whole prompt fits in the free blocks)")
+        if not e.watermark:
+            kv_knob += ("; or engine.watermark (vllm serve --watermark: a share of the blocks "
+                        "kept free when admitting while others run, so they grow without "
+                        "preemption; fewer run at once)")
         found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "
                               f"mean KV usage {kv_mean:.0%})", kv_knob, kv_change))
     elif queued and running_max < scenario.max_num_seqs and (

@@ -179,6 +179,10 @@ class EngineConfig(_Strict):
     scheduler_reserve_full_isl: bool = Field(True, description=(
         "admit a waiting request only when its whole prompt fits in the free KV blocks, not "
         "only its first chunk (vLLM's knob and default)"))
+    watermark: float = Field(0.0, ge=0, lt=1, description=(
+        "share of the KV blocks kept free when a waiting or preempted request is admitted "
+        "while others run: room for the running to grow before preemption (vllm serve "
+        "--watermark, default 0)"))
 
     _vllm_block_size = field_validator("block_size")(vllm_block_size)
 
@@ -548,7 +552,8 @@ class Scenario(_Strict):
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 max_model_len=max(1, max_len), block_size=e.block_size,
                 num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=e.enable_prefix_caching,
-                scheduler_reserve_full_isl=e.scheduler_reserve_full_isl)
+                scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
+                watermark=e.watermark)
         except ValueError as err:
             raise self.error("engine", str(err)) from None
 

@@ -67,13 +67,16 @@ class NaiveScheduler:
                 r = self.waiting[0]
                 blocks, n_hit = kv.get_computed_blocks(r)
                 n = min(r.num_tokens - n_hit, budget)
-                if cfg.scheduler_reserve_full_isl and kv.pool.num_gpu_blocks is not None:
-                    # the whole sequence so far must fit: its blocks beyond the hits, and
-                    # the hits that are free (vLLM full_sequence_must_fit)
-                    full = min(r.num_tokens, cfg.max_model_len)
+                if kv.pool.num_gpu_blocks is not None:
+                    # the whole sequence so far (or the chunk alone) must fit: its blocks
+                    # beyond the hits, the hits that are free (vLLM full_sequence_must_fit)
+                    # and, while others run, the watermark's blocks
+                    keep = int(cfg.watermark * kv.pool.num_gpu_blocks) if self.running else 0
                     free_hits = sum(1 for b in blocks if kv.pool.ref_cnt[b] == 0)
-                    if cdiv(full, cfg.block_size) - len(blocks) + free_hits \
-                            > kv.pool.num_free_blocks:
+                    ends = [n_hit + n] + ([min(r.num_tokens, cfg.max_model_len)]
+                                          if cfg.scheduler_reserve_full_isl else [])
+                    if any(cdiv(e, cfg.block_size) - len(blocks) + free_hits + keep
+                           > kv.pool.num_free_blocks for e in ends):
                         break
                 if kv.allocate_slots(r, n_hit + n, blocks) is None:
                     break
@@ -109,7 +112,8 @@ def scenarios(draw):
     cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
                           max_model_len=mml, block_size=bs, num_gpu_blocks=blocks,
                           enable_prefix_caching=draw(st.booleans()),
-                          scheduler_reserve_full_isl=draw(st.booleans()))
+                          scheduler_reserve_full_isl=draw(st.booleans()),
+                          watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])))
     reqs = []
     for i in range(draw(st.integers(1, 12))):
         segs = []

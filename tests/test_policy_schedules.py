@@ -165,6 +165,44 @@ def test_g2_a_prompt_is_admitted_only_when_all_of_it_fits():
     r, pre, _, _ = step(s)
     assert (r, pre) == ([("A", 1, 8, True)], ["B"])
 
+def test_g3_the_watermark_keeps_blocks_free_for_the_running():
+    # vLLM's watermark 0.2 of 11 blocks: int(2.2) = 2 kept free when admitting while others
+    # run. Blocks of 4, 10 usable, budget 8, prefix caching off. A (6 tokens, 10 out) takes
+    # 2 blocks in step 1, leaving 8. B's 28-token prompt needs 7: 7 + 2 > 8, so B waits
+    # while A runs (A grows to 4 blocks) and is admitted in step 11, when nothing runs and
+    # the watermark does not apply, then prefills 8 + 8 + 8 + 4. Without the watermark,
+    # 7 <= 8: B starts in step 1 on the 2 tokens of budget A leaves.
+    def run(watermark):
+        s = make(num_gpu_blocks=11, max_model_len=32, max_num_batched_tokens=8,
+                 max_num_seqs=4, enable_prefix_caching=False, watermark=watermark)
+        s.add_request(req("A", [("a", 6)], max_tokens=10))
+        s.add_request(req("B", [("b", 28)], max_tokens=1))
+        return s
+
+    s = run(0.2)
+    assert s._watermark_blocks == 2
+    assert step(s)[0] == [("A", 6, 0, True)]
+    for k in range(2, 11):
+        r, _, fin, _ = step(s)
+        assert r == [("A", 1, 4 + k, True)] and s.waiting[0].request_id == "B", k
+    assert fin == ["A"] and s.kv.pool.num_free_blocks == 10
+    assert [step(s)[0] for _ in range(4)] == [
+        [("B", 8, 0, False)], [("B", 8, 8, False)], [("B", 8, 16, False)],
+        [("B", 4, 24, True)]]
+
+    s = run(0.0)
+    assert step(s)[0] == [("A", 6, 0, True), ("B", 2, 0, False)]
+
+    # Nothing running: a request needing 9 of the 10 free blocks is admitted, although
+    # 9 + 2 > 10 (vLLM applies the watermark only when self.running is not empty).
+    s = make(num_gpu_blocks=11, max_model_len=40, max_num_batched_tokens=64,
+             enable_prefix_caching=False, watermark=0.2)
+    s.add_request(req("C", [("c", 36)], max_tokens=1))
+    assert step(s)[0] == [("C", 36, 0, True)]
+    with pytest.raises(ValueError, match="watermark must be in \\[0, 1\\), got 1.0"):
+        SchedulerConfig(watermark=1.0)
+
+
 def test_h_second_request_hits_blocks_the_first_fills_in_the_same_step():
     s = make()
     s.add_request(req("A", [("sys", 8), ("a", 4)], max_tokens=1))

@@ -349,8 +349,11 @@ def test_a_path_typed_in_a_flag_is_relative_to_the_current_directory(tmp_path, m
 def test_scheduler_config():
     sc = scenario_from_dict({**BASE, "engine": {"max_num_seqs": 4, "block_size": 8}})
     cfg = sc.scheduler_config(None)
-    assert (cfg.max_num_seqs, cfg.block_size, cfg.num_gpu_blocks, cfg.max_model_len) == (
-        4, 8, None, 2048)
+    assert (cfg.max_num_seqs, cfg.block_size, cfg.num_gpu_blocks, cfg.max_model_len,
+            cfg.watermark) == (4, 8, None, 2048, 0.0)
+    assert scenario_from_dict({**BASE, "engine": {"watermark": 0.01}}).scheduler_config(
+        None).watermark == 0.01
+    assert "engine.watermark" in err(scenario_from_dict, {**BASE, "engine": {"watermark": 1}})
     # default max_model_len is capped to what (N - 1) blocks hold
     assert sc.scheduler_config(101).max_model_len == 800
     sc = scenario_from_dict({**BASE, "engine": {"block_size": 8, "max_model_len": 1000}})

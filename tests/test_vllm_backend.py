@@ -230,3 +230,7 @@ def test_engine_scenario_takes_vllms_effective_knobs():
     # a vLLM from before the knob checked the first chunk only
     eng.knobs = {"scheduler_reserve_full_isl": "absent"}
     assert not engine_scenario(sc, eng).scheduler_config(2048).scheduler_reserve_full_isl
+    # vLLM's watermark is served as it ran (0 where vLLM has no such knob)
+    assert engine_scenario(sc, eng).scheduler_config(2048).watermark == 0.0
+    eng.knobs = {"scheduler_reserve_full_isl": True, "watermark": 0.05}
+    assert engine_scenario(sc, eng).scheduler_config(2048).watermark == 0.05

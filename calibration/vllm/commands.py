@@ -242,7 +242,8 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 
 def engine_scenario(scenario, eng):
     """``scenario`` with the engine knobs vLLM actually runs (block_size, num_gpu_blocks,
-    batch limits, max_model_len, prefix caching, the whole-prompt admission check), so the
+    batch limits, max_model_len, prefix caching, the whole-prompt admission check, the
+    watermark), so the
     simulator serves the same engine. A vLLM without ``scheduler_reserve_full_isl``
     (``"absent"`` in its knobs) admitted on the first chunk alone."""
     upd = {"block_size": eng.block_size, "num_gpu_blocks": eng.num_gpu_blocks,
@@ -250,8 +251,15 @@ def engine_scenario(scenario, eng):
            "max_num_batched_tokens": eng.max_num_batched_tokens,
            "max_model_len": eng.max_model_len,
            "enable_prefix_caching": eng.enable_prefix_caching,
-           "scheduler_reserve_full_isl": eng.knobs.get("scheduler_reserve_full_isl") is True}
+           "scheduler_reserve_full_isl": eng.knobs.get("scheduler_reserve_full_isl") is True,
+           "watermark": _watermark(eng.knobs)}
     return scenario.model_copy(update={"engine": scenario.engine.model_copy(update=upd)})
+
+
+def _watermark(knobs: dict) -> float:
+    """vLLM's effective ``watermark`` (0 for a vLLM without the knob: ``"absent"``)."""
+    w = knobs.get("watermark")
+    return float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else 0.0
 
 
 def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
@@ -296,7 +304,8 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
                 max_num_seqs=scenario.max_num_seqs,
                 max_num_batched_tokens=scenario.max_num_batched_tokens,
                 enable_prefix_caching=scenario.engine.enable_prefix_caching,
-                block_size=scenario.engine.block_size, seed=seed)
+                block_size=scenario.engine.block_size, watermark=scenario.engine.watermark,
+                seed=seed)
     eng = engine if engine is not None and getattr(engine, "built_with", None) == want \
         else None
     if eng is None:

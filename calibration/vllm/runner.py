@@ -32,7 +32,8 @@ class VllmEngine:
         model_dir: Hugging Face model folder vLLM loads (e.g. ``/tmp/vllm-peer-model``).
         dtype, max_model_len, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
             seed: passed to ``vllm.EngineArgs``; ``block_size`` too unless ``None`` (vLLM's
-            platform default: 128 on CPU).
+            platform default: 128 on CPU), and ``watermark`` unless 0 (vLLM's default; a
+            vLLM without the knob refuses another).
 
     Attributes:
         knobs: :func:`calibration.vllm.core.engine_knobs` of the built engine (effective
@@ -45,7 +46,7 @@ class VllmEngine:
 
     def __init__(self, model_dir: str, *, dtype: str, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, enable_prefix_caching: bool = True,
-                 block_size: int | None = None, seed: int = 0):
+                 block_size: int | None = None, watermark: float = 0.0, seed: int = 0):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import EngineArgs, LLMEngine
 
@@ -56,6 +57,8 @@ class VllmEngine:
                   async_scheduling=False, disable_log_stats=True)
         if block_size is not None:
             kw["block_size"] = int(block_size)
+        if watermark:
+            kw["watermark"] = float(watermark)
         self.llm = LLMEngine.from_engine_args(EngineArgs(**kw))
         core = getattr(self.llm.engine_core, "engine_core", None)
         if core is None:

@@ -318,12 +318,13 @@ class KVCacheManager:
             hits.append(b)
         return hits, len(hits) * bs
 
-    def _new_blocks(self, req: Request, num_tokens: int, new_computed_blocks) -> tuple:
+    def _new_blocks(self, req: Request, num_tokens: int, new_computed_blocks,
+                    keep_free: int = 0) -> tuple:
         """``(blocks to allocate, fits)`` for ``req``'s first ``num_tokens`` tokens: the
         blocks it lacks beyond those it holds and the hit blocks ``new_computed_blocks``;
         they fit when the free blocks cover them plus the hit blocks that are free (taking
-        one out of the free queue uses it up), as vLLM ``KVCacheManager.allocate_slots``
-        counts them (watermark 0)."""
+        one out of the free queue uses it up) plus ``keep_free`` (the watermark's blocks),
+        as vLLM ``KVCacheManager.allocate_slots`` counts them."""
         pool = self.pool
         need = max(0, cdiv(num_tokens, self.block_size) - len(req.block_ids)
                    - len(new_computed_blocks))
@@ -333,15 +334,16 @@ class KVCacheManager:
         for b in new_computed_blocks:
             if pool.ref_cnt[b] == 0:
                 evictable += 1
-        return need, need + evictable <= pool._num_free
+        return need, need + evictable + keep_free <= pool._num_free
 
-    def fits(self, req: Request, num_tokens: int, new_computed_blocks=()) -> bool:
+    def fits(self, req: Request, num_tokens: int, new_computed_blocks=(),
+             keep_free: int = 0) -> bool:
         """Whether :meth:`allocate_slots` would succeed for these arguments (it changes
         nothing): vLLM's ``full_sequence_must_fit`` check at admission."""
-        return self._new_blocks(req, num_tokens, new_computed_blocks)[1]
+        return self._new_blocks(req, num_tokens, new_computed_blocks, keep_free)[1]
 
     def allocate_slots(self, req: Request, num_tokens: int,
-                       new_computed_blocks=()) -> list[int] | None:
+                       new_computed_blocks=(), keep_free: int = 0) -> list[int] | None:
         """Make ``req`` hold blocks for its first ``num_tokens`` tokens.
 
         ``num_tokens`` = computed tokens (incl. prefix hits) + tokens scheduled now.
@@ -349,13 +351,16 @@ class KVCacheManager:
         (for a :attr:`~simulator.policy.Request.cache_private` request only when it is
         preempted, see :meth:`free`: until then no other request can look them up).
 
+        ``keep_free`` blocks must stay free besides (vLLM's watermark, for an admission
+        while others run).
+
         Returns:
             The newly allocated block ids, or ``None`` (nothing changed) when the free
-            blocks cannot cover new blocks plus the free hit blocks.
+            blocks cannot cover new blocks plus the free hit blocks plus ``keep_free``.
         """
         pool = self.pool
         bs = self.block_size
-        need, ok = self._new_blocks(req, num_tokens, new_computed_blocks)
+        need, ok = self._new_blocks(req, num_tokens, new_computed_blocks, keep_free)
         if not ok:
             return None
         if new_computed_blocks:

@@ -17,7 +17,9 @@ DESIGN.md §3):
    token), the prompt chunked to the remaining budget, blocks allocated; the first request
    that does not fit stops admission (head-of-line blocking, as in vLLM). With
    ``scheduler_reserve_full_isl`` (vLLM's default) "fits" means its whole sequence so far,
-   not only the chunk scheduled now (vLLM ``allocate_slots(full_sequence_must_fit=True)``).
+   not only the chunk scheduled now (vLLM ``allocate_slots(full_sequence_must_fit=True)``);
+   while others run, ``int(watermark × num_gpu_blocks)`` blocks must stay free besides
+   (vLLM's ``watermark``, default 0).
 3. ``num_computed_tokens`` advances at scheduling time; a partial prefill samples nothing;
    the first output token comes from the step that computes the last prompt token.
 
@@ -67,6 +69,12 @@ class SchedulerConfig:
             preemption, up to ``max_model_len``), not only its first chunk (vLLM
             ``SchedulerConfig.scheduler_reserve_full_isl``, default on since it was added:
             a long prompt admitted on its first chunk preempted others chunk by chunk).
+        watermark: share of ``num_gpu_blocks`` kept free when a waiting (or preempted)
+            request is admitted while others run, so that running requests have room to
+            grow before anything is preempted (vLLM ``SchedulerConfig.watermark``, in
+            [0, 1), default 0: ``KVCacheManager.allocate_slots`` adds
+            ``int(watermark × num_blocks)`` to the blocks an admission needs when
+            ``self.running`` is not empty).
 
     Raises:
         ValueError: a knob out of range, naming it; or a cache too small for one request
@@ -80,8 +88,11 @@ class SchedulerConfig:
     num_gpu_blocks: int | None = None
     enable_prefix_caching: bool = True
     scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
 
     def __post_init__(self):
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -246,6 +257,8 @@ class Scheduler:
         self._steady_offset_sum = 0
         self._seq = 0
         self._budget = 0
+        self._watermark_blocks = (int(config.watermark * config.num_gpu_blocks)
+                                  if config.num_gpu_blocks is not None else 0)
         self.stats = SchedulerStats()
 
     # -- queue management -----------------------------------------------------------
@@ -411,10 +424,11 @@ class Scheduler:
             r = waiting[0]
             hits, n_hit = kv.get_computed_blocks(r)
             n = min(r.num_tokens - n_hit, self._budget)
+            keep = self._watermark_blocks if running else 0   # headroom for the running
             if (cfg.scheduler_reserve_full_isl and n_hit + n < r.num_tokens
-                    and not kv.fits(r, min(r.num_tokens, cfg.max_model_len), hits)):
+                    and not kv.fits(r, min(r.num_tokens, cfg.max_model_len), hits, keep)):
                 break  # the whole sequence would not fit: wait (vLLM full_sequence_must_fit)
-            new = kv.allocate_slots(r, n_hit + n, hits)
+            new = kv.allocate_slots(r, n_hit + n, hits, keep)
             if new is None:
                 break  # head-of-line blocking, as in vLLM
             waiting.popleft()
