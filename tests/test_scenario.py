@@ -67,7 +67,7 @@ def test_brief_error_examples(chat):
         f"chat.yaml:{line_of(chat, 'max_num_seq: 8')}: engine.max_num_seq: unknown key "
         "(allowed: block_size, max_num_seqs, "
         "max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
-        "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl)")
+        "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl, watermark)")
     chat.write_text(yaml.safe_dump(BASE))
     assert err(load_scenario, chat, ["engine.block_size=abc"]) == (
         "--set engine.block_size=abc: Input should be a valid integer >= 1 (got 'abc')")
@@ -256,7 +256,7 @@ def test_a_key_that_is_not_text_is_named_as_written(tmp_path, chat):
     p = tmp_path / "s.yaml"
     allowed = ("block_size, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, "
                "enable_prefix_caching, max_model_len, num_gpu_blocks, "
-               "scheduler_reserve_full_isl")
+               "scheduler_reserve_full_isl, watermark")
     for key in ("true", "3", "null", "1.5"):
         p.write_text(yaml.safe_dump(BASE, sort_keys=False) + f"engine:\n  {key}: 1\n")
         assert err(load_scenario, p) == (
