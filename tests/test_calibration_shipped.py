@@ -2,6 +2,7 @@
 reproduce the errors they report, they meet the accuracy target on replay steps the fit
 never saw, and `servesim run` refuses a profile for another model or dtype."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -84,4 +85,5 @@ def test_run_with_the_profile(tmp_path, capsys):
     rc = main(["run", str(SCENARIO), "--set", "workload.num_requests=20", "--out",
                str(tmp_path), "--quiet"])
     assert rc == 0
-    assert (tmp_path / "summary.json").is_file()
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["cost_kind"] == "measured" and NAME in s["cost_model"]

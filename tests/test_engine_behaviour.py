@@ -184,10 +184,21 @@ def test_stop_token_and_eos():
     out = engine().generate([ids(3, 12)], SamplingParams(
         temperature=0.0, max_tokens=8, ignore_eos=True, stop_token_ids=[stop]))[0]
     assert out.output_token_ids == free[:cut] and out.finish_reason == "stop"
-    # The config's eos_token_id (3) ends a request unless ignore_eos.
+    # The config's eos_token_id (3) ends a request unless ignore_eos: the first prompt
+    # whose free greedy run emits 3 stops right after it without ignore_eos.
     eng = engine()
     req = eng.add_request(ids(3, 12), dict(temperature=0.0))
     assert [r for r in eng.scheduler.waiting if r.request_id == req][0].eos_token_id == 3
+    for seed in range(3, 30):   # 40 greedy tokens of 128: 3 comes up within a few prompts
+        free = engine().generate([ids(seed, 12)], SamplingParams(
+            temperature=0.0, max_tokens=40, ignore_eos=True))[0].output_token_ids
+        if 3 in free[:-1]:
+            break
+    else:
+        pytest.fail("no prompt emitted token 3")
+    out = engine().generate([ids(seed, 12)], SamplingParams(temperature=0.0,
+                                                             max_tokens=40))[0]
+    assert out.output_token_ids == free[:free.index(3) + 1] and out.finish_reason == "stop"
 
 
 def test_seeded_sampling_is_reproducible():

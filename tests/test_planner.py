@@ -1139,7 +1139,9 @@ def test_a_candidate_that_could_be_cheaper_is_tried_at_fewer_replicas():
         res = plan(sc, ex)
     first, second = sorted(res.rows, key=lambda r: -r.search.max_rate)
     assert res.best is first and first.confirmed and first.replicas == 3
-    assert first.costs["cost_per_hour"] == pytest.approx(3 * 5.98)
+    from simulator.catalog import load_hardware
+    tp2 = 2 * load_hardware(sc.hardware.profile).price_per_gpu_hour   # one replica: 2 GPUs
+    assert first.costs["cost_per_hour"] == pytest.approx(3 * tp2)
     assert second.costs_ci95["cost_per_hour"][0] is not None
     assert not second.confirmed
     assert [(c["replicas"], c["feasible"]) for c in second.confirmation] == [(2, False)]

@@ -203,6 +203,26 @@ def test_g3_the_watermark_keeps_blocks_free_for_the_running():
         SchedulerConfig(watermark=1.0)
 
 
+def test_g4_all_decode_steps_are_taken_whole_with_their_context():
+    # Prefix caching off: both requests are light steady decodes after their prefill step.
+    # Step k >= 2 decodes A at position k + 3 and B at k + 5 (prompts of 5 and 7), so the
+    # context, each incl. its new token, is (k + 4) + (k + 6) = 2k + 10. Steps 2-9 are
+    # quiet; step 10 samples both requests' 10th token and finishes them, so it is
+    # scheduled.
+    s = make(max_num_batched_tokens=64, block_size=4, enable_prefix_caching=False)
+    s.add_request(req("A", [("a", 5)], max_tokens=10))
+    s.add_request(req("B", [("b", 7)], max_tokens=10))
+    assert s.quiet_step() is None   # prompts to prefill
+    assert step(s)[0] == [("A", 5, 0, True), ("B", 7, 0, True)]
+    for k in range(2, 10):
+        assert s.quiet_step() == 2 * k + 10, k
+        s.check_invariants()
+    assert s.quiet_step() is None
+    r, _, fin, plan = step(s)
+    assert (r, fin, plan.decode_context_tokens) == ([("A", 1, 13, True), ("B", 1, 15, True)],
+                                                    ["A", "B"], 30)
+
+
 def test_h_second_request_hits_blocks_the_first_fills_in_the_same_step():
     s = make()
     s.add_request(req("A", [("sys", 8), ("a", 4)], max_tokens=1))
