@@ -116,7 +116,9 @@ def engine_config(scenario, num_gpu_blocks: int, seed: int = 0) -> dict:
             "max_model_len": scenario.max_model_len,
             "enable_prefix_caching": e.enable_prefix_caching,
             "scheduler_reserve_full_isl": e.scheduler_reserve_full_isl,
-            "watermark": e.watermark, "num_gpu_blocks": int(num_gpu_blocks), "dtype": scenario.dtype, "device": "cpu",
+            "watermark": e.watermark,
+            "long_prefill_token_threshold": e.long_prefill_token_threshold,
+            "num_gpu_blocks": int(num_gpu_blocks), "dtype": scenario.dtype, "device": "cpu",
             "seed": seed}
 
 

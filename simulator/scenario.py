@@ -183,6 +183,10 @@ class EngineConfig(_Strict):
         "share of the KV blocks kept free when a waiting or preempted request is admitted "
         "while others run: room for the running to grow before preemption (vllm serve "
         "--watermark, default 0)"))
+    long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_COUNT, description=(
+        "most prompt tokens one request computes per step while others run or wait, so a "
+        "long prompt leaves budget to the rest (vllm serve --long-prefill-token-threshold; "
+        "0, the default: no cap)"))
 
     _vllm_block_size = field_validator("block_size")(vllm_block_size)
 
@@ -553,7 +557,8 @@ class Scenario(_Strict):
                 max_model_len=max(1, max_len), block_size=e.block_size,
                 num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=e.enable_prefix_caching,
                 scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
-                watermark=e.watermark)
+                watermark=e.watermark,
+                long_prefill_token_threshold=e.long_prefill_token_threshold)
         except ValueError as err:
             raise self.error("engine", str(err)) from None
 

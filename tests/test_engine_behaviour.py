@@ -36,13 +36,14 @@ def ids(seed, n):
     return torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("watermark", [0.0, 0.1])
-def test_engine_steps_equal_a_policy_only_run(watermark):
+@pytest.mark.parametrize("watermark,threshold", [(0.0, 0), (0.1, 0), (0.0, 20)])
+def test_engine_steps_equal_a_policy_only_run(watermark, threshold):
     """The engine's steps are exactly the plans of a bare Scheduler on the same requests
-    (with vLLM's watermark too: the engine passes it to the one scheduler)."""
+    (with vLLM's watermark and long-prefill threshold too: the engine passes them to the
+    one scheduler)."""
     prompts = [ids(i, n) for i, n in enumerate((70, 9, 33, 120, 16))]
     eng = engine(block_size=8, num_gpu_blocks=34, max_num_batched_tokens=48,
-                 watermark=watermark)
+                 watermark=watermark, long_prefill_token_threshold=threshold)
     for i, p in enumerate(prompts):
         eng.add_request(p, dict(temperature=0.0, max_tokens=12, ignore_eos=True),
                         request_id=i)
@@ -51,15 +52,17 @@ def test_engine_steps_equal_a_policy_only_run(watermark):
         eng.scheduler.check_invariants()
     sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=48,
                                       max_model_len=256, block_size=8, num_gpu_blocks=34,
-                                      watermark=watermark))
+                                      watermark=watermark,
+                                      long_prefill_token_threshold=threshold))
     for i, p in enumerate(prompts):
         sched.add_request(Request(request_id=i, prompt_token_ids=p, max_tokens=12))
-    plans = []
+    plans, chunks = [], set()
     while sched.has_unfinished_requests():
         plan = sched.schedule()
         plans.append(([(e.request_id, e.num_new_tokens, e.num_computed_before)
                        for e in plan.prefills], plan.num_decodes,
                       [r.request_id for r in plan.preempted]))
+        chunks |= {e.num_new_tokens for e in plan.prefills}
         sched.update(plan)
     got = [(s.prefills, s.num_decodes, s.preempted) for s in eng.step_records]
     assert got == plans
@@ -68,6 +71,7 @@ def test_engine_steps_equal_a_policy_only_run(watermark):
     # admission leave the running room to grow here
     assert sched.stats.num_preemptions > 0 if not watermark else \
         sched.stats.num_preemptions == 0 and sched._watermark_blocks == 3
+    assert max(chunks) == (threshold or 48)   # a chunk never passes the threshold
 
 
 def test_shared_prefix_batch_skips_exactly_the_cached_tokens():

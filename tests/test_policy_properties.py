@@ -5,6 +5,7 @@ steady-decode shortcut), sharing only the KV cache manager. On random workloads 
 produce the same plan, preemptions and finishes at every step.
 """
 
+import math
 from collections import deque
 
 from hypothesis import HealthCheck, given, settings
@@ -39,10 +40,12 @@ class NaiveScheduler:
     def schedule(self):
         cfg, kv = self.cfg, self.kv
         budget, sched, preempted, hits = cfg.max_num_batched_tokens, {}, [], {}
+        cap = (cfg.long_prefill_token_threshold
+               if len(self.running) + len(self.waiting) > 1 else 0) or math.inf
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
-            n = min(r.num_tokens - r._computed, budget, cfg.max_model_len - r._computed)
+            n = min(r.num_tokens - r._computed, cap, budget, cfg.max_model_len - r._computed)
             if n <= 0:
                 i += 1
                 continue
@@ -66,7 +69,7 @@ class NaiveScheduler:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 r = self.waiting[0]
                 blocks, n_hit = kv.get_computed_blocks(r)
-                n = min(r.num_tokens - n_hit, budget)
+                n = min(r.num_tokens - n_hit, cap, budget)
                 if kv.pool.num_gpu_blocks is not None:
                     # the whole sequence so far (or the chunk alone) must fit: its blocks
                     # beyond the hits, the hits that are free (vLLM full_sequence_must_fit)
@@ -113,7 +116,8 @@ def scenarios(draw):
                           max_model_len=mml, block_size=bs, num_gpu_blocks=blocks,
                           enable_prefix_caching=draw(st.booleans()),
                           scheduler_reserve_full_isl=draw(st.booleans()),
-                          watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])))
+                          watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])),
+                          long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])))
     reqs = []
     for i in range(draw(st.integers(1, 12))):
         segs = []

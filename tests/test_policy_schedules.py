@@ -223,6 +223,34 @@ def test_g4_all_decode_steps_are_taken_whole_with_their_context():
                                                     ["A", "B"], 30)
 
 
+def test_g5_long_prefill_token_threshold_shares_the_budget_between_prompts():
+    # vLLM's long_prefill_token_threshold 4, budget 16: two 10-token prompts get 4 tokens
+    # each per step (4 + 4, 4 + 4, then the last 2 + 2, which sample), where without it the
+    # first takes 10 at once and the second the 6 left. A prompt alone has nobody to starve:
+    # no cap.
+    def run(threshold, prompts=("A", "B")):
+        s = make(max_num_batched_tokens=16, block_size=4, enable_prefix_caching=False,
+                 long_prefill_token_threshold=threshold)
+        for rid in prompts:
+            s.add_request(req(rid, [(rid.lower(), 10)], max_tokens=2))
+        return s
+
+    s = run(4)
+    assert [step(s)[0] for _ in range(4)] == [
+        [("A", 4, 0, False), ("B", 4, 0, False)],
+        [("A", 4, 4, False), ("B", 4, 4, False)],
+        [("A", 2, 8, True), ("B", 2, 8, True)],
+        [("A", 1, 10, True), ("B", 1, 10, True)]]
+    s = run(0)
+    assert [step(s)[0] for _ in range(2)] == [
+        [("A", 10, 0, True), ("B", 6, 0, False)],
+        [("A", 1, 10, True), ("B", 4, 6, True)]]
+    assert step(run(4, "C"))[0] == [("C", 10, 0, True)]
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be in "
+                                         "\\[0, max_model_len \\(256\\)\\], got 300"):
+        SchedulerConfig(max_model_len=256, long_prefill_token_threshold=300)
+
+
 def test_h_second_request_hits_blocks_the_first_fills_in_the_same_step():
     s = make()
     s.add_request(req("A", [("sys", 8), ("a", 4)], max_tokens=1))

@@ -67,7 +67,8 @@ def test_brief_error_examples(chat):
         f"chat.yaml:{line_of(chat, 'max_num_seq: 8')}: engine.max_num_seq: unknown key "
         "(allowed: block_size, max_num_seqs, "
         "max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
-        "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl, watermark)")
+        "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl, watermark, "
+        "long_prefill_token_threshold)")
     chat.write_text(yaml.safe_dump(BASE))
     assert err(load_scenario, chat, ["engine.block_size=abc"]) == (
         "--set engine.block_size=abc: Input should be a valid integer >= 1 (got 'abc')")
@@ -256,7 +257,7 @@ def test_a_key_that_is_not_text_is_named_as_written(tmp_path, chat):
     p = tmp_path / "s.yaml"
     allowed = ("block_size, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, "
                "enable_prefix_caching, max_model_len, num_gpu_blocks, "
-               "scheduler_reserve_full_isl, watermark")
+               "scheduler_reserve_full_isl, watermark, long_prefill_token_threshold")
     for key in ("true", "3", "null", "1.5"):
         p.write_text(yaml.safe_dump(BASE, sort_keys=False) + f"engine:\n  {key}: 1\n")
         assert err(load_scenario, p) == (
@@ -353,6 +354,13 @@ def test_scheduler_config():
             cfg.watermark) == (4, 8, None, 2048, 0.0)
     assert scenario_from_dict({**BASE, "engine": {"watermark": 0.01}}).scheduler_config(
         None).watermark == 0.01
+    cfg = scenario_from_dict({**BASE, "engine": {"long_prefill_token_threshold": 512}}
+                             ).scheduler_config(None)
+    assert cfg.long_prefill_token_threshold == 512
+    # past max_model_len (vLLM refuses it at start-up too)
+    assert "long_prefill_token_threshold must be in [0, max_model_len (2048)], got 4096" in err(
+        scenario_from_dict({**BASE, "engine": {"long_prefill_token_threshold": 4096}}
+                           ).scheduler_config, None)
     assert "engine.watermark" in err(scenario_from_dict, {**BASE, "engine": {"watermark": 1}})
     # default max_model_len is capped to what (N - 1) blocks hold
     assert sc.scheduler_config(101).max_model_len == 800

@@ -232,5 +232,7 @@ def test_engine_scenario_takes_vllms_effective_knobs():
     assert not engine_scenario(sc, eng).scheduler_config(2048).scheduler_reserve_full_isl
     # vLLM's watermark is served as it ran (0 where vLLM has no such knob)
     assert engine_scenario(sc, eng).scheduler_config(2048).watermark == 0.0
-    eng.knobs = {"scheduler_reserve_full_isl": True, "watermark": 0.05}
-    assert engine_scenario(sc, eng).scheduler_config(2048).watermark == 0.05
+    eng.knobs = {"scheduler_reserve_full_isl": True, "watermark": 0.05,
+                 "long_prefill_token_threshold": 64}
+    cfg = engine_scenario(sc, eng).scheduler_config(2048)
+    assert (cfg.watermark, cfg.long_prefill_token_threshold) == (0.05, 64)

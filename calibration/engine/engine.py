@@ -51,6 +51,8 @@ class EngineConfig(BaseModel):
             fits in the free KV blocks (vLLM's knob; default on).
         watermark: share of the KV blocks kept free when admitting while others run
             (vLLM's knob; default 0).
+        long_prefill_token_threshold: most prompt tokens per request and step while others
+            run or wait (vLLM's knob; default 0, no cap).
         num_gpu_blocks: KV blocks incl. the null block; overrides the memory-based size
             (vLLM ``num_gpu_blocks_override``).
         kv_cache_memory_bytes: KV budget on cpu (vLLM ``VLLM_CPU_KVCACHE_SPACE``; also
@@ -74,6 +76,7 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     scheduler_reserve_full_isl: bool = True
     watermark: float = Field(0.0, ge=0.0, lt=1.0)
+    long_prefill_token_threshold: int = Field(0, ge=0)
     num_gpu_blocks: int | None = Field(None, ge=2)
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
@@ -189,7 +192,8 @@ class LLMEngine:
                 block_size=cfg.block_size, num_gpu_blocks=self.num_gpu_blocks,
                 enable_prefix_caching=cfg.enable_prefix_caching,
                 scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
-                watermark=cfg.watermark)
+                watermark=cfg.watermark,
+                long_prefill_token_threshold=cfg.long_prefill_token_threshold)
         except ValueError as e:
             raise InputError(f"engine: {e}") from None
         self.max_concurrency = report_kv_cache(self.num_gpu_blocks, cfg.block_size, max_len,

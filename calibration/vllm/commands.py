@@ -243,7 +243,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 def engine_scenario(scenario, eng):
     """``scenario`` with the engine knobs vLLM actually runs (block_size, num_gpu_blocks,
     batch limits, max_model_len, prefix caching, the whole-prompt admission check, the
-    watermark), so the
+    watermark, the long-prefill threshold), so the
     simulator serves the same engine. A vLLM without ``scheduler_reserve_full_isl``
     (``"absent"`` in its knobs) admitted on the first chunk alone."""
     upd = {"block_size": eng.block_size, "num_gpu_blocks": eng.num_gpu_blocks,
@@ -252,14 +252,17 @@ def engine_scenario(scenario, eng):
            "max_model_len": eng.max_model_len,
            "enable_prefix_caching": eng.enable_prefix_caching,
            "scheduler_reserve_full_isl": eng.knobs.get("scheduler_reserve_full_isl") is True,
-           "watermark": _watermark(eng.knobs)}
+           "watermark": _number(eng.knobs, "watermark", float),
+           "long_prefill_token_threshold": _number(eng.knobs, "long_prefill_token_threshold",
+                                                   int)}
     return scenario.model_copy(update={"engine": scenario.engine.model_copy(update=upd)})
 
 
-def _watermark(knobs: dict) -> float:
-    """vLLM's effective ``watermark`` (0 for a vLLM without the knob: ``"absent"``)."""
-    w = knobs.get("watermark")
-    return float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else 0.0
+def _number(knobs: dict, name: str, kind):
+    """vLLM's effective numeric knob ``name`` as ``kind`` (0 for a vLLM without it, whose
+    knobs say ``"absent"``: off, as the default)."""
+    v = knobs.get(name)
+    return kind(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else kind(0)
 
 
 def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
@@ -305,6 +308,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
                 max_num_batched_tokens=scenario.max_num_batched_tokens,
                 enable_prefix_caching=scenario.engine.enable_prefix_caching,
                 block_size=scenario.engine.block_size, watermark=scenario.engine.watermark,
+                long_prefill_token_threshold=scenario.engine.long_prefill_token_threshold,
                 seed=seed)
     eng = engine if engine is not None and getattr(engine, "built_with", None) == want \
         else None

@@ -32,8 +32,9 @@ class VllmEngine:
         model_dir: Hugging Face model folder vLLM loads (e.g. ``/tmp/vllm-peer-model``).
         dtype, max_model_len, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
             seed: passed to ``vllm.EngineArgs``; ``block_size`` too unless ``None`` (vLLM's
-            platform default: 128 on CPU), and ``watermark`` unless 0 (vLLM's default; a
-            vLLM without the knob refuses another).
+            platform default: 128 on CPU), and ``watermark`` and
+            ``long_prefill_token_threshold`` unless 0 (vLLM's defaults; a vLLM without the
+            knob refuses another).
 
     Attributes:
         knobs: :func:`calibration.vllm.core.engine_knobs` of the built engine (effective
@@ -46,7 +47,8 @@ class VllmEngine:
 
     def __init__(self, model_dir: str, *, dtype: str, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, enable_prefix_caching: bool = True,
-                 block_size: int | None = None, watermark: float = 0.0, seed: int = 0):
+                 block_size: int | None = None, watermark: float = 0.0,
+                 long_prefill_token_threshold: int = 0, seed: int = 0):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import EngineArgs, LLMEngine
 
@@ -59,6 +61,8 @@ class VllmEngine:
             kw["block_size"] = int(block_size)
         if watermark:
             kw["watermark"] = float(watermark)
+        if long_prefill_token_threshold:
+            kw["long_prefill_token_threshold"] = int(long_prefill_token_threshold)
         self.llm = LLMEngine.from_engine_args(EngineArgs(**kw))
         core = getattr(self.llm.engine_core, "engine_core", None)
         if core is None:

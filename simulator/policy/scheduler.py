@@ -20,6 +20,8 @@ DESIGN.md §3):
    not only the chunk scheduled now (vLLM ``allocate_slots(full_sequence_must_fit=True)``);
    while others run, ``int(watermark × num_gpu_blocks)`` blocks must stay free besides
    (vLLM's ``watermark``, default 0).
+   A prompt computes at most ``long_prefill_token_threshold`` tokens per step (when set and
+   more than one request runs or waits), in both passes.
 3. ``num_computed_tokens`` advances at scheduling time; a partial prefill samples nothing;
    the first output token comes from the step that computes the last prompt token.
 
@@ -75,6 +77,10 @@ class SchedulerConfig:
             [0, 1), default 0: ``KVCacheManager.allocate_slots`` adds
             ``int(watermark × num_blocks)`` to the blocks an admission needs when
             ``self.running`` is not empty).
+        long_prefill_token_threshold: most prompt tokens one request computes in a step,
+            so that a long prompt does not take the whole budget from the others; 0 (the
+            default) caps nothing, nor does it apply in a step with one request running or
+            waiting (vLLM ``SchedulerConfig.long_prefill_token_threshold``).
 
     Raises:
         ValueError: a knob out of range, naming it; or a cache too small for one request
@@ -89,10 +95,15 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self):
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if not 0 <= self.long_prefill_token_threshold <= self.max_model_len:
+            raise ValueError(f"long_prefill_token_threshold must be in [0, max_model_len "
+                             f"({self.max_model_len})], got "
+                             f"{self.long_prefill_token_threshold}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -259,6 +270,7 @@ class Scheduler:
         self._budget = 0
         self._watermark_blocks = (int(config.watermark * config.num_gpu_blocks)
                                   if config.num_gpu_blocks is not None else 0)
+        self._chunk_cap = 0   # this step's long_prefill_token_threshold (0: none)
         self.stats = SchedulerStats()
 
     # -- queue management -----------------------------------------------------------
@@ -310,6 +322,9 @@ class Scheduler:
         # Every steady decode gets its one token (max_num_batched_tokens >= max_num_seqs).
         max_tokens = self._max_tokens
         self._budget = max_tokens - len(steady)
+        # nobody to starve when one request runs or waits (vLLM scheduler.schedule)
+        self._chunk_cap = (self.config.long_prefill_token_threshold
+                           if len(self.running) + len(self.waiting) > 1 else 0)
         events = self._alloc_events.pop(tick, None)
         crossing = self._phase[(1 - tick) % self._block_size]
         if events or self._prefilling:
@@ -407,7 +422,8 @@ class Scheduler:
                     self._schedule_alloc_event(r, tick + 1)
                 continue
             before = r._computed
-            n = min(r.num_tokens - before, self._budget, cfg.max_model_len - before)
+            n = min(self._capped(r.num_tokens - before), self._budget,
+                    cfg.max_model_len - before)
             if n <= 0:
                 continue
             new = self._allocate(r, before + n, preempted)
@@ -423,7 +439,7 @@ class Scheduler:
         while waiting and self._budget > 0 and len(running) < cfg.max_num_seqs:
             r = waiting[0]
             hits, n_hit = kv.get_computed_blocks(r)
-            n = min(r.num_tokens - n_hit, self._budget)
+            n = min(self._capped(r.num_tokens - n_hit), self._budget)
             keep = self._watermark_blocks if running else 0   # headroom for the running
             if (cfg.scheduler_reserve_full_isl and n_hit + n < r.num_tokens
                     and not kv.fits(r, min(r.num_tokens, cfg.max_model_len), hits, keep)):
@@ -449,6 +465,11 @@ class Scheduler:
             self._budget -= n
             plan.prefills.append(ScheduledRequest(r, n, n_hit, n_hit + n == r.num_tokens,
                                                   new, n_hit, True))
+
+    def _capped(self, n: int) -> int:
+        """``n`` new tokens of one request, cut to this step's long-prefill threshold."""
+        cap = self._chunk_cap
+        return cap if 0 < cap < n else n
 
     def _allocate(self, r: Request, num_tokens: int, preempted: list) -> list | None:
         """Allocate for ``r``, preempting from the tail until it fits; None if r was."""
