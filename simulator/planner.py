@@ -521,7 +521,8 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
     it was not: infeasible, or one replica costs as much as the cheapest), cost per hour and per
     million output tokens (+ CI), operating-point TTFT and TPOT p99 (+ CI) and every
     statistic an SLO names (``e2el_p99_ms``, ``ttft_p50_ms``, + CI; their column names in
-    ``table.attrs["slo_columns"]``), cost kind, status.
+    ``table.attrs["slo_columns"]``), ``operating_replications`` (the runs behind those
+    figures and CIs), cost kind, status.
 
     A ``*_ci95`` cell is ``[lo, hi]``, ``None`` where there is no interval (one
     replication, no max rate), or has one end ``None`` where the rate search bounded the
@@ -553,6 +554,8 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
             "ttft_p99_ci95": _get(op, ("ttft_ms", "p99", "ci95")),
             "tpot_p99_ms": _get(op, ("tpot_ms", "p99", "mean")),
             "tpot_p99_ci95": _get(op, ("tpot_ms", "p99", "ci95")),
+            # runs behind the operating figures: with 2, a CI spans ±12.7 standard errors
+            "operating_replications": _get(op, ("ttft_ms", "p99", "n")),
             "cost_kind": c.cost_kind,
             "status": (c.error or (s.note if s and s.max_rate == 0 else None)
                        or (f"needs {_count(r.beyond_max_replicas)} replicas (> plan.max_replicas)"

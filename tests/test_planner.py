@@ -418,6 +418,8 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     import pandas as pd
     plan_json = json.loads((tmp_path / "pl" / "plan.json").read_text())["candidates"]
     plan_csv = pd.read_csv(tmp_path / "pl" / "plan.csv")
+    # plan.min_replications 2 (default) = max_replications 2: every figure from 2 runs
+    assert set(plan_csv["operating_replications"].dropna()) == {2}
     ci_cols = [c for c in plan_json[0] if c.endswith("_ci95")]
     assert ci_cols and not any(c in plan_csv for c in ci_cols)
     for c in ci_cols:
