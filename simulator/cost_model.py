@@ -75,9 +75,10 @@ DEFAULT_PER_REQUEST_S = 1.0e-5
 # budget ("non_torch_memory": cuBLAS workspaces and, with tensor_parallel > 1, NCCL and
 # custom all-reduce buffers, created after its baseline snapshot), per GPU. Published
 # start-up logs: 0.05-0.34 GiB on one GPU; with tensor_parallel > 1, 0.7-2.2 GiB (A100-40GB
-# and MI-series TP8: 1.07-2.15 GiB; vLLM PR #10511, H100 Llama-3-8B: 1.79 GiB at TP1, 3.58
-# at TP2). Estimates, on the side that leaves the KV cache smaller: measure yours in the
-# log line "non_torch_memory takes ..." (or engine.num_gpu_blocks to set the cache).
+# and MI-series TP8: 1.07-2.15 GiB). vLLM PR #10511's early profiler read 1.79 GiB at TP1
+# and 3.58 at TP2 (H100, Llama-3-8B): TP2's buffers added 1.79 GiB. Estimates, at or above
+# most logs (a KV cache too small rather than too large): measure yours in the log line
+# "non_torch_memory takes ..." (or set the cache with engine.num_gpu_blocks).
 NON_TORCH_BYTES = 512 * (1 << 20)
 NON_TORCH_TP_BYTES = 2 * (1 << 30)
 

@@ -558,7 +558,8 @@ class Scenario(_Strict):
                 num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=e.enable_prefix_caching,
                 scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
                 watermark=e.watermark,
-                long_prefill_token_threshold=e.long_prefill_token_threshold)
+                # a default max_model_len capped to the cache caps the threshold with it
+                long_prefill_token_threshold=min(e.long_prefill_token_threshold, max_len))
         except ValueError as err:
             raise self.error("engine", str(err)) from None
 
@@ -688,6 +689,11 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
         fail(("engine", "max_model_len"),
              f"{sc.engine.max_model_len} is longer than the model's max_position_embeddings "
              f"({shape.max_position_embeddings})", also=("model",))
+    lpt = sc.engine.long_prefill_token_threshold
+    if lpt > sc.max_model_len:   # vLLM's check, against the length before any KV cap
+        fail(("engine", "long_prefill_token_threshold"),
+             f"{lpt} cannot be greater than max_model_len ({sc.max_model_len}), as vLLM "
+             f"requires", also=("engine.max_model_len", "model"))
     prefix = sc.workload.prefix
     if prefix is not None and prefix.shared_tokens >= sc.max_model_len:
         # every prompt starts with it and has a token of its own: vLLM refuses them all

@@ -357,10 +357,14 @@ def test_scheduler_config():
     cfg = scenario_from_dict({**BASE, "engine": {"long_prefill_token_threshold": 512}}
                              ).scheduler_config(None)
     assert cfg.long_prefill_token_threshold == 512
-    # past max_model_len (vLLM refuses it at start-up too)
-    assert "long_prefill_token_threshold must be in [0, max_model_len (2048)], got 4096" in err(
-        scenario_from_dict({**BASE, "engine": {"long_prefill_token_threshold": 4096}}
-                           ).scheduler_config, None)
+    # past max_model_len (vLLM refuses it at start-up too) ...
+    assert err(scenario_from_dict, {**BASE, "engine": {"long_prefill_token_threshold": 4096}}
+               ).endswith("engine.long_prefill_token_threshold: 4096 cannot be greater than "
+                          "max_model_len (2048), as vLLM requires")
+    # ... but not past a default max_model_len capped to the cache: capped with it
+    capped = scenario_from_dict({**BASE, "engine": {"long_prefill_token_threshold": 2048}}
+                                ).scheduler_config(65)   # 64 blocks of 16: 1024 tokens
+    assert (capped.max_model_len, capped.long_prefill_token_threshold) == (1024, 1024)
     assert "engine.watermark" in err(scenario_from_dict, {**BASE, "engine": {"watermark": 1}})
     # default max_model_len is capped to what (N - 1) blocks hold
     assert sc.scheduler_config(101).max_model_len == 800

@@ -236,3 +236,16 @@ def test_engine_scenario_takes_vllms_effective_knobs():
                  "long_prefill_token_threshold": 64}
     cfg = engine_scenario(sc, eng).scheduler_config(2048)
     assert (cfg.watermark, cfg.long_prefill_token_threshold) == (0.05, 64)
+
+
+def test_vllm_knobs_the_policy_does_not_model_are_named():
+    from calibration.vllm.core import not_modelled
+
+    assert not_modelled({"long_prefill_token_threshold_adaptive": False,
+                         "max_num_scheduled_tokens": None}, 512) == ""
+    assert not_modelled({"long_prefill_token_threshold_adaptive": "absent",
+                         "max_num_scheduled_tokens": 512}, 512) == ""
+    assert not_modelled({"long_prefill_token_threshold_adaptive": True,
+                         "max_num_scheduled_tokens": 256}, 512) == (
+        "long_prefill_token_threshold_adaptive=True, max_num_scheduled_tokens=256 "
+        "(max_num_batched_tokens 512)")

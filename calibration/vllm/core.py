@@ -260,6 +260,8 @@ KNOB_PATHS = {
     "max_model_len": "model_config.max_model_len",
     "enable_chunked_prefill": "scheduler_config.enable_chunked_prefill",
     "long_prefill_token_threshold": "scheduler_config.long_prefill_token_threshold",
+    "long_prefill_token_threshold_adaptive":
+        "scheduler_config.long_prefill_token_threshold_adaptive",
     "max_num_partial_prefills": "scheduler_config.max_num_partial_prefills",
     "policy": "scheduler_config.policy",
     "scheduler_reserve_full_isl": "scheduler_config.scheduler_reserve_full_isl",
@@ -310,6 +312,21 @@ def engine_knobs(vllm_config, environ=None) -> dict:
 _ABSENT = object()
 
 
+def not_modelled(knobs: dict, max_num_batched_tokens: int) -> str:
+    """The scheduler knobs of a vLLM engine (:func:`engine_knobs`) that servesim's policy
+    does not model, as ``name=value`` text (empty when none): the adaptive long-prefill
+    threshold, and a step budget (``max_num_scheduled_tokens``) other than
+    ``max_num_batched_tokens``."""
+    out = []
+    if knobs.get("long_prefill_token_threshold_adaptive") is True:
+        out.append("long_prefill_token_threshold_adaptive=True")
+    m = knobs.get("max_num_scheduled_tokens")
+    if m not in (None, "absent", max_num_batched_tokens):
+        out.append(f"max_num_scheduled_tokens={m} (max_num_batched_tokens "
+                   f"{max_num_batched_tokens})")
+    return ", ".join(out)
+
+
 # == foreign CPU load ===========================================================================
 
 def read_proc_stat(path: str = "/proc/stat") -> tuple[int, int]:
@@ -356,5 +373,5 @@ def _own_cpu_s() -> float:
 
 __all__ = ["KNOB_ENV", "KNOB_PATHS", "LoadMeter", "RecordBook", "Run", "Scheduled",
            "VllmGrid", "default_vllm_grid", "engine_knobs", "external_id", "foreign_cpu_pct",
-           "label_steps", "measurement_rows", "read_proc_stat", "schedule_passes",
+           "label_steps", "measurement_rows", "not_modelled", "read_proc_stat", "schedule_passes",
            "step_kind", "summarise"]

@@ -22,7 +22,7 @@ import time
 
 from simulator.errors import InputError
 
-from .core import RecordBook, Scheduled, engine_knobs, external_id, summarise
+from .core import RecordBook, Scheduled, engine_knobs, external_id, not_modelled, summarise
 
 
 class VllmEngine:
@@ -85,6 +85,9 @@ class VllmEngine:
             raise RuntimeError(f"vLLM runs with async_scheduling="
                                f"{self.knobs['async_scheduling']}; servesim models the "
                                f"synchronous loop")
+        unmodelled = not_modelled(self.knobs, self.max_num_batched_tokens)
+        if unmodelled:
+            raise RuntimeError(f"vLLM runs with {unmodelled}, which servesim does not model")
         self._hook()
         self._t0 = time.perf_counter_ns()
         self.steps: list = []
