@@ -386,6 +386,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if not 0 < args.gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be "
                          f"in (0, 1]")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be >= 1, got {args.threads}")
+    model_arg(args.model)   # the catalog needs no torch: a typo is said before torch is
     require_torch()   # after the flags that need no torch, as validate does
     import torch
 
@@ -411,8 +414,6 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError("--device cuda: torch sees no CUDA device")
     if args.threads is not None:
-        if args.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {args.threads}")
         cpus = len(os.sched_getaffinity(0))
         if args.threads > cpus:   # threads sharing a core time the sharing, not the device
             raise InputError(f"--threads {args.threads}: this process may use {cpus} CPUs; "

@@ -629,3 +629,20 @@ def test_a_cpu_profile_names_the_instruction_sets_its_matmuls_ran_on(tmp_path, f
     info.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n")
     assert cpu_isa(str(info)) == isa
     assert cpu_isa(str(tmp_path / "missing")) == ""
+
+
+def test_calibrate_names_a_bad_model_before_a_missing_torch(tmp_path, capsys, monkeypatch):
+    # a planner-only install (no torch) hears of its typo first, then of torch
+    import importlib.util
+
+    from simulator.cli import main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    out = ["--out", str(tmp_path / "p.yaml"), "--report-dir", str(tmp_path / "r")]
+    assert main(["calibrate", "--model", "llama-tiny-56n", *out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: --model llama-tiny-56n") and "torch" not in err
+    assert main(["calibrate", "--model", "llama-tiny-56m", *out]) == 2
+    assert "needs torch" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
