@@ -89,7 +89,7 @@ def _cmd_run(args) -> int:
     warnings = [w.removeprefix(prefix) for w in [
         profile_warning(cost), cost.kv_warning, ramp,
         *workload_warnings(scenario.workload, scenario.base_dir),
-        None if ramp else tail_warning(results[0].summary, scenario.sim.replications)] if w]
+        None if ramp else tail_warning(scenario, results[0].summary)] if w]
     paths = write_run_outputs(out, results[0], title=scenario.name,
                               meta=report_meta(scenario, results[0].summary),
                               replications=combined, diagnosis=diagnosis, warnings=warnings)

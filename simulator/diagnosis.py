@@ -23,8 +23,10 @@ limits a vLLM operator can turn, in this order:
   budget binds; else only faster steps (a faster GPU, a higher tensor_parallel). Also a
   miss although no two requests were ever in the system at once (step-cost noise,
   ``cost_noise: empirical``).
-* ``kv_capacity``: preemptions (vLLM V1 preempts the last running request when a block
-  cannot be allocated; with ``scheduler_reserve_full_isl`` off the knob is named too), or
+* ``kv_capacity``: queueing while ``engine.watermark`` holds admission back (the cache's
+  peak within :data:`WATERMARK_NEAR` of the share the watermark leaves), preemptions
+  (vLLM V1 preempts the last running request when a block cannot be allocated; with
+  ``scheduler_reserve_full_isl`` off, or no watermark, those knobs are named too), or
   queueing while running requests are below ``max_num_seqs`` and the KV cache is nearly
   full, or as many ran at once as it holds at their mean length (a few long requests fill
   it, leaving fewer blocks free than one needs): admission waits for free blocks. The
@@ -81,6 +83,8 @@ QUEUE_STEPS = 4.0
 BUSY = 0.85
 #: Mean KV usage above which the cache counts as nearly full.
 KV_FULL = 0.9
+#: Peak KV usage / (1 − engine.watermark) above which the watermark holds admission back.
+WATERMARK_NEAR = 0.9
 #: Mean running requests per replica / max_num_seqs above which the cap binds.
 SEQS_BUSY = 0.8
 #: Share of the waiting done while every sequence slot is taken above which the slots bind.
@@ -565,7 +569,19 @@ def find_limits(scenario, result) -> dict:
     # Requests of the mean length (prompt + output) the cache holds at once: a cache of a few
     # long requests is full at their count, though blocks (less than one request's) are free.
     holds = figures["kv_holds_requests"] = _kv_holds(scenario, result)
-    if pre > 0:
+    # vLLM's watermark keeps a share of the blocks free at admission while others run:
+    # requests wait with the cache that far from full, the held-back blocks "free"
+    kv_max = kv.get("max") or 0.0
+    held_back = figures["watermark_holds_admission"] = bool(
+        queued and e.watermark and kv_max >= WATERMARK_NEAR * (1 - e.watermark))
+    if held_back:
+        found.append(_finding(
+            "kv_capacity", f"{held} while the KV cache is at most {kv_max:.0%} full: "
+            f"engine.watermark {e.watermark:g} keeps {e.watermark:.0%} of its blocks free "
+            f"when a request is admitted while others run",
+            "lower engine.watermark (vLLM's default is 0; it trades waiting for fewer "
+            "preemptions), or more KV cache", "engine.watermark=0"))
+    elif pre > 0:
         if not e.scheduler_reserve_full_isl:   # admitted on a first chunk, later preempted
             kv_knob += ("; or engine.scheduler_reserve_full_isl=true (vLLM's default: admit "
                         "a request only when its whole prompt fits in the free blocks)")

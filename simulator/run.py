@@ -177,19 +177,27 @@ def memory_warning(scenario, physical_bytes: int | None = None) -> str | None:
 MIN_TAIL_REQUESTS = 1000
 
 
-def tail_warning(summary: dict, replications: int) -> str | None:
+def tail_warning(scenario, summary: dict) -> str | None:
     """Why a single run's p99 figures are not to be trusted (None when they are): fewer
-    than :data:`MIN_TAIL_REQUESTS` counted requests (``summary["completed"]``) and no
-    replications to show their spread. The p99 of n values interpolates between the
-    ⌈n/100⌉ + 1 largest (numpy's linear method, as vllm bench serve)."""
+    than :data:`MIN_TAIL_REQUESTS` counted requests (``summary["completed"]``, warm-up
+    left out) and no replications to show their spread (a trace's would be identical).
+    The p99 of n values interpolates between the ⌈n/100⌉ + 1 largest (numpy's linear
+    method, as vllm bench serve): the 2 largest up to 100 requests."""
     n = summary.get("completed") or 0
-    if replications > 1 or n == 0 or n >= MIN_TAIL_REQUESTS:
+    trace = scenario.workload.trace is not None
+    if (scenario.sim.replications > 1 and not trace) or n == 0 or n >= MIN_TAIL_REQUESTS:
         return None
-    top = -(-n // 100) + 1
-    return (f"the p99 figures rest on {n} requests (their {top} slowest set them), and a run "
-            f"this short may end before queues reach their steady length: another seed or a "
-            f"longer run can move them far; run at least {MIN_TAIL_REQUESTS} "
-            f"(workload.num_requests), or --replications 3 to see their spread")
+    who = ("one request sets them" if n == 1 else
+           f"their {-(-n // 100) + 1} slowest set them")
+    head = (f"the p99 figures rest on {n} request{'s' if n > 1 else ''} ({who}), and a run "
+            f"this short may end before queues reach their steady length")
+    if trace:
+        return head + ": a longer trace (or a wider workload.trace.window_s) steadies them"
+    warm = scenario.sim.warmup_requests
+    return (head + f": another seed or a longer run can move them far; run at least "
+            f"{MIN_TAIL_REQUESTS + warm} (workload.num_requests"
+            + (f", {warm} of them warm-up" if warm else "")
+            + "), or --replications 3 to see their spread")
 
 
 def max_model_len_text(scenario, summary: dict | None = None) -> str:

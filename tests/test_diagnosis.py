@@ -111,6 +111,26 @@ def test_preemptions_with_first_chunk_admission_name_the_full_isl_knob():
     assert "engine.scheduler_reserve_full_isl=true" in d["findings"][0]["knob"]
 
 
+def test_a_watermark_that_holds_admission_back_binds_and_is_named():
+    # watermark 0.9 of 101 blocks: int(90.9) = 90 blocks kept free when admitting while
+    # others run, so a request (1 block for its 16-token prompt) is admitted only while the
+    # running hold at most 100 - 90 - 1 = 9 of the 100 usable blocks: at most 10 run, which
+    # grow to 3 blocks each (16 + 32 tokens), 30 blocks, 30% of the cache, against 16 req/s
+    # offered at 10 ms a step, 32 steps each. Requests queue with 70% of the cache free:
+    # the watermark, not the cache's size, holds them back.
+    s = sc({"num_gpu_blocks": 101, "watermark": 0.9, "max_model_len": 1024},
+           {"constant_s": 0.01}, 16, n=600)
+    r = simulate(s)
+    d = diagnose(s, r)
+    assert d["figures"]["watermark_holds_admission"]
+    assert r.summary["kv_usage"]["max"] <= 0.30 and r.summary["preemptions"] == 0
+    assert r.summary["concurrency"]["running_max_per_replica"] <= 10
+    assert d["binding"] == "kv_capacity"
+    f = d["findings"][0]
+    assert "engine.watermark 0.9 keeps 90% of its blocks free" in f["evidence"]
+    assert f["change"] == "engine.watermark=0" and d["counterfactual"]["moved"]
+
+
 def test_compute_binds():
     # 2000-token prompts at 0.1 ms/token: 0.2 s of prefill each, 5 req/s at most.
     s = sc({"max_num_seqs": 256, "max_num_batched_tokens": 2048},

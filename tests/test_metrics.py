@@ -441,3 +441,29 @@ def test_peak_concurrent_requests_is_vllm_bench_serves(spans_ms):
     got = metrics._peak_per_second(np.array(start, np.int64) * ns, np.array(end, np.int64) * ns)
     assert got == max(buckets)
     assert got >= metrics._max_overlap(np.array(start, np.int64), np.array(end, np.int64))
+
+
+def test_a_short_single_run_is_warned_of_with_what_steadies_its_p99():
+    from types import SimpleNamespace as NS
+
+    from simulator.run import tail_warning
+
+    def sc(replications=1, warm=0, trace=None):
+        return NS(workload=NS(trace=trace), sim=NS(replications=replications,
+                                                   warmup_requests=warm))
+    # p99 of n <= 100 values interpolates the 2 largest (0.99 (n - 1) > n - 2); of 250,
+    # the 4 largest around 0.99 × 249 = 246.51 of 0..249: ⌈250/100⌉ + 1 = 4
+    assert "rest on 50 requests (their 2 slowest set them)" in tail_warning(
+        sc(), {"completed": 50})
+    assert "rest on 250 requests (their 4 slowest set them)" in tail_warning(
+        sc(), {"completed": 250})
+    assert "rest on 1 request (one request sets them)" in tail_warning(sc(), {"completed": 1})
+    # the warm-up is left out of the counted requests: the count to run includes it
+    assert tail_warning(sc(warm=400), {"completed": 800}).endswith(
+        "run at least 1400 (workload.num_requests, 400 of them warm-up), or --replications 3 "
+        "to see their spread")
+    assert tail_warning(sc(replications=3), {"completed": 50}) is None
+    assert tail_warning(sc(), {"completed": 1000}) is None
+    # a trace's replications are identical: a longer trace is the remedy
+    assert tail_warning(sc(replications=3, trace=object()), {"completed": 3}).endswith(
+        "a longer trace (or a wider workload.trace.window_s) steadies them")
