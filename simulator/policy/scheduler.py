@@ -80,7 +80,9 @@ class SchedulerConfig:
         long_prefill_token_threshold: most prompt tokens one request computes in a step,
             so that a long prompt does not take the whole budget from the others; 0 (the
             default) caps nothing, nor does it apply in a step with one request running or
-            waiting (vLLM ``SchedulerConfig.long_prefill_token_threshold``).
+            waiting (vLLM ``SchedulerConfig.long_prefill_token_threshold``; the lone-request
+            exception is vLLM 0.32's ``Scheduler.schedule``, ``num_eligible_reqs > 1``;
+            its ``long_prefill_token_threshold_adaptive`` is not modelled).
 
     Raises:
         ValueError: a knob out of range, naming it; or a cache too small for one request
