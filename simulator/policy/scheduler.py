@@ -334,10 +334,11 @@ class Scheduler:
         elif crossing:
             pool = self.kv.pool
             if pool.unlimited or pool._num_free >= len(crossing):
-                # Each starts a new block; with enough free blocks the order of these
-                # allocations only relabels unhashed blocks.
+                # Each starts a new block, in admission order as vLLM allocates them (any
+                # order would only relabel unhashed blocks, but the labels then leave the
+                # free queue in another order when freed).
                 new_blocks = plan.decode_new_blocks
-                for r, b in zip(crossing, pool.allocate(len(crossing))):
+                for r, b in zip(_in_admission_order(crossing), pool.allocate(len(crossing))):
                     r.block_ids.append(b)
                     new_blocks[r] = [b]
             else:
@@ -379,7 +380,7 @@ class Scheduler:
             if len(crossing) == 1:
                 next(iter(crossing)).block_ids.append(pool.allocate_one())
             else:
-                for r, b in zip(crossing, pool.allocate(len(crossing))):
+                for r, b in zip(_in_admission_order(crossing), pool.allocate(len(crossing))):
                     r.block_ids.append(b)
         clock.sched_tick = clock.update_tick = tick
         self.stats.num_steps += 1
@@ -642,6 +643,11 @@ class Scheduler:
         for r in self.waiting:
             assert not r.block_ids, f"waiting {r!r} holds blocks"
             assert r.num_computed_tokens == 0
+
+
+def _in_admission_order(reqs):
+    """``reqs`` (a dict of running requests) in admission order."""
+    return sorted(reqs, key=_seq_key) if len(reqs) > 1 else reqs
 
 
 def _seq_key(r: Request) -> int:
