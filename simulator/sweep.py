@@ -366,12 +366,12 @@ def knee_title(key: str) -> str:
 
 
 def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
-    """Per line (other axes' values), the knee of the first axis: for the arrival rate the
-    highest value whose ``stability`` is ``stable`` (``stable``
-    alone for a table without that column), for a closed loop's concurrency the lowest
-    stable value whose ``request_throughput`` reaches :data:`SATURATION_SHARE` of the
-    line's highest, for any other key the lowest stable value (see :data:`RATE`); none when the first axis
-    is not numeric (a router, a GPU: "highest" means nothing)."""
+    """Per line (other axes' values), the knee of the first axis (see :data:`RATE`): for
+    the arrival rate the highest value whose ``stability`` is ``stable`` (``stable`` alone
+    for a table without that column); for a closed loop's concurrency the lowest stable
+    value whose ``request_throughput`` reaches :data:`SATURATION_SHARE` of the line's
+    highest; for any other key the lowest stable value. None when the first axis is not
+    numeric (a router, a GPU: "highest" means nothing)."""
     if not keys or table.empty:
         return []
     x, others = keys[0], keys[1:]
