@@ -378,19 +378,30 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                for v in table[x].dropna().tolist()):
         return []
-    groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
     out = []
-    for vals, df in groups:
-        vals = vals if isinstance(vals, tuple) else (vals,)
+    for line, df in _lines(table, others):
         ok = df["stability"] == "stable" if "stability" in df else df["stable"].astype(bool)
         stable = df[ok]
         if x == CONCURRENCY and len(stable):
             tput = stable["request_throughput"]
             stable = stable[tput >= SATURATION_SHARE * tput.max()]
         knee = (stable[x].max() if x == RATE else stable[x].min()) if len(stable) else None
-        out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
-                    "knee": getattr(knee, "item", lambda: knee)()})
+        out.append({**line, "knee": _plain(knee)})
     return out
+
+
+def _lines(table: pd.DataFrame, others: list[str]):
+    """``({other axis: value}, rows)`` per line of a sweep table: per combination of the
+    axes after the first, in the table's order (one line without other axes)."""
+    groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
+    for vals, df in groups:
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        yield {k: _plain(v) for k, v in zip(others, vals)}, df
+
+
+def _plain(v):
+    """A numpy scalar as the Python value (JSON-ready); anything else as it is."""
+    return getattr(v, "item", lambda: v)()
 
 
 def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
@@ -401,13 +412,10 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     if not keys or table.empty or "slo_met" not in table or table["slo_met"].isna().all():
         return []
     x, others = keys[0], keys[1:]
-    groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
     out = []
-    for vals, df in groups:
-        vals = vals if isinstance(vals, tuple) else (vals,)
+    for line, df in _lines(table, others):
         ok = (df["stability"] == "stable") & (df["slo_met"] == True)  # noqa: E712 (None)
-        out.append({**{k: getattr(v, "item", lambda v=v: v)() for k, v in zip(others, vals)},
-                    "met_at": [getattr(v, "item", lambda v=v: v)() for v in df.loc[ok, x]]})
+        out.append({**line, "met_at": [_plain(v) for v in df.loc[ok, x]]})
     return out
 
 
