@@ -256,7 +256,8 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
 
     Raises:
         ValueError: the bounds hold no integer >= 1 (a uniform ``[min, max]`` with no
-            integer inside, or ``max`` below 1), a fixed value that is not a whole number
+            integer inside, or ``max`` below 1), a uniform ``min`` of 0 (its draws of 0
+            would become 1), a fixed value that is not a whole number
             >= 1 (it would be rounded silently), a normal mean or lognormal median below 1
             (most samples clipped to 1), or a centre (value, mean, median) or
             ``min`` above :data:`MAX_COUNT`; the message says which.
@@ -274,6 +275,11 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
     centre_value = getattr(dist_cfg, centre, None) if centre in ("mean", "median") else None
     if centre_value is not None and centre_value < 1:
         raise ValueError(_below_one(dist_cfg.dist, centre, centre_value))
+    if isinstance(dist_cfg, UniformDist) and math.ceil(dist_cfg.min) < 1 <= dist_cfg.max:
+        # min is a parameter here, not a clip bound: every 0 drawn would become 1
+        raise ValueError(f"uniform min {dist_cfg.min:g} draws 0, which a count (>= 1) would "
+                         f"turn into 1, doubling its share: give min >= 1 "
+                         f"(uniform [1, {dist_cfg.max:g}])")
     if isinstance(dist_cfg, UniformDist) and math.floor(dist_cfg.max) < math.ceil(dist_cfg.min):
         raise ValueError(f"uniform [{dist_cfg.min:g}, {dist_cfg.max:g}] holds no integer "
                          f"(a count is a whole number: give min and max with an integer "

@@ -452,6 +452,8 @@ def test_bad_config_is_rejected(bad, where):
     ("prompt_tokens", {"dist": "lognormal", "median": -1, "p90": 5},
      "lognormal median -1 is below 1"),
     ("output_tokens", {"dist": "fixed", "value": 3.5}, "fixed value 3.5 is not a whole number"),
+    # uniform's min is a parameter, not a clip: its 0s would double the share of 1
+    ("prompt_tokens", {"dist": "uniform", "min": 0, "max": 3}, "uniform min 0 draws 0"),
     ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
      "[min, max] = [5.2, 5.8] holds no integer >= 1"),
 ])
@@ -468,6 +470,10 @@ def test_session_turn_bounds_without_an_integer_are_refused_at_their_key():
     (error,) = e.value.errors()
     assert error["loc"] == ("sessions", "turns")
     assert "uniform [2.1, 2.9] holds no integer" in error["msg"]
+    with pytest.raises(ValidationError) as e:
+        cfg(sessions={"turns": {"dist": "uniform", "min": 0, "max": 4}})
+    (error,) = e.value.errors()
+    assert error["loc"] == ("sessions", "turns") and "give min >= 1" in error["msg"]
     with pytest.raises(ValidationError) as e:
         cfg(sessions={"turns": {"dist": "fixed", "value": -2}})
     (error,) = e.value.errors()
