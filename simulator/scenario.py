@@ -567,7 +567,8 @@ class Scenario(_Strict):
 # -- loading -------------------------------------------------------------------------------
 
 def load_scenario(path: str | Path, overrides: typing.Sequence[str] = (), *,
-                  source: str | None = None, serving: Scenario | None = None) -> Scenario:
+                  source: str | None = None, serving: Scenario | None = None,
+                  then: typing.Sequence[str] = ()) -> Scenario:
     """Read, override and validate a scenario file.
 
     Args:
@@ -580,6 +581,8 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = (), *,
         overrides: ``key.path=value`` strings (``--set``); values parse as YAML scalars or
             flow collections (``engine.max_num_seqs=128``, ``slo.ttft_ms={p99: 500}``),
             read as the file is (:func:`simulator.files.load_yaml`).
+        then: overrides applied after ``overrides`` and checked for clashes among
+            themselves only (a sweep's first point over its plain flags).
 
     Raises:
         InputError: missing/unreadable file, YAML syntax error (with its line), bad
@@ -620,13 +623,14 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = (), *,
             raw[key] = _from_cwd((key,), getattr(serving, key).model_dump(
                 mode="python", exclude_none=True), serving.base_dir.resolve())
     return scenario_from_dict(raw, path.parent, overrides=overrides, source=name, text=text,
-                              overrides_cwd=Path.cwd())
+                              overrides_cwd=Path.cwd(), then=then)
 
 
 def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
                        overrides: typing.Sequence[str] = (),
                        source: str = "<scenario>", text: str | None = None,
-                       overrides_cwd: Path | None = None) -> Scenario:
+                       overrides_cwd: Path | None = None,
+                       then: typing.Sequence[str] = ()) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario` (tests, programmatic use).
 
     Args:
@@ -636,6 +640,7 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
         overrides_cwd: the folder relative paths in ``overrides`` resolve against (the
             command line's current directory), instead of ``base_dir``
             (:func:`apply_overrides`).
+        then: overrides applied after ``overrides`` (:func:`load_scenario`).
         source: name used in error messages.
         text: the YAML ``d`` was read from; errors then give the key's line
             (``source:LINE: key.path: ...``).
@@ -644,6 +649,9 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
         InputError: as :func:`load_scenario`.
     """
     raw, origins = apply_overrides(d, overrides, overrides_cwd)
+    if then:
+        raw, later = apply_overrides(raw, then, overrides_cwd)
+        origins = {**origins, **later}
     try:
         sc = Scenario.model_validate(raw)
     except ValidationError as e:
@@ -740,8 +748,11 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
     if parts in seen:
         raise InputError(f"--set {s}: {'.'.join(parts)} is already set by --set "
                          f"{seen[parts]} (give each key once{hint})")
-    # a mapping and a key inside it: whichever came last would silently win
-    inside = next((k for k in seen if k[:len(parts)] == parts or parts[:len(k)] == k), None)
+    # a mapping and a key inside it: whichever came last would silently win, unless the
+    # mapping came first without that key (--set 'workload.arrival={process: closed_loop}'
+    # --set workload.arrival.concurrency=2,4,8 adds a key to it)
+    inside = next((k for k in seen if (k[:len(parts)] == parts or parts[:len(k)] == k)
+                   and not _adds_to(seen[k], parts[len(k):])), None)
     if inside is not None:
         outer, inner = sorted((parts, inside), key=len)
         raise InputError(f"--set {s}: {'.'.join(outer)} and {'.'.join(inner)} inside it are "
@@ -749,6 +760,22 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
                          f"inside the mapping, or the whole mapping, once)")
     seen[parts] = s
     return parts, value
+
+
+def _adds_to(outer_flag: str, rest: tuple) -> bool:
+    """Whether a later flag at ``rest`` below the mapping that ``outer_flag`` sets adds a
+    key that mapping lacks (nothing it gave is overridden)."""
+    if not rest:
+        return False
+    try:
+        node = load_yaml(outer_flag.partition("=")[2])
+    except yaml.YAMLError:
+        return False
+    for p in rest[:-1]:
+        if not isinstance(node, dict) or p not in node:
+            return isinstance(node, dict)
+        node = node[p]
+    return isinstance(node, dict) and rest[-1] not in node
 
 
 def _from_cwd(parts: tuple, val, cwd: Path):

@@ -213,6 +213,47 @@ def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path,
     assert "stable cluster.router" not in capsys.readouterr().out
     assert "Knee" not in (out2 / "report.md").read_text()
 
+def test_a_closed_loop_set_by_a_flag_sweeps_its_users(tmp_path):
+    import pandas as pd
+
+    # a Poisson file swept as a closed loop: the mapping flag lacks the concurrency the
+    # sweep gives (the base is the first point). Every request is one 10 ms step of
+    # prefill (+ first token) and one of decode, N users in lockstep: N per 20 ms.
+    y = tmp_path / "c.yaml"
+    y.write_text("""name: c
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 16}
+workload:
+  seed: 0
+  num_requests: 200
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 2}
+""")
+    out = tmp_path / "sw"
+    assert main(["sweep", str(y), "--set", "workload.arrival={process: closed_loop}",
+                 "--set", "workload.arrival.concurrency=1,4", "--out", str(out),
+                 "--executor", "serial", "--quiet"]) == 0
+    table = pd.read_csv(out / "sweep.csv")
+    assert list(table["workload.arrival.concurrency"]) == [1, 4]
+    assert list(table["request_throughput"]) == pytest.approx([1 / 0.02, 4 / 0.02])
+    # a swept key inside a plain flag's mapping replaces its value at each point, as it
+    # replaces the file's; two plain flags (or two axes) nested are still refused
+    plain, axes = split_sets(["workload.arrival={process: closed_loop, concurrency: 2}",
+                              "workload.arrival.concurrency=1,4"])
+    assert plain == ["workload.arrival={process: closed_loop, concurrency: 2}"]
+    assert axes == {"workload.arrival.concurrency": ["1", "4"]}
+    assert main(["sweep", str(y), "--set", "workload.arrival={process: closed_loop, "
+                 "concurrency: 2}", "--set", "workload.arrival.concurrency=1,4", "--out",
+                 str(tmp_path / "sw2"), "--executor", "serial", "--quiet"]) == 0
+    for sets in (["workload.arrival={process: closed_loop, concurrency: 2}",
+                  "workload.arrival.concurrency=1"],
+                 ["workload.arrival.rate=1,2", "workload.arrival=3,4"]):
+        with pytest.raises(InputError, match="inside it are both set"):
+            split_sets(sets)
+
+
 def test_sweep_labels_points_that_reject_requests(tmp_path, capsys):
     import pandas as pd
 
@@ -275,6 +316,10 @@ def test_split_sets_and_candidates():
         with pytest.raises(InputError, match=rf"^--set {sets[1]}: a\.b is already set by "
                                              rf"--set {sets[0]} \(give each key once"):
             split_sets(sets)
+    # a swept value YAML cannot read is said with its flag (it was a traceback)
+    with pytest.raises(InputError, match=r"^--set a\.b=x: y: z,4: value 'x: y: z' is not "
+                                         r"valid YAML: mapping values are not allowed here$"):
+        split_sets(["a.b=x: y: z,4"])
     d = {"name": "c", "model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"},
          "workload": {"num_requests": 10, "arrival": {"process": "poisson", "rate": 1},
                       "prompt_tokens": {"dist": "fixed", "value": 8},

@@ -702,6 +702,18 @@ def test_a_mapping_and_a_key_inside_it_are_not_both_set(chat, flags):
     assert (sc.engine.max_num_seqs, sc.engine.block_size) == (8, 32)
 
 
+def test_a_later_flag_may_add_a_key_to_a_mapping_an_earlier_flag_set(chat):
+    # nothing either flag gave is lost: the arrival becomes a closed loop of 3 users
+    sc = load_scenario(chat, ["workload.arrival={process: closed_loop}",
+                              "workload.arrival.concurrency=3"])
+    assert (sc.workload.arrival.process, sc.workload.arrival.concurrency) == ("closed_loop", 3)
+    # the other order would drop the key with the mapping set after it
+    assert err(load_scenario, chat, ["workload.arrival.concurrency=3",
+                                     "workload.arrival={process: closed_loop}"]).startswith(
+        "--set workload.arrival={process: closed_loop}: workload.arrival and "
+        "workload.arrival.concurrency inside it are both set")
+
+
 def test_a_candidate_value_given_twice_is_refused(chat):
     # two identical rows in the plan table, one "best" and one "ok", before
     msg = err(load_scenario, chat, ["plan.candidates={engine.max_num_seqs: [64, 128, 64.0]}"])
