@@ -44,16 +44,19 @@ FILES = {
 PLOTS = ("latency_cdf", "timeline", "batch")
 _LABELS = METRIC_LABELS
 _ECDF_POINTS = 2000   # points drawn per CDF; the figures themselves use every value
-# vLLM's engine (and offline LLM) cuts such an output at max_model_len; its OpenAI server
-# refuses the request ("'max_tokens' ... is too large", serving's input validation).
-# A client whose turn vLLM's server refused (HTTP 400) has no answer to follow up on.
+# vLLM's engine cuts such an output at max_model_len; its OpenAI server (0.32) does the same
+# by lowering max_tokens to max_model_len - prompt (get_max_tokens in
+# entrypoints/serve/utils/api_utils.py), and refuses only a max_tokens above max_model_len
+# itself (renderers/params.py). A client whose turn vLLM's server refused (HTTP 400: a prompt
+# of max_model_len tokens or more) has no answer to follow up on.
 NOT_SENT_TEXT = ("{n} later turns were not sent: a turn rejected for max_model_len ends its "
                  "conversation, as a client that gets an error from vLLM's server (HTTP 400) "
                  "has no answer to follow up on.")
 CAPPED_TEXT = ("{n} requests asked for more output than max_model_len leaves after their "
                "prompt (prompt + max_tokens > max_model_len): they were served with the "
-               "output cut at max_model_len (finish 'length'), as vLLM's engine does; vLLM's "
-               "OpenAI server refuses such requests (HTTP 400).")
+               "output cut at max_model_len (finish 'length'), as vLLM's engine and its "
+               "OpenAI server (which lowers max_tokens to max_model_len − prompt) do; the "
+               "server refuses a max_tokens above max_model_len itself (HTTP 400).")
 
 DEFINITIONS = [
     ("TTFT", "time to first token: first token time − arrival time; includes queueing "

@@ -143,8 +143,9 @@ class RequestRecord:
             ``rejected`` (never served: a prompt of max_model_len tokens or more).
         capped: its ``max_tokens`` asked for more than ``max_model_len - prompt_tokens``,
             so its output was cut at max_model_len (finish ``length``), as vLLM's engine
-            does; vLLM's OpenAI server refuses such a request instead (HTTP 400,
-            "'max_tokens' ... is too large").
+            and its OpenAI server do (0.32's server lowers max_tokens to
+            ``max_model_len - prompt``; it refuses, HTTP 400, only a max_tokens above
+            max_model_len itself).
     """
 
     request_id: Union[int, str]
