@@ -752,14 +752,17 @@ def _ts_frame(start, width, out_w, replica, agg, nrep, waiting) -> pd.DataFrame:
 
 def _window(arrival_ns: np.ndarray, finish_ns: np.ndarray,
             from_zero: bool = False) -> tuple[int, int]:
-    """[start, last finish] of the counted requests (ns); (0, 0) when none. The start is
-    the run's clock start with ``from_zero`` (no warm-up: ``vllm bench serve`` starts its
-    duration before the first request's arrival gap), else the first counted arrival."""
+    """[start, end] of the counted requests (ns); (0, 0) when none. The start is the run's
+    clock start with ``from_zero`` (no warm-up: ``vllm bench serve`` starts its duration
+    before the first request's arrival gap), else the first counted arrival. The end is
+    the last finish or, when later, the last arrival: a rejected request returns at its
+    arrival, and ``vllm bench serve``'s duration runs until every request, failed ones
+    too, has returned."""
     if arrival_ns.size == 0:
         return 0, 0
     ws = 0 if from_zero else int(arrival_ns.min())
     fin = finish_ns[finish_ns >= 0]
-    we = max(int(fin.max()) if fin.size else ws, ws)
+    we = max(int(fin.max()) if fin.size else ws, int(arrival_ns.max()), ws)
     return ws, we
 
 

@@ -92,6 +92,17 @@ def test_throughput_window_and_request_concurrency():
     assert s["max_concurrent_requests"] == 3
 
 
+def test_a_request_rejected_after_the_last_finish_ends_the_window():
+    # vllm bench serve's duration runs until every request has returned, a refused one
+    # (returned at its arrival, 300 ms, with no finish time) too: [0, 300 ms]
+    late = RequestRecord("r4", 300 * MS, None, None, None, prompt_tokens=400,
+                         finish_reason="rejected")
+    s = collect(timeline() + [late]).finalize(slo=None).summary
+    assert (s["completed"], s["rejected"]) == (3, 2)
+    assert s["duration_s"] == approx(0.3)
+    assert s["request_throughput"] == approx(3 / 0.3)
+
+
 def test_the_window_starts_at_the_run_start_as_vllm_bench_serve_duration():
     # The same requests 30 ms later: vllm bench serve's clock starts before the first
     # arrival gap, so the window is [0, 230 ms], not [30, 230]; with warm-up it starts at
