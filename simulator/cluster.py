@@ -192,7 +192,8 @@ class Cluster:
         req = new_request(spec, self.env.now if now is None else now)
         req.cache_private = first_content_key(spec.prompt) not in self._shared_first
         req.output_private = hash(req.output_content_id) not in self._quoted
-        self.router.choose(req, self.replicas).submit(req)
+        self.router.choose(req, self.replicas).submit(
+            req, self.metrics.delivered(req.arrival_ns))
 
     def _on_finish(self, req: Request, t_ns: int) -> None:
         self.num_done += 1

@@ -19,12 +19,14 @@ Warm-up: the first ``warmup_requests`` requests *by arrival* are excluded from e
 request figure (counts, latencies, throughput, goodput, concurrency). The measurement
 window is [0, last finish] without warm-up (``vllm bench serve``'s benchmark duration: its
 clock starts before the first request's arrival gap) and [first counted arrival, last
-counted finish] with it; throughputs and time-weighted means are over that window. Two
-figures cannot be split by request and are documented as such: pooled ITL (the simulator
-reports gaps per step, without request identity) includes warm-up requests' tokens, and
-step-based figures (running requests, KV usage) are cut to the window at the resolution of
-the fine time bins (exact when no step straddles a window edge, which always holds without
-warm-up).
+counted finish] with it (ending at the last counted arrival instead when a rejected
+request returns after the last finish); throughputs and time-weighted means are over that
+window. Pooled ITL leaves warm-up requests' gaps out too: the simulator pools gaps per
+step without request identity, except for the requests that may be warm-up ones
+(:meth:`MetricsCollector.delivered`), whose gaps it keeps apart until the set is known.
+Step-based figures (running requests, KV usage) cannot be split by request: they are cut
+to the window at the resolution of the fine time bins (exact when no step straddles a
+window edge, which always holds without warm-up).
 """
 
 from __future__ import annotations
@@ -259,6 +261,11 @@ class MetricsCollector:
         # gaps (exact counts) when the buffers grow long and at the end.
         self._itl_gap, self._itl_cnt = array("q"), array("q")
         self._itl_runs = (np.empty(0, np.int64), np.empty(0, np.int64))
+        # Requests that may be warm-up ones (delivered): their gaps kept per request until
+        # the warm-up set is known (finalize), then pooled unless they are warm-up.
+        self._delivered = 0
+        self._warm_edge_ns: int | None = None
+        self._own_itl: dict = {}
         self._ids: list = []
         self._ns = {k: array("q") for k in ("arrival", "sched", "first", "finish")}
         self._ints = {k: array("q") for k in ("prompt", "cached", "output", "preempt",
@@ -301,6 +308,35 @@ class MetricsCollector:
         if count:
             self._itl_gap.append(gap_ns)
             self._itl_cnt.append(count)
+
+    def delivered(self, arrival_ns: int) -> bool:
+        """Note a request reaching the engine (call in delivery order, which is arrival
+        order); whether it may be a warm-up request: one of the first ``warmup_requests``
+        delivered, or one delivered at the same ns as the last of those (ties are settled
+        by request id, as in the figures). Such a request's gaps go to
+        :meth:`record_own_itl`, not :meth:`record_itl`."""
+        if not self.warmup_requests:
+            return False
+        k = self._delivered
+        self._delivered = k + 1
+        if k < self.warmup_requests:
+            self._warm_edge_ns = arrival_ns
+            return True
+        return arrival_ns == self._warm_edge_ns
+
+    def record_own_itl(self, request_id, gap_ns: int) -> None:
+        """One inter-token gap of a request that may be a warm-up one (:meth:`delivered`):
+        pooled at :meth:`finalize` unless the request is warm-up."""
+        self._own_itl.setdefault(request_id, []).append(gap_ns)
+
+    def _pool_own_itl(self, warm_ids: set) -> None:
+        """Pool the gaps kept per request (:meth:`record_own_itl`) of those not in
+        ``warm_ids``; drop the rest."""
+        for rid, gaps in self._own_itl.items():
+            if rid not in warm_ids:
+                self._itl_gap.extend(gaps)
+                self._itl_cnt.extend([1] * len(gaps))
+        self._own_itl = {}
 
     def record_token_times(self, token_times_ns) -> None:
         """Add the gaps between consecutive output tokens of one request (engine records)."""
@@ -488,6 +524,7 @@ class MetricsCollector:
         req, ns, ints = self._request_frame()
         code = ints["reason"]
         counted = ~req["warmup"].to_numpy()
+        self._pool_own_itl(set(req["request_id"].to_numpy()[~counted].tolist()))
         is_rej = code == self._reasons.get("rejected", -1)
         is_abort = code == self._reasons.get("abort", -1)
         done = counted & ~is_rej & ~is_abort & (ns["first"] >= 0) & (ns["finish"] >= 0)

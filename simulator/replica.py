@@ -38,8 +38,9 @@ class Replica:
             scheduled (the engine taking in the arrivals it saw; called, for steps that
             admit or preempt, before ``step_time_ns`` prices the same plan), which moves
             first-scheduled times only.
-        metrics: collector with ``record_request``, ``record_itl``, ``itl_appenders``,
-            ``record_step`` (:class:`simulator.metrics.MetricsCollector`).
+        metrics: collector with ``record_request``, ``record_itl``, ``record_own_itl``,
+            ``itl_appenders``, ``record_step``, ``note_admitted``
+            (:class:`simulator.metrics.MetricsCollector`).
         on_finish: callback ``(request, finish_ns)`` for finished requests (sessions).
         next_event_ns: callback ``(replica) -> int``: the earliest time at which anything
             outside this replica can happen (an arrival, a follow-up released by another
@@ -66,6 +67,7 @@ class Replica:
         self.busy_until_ns = _NEVER
         self._pool = self.scheduler.kv.pool
         self._itl_gap, self._itl_cnt = metrics.itl_appenders()
+        self._warm: set = set()   # unfinished requests that may be warm-up (metrics.delivered)
         self._record_step = metrics.record_step
         self._intake_ns = getattr(cost_model, "intake_ns", None)
         self.process = env.process(self._run())
@@ -76,8 +78,9 @@ class Replica:
         s = self.scheduler
         return len(s.waiting) + len(s.running)
 
-    def submit(self, req: Request) -> None:
-        """Deliver an arrived request (its ``record`` already made) to this replica."""
+    def submit(self, req: Request, warm: bool = False) -> None:
+        """Deliver an arrived request (its ``record`` already made) to this replica;
+        ``warm``: it may be a warm-up request, whose gaps the metrics keep apart."""
         rec = req.record
         rec.replica = self.index
         try:
@@ -89,6 +92,8 @@ class Replica:
                 self.on_finish(req, self.env.now)  # ends its conversation (Cluster)
             return
         self.metrics.note_admitted(rec.arrival_ns)
+        if warm:
+            self._warm.add(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
             self.busy_until_ns = self.env.now
@@ -131,8 +136,10 @@ class Replica:
                         break
                     dur = t1 - t0
                     self.busy_ns += dur
-                    itl_gap(dur)
-                    itl_cnt(nd)
+                    pooled = nd - self._warm_itl(dur) if self._warm else nd
+                    if pooled:
+                        itl_gap(dur)
+                        itl_cnt(pooled)
                     record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
                     t0 = t1
                     continue
@@ -151,9 +158,10 @@ class Replica:
                 # A step that finishes nothing: take it back here (see _end_step).
                 dur = t1 - t0
                 self.busy_ns += dur
-                if nd:
+                pooled = nd - self._warm_itl(dur) if self._warm else nd
+                if pooled:
                     itl_gap(dur)
-                    itl_cnt(nd)
+                    itl_cnt(pooled)
                 if prefills:
                     self._note_tokens(prefills, t1)
                 update(plan)
@@ -165,8 +173,10 @@ class Replica:
             if plan is None:   # a quiet step
                 dur = t1 - t0
                 self.busy_ns += dur
-                itl_gap(dur)
-                itl_cnt(nd)
+                pooled = nd - self._warm_itl(dur) if self._warm else nd
+                if pooled:
+                    itl_gap(dur)
+                    itl_cnt(pooled)
                 record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
             else:
                 self._end_step(plan, t0, t1, batch, waiting, usage)
@@ -210,8 +220,10 @@ class Replica:
                         k += 1
                 dur = t1 - t0
                 self.busy_ns += dur
-                itl_gap(dur)
-                itl_cnt(nd)
+                pooled = nd - self._warm_itl(dur) if self._warm else nd
+                if pooled:
+                    itl_gap(dur)
+                    itl_cnt(pooled)
                 record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
                 t0 = t1
                 continue
@@ -240,9 +252,10 @@ class Replica:
             # _end_step, inline.
             dur = t1 - t0
             self.busy_ns += dur
-            if nd:
+            pooled = nd - self._warm_itl(dur) if self._warm else nd
+            if pooled:
                 itl_gap(dur)
-                itl_cnt(nd)
+                itl_cnt(pooled)
             if prefills:
                 self._note_tokens(prefills, t1)
             finished = update(plan)
@@ -283,16 +296,21 @@ class Replica:
                 if rec.first_token_ns is None:
                     rec.first_token_ns = t1
                 else:  # a resumed request's first token after preemption
-                    self.metrics.record_itl(t1 - self._last_token_ns.pop(e.request), 1)
+                    gap = t1 - self._last_token_ns.pop(e.request)
+                    if e.request in self._warm:
+                        self.metrics.record_own_itl(e.request.request_id, gap)
+                    else:
+                        self.metrics.record_itl(gap, 1)
 
     def _end_step(self, plan, t0: int, t1: int, batch: int, waiting: int, usage: float):
         """Take back a step that ran [t0, t1): tokens, finishes, metrics."""
         dur = t1 - t0
         self.busy_ns += dur
         nd = plan.num_decodes
-        if nd:
+        pooled = nd - self._warm_itl(dur) if self._warm else nd
+        if pooled:
             self._itl_gap(dur)
-            self._itl_cnt(nd)
+            self._itl_cnt(pooled)
         if plan.prefills:
             self._note_tokens(plan.prefills, t1)
         finished = self.scheduler.update(plan)
@@ -301,9 +319,21 @@ class Replica:
         if finished:
             self._note_finished(finished, t1)
 
+    def _warm_itl(self, dur: int) -> int:
+        """Record apart the gap ``dur`` of each possible warm-up request decoding in this
+        step (its steady decodes: :attr:`StepPlan.decodes`); how many there were."""
+        steady, own, k = self.scheduler._steady, self.metrics.record_own_itl, 0
+        for r in self._warm:
+            if r in steady:
+                own(r.request_id, dur)
+                k += 1
+        return k
+
     def _note_finished(self, finished, t1: int) -> None:
         """Records of the requests that finished in a step ending at ``t1``."""
         metrics = self.metrics
+        if self._warm:
+            self._warm.difference_update(finished)
         for r in finished:
             rec = r.record
             rec.finish_ns = t1

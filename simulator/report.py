@@ -69,7 +69,7 @@ DEFINITIONS = [
              "genai-perf's \"inter-token latency\" is this TPOT."),
     ("ITL", "inter-token latency: every gap between consecutive tokens of a request, "
             "pooled over all requests (as `vllm bench serve`); not genai-perf's ITL. "
-            "Pooled gaps include those of warm-up requests."),
+            "Warm-up requests' gaps are left out, as their other figures."),
     ("E2EL", "end-to-end latency: last token (finish) time − arrival time."),
     ("Queue", "queue time: first scheduled − arrival time."),
     ("Goodput", "completed requests whose every per-request SLO metric (TTFT, TPOT, E2EL, "
@@ -84,7 +84,8 @@ DEFINITIONS = [
                                      "carry the warm-up requests' tokens)."),
     ("Window", "throughputs and time-weighted means run from the start of the run (as "
                "`vllm bench serve`'s duration, which includes the first arrival gap) to the "
-               "last finish; with warm-up, from the first counted arrival, and the first "
+               "last finish (or a later rejected request's arrival: the duration waits for "
+               "failed requests too); with warm-up, from the first counted arrival, and the first "
                "warm-up requests by arrival are left out of every request figure."),
     ("Concurrency", "requests in system: mean = Σ E2EL / duration (Little's law; SGLang "
                     "`bench_serving`'s concurrency), max of overlapping [arrival, finish); "

@@ -553,12 +553,13 @@ def test_a_miss_without_any_overlap_is_step_cost_noise_not_load(tmp_path):
 
 
 def test_an_itl_slo_with_warm_up_has_a_floor(tmp_path):
-    # Only the warm-up request has more than one output token: the pooled ITL keeps its
-    # gaps (10 ms steps), and so does the ITL floor (without them the diagnosis failed
+    # The warm-up request's 49 gaps stay out of the pooled ITL (as vllm bench serve, whose
+    # warm-ups are not in its run): only the counted 3-token request's 2 gaps (10 ms
+    # steps) are pooled, and the ITL floor is found (without it the diagnosis failed
     # formatting a missing floor).
     from simulator.scenario import load_scenario
 
-    (tmp_path / "t.csv").write_text("t,p,o\n0,100,50\n10,100,1\n20,100,1\n30,100,1\n")
+    (tmp_path / "t.csv").write_text("t,p,o\n0,100,50\n10,100,3\n20,100,1\n30,100,1\n")
     (tmp_path / "s.yaml").write_text("""model: llama-test
 hardware: {step_time: {constant_s: 0.01}}
 engine: {max_model_len: 2048}
@@ -569,10 +570,16 @@ slo: {itl_ms: {p99: 1}}
 """)
     s = load_scenario(tmp_path / "s.yaml")
     r = simulate(s)
+    assert r.summary["itl_tokens"] == 2
     assert r.summary["itl_ms"]["p99"] == pytest.approx(10.0)
     d = diagnose(s, r, counterfactual=False)
     assert d["figures"]["alone_ms"]["itl_ms"]["p99"] == pytest.approx(10.0)
     assert d["binding"] == "latency_floor"
+    # no counted request has two tokens: no ITL sample, the SLO met vacuously
+    (tmp_path / "t.csv").write_text("t,p,o\n0,100,50\n10,100,1\n20,100,1\n30,100,1\n")
+    r = simulate(load_scenario(tmp_path / "s.yaml"))
+    assert r.summary["itl_tokens"] == 0 and r.summary["itl_ms"]["p99"] is None
+    assert r.summary["slo_met"] is True
 
 
 def test_a_ttft_miss_is_not_blamed_on_prefill_chunks_stalling_decodes():

@@ -261,15 +261,18 @@ def test_itl_runs_and_summary():
 
 
 @pytest.mark.parametrize("exact", [False, True])
-def test_every_token_gap_counts_once_under_repeated_preemption(exact):
+@pytest.mark.parametrize("warmup, replicas", [(0, 1), (20, 1), (20, 2)])
+def test_every_token_gap_counts_once_under_repeated_preemption(exact, warmup, replicas):
     """The ITL gaps of a request sum to its decode span (finish − first token): a request
     preempted again while recomputing its context, before any new token, keeps its last
-    token's time (the second preemption is not a token)."""
+    token's time (the second preemption is not a token). With warm-up, exactly the
+    counted requests' gaps are pooled (vllm bench serve's warm-ups are not in its run)."""
     from simulator.run import simulate
     from simulator.scenario import scenario_from_dict
 
     res = simulate(scenario_from_dict({
-        "name": "p", "model": "llama-3.1-8b", "sim": {"exact_steps": exact},
+        "name": "p", "model": "llama-3.1-8b", "cluster": {"replicas": replicas},
+        "sim": {"exact_steps": exact, "warmup_requests": warmup},
         "hardware": {"step_time": {"base_s": 0.01, "per_prefill_token_s": 1e-5,
                                    "per_decode_seq_s": 1e-4}},
         # a small cache and admission on a first chunk: preempted while recomputing
@@ -282,9 +285,39 @@ def test_every_token_gap_counts_once_under_repeated_preemption(exact):
                      "output_tokens": {"dist": "uniform", "min": 200, "max": 1500}}}))
     rq = res.requests
     assert (rq["preemptions"] >= 2).any()
+    assert rq["warmup"].sum() == warmup
+    rq = rq[~rq["warmup"]]
     gaps = int((res.itl_runs["gap_ns"] * res.itl_runs["count"]).sum())
     spans = ((rq["finish_s"] - rq["first_token_s"]) * 1e9).round().sum()
     assert gaps == pytest.approx(spans, abs=len(rq))   # (seconds in the table: ns rounding)
+    assert res.summary["itl_tokens"] == int((rq["output_tokens"] - 1).sum())
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("warmup", [1, 11])   # 4 users start at 0; 3 requests at 110 ms
+def test_warm_up_requests_tied_at_the_edge_are_told_apart_by_id(exact, warmup):
+    """A closed loop without think time: users whose requests finish in one step send
+    their next ones at the same ns, so the warm-up set's last arrival is shared by
+    several requests; only those the figures count (ties by request id) are pooled."""
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+
+    res = simulate(scenario_from_dict({
+        "name": "t", "model": "llama-test", "sim": {"exact_steps": exact,
+                                                    "warmup_requests": warmup},
+        "hardware": {"step_time": {"constant_s": 0.01}},
+        "workload": {"seed": 0, "num_requests": 60,
+                     "arrival": {"process": "closed_loop", "concurrency": 4},
+                     "prompt_tokens": {"dist": "fixed", "value": 8},
+                     "output_tokens": {"dist": "uniform", "min": 2, "max": 6}}}))
+    rq = res.requests
+    edge = rq["arrival_s"][rq["warmup"]].max()
+    # the edge is shared by a warm-up request and a counted one
+    assert rq["warmup"][rq["arrival_s"] == edge].nunique() == 2
+    rq = rq[~rq["warmup"]]
+    gaps = int((res.itl_runs["gap_ns"] * res.itl_runs["count"]).sum())
+    spans = ((rq["finish_s"] - rq["first_token_s"]) * 1e9).round().sum()
+    assert gaps == pytest.approx(spans, abs=len(rq))
     assert res.summary["itl_tokens"] == int((rq["output_tokens"] - 1).sum())
 
 
