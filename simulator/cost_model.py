@@ -574,27 +574,43 @@ def _seconds_fn(form: str, coef: dict, k: RooflineConstants | None):
 
 # == KV capacity ===========================================================================
 
+#: Sampler memory per logit (row × vocabulary entry) of vLLM's start-up profiling: its dummy
+#: sampler run (``gpu_model_runner._dummy_sampler_run``: float32 logits sampled with top-k
+#: and top-p, whose sort keeps values and int64 indices, and the probabilities beside them)
+#: peaks at about 38.4 bytes per logit. Fitted to published start-up logs, peak activation
+#: less the hidden states held: H100, vLLM V1 defaults (8192 tokens, 1024 rows), llm-d
+#: llm-d-benchmark config_explorer/empirical-vllm-memory-results.md: Llama-3.1-8B 4.76 GiB
+#: (38.4 B), Llama-3.3-70B TP2 4.84 (38.6), Qwen3-0.6B 5.56 (38.3), Qwen3-32B 5.64 (38.4),
+#: gpt-oss-20b 7.38 (38.3); vLLM V0 at 256 rows, PR #10511: Llama-3-8B 1.26 GiB (38.9).
+SAMPLER_BYTES_PER_LOGIT = 38.4
+
+
 def activation_reserve_bytes(shape: ModelShape, dtype: str, max_num_batched_tokens: int,
                              max_num_seqs: int, tp: int = 1) -> int:
-    """Estimated activation peak of vLLM's start-up profiling forward, bytes per GPU.
+    """Estimated activation peak of vLLM's start-up profiling run, bytes per GPU.
 
-    vLLM runs one dummy forward of ``max_num_batched_tokens`` tokens and samples
-    ``max_num_seqs`` rows, then reserves the peak it saw. We estimate that peak as the
-    largest live tensors of one decoder layer for T tokens — MLP gate/up output (2·I),
-    activated MLP input (I), q/k/v (heads + 2·kv_heads)·head_dim and three hidden-size
-    buffers (residual, normed input, attention output), tp-split where the layer is —
-    plus float32 logits and probabilities for the sampled rows::
+    vLLM (``gpu_model_runner.profile_run``) runs one dummy forward of
+    ``T = max_num_batched_tokens`` tokens, then, holding its hidden states, samples
+    ``min(max_num_seqs, T)`` rows of the full vocabulary (on every GPU), and reserves the
+    peak of the two. The forward's peak is estimated as the largest live tensors of one
+    decoder layer — MLP gate/up output (2·I), activated MLP input (I), q/k/v
+    (heads + 2·kv_heads)·head_dim and three hidden-size buffers (residual, normed input,
+    attention output), tp-split where the layer is; the sampler's from
+    :data:`SAMPLER_BYTES_PER_LOGIT` (fitted to start-up logs)::
 
-        T · b · (3·I/tp + 3·hidden + (H + 2·K)·head_dim/tp) + 2 · max_num_seqs · vocab · 4
+        max(T · b · (3·I/tp + 3·hidden + (H + 2·K)·head_dim/tp),
+            T · b · hidden + 38.4 · min(max_num_seqs, T) · vocab)
 
-    For Llama-3.1-8B at T = 8192 this is about 1.2 GiB, the order of the activation peak
-    vLLM logs for that model.
+    At vLLM's H100 defaults (8192 tokens, 1024 rows) the sampler's term binds: 4.77 GiB
+    for Llama-3.1-8B, where vLLM logs 4.76 GiB.
     """
     b = dtype_bytes(dtype)
     h, i, d = shape.hidden_size, shape.intermediate_size, shape.head_dim
     heads = shape.num_attention_heads + 2 * shape.num_key_value_heads
-    per_token = b * (3 * i / tp + 3 * h + heads * d / tp)
-    return int(max_num_batched_tokens * per_token + 2 * max_num_seqs * shape.vocab_size * 4)
+    t = max_num_batched_tokens
+    forward = t * b * (3 * i / tp + 3 * h + heads * d / tp)
+    sampler = t * b * h + SAMPLER_BYTES_PER_LOGIT * min(max_num_seqs, t) * shape.vocab_size
+    return int(max(forward, sampler))
 
 
 @dataclass(frozen=True)
@@ -1067,7 +1083,8 @@ __all__ = [
     "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
     "ErrorInfo", "ErrorStats", "KVCapacity", "KVInfo", "ModelInfo", "NON_TORCH_BYTES",
     "NON_TORCH_TP_BYTES", "NoiseInfo", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
-    "StepFeatures", "activation_reserve_bytes", "build_cost_model", "kv_capacity",
+    "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
+    "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",
     "non_torch_bytes", "roofline_seconds", "save_profile", "step_features",
 ]

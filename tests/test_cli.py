@@ -257,20 +257,21 @@ slo: {ttft_ms: {p99: 500}}
 
 
 def test_run_warns_of_more_kv_blocks_than_the_gpu_holds(scen, tmp_path, capsys):
-    # llama-3.1-8b on one H100 at 0.9 holds 28275 blocks with max_num_seqs 64 (the sum of
-    # test_cost_model's by-hand case with a sampler reserve of 2 x 64 x 128256 x 4 bytes)
+    # llama-3.1-8b on one H100 at 0.9 holds 28307 blocks with max_num_seqs 64 (test_cost_model's
+    # by-hand case, where the forward's reserve, 8192 x 2 x 61440 bytes, outgrows the
+    # sampler's 64 rows: 8192 x 2 x 4096 + 38.4 x 64 x 128256)
     assert main(["run", str(scen), "--out", str(tmp_path / "o"), "--quiet",
                  "--set", "engine.num_gpu_blocks=60000"]) == 0
     err = capsys.readouterr().err
     assert ("servesim: warning: engine.num_gpu_blocks = 60000 (set with --set "
-            "engine.num_gpu_blocks=60000) is more than the 28275 blocks that h100-sxm's "
+            "engine.num_gpu_blocks=60000) is more than the 28307 blocks that h100-sxm's "
             "memory holds") in err
-    assert "more than the 28275 blocks" in (tmp_path / "o" / "report.md").read_text()
+    assert "more than the 28307 blocks" in (tmp_path / "o" / "report.md").read_text()
 
 
 def test_run_counts_outputs_cut_at_max_model_len(tmp_path, capsys):
-    # 500-token prompts under max_model_len 512: 12 output tokens fit exactly (vLLM's
-    # server accepts prompt + max_tokens == max_model_len); 13 are cut to 12 (it refuses)
+    # 500-token prompts under max_model_len 512: 12 output tokens fit exactly; 13 are cut
+    # to 12 (vLLM's server lowers max_tokens to max_model_len - prompt, as its engine cuts)
     y = tmp_path / "c.yaml"
     text = """model: llama-test
 hardware: {step_time: {constant_s: 0.01}}

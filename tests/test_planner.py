@@ -1366,13 +1366,14 @@ def test_compare_says_which_plan_cannot_keep_up(tmp_path, capsys):
 
 def test_sweep_plan_and_compare_warn_of_more_kv_blocks_than_the_gpu_holds(tmp_path, capsys):
     # 10**9 blocks of 16 tokens are past what an H100's memory holds: each command warns,
-    # once per distinct cache (compare's two plans, max_num_seqs 4 and 8, reserve different
-    # activation memory, so their counts differ)
+    # once per distinct cache (compare's two plans, max_num_batched_tokens 8192 and 4096,
+    # reserve different activation memory, so their counts differ)
     y = tmp_path / "s.yaml"
     y.write_text(small_scenario("s", 60) + "slo: {ttft_ms: {p99: 500}}\n"
                  "plan: {target_rate: 5, candidates: {engine.max_num_seqs: [4]}}\n")
     z = tmp_path / "z.yaml"
-    z.write_text(small_scenario("z", 60).replace("max_num_seqs: 4", "max_num_seqs: 8"))
+    z.write_text(small_scenario("z", 60).replace(
+        "max_num_seqs: 4", "max_num_seqs: 4, max_num_batched_tokens: 4096"))
     big = ["--set", "engine.num_gpu_blocks=1000000000"]
     for argv in (["sweep", str(y), "--set", "workload.arrival.rate=5,10"] + big,
                  ["plan", str(y)] + big, ["compare", str(y), str(z)] + big):
