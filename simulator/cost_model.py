@@ -64,11 +64,12 @@ DEFAULT_MBU = 0.7
 # PaLM, Chowdhery et al. 2022). Large-token bf16 GEMMs in vLLM/SGLang prefill reach about
 # half of the tensor-core peak on H100/A100; we take 0.5.
 DEFAULT_MFU = 0.5
-# Fixed CPU cost of a step (scheduling, input preparation, launch of a CUDA-graph) and its
-# per-request part (vLLM V1 synchronous scheduling does not overlap them with the GPU).
 #: The longest one engine step may be priced (seconds): past it a scenario's coefficients are
 #: absurd (an hour-long forward pass), and time would soon leave the integer-ns clock.
 MAX_STEP_S = 3600.0
+# Fixed CPU cost of a step (scheduling, input preparation, launch of a CUDA-graph) and its
+# per-request part (vLLM V1 synchronous scheduling does not overlap them with the GPU).
+# Estimates, not measured here: a calibrated profile replaces them.
 DEFAULT_STEP_OVERHEAD_S = 1.0e-3
 DEFAULT_PER_REQUEST_S = 1.0e-5
 # Device memory outside torch's allocator that vLLM's start-up profiling charges to the
