@@ -85,8 +85,10 @@ DEFINITIONS = [
     ("Window", "throughputs and time-weighted means run from the start of the run (as "
                "`vllm bench serve`'s duration, which includes the first arrival gap) to the "
                "last finish (or a later rejected request's arrival: the duration waits for "
-               "failed requests too); with warm-up, from the first counted arrival, and the first "
-               "warm-up requests by arrival are left out of every request figure."),
+               "failed requests too); with warm-up, from the first counted arrival, and the "
+               "first warm-up requests by arrival, which load the engine beside the counted "
+               "ones, are left out of every request figure (`vllm bench serve "
+               "--num-warmups` instead finishes its warm-ups before its run starts)."),
     ("Concurrency", "requests in system: mean = Σ E2EL / duration (Little's law; SGLang "
                     "`bench_serving`'s concurrency), max of overlapping [arrival, finish); "
                     "peak concurrent requests as `vllm bench serve` counts them: seconds from "
