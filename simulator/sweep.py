@@ -58,9 +58,9 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
 
     Raises:
         InputError: a malformed flag, an empty value in a list, a value that is not
-            valid YAML, a value given twice in one list, a key given twice (swept or not), or two plain flags (or two axes)
-            of which one sets a key inside the other's mapping
-            (:func:`simulator.scenario.split_override`).
+            valid YAML, a value given twice in one list, a key given twice (swept or
+            not), or two plain flags (or two axes) of which one sets a key inside the
+            other's mapping (:func:`simulator.scenario.split_override`).
     """
     plain, axes = [], {}
     # Plain flags and axes are checked for clashes each among themselves; across the two
