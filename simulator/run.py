@@ -126,6 +126,17 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
         "turns_not_sent": cluster.turns_not_sent,
     }
     result = metrics.finalize(slo=scenario.slo.model_dump(exclude_none=True), extra=extra)
+    if scenario.sim.warmup_requests:
+        # The schedulers counted every admission; the figures leave warm-up requests out,
+        # as every request figure does: their first admissions' prompt and hit tokens are
+        # the rows' (equal to the schedulers' counts without warm-up). Preempted requests'
+        # re-admissions are counted per scheduler only: that rate keeps the whole run.
+        rq = result.requests
+        own = ~rq["warmup"].to_numpy() & (rq["finish_reason"] != "rejected").to_numpy()
+        q = int(rq["prompt_tokens"].to_numpy()[own].sum())
+        h = int(rq["cached_tokens"].to_numpy()[own].sum())
+        result.summary.update(prefix_cache_hit_rate=round_sig(h / q) if q else 0.0,
+                              prefix_cache_queried_tokens=q, prefix_cache_hit_tokens=h)
     wl = scenario.workload
     if wl.sessions is not None and wl.arrival is not None \
             and wl.arrival.process != "closed_loop":   # a closed loop has no ramp

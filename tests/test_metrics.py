@@ -321,6 +321,34 @@ def test_warm_up_requests_tied_at_the_edge_are_told_apart_by_id(exact, warmup):
     assert res.summary["itl_tokens"] == int((rq["output_tokens"] - 1).sum())
 
 
+def test_prefix_cache_figures_leave_warm_up_requests_out():
+    """The schedulers count every admission's prompt and hit tokens; without warm-up those
+    counts are the rows' sums, and with it the figures are the counted rows' alone."""
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+
+    def run(warmup):
+        return simulate(scenario_from_dict({
+            "name": "w", "model": "llama-test", "sim": {"warmup_requests": warmup},
+            "hardware": {"step_time": {"constant_s": 0.01}},
+            "engine": {"max_num_seqs": 8, "num_gpu_blocks": 200},
+            "workload": {"seed": 1, "num_requests": 120,
+                         "arrival": {"process": "poisson", "rate": 20},
+                         "prompt_tokens": {"dist": "uniform", "min": 40, "max": 200},
+                         "output_tokens": {"dist": "fixed", "value": 8},
+                         "prefix": {"shared_tokens": 64, "groups": 3}}}))
+
+    for warmup in (0, 40):
+        res = run(warmup)
+        rq = res.requests
+        own = ~rq["warmup"] & (rq["finish_reason"] != "rejected")
+        q, h = int(rq["prompt_tokens"][own].sum()), int(rq["cached_tokens"][own].sum())
+        s = res.summary
+        assert (s["prefix_cache_queried_tokens"], s["prefix_cache_hit_tokens"]) == (q, h)
+        assert 0 < h < q and s["prefix_cache_hit_rate"] == approx(h / q)
+    assert run(40).summary["prefix_cache_hit_tokens"] < run(0).summary["prefix_cache_hit_tokens"]
+
+
 @settings(max_examples=200, deadline=None)
 @given(runs=st.lists(st.tuples(st.integers(0, 10**10), st.integers(1, 40)),
                      min_size=1, max_size=25),
