@@ -59,26 +59,16 @@ def split_sets(sets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     Raises:
         InputError: a malformed flag, an empty value in a list, a value that is not
             valid YAML, a value given twice in one list, a key given twice (swept or
-            not), or two plain flags (or two axes) of which one sets a key inside the
-            other's mapping (:func:`simulator.scenario.split_override`).
+            not), or a mapping and a key inside it that it gives or that came first
+            (:func:`simulator.scenario.split_override`).
     """
     plain, axes = [], {}
-    # Plain flags and axes are checked for clashes each among themselves; across the two
-    # only the same key twice clashes: a swept key inside a mapping a plain flag sets
-    # replaces that mapping's value at each point, as it replaces the file's.
-    seen_plain: dict = {}
-    seen_axes: dict = {}
+    seen: dict = {}   # checked in flag order, as run's flags (split_override)
     for s in sets:
         k = ".".join(p.strip() for p in s.partition("=")[0].strip().split("."))
+        split_override(s, seen, f"; sweep values go in one flag: {k}=v1,v2,...")
         v = s.partition("=")[2].strip()
-        swept = not v.startswith(("[", "{")) and "," in v
-        hint = f"; sweep values go in one flag: {k}=v1,v2,..."
-        parts, _ = split_override(s, seen_axes if swept else seen_plain, hint)
-        other = seen_plain if swept else seen_axes
-        if parts in other:
-            raise InputError(f"--set {s}: {'.'.join(parts)} is already set by --set "
-                             f"{other[parts]} (give each key once{hint})")
-        if not swept:
+        if v.startswith(("[", "{")) or "," not in v:
             plain.append(s)
             continue
         vals = [x.strip() for x in v.split(",")]
