@@ -330,6 +330,31 @@ def test_output_private_request_rehits_its_decode_blocks_after_preemption():
     assert readmits == [[("B", 16)]]
 
 
+def test_a_freed_partial_block_is_reused_before_cached_ones():
+    """vLLM 0.32 ``BlockPool.free_blocks``: a freed block without a hash (no request can
+    hit it) goes to the free queue's head, one with a hash to its tail (LRU). Blocks of 4,
+    3 usable. A (4 tokens) caches block 1; B (6 tokens) caches block 2 and frees its
+    partial block 3; C (4 tokens) then takes block 3, not A's cached block 1, which A2
+    hits. Freed to the tail, block 3 would sit behind 1 and C would evict A's prefix."""
+    s = make(num_gpu_blocks=4, max_model_len=12)
+    for rid, segs in (("A", [("a", 4)]), ("B", [("b", 6)])):
+        s.add_request(req(rid, segs, max_tokens=1))
+        assert step(s)[2] == [rid]
+    assert s.kv.pool.free_queue == [3, 1, 2]
+    c = req("C", [("c", 4)], max_tokens=1)
+    s.add_request(c)
+    step(s)
+    assert c.block_ids == [] and s.kv.pool.free_queue == [1, 2, 3]
+    s.add_request(req("A2", [("a", 4), ("x", 4)], max_tokens=1))
+    r, _, _, plan = step(s)
+    assert r == [("A2", 4, 4, True)] and plan.prefills[0].num_cached_tokens == 4
+    # with prefix caching off every freed block is reused first, the deepest first
+    s = make(num_gpu_blocks=4, max_model_len=12, enable_prefix_caching=False)
+    s.add_request(req("B", [("b", 6)], max_tokens=1))
+    step(s)
+    assert s.kv.pool.free_queue == [2, 1, 3]
+
+
 def test_never_used_blocks_head_the_free_queue_in_id_order():
     """vLLM's free list starts as blocks 1..n-1; freed blocks join its tail, behind the
     never-used ones (which this pool keeps unlisted until handed out)."""

@@ -4,9 +4,11 @@ Semantics follow vLLM V1 (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py`
 
 * Fixed ``block_size``; block 0 is the null block and is never handed out, so usable
   blocks = ``num_gpu_blocks - 1`` and usage = ``1 - free / (num_gpu_blocks - 1)``.
-* Free blocks sit in an LRU queue. Freed blocks go to the *tail* in the order given (a
-  request frees its blocks in reverse, so its deepest block is evicted first); allocation
-  pops the *head* and evicts that block's hash lazily, only then.
+* Free blocks sit in an LRU queue. A request frees its blocks in reverse (its deepest
+  first); those vLLM has hashed go to the *tail* in that order (LRU eviction), the others
+  (never hit: the last partial block, or every block with prefix caching off) to the
+  *head*, so they are reused first (vLLM 0.32 ``BlockPool.free_blocks``). Allocation pops
+  the head and evicts that block's hash lazily, only then.
 * A full block's hash is registered as soon as the block is full of *scheduled* tokens, in
   the same allocation call, so a request admitted later in the same step can hit it.
 * Admission of a request with prefix hits needs ``new blocks + hit blocks that are
@@ -41,8 +43,9 @@ class BlockPool:
     behind, counted in ``_stale[b]``: stale entries of a block always precede its live one,
     so the head skips the first ``_stale[b]`` entries of ``b`` it meets.
 
-    Blocks never handed out (the last ``_fresh_left`` ids) head the queue in id order, as
-    in vLLM's initial free list, without being listed: ``ref_cnt`` and ``block_hash`` grow
+    Blocks freed to the head sit before everything else in ``_front``, a stack (the next to
+    allocate at its end). Blocks never handed out (the last ``_fresh_left`` ids) follow, in
+    id order, as in vLLM's initial free list, without being listed: ``ref_cnt`` and ``block_hash`` grow
     as they are first handed out, so an idle replica costs no memory per block (thousands
     of replicas of 16k blocks each).
 
@@ -63,6 +66,7 @@ class BlockPool:
         self.ref_cnt: list[int] = [0]                 # by block id, handed-out ids only
         self.block_hash: list[bytes | None] = [None]
         self._fresh_left = 0 if self.unlimited else num_gpu_blocks - 1
+        self._front: list[int] = []   # freed to the head: allocated first, from the end
         self._queue: list[int] = []   # freed blocks; live entries from _head on
         self._head = 0
         self._stale: dict[int, int] = {}   # block -> stale entries of it in the queue
@@ -75,7 +79,8 @@ class BlockPool:
     def free_queue(self) -> list[int]:
         """The free blocks, head (next to allocate) first (O(queue); for tests)."""
         start = len(self.ref_cnt)
-        out, seen = list(range(start, start + self._fresh_left)), dict(self._stale)
+        out, seen = self._front[::-1] + list(range(start, start + self._fresh_left)), \
+            dict(self._stale)
         for b in self._queue[self._head:]:
             if seen.get(b):
                 seen[b] -= 1
@@ -164,10 +169,15 @@ class BlockPool:
         if n > self._num_free:
             raise RuntimeError(f"need {n} blocks, {self._num_free} free")
         self._num_free -= n
-        head = None
-        if self._fresh_left:   # they head the queue
-            head = self._fresh(min(n, self._fresh_left))
+        head = self._take_front(n) if self._front else None
+        if head:
             n -= len(head)
+            if not n:
+                return head
+        if self._fresh_left:   # they head the listed queue
+            fresh = self._fresh(min(n, self._fresh_left))
+            head = head + fresh if head else fresh
+            n -= len(fresh)
             if not n:
                 return head
         out = self._pop(n)
@@ -188,6 +198,17 @@ class BlockPool:
                 ref[b] = 1
         return head + out if head else out
 
+    def _take_front(self, n: int) -> list[int]:
+        """Up to ``n`` blocks from the head stack (no hash to evict), ``ref_cnt`` 1."""
+        front = self._front
+        k = min(n, len(front))
+        out = front[:-k - 1:-1]
+        del front[-k:]
+        ref = self.ref_cnt
+        for b in out:
+            ref[b] = 1
+        return out
+
     def allocate_one(self) -> int:
         """Pop one block (:meth:`allocate` for ``n = 1``, without building a list).
 
@@ -198,6 +219,11 @@ class BlockPool:
             return self.allocate(1)[0]
         if not self._num_free:
             raise RuntimeError("need 1 block, 0 free")
+        if self._front:
+            b = self._front.pop()
+            self._num_free -= 1
+            self.ref_cnt[b] = 1
+            return b
         if self._fresh_left:
             self._num_free -= 1
             return self._fresh(1)[0]
@@ -219,8 +245,10 @@ class BlockPool:
     def _allocate_unlimited(self, n: int) -> list[int]:
         # Reuse freed blocks without a hash; cached blocks are kept forever.
         take = min(n, self._num_free)
-        out = self._pop(take) if take else []
         self._num_free -= take
+        out = self._take_front(take) if self._front else []
+        if take > len(out):
+            out += self._pop(take - len(out))
         ref = self.ref_cnt
         for b in out:
             ref[b] = 1
@@ -255,6 +283,22 @@ class BlockPool:
                     self._num_free += 1
             elif c == 1:
                 self._num_shared -= 1
+
+    def free_blocks_first(self, block_ids) -> None:
+        """Drop one reference on each block; blocks reaching 0 join the queue *head*, the
+        first given allocated first (vLLM ``free_blocks``: blocks without a hash, which no
+        request can hit, are reused first)."""
+        ref, out = self.ref_cnt, []
+        for b in block_ids:
+            c = ref[b] - 1
+            ref[b] = c
+            if c == 0:
+                out.append(b)
+            elif c == 1:
+                self._num_shared -= 1
+        out.reverse()
+        self._front.extend(out)
+        self._num_free += len(out)
 
     def cache_blocks(self, block_ids, hashes) -> None:
         """Register full blocks under their hashes; a block is registered once."""
@@ -388,7 +432,8 @@ class KVCacheManager:
             req.num_hashed_blocks = full
 
     def free(self, req: Request, preempted: bool = False) -> None:
-        """Release all of ``req``'s blocks, deepest first (vLLM ``free``).
+        """Release all of ``req``'s blocks, deepest first (vLLM ``free``): those vLLM has
+        hashed to the free queue's tail, the rest to its head (:class:`BlockPool`).
 
         Args:
             req: the request.
@@ -398,7 +443,19 @@ class KVCacheManager:
         """
         if preempted and (req.cache_private or req.output_private):
             self._register(req)
-        if req.block_ids:
-            self.pool.free_blocks(req.block_ids[::-1])
+        ids = req.block_ids
+        if ids:
+            # The blocks vLLM has hashed, counted whether or not this request's are in the
+            # cache here (a private request's are not): at a preemption, the registered ones
+            # (the victim was not scheduled in this step); at a finish, every full block
+            # of computed tokens.
+            n = 0 if not self.enable_prefix_caching else (
+                req.num_registered_blocks if preempted
+                else min(req.num_computed_tokens, req.num_tokens) // self.block_size)
+            n = min(n, len(ids))
+            if n < len(ids):
+                self.pool.free_blocks_first(ids[:n - 1:-1] if n else ids[::-1])
+            if n:
+                self.pool.free_blocks(ids[n - 1::-1])
         req.block_ids = []
         req.num_registered_blocks = req.num_hashed_blocks = 0
