@@ -356,8 +356,9 @@ def test_a_freed_partial_block_is_reused_before_cached_ones():
 
 
 def test_never_used_blocks_head_the_free_queue_in_id_order():
-    """vLLM's free list starts as blocks 1..n-1; freed blocks join its tail, behind the
-    never-used ones (which this pool keeps unlisted until handed out)."""
+    """vLLM's free list starts as blocks 1..n-1; blocks freed to its tail (free_blocks:
+    those with a hash) join it behind the never-used ones (which this pool keeps unlisted
+    until handed out)."""
     from simulator.policy.kv_cache import BlockPool
     pool = BlockPool(16384)
     assert len(pool.ref_cnt) == 1 and pool.num_free_blocks == 16383   # nothing per block yet
