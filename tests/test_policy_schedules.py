@@ -348,11 +348,14 @@ def test_a_freed_partial_block_is_reused_before_cached_ones():
     s.add_request(req("A2", [("a", 4), ("x", 4)], max_tokens=1))
     r, _, _, plan = step(s)
     assert r == [("A2", 4, 4, True)] and plan.prefills[0].num_cached_tokens == 4
+    pool, before = s.kv.pool, s.kv.pool.free_queue   # nothing taken, nothing lost
+    assert pool.allocate(0) == [] and pool.free_queue == before
     # with prefix caching off every freed block is reused first, the deepest first
     s = make(num_gpu_blocks=4, max_model_len=12, enable_prefix_caching=False)
     s.add_request(req("B", [("b", 6)], max_tokens=1))
     step(s)
     assert s.kv.pool.free_queue == [2, 1, 3]
+    assert s.kv.pool.allocate(0) == [] and s.kv.pool.free_queue == [2, 1, 3]
 
 
 def test_never_used_blocks_head_the_free_queue_in_id_order():

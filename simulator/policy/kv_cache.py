@@ -45,9 +45,9 @@ class BlockPool:
 
     Blocks freed to the head sit before everything else in ``_front``, a stack (the next to
     allocate at its end). Blocks never handed out (the last ``_fresh_left`` ids) follow, in
-    id order, as in vLLM's initial free list, without being listed: ``ref_cnt`` and ``block_hash`` grow
-    as they are first handed out, so an idle replica costs no memory per block (thousands
-    of replicas of 16k blocks each).
+    id order, as in vLLM's initial free list, without being listed: ``ref_cnt`` and
+    ``block_hash`` grow as they are first handed out, so an idle replica costs no memory per
+    block (thousands of replicas of 16k blocks each).
 
     Args:
         num_gpu_blocks: total blocks including the null block 0; ``None`` means unlimited
@@ -202,6 +202,8 @@ class BlockPool:
         """Up to ``n`` blocks from the head stack (no hash to evict), ``ref_cnt`` 1."""
         front = self._front
         k = min(n, len(front))
+        if k <= 0:   # del front[-0:] would empty it
+            return []
         out = front[:-k - 1:-1]
         del front[-k:]
         ref = self.ref_cnt
