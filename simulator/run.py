@@ -126,7 +126,7 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
         "turns_not_sent": cluster.turns_not_sent,
     }
     result = metrics.finalize(slo=scenario.slo.model_dump(exclude_none=True), extra=extra)
-    if scenario.sim.warmup_requests:
+    if scenario.sim.warmup_requests and scenario.engine.enable_prefix_caching:
         # The schedulers counted every admission; the figures leave warm-up requests out,
         # as every request figure does: their first admissions' prompt and hit tokens are
         # the rows' (equal to the schedulers' counts without warm-up). Preempted requests'

@@ -356,6 +356,27 @@ def test_a_freed_partial_block_is_reused_before_cached_ones():
     step(s)
     assert s.kv.pool.free_queue == [2, 1, 3]
     assert s.kv.pool.allocate(0) == [] and s.kv.pool.free_queue == [2, 1, 3]
+    # and, as vLLM's KVCacheManager, it keeps no prefix-cache queries then
+    assert (s.stats.prefix_queries, s.stats.prefix_hits) == (0, 0)
+
+
+def test_requests_finishing_in_one_step_free_their_blocks_in_admission_order():
+    """vLLM's update_from_output frees finished requests in scheduling order (running ones
+    in admission order), so their hashed blocks reach the LRU tail in that order. R1 (12
+    tokens, chunks of 4 by long_prefill_token_threshold) is admitted before R2 (4 tokens,
+    3 outputs), whose decodes take blocks after R1's chunks: R1 [1, 3, 5], R2 [2, 4]. Both
+    finish in step 3, R1 on its last chunk, R2 on a decode: R1's blocks go to the tail
+    first, deepest first, then R2's full block 2; R2's partial block 4 heads the queue,
+    before the never-used 6..11."""
+    s = make(num_gpu_blocks=12, max_num_batched_tokens=8, max_model_len=32,
+             long_prefill_token_threshold=4)
+    s.add_request(req("R1", [("a", 12)], max_tokens=1))
+    s.add_request(req("R2", [("b", 4)], max_tokens=3))
+    assert step(s)[0] == [("R1", 4, 0, False), ("R2", 4, 0, True)]
+    assert step(s)[0] == [("R1", 4, 4, False), ("R2", 1, 4, True)]
+    r, _, fin, _ = step(s)
+    assert r == [("R1", 4, 8, True), ("R2", 1, 5, True)] and fin == ["R1", "R2"]
+    assert s.kv.pool.free_queue == [4, *range(6, 12), 5, 3, 1, 2]
 
 
 def test_never_used_blocks_head_the_free_queue_in_id_order():

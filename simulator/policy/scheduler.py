@@ -457,7 +457,9 @@ class Scheduler:
             self._prefilling[r] = None
             r.state = _RUNNING
             r._computed = n_hit + n
-            if r.num_preemptions:
+            if not kv.enable_prefix_caching:   # vLLM keeps no prefix-cache stats then
+                pass
+            elif r.num_preemptions:
                 stats.preempted_queries += r.num_tokens
                 stats.preempted_hits += n_hit
             else:
@@ -522,16 +524,17 @@ class Scheduler:
         if sampled is not None:
             for r in steady:
                 r.output_token_ids.append(sampled[r])
+        done = []   # (request, reason); freed below in admission order, as vLLM frees them
         events = self._finish_events.pop(clock.update_tick, None)
         if events:
             for r, epoch in events:
                 if r._epoch == epoch:
-                    self._finish(r, "length")
-                    finished.append(r)
+                    done.append((r, "length"))
         if sampled is not None:
-            for r in [r for r in steady if self._is_stop(r, r.output_token_ids[-1])]:
-                self._finish(r, "stop")
-                finished.append(r)
+            ending = {r for r, _ in done}
+            for r in steady:
+                if r not in ending and self._is_stop(r, r.output_token_ids[-1]):
+                    done.append((r, "stop"))
         for e in plan.prefills:
             r = e.request
             if not e.samples_token or r.state != _RUNNING:
@@ -540,13 +543,16 @@ class Scheduler:
             r.append_output_token(tok)
             del self._prefilling[r]
             if r.num_output_tokens >= r.max_tokens:
-                self._finish(r, "length")
-                finished.append(r)
+                done.append((r, "length"))
             elif tok is not None and self._is_stop(r, tok):
-                self._finish(r, "stop")
-                finished.append(r)
+                done.append((r, "stop"))
             else:
                 self._enter_steady(r)
+        if len(done) > 1:
+            done.sort(key=lambda d: d[0]._seq)
+        for r, reason in done:
+            self._finish(r, reason)
+            finished.append(r)
         return finished
 
     def finishes_in(self, plan: StepPlan) -> bool:
