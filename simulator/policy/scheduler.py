@@ -457,14 +457,13 @@ class Scheduler:
             self._prefilling[r] = None
             r.state = _RUNNING
             r._computed = n_hit + n
-            if not kv.enable_prefix_caching:   # vLLM keeps no prefix-cache stats then
-                pass
-            elif r.num_preemptions:
-                stats.preempted_queries += r.num_tokens
-                stats.preempted_hits += n_hit
-            else:
-                stats.prefix_queries += r.num_tokens
-                stats.prefix_hits += n_hit
+            if kv.enable_prefix_caching:   # vLLM keeps no prefix-cache stats without it
+                if r.num_preemptions:
+                    stats.preempted_queries += r.num_tokens
+                    stats.preempted_hits += n_hit
+                else:
+                    stats.prefix_queries += r.num_tokens
+                    stats.prefix_hits += n_hit
             if r.num_cached_tokens < 0:
                 r.num_cached_tokens = n_hit
             self._budget -= n
