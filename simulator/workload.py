@@ -259,12 +259,13 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
             integer inside, or ``max`` below 1), a uniform ``min`` of 0 (its draws of 0
             would become 1), a fixed value that is not a whole number
             >= 1 (it would be rounded silently), a normal mean or lognormal median below 1
-            (most samples clipped to 1), or a centre (value, mean, median) or
-            ``min`` above :data:`MAX_COUNT`; the message says which.
+            (most samples clipped to 1), or a centre (value, mean, median), ``min`` or a
+            uniform's ``max`` above :data:`MAX_COUNT`; the message says which.
     """
     centre = {FixedDist: "value", UniformDist: "min", NormalDist: "mean",
               LognormalDist: "median"}.get(type(dist_cfg))
-    for name in (centre, "min"):   # past int64 once drawn; no model holds such a context
+    # past int64 once drawn (uniform's max is drawn too); no model holds such a context
+    for name in (centre, "min") + (("max",) if isinstance(dist_cfg, UniformDist) else ()):
         v = getattr(dist_cfg, name, None) if name else None
         if v is not None and v > MAX_COUNT:
             raise ValueError(f"{name} {v:g} is above {MAX_COUNT:.0e} (a count of tokens or "

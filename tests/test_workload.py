@@ -454,6 +454,8 @@ def test_bad_config_is_rejected(bad, where):
     ("output_tokens", {"dist": "fixed", "value": 3.5}, "fixed value 3.5 is not a whole number"),
     # uniform's min is a parameter, not a clip: its 0s would double the share of 1
     ("prompt_tokens", {"dist": "uniform", "min": 0, "max": 3}, "uniform min 0 draws 0"),
+    # drawn as integers: past int64 it was a traceback
+    ("prompt_tokens", {"dist": "uniform", "min": 1, "max": 1e30}, "max 1e+30 is above 1e+09"),
     ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
      "[min, max] = [5.2, 5.8] holds no integer >= 1"),
 ])
