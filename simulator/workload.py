@@ -343,11 +343,17 @@ def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
 
     Raises:
         InputError: empirical file malformed (naming the file and line).
-        KeyedInputError: ``<key>.path``, the empirical file is missing.
+        KeyedInputError: ``<key>.path``, the empirical file is missing; ``<key>``, a draw at
+            or past :data:`MAX_TIME_NS` (4.6e9 s: past int64 once in ns, it came back as
+            garbage, a negative think time among them).
     """
     x = _raw_samples(dist_cfg, n, rng, base_dir, integer=False, key=key)
     lo = max(0.0, dist_cfg.min) if dist_cfg.min is not None else 0.0
     x = np.clip(x, lo, dist_cfg.max)
+    if n and not x.max() < MAX_TIME_NS / NS_PER_S:
+        raise KeyedInputError(key, f"draws a think time of {x.max():.3g} s, past the "
+                              f"{MAX_TIME_NS / NS_PER_S:.2g} s a run can hold (lower its "
+                              f"max, or give one)")
     return np.rint(x * NS_PER_S).astype(np.int64)
 
 
@@ -773,6 +779,8 @@ def build_workload(cfg: WorkloadConfig, base_dir=".") -> list[RequestSpec]:
     Raises:
         InputError: trace or empirical file missing or malformed, a trace window keeping no
             request, length bounds holding no integer >= 1.
+        KeyedInputError: a think time key whose draws, alone or added up along one
+            user's requests, pass the 4.6e9 s a run can hold.
     """
     r = _rngs(cfg.seed)
     if cfg.trace is not None:
@@ -781,5 +789,40 @@ def build_workload(cfg: WorkloadConfig, base_dir=".") -> list[RequestSpec]:
         specs = _build_closed_loop(cfg, r, base_dir)
     else:
         specs = _build_open_loop(cfg, r, base_dir)
+    if cfg.trace is None and (cfg.sessions is not None
+                              or isinstance(cfg.arrival, ClosedLoopArrival)):
+        _check_chains(specs)
     specs.sort(key=lambda s: (s.arrival_ns, s.request_id))
     return specs
+
+
+def _check_chains(specs: list[RequestSpec]) -> None:
+    """Refuse think times that add up, along one user's requests, past the time a run can
+    hold (:data:`MAX_TIME_NS`): a follow-up arrives no earlier than its chain's first
+    arrival plus every think time before it. ``specs`` are in request-id order, a
+    follow-up after the request it follows.
+
+    Raises:
+        KeyedInputError: the think time key that added the most to the longest chain.
+    """
+    by_id = {s.request_id: s for s in specs}
+    earliest: dict[int, tuple[int, int, int]] = {}   # id -> (time, loop think, session think)
+    for s in sorted(specs, key=lambda s: s.request_id):
+        if s.after is None:
+            earliest[s.request_id] = (s.arrival_ns, 0, 0)
+            continue
+        t, loop, sess = earliest[s.after]
+        if s.session_id is not None and by_id[s.after].session_id == s.session_id:
+            sess += s.think_time_ns
+        else:
+            loop += s.think_time_ns
+        earliest[s.request_id] = (t + s.think_time_ns, loop, sess)
+    if not earliest:
+        return
+    t, loop, sess = max(earliest.values())
+    if t >= MAX_TIME_NS:
+        key = ("workload.sessions.think_time_s" if sess >= loop
+               else "workload.arrival.think_time_s")
+        raise KeyedInputError(key, f"think times add up to {t / NS_PER_S:.3g} s along one "
+                              f"user's requests, past the {MAX_TIME_NS / NS_PER_S:.2g} s a "
+                              f"run can hold", depends=("workload.num_requests",))

@@ -392,6 +392,29 @@ def test_a_think_time_that_is_not_a_number_or_a_distribution_says_both_forms(val
         cfg(sessions={"turns": {"dist": "fixed", "value": 2}, "think_time_s": value})
 
 
+def test_think_times_past_the_run_clock_are_refused_at_their_key():
+    # One draw past 4.6e9 s overflowed int64 once in ns: uniform [0, 1e300] came back as
+    # negative think times, and a 20-request closed loop "finished" in 3.8 s.
+    huge = cfg(num_requests=20, arrival={"process": "closed_loop", "concurrency": 4,
+                                          "think_time_s": {"dist": "uniform", "min": 0,
+                                                           "max": 1e300}})
+    with pytest.raises(InputError) as e:
+        build_workload(huge)
+    assert e.value.key == "workload.arrival.think_time_s" and "draws a think time" in str(e.value)
+    # Each draw fits, their sum does not: user 0 follows its first request 9 times (20
+    # requests, 2 users), 9 × 1e9 s = 9e9 s > 2**62 ns = 4.61e9 s; 4 follow-ups = 4e9 s fit.
+    loop = dict(process="closed_loop", concurrency=2, think_time_s=1e9)
+    with pytest.raises(InputError) as e:
+        build_workload(cfg(num_requests=20, arrival=loop))
+    assert e.value.key == "workload.arrival.think_time_s" and "9e+09 s" in str(e.value)
+    specs = build_workload(cfg(num_requests=10, arrival=loop))
+    assert max(s.think_time_ns for s in specs) == 10**18
+    # In sessions the turns' think time is named: 5 turns at 2e9 s add 8e9 s.
+    with pytest.raises(InputError) as e:
+        build_workload(cfg(num_requests=20, sessions={"turns": 5, "think_time_s": 2e9}))
+    assert e.value.key == "workload.sessions.think_time_s" and "8e+09 s" in str(e.value)
+
+
 def test_concurrency_above_num_requests():
     specs = build_workload(cfg(num_requests=3, arrival={"process": "closed_loop",
                                                          "concurrency": 10}))
