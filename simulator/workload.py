@@ -749,15 +749,50 @@ def prefix_warning(cfg: WorkloadConfig, base_dir=".") -> str | None:
             f"shared_tokens, or raise prompt_tokens to lengths that include it)")
 
 
+#: How far the drawn arrivals' span may lie from num_requests / rate (a factor) before a run
+#: warns that its offered rate is not the rate asked for.
+SPAN_FACTOR = 2.0
+
+
+def arrival_warning(cfg: WorkloadConfig) -> str | None:
+    """Why the open-loop arrivals drawn do not offer ``rate`` (None when they do): their
+    span, ``num_requests / rate`` in expectation, lies more than :data:`SPAN_FACTOR` from
+    it — a gamma process with a tiny ``burstiness`` (gaps' CV ``1/sqrt(burstiness)``) puts
+    most requests in a few bursts, or all at 0 s once its gaps underflow. The ratio does
+    not depend on ``rate`` (every gap scales with ``1/rate``), so it holds for every rate a
+    sweep or plan tries. Checked from 10 requests on (single requests, not sessions).
+    """
+    arr = cfg.arrival
+    if (cfg.trace is not None or cfg.sessions is not None
+            or isinstance(arr, ClosedLoopArrival) or (cfg.num_requests or 0) < 10):
+        return None
+    n = cfg.num_requests
+    t = arrival_times_ns(arr, n, _rngs(cfg.seed)["arrival"])   # the run's own draws
+    want = n / arr.rate
+    span = float(t[-1]) / NS_PER_S
+    if want / SPAN_FACTOR <= span <= want * SPAN_FACTOR:
+        return None
+    why = (f" (gamma burstiness {arr.burstiness:g}: its gaps' coefficient of variation is "
+           f"{1 / math.sqrt(arr.burstiness):.3g})" if isinstance(arr, GammaArrival) else "")
+    fix = ("raise burstiness" if arr.normalize_duration or span == 0
+           else "set normalize_duration: true to rescale them as vllm bench serve does, or "
+                "raise burstiness")
+    offers = (f"{want / span:.3g} × its rate ({n / span:.3g} req/s at {arr.rate:g})"
+              if span > 0 else "every request at once")
+    return (f"workload.arrival: the {n} arrivals drawn span {span:.3g} s against "
+            f"num_requests / rate = {want:.3g} s{why}, so the run offers {offers} ({fix})")
+
+
 def workload_warnings(cfg: WorkloadConfig, base_dir=".") -> list[str]:
     """What in the workload may not be what its author meant, said after the runs: a
-    shared prefix that swallows prompts (:func:`prefix_warning`), trace arrivals that
+    shared prefix that swallows prompts (:func:`prefix_warning`), arrivals that do not offer
+    their rate (:func:`arrival_warning`), trace arrivals that
     replay as bursts (:func:`simulator.traces.ties_warning`).
 
     Raises:
         InputError: a length or trace file missing or malformed (as the run would).
     """
-    found = [prefix_warning(cfg, base_dir)]
+    found = [prefix_warning(cfg, base_dir), arrival_warning(cfg)]
     if cfg.trace is not None:
         found.append(ties_warning(cfg.trace, base_dir, cfg.num_requests))
     return [w for w in found if w]

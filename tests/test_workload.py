@@ -624,3 +624,32 @@ def test_a_prefix_that_swallows_prompts_is_warned_of():
     # sessions count new user tokens per turn, on top of the prefix: nothing is swallowed
     assert prefix_warning(cfg(100, 200, sessions={"turns": {"dist": "fixed", "value": 2}})) \
         is None
+
+
+def test_arrivals_that_do_not_offer_their_rate_are_warned_of():
+    # Gamma gaps of shape k have CV 1/sqrt(k): at k = 1e-3 (CV 31.6) a few gaps hold nearly
+    # all the time, so 200 arrivals span far from 200 / rate; the span is the run's own
+    # last arrival, and its ratio to 200 / rate is the same at any rate (gaps scale 1/rate).
+    from simulator.workload import arrival_warning
+
+    def gamma(k, rate=4.0, n=200, **over):
+        return cfg(num_requests=n, arrival={"process": "gamma", "rate": rate,
+                                            "burstiness": k, **over})
+
+    said = arrival_warning(gamma(1e-3))
+    last_s = build_workload(gamma(1e-3))[-1].arrival_ns / NS
+    span = float(re.search(r"drawn span (\S+) s against", said)[1])
+    assert span == pytest.approx(last_s, rel=1e-3) and not 25 <= span <= 100
+    assert "num_requests / rate = 50 s" in said and "coefficient of variation is 31.6" in said
+    factor = re.search(r"offers (\S+) × its rate", said)[1]
+    assert factor == f"{50 / last_s:.3g}"
+    assert re.search(r"offers (\S+) × its rate", arrival_warning(gamma(1e-3, rate=400)))[1] \
+        == factor
+    assert "set normalize_duration: true" in said
+    assert arrival_warning(gamma(1e-3, normalize_duration=True)) is None  # span = n / rate
+    # shape 1e-10: every gap underflows to 0 s, and normalizing cannot spread them
+    zero = arrival_warning(gamma(1e-10, normalize_duration=True))
+    assert "span 0 s" in zero and "every request at once (raise burstiness)" in zero
+    # Poisson, 3000 arrivals: the span is Gamma(3000)/rate, within 2x of 3000/rate
+    assert arrival_warning(cfg(num_requests=3000)) is None
+    assert arrival_warning(gamma(1e-3, n=9)) is None   # too few to judge
