@@ -256,7 +256,9 @@ class MetricsCollector:
         # Output tokens per second from the first admitted arrival (vllm bench serve's
         # peak output token throughput); None until a request is admitted.
         self._first_admitted_ns: int | None = None
-        self._tokens_per_s = np.zeros(0, np.int64)
+        # sparse (second -> tokens): a run may span 1e9 s of think times, one slot per
+        # second of it took GBs
+        self._tokens_per_s: dict[int, int] = {}
         # Pooled ITL: runs (gap, count) appended as steps end, folded into sorted distinct
         # gaps (exact counts) when the buffers grow long and at the end.
         self._itl_gap, self._itl_cnt = array("q"), array("q")
@@ -423,12 +425,11 @@ class MetricsCollector:
         if self._first_admitted_ns is not None:   # int(token time - first start), as vLLM
             sec = (end - self._first_admitted_ns) // NS_PER_S
             keep = sec >= 0
-            per_s = np.bincount(sec[keep], weights=np.array(cols[9], np.float64)[keep])
-            if per_s.size > self._tokens_per_s.size:
-                self._tokens_per_s = np.concatenate(
-                    [self._tokens_per_s, np.zeros(per_s.size - self._tokens_per_s.size,
-                                                  np.int64)])
-            self._tokens_per_s[:per_s.size] += per_s.astype(np.int64)
+            secs, at = np.unique(sec[keep], return_inverse=True)
+            sums = np.bincount(at, weights=np.array(cols[9], np.float64)[keep])
+            per_s = self._tokens_per_s
+            for k, v in zip(secs.tolist(), sums.astype(np.int64).tolist()):
+                per_s[k] = per_s.get(k, 0) + v
         w = self._w
         reps = dict.fromkeys(cols[0])   # replicas in order of their first step
         for r in reps:
@@ -582,7 +583,7 @@ class MetricsCollector:
         # Every step's sampled tokens (warm-up requests' too): only without warm-up are
         # they the counted requests' (vllm bench serve has no warm-up inside its run).
         s["max_output_tokens_per_s"] = (
-            float(self._tokens_per_s.max()) if self._tokens_per_s.size and s["completed"]
+            float(max(self._tokens_per_s.values())) if self._tokens_per_s and s["completed"]
             and not self.warmup_requests else None)
         step = self._step_window(ws, we)
         s["concurrency"]["running_mean"] = step["running_mean"]
@@ -857,7 +858,13 @@ def _peak_per_second(arrival_ns: np.ndarray, finish_ns: np.ndarray) -> int:
     if arrival_ns.size == 0:
         return 0
     a = arrival_ns.min()
-    return int(interval_counts((arrival_ns - a) // NS_PER_S, (finish_ns - a) // NS_PER_S).max())
+    first, last = (arrival_ns - a) // NS_PER_S, (finish_ns - a) // NS_PER_S
+    # interval_counts(first, last).max() without one slot per second (a run may span 1e9 s):
+    # the count only changes at a first or a last + 1, so its most is at one of them
+    _, delta = np.unique(np.concatenate([first, last + 1]), return_inverse=True)
+    change = np.bincount(delta, weights=np.concatenate([np.ones(first.size),
+                                                        -np.ones(last.size)]))
+    return int(np.cumsum(change).max())
 
 
 def parse_slo(slo: dict | None) -> dict:

@@ -539,3 +539,30 @@ def test_a_short_single_run_is_warned_of_with_what_steadies_its_p99():
     # a trace's replications are identical: a longer trace is the remedy
     assert tail_warning(sc(replications=3, trace=object()), {"completed": 3}).endswith(
         "a longer trace (or a wider workload.trace.window_s) steadies them")
+
+
+def test_a_run_spanning_1e9_seconds_keeps_its_per_second_peaks_sparse():
+    # One user, two requests of 16 + 4 tokens at 0.01 s a step: the first runs [0, 0.04 s]
+    # (a prefill with its first token, three decodes), the second arrives 1e9 s of think
+    # time later and runs as long. Per second from the first arrival: 4 tokens and one
+    # request in second 0 and in second 1e9, none between. One slot per second of the run
+    # took ~16 GB here (a MemoryError or the OOM killer).
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+
+    sc = scenario_from_dict({
+        "name": "s", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_model_len": 2048, "max_num_seqs": 4},
+        "workload": {"seed": 0, "num_requests": 2,
+                     "arrival": {"process": "closed_loop", "concurrency": 1,
+                                 "think_time_s": 1e9},
+                     "prompt_tokens": {"dist": "fixed", "value": 16},
+                     "output_tokens": {"dist": "fixed", "value": 4}}})
+    s = simulate(sc).summary
+    assert s["duration_s"] == 1e9   # 1e9 + 0.08 s to the summary's 6 significant digits
+    assert s["max_output_tokens_per_s"] == 4 and s["max_concurrent_requests"] == 1
+    # the same peak as vllm bench serve's buckets over a span of 4e9 s: two requests meet
+    # in second 4e9 + 1
+    a = np.array([0, 4 * 10**18, 4 * 10**18 + 5 * 10**8], np.int64)
+    f = a + np.array([10**9, 15 * 10**8, 10**9], np.int64)
+    assert metrics._peak_per_second(a, f) == 2
