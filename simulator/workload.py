@@ -834,8 +834,8 @@ def build_workload(cfg: WorkloadConfig, base_dir=".") -> list[RequestSpec]:
 def _check_chains(specs: list[RequestSpec]) -> None:
     """Refuse think times that add up, along one user's requests, past the time a run can
     hold (:data:`MAX_TIME_NS`): a follow-up arrives no earlier than its chain's first
-    arrival plus every think time before it. ``specs`` are in request-id order, a
-    follow-up after the request it follows.
+    arrival plus every think time before it. ``specs`` in any order; a follow-up's id is
+    above that of the request it follows.
 
     Raises:
         KeyedInputError: the think time key that added the most to the longest chain.
