@@ -786,13 +786,20 @@ def arrival_warning(cfg: WorkloadConfig) -> str | None:
 def workload_warnings(cfg: WorkloadConfig, base_dir=".") -> list[str]:
     """What in the workload may not be what its author meant, said after the runs: a
     shared prefix that swallows prompts (:func:`prefix_warning`), arrivals that do not offer
-    their rate (:func:`arrival_warning`), trace arrivals that
+    their rate (:func:`arrival_warning`), a closed loop with more users than requests,
+    trace arrivals that
     replay as bursts (:func:`simulator.traces.ties_warning`).
 
     Raises:
         InputError: a length or trace file missing or malformed (as the run would).
     """
     found = [prefix_warning(cfg, base_dir), arrival_warning(cfg)]
+    arr = cfg.arrival
+    if (cfg.trace is None and isinstance(arr, ClosedLoopArrival) and cfg.num_requests
+            and arr.concurrency > cfg.num_requests):   # users past n never send
+        found.append(f"workload.arrival.concurrency ({arr.concurrency}) is above "
+                     f"num_requests ({cfg.num_requests}): only {cfg.num_requests} users "
+                     f"send, one request each, all at 0 s")
     if cfg.trace is not None:
         found.append(ties_warning(cfg.trace, base_dir, cfg.num_requests))
     return [w for w in found if w]
