@@ -847,21 +847,21 @@ def _check_chains(specs: list[RequestSpec]) -> None:
     Raises:
         KeyedInputError: the think time key that added the most to the longest chain.
     """
-    by_id = {s.request_id: s for s in specs}
-    earliest: dict[int, tuple[int, int, int]] = {}   # id -> (time, loop think, session think)
+    # id -> (earliest arrival, loop think, session think, session id)
+    earliest: dict[int, tuple] = {}
     for s in sorted(specs, key=lambda s: s.request_id):
         if s.after is None:
-            earliest[s.request_id] = (s.arrival_ns, 0, 0)
+            earliest[s.request_id] = (s.arrival_ns, 0, 0, s.session_id)
             continue
-        t, loop, sess = earliest[s.after]
-        if s.session_id is not None and by_id[s.after].session_id == s.session_id:
+        t, loop, sess, sid = earliest[s.after]
+        if s.session_id is not None and sid == s.session_id:
             sess += s.think_time_ns
         else:
             loop += s.think_time_ns
-        earliest[s.request_id] = (t + s.think_time_ns, loop, sess)
+        earliest[s.request_id] = (t + s.think_time_ns, loop, sess, s.session_id)
     if not earliest:
         return
-    t, loop, sess = max(earliest.values())
+    t, loop, sess, _ = max(earliest.values(), key=lambda e: e[0])
     if t >= MAX_TIME_NS:
         key = ("workload.sessions.think_time_s" if sess >= loop
                else "workload.arrival.think_time_s")
