@@ -227,12 +227,13 @@ def _cmd_sweep(args) -> int:
     from .planner import split_sets, sweep
     from .planner_report import write_sweep_report
     from .scenario import load_scenario
-    from .sweep import _point_overrides, grid, with_sweep_hint
+    from .sweep import grid, typed_overrides, with_sweep_hint
 
     plain, axes = split_sets(args.overrides)
     # the base is the first point: a file valid only with a swept key (a closed loop's
     # concurrency inside --set 'workload.arrival={process: closed_loop}') loads
-    first = _point_overrides(grid({k: v[:1] for k, v in axes.items()})[0]) if axes else []
+    first = (typed_overrides(grid({k: v[:1] for k, v in axes.items()}, parse=False)[0])
+             if axes else [])
     try:
         scenario = load_scenario(args.scenario, plain, then=first)
     except InputError as e:

@@ -165,6 +165,13 @@ def _point_overrides(point: dict) -> list[str]:
     return [f"{k}={_fmt_value(v)}" for k, v in point.items()]
 
 
+def typed_overrides(point: dict) -> list[str]:
+    """``key=value`` flags of a point of :func:`grid` (``parse=False``) over values typed
+    on the command line, each as typed: an error then names ``1.5e3``, not ``1500.0``
+    (values that are not strings are written as YAML)."""
+    return [f"{k}={v if isinstance(v, str) else _fmt_value(v)}" for k, v in point.items()]
+
+
 def _run(jobs: list[Job], executor, progress=None) -> list:
     return executor.run(jobs, progress)
 
@@ -263,8 +270,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         points = grid(axes)
     except ValueError as e:
         raise InputError(f"--set: the swept values make {e}") from None
-    scs = [derive(scenario, _point_overrides(p), Path.cwd())   # values typed on the CLI
-           for p in points]
+    scs = [derive(scenario, typed_overrides(p), Path.cwd())   # values typed on the CLI
+           for p in grid(axes, parse=False)]
     misfits = [_does_not_fit(sc) for sc in scs]
     if all(misfits):   # nothing to compare a row with: the input is at fault
         raise misfits[0]

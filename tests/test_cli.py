@@ -514,6 +514,18 @@ def test_a_bracketed_list_given_to_sweep_is_written_without_brackets(scen, tmp_p
     assert not out.exists()
 
 
+@pytest.mark.parametrize("values", ["1.5e3,2", "2,1.5e3"])
+def test_a_refused_swept_value_is_named_as_typed(scen, tmp_path, capsys, values):
+    # first point (the sweep's base) or a later one: the flag as typed, not 1500.0
+    out = tmp_path / "out"
+    assert main(["sweep", str(scen), "--set", f"engine.max_num_seqs={values}", "--out",
+                 str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "servesim: error: --set engine.max_num_seqs=1.5e3: Input should be a valid integer "
+        ">= 1 and <= 1000000000 (got 1500.0)")
+    assert not out.exists()
+
+
 def test_a_mapping_a_flag_creates_is_the_flags_in_errors(scen, tmp_path, capsys):
     # the file has no workload.trace: the flag made it, so its missing path is the flag's
     out = tmp_path / "out"
