@@ -103,7 +103,7 @@ class Replica:
         exact = self.exact_steps
         schedule, update, finishes_in = sched.schedule, sched.update, sched.finishes_in
         step_time_ns, record_step = cost.step_time_ns, self._record_step
-        itl_gap, itl_cnt = self._itl_gap, self._itl_cnt
+        account = self._account
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         quiet_step, steady = sched.quiet_step, sched._steady
@@ -134,12 +134,7 @@ class Replica:
                     if t1 >= bound:
                         plan = None
                         break
-                    dur = t1 - t0
-                    self.busy_ns += dur
-                    pooled = nd - self._warm_itl(dur) if self._warm else nd
-                    if pooled:
-                        itl_gap(dur)
-                        itl_cnt(pooled)
+                    account(nd, t1 - t0)
                     record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
                     t0 = t1
                     continue
@@ -156,12 +151,7 @@ class Replica:
                 if exact or t1 >= bound or finishes_in(plan):
                     break
                 # A step that finishes nothing: take it back here (see _end_step).
-                dur = t1 - t0
-                self.busy_ns += dur
-                pooled = nd - self._warm_itl(dur) if self._warm else nd
-                if pooled:
-                    itl_gap(dur)
-                    itl_cnt(pooled)
+                account(nd, t1 - t0)
                 if prefills:
                     self._note_tokens(prefills, t1)
                 update(plan)
@@ -171,12 +161,7 @@ class Replica:
             self.busy_until_ns = t1
             yield env.timeout(t1 - env.now)
             if plan is None:   # a quiet step
-                dur = t1 - t0
-                self.busy_ns += dur
-                pooled = nd - self._warm_itl(dur) if self._warm else nd
-                if pooled:
-                    itl_gap(dur)
-                    itl_cnt(pooled)
+                account(nd, t1 - t0)
                 record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
             else:
                 self._end_step(plan, t0, t1, batch, waiting, usage)
@@ -197,7 +182,7 @@ class Replica:
         sched, cost = self.scheduler, self.cost_model
         schedule, update = sched.schedule, sched.update
         step_time_ns, record_step = cost.step_time_ns, self._record_step
-        itl_gap, itl_cnt = self._itl_gap, self._itl_cnt
+        account = self._account
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         has_work = sched.has_unfinished_requests
@@ -218,12 +203,7 @@ class Replica:
                     while k < n and arrivals_ns[k] <= t1:
                         deliver(k, arrivals_ns[k])
                         k += 1
-                dur = t1 - t0
-                self.busy_ns += dur
-                pooled = nd - self._warm_itl(dur) if self._warm else nd
-                if pooled:
-                    itl_gap(dur)
-                    itl_cnt(pooled)
+                account(nd, t1 - t0)
                 record_step(index, t0, t1, 0, nd, nd, waiting, usage, 0)
                 t0 = t1
                 continue
@@ -250,12 +230,7 @@ class Replica:
                     deliver(k, arrivals_ns[k])
                     k += 1
             # _end_step, inline.
-            dur = t1 - t0
-            self.busy_ns += dur
-            pooled = nd - self._warm_itl(dur) if self._warm else nd
-            if pooled:
-                itl_gap(dur)
-                itl_cnt(pooled)
+            account(nd, t1 - t0)
             if prefills:
                 self._note_tokens(prefills, t1)
             finished = update(plan)
@@ -304,13 +279,8 @@ class Replica:
 
     def _end_step(self, plan, t0: int, t1: int, batch: int, waiting: int, usage: float):
         """Take back a step that ran [t0, t1): tokens, finishes, metrics."""
-        dur = t1 - t0
-        self.busy_ns += dur
         nd = plan.num_decodes
-        pooled = nd - self._warm_itl(dur) if self._warm else nd
-        if pooled:
-            self._itl_gap(dur)
-            self._itl_cnt(pooled)
+        self._account(nd, t1 - t0)
         if plan.prefills:
             self._note_tokens(plan.prefills, t1)
         finished = self.scheduler.update(plan)
@@ -318,6 +288,15 @@ class Replica:
                           waiting, usage, len(plan.preempted), plan.num_sampled)
         if finished:
             self._note_finished(finished, t1)
+
+    def _account(self, nd: int, dur: int) -> None:
+        """Busy time and pooled ITL gaps of a step of ``nd`` steady decodes that ran
+        ``dur`` ns: one gap of ``dur`` per decode, warm-up requests' kept apart."""
+        self.busy_ns += dur
+        pooled = nd - self._warm_itl(dur) if self._warm else nd
+        if pooled:
+            self._itl_gap(dur)
+            self._itl_cnt(pooled)
 
     def _warm_itl(self, dur: int) -> int:
         """Record apart the gap ``dur`` of each possible warm-up request decoding in this
