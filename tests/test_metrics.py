@@ -409,6 +409,12 @@ def test_timeseries_bins_per_replica_and_total():
     assert col("all", "running") == approx([0.8 + 1.8, 5, 2, 0])
     # The queue comes from the requests (arrival -> first scheduled): request 1 never waits.
     assert col("all", "waiting") == approx([0, 0, 0, 0])
+    # maxima: what the steps saw (waiting: left after scheduling, vLLM's gauge); the all
+    # rows' are the largest of one replica (README), not of the sum: bin 1 runs 2 + 3
+    assert col("0", "waiting_max") == [2, 0, 0, 0]
+    assert col("all", "waiting_max") == [2, 1, 0, 0]
+    assert col("all", "running_max") == [3, 3, 2, 0]
+    assert col("all", "kv_usage_max") == approx([0.5, 0.5, 0.3, 0])
     assert col("all", "kv_usage") == approx([(0.1 * 40 + 0.5 * 30) / 50 / 2,
                                              (0.3 + 0.5) / 2, 0.3 / 2, 0])
     # tokens count in the bin where the step ends: 40 ms -> bin 0, 100 -> 1, 150 -> 2
