@@ -213,11 +213,13 @@ def _require_file(path: Path) -> None:
         raise KeyedInputError("workload.trace.path", f"{path}: {missing_file(path)}")
 
 
-def _require_columns(df: pd.DataFrame, path: Path, names) -> None:
+def _require_columns(df: pd.DataFrame, path: Path, names, why: str) -> None:
+    """Raises InputError naming the first of ``names`` missing from the header, the
+    header's columns, and ``why`` they are needed (the format or key that names them)."""
     for name in names:
         if name not in df.columns:
             raise InputError(f"{path}:1: missing column {name!r} "
-                             f"(columns are {', '.join(map(repr, df.columns))})")
+                             f"(columns are {', '.join(map(repr, df.columns))}; {why})")
 
 
 def _numbers(values: pd.Series, lines: np.ndarray, path: Path, name: str, *,
@@ -320,8 +322,9 @@ def _table_from_frame(df: pd.DataFrame, path: Path, arrival: str, prompt: str, o
         source=str(path))
 
 
-def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
-    """Parsed objects and their 1-based line numbers; blank lines skipped."""
+def _read_jsonl(path: Path, fmt: str) -> tuple[list[dict], list[int]]:
+    """Parsed objects and their 1-based line numbers; blank lines skipped (``fmt``: the
+    trace format, named when the file is not JSON lines)."""
     _require_file(path)
     rows, lines = [], []
     try:
@@ -339,8 +342,9 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
                 except json.JSONDecodeError as e:
                     where = ("the end of the line: is it cut short?" if e.pos >= len(text)
                              else f"column {e.colno}")
-                    raise InputError(f"{path}:{lineno}: bad JSON ({e.msg} at "
-                                     f"{where})") from None
+                    raise InputError(f"{path}:{lineno}: bad JSON ({e.msg} at {where}; "
+                                     f"workload.trace.format {fmt} reads one JSON object "
+                                     f"per line)") from None
                 except ValueError:   # an integer past Python's 4300 digits
                     raise InputError(f"{path}:{lineno}: a number with more digits than any "
                                      f"count or time needs") from None
@@ -382,21 +386,23 @@ def _json_column(rows, lines, path: Path, key: str, *, text: bool = False) -> pd
 
 def _read_azure(path: Path) -> TraceTable:
     df = _read_csv(path)
-    _require_columns(df, path, _AZURE_COLUMNS)
+    _require_columns(df, path, _AZURE_COLUMNS, "workload.trace.format azure reads "
+                     + ", ".join(_AZURE_COLUMNS))
     return _table_from_frame(df, path, *_AZURE_COLUMNS, unit="iso")
 
 
 def _read_generic_csv(path: Path, cfg: TraceConfig) -> TraceTable:
     c = cfg.columns
     df = _read_csv(path)
-    _require_columns(df, path, (c.arrival, c.prompt_tokens, c.output_tokens))
+    _require_columns(df, path, (c.arrival, c.prompt_tokens, c.output_tokens),
+                     "workload.trace.columns names them")
     return _table_from_frame(df, path, c.arrival, c.prompt_tokens, c.output_tokens,
                              unit=cfg.arrival_unit or "s")
 
 
 def _read_generic_jsonl(path: Path, cfg: TraceConfig) -> TraceTable:
     c = cfg.columns
-    rows, lines = _read_jsonl(path)
+    rows, lines = _read_jsonl(path, "jsonl")
     ln = np.asarray(lines)
     unit = cfg.arrival_unit or "s"
     cols = {k: _json_column(rows, lines, path, k, text=unit == "iso" and k == c.arrival)
@@ -411,7 +417,7 @@ def _read_generic_jsonl(path: Path, cfg: TraceConfig) -> TraceTable:
 
 
 def _read_mooncake(path: Path) -> TraceTable:
-    rows, lines = _read_jsonl(path)
+    rows, lines = _read_jsonl(path, "mooncake")
     ln = np.asarray(lines)
     cols = {k: _json_column(rows, lines, path, k) for k in _MOONCAKE_KEYS}
     table = TraceTable(

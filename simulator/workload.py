@@ -167,7 +167,8 @@ def _empirical_values(cfg: EmpiricalDist, base_dir, key: str, count: bool) -> np
     df = read_csv_table(path)   # the trace reader's: lines, fields, UTF-8 checked alike
     if cfg.column not in df.columns:
         raise InputError(f"{path}:1: missing column {cfg.column!r} "
-                         f"(columns are {', '.join(map(repr, df.columns))})")
+                         f"(columns are {', '.join(map(repr, df.columns))}; {key}.column "
+                         f"names it)")
     col = df[cfg.column]
     num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
     lo, hi = (1, MAX_COUNT) if count else (0, math.inf)

@@ -107,6 +107,10 @@ def test_spread_ties_spaces_each_timestamp_group_over_one_step(tmp_path):
     got = [s.arrival_ns for s in read_trace(trace(**base, spread_ties=True))]
     ms = [0, 1000, 2000, 3000, 6000, 7500, 60000, 60750, 61500, 62250]
     assert got == [m * 1_000_000 for m in ms]
+    # a column the file lacks: the header's columns and the key that names them
+    with pytest.raises(InputError, match=r"t\.csv:1: missing column 'q' \(columns are 't', "
+                                         r"'p', 'o'; workload.trace.columns names them\)$"):
+        read_trace(trace(**{**base, "columns": {**cols, "prompt_tokens": "q"}}))
     # spread before time_scale: the same instants, halved
     half = [s.arrival_ns for s in read_trace(trace(**base, spread_ties=True, time_scale=0.5))]
     assert half == [m * 500_000 for m in ms]
@@ -300,7 +304,10 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
                                               r"values, or leave the line blank\)$"),
     # a line of spaces or a tab is blank too; fields of spaces are empty fields
     (AZ_HEADER + OK_ROW + "   \n\t\n , ,  \n" + OK_ROW, r":5: every field is empty"),
-    ("TIMESTAMP,Context,GeneratedTokens\n" + OK_ROW, r":1: missing column 'ContextTokens'"),
+    ("TIMESTAMP,Context,GeneratedTokens\n" + OK_ROW,
+     r":1: missing column 'ContextTokens' \(columns are 'TIMESTAMP', 'Context', "
+     r"'GeneratedTokens'; workload.trace.format azure reads TIMESTAMP, ContextTokens, "
+     r"GeneratedTokens\)$"),
     ("", r":1: empty file"),
     (AZ_HEADER, r":2: no requests"),
 ])
@@ -321,9 +328,14 @@ def mc(ts, n, out, ids):
                                                  r"600 needs ceil"),
     # a line cut short: its end is named (json reports the newline as column 1 of line 2)
     (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5\n',
-     r":2: bad JSON \(Expecting ',' delimiter at the end of the line: is it cut short\?\)$"),
+     r":2: bad JSON \(Expecting ',' delimiter at the end of the line: is it cut short\?; "
+     r"workload.trace.format mooncake reads one JSON object per line\)$"),
+    # a CSV file given as mooncake: the format that wanted JSON lines is named
+    ("t,p,o\n0,1,2\n", r":1: bad JSON \(Expecting value at column 1; workload.trace.format "
+                        r"mooncake reads one JSON object per line\)$"),
     (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length" 5}\n',
-     r":2: bad JSON \(Expecting ':' delimiter at column 33\)$"),
+     r":2: bad JSON \(Expecting ':' delimiter at column 33; workload.trace.format mooncake "
+     r"reads one JSON object per line\)$"),
     (mc(0, 600, 5, [0, 1]) + '{"timestamp": 1, "input_length": 5, "hash_ids": [0]}\n',
      r":2: missing key 'output_length'"),
     (mc(0, 600, 5, [0, 1]) + mc("soon", 10, 5, [0]), r':2: timestamp: expected a number, '

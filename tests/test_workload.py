@@ -112,6 +112,11 @@ def test_empirical_bad_file_names_the_line(tmp_path):
     d = DIST.validate_python({"dist": "empirical", "path": "none.csv", "column": "a"})
     with pytest.raises(InputError, match="not found"):
         sample_lengths(d, 10, rng(), base_dir=tmp_path)
+    # a column the file lacks: the header's columns and the key that names it
+    d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "zz"})
+    with pytest.raises(InputError, match=r"lens\.csv:1: missing column 'zz' \(columns are "
+                                         r"'a'; [a-z_.]+\.column names it\)$"):
+        sample_lengths(d, 10, rng(), base_dir=tmp_path)
     # counts are 1 to 1e9, as in traces (0.5 was clipped to 1 silently); seconds may be 0.5
     (tmp_path / "lens.csv").write_text("a\n10\n0.5\n")
     d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
