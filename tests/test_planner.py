@@ -868,7 +868,7 @@ def test_a_quoted_number_in_a_sweep_list_is_refused_before_any_point_runs(tmp_pa
     assert main(["sweep", str(y), "--set", 'workload.arrival.rate=2,"4"', "--executor",
                  "serial", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["servesim: error: --set workload.arrival.rate='4': Input should be a "
+    assert err == ["servesim: error: --set workload.arrival.rate=\"4\": Input should be a "
                    "valid number > 0 and <= 1000000000 (got '4')"]
     assert not out.exists()
     # names and numbers still travel unquoted
