@@ -118,6 +118,7 @@ def engine_config(scenario, num_gpu_blocks: int, seed: int = 0) -> dict:
             "scheduler_reserve_full_isl": e.scheduler_reserve_full_isl,
             "watermark": e.watermark,
             "long_prefill_token_threshold": e.long_prefill_token_threshold,
+            "enable_chunked_prefill": e.enable_chunked_prefill,
             "num_gpu_blocks": int(num_gpu_blocks), "dtype": scenario.dtype, "device": "cpu",
             "seed": seed}
 

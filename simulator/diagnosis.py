@@ -368,6 +368,7 @@ def replica_sizer(scenario) -> str:
 
 
 def _finding(limit, evidence, knob, change=None):
+    # change: the settings a counterfactual run tries, key=value joined by commas
     return {"limit": limit, "evidence": evidence, "knob": knob, "change": change}
 
 
@@ -699,12 +700,18 @@ def find_limits(scenario, result) -> dict:
             and (s.get("total_prompt_tokens") or 0) > 0:
         # 512-token chunks: a common vLLM setting when ITL matters more than prefill speed.
         chunk = max(min(scenario.max_num_batched_tokens // 2, 512), scenario.max_num_seqs)
+        whole = not scenario.engine.enable_chunked_prefill   # prompts run whole: chunk them
+        change = (f"engine.max_num_batched_tokens={chunk}"
+                  if chunk < scenario.max_num_batched_tokens else None)
         found.append(_finding(
             "prefill_interference", f"ITL p99 {itl['p99']:.3g} ms is "
-            f"{itl['p99'] / itl['p50']:.1f}× its median: prefill chunks stall decodes",
-            "lower max_num_batched_tokens (shorter prefill chunks per step)",
-            f"engine.max_num_batched_tokens={chunk}" if chunk < scenario.max_num_batched_tokens
-            else None))
+            f"{itl['p99'] / itl['p50']:.1f}× its median: "
+            + ("whole prompts stall decodes (chunked prefill is off)" if whole
+               else "prefill chunks stall decodes"),
+            ("enable chunked prefill with a lower max_num_batched_tokens (shorter prefill "
+             "chunks per step)" if whole else
+             "lower max_num_batched_tokens (shorter prefill chunks per step)"),
+            f"engine.enable_chunked_prefill=true,{change}" if whole and change else change))
     missed_metrics = {m for m, *_ in missed} | (
         {"queue_ms"} if _missed(s, ("queue_ms",)) else set())
     unexplained = [x for x in loaded

@@ -15,7 +15,8 @@ The line is the key's (a missing key: its parent's), from the YAML node marks
 
 Engine knobs carry vLLM's names and defaults (``vllm/config/scheduler.py``,
 ``vllm/config/cache.py``): block_size 16, gpu_memory_utilization 0.9,
-enable_prefix_caching true, scheduler_reserve_full_isl true; max_num_seqs and
+enable_prefix_caching true, scheduler_reserve_full_isl true, enable_chunked_prefill true
+(off: max_num_batched_tokens defaults to at least max_model_len); max_num_seqs and
 max_num_batched_tokens by device as ``vllm serve`` sets them
 (``EngineArgs.get_batch_defaults``, :meth:`Scenario.serving_defaults`). ``max_model_len``
 defaults, as in vLLM, to the model's ``max_position_embeddings``; where vLLM would then
@@ -187,6 +188,10 @@ class EngineConfig(_Strict):
         "most prompt tokens one request computes per step while others run or wait, so a "
         "long prompt leaves budget to the rest (vllm serve --long-prefill-token-threshold; "
         "0, the default: no cap)"))
+    enable_chunked_prefill: bool = Field(True, description=(
+        "cut a prompt to the step's token budget (vLLM's default); false: a prompt runs "
+        "whole or waits, and max_num_batched_tokens defaults to at least max_model_len "
+        "and must be at least that (vllm serve --no-enable-chunked-prefill)"))
 
     _vllm_block_size = field_validator("block_size")(vllm_block_size)
 
@@ -503,9 +508,15 @@ class Scenario(_Strict):
 
     @property
     def max_num_batched_tokens(self) -> int:
-        """``engine.max_num_batched_tokens``, or vLLM's default for the device."""
+        """``engine.max_num_batched_tokens``, or vLLM's default for the device; with
+        chunked prefill off, at least ``max_model_len`` (vLLM
+        ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``)."""
         given = self.engine.max_num_batched_tokens
-        return given if given is not None else self.serving_defaults()[0]
+        if given is not None:
+            return given
+        default = self.serving_defaults()[0]
+        return default if self.engine.enable_chunked_prefill else max(default,
+                                                                        self.max_model_len)
 
     @property
     def max_num_seqs(self) -> int:
@@ -559,7 +570,8 @@ class Scenario(_Strict):
                 scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
                 watermark=e.watermark,
                 # a default max_model_len capped to the cache caps the threshold with it
-                long_prefill_token_threshold=min(e.long_prefill_token_threshold, max_len))
+                long_prefill_token_threshold=min(e.long_prefill_token_threshold, max_len),
+                enable_chunked_prefill=e.enable_chunked_prefill)
         except ValueError as err:
             raise self.error("engine", str(err)) from None
 
@@ -693,6 +705,13 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
     if mnbt < mns:
         fail(("engine",), f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}), "
                           f"as vLLM requires")
+    if not sc.engine.enable_chunked_prefill and mnbt < sc.max_model_len:
+        fail(("engine", "max_num_batched_tokens"),
+             f"{mnbt} is smaller than max_model_len ({sc.max_model_len}) with "
+             f"enable_chunked_prefill false: a longer prompt could never be scheduled; vLLM "
+             f"requires max_num_batched_tokens >= max_model_len (raise it, lower "
+             f"max_model_len, or leave max_num_batched_tokens unset)",
+             also=("engine.enable_chunked_prefill", "engine.max_model_len", "model"))
     if sc.engine.max_model_len and sc.engine.max_model_len > shape.max_position_embeddings:
         fail(("engine", "max_model_len"),
              f"{sc.engine.max_model_len} is longer than the model's max_position_embeddings "

@@ -287,6 +287,21 @@ def test_long_prefills_stalling_decodes():
     assert cf["change"] == "engine.max_num_batched_tokens=512"
     assert cf["before"] == pytest.approx(5 + 38, rel=0.01)
     assert cf["after"] < 20 and cf["moved"]
+    # Chunked prefill off: prompts run whole, so the knob turns chunking on as well (a
+    # lower budget alone would be refused: it must hold max_model_len).
+    s = sc({"max_num_seqs": 64, "enable_chunked_prefill": False},
+           {"base_s": 0.005, "per_prefill_token_s": 2e-5}, 2, prompt=1900, out=64, n=300)
+    d = diagnose(s, simulate(s))
+    assert d["binding"] == "prefill_interference"
+    assert "whole prompts stall decodes" in d["findings"][0]["evidence"]
+    cf = d["counterfactual"]
+    assert cf["change"] == ("engine.enable_chunked_prefill=true,"
+                            "engine.max_num_batched_tokens=512")
+    assert cf["before"] == pytest.approx(5 + 38, rel=0.01)
+    assert cf["after"] < 20 and cf["moved"]
+    from simulator.report import diagnosis_line
+    assert ("--set engine.enable_chunked_prefill=true --set engine.max_num_batched_tokens=512"
+            in diagnosis_line(d))
 
 
 def test_prefix_cache_misses():

@@ -36,24 +36,30 @@ def ids(seed, n):
     return torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("watermark,threshold", [(0.0, 0), (0.1, 0), (0.0, 20)])
-def test_engine_steps_equal_a_policy_only_run(watermark, threshold):
+@pytest.mark.parametrize("watermark,threshold,budget", [(0.0, 0, 48), (0.1, 0, 48),
+                                                        (0.0, 20, 48), (0.0, 0, None)])
+def test_engine_steps_equal_a_policy_only_run(watermark, threshold, budget):
     """The engine's steps are exactly the plans of a bare Scheduler on the same requests
-    (with vLLM's watermark and long-prefill threshold too: the engine passes them to the
-    one scheduler)."""
+    (with vLLM's watermark, long-prefill threshold and chunked prefill off too: the engine
+    passes them to the one scheduler). ``budget`` None: chunked prefill off, a budget of
+    max_model_len."""
+    chunked = budget is not None
+    budget = budget or 256
     prompts = [ids(i, n) for i, n in enumerate((70, 9, 33, 120, 16))]
-    eng = engine(block_size=8, num_gpu_blocks=34, max_num_batched_tokens=48,
-                 watermark=watermark, long_prefill_token_threshold=threshold)
+    eng = engine(block_size=8, num_gpu_blocks=34, max_num_batched_tokens=budget,
+                 watermark=watermark, long_prefill_token_threshold=threshold,
+                 enable_chunked_prefill=chunked)
     for i, p in enumerate(prompts):
         eng.add_request(p, dict(temperature=0.0, max_tokens=12, ignore_eos=True),
                         request_id=i)
     while eng.has_unfinished_requests():
         eng.step()
         eng.scheduler.check_invariants()
-    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=48,
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget,
                                       max_model_len=256, block_size=8, num_gpu_blocks=34,
                                       watermark=watermark,
-                                      long_prefill_token_threshold=threshold))
+                                      long_prefill_token_threshold=threshold,
+                                      enable_chunked_prefill=chunked))
     for i, p in enumerate(prompts):
         sched.add_request(Request(request_id=i, prompt_token_ids=p, max_tokens=12))
     plans, chunks = [], set()
@@ -71,7 +77,8 @@ def test_engine_steps_equal_a_policy_only_run(watermark, threshold):
     # admission leave the running room to grow here
     assert sched.stats.num_preemptions > 0 if not watermark else \
         sched.stats.num_preemptions == 0 and sched._watermark_blocks == 3
-    assert max(chunks) == (threshold or 48)   # a chunk never passes the threshold
+    # a chunk never passes the threshold; unchunked, the longest prompt runs whole
+    assert max(chunks) == (threshold or (48 if chunked else 120))
 
 
 def test_shared_prefix_batch_skips_exactly_the_cached_tokens():

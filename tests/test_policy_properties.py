@@ -69,7 +69,10 @@ class NaiveScheduler:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 r = self.waiting[0]
                 blocks, n_hit = kv.get_computed_blocks(r)
-                n = min(r.num_tokens - n_hit, cap, budget)
+                n = min(r.num_tokens - n_hit, cap)
+                if n > budget and not cfg.enable_chunked_prefill:
+                    break   # whole or not at all
+                n = min(n, budget)
                 if kv.pool.num_gpu_blocks is not None:
                     # the whole sequence so far (or the chunk alone) must fit: its blocks
                     # beyond the hits, the hits that are free (vLLM full_sequence_must_fit)
@@ -111,13 +114,17 @@ def scenarios(draw):
     max_num_seqs = draw(st.integers(1, 6))
     mnbt = max_num_seqs + draw(st.integers(0, 40))
     mml = draw(st.integers(8, 64))
+    chunked = draw(st.booleans())
+    if not chunked:   # vLLM: max_num_batched_tokens >= max_model_len then
+        mnbt = max(mnbt, mml)
     blocks = draw(st.one_of(st.none(), st.integers(cdiv(mml, bs) + 1, cdiv(mml, bs) + 25)))
     cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
                           max_model_len=mml, block_size=bs, num_gpu_blocks=blocks,
                           enable_prefix_caching=draw(st.booleans()),
                           scheduler_reserve_full_isl=draw(st.booleans()),
                           watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])),
-                          long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])))
+                          long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])),
+                          enable_chunked_prefill=chunked)
     reqs = []
     for i in range(draw(st.integers(1, 12))):
         segs = []

@@ -251,6 +251,55 @@ def test_g5_long_prefill_token_threshold_shares_the_budget_between_prompts():
         SchedulerConfig(max_model_len=256, long_prefill_token_threshold=300)
 
 
+def test_g6_without_chunked_prefill_a_prompt_runs_whole_or_waits():
+    # Budget 16 = max_model_len. A (10) takes 10; B (8) would be cut to the 6 left with
+    # chunked prefill, without it B waits and so does C (3 tokens, which would fit): the
+    # first waiting request that does not fit stops admission (vLLM 0.32 breaks there).
+    def run(chunked):
+        s = make(max_num_batched_tokens=16, max_model_len=16, block_size=4,
+                 enable_prefix_caching=False, enable_chunked_prefill=chunked)
+        for rid, n in (("A", 10), ("B", 8), ("C", 3)):
+            s.add_request(req(rid, [(rid.lower(), n)], max_tokens=2))
+        return s
+
+    s = run(False)
+    assert [step(s)[:3] for _ in range(3)] == [
+        ([("A", 10, 0, True)], [], []),
+        ([("A", 1, 10, True), ("B", 8, 0, True), ("C", 3, 0, True)], [], ["A"]),
+        ([("B", 1, 8, True), ("C", 1, 3, True)], [], ["B", "C"])]
+    s = run(True)
+    assert [step(s)[0] for _ in range(2)] == [
+        [("A", 10, 0, True), ("B", 6, 0, False)],
+        [("A", 1, 10, True), ("B", 2, 6, True), ("C", 3, 0, True)]]
+
+
+def test_g7_without_chunked_prefill_hits_and_the_threshold_count_before_the_fit():
+    # vLLM tests the tokens left after prefix-cache hits and the long-prefill cap. B shares
+    # A's 8-token system prompt, hit in the step A fills it: 4 new tokens fit the 4 left.
+    s = make(max_num_batched_tokens=16, max_model_len=16, enable_chunked_prefill=False)
+    s.add_request(req("A", [("sys", 8), ("a", 4)], max_tokens=1))
+    s.add_request(req("B", [("sys", 8), ("b", 4)], max_tokens=1))
+    assert step(s)[0] == [("A", 12, 0, True), ("B", 4, 8, True)]
+    # No cache: B's 12 tokens do not fit the 4 left, and wait for the next step.
+    s = make(max_num_batched_tokens=16, max_model_len=16, enable_chunked_prefill=False,
+             enable_prefix_caching=False)
+    s.add_request(req("A", [("sys", 8), ("a", 4)], max_tokens=1))
+    s.add_request(req("B", [("sys", 8), ("b", 4)], max_tokens=1))
+    assert step(s)[0] == [("A", 12, 0, True)]
+    assert step(s)[0] == [("B", 12, 0, True)]
+    # long_prefill_token_threshold 4 caps each of two 10-token prompts to 4 first, which
+    # fits, so the threshold still splits prompts with chunked prefill off.
+    s = make(max_num_batched_tokens=16, max_model_len=16, enable_chunked_prefill=False,
+             long_prefill_token_threshold=4, enable_prefix_caching=False)
+    for rid in "AB":
+        s.add_request(req(rid, [(rid.lower(), 10)], max_tokens=1))
+    assert step(s)[0] == [("A", 4, 0, False), ("B", 4, 0, False)]
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(8\) must be >= "
+                                         r"max_model_len \(16\) with enable_chunked_prefill off"):
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8, max_model_len=16,
+                        enable_chunked_prefill=False)
+
+
 def test_h_second_request_hits_blocks_the_first_fills_in_the_same_step():
     s = make()
     s.add_request(req("A", [("sys", 8), ("a", 4)], max_tokens=1))

@@ -68,7 +68,7 @@ def test_brief_error_examples(chat):
         "(allowed: block_size, max_num_seqs, "
         "max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
         "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl, watermark, "
-        "long_prefill_token_threshold)")
+        "long_prefill_token_threshold, enable_chunked_prefill)")
     chat.write_text(yaml.safe_dump(BASE))
     assert err(load_scenario, chat, ["engine.block_size=abc"]) == (
         "--set engine.block_size=abc: Input should be a valid integer >= 1 (got 'abc')")
@@ -257,7 +257,8 @@ def test_a_key_that_is_not_text_is_named_as_written(tmp_path, chat):
     p = tmp_path / "s.yaml"
     allowed = ("block_size, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, "
                "enable_prefix_caching, max_model_len, num_gpu_blocks, "
-               "scheduler_reserve_full_isl, watermark, long_prefill_token_threshold")
+               "scheduler_reserve_full_isl, watermark, long_prefill_token_threshold, "
+               "enable_chunked_prefill")
     for key in ("true", "3", "null", "1.5"):
         p.write_text(yaml.safe_dump(BASE, sort_keys=False) + f"engine:\n  {key}: 1\n")
         assert err(load_scenario, p) == (
@@ -366,6 +367,23 @@ def test_scheduler_config():
                                 ).scheduler_config(65)   # 64 blocks of 16: 1024 tokens
     assert (capped.max_model_len, capped.long_prefill_token_threshold) == (1024, 1024)
     assert "engine.watermark" in err(scenario_from_dict, {**BASE, "engine": {"watermark": 1}})
+    # Chunked prefill off: vLLM raises the default token budget to max_model_len (the
+    # model's 131072 here, above the generic 2048) and refuses an explicit one below it.
+    off = {"enable_chunked_prefill": False}
+    big = scenario_from_dict({**BASE, "model": "llama-3.1-8b", "engine": off})
+    assert big.max_num_batched_tokens == 131072
+    assert not big.scheduler_config(None).enable_chunked_prefill
+    assert scenario_from_dict({**BASE, "model": "llama-3.1-8b", "engine": {
+        **off, "max_model_len": 4096}}).max_num_batched_tokens == 4096
+    assert scenario_from_dict({**BASE, "engine": off}).max_num_batched_tokens == 2048
+    assert err(scenario_from_dict, {**BASE, "engine": {**off, "max_num_batched_tokens": 1024}}
+               ).endswith("engine.max_num_batched_tokens: 1024 is smaller than max_model_len "
+                          "(2048) with enable_chunked_prefill false: a longer prompt could "
+                          "never be scheduled; vLLM requires max_num_batched_tokens >= "
+                          "max_model_len (raise it, lower max_model_len, or leave "
+                          "max_num_batched_tokens unset)")
+    assert scenario_from_dict({**BASE, "engine": {"max_num_batched_tokens": 1024}}
+                              ).scheduler_config(None).enable_chunked_prefill
     # default max_model_len is capped to what (N - 1) blocks hold
     assert sc.scheduler_config(101).max_model_len == 800
     sc = scenario_from_dict({**BASE, "engine": {"block_size": 8, "max_model_len": 1000}})

@@ -236,6 +236,10 @@ def test_engine_scenario_takes_vllms_effective_knobs():
                  "long_prefill_token_threshold": 64}
     cfg = engine_scenario(sc, eng).scheduler_config(2048)
     assert (cfg.watermark, cfg.long_prefill_token_threshold) == (0.05, 64)
+    assert cfg.enable_chunked_prefill   # on where vLLM's knobs do not say otherwise
+    # chunked prefill off in vLLM (whose budget then holds max_model_len): off here too
+    eng.knobs, eng.max_num_batched_tokens = {"enable_chunked_prefill": False}, 2048
+    assert not engine_scenario(sc, eng).scheduler_config(2048).enable_chunked_prefill
 
 
 def test_vllm_knobs_the_policy_does_not_model_are_named():

@@ -53,6 +53,9 @@ class EngineConfig(BaseModel):
             (vLLM's knob; default 0).
         long_prefill_token_threshold: most prompt tokens per request and step while others
             run or wait (vLLM's knob; default 0, no cap).
+        enable_chunked_prefill: cut prompts to the step's token budget (vLLM's knob;
+            default on); off, a prompt runs whole or waits, and ``max_num_batched_tokens``
+            must be at least ``max_model_len``.
         num_gpu_blocks: KV blocks incl. the null block; overrides the memory-based size
             (vLLM ``num_gpu_blocks_override``).
         kv_cache_memory_bytes: KV budget on cpu (vLLM ``VLLM_CPU_KVCACHE_SPACE``; also
@@ -77,6 +80,7 @@ class EngineConfig(BaseModel):
     scheduler_reserve_full_isl: bool = True
     watermark: float = Field(0.0, ge=0.0, lt=1.0)
     long_prefill_token_threshold: int = Field(0, ge=0)
+    enable_chunked_prefill: bool = True
     num_gpu_blocks: int | None = Field(None, ge=2)
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
@@ -193,7 +197,8 @@ class LLMEngine:
                 enable_prefix_caching=cfg.enable_prefix_caching,
                 scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
                 watermark=cfg.watermark,
-                long_prefill_token_threshold=cfg.long_prefill_token_threshold)
+                long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                enable_chunked_prefill=cfg.enable_chunked_prefill)
         except ValueError as e:
             raise InputError(f"engine: {e}") from None
         self.max_concurrency = report_kv_cache(self.num_gpu_blocks, cfg.block_size, max_len,

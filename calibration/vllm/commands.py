@@ -243,7 +243,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 def engine_scenario(scenario, eng):
     """``scenario`` with the engine knobs vLLM actually runs (block_size, num_gpu_blocks,
     batch limits, max_model_len, prefix caching, the whole-prompt admission check, the
-    watermark, the long-prefill threshold), so the
+    watermark, the long-prefill threshold, chunked prefill), so the
     simulator serves the same engine. A vLLM without ``scheduler_reserve_full_isl``
     (``"absent"`` in its knobs) admitted on the first chunk alone."""
     upd = {"block_size": eng.block_size, "num_gpu_blocks": eng.num_gpu_blocks,
@@ -254,7 +254,8 @@ def engine_scenario(scenario, eng):
            "scheduler_reserve_full_isl": eng.knobs.get("scheduler_reserve_full_isl") is True,
            "watermark": _number(eng.knobs, "watermark", float),
            "long_prefill_token_threshold": _number(eng.knobs, "long_prefill_token_threshold",
-                                                   int)}
+                                                   int),
+           "enable_chunked_prefill": eng.knobs.get("enable_chunked_prefill") is not False}
     return scenario.model_copy(update={"engine": scenario.engine.model_copy(update=upd)})
 
 
@@ -309,7 +310,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
                 enable_prefix_caching=scenario.engine.enable_prefix_caching,
                 block_size=scenario.engine.block_size, watermark=scenario.engine.watermark,
                 long_prefill_token_threshold=scenario.engine.long_prefill_token_threshold,
-                seed=seed)
+                enable_chunked_prefill=scenario.engine.enable_chunked_prefill, seed=seed)
     eng = engine if engine is not None and getattr(engine, "built_with", None) == want \
         else None
     if eng is None:

@@ -34,7 +34,7 @@ class VllmEngine:
             seed: passed to ``vllm.EngineArgs``; ``block_size`` too unless ``None`` (vLLM's
             platform default: 128 on CPU), and ``watermark`` and
             ``long_prefill_token_threshold`` unless 0 (vLLM's defaults; a vLLM without the
-            knob refuses another).
+            knob refuses another), and ``enable_chunked_prefill`` when off.
 
     Attributes:
         knobs: :func:`calibration.vllm.core.engine_knobs` of the built engine (effective
@@ -48,7 +48,8 @@ class VllmEngine:
     def __init__(self, model_dir: str, *, dtype: str, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, enable_prefix_caching: bool = True,
                  block_size: int | None = None, watermark: float = 0.0,
-                 long_prefill_token_threshold: int = 0, seed: int = 0):
+                 long_prefill_token_threshold: int = 0, enable_chunked_prefill: bool = True,
+                 seed: int = 0):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import EngineArgs, LLMEngine
 
@@ -63,6 +64,8 @@ class VllmEngine:
             kw["watermark"] = float(watermark)
         if long_prefill_token_threshold:
             kw["long_prefill_token_threshold"] = int(long_prefill_token_threshold)
+        if not enable_chunked_prefill:
+            kw["enable_chunked_prefill"] = False
         self.llm = LLMEngine.from_engine_args(EngineArgs(**kw))
         core = getattr(self.llm.engine_core, "engine_core", None)
         if core is None:

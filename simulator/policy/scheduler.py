@@ -21,7 +21,9 @@ DESIGN.md §3):
    while others run, ``int(watermark × num_gpu_blocks)`` blocks must stay free besides
    (vLLM's ``watermark``, default 0).
    A prompt computes at most ``long_prefill_token_threshold`` tokens per step (when set and
-   more than one request runs or waits), in both passes.
+   more than one request runs or waits), in both passes. With ``enable_chunked_prefill``
+   off, a waiting request whose prompt (after hits and that cap) exceeds the remaining
+   budget stops admission instead of being cut to it.
 3. ``num_computed_tokens`` advances at scheduling time; a partial prefill samples nothing;
    the first output token comes from the step that computes the last prompt token.
 
@@ -83,6 +85,12 @@ class SchedulerConfig:
             waiting (vLLM ``SchedulerConfig.long_prefill_token_threshold``; the lone-request
             exception is vLLM 0.32's ``Scheduler.schedule``, ``num_eligible_reqs > 1``;
             its ``long_prefill_token_threshold_adaptive`` is not modelled).
+        enable_chunked_prefill: cut a waiting request's prompt to the step's remaining
+            budget (on, vLLM's default); off, a prompt that does not fit whole waits and
+            stops admission for the step, and ``max_num_batched_tokens`` must be at least
+            ``max_model_len`` (vLLM ``SchedulerConfig.verify_max_model_len``; the
+            admission test is vLLM 0.32's ``Scheduler.schedule``, checked after the
+            ``long_prefill_token_threshold`` cap, so that cap still splits a prompt).
 
     Raises:
         ValueError: a knob out of range, naming it; or a cache too small for one request
@@ -98,6 +106,7 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
     long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
 
     def __post_init__(self):
         if not 0.0 <= self.watermark < 1.0:
@@ -113,6 +122,11 @@ class SchedulerConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs}), as vLLM requires")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len}) with enable_chunked_prefill off, as "
+                f"vLLM requires (a longer prompt could never be scheduled)")
         if self.num_gpu_blocks is not None:
             need = min_gpu_blocks(self.max_model_len, self.block_size) - 1
             if need > self.num_gpu_blocks - 1:
@@ -266,6 +280,7 @@ class Scheduler:
         self._block_size = config.block_size
         self._max_tokens = config.max_num_batched_tokens
         self._max_seqs = config.max_num_seqs
+        self._chunked = config.enable_chunked_prefill
         self._finish_events: dict[int, list] = defaultdict(list)  # update tick -> reqs
         self._steady_offset_sum = 0
         self._seq = 0
@@ -442,7 +457,11 @@ class Scheduler:
         while waiting and self._budget > 0 and len(running) < cfg.max_num_seqs:
             r = waiting[0]
             hits, n_hit = kv.get_computed_blocks(r)
-            n = min(self._capped(r.num_tokens - n_hit), self._budget)
+            n = self._capped(r.num_tokens - n_hit)
+            if n > self._budget:
+                if not self._chunked:
+                    break   # the prompt runs whole or waits (vLLM: chunked prefill off)
+                n = self._budget
             keep = self._watermark_blocks if running else 0   # headroom for the running
             if (cfg.scheduler_reserve_full_isl and n_hit + n < r.num_tokens
                     and not kv.fits(r, min(r.num_tokens, cfg.max_model_len), hits, keep)):
