@@ -87,7 +87,7 @@ def _cmd_run(args) -> int:
     prefix = "servesim: warning: "
     ramp = ramp_warning(results[0].summary)   # says the count itself: the tail's would repeat it
     warnings = [w.removeprefix(prefix) for w in [
-        profile_warning(cost), cost.kv_warning, ramp,
+        profile_warning(cost), cost.setup_warning, ramp,
         *workload_warnings(scenario.workload, scenario.base_dir),
         None if ramp else tail_warning(scenario, results[0].summary)] if w]
     paths = write_run_outputs(out, results[0], title=scenario.name,

@@ -781,8 +781,10 @@ class CostModel:
             ``projected: ...`` or ``inline: ...``).
         num_gpu_blocks: KV blocks incl. the null block, ``None`` = unlimited.
         kv_note: how ``num_gpu_blocks`` was obtained.
-        kv_warning: ``engine.num_gpu_blocks`` beyond what the GPU's memory holds (vLLM
-            would fail to allocate that cache at start-up), else ``None``.
+        setup_warning: what the scenario sets that the run does not serve as written, else
+            ``None``: ``engine.num_gpu_blocks`` beyond what the GPU's memory holds (vLLM
+            would fail to allocate that cache at start-up), a profile's other block size,
+            or knobs an inline ``step_time`` leaves out.
         profile: the profile used (a projected one for catalog GPUs), or ``None``.
         form: ``roofline``, ``linear`` or ``constant``.
         price_per_replica_hour: USD per replica-hour (GPU price × tensor_parallel), or
@@ -792,14 +794,14 @@ class CostModel:
     def __init__(self, form: str, seconds_fn, *, measured: bool, label: str,
                  num_gpu_blocks: int | None, kv_note: str, profile: Profile | None = None,
                  residuals=None, rng: np.random.Generator | None = None,
-                 price_per_replica_hour: float | None = None, kv_warning: str | None = None):
+                 price_per_replica_hour: float | None = None, setup_warning: str | None = None):
         self.form = form
         self._seconds = seconds_fn
         self.measured = measured
         self.label = label
         self.num_gpu_blocks = num_gpu_blocks
         self.kv_note = kv_note
-        self.kv_warning = kv_warning
+        self.setup_warning = setup_warning
         self.profile = profile
         self.price_per_replica_hour = price_per_replica_hour
         self._res = np.asarray(residuals, dtype=float) if residuals is not None else None
@@ -887,13 +889,13 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     hw, eng = scenario.hardware, scenario.engine
     shape, dtype, tp = scenario.model_shape, scenario.dtype, hw.tensor_parallel
 
-    kv_warning = None
+    setup_warning = None
 
     def override(blocks: int | None, note: str, memory: str | None = None
                  ) -> tuple[int | None, str]:
         # memory: what says ``blocks`` is all the GPU's memory holds (None: no memory limit
         # known, e.g. a CPU profile, whose count is the calibration engine's setting)
-        nonlocal kv_warning
+        nonlocal setup_warning
         if eng.num_gpu_blocks is None:
             return blocks, note
         flag = scenario.set_by("engine.num_gpu_blocks")
@@ -902,7 +904,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
         if memory is not None and blocks is not None and eng.num_gpu_blocks > blocks:
             # vLLM's --num-gpu-blocks-override is not checked against memory either: the
             # cache allocation fails at start-up; the run is a what-if of a larger GPU
-            kv_warning = (f"{text} is more than the {blocks} blocks {memory}; vLLM would "
+            setup_warning = (f"{text} is more than the {blocks} blocks {memory}; vLLM would "
                           f"fail to allocate that KV cache, so this run describes a GPU with "
                           f"more memory")
             text += f"; more than the {blocks} blocks {memory}"
@@ -920,8 +922,21 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                      + _fmt_s(coef["per_decode_seq_s"]) + "/decode + "
                      + _fmt_s(coef["per_context_token_s"]) + "/context token")
         blocks, note = override(None, "unlimited (inline step_time, no num_gpu_blocks)")
+        ignored = [f"{k} {v}" for k, v, given in (
+            ("hardware.tensor_parallel", tp, tp != 1),
+            ("engine.gpu_memory_utilization", eng.gpu_memory_utilization,
+             "gpu_memory_utilization" in eng.model_fields_set)) if given]
+        if ignored:   # said, since a user may expect them to scale the inline cost
+            setup_warning = (
+                f"{' and '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not enter an "
+                f"inline step_time: its seconds are the step's whole cost"
+                + (f" (tensor_parallel counts only in the price: {tp} GPUs per replica)"
+                   if tp != 1 and hw.price_per_gpu_hour is not None else "")
+                + ("" if eng.num_gpu_blocks is not None else
+                   ", and the KV cache is unlimited unless engine.num_gpu_blocks sets it"))
         return CostModel(st.form, _seconds_fn(st.form, coef, None), measured=False,
                          label=label, num_gpu_blocks=blocks, kv_note=note,
+                         setup_warning=setup_warning,
                          price_per_replica_hour=(hw.price_per_gpu_hour * tp
                                                  if hw.price_per_gpu_hour is not None else None))
 
@@ -960,7 +975,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             return CostModel("roofline", _seconds_fn("roofline", prof.cost.coefficients, k),
                              measured=False, label=label, num_gpu_blocks=blocks, kv_note=note,
                              profile=prof, price_per_replica_hour=price * tp,
-                             kv_warning=kv_warning)
+                             setup_warning=setup_warning)
     except KeyedInputError as e:
         raise scenario.error(e.key, e.detail, depends=e.depends,
                              does_not_fit=isinstance(e, KeyedDoesNotFit)) from None
@@ -985,12 +1000,12 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                  depends=("hardware.profile",))
         residuals = prof.noise.relative_residuals
     if prof.kv.block_size != eng.block_size:   # a what-if the KV count follows; steps do not
-        kv_warning = (f"profile {prof.display_name} measured its steps with blocks of "
-                      f"{prof.kv.block_size} tokens, the scenario's engine.block_size is "
-                      f"{eng.block_size}: the KV cache is counted in blocks of "
-                      f"{eng.block_size}, but the step costs stay those measured (attention "
-                      f"over blocks of another size may cost otherwise; vLLM's CPU backend "
-                      f"uses 128 unless set)")
+        setup_warning = (f"profile {prof.display_name} measured its steps with blocks of "
+                         f"{prof.kv.block_size} tokens, the scenario's engine.block_size is "
+                         f"{eng.block_size}: the KV cache is counted in blocks of "
+                         f"{eng.block_size}, but the step costs stay those measured (attention "
+                         f"over blocks of another size may cost otherwise; vLLM's CPU backend "
+                         f"uses 128 unless set)")
     gpu_budget = prof.device.kind == "gpu" and prof.kv.memory_budget_bytes is not None
     blocks, note = override(kv_blocks, kv_note, memory=(
         f"that the KV memory measured in profile {prof.display_name} holds"
@@ -1006,7 +1021,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                      measured=prof.measured, label=label, num_gpu_blocks=blocks, kv_note=note,
                      profile=prof, residuals=residuals, rng=rng,
                      price_per_replica_hour=price * tp if price is not None else None,
-                     kv_warning=kv_warning)
+                     setup_warning=setup_warning)
 
 
 #: Errors above which a profile is flagged (``calibrate`` at the end, ``servesim run`` before

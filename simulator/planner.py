@@ -43,7 +43,7 @@ class Candidate:
     price_per_replica_hour: float | None = None
     cost_kind: str | None = None
     cost_label: str | None = None
-    kv_warning: str | None = None
+    setup_warning: str | None = None
 
     @property
     def label(self) -> str:
@@ -152,7 +152,7 @@ def expand_candidates(scenario) -> list[Candidate]:
         else:
             c.price_per_replica_hour = cm.price_per_replica_hour
             c.cost_label = cm.label
-            c.kv_warning = cm.kv_warning
+            c.setup_warning = cm.setup_warning
             c.cost_kind = cm.label.split(":", 1)[0]
         out.append(c)
     _check_prices(scenario, {c.scenario.hardware.profile for c in out})

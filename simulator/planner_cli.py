@@ -352,8 +352,8 @@ def _cmd_plan(args) -> int:
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
                    confirm=not args.no_confirm)
-    _warn(list(dict.fromkeys(r.candidate.kv_warning for r in res.rows
-                             if r.candidate.kv_warning)) + _workload_warnings(scenario))
+    _warn(list(dict.fromkeys(r.candidate.setup_warning for r in res.rows
+                             if r.candidate.setup_warning)) + _workload_warnings(scenario))
     n = scenario.workload.num_requests   # None for a whole trace
     if n is not None and n - scenario.sim.warmup_requests < MIN_PLAN_REQUESTS:
         # a handful of requests never fills the queue: a rate far past capacity "meets" it
@@ -458,8 +458,8 @@ def _cmd_compare(args) -> int:
     check_folder(out, "--out", "compare")   # before the runs, not after
     with _executor(args) as ex, _progress(args, "comparing") as prog:
         entries = compare(scenarios, ex, progress=prog)
-    from .sweep import kv_warnings
-    _warn(kv_warnings(scenarios) + _workload_warnings(scenarios[0]))
+    from .sweep import setup_warnings
+    _warn(setup_warnings(scenarios) + _workload_warnings(scenarios[0]))
     ignored = [sc.source for sc in scenarios[1:]
                if _served_workload(sc) != _served_workload(scenarios[0])]
     if ignored:  # a comparison holds the traffic fixed: say whose is used (after the runs,

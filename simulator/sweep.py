@@ -322,7 +322,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     table = pd.DataFrame(rows, columns=list(ran) + (["note"] if len(runs) < len(scs) else []))
     keys = list(axes)
     return SweepResult(dict(axes), table, knees(table, keys), per_point,
-                       kv_warnings(runs), slo_met_at(table, keys))
+                       setup_warnings(runs), slo_met_at(table, keys))
 
 
 def _does_not_fit(sc):
@@ -339,9 +339,9 @@ def _does_not_fit(sc):
     return None
 
 
-def kv_warnings(scenarios) -> list[str]:
-    """The distinct ``kv_warning`` of the scenarios' cost models
-    (:class:`simulator.cost_model.CostModel`: more blocks than the GPU's memory holds), in
+def setup_warnings(scenarios) -> list[str]:
+    """The distinct ``setup_warning`` of the scenarios' cost models
+    (:class:`simulator.cost_model.CostModel`: e.g. more blocks than the GPU's memory holds), in
     order; a scenario whose cost model cannot be built adds none (its run says why)."""
     from .cost_model import build_cost_model
     from .errors import InputError
@@ -349,7 +349,7 @@ def kv_warnings(scenarios) -> list[str]:
     out: list[str] = []
     for sc in scenarios:
         try:
-            w = build_cost_model(sc).kv_warning
+            w = build_cost_model(sc).setup_warning
         except InputError:
             continue
         if w and w not in out:
@@ -432,4 +432,4 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
 
 __all__ = ["CONCURRENCY", "DOES_NOT_FIT", "RAMP_ONLY", "RATE", "SATURATION_SHARE",
            "STABILITY", "SweepResult", "derive", "grid", "knee_title", "knees",
-           "kv_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]
+           "setup_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]

@@ -92,6 +92,29 @@ def test_constant_inline():
     assert cm.kv_note == "unlimited (inline step_time, no num_gpu_blocks)"
     steps = run_plans(sc, cm, [RequestSpec(0, 0, (("a", 10),), 3)])
     assert [ns for _, ns in steps] == [20_000_000] * 3
+    assert cm.setup_warning is None
+
+
+def test_inline_step_time_says_which_knobs_it_leaves_out():
+    st = {"step_time": {"constant_s": 0.02}}
+    cm = build_cost_model(scenario(hardware={**st, "tensor_parallel": 2},
+                                   engine={"gpu_memory_utilization": 0.5}))
+    assert cm.setup_warning == (
+        "hardware.tensor_parallel 2 and engine.gpu_memory_utilization 0.5 do not enter an "
+        "inline step_time: its seconds are the step's whole cost, and the KV cache is "
+        "unlimited unless engine.num_gpu_blocks sets it")
+    cm = build_cost_model(scenario(hardware={**st, "tensor_parallel": 2,
+                                             "price_per_gpu_hour": 2.0},
+                                   engine={"num_gpu_blocks": 100}))
+    assert cm.setup_warning == (
+        "hardware.tensor_parallel 2 does not enter an inline step_time: its seconds are the "
+        "step's whole cost (tensor_parallel counts only in the price: 2 GPUs per replica)")
+    assert cm.price_per_replica_hour == 4.0
+    # written out, even at vLLM's default, it is said: it still does not enter
+    assert build_cost_model(scenario(engine={"gpu_memory_utilization": 0.9})).setup_warning \
+        == "engine.gpu_memory_utilization 0.9 does not enter an inline step_time: its " \
+        "seconds are the step's whole cost, and the KV cache is unlimited unless " \
+        "engine.num_gpu_blocks sets it"
 
 
 def test_linear_inline_on_real_scheduler_plans():
@@ -280,12 +303,12 @@ def test_measured_profile_blocks_converted_to_block_size(tmp_path):
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
     assert cm.num_gpu_blocks == 2048 * 128 // 16
     # the steps were measured with blocks of 128: said, since only the KV count converts
-    assert cm.kv_warning.startswith("profile p (name field: cpu-llama-test) measured its "
+    assert cm.setup_warning.startswith("profile p (name field: cpu-llama-test) measured its "
                                     "steps with blocks of 128 tokens, the scenario's "
                                     "engine.block_size is 16")
     same = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"},
                                      engine={"block_size": 128}))
-    assert same.num_gpu_blocks == 2048 and same.kv_warning is None
+    assert same.num_gpu_blocks == 2048 and same.setup_warning is None
     prof = make_profile(kv={"bytes_per_token": 256, "block_size": 128, "num_gpu_blocks": 2048,
                             "memory_budget_bytes": 2**31})
     save_profile(prof, tmp_path / "q.yaml")
@@ -331,18 +354,18 @@ def test_kv_override_beyond_gpu_memory_warns(tmp_path):
     gpu = {"model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"}}
     cm = build_cost_model(scenario(engine={"num_gpu_blocks": 26351}, **gpu))
     assert cm.num_gpu_blocks == 26351
-    assert cm.kv_warning == (
+    assert cm.setup_warning == (
         "engine.num_gpu_blocks = 26351 (set in the scenario) is more than the 26350 blocks "
         "that h100-sxm's memory holds at gpu_memory_utilization 0.9 (tensor_parallel=1); vLLM "
         "would fail to allocate that KV cache, so this run describes a GPU with more memory")
     assert cm.kv_note.endswith("; more than the 26350 blocks that h100-sxm's memory holds at "
                                "gpu_memory_utilization 0.9 (tensor_parallel=1)")
-    assert build_cost_model(scenario(engine={"num_gpu_blocks": 26350}, **gpu)).kv_warning is None
+    assert build_cost_model(scenario(engine={"num_gpu_blocks": 26350}, **gpu)).setup_warning is None
     # a CPU profile's count is its calibration engine's setting, not a memory limit
     save_profile(make_profile(), tmp_path / "p.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"},
                                    engine={"num_gpu_blocks": 10**6, "block_size": 128}))
-    assert cm.num_gpu_blocks == 10**6 and cm.kv_warning is None
+    assert cm.num_gpu_blocks == 10**6 and cm.setup_warning is None
     # a GPU profile's measured KV memory: 2**31 bytes / (16 tokens x 256 bytes) = 524288
     dev = {"name": "h100-sxm", "kind": "gpu", "peak_flops": 1e15, "memory_bandwidth": 3e12,
            "memory_bytes": 80 * 2**30}
@@ -352,7 +375,7 @@ def test_kv_override_beyond_gpu_memory_warns(tmp_path):
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "g.yaml"},
                                    engine={"num_gpu_blocks": 524289}))
     assert "more than the 524288 blocks that the KV memory measured in profile g (name " \
-        "field: cpu-llama-test) holds;" in cm.kv_warning
+        "field: cpu-llama-test) holds;" in cm.setup_warning
 
 
 # -- profiles -------------------------------------------------------------------------------
