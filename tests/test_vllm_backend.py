@@ -112,16 +112,29 @@ def test_summarise_splits_decodes_prefills_and_samples():
         Scheduled("p1", 200, 256, 600, 600),   # partial prefill after a 256-token hit
         Scheduled("p2", 44, 256, 300, 300),    # last chunk: samples its first token
     ]
-    prefills, nd, dctx, sampled, total = summarise(rows)
+    steady = {"d1", "d2", "p1"}    # p1 was steady before a preemption: not any more
+    prefills, nd, dctx, sampled, total = summarise(rows, steady)
     assert prefills == [("p1", 200, 256), ("p2", 44, 256)]   # vLLM's order kept
     assert nd == 2 and dctx == 301 + 100
     assert sampled == 3                                      # d1, d2, p2
     assert total == 1 + 1 + 200 + 44
+    assert steady == {"d1", "d2", "p2"}   # p2 sampled its first token: decodes next
 
 
 def test_summarise_one_token_prompt_is_a_prefill():
-    (pre, nd, _, sampled, _) = summarise([Scheduled("x", 1, 0, 1, 1)])
+    (pre, nd, _, sampled, _) = summarise([Scheduled("x", 1, 0, 1, 1)], set())
     assert pre == [("x", 1, 0)] and nd == 0 and sampled == 1
+
+
+def test_summarise_a_resumed_requests_last_recomputed_token_is_a_prefill():
+    # A preempted request (300-token prompt, 85 outputs) resumes on 384 cached tokens and
+    # recomputes the one left: servesim's policy admits it as a prefill chunk, and so it
+    # is counted here, though its prompt was computed before the preemption.
+    steady = set()
+    pre, nd, dctx, sampled, _ = summarise([Scheduled("r", 1, 384, 300, 385)], steady)
+    assert pre == [("r", 1, 384)] and (nd, dctx, sampled) == (0, 0, 1)
+    pre, nd, dctx, _, _ = summarise([Scheduled("r", 1, 385, 300, 386)], steady)
+    assert pre == [] and (nd, dctx) == (1, 386)   # then it decodes
 
 
 def test_external_id_strips_vllms_suffix():

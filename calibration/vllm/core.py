@@ -167,19 +167,22 @@ class Scheduled:
     num_tokens: int
 
 
-def summarise(scheduled: list[Scheduled]) -> tuple:
+def summarise(scheduled: list[Scheduled], steady: set) -> tuple:
     """``(prefills, num_decodes, decode_context_tokens, num_sampled, num_scheduled_tokens)``
     of one step, with servesim's meanings (:class:`simulator.policy.StepPlan`).
 
-    A *decode* is a request whose prompt was already computed that gets one token; its
-    context counts the new token (``c + 1``). Everything else is a prefill chunk
-    ``(id, n, c)``, in vLLM's scheduling order (running requests, then new ones); a chunk
-    samples a token when it reaches the request's last token (``c + n = num_tokens``).
+    A *decode* is a request in ``steady`` (its last scheduled chunk reached its end and
+    sampled, and it was not preempted since) that gets one token; its context counts the
+    new token (``c + 1``). Everything else is a prefill chunk ``(id, n, c)``, in vLLM's
+    scheduling order (running requests, then new ones), among them a resumed request's
+    recomputation even when one token is left of it; a chunk samples a token when it
+    reaches the request's last token (``c + n = num_tokens``). ``steady`` is updated with
+    this step's chunks; the caller removes the requests preempted in the step.
     """
     prefills, nd, dctx, sampled, total = [], 0, 0, 0, 0
     for s in scheduled:
         total += s.num_new_tokens
-        if s.num_new_tokens == 1 and s.num_computed_before >= s.num_prompt_tokens:
+        if s.num_new_tokens == 1 and s.request_id in steady:
             nd += 1
             dctx += s.num_computed_before + 1
             sampled += 1
@@ -187,6 +190,9 @@ def summarise(scheduled: list[Scheduled]) -> tuple:
         prefills.append((s.request_id, s.num_new_tokens, s.num_computed_before))
         if s.num_computed_before + s.num_new_tokens >= s.num_tokens:
             sampled += 1
+            steady.add(s.request_id)
+        else:
+            steady.discard(s.request_id)
     return prefills, nd, dctx, sampled, total
 
 

@@ -34,7 +34,9 @@ class VllmEngine:
             seed: passed to ``vllm.EngineArgs``; ``block_size`` too unless ``None`` (vLLM's
             platform default: 128 on CPU), and ``watermark`` and
             ``long_prefill_token_threshold`` unless 0 (vLLM's defaults; a vLLM without the
-            knob refuses another), and ``enable_chunked_prefill`` when off.
+            knob refuses another), ``enable_chunked_prefill`` when off, and
+            ``num_gpu_blocks`` (KV blocks incl. the null block) as vLLM's
+            ``num_gpu_blocks_override`` when given.
 
     Attributes:
         knobs: :func:`calibration.vllm.core.engine_knobs` of the built engine (effective
@@ -49,7 +51,7 @@ class VllmEngine:
                  max_num_batched_tokens: int, enable_prefix_caching: bool = True,
                  block_size: int | None = None, watermark: float = 0.0,
                  long_prefill_token_threshold: int = 0, enable_chunked_prefill: bool = True,
-                 seed: int = 0):
+                 num_gpu_blocks: int | None = None, seed: int = 0):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import EngineArgs, LLMEngine
 
@@ -66,6 +68,8 @@ class VllmEngine:
             kw["long_prefill_token_threshold"] = int(long_prefill_token_threshold)
         if not enable_chunked_prefill:
             kw["enable_chunked_prefill"] = False
+        if num_gpu_blocks is not None:
+            kw["num_gpu_blocks_override"] = int(num_gpu_blocks)
         self.llm = LLMEngine.from_engine_args(EngineArgs(**kw))
         core = getattr(self.llm.engine_core, "engine_core", None)
         if core is None:
@@ -97,6 +101,7 @@ class VllmEngine:
         self.book = RecordBook()
         self._ext: dict = {}      # vLLM's id for servesim's id -> servesim's id
         self._preemptions: dict = {}
+        self._steady: set = set()  # servesim ids decoding (see core.summarise)
         self.output_ids: dict = {}
         self._ids = 0
 
@@ -148,6 +153,7 @@ class VllmEngine:
         self.book = RecordBook()
         self._ext = {}
         self._preemptions = {}
+        self._steady = set()
         self.output_ids = {}
         self._t0 = time.perf_counter_ns()
 
@@ -190,9 +196,10 @@ class VllmEngine:
         finished = []
         if self._plan is not None and self._plan[0]:
             rows, pre = self._plan
-            prefills, nd, dctx, n_sampled, total = summarise(rows)
+            prefills, nd, dctx, n_sampled, total = summarise(rows, self._steady)
             for rid in pre:
                 self._preemptions[rid] = self._preemptions.get(rid, 0) + 1
+                self._steady.discard(rid)   # it recomputes before it decodes again
             self.book.scheduled([r.request_id for r in rows], t_start)
             sched = self.scheduler
             self.steps.append(StepRecord(
@@ -208,6 +215,7 @@ class VllmEngine:
                              preemptions=self._preemptions.get(rid, 0))
             if o.finished:
                 finished.append(rid)
+                self._steady.discard(rid)
         return finished
 
     def run_until_idle(self) -> None:
