@@ -278,8 +278,10 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     (the scenario's profile) and the held-out MAPE band. Timed runs during which other
     processes used more than :data:`CONTAMINATED_PCT` % of a core are rerun.
 
-    The scenario's ``block_size``, batch limits, ``max_model_len`` and prefix caching go
-    to vLLM; the simulator then uses the values vLLM reports (with its ``num_gpu_blocks``).
+    The scenario's ``block_size``, batch limits, ``max_model_len``, prefix caching and
+    scheduler knobs go to vLLM, and ``engine.num_gpu_blocks`` when set (as
+    ``num_gpu_blocks_override``); the simulator then uses the values vLLM reports (with
+    its ``num_gpu_blocks``).
     ``engine``: a :class:`VllmEngine` from an earlier call to reuse when it was built with
     the same knobs (saves a start-up); the result's ``engine_object`` is the engine used.
 
@@ -310,7 +312,8 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
                 enable_prefix_caching=scenario.engine.enable_prefix_caching,
                 block_size=scenario.engine.block_size, watermark=scenario.engine.watermark,
                 long_prefill_token_threshold=scenario.engine.long_prefill_token_threshold,
-                enable_chunked_prefill=scenario.engine.enable_chunked_prefill, seed=seed)
+                enable_chunked_prefill=scenario.engine.enable_chunked_prefill,
+                num_gpu_blocks=scenario.engine.num_gpu_blocks, seed=seed)
     eng = engine if engine is not None and getattr(engine, "built_with", None) == want \
         else None
     if eng is None:
