@@ -165,6 +165,10 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
+        try:   # vLLM 0.32 refuses with its own error class; earlier ones raise ValueError
+            from vllm.exceptions import VLLMValidationError as Refused
+        except ImportError:
+            Refused = ValueError
 
         self._ids += 1
         vid = f"s{self._ids}"
@@ -176,7 +180,7 @@ class VllmEngine:
                                 output_kind=RequestOutputKind.DELTA)
         try:
             self.llm.add_request(vid, TokensPrompt(prompt_token_ids=list(token_ids)), params)
-        except ValueError:
+        except (ValueError, Refused):   # e.g. a prompt of max_model_len tokens
             self.book.reject(request_id)
             return False
         return True
