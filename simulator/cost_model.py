@@ -924,8 +924,10 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
         blocks, note = override(None, "unlimited (inline step_time, no num_gpu_blocks)")
         ignored = [f"{k} {v}" for k, v, given in (
             ("hardware.tensor_parallel", tp, tp != 1),
+            # other than vLLM's default (a sweep's rebuilt scenarios set every field)
             ("engine.gpu_memory_utilization", eng.gpu_memory_utilization,
-             "gpu_memory_utilization" in eng.model_fields_set)) if given]
+             eng.gpu_memory_utilization
+             != type(eng).model_fields["gpu_memory_utilization"].default)) if given]
         if ignored:   # said, since a user may expect them to scale the inline cost
             setup_warning = (
                 f"{' and '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not enter an "

@@ -926,7 +926,7 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
      "p.yaml:15: plan.candidates.engine.max_num_seqz: unknown key (allowed: block_size, "
      "max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
      "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl, watermark, "
-     "long_prefill_token_threshold)"),
+     "long_prefill_token_threshold, enable_chunked_prefill)"),
     # a quoted number is a string, refused as in engine: {max_num_seqs: '64'} (it was
     # read as 64 again: two identical candidates planned)
     ("    engine.max_num_seqs: [64, '64']\n",
