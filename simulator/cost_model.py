@@ -979,7 +979,15 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                              profile=prof, price_per_replica_hour=price * tp,
                              setup_warning=setup_warning)
     except KeyedInputError as e:
-        raise scenario.error(e.key, e.detail, depends=e.depends,
+        key, detail = e.key, e.detail
+        if key == "engine.max_num_batched_tokens" and scenario.budget_is_max_model_len:
+            # the user set no budget: it is max_model_len's (chunked prefill off)
+            key = "engine.max_model_len"
+            detail = detail.replace("lower engine.max_num_batched_tokens", (
+                "lower engine.max_model_len (with enable_chunked_prefill false, "
+                "max_num_batched_tokens defaults to it), or set "
+                "engine.enable_chunked_prefill true"))
+        raise scenario.error(key, detail, depends=e.depends,
                              does_not_fit=isinstance(e, KeyedDoesNotFit)) from None
     except InputError as e:
         raise scenario.error("hardware", str(e), depends=(

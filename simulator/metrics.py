@@ -748,6 +748,18 @@ class MetricsCollector:
         return ts, out_w
 
 
+def t_interval(x) -> tuple[float, float] | None:
+    """95% confidence interval of the mean of ``x`` (Student t, ``n - 1`` degrees of
+    freedom); None for fewer than two values. Figures that cannot be negative (latencies,
+    rates, counts, SLO ratios: every value >= 0) keep a lower bound of at least 0."""
+    n = len(x)
+    if n < 2:
+        return None
+    m = float(np.mean(x))
+    h = float(sps.t.ppf(0.975, n - 1)) * float(np.std(x, ddof=1)) / math.sqrt(n)
+    return (max(m - h, 0.0) if min(x) >= 0 else m - h, m + h)
+
+
 def _interval_integral(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Per bin ``[edges[k], edges[k+1])``: the integral over time of the number of intervals
     ``[starts[i], ends[i])`` that are open (ns × count), in O((n + bins) log n).
@@ -1011,14 +1023,7 @@ def combine_replications(summaries: list[dict]) -> dict:
                 and math.isfinite(v)]
         if not nums:
             return None
-        n = len(nums)
-        m = float(np.mean(nums))
-        ci = None
-        if n > 1:
-            h = float(sps.t.ppf(0.975, n - 1)) * float(np.std(nums, ddof=1)) / math.sqrt(n)
-            # Figures that cannot be negative (latencies, rates, counts) keep a lower
-            # bound of at least 0.
-            ci = [max(m - h, 0.0) if min(nums) >= 0 else m - h, m + h]
-        return {"mean": m, "ci95": ci, "n": n}
+        ci = t_interval(nums)
+        return {"mean": float(np.mean(nums)), "ci95": list(ci) if ci else None, "n": len(nums)}
 
     return jsonable(walk(list(summaries)) or {})

@@ -519,6 +519,14 @@ class Scenario(_Strict):
                                                                         self.max_model_len)
 
     @property
+    def budget_is_max_model_len(self) -> bool:
+        """Whether :attr:`max_num_batched_tokens` is ``max_model_len`` raised above the
+        device default because chunked prefill is off (none was given)."""
+        return (self.engine.max_num_batched_tokens is None
+                and not self.engine.enable_chunked_prefill
+                and self.max_model_len > self.serving_defaults()[0])
+
+    @property
     def max_num_seqs(self) -> int:
         """``engine.max_num_seqs``, or vLLM's default for the device capped at
         max_num_batched_tokens (as vLLM does)."""
@@ -991,6 +999,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         msg = err["msg"]
         if typ in ("int_type", "int_parsing", "float_type", "float_parsing") and loc:
             msg += _range_text(parent, str(loc[-1]))   # the bounds too, not just the type
+        elif typ in ("bool_type", "bool_parsing"):   # a quoted 'false' is text, not false
+            msg += ": true or false, unquoted"
         inp = err.get("input")
         # Echoed for --set values too: the repr tells the string '4' from the number 4.
         if inp is None or isinstance(inp, (int, float, str, bool)):

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generator
 
 import numpy as np
-from scipy import stats as sps
 
 from .executors import Job
+from .metrics import t_interval
 
 #: Arrival rate of the saturation probe, requests/s: effectively all requests at once.
 PROBE_RATE = 1.0e6
@@ -132,11 +132,9 @@ class RateEval:
 
 
 def _interval(x: list[float]) -> tuple[float, float] | None:
-    if len(x) < 2 or not all(math.isfinite(v) for v in x):
+    if not all(math.isfinite(v) for v in x):
         return None
-    m = float(np.mean(x))
-    h = float(sps.t.ppf(0.975, len(x) - 1)) * float(np.std(x, ddof=1)) / math.sqrt(len(x))
-    return (m - h, m + h)
+    return t_interval(x)   # ratios are >= 0: the lower bound stays >= 0
 
 
 def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,

@@ -95,6 +95,26 @@ def test_constant_inline():
     assert cm.setup_warning is None
 
 
+def test_an_unchunked_default_budget_too_big_for_the_gpu_names_max_model_len():
+    # Chunked prefill off and no budget given: max_num_batched_tokens is max_model_len
+    # (131072 here), whose activation reserve fills an L4; the key to change is
+    # max_model_len, not the budget the user never set (which must be >= it).
+    kw = dict(model="llama-3.1-8b", dtype="bfloat16", hardware={"profile": "l4"})
+    with pytest.raises(InputError) as e:
+        build_cost_model(scenario(engine={"enable_chunked_prefill": False}, **kw))
+    msg = str(e.value)
+    assert "engine.max_model_len: llama-3.1-8b on l4" in msg
+    assert msg.endswith("lower engine.max_model_len (with enable_chunked_prefill false, "
+                        "max_num_batched_tokens defaults to it), or set "
+                        "engine.enable_chunked_prefill true")
+    assert build_cost_model(scenario(engine={"enable_chunked_prefill": False,
+                                             "max_model_len": 8192}, **kw)).num_gpu_blocks
+    # a budget given is named as before
+    with pytest.raises(InputError, match="engine.max_num_batched_tokens: .*lower "
+                                         "engine.max_num_batched_tokens$"):
+        build_cost_model(scenario(engine={"max_num_batched_tokens": 131072}, **kw))
+
+
 def test_inline_step_time_says_which_knobs_it_leaves_out():
     st = {"step_time": {"constant_s": 0.02}}
     cm = build_cost_model(scenario(hardware={**st, "tensor_parallel": 2},

@@ -384,6 +384,10 @@ def test_scheduler_config():
                           "max_num_batched_tokens unset)")
     assert scenario_from_dict({**BASE, "engine": {"max_num_batched_tokens": 1024}}
                               ).scheduler_config(None).enable_chunked_prefill
+    # a quoted 'false' is text: the error says what a boolean is
+    assert err(scenario_from_dict, {**BASE, "engine": {"enable_chunked_prefill": "maybe"}}
+               ).endswith("engine.enable_chunked_prefill: Input should be a valid boolean: "
+                          "true or false, unquoted (got 'maybe')")
     # default max_model_len is capped to what (N - 1) blocks hold
     assert sc.scheduler_config(101).max_model_len == 800
     sc = scenario_from_dict({**BASE, "engine": {"block_size": 8, "max_model_len": 1000}})

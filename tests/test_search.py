@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from simulator.search import slo_ratio, worst_slo
 
 
@@ -87,3 +89,12 @@ def test_plan_refuses_conversations_before_asking_for_a_target_rate(tmp_path, ca
     err = capsys.readouterr().err
     assert err.startswith("servesim: error: s.yaml:9: workload.sessions: a rate search ")
     assert not (tmp_path / "p").exists()
+
+
+def test_ratio_interval_is_student_t_and_never_below_zero():
+    from simulator.search import _interval
+    # mean 0.8, sample sd 1.4 / sqrt(2), t(0.975, 1) = 12.7062: half-width 12.7062 × 0.7
+    lo, hi = _interval([0.1, 1.5])
+    assert lo == 0.0 and hi == pytest.approx(0.8 + 12.7062047 * 0.7, rel=1e-6)
+    assert _interval([2.0, 2.0]) == (2.0, 2.0) and _interval([1.0]) is None
+    assert _interval([1.0, float("inf")]) is None
