@@ -353,11 +353,13 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
     key = ("workload.trace" if wl.trace is not None else
            "workload.sessions" if wl.sessions is not None else
            "workload.arrival.process" if getattr(wl.arrival, "process", None) == "closed_loop"
-           else None)
+           else "workload.max_concurrency" if wl.max_concurrency is not None   # no client
+           else None)                                                           # gate there
     if key is not None:
         raise scenario.error(key, "validate serves open-loop arrivals (poisson, gamma or "
                                   "constant) at rates set from the measured saturation: give "
-                                  "the scenario one of those, and no sessions or trace")
+                                  "the scenario one of those, and no sessions, trace or "
+                                  "max_concurrency")
     if not loads or any(not MIN_LOAD <= x <= MAX_LOAD for x in loads):
         raise InputError(f"--loads: fractions of saturation in [{MIN_LOAD:g}, {MAX_LOAD:g}], "
                          f"got {list(loads)}")

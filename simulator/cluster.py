@@ -3,12 +3,15 @@
 Actors: one arrival process for the open-loop requests, one process per replica
 (:mod:`simulator.replica`), and follow-up requests (conversation turns, closed-loop users)
 released when the request they follow finishes, after its think time; a rejected turn
-ends its conversation (its later turns are not sent).
+ends its conversation (its later turns are not sent). With a client-side
+``max_concurrency`` (``vllm bench serve --max-concurrency``), a request that arrives while
+that many are in flight is held and sent, in arrival order, when one finishes.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 import simpy
 from simpy.events import URGENT
@@ -93,10 +96,16 @@ class Cluster:
         metrics: shared metrics collector.
         router: routing policy name (see :class:`Router`).
         on_request_done: optional callback ``(count)`` after each finished request.
+        max_concurrency: most requests in flight at once, client side (``vllm bench serve
+            --max-concurrency``, a semaphore around each request): one that arrives while
+            that many are in flight is held, then sent, first held first, when one
+            finishes; its arrival (TTFT, E2EL) counts from then, as the client times it.
+            ``None``: no limit.
     """
 
     def __init__(self, env, num_replicas: int, config, cost_models, metrics,
-                 router: str = "round_robin", on_request_done=None, exact_steps: bool = False):
+                 router: str = "round_robin", on_request_done=None, exact_steps: bool = False,
+                 max_concurrency: int | None = None):
         self.env = env
         self.metrics = metrics
         self.router = Router(router)
@@ -111,6 +120,10 @@ class Cluster:
         self._timers: list[int] = []  # heap of pending follow-up arrival times
         self._shared_first: set = set()
         self._quoted: set = set()
+        self._max_concurrency = max_concurrency
+        self._in_flight = 0
+        self._held: deque = deque()   # specs held back by max_concurrency, in arrival order
+        self._releasing = False
 
     def next_event_ns(self, replica: Replica) -> int:
         """Earliest time anything outside ``replica`` can happen: the next arrival, a
@@ -122,7 +135,7 @@ class Cluster:
         t = self._next_root_ns
         if timers and timers[0] < t:
             t = timers[0]
-        if self._children:
+        if self._children or self._held:   # a finish there may send one here at once
             for rep in self.replicas:
                 if rep is not replica and rep.busy_until_ns < t:
                     t = rep.busy_until_ns
@@ -138,7 +151,8 @@ class Cluster:
         """
         roots = self._prepare(specs)
         rep = self.replicas[0]
-        if len(self.replicas) == 1 and not self._children and not rep.exact_steps:
+        if (len(self.replicas) == 1 and not self._children and not rep.exact_steps
+                and self._max_concurrency is None):
             rep.serve_alone([max(s.arrival_ns, 0) for s in roots],
                             lambda k, now: self._deliver(roots[k], now))
             return
@@ -189,16 +203,34 @@ class Cluster:
         self._next_root_ns = _NEVER
 
     def _deliver(self, spec, now: int | None = None) -> None:
+        if self._max_concurrency is not None:
+            if self._in_flight >= self._max_concurrency:
+                self._held.append(spec)
+                return
+            self._in_flight += 1
         req = new_request(spec, self.env.now if now is None else now)
         req.cache_private = first_content_key(spec.prompt) not in self._shared_first
         req.output_private = hash(req.output_content_id) not in self._quoted
         self.router.choose(req, self.replicas).submit(
             req, self.metrics.delivered(req.arrival_ns))
 
+    def _release(self) -> None:
+        """Send held requests while slots are free (not re-entered: a held request
+        rejected on delivery finishes inside this loop, which goes on)."""
+        if self._releasing:
+            return
+        self._releasing = True
+        while self._held and self._in_flight < self._max_concurrency:
+            self._deliver(self._held.popleft())
+        self._releasing = False
+
     def _on_finish(self, req: Request, t_ns: int) -> None:
         self.num_done += 1
         if self._on_request_done is not None:
             self._on_request_done(self.num_done)
+        if self._max_concurrency is not None:
+            self._in_flight -= 1
+            self._release()   # the longest held goes first, before any follow-up below
         # A rejected turn ends its conversation: the client got an error (vLLM's server:
         # HTTP 400) and has no answer to follow up on, so the session's later turns are not
         # sent; a closed-loop user's next conversation still starts, a think time after.

@@ -359,9 +359,10 @@ def shareable_share(specs) -> float:
 def replica_sizer(scenario) -> str:
     """The command that finds the fewest replicas for ``scenario``: ``servesim plan``, which
     searches a request rate, unless the workload has none to search (a trace, a closed loop,
-    conversations: plan refuses them), where a sweep over the replica count does."""
+    a client-side max_concurrency, conversations: plan refuses them), where a sweep over the
+    replica count does."""
     wl = scenario.workload
-    if wl.trace is not None or wl.sessions is not None or (
+    if wl.trace is not None or wl.sessions is not None or wl.max_concurrency is not None or (
             wl.arrival is not None and wl.arrival.process == "closed_loop"):
         return "servesim sweep --set cluster.replicas=1,2,3,..."
     return "servesim plan"

@@ -96,7 +96,8 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
             if n % step == 0 or n == total:
                 progress(n, total)
     cluster = Cluster(env, n_rep, config, cost_models, metrics, router=scenario.cluster.router,
-                      on_request_done=done_cb, exact_steps=scenario.sim.exact_steps)
+                      on_request_done=done_cb, exact_steps=scenario.sim.exact_steps,
+                      max_concurrency=scenario.workload.client_concurrency)
     try:
         cluster.run(specs)
     except KeyedInputError as e:   # a step priced past MAX_STEP_S: name the scenario's key

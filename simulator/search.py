@@ -47,8 +47,9 @@ def with_rate(scenario, rate: float):
     """``scenario`` with ``workload.arrival.rate = rate`` (req/s); other keys unchanged.
 
     Raises:
-        InputError: the workload has no open-loop arrival rate (trace or closed loop), or
-            has sessions (the rate starts conversations, not requests).
+        InputError: the workload has no open-loop arrival rate (trace or closed loop), has
+            sessions (the rate starts conversations, not requests) or a client-side
+            ``max_concurrency``.
     """
     wl = scenario.workload
     arrival = getattr(wl, "arrival", None)
@@ -66,6 +67,12 @@ def with_rate(scenario, rate: float):
                              "turns follow think times, so the requests per second do not "
                              "follow it: size a multi-turn workload with servesim run or "
                              "sweep (they report the request rate served)")
+    if getattr(wl, "max_concurrency", None) is not None:
+        # the client holds what the engine cannot take: every rate looks sustained
+        raise scenario.error("workload.max_concurrency", "a rate search finds the request "
+                             "rate the engine sustains; a client-side max_concurrency holds "
+                             "back what it cannot take, so every rate would pass: remove "
+                             "it to plan")
     if arrival is None or not hasattr(arrival, "rate"):
         raise scenario.error("workload.arrival", "a rate search needs an open-loop arrival "
                              "process with a rate (poisson, gamma or constant)")

@@ -397,8 +397,12 @@ class ConstantArrival(_OpenLoop):
 
 
 class ClosedLoopArrival(BaseModel):
-    """``{process: closed_loop, concurrency, think_time_s}``: ``concurrency`` virtual users,
-    each sending its next request ``think_time_s`` after its previous one finished.
+    """``{process: closed_loop, concurrency, think_time_s, dispatch}``: ``concurrency``
+    virtual users. ``dispatch: per_user`` (default): each user owns every
+    ``concurrency``-th request and sends its next one ``think_time_s`` after its previous
+    one finished. ``dispatch: first_free``: the requests go out in order, the next as soon
+    as any of the ``concurrency`` in flight finishes (``vllm bench serve --request-rate inf
+    --max-concurrency``: a semaphore around each request); no think time then.
     ``think_time_s`` is a distribution of seconds or a plain number ``x >= 0``, read as
     ``{dist: fixed, value: x}``; default 0."""
 
@@ -407,8 +411,19 @@ class ClosedLoopArrival(BaseModel):
     process: Literal["closed_loop"]
     concurrency: int = Field(ge=1)
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
+    dispatch: Literal["per_user", "first_free"] = "per_user"
 
     _think_number = field_validator("think_time_s", mode="before")(_number_as_fixed)
+
+    @model_validator(mode="after")
+    def _first_free_sends_at_once(self):
+        t = self.think_time_s
+        if self.dispatch == "first_free" and not (isinstance(t, FixedDist) and t.value == 0):
+            raise SubkeyError("think_time_s", "must be 0 with dispatch: first_free (the "
+                              "next request goes out as a slot frees, as vllm bench serve "
+                              "--max-concurrency sends it); think times need dispatch: "
+                              "per_user")
+        return self
 
 
 Arrival = Annotated[Union[PoissonArrival, GammaArrival, ConstantArrival, ClosedLoopArrival],
@@ -526,6 +541,10 @@ class WorkloadConfig(BaseModel):
     prefix: Optional[PrefixConfig] = None
     sessions: Optional[SessionConfig] = None
     trace: Optional[TraceConfig] = None
+    max_concurrency: Optional[int] = Field(None, ge=1, le=100_000_000, description=(
+        "most requests in flight at once, client side (vllm bench serve --max-concurrency): "
+        "one that arrives while that many are in flight is held and sent when one "
+        "finishes, and timed from then"))
 
     @model_validator(mode="before")
     @classmethod
@@ -554,7 +573,23 @@ class WorkloadConfig(BaseModel):
             if self.prefix is not None and self.trace.format == "mooncake":
                 raise ValueError("prefix not allowed with a mooncake trace "
                                  "(its hash_ids give the prompt content)")
+        if isinstance(self.arrival, ClosedLoopArrival):
+            if self.max_concurrency is not None:
+                raise SubkeyError("max_concurrency", "not allowed with a closed_loop arrival, "
+                                  "whose concurrency bounds the requests in flight")
+            if self.arrival.dispatch == "first_free" and self.sessions is not None:
+                raise SubkeyError("sessions", "not allowed with dispatch: first_free (a "
+                                  "conversation's turns follow one user: dispatch: per_user)")
         return self
+
+    @property
+    def client_concurrency(self) -> int | None:
+        """Most requests in flight, client side: ``max_concurrency``, or a ``first_free``
+        closed loop's ``concurrency``; None when the client sends without limit."""
+        arr = self.arrival
+        if isinstance(arr, ClosedLoopArrival) and arr.dispatch == "first_free":
+            return arr.concurrency
+        return self.max_concurrency
 
     _lengths_count = field_validator("prompt_tokens", "output_tokens",
                                      mode="before")(_count_centre_first)
@@ -669,7 +704,7 @@ def _build_closed_loop(cfg, r, base_dir) -> list[RequestSpec]:
     if cfg.sessions is None:
         for j in range(n):
             prompt = _first_prompt(j, int(prompt_len[j]), g(j), cfg.prefix, whole=True)
-            if j < c:
+            if j < c or cfg.arrival.dispatch == "first_free":   # all at 0: the gate sends them
                 specs.append(RequestSpec(request_id=j, arrival_ns=0, prompt=prompt,
                                          max_tokens=int(output_len[j])))
             else:

@@ -1,7 +1,8 @@
 """Fast-forwarded runs equal step-by-step runs (``sim.exact_steps``) exactly.
 
-Randomised scenarios with prefix sharing, sessions (follow-ups released by finishes),
-KV-cache pressure (preemption) and several replicas behind each router.
+Randomised scenarios with prefix sharing, sessions (follow-ups released by finishes), a
+client-side max_concurrency (held requests sent at finishes), KV-cache pressure
+(preemption) and several replicas behind each router.
 """
 
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +25,9 @@ def scenarios(draw):
         "prefix": {"shared_tokens": draw(st.sampled_from([16, 48, 64])),
                    "groups": draw(st.integers(1, 4)), "popularity": "zipf", "zipf_s": 1.1},
     }
+    gate = draw(st.sampled_from([None, None, 1, 3, 8]))
+    if gate is not None:   # a client-side limit: held requests go out at finishes
+        wl["max_concurrency"] = gate
     if sessions:
         wl["sessions"] = {"turns": {"dist": "uniform", "min": 1, "max": 4},
                           "think_time_s": {"dist": "uniform", "min": 0, "max": 0.05}}

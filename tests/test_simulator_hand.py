@@ -156,3 +156,43 @@ def test_load_aware_routers_take_turns_when_replicas_tie(router):
                      "output_tokens": {"dist": "fixed", "value": 3}}})
     req = simulate(s).requests.sort_values("arrival_s")
     assert req["replica"].astype(int).tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+
+
+def test_max_concurrency_holds_arrivals_until_a_request_finishes(tmp_path):
+    """workload.max_concurrency 2 (vllm bench serve --max-concurrency): four requests at
+    0 s, 4-token prompts, outputs 1, 3, 1, 2 tokens; 10 ms steps. Worked out on paper:
+
+      step 1 [0,10]   r0, r1 prefill → first tokens @10; r0 done @10 → r2 sent @10
+      step 2 [10,20]  r1 decode; r2 prefill → r2 done @20 → r3 sent @20
+      step 3 [20,30]  r1 decode → r1 done @30; r3 prefill → token 1 @30
+      step 4 [30,40]  r3 decode → r3 done @40
+
+    A held request is timed from when it is sent (its arrival), as the client times it.
+    Without the limit all four run from step 1 and finish by @30."""
+    (tmp_path / "t.csv").write_text("t,p,o\n0,4,1\n0,4,3\n0,4,1\n0,4,2\n")
+    base = """
+name: gate
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 8, max_num_batched_tokens: 64, enable_prefix_caching: false,
+         max_model_len: 256}
+workload:
+  trace: {path: t.csv, format: csv, arrival_unit: s,
+          columns: {arrival: t, prompt_tokens: p, output_tokens: o}}
+"""
+    (tmp_path / "s.yaml").write_text(base + "  max_concurrency: 2\n")
+    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 0
+    df = pd.read_csv(tmp_path / "o" / "requests.csv").set_index("request_id")
+    want = {0: (0, 0, 10, 10), 1: (0, 0, 10, 30), 2: (10, 10, 20, 20), 3: (20, 20, 30, 40)}
+    for rid, times in want.items():
+        row = df.loc[rid]
+        np.testing.assert_allclose([row.arrival_s, row.first_scheduled_s, row.first_token_s,
+                                    row.finish_s], np.array(times) / 1e3, atol=1e-9)
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["concurrency"]["requests_max"] == 2
+    (tmp_path / "u.yaml").write_text(base)
+    assert main(["run", str(tmp_path / "u.yaml"), "--out", str(tmp_path / "p"),
+                 "--quiet"]) == 0
+    free = pd.read_csv(tmp_path / "p" / "requests.csv")
+    assert free["arrival_s"].max() == 0 and free["finish_s"].max() == pytest.approx(0.03)

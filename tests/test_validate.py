@@ -183,6 +183,8 @@ def test_bad_input_is_one_line():
     # a closed loop's request list was all at 0: every load served as a burst
     ({"arrival": {"process": "closed_loop", "concurrency": 4}}, "workload.arrival.process"),
     ({"sessions": {"turns": {"dist": "fixed", "value": 2}}}, "workload.sessions"),
+    # the engines serve without a client gate: the simulation would hold requests alone
+    ({"max_concurrency": 4}, "workload.max_concurrency"),
 ])
 def test_validate_refuses_arrivals_it_cannot_set_a_rate_for(workload, key):
     from simulator.errors import InputError

@@ -351,6 +351,37 @@ def test_closed_loop_chains():
     assert chains == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
 
 
+def test_closed_loop_first_free_sends_in_order_through_one_gate():
+    # vllm bench serve --request-rate inf --max-concurrency 3: every request is ready at
+    # 0 s, no user owns any, the client gate of 3 sends them as slots free
+    c = cfg(num_requests=10, arrival={"process": "closed_loop", "concurrency": 3,
+                                      "dispatch": "first_free"})
+    specs = build_workload(c)
+    assert [s.request_id for s in specs] == list(range(10))
+    assert all(s.after is None and s.arrival_ns == 0 for s in specs)
+    assert c.client_concurrency == 3
+    assert cfg(num_requests=10, arrival={"process": "closed_loop",
+                                         "concurrency": 3}).client_concurrency is None
+    assert cfg(num_requests=10, arrival={"process": "poisson", "rate": 2},
+               max_concurrency=5).client_concurrency == 5
+    bad = [({"think_time_s": 0.5}, "think_time_s", "must be 0 with dispatch: first_free"),
+           ({"dispatch": "any"}, "dispatch", "per_user"),
+           ({"dispatch": "first_free", "max": 1}, "max", "")]
+    for extra, key, text in bad:
+        arr = {"process": "closed_loop", "concurrency": 3, "dispatch": "first_free", **extra}
+        with pytest.raises(ValidationError, match=key) as e:
+            cfg(num_requests=10, arrival=arr)
+        assert text in str(e.value)
+    with pytest.raises(ValidationError, match="max_concurrency") as e:
+        cfg(num_requests=10, arrival={"process": "closed_loop", "concurrency": 3},
+            max_concurrency=2)
+    assert "whose concurrency bounds the requests in flight" in str(e.value)
+    with pytest.raises(ValidationError, match="sessions"):
+        cfg(num_requests=10, arrival={"process": "closed_loop", "concurrency": 3,
+                                      "dispatch": "first_free"},
+            sessions={"turns": 2})
+
+
 def test_closed_loop_with_sessions():
     c = cfg(num_requests=12,
             arrival={"process": "closed_loop", "concurrency": 2,
