@@ -266,7 +266,10 @@ def report_meta(scenario, summary: dict | None = None) -> dict:
                      + (f", {_trace_requests(summary)} requests" if summary else "")
                      + (f"; {short}" if (short := trace_shortfall(scenario, summary)) else "")
                      if wl.trace else
-                     f"{wl.num_requests} requests, arrival {wl.arrival.process}"),
+                     f"{wl.num_requests} requests, arrival {wl.arrival.process}")
+                    + (f"; at most {wl.client_concurrency} in flight, client side (held "
+                       f"requests timed from when they are sent)"
+                       if wl.client_concurrency else ""),
         "seed": wl.seed,
         "replications": scenario.sim.replications,
         "scheduling": "vLLM V1 semantics, synchronous scheduling (async_scheduling=False)",
