@@ -122,8 +122,10 @@ class Cluster:
         self._quoted: set = set()
         self._max_concurrency = max_concurrency
         self._in_flight = 0
-        self._held: deque = deque()   # specs held back by max_concurrency, in arrival order
+        self._held: deque = deque()   # (spec, held since ns) held back, in arrival order
         self._releasing = False
+        self.client_arrivals: list[int] = []   # ns each request reached the client (gated)
+        self.held_waits: list[int] = []        # ns each held request waited to be sent
 
     def next_event_ns(self, replica: Replica) -> int:
         """Earliest time anything outside ``replica`` can happen: the next arrival, a
@@ -202,13 +204,18 @@ class Cluster:
                 i += 1
         self._next_root_ns = _NEVER
 
-    def _deliver(self, spec, now: int | None = None) -> None:
+    def _deliver(self, spec, now: int | None = None, held_since: int | None = None) -> None:
+        t = self.env.now if now is None else now
         if self._max_concurrency is not None:
+            if held_since is None:
+                self.client_arrivals.append(t)
+            else:
+                self.held_waits.append(t - held_since)
             if self._in_flight >= self._max_concurrency:
-                self._held.append(spec)
+                self._held.append((spec, t if held_since is None else held_since))
                 return
             self._in_flight += 1
-        req = new_request(spec, self.env.now if now is None else now)
+        req = new_request(spec, t)
         req.cache_private = first_content_key(spec.prompt) not in self._shared_first
         req.output_private = hash(req.output_content_id) not in self._quoted
         self.router.choose(req, self.replicas).submit(
@@ -221,7 +228,8 @@ class Cluster:
             return
         self._releasing = True
         while self._held and self._in_flight < self._max_concurrency:
-            self._deliver(self._held.popleft())
+            spec, since = self._held.popleft()
+            self._deliver(spec, held_since=since)
         self._releasing = False
 
     def _on_finish(self, req: Request, t_ns: int) -> None:

@@ -76,7 +76,11 @@ def _arrival_rate(req) -> float | None:
 
 def offered_rate(result) -> float | None:
     """Offered load of a run, requests/s: the counted requests' arrival rate
-    (:func:`_arrival_rate`)."""
+    (:func:`_arrival_rate`); with a client-side limit, the rate at which requests reached
+    the client (``summary["client"]``), before the limit held any back."""
+    client = result.summary.get("client") or {}
+    if client.get("offered_rate"):
+        return client["offered_rate"]
     req = result.requests
     return _arrival_rate(req[~req["warmup"]]) if len(req) else None
 
@@ -202,6 +206,12 @@ def job_output(result) -> dict:
         rates = (taken, s.get("request_throughput") or 0.0) if taken else None
     stable = rates is None or rates[1] >= STABLE_FRACTION * rates[0] \
         or not backlog_grows(result)
+    client = s.get("client") or {}
+    if client.get("offered_rate") and len(result.requests) > 1:
+        # a client limit keeps the engine's queue short however far behind it falls: the
+        # requests then go out slower than they reach the client
+        sent = _arrival_rate(result.requests)
+        stable = stable and sent is not None and sent >= STABLE_FRACTION * offered
     return {"summary": s, "offered_rate": offered, "stable": bool(stable)}
 
 

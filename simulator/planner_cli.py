@@ -305,16 +305,16 @@ def _misfits(table, keys: list[str], most: int = 3) -> dict[str, str]:
 def _knee_text(table, knee: dict, first: str) -> str:
     """A knee's value (of the first axis ``first``), or why a line has none (every point
     unstable, rejecting, ramp-up only or not fitting)."""
-    from .sweep import CONCURRENCY, DOES_NOT_FIT, RAMP_ONLY
+    from .sweep import DOES_NOT_FIT, RAMP_ONLY, SATURATING
 
     line = table
     for a, v in knee.items():
         if a != "knee":
             line = line[line[a] == v]
     if knee["knee"] is not None:   # as --set takes it (16384, not 16,384)
-        last = first == CONCURRENCY and knee["knee"] == line[first].max() and len(line) > 1
+        last = first in SATURATING and knee["knee"] == line[first].max() and len(line) > 1
         return _fmt_value(knee["knee"]) + (" (the largest swept: throughput may still grow "
-                                           "with more users)" if last else "")
+                                           "with more in flight)" if last else "")
     if len(line) and (line["stability"] == DOES_NOT_FIT).all():
         return "none (no point fits its GPU)"
     if len(line) and (line["stability"] == RAMP_ONLY).all():

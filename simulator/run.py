@@ -126,6 +126,8 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
         "engine_steps": sum(s.num_steps for s in stats),
         "turns_not_sent": cluster.turns_not_sent,
     }
+    if scenario.workload.client_concurrency is not None:
+        extra["client"] = client_figures(cluster, scenario.workload.client_concurrency)
     result = metrics.finalize(slo=scenario.slo.model_dump(exclude_none=True), extra=extra)
     if scenario.sim.warmup_requests and scenario.engine.enable_prefix_caching:
         # The schedulers counted every admission; the figures leave warm-up requests out,
@@ -161,6 +163,35 @@ def host_memory_bytes() -> int:
     import os
 
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def client_figures(cluster, limit: int) -> dict:
+    """The client side of a run with a concurrency limit: ``{max_concurrency, held_requests,
+    wait_mean_s, wait_max_s, offered_rate}``; waits of the held requests, and the rate
+    at which requests reached the client (req/s over the span of those times; None for
+    fewer than two or a burst at one instant), the load the engine is offered before the
+    limit holds any back."""
+    waits = np.asarray(cluster.held_waits, dtype=np.float64) / 1e9
+    t = cluster.client_arrivals
+    span = (max(t) - min(t)) / 1e9 if len(t) > 1 else 0.0
+    return {"max_concurrency": limit, "held_requests": int(waits.size),
+            "wait_mean_s": float(waits.mean()) if waits.size else 0.0,
+            "wait_max_s": float(waits.max()) if waits.size else 0.0,
+            "offered_rate": (len(t) - 1) / span if span > 0 else None}
+
+
+def client_warning(summary: dict) -> str | None:
+    """What a client-side limit that held requests leaves out of the figures (None when
+    it held none, or had no arrival rate to hold them against: a first_free closed loop)."""
+    c = summary.get("client")
+    if not c or not c["held_requests"] or c["offered_rate"] is None:
+        return None
+    return (f"workload.max_concurrency {c['max_concurrency']} held {c['held_requests']} "
+            f"requests at the client (waits: mean {c['wait_mean_s']:.3g} s, max "
+            f"{c['wait_max_s']:.3g} s); TTFT and E2EL count from the send, as vllm bench "
+            f"serve times them, and leave those waits out. Requests reached the client at "
+            f"{c['offered_rate']:.3g} req/s; served: "
+            f"{summary.get('request_throughput') or 0:.3g} req/s")
 
 
 def memory_warning(scenario, physical_bytes: int | None = None) -> str | None:

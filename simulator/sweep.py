@@ -364,6 +364,9 @@ def setup_warnings(scenarios) -> list[str]:
 #: throughput). Any other numeric key adds capacity or changes the engine (replicas,
 #: max_num_seqs, blocks): its knee is the lowest stable value, the least that keeps up.
 RATE, CONCURRENCY = "workload.arrival.rate", "workload.arrival.concurrency"
+#: Keys whose knee is where throughput saturates: users of a closed loop, and a
+#: client-side limit (each value caps what is in flight, as users do).
+SATURATING = (CONCURRENCY, "workload.max_concurrency")
 SATURATION_SHARE = 0.95
 
 
@@ -371,7 +374,7 @@ def knee_title(key: str) -> str:
     """What a sweep's knee over ``key`` is, as printed before its value: ``highest stable
     workload.arrival.rate``, ``throughput saturates (>= 95% of the highest) at
     workload.arrival.concurrency`` or ``lowest stable cluster.replicas``."""
-    if key == CONCURRENCY:
+    if key in SATURATING:
         return f"throughput saturates (>= {SATURATION_SHARE:.0%} of the highest) at {key}"
     return f"{'highest' if key == RATE else 'lowest'} stable {key}"
 
@@ -393,7 +396,7 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     for line, df in _lines(table, others):
         ok = df["stability"] == "stable" if "stability" in df else df["stable"].astype(bool)
         stable = df[ok]
-        if x == CONCURRENCY and len(stable):
+        if x in SATURATING and len(stable):
             tput = stable["request_throughput"]
             stable = stable[tput >= SATURATION_SHARE * tput.max()]
         knee = (stable[x].max() if x == RATE else stable[x].min()) if len(stable) else None
@@ -431,5 +434,5 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
 
 
 __all__ = ["CONCURRENCY", "DOES_NOT_FIT", "RAMP_ONLY", "RATE", "SATURATION_SHARE",
-           "STABILITY", "SweepResult", "derive", "grid", "knee_title", "knees",
+           "SATURATING", "STABILITY", "SweepResult", "derive", "grid", "knee_title", "knees",
            "setup_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]

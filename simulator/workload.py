@@ -544,7 +544,7 @@ class WorkloadConfig(BaseModel):
     max_concurrency: Optional[int] = Field(None, ge=1, le=100_000_000, description=(
         "most requests in flight at once, client side (vllm bench serve --max-concurrency): "
         "one that arrives while that many are in flight is held and sent when one "
-        "finishes, and timed from then"))
+        "finishes, and timed from then; not with sessions or a closed loop"))
 
     @model_validator(mode="before")
     @classmethod
@@ -573,6 +573,10 @@ class WorkloadConfig(BaseModel):
             if self.prefix is not None and self.trace.format == "mooncake":
                 raise ValueError("prefix not allowed with a mooncake trace "
                                  "(its hash_ids give the prompt content)")
+        if self.max_concurrency is not None and self.sessions is not None:
+            raise SubkeyError("max_concurrency", "not allowed with sessions (a "
+                              "conversation's load is judged from its turns' arrivals, "
+                              "which a client-side limit would shift)")
         if isinstance(self.arrival, ClosedLoopArrival):
             if self.max_concurrency is not None:
                 raise SubkeyError("max_concurrency", "not allowed with a closed_loop arrival, "

@@ -1,6 +1,6 @@
 """Fast-forwarded runs equal step-by-step runs (``sim.exact_steps``) exactly.
 
-Randomised scenarios with prefix sharing, sessions (follow-ups released by finishes), a
+Randomised scenarios with prefix sharing, sessions (follow-ups released by finishes) or a
 client-side max_concurrency (held requests sent at finishes), KV-cache pressure
 (preemption) and several replicas behind each router.
 """
@@ -26,7 +26,7 @@ def scenarios(draw):
                    "groups": draw(st.integers(1, 4)), "popularity": "zipf", "zipf_s": 1.1},
     }
     gate = draw(st.sampled_from([None, None, 1, 3, 8]))
-    if gate is not None:   # a client-side limit: held requests go out at finishes
+    if gate is not None and not sessions:   # a client limit: held ones go out at finishes
         wl["max_concurrency"] = gate
     if sessions:
         wl["sessions"] = {"turns": {"dist": "uniform", "min": 1, "max": 4},

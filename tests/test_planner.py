@@ -189,6 +189,12 @@ def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path,
     assert knees(c, ["workload.arrival.concurrency", "cluster.replicas"]) == [
         {"cluster.replicas": 1, "knee": 256}, {"cluster.replicas": 2, "knee": 256}]
     assert knee_title("workload.arrival.concurrency").startswith("throughput saturates")
+    # a client-side limit caps what is in flight as users do: the same rule, among the
+    # stable points (a limit whose sends fall behind the arrivals is unstable)
+    m = c.rename(columns={"workload.arrival.concurrency": "workload.max_concurrency"})
+    assert knees(m, ["workload.max_concurrency", "cluster.replicas"])[0] == {
+        "cluster.replicas": 1, "knee": 256}
+    assert knee_title("workload.max_concurrency").startswith("throughput saturates")
     from simulator.planner_cli import _knee_text
     # still rising at the largest swept (14.8 -> 20.0): the knee says the sweep stopped early
     rising = c[c["workload.arrival.concurrency"] <= 256]
@@ -196,7 +202,7 @@ def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path,
         "cluster.replicas": 2, "knee": 256}
     assert _knee_text(rising, {"cluster.replicas": 2, "knee": 256},
                       "workload.arrival.concurrency") == "256 (the largest swept: " \
-        "throughput may still grow with more users)"
+        "throughput may still grow with more in flight)"
     assert _knee_text(c, {"cluster.replicas": 1, "knee": 256},
                       "workload.arrival.concurrency") == "256"
     y = tmp_path / "k.yaml"

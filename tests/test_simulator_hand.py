@@ -191,8 +191,40 @@ workload:
                                     row.finish_s], np.array(times) / 1e3, atol=1e-9)
     s = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert s["concurrency"]["requests_max"] == 2
+    # r2 held 0 -> 10 ms, r3 0 -> 20 ms; all reached the client at 0 s: no rate
+    assert s["client"] == {"max_concurrency": 2, "held_requests": 2,
+                           "wait_mean_s": pytest.approx(0.015), "wait_max_s": 0.02,
+                           "offered_rate": None}
     (tmp_path / "u.yaml").write_text(base)
     assert main(["run", str(tmp_path / "u.yaml"), "--out", str(tmp_path / "p"),
                  "--quiet"]) == 0
     free = pd.read_csv(tmp_path / "p" / "requests.csv")
     assert free["arrival_s"].max() == 0 and free["finish_s"].max() == pytest.approx(0.03)
+
+
+def test_a_client_limit_that_falls_behind_its_arrivals_is_unstable_and_said():
+    """Poisson at 50 req/s of 10-token answers on 10 ms steps: one in flight serves about
+    9 req/s, so the client's sends fall behind its arrivals (unstable; the engine's own
+    queue never grows); 64 in flight keep up. The run's warning gives the held count."""
+    from simulator.executors import job_output
+    from simulator.run import client_warning, simulate
+    from simulator.scenario import scenario_from_dict
+    d = {"name": "c", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+         "engine": {"max_num_seqs": 64, "max_model_len": 256},
+         "workload": {"seed": 1, "num_requests": 300, "max_concurrency": 1,
+                      "arrival": {"process": "poisson", "rate": 50},
+                      "prompt_tokens": {"dist": "fixed", "value": 8},
+                      "output_tokens": {"dist": "fixed", "value": 10}}}
+    r = simulate(scenario_from_dict(d))
+    c = r.summary["client"]
+    out = job_output(r)
+    assert not out["stable"] and out["offered_rate"] == pytest.approx(c["offered_rate"])
+    assert 40 < c["offered_rate"] < 60 and c["held_requests"] > 250
+    assert r.summary["request_throughput"] < 10   # 0.1 s per request, one at a time
+    w = client_warning(r.summary)
+    assert w.startswith(f"workload.max_concurrency 1 held {c['held_requests']} requests "
+                        f"at the client")
+    d["workload"]["max_concurrency"] = 64
+    r = simulate(scenario_from_dict(d))
+    assert job_output(r)["stable"] and r.summary["client"]["held_requests"] == 0
+    assert client_warning(r.summary) is None
