@@ -905,8 +905,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             # vLLM's --num-gpu-blocks-override is not checked against memory either: the
             # cache allocation fails at start-up; the run is a what-if of a larger GPU
             setup_warning = (f"{text} is more than the {blocks} blocks {memory}; vLLM would "
-                          f"fail to allocate that KV cache, so this run describes a GPU with "
-                          f"more memory")
+                             f"fail to allocate that KV cache, so this run describes a GPU with "
+                             f"more memory")
             text += f"; more than the {blocks} blocks {memory}"
         return eng.num_gpu_blocks, text
 

@@ -15,6 +15,7 @@ from .cluster import Cluster
 from .cost_model import build_cost_model
 from .errors import InputError, KeyedInputError
 from .metrics import MetricsCollector, RunResult, combine_replications, round_sig
+from .policy import NS_PER_S
 from .session_ramp import session_ramp
 from .workload import build_workload
 
@@ -171,9 +172,9 @@ def client_figures(cluster, limit: int) -> dict:
     at which requests reached the client (req/s over the span of those times; None for
     fewer than two or a burst at one instant), the load the engine is offered before the
     limit holds any back."""
-    waits = np.asarray(cluster.held_waits, dtype=np.float64) / 1e9
+    waits = np.asarray(cluster.held_waits, dtype=np.float64) / NS_PER_S
     t = cluster.client_arrivals
-    span = (max(t) - min(t)) / 1e9 if len(t) > 1 else 0.0
+    span = (max(t) - min(t)) / NS_PER_S if len(t) > 1 else 0.0
     return {"max_concurrency": limit, "held_requests": int(waits.size),
             "wait_mean_s": float(waits.mean()) if waits.size else 0.0,
             "wait_max_s": float(waits.max()) if waits.size else 0.0,
