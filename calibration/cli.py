@@ -208,15 +208,17 @@ def profile_out(args) -> tuple[Path, str]:
     """``(--out path, profile name)`` of a calibration (``--name`` or the file's stem).
 
     Raises:
-        InputError: ``--out`` empty, not a ``.yaml`` file or under a file, ``--report-dir`` a
-            file or under one, or a name with other characters than letters, digits, '.',
-            '_' and '-'.
+        InputError: ``--out`` empty, a folder, not a ``.yaml`` file or under a file,
+            ``--report-dir`` a file or under one, or a name with other characters than
+            letters, digits, '.', '_' and '-'.
     """
     if not args.out.strip():   # Path("") is ".", which the suffix check would name
         raise InputError("--out: empty path (give the profile's .yaml file)")
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         raise InputError(f"--out: {out} must end in .yaml (the profile file)")
+    if out.is_dir():   # found before the calibration runs, not when the profile is saved
+        raise InputError(f"--out: {out} is a folder; give the profile's .yaml file")
     check_folder(out.parent, "--out", named=out)
     report_dir = getattr(args, "report_dir", None)
     if report_dir is not None:   # "" too: an empty path

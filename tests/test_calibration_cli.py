@@ -173,6 +173,16 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_measuring(tiny_g
     assert measured == []
 
 
+def test_an_out_that_is_a_folder_is_refused_before_measuring(tiny_grid, tmp_path):
+    # it once failed only when the profile was saved, after the whole grid
+    (tmp_path / "p.yaml").mkdir()
+    measured = []
+    with pytest.raises(InputError, match=r"^--out: .*p\.yaml is a folder; give the "
+                                         r"profile's \.yaml file$"):
+        run_calibrate(tmp_path / "p.yaml", measured.append)
+    assert measured == []
+
+
 @pytest.mark.parametrize("flags, said", [
     (["--out", ""], "--out: empty path (give the profile's .yaml file)"),   # was ". must end"
     (["--out", "{tmp}/p.yaml", "--report-dir", ""], "--report-dir: empty path (give a folder)"),
