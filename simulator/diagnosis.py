@@ -8,6 +8,8 @@ limits a vLLM operator can turn, in this order:
 * ``max_model_len``: rejected requests (they fail the SLO whatever else changes).
 * ``session_ramp``: conversations that ended before they built up their load
   (:mod:`simulator.session_ramp`): nothing can be said of that load, so this comes first.
+* ``client_concurrency``: a client-side ``workload.max_concurrency`` whose sends fall
+  behind the arrivals while the engine has free slots: the client, not the engine, binds.
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
   shared share of the prompts (under half; under :data:`SCATTERED_HITS` of it behind a
   router that ignores prefixes, which scatters prefix groups and conversations' histories
@@ -384,7 +386,8 @@ ALL_METRICS = (*FLOOR_METRICS, "queue_ms")
 MOVES = {"max_num_seqs": WAIT_METRICS, "max_num_batched_tokens": WAIT_METRICS,
          "kv_capacity": ALL_METRICS, "compute": ALL_METRICS,
          "prefill_interference": ("itl_ms", "tpot_ms", "e2el_ms"),
-         "prefix_cache": ALL_METRICS, "router": ALL_METRICS}
+         "prefix_cache": ALL_METRICS, "router": ALL_METRICS,
+         "client_concurrency": ALL_METRICS}
 
 
 def _moves(finding: dict, metrics) -> bool:
@@ -759,6 +762,19 @@ def find_limits(scenario, result) -> dict:
             f"last {ramp['conversation_s']:.4g} s each: the run ended before they built up "
             f"their load (about {ramp['steady_request_rate']:.4g} req/s)",
             f"raise workload.num_requests to at least {ramp['num_requests_needed']}"))
+    client = s.get("client") or {}
+    if (client.get("held_requests") and client.get("offered_rate") and not stable
+            and running_max < scenario.max_num_seqs):
+        # the client's limit, not the engine, falls behind: slots stand free while it holds
+        n = client["max_concurrency"]
+        head.insert(0, _finding(
+            "client_concurrency", f"workload.max_concurrency {n} held "
+            f"{client['held_requests']} requests at the client (waits up to "
+            f"{client['wait_max_s']:.3g} s): {achieved or 0:.3g} of "
+            f"{client['offered_rate']:.3g} req/s served while at most {running_max} of "
+            f"max_num_seqs {scenario.max_num_seqs} ran per replica",
+            "raise workload.max_concurrency (the client sends too few at once)",
+            f"workload.max_concurrency={2 * n}"))
     rejected = s.get("rejected") or 0
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
         capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len

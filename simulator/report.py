@@ -263,6 +263,7 @@ _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
            "long prefills stalling decodes", "prefix_cache": "prefix-cache misses",
            "router": "router (round_robin ignores the replicas' load)",
            "session_ramp": "not known: the run ended in its conversations' ramp-up",
+           "client_concurrency": "the client's max_concurrency (requests held back)",
            "none": "none: headroom at this load"}
 
 

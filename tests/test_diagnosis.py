@@ -1175,3 +1175,21 @@ def test_the_fewest_replicas_are_found_by_plan_or_for_what_plan_refuses_by_a_swe
     line = diagnosis_line({"binding": "compute", "counterfactual": cf, "findings": [],
                            "sizer": replica_sizer(other)})
     assert "; servesim sweep --set cluster.replicas=1,2,3,... finds the fewest replicas" in line
+
+
+def test_a_client_limit_that_falls_behind_binds_before_the_engine():
+    # Poisson 50 req/s, one in flight at a time: 10 ms steps serve about 10 req/s
+    # (10-token answers), while 64 slots stand free: raising the limit, not replicas,
+    # moves the throughput (twice the limit, twice the requests served).
+    s = sc({"max_num_seqs": 64}, {"constant_s": 0.01}, 50, prompt=8, out=10, n=300)
+    s = scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                            "workload": {**s.workload.model_dump(mode="python",
+                                                                 exclude_none=True),
+                                         "max_concurrency": 1}})
+    d = diagnose(s, simulate(s))
+    assert d["binding"] == "client_concurrency"
+    assert d["findings"][0]["evidence"].startswith(
+        "workload.max_concurrency 1 held ")
+    cf = d["counterfactual"]
+    assert cf["change"] == "workload.max_concurrency=2" and cf["moved"]
+    assert cf["after"] == pytest.approx(2 * cf["before"], rel=0.05)
