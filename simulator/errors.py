@@ -66,6 +66,25 @@ class DoesNotFit(InputError):
         return type(self), (str(self), self.detail)
 
 
+class Refused(InputError):
+    """A scenario whose settings are each valid but that vLLM refuses to start with together
+    (max_num_batched_tokens below max_num_seqs, or below max_model_len with chunked prefill
+    off; a tensor_parallel that does not divide the heads; ...). A sweep or plan shows such
+    a point as a row (``invalid config``) beside the points that run.
+
+    Attributes:
+        detail: the key and why, without the file, line or flag.
+        scenario: the scenario as read (every field set; None once sent from a worker).
+    """
+
+    def __init__(self, message: str, detail: str, scenario=None):
+        super().__init__(message)
+        self.detail, self.scenario = detail, scenario
+
+    def __reduce__(self):   # a worker process sends it back without the scenario
+        return type(self), (str(self), self.detail)
+
+
 class KeyedDoesNotFit(KeyedInputError):
     """:class:`DoesNotFit` at a known key, before the scenario names its line or flag."""
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from .errors import InputError
+from .errors import InputError, Refused
 from .executors import Job
 from .metrics import combine_replications
 from .search import (SearchResult, _worst_slo, drive, evaluate, max_rate_search,
@@ -85,7 +85,8 @@ def expand_candidates(scenario) -> list[Candidate]:
 
     Prices: ``plan.prices[gpu]`` sets ``hardware.price_per_gpu_hour`` unless the scenario or
     the candidate sets it. A candidate whose cost model cannot be built (no room for a KV
-    cache, ...) is kept with its ``error``.
+    cache, ...) or whose settings vLLM refuses together
+    (:class:`~simulator.errors.Refused`) is kept with its ``error``.
 
     Raises:
         InputError: the first candidate's error when no candidate can run; a candidate key
@@ -128,10 +129,15 @@ def expand_candidates(scenario) -> list[Candidate]:
             f"{scenario.hardware.price_per_gpu_hour:g} and plan.prices.{both[0]} "
             f"({cfg.prices[both[0]]:g}) both price {both[0]}: give one"),
             depends=("plan.prices",))
-    first_error = None
+    first_error, refused = None, False
     for point in points:
         try:
             sc = derive(scenario, _point_overrides(point))
+        except Refused as e:   # kept with its error, as a candidate that does not fit
+            out.append(Candidate(point, e.scenario, error=e.detail))
+            refused = True
+            first_error = first_error or InputError(_candidate_error(scenario, point, str(e)))
+            continue
         except InputError as e:
             raise InputError(_candidate_error(scenario, point, str(e))) from None
         gpu = sc.hardware.profile
@@ -157,7 +163,7 @@ def expand_candidates(scenario) -> list[Candidate]:
         out.append(c)
     _check_prices(scenario, {c.scenario.hardware.profile for c in out})
     if all(c.error for c in out):   # nothing to plan with: the input is at fault (as sweep)
-        if not axes:
+        if not axes or (len(out) == 1 and refused):   # its own error names its values
             raise first_error
         raise InputError(f"{_candidate_where(scenario)}: no candidate can run ("
                          f"{out[0].label}: {out[0].error}"

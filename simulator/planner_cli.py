@@ -8,7 +8,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import InputError
+from .errors import InputError, Refused
 from .files import check_folder, out_folder
 from .executors import EXECUTORS
 from .session_ramp import RAMP_TEXT
@@ -116,7 +116,7 @@ def _short(v, cents: bool = False) -> str:
 _STATUS = {"cheapest feasible": "best", "feasible": "ok", "infeasible": "fails SLO"}
 # Terminal words for the sweep's stability column; sweep.csv keeps the full label.
 _STABILITY = {"rejects requests": "rejects", "does not fit": "no fit",
-              "ramp-up only": "ramp-up"}
+              "ramp-up only": "ramp-up", "invalid config": "invalid"}
 _CI_NOTES = {"–": "– in a 95% CI column: no interval (one replication, or no rate to "
                   "bound)",
              "≤": "≤x or ≥x: only one end of the 95% CI is known (the rate search bounded "
@@ -236,6 +236,10 @@ def _cmd_sweep(args) -> int:
              if axes else [])
     try:
         scenario = load_scenario(args.scenario, plain, then=first)
+    except Refused as e:   # the first point alone may be refused: sweep() shows it as a row
+        if not axes:
+            raise with_sweep_hint(e, plain, "sweep") from None
+        scenario = e.scenario
     except InputError as e:
         raise with_sweep_hint(e, plain, "sweep") from None
     if not axes:
@@ -271,8 +275,8 @@ def _cmd_sweep(args) -> int:
         print("offered req/s (conversations): the request rate the conversations build up "
               "to, the conversation rate × the mean turns; served req/s is over the whole "
               "run, its ramp-up and wind-down included")
-    for note, points in _misfits(res.table, list(axes)).items():
-        print(f"no fit ({points}): {note}")
+    for (label, note), points in _misfits(res.table, list(axes)).items():
+        print(f"{_STABILITY[label]} ({points}): {note}")
     first = list(axes)[0]
     for k in res.knees:   # per line: sweep.knees
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in k.items() if a != "knee")
@@ -287,36 +291,41 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
-def _misfits(table, keys: list[str], most: int = 3) -> dict[str, str]:
-    """Per reason a point does not fit its GPU, the points' swept values (``TP=1; TP=2``),
-    the first ``most`` and how many more."""
-    from .sweep import DOES_NOT_FIT
+def _misfits(table, keys: list[str], most: int = 3) -> dict[tuple[str, str], str]:
+    """Per stability label of the points not run (does not fit its GPU, invalid config) and
+    reason, the points' swept values (``TP=1; TP=2``), the first ``most`` and how many
+    more."""
+    from .sweep import NOT_RUN
 
-    out: dict[str, list[str]] = {}
+    out: dict[tuple[str, str], list[str]] = {}
     if "note" not in table:
         return {}
-    for _, r in table[table["stability"] == DOES_NOT_FIT].iterrows():
-        out.setdefault(r["note"], []).append(
+    for _, r in table[table["stability"].isin(NOT_RUN)].iterrows():
+        out.setdefault((r["stability"], r["note"]), []).append(
             ", ".join(f"{k.split('.')[-1]}={_fmt_value(r[k])}" for k in keys))
-    return {note: "; ".join(p[:most]) + (f"; {len(p) - most} more" if len(p) > most else "")
-            for note, p in out.items()}
+    return {why: "; ".join(p[:most]) + (f"; {len(p) - most} more" if len(p) > most else "")
+            for why, p in out.items()}
 
 
 def _knee_text(table, knee: dict, first: str) -> str:
     """A knee's value (of the first axis ``first``), or why a line has none (every point
     unstable, rejecting, ramp-up only or not fitting)."""
-    from .sweep import DOES_NOT_FIT, RAMP_ONLY, SATURATING
+    from .sweep import DOES_NOT_FIT, NOT_RUN, RAMP_ONLY, SATURATING
 
     line = table
     for a, v in knee.items():
         if a != "knee":
             line = line[line[a] == v]
     if knee["knee"] is not None:   # as --set takes it (16384, not 16,384)
-        last = first in SATURATING and knee["knee"] == line[first].max() and len(line) > 1
+        # (null, no client limit, was swept too: what more in flight gives is known)
+        last = (first in SATURATING and knee["knee"] == line[first].max() and len(line) > 1
+                and line[first].notna().all())
         return _fmt_value(knee["knee"]) + (" (the largest swept: throughput may still grow "
                                            "with more in flight)" if last else "")
     if len(line) and (line["stability"] == DOES_NOT_FIT).all():
         return "none (no point fits its GPU)"
+    if len(line) and line["stability"].isin(NOT_RUN).all():
+        return "none (no point runs: vLLM refuses their settings or they do not fit)"
     if len(line) and (line["stability"] == RAMP_ONLY).all():
         return f"none (every point is ramp-up only: {RAMP_TEXT})"
     if len(line) and (line["stability"] == "rejects requests").all():

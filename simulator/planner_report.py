@@ -84,16 +84,17 @@ def plot_sweep(result) -> bytes:
     per combination of the other swept keys; points not ``stable`` (unstable, or
     rejecting requests) marked ×. Up to :data:`MAX_LEGEND` combinations are named in a
     legend; past that (a legend taller than the plot) a note points to ``sweep.csv``.
-    Points that do not fit their GPU are not run: no line or legend entry."""
+    Points that do not fit their GPU or whose settings vLLM refuses are not run: no line or
+    legend entry."""
     return _png(sweep_figure(result))
 
 
 def sweep_figure(result) -> Figure:
     """The figure :func:`plot_sweep` draws (two axes: TTFT, TPOT)."""
-    from .sweep import DOES_NOT_FIT
+    from .sweep import NOT_RUN
 
     t = result.table
-    t = t[t["stability"] != DOES_NOT_FIT]   # not run: nothing to draw (sweep.csv says why)
+    t = t[~t["stability"].isin(NOT_RUN)]   # not run: nothing to draw (sweep.csv says why)
     keys = list(result.axes)
     others = keys[1:]
     fig = Figure(figsize=(11, 4.5), layout="constrained")
@@ -151,7 +152,9 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                      "conversation rate × the mean turns), and a point is *ramp-up only* when "
                      f"{RAMP_TEXT} (to at least twice a conversation's length of openings). A "
                      "point *does not fit* when its model and KV cache do not fit its GPU's "
-                     "memory (vLLM would not start): it is not run, and `note` says why.")]
+                     "memory (vLLM would not start), and *invalid config* when vLLM refuses "
+                     "its settings together (max_num_batched_tokens below max_num_seqs, "
+                     "...): neither is run, and `note` says why.")]
     b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))
     first = list(result.axes)[0]
     if result.knees:   # none for a first axis that is not numeric (a router, a GPU)

@@ -38,7 +38,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import ModelShape, load_model
-from .errors import STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, SubkeyError
+from .errors import (STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, Refused,
+                     SubkeyError)
 from .files import load_yaml, read_small_text, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
@@ -194,14 +195,6 @@ class EngineConfig(_Strict):
         "and must be at least that (vllm serve --no-enable-chunked-prefill)"))
 
     _vllm_block_size = field_validator("block_size")(vllm_block_size)
-
-    @model_validator(mode="after")
-    def _budget_covers_seqs(self):
-        if None not in (self.max_num_batched_tokens, self.max_num_seqs) \
-                and self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
-                             f">= max_num_seqs ({self.max_num_seqs}), as vLLM requires")
-        return self
 
 
 class ClusterConfig(_Strict):
@@ -685,9 +678,23 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
 
 
 def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
-    """Checks that need the resolved model."""
+    """Checks that need the resolved model.
+
+    Raises:
+        Refused: settings each valid that vLLM refuses together (raised after the other
+            checks, so that a point of a sweep is skipped for it only when nothing else
+            is wrong).
+        InputError: any other error.
+    """
+    refusals = []
+
     def fail(loc: tuple, msg: str, also=()):
         raise InputError(_prefix(loc, sc.source, origins, msg, text, also)) from None
+
+    def refuse(loc: tuple, msg: str, also=()):
+        if not refusals:
+            refusals.append(Refused(_prefix(loc, sc.source, origins, msg, text, also),
+                                    f"{'.'.join(loc)}: {msg}", sc))
 
     try:
         shape = sc.model_shape
@@ -706,41 +713,43 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
              f"the network, which it does not model); at most {MAX_TP}, with more replicas "
              f"for more capacity", also=("hardware.profile",))
     if shape.num_attention_heads % tp:
-        fail(("hardware", "tensor_parallel"),
-             f"{tp} does not divide the model's num_attention_heads "
-             f"({shape.num_attention_heads}), as vLLM requires", also=("model",))
+        refuse(("hardware", "tensor_parallel"),
+               f"{tp} does not divide the model's num_attention_heads "
+               f"({shape.num_attention_heads}), as vLLM requires", also=("model",))
     mnbt, mns = sc.max_num_batched_tokens, sc.max_num_seqs
     if mnbt < mns:
-        fail(("engine",), f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}), "
-                          f"as vLLM requires")
+        refuse(("engine",), f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs "
+                            f"({mns}), as vLLM requires")
     if not sc.engine.enable_chunked_prefill and mnbt < sc.max_model_len:
-        fail(("engine", "max_num_batched_tokens"),
-             f"{mnbt} is smaller than max_model_len ({sc.max_model_len}) with "
-             f"enable_chunked_prefill false: a longer prompt could never be scheduled; vLLM "
-             f"requires max_num_batched_tokens >= max_model_len (raise it, lower "
-             f"max_model_len, or leave max_num_batched_tokens unset)",
-             also=("engine.enable_chunked_prefill", "engine.max_model_len", "model"))
+        refuse(("engine", "max_num_batched_tokens"),
+               f"{mnbt} is smaller than max_model_len ({sc.max_model_len}) with "
+               f"enable_chunked_prefill false: a longer prompt could never be scheduled; "
+               f"vLLM requires max_num_batched_tokens >= max_model_len (raise it, lower "
+               f"max_model_len, or leave max_num_batched_tokens unset)",
+               also=("engine.enable_chunked_prefill", "engine.max_model_len", "model"))
     if sc.engine.max_model_len and sc.engine.max_model_len > shape.max_position_embeddings:
-        fail(("engine", "max_model_len"),
-             f"{sc.engine.max_model_len} is longer than the model's max_position_embeddings "
-             f"({shape.max_position_embeddings})", also=("model",))
+        refuse(("engine", "max_model_len"),
+               f"{sc.engine.max_model_len} is longer than the model's "
+               f"max_position_embeddings ({shape.max_position_embeddings})", also=("model",))
     lpt = sc.engine.long_prefill_token_threshold
     if lpt > sc.max_model_len:   # vLLM's check, against the length before any KV cap
-        fail(("engine", "long_prefill_token_threshold"),
-             f"{lpt} cannot be greater than max_model_len ({sc.max_model_len}), as vLLM "
-             f"requires", also=("engine.max_model_len", "model"))
+        refuse(("engine", "long_prefill_token_threshold"),
+               f"{lpt} cannot be greater than max_model_len ({sc.max_model_len}), as vLLM "
+               f"requires", also=("engine.max_model_len", "model"))
     prefix = sc.workload.prefix
     if prefix is not None and prefix.shared_tokens >= sc.max_model_len:
         # every prompt starts with it and has a token of its own: vLLM refuses them all
-        fail(("workload", "prefix", "shared_tokens"),
-             f"{prefix.shared_tokens} tokens leave no prompt under max_model_len "
-             f"({sc.max_model_len}): every request would be rejected; must be < "
-             f"{sc.max_model_len}", also=("engine.max_model_len", "model"))
+        refuse(("workload", "prefix", "shared_tokens"),
+               f"{prefix.shared_tokens} tokens leave no prompt under max_model_len "
+               f"({sc.max_model_len}): every request would be rejected; must be < "
+               f"{sc.max_model_len}", also=("engine.max_model_len", "model"))
     n, warm = sc.workload.num_requests, sc.sim.warmup_requests
     if n is not None and warm >= n:   # a trace's count is known only once it is read
         fail(("sim", "warmup_requests"), f"{warm} leaves none of the {n} requests "
              f"(workload.num_requests) to measure: must be < {n}",
              also=("workload.num_requests",))
+    if refusals:
+        raise refusals[0]
 
 
 def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .errors import InputError
+from .errors import InputError, Refused
 from .executors import Job
 from .files import load_yaml
 from .scenario import given_twice, split_override
@@ -192,15 +192,15 @@ class SweepResult:
             ``rejected`` (requests rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
             ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications. A point
-            whose model and KV cache do not fit its GPU is not run: its ``stability`` is
-            :data:`DOES_NOT_FIT`, ``note`` says why (a column only then), its figures
-            are empty.
+            whose model and KV cache do not fit its GPU, or whose settings vLLM refuses
+            together, is not run: its ``stability`` is :data:`DOES_NOT_FIT` or
+            :data:`INVALID`, ``note`` says why (a column only then), its figures are
+            empty.
         knees: per line (combination of the other axes), the first axis's knee
             (:func:`knees`: the highest stable rate, the concurrency where throughput
             saturates, the lowest stable value of a capacity key such as replicas):
             ``[{...other axis values, "knee": value}]`` (``None`` when there is none).
-        summaries: per point, the replication summaries (none for a point that does
-            not fit).
+        summaries: per point, the replication summaries (none for a point not run).
         warnings: distinct cost-model warnings of the points (an engine.num_gpu_blocks
             beyond what the GPU's memory holds).
         met_at: per line, the first axis's values meeting every SLO on a stable run
@@ -224,12 +224,19 @@ _SWEEP_FIGURES = [("request_throughput",), ("output_throughput",), ("goodput",),
 #: A sweep point whose model and KV cache do not fit its GPU (not run; why in ``note``).
 DOES_NOT_FIT = "does not fit"
 
+#: A sweep point whose settings vLLM refuses together (:class:`~simulator.errors.Refused`;
+#: not run; why in ``note``).
+INVALID = "invalid config"
+
+#: Values of ``stability`` of the points that are not run.
+NOT_RUN = (DOES_NOT_FIT, INVALID)
+
 #: A sweep point of open-loop conversations that ended before they built up their load
 #: (:func:`simulator.session_ramp.session_ramp`): too short to judge.
 RAMP_ONLY = "ramp-up only"
 
 #: Values of the sweep table's ``stability`` column.
-STABILITY = ("stable", "unstable", "rejects requests", RAMP_ONLY, DOES_NOT_FIT)
+STABILITY = ("stable", "unstable", "rejects requests", RAMP_ONLY, DOES_NOT_FIT, INVALID)
 
 
 def stability_label(stable: bool, rejected: float, steady: bool = True) -> str:
@@ -270,9 +277,16 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         points = grid(axes)
     except ValueError as e:
         raise InputError(f"--set: the swept values make {e}") from None
-    scs = [derive(scenario, typed_overrides(p), Path.cwd())   # values typed on the CLI
-           for p in grid(axes, parse=False)]
-    misfits = [_does_not_fit(sc) for sc in scs]
+    scs, misfits = [], []
+    for p in grid(axes, parse=False):
+        try:
+            sc = derive(scenario, typed_overrides(p), Path.cwd())   # values typed on the CLI
+        except Refused as e:   # a row of its own, as a point that does not fit
+            scs.append(e.scenario)
+            misfits.append(e)
+        else:
+            scs.append(sc)
+            misfits.append(_does_not_fit(sc))
     if all(misfits):   # nothing to compare a row with: the input is at fault
         raise misfits[0]
     runs = [sc for sc, m in zip(scs, misfits) if m is None]
@@ -283,7 +297,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     i = 0
     for p, sc, misfit in zip(points, scs, misfits):
         if misfit is not None:
-            rows.append({**p, "stability": DOES_NOT_FIT, "note": misfit.detail})
+            rows.append({**p, "stability": INVALID if isinstance(misfit, Refused)
+                         else DOES_NOT_FIT, "note": misfit.detail})
             per_point.append([])
             continue
         n = sc.sim.replications
@@ -317,9 +332,11 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["cost_kind"] = sums[0].get("cost_kind")
         row["binding"] = group[0].get("binding")
         rows.append(row)
-    ran = next(r for r in rows if r["stability"] != DOES_NOT_FIT)
+    ran = next(r for r in rows if r["stability"] not in NOT_RUN)
     # a row that did not run has no figures; the reason it did not, last
     table = pd.DataFrame(rows, columns=list(ran) + (["note"] if len(runs) < len(scs) else []))
+    for k in axes:   # as swept: an int beside null stays an int (not 4.0 beside NaN)
+        table[k] = pd.Series([p[k] for p in points], index=table.index, dtype=object)
     keys = list(axes)
     return SweepResult(dict(axes), table, knees(table, keys), per_point,
                        setup_warnings(runs), slo_met_at(table, keys))
@@ -344,7 +361,7 @@ def setup_warnings(scenarios) -> list[str]:
     (:class:`simulator.cost_model.CostModel`: e.g. more blocks than the GPU's memory holds), in
     order; a scenario whose cost model cannot be built adds none (its run says why)."""
     from .cost_model import build_cost_model
-    from .errors import InputError
+    from .errors import InputError, Refused
 
     out: list[str] = []
     for sc in scenarios:
@@ -433,6 +450,6 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["CONCURRENCY", "DOES_NOT_FIT", "RAMP_ONLY", "RATE", "SATURATION_SHARE",
+__all__ = ["CONCURRENCY", "DOES_NOT_FIT", "INVALID", "NOT_RUN", "RAMP_ONLY", "RATE", "SATURATION_SHARE",
            "SATURATING", "STABILITY", "SweepResult", "derive", "grid", "knee_title", "knees",
            "setup_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]

@@ -1492,6 +1492,83 @@ def test_a_sweep_point_that_does_not_fit_is_a_row_and_no_point_fitting_is_refuse
     assert not (tmp_path / "t").exists()
 
 
+def test_sweep_and_plan_show_settings_vllm_refuses_together_as_rows(tmp_path, capsys):
+    import pandas as pd
+
+    # max_num_seqs 4: a budget of 2 tokens is refused by vLLM (max_num_batched_tokens >=
+    # max_num_seqs), 16 is not; with chunked prefill off the budget must also cover
+    # max_model_len (512): 256 is refused, 512 is not. The refused point is a row of its
+    # own, as one that does not fit, so the two knobs can be swept together.
+    y = tmp_path / "p.yaml"
+    y.write_text(small_scenario("p", 40))
+    base = ["sweep", str(y), "--executor", "serial", "--quiet"]
+    assert main(base + ["--set", "engine.max_num_batched_tokens=2,16", "--out",
+                        str(tmp_path / "a")]) == 0   # the first point (the base) is refused
+    out = capsys.readouterr().out
+    assert ("invalid (max_num_batched_tokens=2): engine: max_num_batched_tokens (2) must be "
+            ">= max_num_seqs (4), as vLLM requires") in out
+    t = pd.read_csv(tmp_path / "a" / "sweep.csv")
+    assert t["stability"].tolist() == ["invalid config", "stable"]
+    assert t["request_throughput"].isna().tolist() == [True, False]
+    assert main(base + ["--set", "engine.enable_chunked_prefill=true,false", "--set",
+                        "engine.max_num_batched_tokens=256,512", "--out",
+                        str(tmp_path / "b")]) == 0
+    t = pd.read_csv(tmp_path / "b" / "sweep.csv")
+    assert t["stability"].tolist() == ["stable", "stable", "invalid config", "stable"]
+    assert t["note"].iloc[2].startswith("engine.max_num_batched_tokens: 256 is smaller than "
+                                        "max_model_len (512) with enable_chunked_prefill "
+                                        "false")
+    assert "invalid config" in (tmp_path / "b" / "report.md").read_text()
+    capsys.readouterr()
+    # every point refused: the input is at fault, one line, nothing written
+    assert main(base + ["--set", "engine.max_num_batched_tokens=2,3", "--out",
+                        str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--set engine.max_num_batched_tokens=2" in err \
+        and "must be >= max_num_seqs (4)" in err
+    assert not (tmp_path / "c").exists()
+    # plan: the refused candidate is kept with its reason, the other is planned
+    y.write_text(small_scenario("p", 40) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
+                 "  target_rate: 10\n  candidates: {engine.max_num_batched_tokens: [2, 16]}\n")
+    cands = expand_candidates(load_scenario(y))
+    assert [c.error for c in cands] == [
+        "engine: max_num_batched_tokens (2) must be >= max_num_seqs (4), as vLLM requires",
+        None]
+    assert cands[0].scenario.engine.max_num_batched_tokens == 2
+
+
+def test_a_swept_int_beside_null_stays_an_int(tmp_path, capsys):
+    # null (no client limit) beside 4: the column kept 4.0 and NaN, printed ".nan"
+    y = tmp_path / "p.yaml"
+    y.write_text(small_scenario("p", 20))
+    assert main(["sweep", str(y), "--executor", "serial", "--quiet", "--set",
+                 "workload.max_concurrency=4,null", "--out", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert ".nan" not in out and "4.0" not in out
+    # the unlimited point ran: "the largest swept" would wrongly say more may help
+    assert "at workload.max_concurrency: 4\n" in out
+    rows = (tmp_path / "s" / "sweep.csv").read_text().splitlines()
+    assert rows[1].startswith("4,") and rows[2].startswith(",")
+    points = strict_json(tmp_path / "s" / "sweep.json")["points"]
+    assert [p["workload.max_concurrency"] for p in points] == [4, None]
+
+
+def test_a_refused_combination_does_not_hide_another_error():
+    # the sweep skips a refused point only when nothing else is wrong with it
+    import yaml
+
+    from simulator.errors import Refused
+
+    raw = yaml.safe_load(small_scenario("p", 10))
+    with pytest.raises(Refused):
+        scenario_from_dict({**raw, "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 2}})
+    with pytest.raises(InputError) as e:
+        scenario_from_dict({**raw, "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 2},
+                            "sim": {"warmup_requests": 10}})
+    assert not isinstance(e.value, Refused) and "sim.warmup_requests: 10 leaves none" in \
+        str(e.value)
+
+
 def test_compare_names_the_step_costs_in_the_plans_column_order(tmp_path, capsys):
     # a projected GPU first, a constant step second: the line reads in that order (sorted,
     # the constant came first, beside the other plan's column)
