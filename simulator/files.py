@@ -85,6 +85,8 @@ def yaml_error_text(source: str, e: yaml.YAMLError, text: str | None = None) -> 
     if isinstance(e, yaml.reader.ReaderError) and text is not None:
         where = f"{source}:{text.count(chr(10), 0, e.position) + 1}"
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if problem == "but found another document":   # PyYAML's wording is a fragment
+        problem = "a second YAML document ('---'): the file must hold one (one per file)"
     context, start = getattr(e, "context", None) or "", getattr(e, "context_mark", None)
     what = re.sub(r"^while (parsing|scanning) an? ", "", context)
     if (what.startswith(("flow ", "quoted ")) and start is not None and mark is not None

@@ -995,6 +995,9 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         if tags:   # a distribution: say how one is written
             msg += (f"; a distribution is {{dist: {tags[0]}, value: N}} or dist: "
                     f"{', '.join(tags[1:])}")
+    elif typ == "dict_type":   # pydantic: "Input should be a valid dictionary"
+        what = _field_description(parent, str(loc[-1])) if loc else None
+        msg = f"must be a mapping (got {err.get('input')!r})" + (f": {what}" if what else "")
     elif typ == "union_tag_invalid":   # pydantic's "Input tag ... found using ..." wording
         ctx = err.get("ctx", {})
         loc += (ctx.get("discriminator", "tag").strip("'"),)   # the tag's own line
@@ -1065,6 +1068,22 @@ def _resolve_loc(loc: tuple, root: type) -> tuple[tuple, Any]:
         out.append(part)
         cur, parent = None, (models[0] if len(models) == 1 else None)
     return tuple(out), parent
+
+
+def _field_description(model: type | None, name: str) -> str | None:
+    """The description of ``model``'s field ``name``: the field's own, or that of the
+    annotated type it holds (``Optional[SLOTarget]``); None when there is none."""
+    field = model.model_fields.get(name) if model is not None else None
+    if field is None:
+        return None
+    todo = [field.annotation]
+    while field.description is None and todo:
+        ann = todo.pop()
+        todo += typing.get_args(ann)
+        for meta in getattr(ann, "__metadata__", ()):
+            if getattr(meta, "description", None):
+                return meta.description
+    return field.description
 
 
 def _models_in(annotation) -> list:

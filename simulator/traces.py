@@ -155,8 +155,14 @@ class TraceTable:
 # -- parsing helpers ------------------------------------------------------------------
 
 def _resolve(path: str, base_dir) -> Path:
+    """``path`` (relative to ``base_dir``), relative to the current folder when it lies
+    below it: errors then name it as the user would type it (``bad.csv:3``)."""
     p = Path(path)
-    return p if p.is_absolute() else Path(base_dir) / p
+    p = p if p.is_absolute() else Path(base_dir) / p
+    try:
+        return p.relative_to(Path.cwd()) if p.is_absolute() else p
+    except (ValueError, OSError):   # outside the current folder, or that folder is gone
+        return p
 
 
 def _read_csv(path: Path) -> pd.DataFrame:

@@ -80,10 +80,15 @@ def test_config_saved_by_transformers(tmp_path):
     assert m.num_params == 300 * 64 * 2 + 3 * layer + 64
 
 
-def test_model_errors_name_the_problem():
+def test_model_errors_name_the_problem(tmp_path):
     with pytest.raises(InputError, match=r"^model: 'llama-9' is neither a catalog model "
                                          r"\(known: llama-3.1-8b, .*llama-test\)"):
         load_model("llama-9")
+    with pytest.raises(InputError, match=r"^model: 'empty' is a folder without a config\.json "
+                                         r"\(an HF model folder holds one; or give a catalog "
+                                         r"model: llama-3\.1-8b, "):
+        (tmp_path / "empty").mkdir()
+        load_model("empty", tmp_path)
     with pytest.raises(InputError, match=r"^model.hidden: unknown key \(allowed: "):
         load_model({"hidden": 5})
     with pytest.raises(InputError, match=r"^model: missing key hidden_size$"):

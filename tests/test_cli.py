@@ -76,6 +76,9 @@ BAD_CASES = [
      "workload.output_tokens: uniform [1.2, 1.8] holds no integer"),
     (SCENARIO.replace("engine: {max_num_seqs: 64, max_model_len: 8192}", "engine: 5"), [],
      "s.yaml:5: engine: must be a mapping of keys (got 5)"),
+    # a list where a mapping of the field's own keys goes: what one looks like
+    (None, ["--set", "slo.ttft_ms=[500]"], "--set slo.ttft_ms=[500]: must be a mapping (got "
+     "[500]): {mean | pNN: bound in ms}, e.g. {p50: 200, p99.9: 2000}"),
     (SCENARIO.replace("{dist: lognormal, median: 500", "{dist: weibull, median: 500"), [],
      # named at the dist key (its line is the mapping's here, a flow mapping)
      "s.yaml:10: workload.prompt_tokens.dist: 'weibull' is not one of 'fixed', 'uniform', "
@@ -104,6 +107,9 @@ BAD_CASES = [
     # nested past PyYAML's recursion (a RecursionError traceback, exit 1)
     ("name: x\nmodel: " + "[" * 600 + "]" * 600 + "\n", [],
      "s.yaml: YAML syntax error: collections nested too deeply"),
+    # two scenarios in one file: PyYAML says only "but found another document"
+    (SCENARIO + "---\nname: y\n", [], "YAML syntax error: a second YAML document ('---'): "
+                                      "the file must hold one (one per file)"),
     (None, ["--set", "name=" + "[" * 600 + "]" * 600], "value is not valid YAML: collections "
                                                        "nested too deeply"),
     # a newline or escape in a flag: its first line alone was shown ("--set

@@ -318,6 +318,27 @@ def test_bad_azure_rows_name_file_and_line(tmp_path, body, match):
         read_trace(trace(path=str(f), format="azure"))
 
 
+def test_a_trace_error_names_the_file_as_typed_from_the_current_folder(tmp_path, monkeypatch):
+    # a path given on the command line is made absolute (relative to the shell's folder):
+    # the error showed /tmp/.../data/bad.csv:2 for `--set workload.trace.path=data/bad.csv`
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "bad.csv").write_text(AZ_HEADER + "2023-11-16 18:15:46.0,x,2\n")
+    monkeypatch.chdir(tmp_path)
+    for path in (tmp_path / "data" / "bad.csv", "data/bad.csv"):
+        with pytest.raises(InputError) as e:
+            read_trace(trace(path=str(path), format="azure"))
+        assert str(e.value).startswith("data/bad.csv:2: ContextTokens")
+    elsewhere = tmp_path.parent   # outside the current folder: the path as given
+    with pytest.raises(InputError) as e:
+        read_trace(trace(path=str(tmp_path / "data" / "bad.csv"), format="azure"),
+                   base_dir=elsewhere)
+    assert str(e.value).startswith("data/bad.csv:2:")
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(InputError) as e:
+        read_trace(trace(path=str(tmp_path / "data" / "bad.csv"), format="azure"))
+    assert str(e.value).startswith(f"{tmp_path.name}/data/bad.csv:2:")
+
+
 def mc(ts, n, out, ids):
     return json.dumps({"timestamp": ts, "input_length": n, "output_length": out,
                        "hash_ids": ids}) + "\n"

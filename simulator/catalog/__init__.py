@@ -265,11 +265,15 @@ def load_model(spec, base_dir=".") -> ModelShape:
     path = Path(spec)
     if not path.is_absolute():
         path = Path(base_dir) / path
-    if not name_too_long(path) and path.is_dir():
+    folder = not name_too_long(path) and path.is_dir()
+    if folder:
         path = path / "config.json"
     if not is_regular_file(path):
-        raise KeyedInputError("model", f"{str(spec)!r} is neither a catalog model (known: "
-                                       f"{', '.join(models)}) nor an HF config.json file")
+        raise KeyedInputError("model", (
+            f"{str(spec)!r} is a folder without a config.json (an HF model folder holds "
+            f"one; or give a catalog model: {', '.join(models)})" if folder else
+            f"{str(spec)!r} is neither a catalog model (known: {', '.join(models)}) nor an "
+            f"HF config.json file or a folder holding one"))
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
