@@ -875,11 +875,20 @@ def _counterfactual(scenario, result, finding: dict, unstable: bool = False) -> 
            "lower_better": lower, "before": before, "after": after,
            "slo_met_before": result.summary.get("slo_met"),
            "slo_met_after": alt.get("slo_met"), "moved": _moved(before, after, lower),
-           "worse": _worse(before, after, lower), "breaks": _breaks(result.summary, alt)}
+           "worse": _worse(before, after, lower), "breaks": _breaks(result.summary, alt),
+           "replaces": replaced_flags(scenario, finding["change"])}
     if name == SLO_FIGURE:   # which SLO is worst, before and after: the ratio alone is abstract
         out["worst_before"], out["worst_after"] = (_worst_entry(result.summary),
                                                    _worst_entry(alt))
     return out
+
+
+def replaced_flags(scenario, change: str | None) -> list[str]:
+    """The run's ``--set`` flags (``"key=value"``) that give a key of ``change`` (a
+    finding's settings) or a mapping above one: the change replaces them, as servesim
+    refuses a key given twice. Empty when none does."""
+    keys = [c.split("=", 1)[0] for c in change.split(",")] if change else []
+    return [f for f in dict.fromkeys(scenario.set_by(k) for k in keys) if f]
 
 
 def _worst_entry(summary: dict) -> dict | None:
@@ -916,21 +925,25 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
     Returns:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
-        "figures": {...}, "findings": [{limit, evidence, knob, change}], "sizer" (the
+        "figures": {...}, "findings": [{limit, evidence, knob, change, replaces}], "sizer" (the
         command that finds the fewest replicas, :func:`replica_sizer`), "binding": limit
         name or "none", "queued": bool, "counterfactual": None or {limit, change, figure,
-        lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks},
+        lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks,
+        replaces},
         "other_counterfactuals": [the same, for candidates tried that did not bind]}``
         (``moved``: better by more than 10%, ``worse``: worse by as much, ``breaks``:
         SLOs met before and missed after, ``[{metric, stat, threshold, before, after}]``;
         with SLOs also ``worst_before`` / ``worst_after``: the worst entry of each run,
         ``{metric, stat, value, threshold}`` or None),
         floats to 6 significant digits. ``change`` is a ``--set`` override
-        (comma-separated when it needs two).
+        (comma-separated when it needs two); ``replaces``: the run's own ``--set`` flags it
+        takes the place of (:func:`replaced_flags`).
     """
     from .metrics import jsonable
 
     d = find_limits(scenario, result)
+    for f in d["findings"]:
+        f["replaces"] = replaced_flags(scenario, f["change"])
     eligible = d.pop("eligible")
     d["counterfactual"], d["other_counterfactuals"] = None, []
     n = scenario.workload.num_requests or 0
@@ -974,5 +987,6 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     return jsonable(d)   # figures as summary.json has them (6 significant digits)
 
 
-__all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "shareable_share",
+__all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "replaced_flags",
+           "shareable_share",
            "slots_gain", "ttft_split", "waiting_while_another_admits"]

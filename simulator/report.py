@@ -275,7 +275,7 @@ def diagnosis_line(diag: dict) -> str:
     cf = diag.get("counterfactual")
     found = diag.get("findings") or []
     if binding != "none" and cf:
-        line += (f"; with {set_flags(cf['change'])}: {cf['figure']} {_side(cf, 'before')} → "
+        line += (f"; with {set_flags(cf)}: {cf['figure']} {_side(cf, 'before')} → "
                  f"{_side(cf, 'after')}" + (" (worse)" if cf.get("worse") else "")
                  + f", SLOs met {_fmt(cf.get('slo_met_before'))} → "
                  f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf)
@@ -283,18 +283,27 @@ def diagnosis_line(diag: dict) -> str:
                  + (f"; {diag.get('sizer') or 'servesim plan'} finds the fewest replicas"
                     if str(cf["change"]).startswith("cluster.replicas=") else ""))
     elif binding != "none" and found and found[0].get("change"):
-        line += f"; try {set_flags(found[0]['change'])}"
-    others = [f"{set_flags(o['change'])}: {_side(o, 'before')} → {_side(o, 'after')}"
+        line += f"; try {set_flags(found[0])}"
+    others = [f"{set_flags(o)}: {_side(o, 'before')} → {_side(o, 'after')}"
               + _breaks_text(o) for o in diag.get("other_counterfactuals") or []]
     if others:
         line += f" (also tried {'; '.join(others)})"
     return line + " (details: the report's Diagnosis)."
 
 
-def set_flags(change: str) -> str:
-    """A diagnosis ``change`` (``key=value`` settings joined by ``,``) as the ``--set`` flags
-    that make it: ``"--set a=1 --set b=2"``."""
-    return " ".join(f"--set {c}" for c in change.split(","))
+def set_flags(item: dict, code: bool = False) -> str:
+    """A diagnosis finding's or counterfactual's ``change`` (``key=value`` settings joined
+    by ``,``) as the ``--set`` flags that make it: ``"--set a=1 --set b=2"``, and the run's
+    own flags they take the place of (its ``replaces``; servesim refuses a key given twice):
+    ``"--set a=1 (in place of --set a=4)"``; ``code``: each group of flags as a Markdown
+    code span."""
+    def shown(settings) -> str:
+        flags = " ".join(f"--set {c}" for c in settings)
+        return f"`{flags}`" if code else flags
+
+    replaces = item.get("replaces")
+    return shown(item["change"].split(",")) + (f" (in place of {shown(replaces)})"
+                                               if replaces else "")
 
 
 def _side(cf: dict, side: str) -> str:
@@ -353,16 +362,16 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
     if found:
         b.append(("table", None, ["limit", "evidence", "knob", "try"],
                   [[_LIMITS.get(f["limit"], f["limit"]), f["evidence"], f["knob"],
-                    set_flags(f['change']) if f.get("change") else "n/a"] for f in found]))
+                    set_flags(f) if f.get("change") else "n/a"] for f in found]))
     cf = diag.get("counterfactual")
     if cf:
-        b.append(("p", f"Counterfactual run with `{set_flags(cf['change'])}`: {cf['figure']} "
+        b.append(("p", f"Counterfactual run with {set_flags(cf, code=True)}: {cf['figure']} "
                        f"{_side(cf, 'before')} → {_side(cf, 'after')} ({_verdict(cf)}); "
                        f"SLOs met {_fmt(cf.get('slo_met_before'))} → "
                        f"{_fmt(cf.get('slo_met_after'))}{_breaks_text(cf)}."))
     for o in diag.get("other_counterfactuals") or []:
         b.append(("p", f"Also tried for {_LIMITS.get(o['limit'], o['limit'])}: "
-                       f"`{set_flags(o['change'])}`: {o['figure']} {_side(o, 'before')} → "
+                       f"{set_flags(o, code=True)}: {o['figure']} {_side(o, 'before')} → "
                        f"{_side(o, 'after')} ({_verdict(o)}){_breaks_text(o)}."))
     return b
 

@@ -36,6 +36,25 @@ def test_max_num_seqs_binds():
     assert cf["change"] == "engine.max_num_seqs=16" and cf["moved"]
 
 
+def test_a_change_names_the_runs_own_flag_it_replaces():
+    # the run set max_num_seqs with --set: appending the suggested flag would give the key
+    # twice, which servesim refuses, so the advice says which flag it takes the place of
+    from simulator.report import diagnosis_line
+
+    base = sc({}, {"constant_s": 0.01}, 16).model_dump(mode="python", exclude_none=True)
+    s = scenario_from_dict(base, overrides=["engine.max_num_seqs=4"])
+    d = diagnose(s, simulate(s))
+    assert d["binding"] == "max_num_seqs"
+    assert d["findings"][0]["replaces"] == ["engine.max_num_seqs=4"]
+    assert d["counterfactual"]["replaces"] == ["engine.max_num_seqs=4"]
+    assert ("with --set engine.max_num_seqs=16 (in place of --set engine.max_num_seqs=4): "
+            in diagnosis_line(d))
+    # the same value from the file: nothing to replace
+    s = sc({"max_num_seqs": 4}, {"constant_s": 0.01}, 16)
+    d = diagnose(s, simulate(s))
+    assert d["counterfactual"]["replaces"] == [] and "in place of" not in diagnosis_line(d)
+
+
 def test_kv_capacity_binds():
     # 63 usable blocks of 16; a request needs 3 blocks → ~21 fit, far below 128 slots;
     # offered concurrency 60 × 0.32 s ≈ 19 keeps the cache full and preempting.
