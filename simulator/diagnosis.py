@@ -925,8 +925,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
     Returns:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
-        "figures": {...}, "findings": [{limit, evidence, knob, change, replaces}], "sizer" (the
-        command that finds the fewest replicas, :func:`replica_sizer`), "binding": limit
+        "figures": {...}, "findings": [{limit, evidence, knob, change, replaces}], "sizer"
+        (the command that finds the fewest replicas, :func:`replica_sizer`), "binding": limit
         name or "none", "queued": bool, "counterfactual": None or {limit, change, figure,
         lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks,
         replaces},
@@ -988,5 +988,4 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
 
 __all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "replaced_flags",
-           "shareable_share",
-           "slots_gain", "ttft_split", "waiting_while_another_admits"]
+           "shareable_share", "slots_gain", "ttft_split", "waiting_while_another_admits"]

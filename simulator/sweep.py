@@ -450,6 +450,7 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     return out
 
 
-__all__ = ["CONCURRENCY", "DOES_NOT_FIT", "INVALID", "NOT_RUN", "RAMP_ONLY", "RATE", "SATURATION_SHARE",
-           "SATURATING", "STABILITY", "SweepResult", "derive", "grid", "knee_title", "knees",
-           "setup_warnings", "slo_met_at", "split_sets", "stability_label", "sweep"]
+__all__ = ["CONCURRENCY", "DOES_NOT_FIT", "INVALID", "NOT_RUN", "RAMP_ONLY", "RATE",
+           "SATURATION_SHARE", "SATURATING", "STABILITY", "SweepResult", "derive", "grid",
+           "knee_title", "knees", "setup_warnings", "slo_met_at", "split_sets",
+           "stability_label", "sweep"]
