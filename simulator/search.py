@@ -268,8 +268,8 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
 
 def _miss_note(e: RateEval) -> str:
     """Why the lowest rate tried, ``e``, misses: what requests served alone get where that
-    already misses an SLO (first replication), else the SLO furthest from its threshold
-    (:func:`_worst_slo`) at that rate, or its growing backlog."""
+    already misses an SLO (first replication), else its growing backlog, its rejected
+    requests, or the SLO furthest from its threshold (:func:`_worst_slo`) at that rate."""
     from .alone import below_floor
     from .metrics import METRIC_LABELS
 
@@ -280,6 +280,11 @@ def _miss_note(e: RateEval) -> str:
                        f"{thr:g} ms: only faster steps meet it" for m, st, thr, _, fl in missed)
     if e.unstable:
         return f"; at {e.rate:.3g} req/s the backlog still grows"
+    rejected = float(np.mean([o["summary"].get("rejected") or 0 for o in e.outputs]))
+    if rejected:   # an SLO entry of its own (threshold 0) that no lower rate meets
+        return (f"; at {e.rate:.3g} req/s {rejected:g} requests per run are rejected (prompts "
+                f"of engine.max_model_len tokens or more): raise engine.max_model_len or "
+                f"shorten the prompts")
     worst = _worst_slo(e.outputs)
     if worst is None:
         return ""

@@ -1553,6 +1553,23 @@ def test_a_swept_int_beside_null_stays_an_int(tmp_path, capsys):
     assert [p["workload.max_concurrency"] for p in points] == [4, None]
 
 
+def test_a_plan_that_rejects_prompts_names_the_rejections(tmp_path, capsys):
+    # prompts uniform over 8..80 tokens with max_model_len 64: about a fifth are rejected
+    # at any rate (an SLO entry that no lower load meets); the note named the TPOT p99,
+    # which met its bound
+    y = tmp_path / "p.yaml"
+    y.write_text(small_scenario("p", 40).replace("max_model_len: 512", "max_model_len: 64")
+                 .replace("{dist: fixed, value: 8}", "{dist: uniform, min: 8, max: 80}")
+                 + "slo: {tpot_ms: {p99: 500}}\nplan: {target_rate: 10}\n")
+    assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out",
+                 str(tmp_path / "o")]) == 1
+    import pandas as pd
+
+    status = pd.read_csv(tmp_path / "o" / "plan.csv")["status"].iloc[0]
+    assert "requests per run are rejected (prompts of engine.max_model_len tokens or more)" \
+        in status and "TPOT" not in status
+
+
 def test_a_refused_combination_does_not_hide_another_error():
     # the sweep skips a refused point only when nothing else is wrong with it
     import yaml
