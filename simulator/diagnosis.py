@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import yaml
 
 from .alone import FLOOR_METRICS, below_floor, slo_floors, step_plan
 from .scenario import MAX_TP
@@ -876,19 +877,48 @@ def _counterfactual(scenario, result, finding: dict, unstable: bool = False) -> 
            "slo_met_before": result.summary.get("slo_met"),
            "slo_met_after": alt.get("slo_met"), "moved": _moved(before, after, lower),
            "worse": _worse(before, after, lower), "breaks": _breaks(result.summary, alt),
-           "replaces": replaced_flags(scenario, finding["change"])}
+           **suggested_flags(scenario, finding["change"])}
     if name == SLO_FIGURE:   # which SLO is worst, before and after: the ratio alone is abstract
         out["worst_before"], out["worst_after"] = (_worst_entry(result.summary),
                                                    _worst_entry(alt))
     return out
 
 
-def replaced_flags(scenario, change: str | None) -> list[str]:
-    """The run's ``--set`` flags (``"key=value"``) that give a key of ``change`` (a
-    finding's settings) or a mapping above one: the change replaces them, as servesim
-    refuses a key given twice. Empty when none does."""
-    keys = [c.split("=", 1)[0] for c in change.split(",")] if change else []
-    return [f for f in dict.fromkeys(scenario.set_by(k) for k in keys) if f]
+def suggested_flags(scenario, change: str | None) -> dict:
+    """The ``--set`` flags that make a finding's ``change`` in the run's own command:
+    ``{"flags": ["key=value", ...], "replaces": [the run's flags they take the place of]}``
+    (both empty without a change). A setting whose key a flag of the run gave is that
+    flag's replacement (servesim refuses a key given twice); one below a mapping a flag
+    gave (``cluster={replicas: 1, router: round_robin}``) is merged into that mapping, so
+    the flag's other settings stay (``cluster={replicas: 2, router: round_robin}``), as they
+    did in the counterfactual run."""
+    flags, replaces, merged = [], [], {}
+    for setting in change.split(",") if change else []:
+        key, value = setting.split("=", 1)
+        flag = scenario.set_by(key)
+        if flag is None:
+            flags.append(setting)
+            continue
+        if flag not in replaces:
+            replaces.append(flag)
+        top, given = flag.split("=", 1)
+        tree = merged.get(flag)
+        if tree is None and top != key:
+            tree = yaml.safe_load(given)
+            if isinstance(tree, dict):
+                merged[flag] = tree
+                flags.append(flag)   # its place in the list; rewritten below
+        if not isinstance(tree, dict) or top == key:
+            flags.append(setting)
+            continue
+        *path, last = key[len(top) + 1:].split(".")
+        for part in path:
+            tree = tree.setdefault(part, {})
+        tree[last] = yaml.safe_load(value)
+    out = [f"{f.split('=', 1)[0]}="
+           + yaml.safe_dump(merged[f], default_flow_style=True, sort_keys=False,
+                            width=math.inf).strip() if f in merged else f for f in flags]
+    return {"flags": out, "replaces": replaces}
 
 
 def _worst_entry(summary: dict) -> dict | None:
@@ -925,25 +955,26 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
     Returns:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
-        "figures": {...}, "findings": [{limit, evidence, knob, change, replaces}], "sizer"
-        (the command that finds the fewest replicas, :func:`replica_sizer`), "binding": limit
-        name or "none", "queued": bool, "counterfactual": None or {limit, change, figure,
+        "figures": {...}, "findings": [{limit, evidence, knob, change, flags, replaces}],
+        "sizer" (the command that finds the fewest replicas, :func:`replica_sizer`),
+        "binding": limit name or "none", "queued": bool, "counterfactual": None or {limit, change, figure,
         lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks,
-        replaces},
+        flags, replaces},
         "other_counterfactuals": [the same, for candidates tried that did not bind]}``
         (``moved``: better by more than 10%, ``worse``: worse by as much, ``breaks``:
         SLOs met before and missed after, ``[{metric, stat, threshold, before, after}]``;
         with SLOs also ``worst_before`` / ``worst_after``: the worst entry of each run,
         ``{metric, stat, value, threshold}`` or None),
         floats to 6 significant digits. ``change`` is a ``--set`` override
-        (comma-separated when it needs two); ``replaces``: the run's own ``--set`` flags it
-        takes the place of (:func:`replaced_flags`).
+        (comma-separated when it needs two); ``flags`` the ``--set`` flags that make it in
+        the run's command and ``replaces`` the run's own flags they take the place of
+        (:func:`suggested_flags`).
     """
     from .metrics import jsonable
 
     d = find_limits(scenario, result)
     for f in d["findings"]:
-        f["replaces"] = replaced_flags(scenario, f["change"])
+        f.update(suggested_flags(scenario, f["change"]))
     eligible = d.pop("eligible")
     d["counterfactual"], d["other_counterfactuals"] = None, []
     n = scenario.workload.num_requests or 0
@@ -987,5 +1018,5 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     return jsonable(d)   # figures as summary.json has them (6 significant digits)
 
 
-__all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "replaced_flags",
+__all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "suggested_flags",
            "shareable_share", "slots_gain", "ttft_split", "waiting_while_another_admits"]

@@ -19,6 +19,7 @@ import io
 import json
 import math
 import os
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -292,18 +293,19 @@ def diagnosis_line(diag: dict) -> str:
 
 
 def set_flags(item: dict, code: bool = False) -> str:
-    """A diagnosis finding's or counterfactual's ``change`` (``key=value`` settings joined
-    by ``,``) as the ``--set`` flags that make it: ``"--set a=1 --set b=2"``, and the run's
-    own flags they take the place of (its ``replaces``; servesim refuses a key given twice):
-    ``"--set a=1 (in place of --set a=4)"``; ``code``: each group of flags as a Markdown
-    code span."""
+    """A diagnosis finding's or counterfactual's ``change`` as the ``--set`` flags that make
+    it in the run's command (its ``flags``; else ``change``, ``key=value`` settings joined by
+    ``,``): ``"--set a=1 --set b=2"``, and the run's own flags they take the place of (its
+    ``replaces``; servesim refuses a key given twice): ``"--set a=1 (in place of --set
+    a=4)"``; each quoted for a POSIX shell where it needs it; ``code``: each group of
+    flags as a Markdown code span."""
     def shown(settings) -> str:
-        flags = " ".join(f"--set {c}" for c in settings)
+        flags = " ".join(f"--set {shlex.quote(c)}" for c in settings)   # as a shell takes it
         return f"`{flags}`" if code else flags
 
     replaces = item.get("replaces")
-    return shown(item["change"].split(",")) + (f" (in place of {shown(replaces)})"
-                                               if replaces else "")
+    return shown(item.get("flags") or item["change"].split(",")) + (
+        f" (in place of {shown(replaces)})" if replaces else "")
 
 
 def _side(cf: dict, side: str) -> str:

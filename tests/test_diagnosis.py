@@ -53,6 +53,36 @@ def test_a_change_names_the_runs_own_flag_it_replaces():
     s = sc({"max_num_seqs": 4}, {"constant_s": 0.01}, 16)
     d = diagnose(s, simulate(s))
     assert d["counterfactual"]["replaces"] == [] and "in place of" not in diagnosis_line(d)
+    # a flag that gave the mapping above the key: merged, so that its other settings stay
+    # (the counterfactual ran with them; the file's would differ)
+    s = scenario_from_dict(base, overrides=["engine={max_num_seqs: 4, block_size: 32}"])
+    d = diagnose(s, simulate(s))
+    cf = d["counterfactual"]
+    assert (cf["flags"], cf["replaces"]) == (["engine={max_num_seqs: 16, block_size: 32}"],
+                                             ["engine={max_num_seqs: 4, block_size: 32}"])
+    # quoted as a shell needs it, so that the flags can be pasted
+    assert ("with --set 'engine={max_num_seqs: 16, block_size: 32}' (in place of --set "
+            "'engine={max_num_seqs: 4, block_size: 32}'): " in diagnosis_line(d))
+
+
+def test_suggested_flags_merge_settings_below_one_mapping_flag():
+    from simulator.diagnosis import suggested_flags
+
+    base = sc({}, {"constant_s": 0.01}, 16).model_dump(mode="python", exclude_none=True)
+    s = scenario_from_dict(base, overrides=[
+        "engine={enable_chunked_prefill: false, max_model_len: 512}", "cluster.replicas=2"])
+    # two settings under one mapping flag make one flag; a key a flag gave is replaced;
+    # a key no flag gave is added
+    assert suggested_flags(s, "engine.enable_chunked_prefill=true,"
+                              "engine.max_num_batched_tokens=512") == {
+        "flags": ["engine={enable_chunked_prefill: true, max_model_len: 512, "
+                  "max_num_batched_tokens: 512}"],
+        "replaces": ["engine={enable_chunked_prefill: false, max_model_len: 512}"]}
+    assert suggested_flags(s, "cluster.replicas=4") == {"flags": ["cluster.replicas=4"],
+                                                        "replaces": ["cluster.replicas=2"]}
+    assert suggested_flags(s, "cluster.router=least_outstanding") == {
+        "flags": ["cluster.router=least_outstanding"], "replaces": []}
+    assert suggested_flags(s, None) == {"flags": [], "replaces": []}
 
 
 def test_kv_capacity_binds():
