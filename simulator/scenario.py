@@ -712,10 +712,21 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
              f"all-reduce over the GPUs' link within a node only (vLLM across nodes adds "
              f"the network, which it does not model); at most {MAX_TP}, with more replicas "
              f"for more capacity", also=("hardware.profile",))
+    # vLLM shards heads, KV heads (or replicates them: tp a multiple of their count) and
+    # the MLP's intermediate size evenly (QKVParallelLinear, MergedColumnParallelLinear)
+    kv = shape.num_key_value_heads
     if shape.num_attention_heads % tp:
         refuse(("hardware", "tensor_parallel"),
                f"{tp} does not divide the model's num_attention_heads "
                f"({shape.num_attention_heads}), as vLLM requires", also=("model",))
+    elif kv % tp and tp % kv:
+        refuse(("hardware", "tensor_parallel"),
+               f"{tp} neither divides the model's num_key_value_heads ({kv}) nor is a "
+               f"multiple of it, as vLLM requires", also=("model",))
+    elif shape.intermediate_size % tp:
+        refuse(("hardware", "tensor_parallel"),
+               f"{tp} does not divide the model's intermediate_size "
+               f"({shape.intermediate_size}), as vLLM requires", also=("model",))
     mnbt, mns = sc.max_num_batched_tokens, sc.max_num_seqs
     if mnbt < mns:
         refuse(("engine",), f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs "
