@@ -320,6 +320,8 @@ def _knee_text(table, knee: dict, first: str) -> str:
         # (null, no client limit, was swept too: what more in flight gives is known)
         last = (first in SATURATING and knee["knee"] == line[first].max() and len(line) > 1
                 and line[first].notna().all())
+        if knee["knee"] == "null":   # unset: vLLM's own sizing, or no client limit
+            return "null (unset)"
         return _fmt_value(knee["knee"]) + (" (the largest swept: throughput may still grow "
                                            "with more in flight)" if last else "")
     if len(line) and (line["stability"] == DOES_NOT_FIT).all():

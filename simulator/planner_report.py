@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
 from .session_ramp import RAMP_TEXT
-from .sweep import knee_title
+from .sweep import _fmt_value, knee_title
 
 #: How the reports state :func:`simulator.executors.job_output`'s stability test.
 UNSTABLE_RULE = (
@@ -155,7 +155,10 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                      "memory (vLLM would not start), and *invalid config* when vLLM refuses "
                      "its settings together (max_num_batched_tokens below max_num_seqs, "
                      "...): neither is run, and `note` says why.")]
-    b.append(("table", None, shown, [[_cell(r[c]) for c in shown] for _, r in t.iterrows()]))
+    axes = set(result.axes)   # swept values as --set takes them (4096, null), not 4,096
+    b.append(("table", None, shown, [[_fmt_value(r[c]) if c in axes else
+                                      "" if c == "note" and not isinstance(r[c], str) else _cell(r[c])
+                                      for c in shown] for _, r in t.iterrows()]))
     first = list(result.axes)[0]
     if result.knees:   # none for a first axis that is not numeric (a router, a GPU)
         b.append(("h2", f"Knee: {knee_title(first)}"))
@@ -165,7 +168,8 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     if met:
         b.append(("h2", f"Every SLO met (and stable) at {first}"))
         b.append(("table", None, list(met[0]),
-                  [[_cell(v) if k != "met_at" else ", ".join(map(_cell, v)) or "none"
+                  [[_cell(v) if k != "met_at" else ", ".join(
+                      "null" if x is None else _cell(x) for x in v) or "none"
                     for k, v in m.items()] for m in met]))
     b.append(("img", "curves.png", "Latency vs achieved throughput"))
     b.append(("h2", "Definitions"))

@@ -401,8 +401,10 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     the arrival rate the highest value whose ``stability`` is ``stable`` (``stable`` alone
     for a table without that column); for a closed loop's concurrency the lowest stable
     value whose ``request_throughput`` reaches :data:`SATURATION_SHARE` of the line's
-    highest; for any other key the lowest stable value. None when the first axis is not
-    numeric (a router, a GPU: "highest" means nothing)."""
+    highest; for any other key the lowest stable value. A null value (unset) ranks above
+    every number and is the knee ``"null"``; the knee is None where no point qualifies.
+    No knees when the first axis is not numeric (a router, a GPU: "highest" means
+    nothing)."""
     if not keys or table.empty:
         return []
     x, others = keys[0], keys[1:]
@@ -416,8 +418,13 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
         if x in SATURATING and len(stable):
             tput = stable["request_throughput"]
             stable = stable[tput >= SATURATION_SHARE * tput.max()]
-        knee = (stable[x].max() if x == RATE else stable[x].min()) if len(stable) else None
-        out.append({**line, "knee": _plain(knee)})
+        # null (unset: no client limit, the KV cache or max_model_len vLLM sizes) ranks
+        # above every number, and is named "null" as the axis lists it (None: no knee)
+        rank = stable[x].map(lambda v: math.inf if v is None or v != v else v)
+        knee = (None if not len(stable) else
+                stable[x].loc[rank.idxmax() if x == RATE else rank.idxmin()])
+        out.append({**line, "knee": "null" if len(stable) and (knee is None or knee != knee)
+                    else _plain(knee)})
     return out
 
 

@@ -1570,6 +1570,27 @@ def test_a_plan_that_rejects_prompts_names_the_rejections(tmp_path, capsys):
         in status and "TPOT" not in status
 
 
+def test_a_null_swept_value_ranks_above_every_number_in_a_knee():
+    # null leaves a value unset: no client limit, the KV cache or max_model_len vLLM
+    # sizes itself; it is the largest, and named "null" (None: no knee)
+    import pandas as pd
+
+    from simulator.sweep import knees
+
+    def table(key, stable, tput):
+        return pd.DataFrame({key: pd.Series([2, 8, None], dtype=object),
+                             "stability": ["stable" if s else "unstable" for s in stable],
+                             "request_throughput": tput})
+
+    key = "engine.num_gpu_blocks"   # lowest stable
+    assert knees(table(key, [False, True, True], [1, 2, 3]), [key]) == [{"knee": 8}]
+    assert knees(table(key, [False, False, True], [1, 2, 3]), [key]) == [{"knee": "null"}]
+    assert knees(table(key, [False, False, False], [1, 2, 3]), [key]) == [{"knee": None}]
+    key = "workload.max_concurrency"   # throughput saturates: only the unlimited reaches
+    assert knees(table(key, [True] * 3, [1.0, 5.0, 10.0]), [key]) == [{"knee": "null"}]
+    assert knees(table(key, [True] * 3, [1.0, 9.6, 10.0]), [key]) == [{"knee": 8}]
+
+
 def test_a_refused_combination_does_not_hide_another_error():
     # the sweep skips a refused point only when nothing else is wrong with it
     import yaml
