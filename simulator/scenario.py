@@ -40,7 +40,7 @@ from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationEr
 from .catalog import ModelShape, load_model
 from .errors import (STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, Refused,
                      SubkeyError)
-from .files import load_yaml, read_small_text, yaml_error_text, yaml_where
+from .files import load_yaml, name_too_long, read_small_text, yaml_error_text, yaml_where
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
 
@@ -838,9 +838,24 @@ def _from_cwd(parts: tuple, val, cwd: Path):
     if not isinstance(val, str) or not val:
         return val
     if parts[-1] == "path" or (parts in (("hardware", "profile"), ("model",)) and (
-            "/" in val or val.endswith((".yaml", ".yml", ".json")))):
+            "/" in val or val.endswith((".yaml", ".yml", ".json"))
+            or _names_a_file_here(parts, val, cwd))):
         return str(cwd / Path(val).expanduser())   # an absolute path stays as it is
     return val
+
+
+def _names_a_file_here(parts: tuple, val: str, cwd: Path) -> bool:
+    """Whether ``val``, a bare name given to ``model`` or ``hardware.profile``, names a file
+    or folder in ``cwd`` (``--set model=my-model`` for ./my-model) rather than a catalog
+    model, GPU or profile (those win: a name means what it means anywhere)."""
+    from .catalog import list_hardware, list_models
+    from .cost_model import list_profiles
+
+    known = list_models() if parts == ("model",) else [*list_hardware(), *list_profiles()]
+    try:
+        return val not in known and not name_too_long(cwd / val) and (cwd / val).exists()
+    except OSError:   # a name the file system refuses is no file here
+        return False
 
 
 def apply_overrides(d: dict, overrides: typing.Sequence[str],

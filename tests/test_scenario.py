@@ -347,6 +347,12 @@ def test_a_path_typed_in_a_flag_is_relative_to_the_current_directory(tmp_path, m
     assert sc.model == "llama-tiny-56m"   # no "/": a catalog name, as typed
     sc = load_scenario("sub/s.yaml", ["model=./models"])
     assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
+    # a bare name of a folder here is that folder (it was taken for a catalog name and
+    # refused); a catalog name wins over a folder of that name
+    sc = load_scenario("sub/s.yaml", ["model=models"])
+    assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
+    (tmp_path / "llama-test").mkdir()
+    assert load_scenario("sub/s.yaml", ["model=llama-test"]).model == "llama-test"
     raw, _ = apply_overrides({}, ["hardware.profile=p/x.yaml", "workload.trace.path=/t.csv",
                                   "workload.prompt_tokens={dist: empirical, path: l.csv}"],
                              tmp_path)
