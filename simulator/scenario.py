@@ -885,6 +885,9 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str],
             val = load_yaml(value)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            if re.search(r"[\]}]\s*,\s*[\[{]", value):   # {p99: 1},{p99: 3}: several values
+                problem += ("; one value per key (a sweep's values are scalars: sweep a "
+                            "key inside the mapping or list, e.g. slo.ttft_ms.p99=200,500)")
             raise InputError(f"--set {s}: value is not valid YAML: {problem}") from None
         node = raw
         for i, p in enumerate(parts[:-1]):
@@ -1018,9 +1021,16 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         # or instance of <Model>" / "... or object to extract fields from"
         msg = f"must be a mapping of keys (got {err.get('input')!r})"
         tags = _union_tags(parent, loc[-1], "dist") if loc else []
+        process = _union_tags(parent, loc[-1], "process") if loc else []
+        field = getattr(parent, "model_fields", {}).get(loc[-1]) if loc else None
+        models = _models_in(field.annotation) if field is not None else []
         if tags:   # a distribution: say how one is written
             msg += (f"; a distribution is {{dist: {tags[0]}, value: N}} or dist: "
                     f"{', '.join(tags[1:])}")
+        elif process:   # an arrival process
+            msg += f"; e.g. {{process: {process[0]}, rate: N}} (process: {', '.join(process)})"
+        elif len(models) == 1:
+            msg += f"; its keys: {', '.join(models[0].model_fields)}"
     elif typ == "dict_type":   # pydantic: "Input should be a valid dictionary"
         what = _field_description(parent, str(loc[-1])) if loc else None
         msg = f"must be a mapping (got {err.get('input')!r})" + (f": {what}" if what else "")

@@ -288,7 +288,12 @@ def sweep(scenario, axes: dict[str, list], executor, *,
             scs.append(sc)
             misfits.append(_does_not_fit(sc))
     if all(misfits):   # nothing to compare a row with: the input is at fault
-        raise misfits[0]
+        first = misfits[0]
+        if len(misfits) > 1:   # the first point's reason, and that no other runs either
+            more = len(misfits) - 1
+            raise type(first)(f"{first} (nor can the other point{'s' if more > 1 else ''} "
+                              f"run)", first.detail) from None
+        raise first
     runs = [sc for sc, m in zip(scs, misfits) if m is None]
     # the binding limit of each point, from its first replication (as compare's)
     jobs = [Job(sc, k, diagnose=k == 0) for sc in runs for k in range(sc.sim.replications)]

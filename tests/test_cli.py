@@ -107,6 +107,15 @@ BAD_CASES = [
     # nested past PyYAML's recursion (a RecursionError traceback, exit 1)
     ("name: x\nmodel: " + "[" * 600 + "]" * 600 + "\n", [],
      "s.yaml: YAML syntax error: collections nested too deeply"),
+    # a scalar or list where a section goes: its keys, or how an arrival is written
+    (None, ["--set", "slo=[1,2]"], "--set slo=[1,2]: must be a mapping of keys (got [1, 2]); "
+     "its keys: ttft_ms, tpot_ms, itl_ms, e2el_ms, queue_ms"),
+    (None, ["--set", "workload.arrival=[poisson]"], "(got ['poisson']); e.g. {process: "
+     "poisson, rate: N} (process: poisson, gamma, constant, closed_loop)"),
+    # several flow collections in one flag (a sweep of mappings): one value per key
+    (None, ["--set", "slo.ttft_ms={p99: 1},{p99: 3}"], "not valid YAML: expected '<document "
+     "start>', but found ','; one value per key (a sweep's values are scalars: sweep a key "
+     "inside the mapping or list, e.g. slo.ttft_ms.p99=200,500)"),
     # two scenarios in one file: PyYAML says only "but found another document"
     (SCENARIO + "---\nname: y\n", [], "YAML syntax error: a second YAML document ('---'): "
                                       "the file must hold one (one per file)"),
