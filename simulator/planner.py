@@ -601,7 +601,9 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
         # as given: a null beside 4096 would turn the column into floats (4096.0)
         table[key] = pd.Series([r.candidate.values[key] for r in result.rows], dtype=object)
     if len(table):   # counts stay integers beside a missing one (4, not 4.0)
-        table["replicas"] = pd.Series([r.replicas for r in result.rows], dtype=object)
+        for col in ("replicas", "operating_replications"):
+            table[col] = pd.Series([None if v is None or v != v else int(v)
+                                    for v in table[col]], dtype=object)
     return table
 
 

@@ -470,6 +470,9 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     plan_csv = pd.read_csv(tmp_path / "pl" / "plan.csv")
     # plan.min_replications 2 (default) = max_replications 2: every figure from 2 runs
     assert set(plan_csv["operating_replications"].dropna()) == {2}
+    # a count, written as one (2, not 2.0) in both files
+    assert {r["operating_replications"] for r in plan_json} - {None} == {2}
+    assert all(type(r["operating_replications"]) in (int, type(None)) for r in plan_json)
     ci_cols = [c for c in plan_json[0] if c.endswith("_ci95")]
     assert ci_cols and not any(c in plan_csv for c in ci_cols)
     for c in ci_cols:
