@@ -148,12 +148,15 @@ def expand_candidates(scenario) -> list[Candidate]:
         if (cfg and gpu in cfg.prices and sc.hardware.price_per_gpu_hour is None
                 and "hardware.price_per_gpu_hour" not in point):
             sc = derive(sc, [f"hardware.price_per_gpu_hour={cfg.prices[gpu]}"])
+        # its values are the plan's, not flags the user typed: later notes (a KV cache
+        # larger than the GPU holds) must not name them as --set flags
+        sc._origins = {o: f for o, f in sc._origins.items() if ".".join(o) not in point}
         c = Candidate(point, sc)
         try:
             cm = build_cost_model(sc)
             sc.scheduler_config(cm.num_gpu_blocks)
         except InputError as e:
-            c.error = str(e).split(": ", 1)[-1]
+            c.error = getattr(e, "detail", None) or str(e).split(": ", 1)[-1]
             first_error = first_error or e
         else:
             c.price_per_replica_hour = cm.price_per_replica_hour

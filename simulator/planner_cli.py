@@ -386,7 +386,8 @@ def _cmd_plan(args) -> int:
     _print_table(shown, f"Plans for {res.target_rate:g} req/s", list(
         table.columns[:len(res.rows[0].candidate.values)]) + [
         "max_rate_per_replica", "replicas", "cost_per_hour", "cost_per_hour_ci95",
-        *(table.attrs.get("slo_columns") or ["ttft_p99_ms"]), "status"])
+        *(table.attrs.get("slo_columns") or ["ttft_p99_ms"]), "status"],
+        exact=tuple(res.rows[0].candidate.values))
     if any(str(v).startswith("≈") for v in shown["replicas"]):
         print("≈ replicas: estimated from one replica's max rate, not simulated as a "
               "deployment (a router's pooling often needs fewer; plan.csv: confirmed)")

@@ -99,10 +99,10 @@ def sweep_figure(result) -> Figure:
     others = keys[1:]
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
-    groups = list(t.groupby(others, sort=False)) if others else [((), t)]
-    for i, (vals, df) in enumerate(groups):
-        vals = vals if isinstance(vals, tuple) else (vals,)
-        name = ", ".join(f"{k.split('.')[-1]}={_cell(v)}" for k, v in zip(others, vals)) or "all"
+    groups = list(t.groupby(others, sort=False, dropna=False)) if others else [((), t)]
+    for i, (_, df) in enumerate(groups):   # a null value is a line too, named as swept
+        name = ", ".join(f"{k.split('.')[-1]}={_fmt_value(df[k].iloc[0])}"
+                         for k in others) or "all"
         df = df.sort_values(keys[0])
         colour = f"C{i % 10}"
         for ax, m in zip(axes, ("ttft", "tpot")):
@@ -155,22 +155,27 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                      "memory (vLLM would not start), and *invalid config* when vLLM refuses "
                      "its settings together (max_num_batched_tokens below max_num_seqs, "
                      "...): neither is run, and `note` says why.")]
-    axes = set(result.axes)   # swept values as --set takes them (4096, null), not 4,096
-    b.append(("table", None, shown, [[_fmt_value(r[c]) if c in axes else
-                                      "" if c == "note" and not isinstance(r[c], str) else _cell(r[c])
-                                      for c in shown] for _, r in t.iterrows()]))
+    axes = set(result.axes)
+
+    def cell(key, v) -> str:   # swept values as --set takes them (4096, null), not 4,096
+        if key in axes:
+            return _fmt_value(v)
+        return "" if key == "note" and not isinstance(v, str) else _cell(v)
+
+    b.append(("table", None, shown, [[cell(c, r[c]) for c in shown] for _, r in t.iterrows()]))
     first = list(result.axes)[0]
     if result.knees:   # none for a first axis that is not numeric (a router, a GPU)
         b.append(("h2", f"Knee: {knee_title(first)}"))
         b.append(("table", None, list(result.knees[0]),
-                  [[_cell(v) for v in k.values()] for k in result.knees]))
+                  [[("none" if v is None else v if v == "null" else cell(first, v))
+                    if a == "knee" else cell(a, v)
+                    for a, v in k.items()] for k in result.knees]))
     met = result.met_at
     if met:
         b.append(("h2", f"Every SLO met (and stable) at {first}"))
         b.append(("table", None, list(met[0]),
-                  [[_cell(v) if k != "met_at" else ", ".join(
-                      "null" if x is None else _cell(x) for x in v) or "none"
-                    for k, v in m.items()] for m in met]))
+                  [[", ".join(cell(first, x) for x in v) or "none" if k == "met_at"
+                    else cell(k, v) for k, v in m.items()] for m in met]))
     b.append(("img", "curves.png", "Latency vs achieved throughput"))
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
@@ -331,8 +336,10 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                    "n/a when it was not simulated (one replica of it costs as much as the "
                    "cheapest, it is infeasible, or confirmation was off)."))
     cols = list(table.columns)
-    b.append(("table", None, ["#"] + cols,
-              [[str(i)] + [_cell(r[c]) for c in cols] for i, r in table.iterrows()]))
+    keys = set(result.rows[0].candidate.values) if result.rows else set()
+    b.append(("table", None, ["#"] + cols,   # candidate values as --set takes them (8192)
+              [[str(i)] + [_fmt_value(r[c]) if c in keys else _cell(r[c]) for c in cols]
+               for i, r in table.iterrows()]))
     if best is not None and best.confirmation:
         b.append(("h2", "Replica count confirmed by simulation"))
         b.append(("table", None, ["replicas", "feasible", "confident", "unstable",

@@ -282,9 +282,10 @@ def _miss_note(e: RateEval) -> str:
         return f"; at {e.rate:.3g} req/s the backlog still grows"
     rejected = float(np.mean([o["summary"].get("rejected") or 0 for o in e.outputs]))
     if rejected:   # an SLO entry of its own (threshold 0) that no lower rate meets
-        return (f"; at {e.rate:.3g} req/s {rejected:g} requests per run are rejected (prompts "
-                f"of engine.max_model_len tokens or more): raise engine.max_model_len or "
-                f"shorten the prompts")
+        one = rejected == 1
+        return (f"; at {e.rate:.3g} req/s {rejected:g} request{'' if one else 's'} per run "
+                f"{'is' if one else 'are'} rejected (prompts of engine.max_model_len tokens "
+                f"or more): raise engine.max_model_len or shorten the prompts")
     worst = _worst_slo(e.outputs)
     if worst is None:
         return ""

@@ -137,6 +137,7 @@ def _parse(v):
 def _fmt_value(v) -> str:
     # A string is dumped too: YAML quotes the ones that would read back as something else
     # ("4" stays the string '4' and is refused by the schema, not run as the number 4).
+    v = _plain(v)   # a NumPy scalar from a table as Python's
     return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
 
 
@@ -317,7 +318,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["offered_rate"] = float(np.mean(offered)) if offered else None
         stable = row["stable"] = all(o["stable"] for o in group)
         steady = all(o.get("steady", True) for o in group)
-        row["rejected"] = float(np.mean([s.get("rejected") or 0 for s in sums]))
+        rejected = float(np.mean([s.get("rejected") or 0 for s in sums]))
+        row["rejected"] = int(rejected) if rejected.is_integer() else rejected   # a count
         row["stability"] = stability_label(stable, row["rejected"], steady)
         # rejected requests never finish, a ramp never loads: the test cannot judge them
         row["stable"] = None if row["rejected"] or (not steady and stable) else stable
@@ -342,6 +344,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     table = pd.DataFrame(rows, columns=list(ran) + (["note"] if len(runs) < len(scs) else []))
     for k in axes:   # as swept: an int beside null stays an int (not 4.0 beside NaN)
         table[k] = pd.Series([p[k] for p in points], index=table.index, dtype=object)
+    table["rejected"] = pd.Series([r.get("rejected") for r in rows], index=table.index,
+                                  dtype=object)   # a count beside a point not run: 7, not 7.0
     keys = list(axes)
     return SweepResult(dict(axes), table, knees(table, keys), per_point,
                        setup_warnings(runs), slo_met_at(table, keys))
@@ -437,9 +441,8 @@ def _lines(table: pd.DataFrame, others: list[str]):
     """``({other axis: value}, rows)`` per line of a sweep table: per combination of the
     axes after the first, in the table's order (one line without other axes)."""
     groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
-    for vals, df in groups:
-        vals = vals if isinstance(vals, tuple) else (vals,)
-        yield {k: _plain(v) for k, v in zip(others, vals)}, df
+    for _, df in groups:   # the values as swept (the group key turns null into NaN)
+        yield {k: _plain(df[k].iloc[0]) for k in others}, df
 
 
 def _plain(v):

@@ -1555,6 +1555,17 @@ def test_a_swept_int_beside_null_stays_an_int(tmp_path, capsys):
     assert rows[1].startswith("4,") and rows[2].startswith(",")
     points = strict_json(tmp_path / "s" / "sweep.json")["points"]
     assert [p["workload.max_concurrency"] for p in points] == [4, None]
+    assert [p["rejected"] for p in points] == [0, 0]   # a count: 0, not 0.0
+    # as the second key: each knee line named by the value as swept (was .nan and 4.0)
+    assert main(["sweep", str(y), "--executor", "serial", "--quiet", "--set",
+                 "workload.arrival.rate=2,4", "--set", "workload.max_concurrency=4,null",
+                 "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "(with workload.max_concurrency=4)" in out and \
+        "(with workload.max_concurrency=null)" in out and ".nan" not in out
+    doc = strict_json(tmp_path / "t" / "sweep.json")
+    assert [k["workload.max_concurrency"] for k in doc["knees"]] == [4, None]
+    assert "| null | 4 |" in (tmp_path / "t" / "report.md").read_text()
 
 
 def test_a_plan_that_rejects_prompts_names_the_rejections(tmp_path, capsys):
@@ -1593,6 +1604,22 @@ def test_a_null_swept_value_ranks_above_every_number_in_a_knee():
     key = "workload.max_concurrency"   # throughput saturates: only the unlimited reaches
     assert knees(table(key, [True] * 3, [1.0, 5.0, 10.0]), [key]) == [{"knee": "null"}]
     assert knees(table(key, [True] * 3, [1.0, 9.6, 10.0]), [key]) == [{"knee": 8}]
+
+
+def test_plan_shows_candidate_values_as_written_and_not_as_flags(tmp_path, capsys):
+    # null and 1024 as plan.candidates gives them (the table showed "-", n/a and 1,024),
+    # and a note on a candidate's value does not call it a --set flag the user never gave
+    y = tmp_path / "p.yaml"
+    y.write_text(small_scenario("p", 40) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
+                 "  target_rate: 10\n  candidates: {engine.num_gpu_blocks: [null, 1024]}\n")
+    cands = expand_candidates(load_scenario(y))
+    assert cands[1].scenario.set_by("engine.num_gpu_blocks") is None
+    assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out",
+                 str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert " null " in out and " 1024 " in out and "1,024" not in out
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "| 0 | null |" in md and "| 1 | 1024 |" in md
 
 
 def test_a_refused_combination_does_not_hide_another_error():
