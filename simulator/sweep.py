@@ -39,7 +39,8 @@ def derive(scenario, overrides: list[str], overrides_cwd=None):
         return scenario
     raw = scenario.model_dump(mode="python", exclude_none=True)
     sc = scenario_from_dict(raw, scenario.base_dir, overrides=list(overrides),
-                            source=scenario.source, overrides_cwd=overrides_cwd)
+                            source=scenario.source, overrides_cwd=overrides_cwd,
+                            text=scenario._text)   # an error names the file's line
     # Keys the parent's file or flags gave keep their line or flag in later errors.
     sc._origins = {**scenario._origins, **sc._origins}
     sc._text = scenario._text

@@ -1530,6 +1530,7 @@ def test_sweep_and_plan_show_settings_vllm_refuses_together_as_rows(tmp_path, ca
     assert "\n" not in err and "--set engine.max_num_batched_tokens=2" in err \
         and "must be >= max_num_seqs (4)" in err and err.endswith("(nor can the other point "
                                                                   "run)")
+    assert err.startswith("servesim: error: p.yaml:4 ")   # the engine: line, as run names it
     assert not (tmp_path / "c").exists()
     # plan: the refused candidate is kept with its reason, the other is planned
     y.write_text(small_scenario("p", 40) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
