@@ -182,7 +182,8 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     img = plot_sweep(result)
     t = _rounded(t)
     return write_files(out_dir, {
-        "sweep.csv": csv_table(t).to_csv(index=False, lineterminator="\n").encode(),
+        "sweep.csv": csv_table(t, result.axes).to_csv(index=False,
+                                                      lineterminator="\n").encode(),
         "sweep.json": _json({"axes": result.axes, "knees": result.knees, "slo_met_at": met,
                              "points": t.to_dict(orient="records")}),
         "curves.png": img,
@@ -265,14 +266,19 @@ def _label_points(ax, points: list[tuple[str, float, float]]) -> None:
                     textcoords="offset points")
 
 
-def csv_table(table):
+def csv_table(table, keys=()):
     """``table`` with each ``*_ci95`` column (cells ``[lo, hi]`` or ``None``) split into
     numeric ``*_ci95_lo`` and ``*_ci95_hi`` columns in its place, an open or missing end
-    left empty, so a CSV reader gets numbers rather than Python list text."""
+    left empty, so a CSV reader gets numbers rather than Python list text. In the swept or
+    candidate ``keys`` columns an unset value reads ``null``, as given (an empty cell
+    elsewhere means none)."""
     import pandas as pd
 
     out = {}
     for col in table.columns:
+        if col in keys:
+            out[col] = table[col].map(lambda v: "null" if v is None or v != v else v)
+            continue
         if not str(col).endswith("_ci95"):
             out[col] = table[col]
             continue
@@ -353,7 +359,7 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
     img = plot_pareto(table, best_index)
     table = _rounded(table)
     return write_files(out_dir, {
-        "plan.csv": csv_table(table).to_csv(index=False, lineterminator="\n").encode(),
+        "plan.csv": csv_table(table, keys).to_csv(index=False, lineterminator="\n").encode(),
         "plan.json": _json({"target_rate": result.target_rate, "best": best_index,
                             "candidates": table.to_dict(orient="records")}),
         "pareto.png": img,

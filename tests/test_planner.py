@@ -450,7 +450,7 @@ def test_plan_csv_writes_candidate_values_as_given(tmp_path, capsys):
     assert main(["plan", str(y), "--out", str(out), "--executor", "serial", "--quiet"]) == 0
     with open(out / "plan.csv", newline="") as f:
         col = [row["engine.max_num_batched_tokens"] for row in csv.DictReader(f)]
-    assert col == ["64", ""]
+    assert col == ["64", "null"]   # unset, as given (an empty cell means none)
 
 
 def test_cli_sweep_plan_compare(tmp_path, capsys):
@@ -1553,7 +1553,7 @@ def test_a_swept_int_beside_null_stays_an_int(tmp_path, capsys):
     # the unlimited point ran: "the largest swept" would wrongly say more may help
     assert "at workload.max_concurrency: 4\n" in out
     rows = (tmp_path / "s" / "sweep.csv").read_text().splitlines()
-    assert rows[1].startswith("4,") and rows[2].startswith(",")
+    assert rows[1].startswith("4,") and rows[2].startswith("null,")   # unset, not empty
     points = strict_json(tmp_path / "s" / "sweep.json")["points"]
     assert [p["workload.max_concurrency"] for p in points] == [4, None]
     assert [p["rejected"] for p in points] == [0, 0]   # a count: 0, not 0.0
@@ -1621,6 +1621,8 @@ def test_plan_shows_candidate_values_as_written_and_not_as_flags(tmp_path, capsy
     assert " null " in out and " 1024 " in out and "1,024" not in out
     md = (tmp_path / "o" / "report.md").read_text()
     assert "| 0 | null |" in md and "| 1 | 1024 |" in md
+    rows = (tmp_path / "o" / "plan.csv").read_text().splitlines()
+    assert rows[1].startswith("null,") and rows[2].startswith("1024,")
 
 
 def test_a_refused_combination_does_not_hide_another_error():
