@@ -901,7 +901,7 @@ def suggested_flags(scenario, change: str | None) -> dict:
             continue
         if flag not in replaces:
             replaces.append(flag)
-        top, given = flag.split("=", 1)
+        top, given = (x.strip() for x in flag.split("=", 1))   # as split_override reads it
         tree = merged.get(flag)
         if tree is None and top != key:
             tree = yaml.safe_load(given)

@@ -27,7 +27,7 @@ from .metrics import combine_replications
 from .search import (SearchResult, _worst_slo, drive, evaluate, max_rate_search,
                      run_generator, with_rate)
 from .sweep import (SweepResult, _fmt_value, _get, _point_overrides, _run, derive, grid,
-                    knees, split_sets, sweep)
+                    knees, split_sets, sweep, unset)
 
 
 # == candidates and plans ==================================================================
@@ -605,7 +605,7 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
         table[key] = pd.Series([r.candidate.values[key] for r in result.rows], dtype=object)
     if len(table):   # counts stay integers beside a missing one (4, not 4.0)
         for col in ("replicas", "operating_replications"):
-            table[col] = pd.Series([None if v is None or v != v else int(v)
+            table[col] = pd.Series([None if unset(v) else int(v)
                                     for v in table[col]], dtype=object)
     return table
 

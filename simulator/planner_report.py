@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
 from .session_ramp import RAMP_TEXT
-from .sweep import _fmt_value, knee_title
+from .sweep import _fmt_value, knee_title, unset
 
 #: How the reports state :func:`simulator.executors.job_output`'s stability test.
 UNSTABLE_RULE = (
@@ -277,7 +277,7 @@ def csv_table(table, keys=()):
     out = {}
     for col in table.columns:
         if col in keys:
-            out[col] = table[col].map(lambda v: "null" if v is None or v != v else v)
+            out[col] = table[col].map(lambda v: "null" if unset(v) else v)
             continue
         if not str(col).endswith("_ci95"):
             out[col] = table[col]

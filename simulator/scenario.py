@@ -851,11 +851,13 @@ def _names_a_file_here(parts: tuple, val: str, cwd: Path) -> bool:
     from .catalog import list_hardware, list_models
     from .cost_model import list_profiles
 
-    known = list_models() if parts == ("model",) else [*list_hardware(), *list_profiles()]
     try:
-        return val not in known and not name_too_long(cwd / val) and (cwd / val).exists()
+        here = not name_too_long(cwd / val) and (cwd / val).exists()
     except OSError:   # a name the file system refuses is no file here
         return False
+    # the catalog (and the profile folders' listing) only when a file of that name is here
+    return here and val not in (list_models() if parts == ("model",)
+                                else [*list_hardware(), *list_profiles()])
 
 
 def apply_overrides(d: dict, overrides: typing.Sequence[str],

@@ -371,7 +371,6 @@ def setup_warnings(scenarios) -> list[str]:
     (:class:`simulator.cost_model.CostModel`: e.g. more blocks than the GPU's memory holds), in
     order; a scenario whose cost model cannot be built adds none (its run says why)."""
     from .cost_model import build_cost_model
-    from .errors import InputError, Refused
 
     out: list[str] = []
     for sc in scenarios:
@@ -430,11 +429,10 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
             stable = stable[tput >= SATURATION_SHARE * tput.max()]
         # null (unset: no client limit, the KV cache or max_model_len vLLM sizes) ranks
         # above every number, and is named "null" as the axis lists it (None: no knee)
-        rank = stable[x].map(lambda v: math.inf if v is None or v != v else v)
+        rank = stable[x].map(lambda v: math.inf if unset(v) else v)
         knee = (None if not len(stable) else
                 stable[x].loc[rank.idxmax() if x == RATE else rank.idxmin()])
-        out.append({**line, "knee": "null" if len(stable) and (knee is None or knee != knee)
-                    else _plain(knee)})
+        out.append({**line, "knee": "null" if len(stable) and unset(knee) else _plain(knee)})
     return out
 
 
@@ -444,6 +442,11 @@ def _lines(table: pd.DataFrame, others: list[str]):
     groups = table.groupby(others, sort=False, dropna=False) if others else [((), table)]
     for _, df in groups:   # the values as swept (the group key turns null into NaN)
         yield {k: _plain(df[k].iloc[0]) for k in others}, df
+
+
+def unset(v) -> bool:
+    """Whether a swept or candidate value is null (None, or the NaN a table made of it)."""
+    return v is None or v != v
 
 
 def _plain(v):
@@ -469,4 +472,4 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
 __all__ = ["CONCURRENCY", "DOES_NOT_FIT", "INVALID", "NOT_RUN", "RAMP_ONLY", "RATE",
            "SATURATION_SHARE", "SATURATING", "STABILITY", "SweepResult", "derive", "grid",
            "knee_title", "knees", "setup_warnings", "slo_met_at", "split_sets",
-           "stability_label", "sweep"]
+           "stability_label", "sweep", "unset"]
