@@ -897,7 +897,9 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str],
                 node[p] = {}
             node = node[p]
             if not isinstance(node, dict):
-                raise InputError(f"--set {s}: {'.'.join(parts[:i + 1])} is not a mapping")
+                held = ".".join(parts[:i + 1])
+                raise InputError(f"--set {s}: {held} is {_echo(node)}, not a mapping with a "
+                                 f"key {parts[i + 1]}; set {held} itself (--set {held}=...)")
         node[parts[-1]] = val if cwd is None else _from_cwd(parts, val, cwd)
     return raw, origins
 
@@ -1021,7 +1023,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             if typ == "invalid_key" and parent is not None else "")
     elif typ in ("model_type", "model_attributes_type"):   # pydantic: "a valid dictionary
         # or instance of <Model>" / "... or object to extract fields from"
-        msg = f"must be a mapping of keys (got {err.get('input')!r})"
+        msg = f"must be a mapping of keys (got {_echo(err.get('input'))})"
         tags = _union_tags(parent, loc[-1], "dist") if loc else []
         process = _union_tags(parent, loc[-1], "process") if loc else []
         field = getattr(parent, "model_fields", {}).get(loc[-1]) if loc else None
@@ -1035,7 +1037,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             msg += f"; its keys: {', '.join(models[0].model_fields)}"
     elif typ == "dict_type":   # pydantic: "Input should be a valid dictionary"
         what = _field_description(parent, str(loc[-1])) if loc else None
-        msg = f"must be a mapping (got {err.get('input')!r})" + (f": {what}" if what else "")
+        msg = f"must be a mapping (got {_echo(err.get('input'))})" + (f": {what}" if what else "")
     elif typ == "union_tag_invalid":   # pydantic's "Input tag ... found using ..." wording
         ctx = err.get("ctx", {})
         loc += (ctx.get("discriminator", "tag").strip("'"),)   # the tag's own line
@@ -1052,10 +1054,21 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         elif typ in ("bool_type", "bool_parsing"):   # a quoted 'false' is text, not false
             msg += ": true or false, unquoted"
         inp = err.get("input")
-        # Echoed for --set values too: the repr tells the string '4' from the number 4.
-        if inp is None or isinstance(inp, (int, float, str, bool)):
-            msg += f" (got {inp!r})"
+        if (typ == "int_type" and isinstance(inp, float) and inp.is_integer()
+                and _in_bounds(parent, str(loc[-1]) if loc else "", inp)):
+            msg += f" (got {_echo(inp)}: write {int(inp)}, without a point or exponent)"
+        elif inp is None or isinstance(inp, (int, float, str, bool, list, dict)):
+            msg += f" (got {_echo(inp)})"
     return _prefix(loc, source, origins, msg, text)
+
+
+def _echo(value) -> str:
+    """``value`` as an error line shows what was given: text quoted (the string '4' is
+    not the number 4) and numbers as Python writes them (1e+30, nan), anything else as
+    YAML writes it (null, true, [1, 2], {a: 1})."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return repr(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).splitlines()[0]
 
 
 _BOUND_OPS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
@@ -1068,6 +1081,16 @@ def _range_text(parent, field: str) -> str:
     bounds = [f"{op} {getattr(m, attr)}" for m in (info.metadata if info else ())
               for attr, op in _BOUND_OPS if getattr(m, attr, None) is not None]
     return " " + " and ".join(bounds) if bounds else ""
+
+
+def _in_bounds(parent, field: str, value: float) -> bool:
+    """Whether ``value`` meets the bounds ``parent``'s ``field`` declares (True without)."""
+    import operator
+
+    info = getattr(parent, "model_fields", {}).get(field)
+    ops = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+    return all(ops[attr](value, getattr(m, attr)) for m in (info.metadata if info else ())
+               for attr in ops if getattr(m, attr, None) is not None)
 
 
 def _union_tags(parent, field, tag: str) -> list[str]:

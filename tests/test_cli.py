@@ -110,7 +110,7 @@ BAD_CASES = [
     # a scalar or list where a section goes: its keys, or how an arrival is written
     (None, ["--set", "slo=[1,2]"], "--set slo=[1,2]: must be a mapping of keys (got [1, 2]); "
      "its keys: ttft_ms, tpot_ms, itl_ms, e2el_ms, queue_ms"),
-    (None, ["--set", "workload.arrival=[poisson]"], "(got ['poisson']); e.g. {process: "
+    (None, ["--set", "workload.arrival=[poisson]"], "(got [poisson]); e.g. {process: "
      "poisson, rate: N} (process: poisson, gamma, constant, closed_loop)"),
     # several flow collections in one flag (a sweep of mappings): one value per key
     (None, ["--set", "slo.ttft_ms={p99: 1},{p99: 3}"], "not valid YAML: expected '<document "
@@ -513,7 +513,7 @@ def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsy
                  str(out), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
         "servesim: error: --set workload.arrival.rate=[4, 8.5]: Input should be a valid "
-        f"number > 0 and <= 1000000000; {hint.replace('4,8', '4,8.5')}")
+        f"number > 0 and <= 1000000000 (got [4, 8.5]); {hint.replace('4,8', '4,8.5')}")
     # a mapping where one number goes: the schema's own word, no hint
     assert main([command, str(scen), "--set", "workload.arrival.rate={a: 1}", "--out",
                  str(out), "--quiet"]) == 2
@@ -526,7 +526,8 @@ def test_a_bracketed_list_given_to_sweep_is_written_without_brackets(scen, tmp_p
                  str(out), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
         "servesim: error: --set workload.arrival.rate=[4,8]: Input should be a valid number "
-        "> 0 and <= 1000000000; sweep values are written without brackets: workload.arrival.rate=4,8")
+        "> 0 and <= 1000000000 (got [4, 8]); sweep values are written without brackets: "
+        "workload.arrival.rate=4,8")
     assert not out.exists()
 
 
@@ -538,7 +539,7 @@ def test_a_refused_swept_value_is_named_as_typed(scen, tmp_path, capsys, values)
                  str(out), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
         "servesim: error: --set engine.max_num_seqs=1.5e3: Input should be a valid integer "
-        ">= 1 and <= 1000000000 (got 1500.0)")
+        ">= 1 and <= 1000000000 (got 1500.0: write 1500, without a point or exponent)")
     assert not out.exists()
 
 

@@ -120,7 +120,19 @@ def test_brief_error_examples(chat):
      "than 0"),
     ("model=llama-9", "--set model=llama-9: 'llama-9' is neither a catalog model"),
     ("model=3", "--set model=3: expected a catalog name"),
-    ("name.x=1", "--set name.x=1: name is not a mapping"),
+    ("name.x=1", "--set name.x=1: name is 'chat', not a mapping with a key x; set name "
+     "itself (--set name=...)"),
+    # what was given, as YAML writes it: null (not None), true, a list
+    ("workload.arrival.rate=null", "--set workload.arrival.rate=null: Input should be a "
+     "valid number > 0 and <= 1000000000 (got null)"),
+    ("engine.max_num_seqs=true", "Input should be a valid integer >= 1 and <= 1000000000 "
+     "(got true)"),
+    ("workload.arrival.rate=[1]", "Input should be a valid number > 0 and <= 1000000000 "
+     "(got [1])"),
+    ("engine.max_num_seqs='4'", "(got '4')"),
+    # an int key refuses a float as vLLM's argparse does: say how to write it
+    ("engine.max_num_seqs=1e2", "--set engine.max_num_seqs=1e2: Input should be a valid "
+     "integer >= 1 and <= 1000000000 (got 100.0: write 100, without a point or exponent)"),
     ("engine", "--set engine: expected key.path=value"),
     ("", "--set '': expected key.path=value"),   # was "--set : expected"
     ("workload.prefix={shared_tokens: 100, groups: 1000001}",
