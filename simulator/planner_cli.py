@@ -12,7 +12,7 @@ from .errors import InputError, Refused
 from .files import check_folder, out_folder
 from .executors import EXECUTORS
 from .session_ramp import RAMP_TEXT
-from .sweep import _fmt_value, knee_title
+from .sweep import _fmt_value, knee_title, unset
 from .workload import MAX_RATE
 
 
@@ -285,7 +285,8 @@ def _cmd_sweep(args) -> int:
     for m in res.met_at:   # the answer for a capacity axis
         others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in m.items() if a != "met_at")
         print(f"every SLO met (stable) at {first}: "
-              + (", ".join(_fmt_value(v) for v in m["met_at"]) or "none")
+              + (", ".join("null (unset)" if unset(v) else _fmt_value(v) for v in m["met_at"])
+                 or "none")
               + (f" (with {others})" if others else ""))
     print(f"report: {paths['report.html']}")
     return 0

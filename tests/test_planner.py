@@ -453,6 +453,19 @@ def test_plan_csv_writes_candidate_values_as_given(tmp_path, capsys):
     assert col == ["64", "null"]   # unset, as given (an empty cell means none)
 
 
+def test_a_null_swept_value_reads_null_unset_in_the_knee_and_met_lines(tmp_path, capsys):
+    # both points keep up at 10 req/s (10 ms steps, 4 seqs): the lowest stable value is 64
+    # (null, vLLM's own sizing, ranks above every number) and both meet the SLO
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN)
+    assert main(["sweep", str(y), "--set", "engine.max_num_batched_tokens=null,64", "--out",
+                 str(tmp_path / "sw"), "--executor", "serial", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "lowest stable engine.max_num_batched_tokens: 64" in lines
+    assert ("every SLO met (stable) at engine.max_num_batched_tokens: null (unset), 64"
+            in lines)
+
+
 def test_cli_sweep_plan_compare(tmp_path, capsys):
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN)
