@@ -412,7 +412,8 @@ def _cmd_plan(args) -> int:
     miss = closest_miss(res)
     cfg = scenario.plan
     print(f"no candidate meets every SLO at {res.target_rate:g} req/s"
-          + (f"; {closest_text(miss, cfg.max_replicas if cfg else 64)}" if miss else ""))
+          + (f"; {closest_text(miss, cfg.max_replicas if cfg else 64)}" if miss else
+             "; none ran to an SLO figure to rank them by: each one's status says why"))
     print(f"report: {paths['report.html']}")
     return NO_PLAN_STATUS
 

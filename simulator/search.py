@@ -229,7 +229,10 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
                             cap, evals, at, note)
 
     if not cap:
-        return result(0.0, None, "nothing completed at saturation")
+        why = (": every request is rejected (prompts of engine.max_model_len tokens or more): "
+               "raise engine.max_model_len or shorten the prompts"
+               if probe["summary"].get("rejected") else "")
+        return result(0.0, None, "nothing completed at saturation" + why)
     lo, hi = None, cap
     e = yield from ev(hi)
     if e.feasible:

@@ -466,6 +466,22 @@ def test_a_null_swept_value_reads_null_unset_in_the_knee_and_met_lines(tmp_path,
             in lines)
 
 
+def test_a_plan_whose_every_prompt_is_rejected_says_why_nothing_completed(tmp_path, capsys):
+    # 8-token prompts and max_model_len 8: vLLM rejects every one (prompt >= max_model_len)
+    import json
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("max_model_len: 512", "max_model_len: 8"))
+    assert main(["plan", str(y), "--out", str(tmp_path / "pl"), "--executor", "serial",
+                 "--quiet"]) == 1
+    assert ("no candidate meets every SLO at 30 req/s; none ran to an SLO figure to rank "
+            "them by: each one's status says why") in capsys.readouterr().out.splitlines()
+    cands = json.loads((tmp_path / "pl" / "plan.json").read_text())["candidates"]
+    assert [c["status"] for c in cands] == [
+        "nothing completed at saturation: every request is rejected (prompts of "
+        "engine.max_model_len tokens or more): raise engine.max_model_len or shorten the "
+        "prompts"] * 2
+
+
 def test_cli_sweep_plan_compare(tmp_path, capsys):
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN)
