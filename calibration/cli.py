@@ -44,8 +44,14 @@ def parse_bytes(text: str, flag: str = "--kv-cache-memory") -> int:
     return n
 
 
+#: Longest replay check ``--replay-seconds`` takes (an hour of arrivals, as ``validate``'s
+#: ``--seconds`` per load): the replay serves it on the engine in real time.
+MAX_REPLAY_SECONDS = 3600.0
+
+
 def positive_seconds(text: str) -> float:
-    """argparse type for durations: a positive finite number of seconds."""
+    """argparse type for ``--replay-seconds``: a finite number of seconds in
+    (0, :data:`MAX_REPLAY_SECONDS`]."""
     import argparse
     import math
 
@@ -53,8 +59,9 @@ def positive_seconds(text: str) -> float:
         v = float(text)
     except ValueError:
         v = float("nan")
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    if not (math.isfinite(v) and 0 < v <= MAX_REPLAY_SECONDS):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0 and <= "
+                                         f"{MAX_REPLAY_SECONDS:g}")
     return v
 
 
@@ -82,6 +89,22 @@ def positive_int(text: str) -> int:
         v = 0
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
+    return v
+
+
+#: Most passes over the calibration grid ``--repeats`` takes (8 already holds each cell's
+#: spread; each pass takes minutes).
+MAX_REPEATS = 100
+
+
+def repeats_arg(text: str) -> int:
+    """argparse type for ``--repeats``: a whole number in [1, :data:`MAX_REPEATS`]."""
+    import argparse
+
+    v = positive_int(text)
+    if v > MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 1 to "
+                                         f"{MAX_REPEATS}")
     return v
 
 
@@ -807,9 +830,10 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--max-model-len", type=positive_int,
                    help="default min(max_position_embeddings, 8192)")
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (default torch's)")
-    p.add_argument("--repeats", type=positive_int, help="passes over the grid (default 3 quick, 4)")
+    p.add_argument("--repeats", type=repeats_arg,
+                   help=f"passes over the grid (default 3 quick, 4; at most {MAX_REPEATS})")
     p.add_argument("--replay-seconds", type=positive_seconds,
-                   help="length of the replay check (seconds)")
+                   help=f"length of the replay check (seconds; at most {MAX_REPLAY_SECONDS:g})")
     p.add_argument("--no-replay", action="store_true", help="skip the replay check")
     p.add_argument("--device-name", type=label, help="catalog GPU name (e.g. h200) or a label")
     p.add_argument("--report-dir", help="folder for the report (default: beside --out)")

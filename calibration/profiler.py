@@ -290,7 +290,33 @@ def read_measurements(path: str | Path):
     missing = [c for c in CSV_COLUMNS if c not in df.columns]
     if missing:
         raise InputError(f"{path}: not a measurements CSV (missing column {missing[0]})")
+    for c in CSV_COLUMNS:
+        if c in _TEXT_COLUMNS:
+            continue
+        num = pd.to_numeric(df[c], errors="coerce")
+        bad = (num.isna() | (num < 0)).to_numpy().nonzero()[0]
+        if len(bad):   # a row edited or written by something else: name its line
+            i = int(bad[0])
+            v = df[c].iloc[i]
+            v = getattr(v, "item", lambda: v)()   # a NumPy number as Python writes it
+            raise InputError(f"{path}:{_row_lines(path)[i]}: {c} is {v!r}: a measurements "
+                             f"row holds a number >= 0 there (delete the row to measure it "
+                             f"again)")
+        df[c] = num
     return df
+
+
+#: Columns of a measurements CSV that hold text; every other one holds a number >= 0.
+_TEXT_COLUMNS = ("cell", "kind", "prefills")
+
+
+def _row_lines(path: Path) -> list[int]:
+    """The file line (1-based) of each data row of a measurements CSV, as ``pandas`` reads
+    it: after the column line, skipping comment (``#``) and blank lines."""
+    with open(path, encoding="utf-8") as f:
+        lines = [n for n, line in enumerate(f, 1)
+                 if line.strip() and not line.startswith("#")]
+    return lines[1:]
 
 
 def check_resumable(path: Path, identity: dict) -> bool:

@@ -470,7 +470,8 @@ def test_engine_commands_without_torch_say_how_to_install(tmp_path, capsys, monk
     assert "pip install torch==2.13.0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value", ["-1", "0", "inf", "soon"])
+# 1e12 s used to pass the flag and fail after the whole grid, in the replay's num_requests
+@pytest.mark.parametrize("value", ["-1", "0", "inf", "soon", "1e12", "3601"])
 def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
     from simulator.cli import main
     out = tmp_path / "p.yaml"
@@ -480,7 +481,21 @@ def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"servesim: error: argument --replay-seconds: {value!r}: give a "
-                   f"positive number of seconds (see servesim calibrate --help)"]
+                   f"number of seconds > 0 and <= 3600 (see servesim calibrate --help)"]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value,allowed", [("0", ">= 1"), ("101", "from 1 to 100"),
+                                           ("1e3", ">= 1")])
+def test_calibrate_refuses_a_bad_repeat_count(value, allowed, tmp_path, capsys):
+    from simulator.cli import main
+    out = tmp_path / "p.yaml"
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--model", "llama-test", "--out", str(out), "--repeats", value])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"servesim: error: argument --repeats: {value!r}: give a whole number {allowed} "
+        f"(see servesim calibrate --help)"]
     assert not out.exists()
 
 

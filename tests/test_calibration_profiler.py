@@ -137,6 +137,29 @@ def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
     assert len(read_measurements(path)) == 1
 
 
+@pytest.mark.parametrize("row,column,value", [
+    ("garbage,,,", "pass", "''"),
+    ("decode B=1 L=20,decode,0,fast,4,,1,21,1,1,1,0,1,21,21.0,1", "duration_ns", "'fast'"),
+    ("decode B=1 L=20,decode,0,-5,4,,1,21,1,1,1,0,1,21,21.0,1", "duration_ns", "-5"),
+])
+def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
+    # a whole line (not a kill's cut-off tail) that is no measurement: one error naming
+    # the file's line, before any measuring (it failed deep in the fit)
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, HEADER)
+    log.append({"cell": "decode B=1 L=20", "kind": "decode", "pass": 0, "duration_ns": 5,
+                "execute_ns": 4, "prefills": "", "num_decodes": 1, "decode_context_tokens": 21,
+                "num_sampled": 1, "tokens": 1, "requests": 1, "prefill_tokens": 0,
+                "decodes": 1, "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1})
+    log.close()
+    with open(path, "a") as f:
+        f.write("\n" + row + "\n")    # line 3 the good row, 4 blank, 5 this one
+    with pytest.raises(InputError) as e:
+        MeasurementLog(path, HEADER)
+    assert str(e.value) == (f"{path}:5: {column} is {value}: a measurements row holds a "
+                            f"number >= 0 there (delete the row to measure it again)")
+
+
 def test_second_writer_is_refused(tmp_path):
     first = MeasurementLog(tmp_path / "m.csv", HEADER)
     with pytest.raises(InputError, match="another calibration is writing"):
