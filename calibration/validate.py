@@ -80,6 +80,36 @@ def saturation_throughput(finish_ns) -> float:
     return (i1 - i0) / ((f[i1] - f[i0]) / 1e9)
 
 
+def other_host(profile, host: tuple[str, str] | None = None) -> str | None:
+    """The CPU a CPU profile was measured on, when it is not this host's model or matmul
+    instruction set: step costs measured on one CPU do not price another's (an AMD EPYC
+    profile on an Intel Xeon with AMX priced prefills x1.46 and decodes x0.60). Read from
+    the device name ``servesim calibrate`` writes, ``cpu <model name> (<ISA>, <N>
+    thread(s))`` (:func:`calibration.cli._device_info`).
+
+    Args:
+        profile: a :class:`simulator.cost_model.Profile`, or None (an inline step time).
+        host: ``(model name, ISA)`` of this host (default :func:`calibration.profiler.cpu_name`,
+            :func:`calibration.profiler.cpu_isa`).
+
+    Returns:
+        ``"<model name> (<ISA>)"`` of the profile's CPU; None for this host's (its model
+        name begins with the profile's, and the ISA is the same where the profile states
+        one), a GPU profile, an inline step time or a ``--device-name`` label.
+    """
+    from calibration.profiler import cpu_isa, cpu_name
+
+    name = profile.device.name if profile is not None and profile.device.kind == "cpu" else ""
+    m = re.fullmatch(r"cpu (.+) \((?:(.+), )?\d+ threads?\)", name)
+    if m is None:
+        return None
+    name_here, isa_here = host or (cpu_name(), cpu_isa())
+    # a profile may name its CPU shorter ("AMD EPYC") and leave out the ISA (older ones)
+    if name_here.startswith(m[1]) and m[2] in (None, isa_here):
+        return None
+    return m[1] + (f" ({m[2]})" if m[2] else "")
+
+
 def profile_threads(profile) -> int | None:
     """CPU threads the profile was measured with: ``threads`` in its measurements CSV's
     header, else the count its provenance or device name states ("1 thread", "4 threads");
@@ -555,6 +585,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     from calibration.engine.weights import parse_dtype, random_model
 
     from .cli import warn_if_emulated
+    from .profiler import cpu_isa
 
     check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
     base = servable_cost_model(scenario)
@@ -564,6 +595,14 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         "validate in float32: --set dtype=float32 with a float32 profile (shipped: "
         "--set hardware.profile=cpu-llama-tiny-56m-float32)"))
     prof = base.profile
+    elsewhere = other_host(prof)
+    if elsewhere:   # its errors would be the two hosts' difference, not the simulator's
+        isa = cpu_isa()
+        print(f"servesim: warning: the profile was measured on another CPU, {elsewhere}; "
+                 f"this host is {_cpu_name()}{f' ({isa})' if isa else ''}: its step costs "
+                 f"need not hold here, so the errors below would be the two hosts' "
+                 f"difference as much as the simulator's; calibrate on this host (servesim "
+                 f"calibrate) and validate with that profile", file=sys.stderr)
     threads = profile_threads(prof)
     if threads:
         torch.set_num_threads(threads)
@@ -596,6 +635,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         "engine_knobs": {k: v for k, v in cfg.items()},
         "scheduling": "vLLM V1 semantics, synchronous (async_scheduling=False)",
         "cost_model": base.label, "heldout_mape": mape,
+        "profile_device": prof.device.name if prof is not None else "inline step_time",
+        **({"profile_warning": f"measured on another CPU ({elsewhere})"} if elsewhere else {}),
         "replay_mape": prof.error.replay.mape if prof is not None and prof.error.replay
         else None,
         "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -237,6 +237,26 @@ def test_profile_threads_read_from_the_csv_header_else_the_text(tmp_path):
         assert V.profile_threads(p) == want
 
 
+@pytest.mark.parametrize("name,host,want", [
+    # this host, named as calibrate names it, or shorter and without the ISA (shipped ones)
+    ("cpu Intel(R) Xeon(R) Processor (AMX-BF16, AVX512-BF16, 1 thread)",
+     ("Intel(R) Xeon(R) Processor", "AMX-BF16, AVX512-BF16"), None),
+    ("cpu AMD EPYC (1 thread)", ("AMD EPYC 9R14 96-Core Processor", "AVX512-BF16"), None),
+    # another model, or the same model name with another ISA
+    ("cpu AMD EPYC (1 thread)", ("Intel(R) Xeon(R) Processor", "AMX-BF16"), "AMD EPYC"),
+    ("cpu AMD EPYC 7R13 Processor (AVX2, 2 threads)",
+     ("AMD EPYC 7R13 Processor", "AVX512-BF16"), "AMD EPYC 7R13 Processor (AVX2)"),
+    # nothing to compare: a --device-name label, a GPU
+    ("my-box", ("AMD EPYC", ""), None),
+])
+def test_a_profile_from_another_cpu_is_named(name, host, want):
+    from types import SimpleNamespace as NS
+    prof = NS(device=NS(name=name, kind="cpu"))
+    assert V.other_host(prof, host) == want
+    assert V.other_host(NS(device=NS(name=name, kind="gpu")), host) is None
+    assert V.other_host(None, host) is None
+
+
 def test_speed_probe_times_the_cells_against_their_references():
     from calibration.profiler import Cell, decode_lengths
     sc = scenario_from_dict(SCENARIO)
