@@ -374,7 +374,8 @@ def _check_fits(shape, device: str, kv_bytes: int, dtype: str = "float32") -> No
     cache cannot fit the device's memory (host RAM on cpu), before allocating anything.
 
     Raises:
-        InputError: naming ``--model`` and both sizes.
+        InputError: naming ``--model``, the KV cache's size (``--kv-cache-memory``) and
+            both totals.
     """
     from .profiler import memory_bytes
 
@@ -382,10 +383,12 @@ def _check_fits(shape, device: str, kv_bytes: int, dtype: str = "float32") -> No
     need = shape.weight_bytes("float32") + packed + kv_bytes
     have = memory_bytes(device)
     if need > have:
+        def gb(n):   # 1e99 bytes (--kv-cache-memory 1e99) reads 1e+90, not 90 digits
+            return f"{n / 1e9:,.1f}" if n < 1e15 else f"{n / 1e9:.3g}"
         raise InputError(f"--model {shape.name}: its weights (drawn in float32) and KV cache "
-                         f"need {need / 1e9:.1f} GB but the {device} device has "
-                         f"{have / 1e9:.1f} GB; calibrate a smaller model or on a bigger "
-                         f"device")
+                         f"({gb(kv_bytes)} GB, --kv-cache-memory) need {gb(need)} GB but the "
+                         f"{device} device has {gb(have)} GB; calibrate a smaller model or "
+                         f"cache, or on a bigger device")
 
 
 def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:

@@ -485,6 +485,22 @@ def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_kv_cache_larger_than_the_host_names_the_flag_and_readable_sizes(tmp_path, capsys,
+                                                                          monkeypatch):
+    # 1e99 bytes printed 90 digits of GB; the host's memory is fixed at 25 GB here
+    from calibration import profiler
+    from simulator.cli import main
+    monkeypatch.setattr(profiler, "memory_bytes", lambda device: 25 * 10**9)
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--model", "llama-test", "--kv-cache-memory", "1e99", "--out",
+                 str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("servesim: error: --model llama-test: its weights (drawn in float32) "
+                          "and KV cache (1e+90 GB, --kv-cache-memory) need 1e+90 GB but the "
+                          "cpu device has 25.0 GB"), err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("value,allowed", [("0", ">= 1"), ("101", "from 1 to 100"),
                                            ("1e3", ">= 1")])
 def test_calibrate_refuses_a_bad_repeat_count(value, allowed, tmp_path, capsys):
