@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.errors import InputError
 from simulator.metrics import MetricsCollector, RunResult
 
 NS_PER_MS = 1_000_000
@@ -108,8 +107,9 @@ def engine_config(scenario, num_gpu_blocks: int, seed: int = 0) -> dict:
         InputError: an unlimited KV cache (the engine needs a block count).
     """
     if num_gpu_blocks is None:
-        raise InputError(f"{scenario.source}: engine.num_gpu_blocks: validation needs a "
-                         f"finite KV cache (set it, or use a profile that records one)")
+        raise scenario.error("engine.num_gpu_blocks", "validation needs a finite KV cache "
+                                                      "(set it, or use a profile that records "
+                                                      "one)")
     e = scenario.engine
     return {"block_size": e.block_size, "max_num_seqs": scenario.max_num_seqs,
             "max_num_batched_tokens": scenario.max_num_batched_tokens,

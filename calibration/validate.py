@@ -374,8 +374,8 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
             (0, 3600], saturation requests in [5, 100000].
     """
     if scenario.cluster.replicas != 1:
-        raise InputError(f"{scenario.source}: cluster.replicas: validation serves one "
-                         f"engine; set 1")
+        raise scenario.error("cluster.replicas", f"validation serves one engine, so it must "
+                                                 f"be 1 (got {scenario.cluster.replicas})")
     # Each load is a fixed list of arrival times at a rate set from the saturation; closed
     # loops, sessions and traces time arrivals by finishes or by the file (a closed loop's
     # list was all at 0: a burst at every load).
@@ -532,9 +532,10 @@ def servable_cost_model(scenario):
     base = build_cost_model(scenario)
     prof = base.profile
     if prof is not None and prof.provenance.kind != "measured":
-        raise InputError(f"{scenario.source}: hardware: validate serves the scenario on this "
-                         f"machine's engine, so it needs a profile measured here (servesim "
-                         f"calibrate) or an inline step_time, not a projection ({base.label})")
+        key = "hardware.profile" if scenario.hardware.profile is not None else "hardware"
+        raise scenario.error(key, f"validate serves the scenario on this machine's engine, "
+                                  f"so it needs a profile measured here (servesim calibrate) "
+                                  f"or an inline step_time, not a projection ({base.label})")
     return base
 
 

@@ -257,6 +257,31 @@ def test_a_profile_from_another_cpu_is_named(name, host, want):
     assert V.other_host(None, host) is None
 
 
+def test_what_validate_cannot_serve_names_the_flag_or_the_file_line(tmp_path):
+    # these named the file even when a --set flag was at fault
+    import yaml
+    from simulator.errors import InputError
+    from simulator.scenario import load_scenario
+    path = tmp_path / "v.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
+    for flags, call, want in [
+        (["cluster.replicas=2"], lambda sc: V.check_validation_args(sc, [0.3], 1),
+         "--set cluster.replicas=2: validation serves one engine, so it must be 1 (got 2)"),
+        (["hardware={profile: h100-sxm}", "model=llama-3.1-8b", "dtype=bfloat16"],
+         V.servable_cost_model, "--set hardware={profile: h100-sxm}: hardware.profile: "
+         "validate serves the scenario on this machine's engine, so it needs a profile "
+         "measured here"),
+        (["engine.num_gpu_blocks=null"], lambda sc: TR.engine_config(sc, None),
+         "--set engine.num_gpu_blocks=null: validation needs a finite KV cache"),
+    ]:
+        with pytest.raises(InputError) as e:
+            call(load_scenario(path, flags))
+        assert str(e.value).startswith(want), str(e.value)
+    with pytest.raises(InputError) as e:   # the file's own value: its line
+        TR.engine_config(load_scenario(path), None)
+    assert str(e.value).startswith("v.yaml:12: engine.num_gpu_blocks: validation needs")
+
+
 def test_speed_probe_times_the_cells_against_their_references():
     from calibration.profiler import Cell, decode_lengths
     sc = scenario_from_dict(SCENARIO)
