@@ -222,8 +222,25 @@ def _check_utf8(argv: list[str]) -> None:
                              f"reports name them in UTF-8 files)") from None
 
 
+def _ignore_interrupts() -> None:
+    """Ignore SIGINT from now on (the main thread only may set a handler)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main(argv=None) -> int:
-    """Entry point of the ``servesim`` console script; returns the exit status."""
+    """Entry point of the ``servesim`` console script; returns the exit status.
+
+    Run as the console script (``argv`` None), Ctrl-C is ignored once a command starts
+    renaming its outputs into place and after it returns (interpreter shutdown): an
+    interrupt then lets it finish, exit 0, rather than exiting 130 over a whole report.
+    """
+    from . import files
+
+    console = argv is None
     try:
         # Building the parser imports every command's modules (seconds): inside the try,
         # so that Ctrl-C then is one line too.
@@ -231,7 +248,12 @@ def main(argv=None) -> int:
         argv = sys.argv[1:] if argv is None else list(argv)
         _check_utf8(argv)
         args = ap.parse_args(_attach_dash_values(argv))
-        return args.func(args)
+        if console:
+            files.on_commit = _ignore_interrupts
+        status = args.func(args)
+        if console:
+            _ignore_interrupts()
+        return status
     except InputError as e:
         print(f"servesim: error: {one_line(str(e))}", file=sys.stderr)
         return 2

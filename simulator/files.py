@@ -16,6 +16,18 @@ import yaml
 
 from .errors import InputError
 
+#: Called just before a command's outputs are renamed into place (:func:`commit_outputs`).
+#: The console script sets it to ignore Ctrl-C from then on, so that an interrupt either
+#: leaves no output (exit 130) or lets the command finish (exit 0), never a whole report
+#: under status 130. None (the default, and in-process callers such as tests): nothing.
+on_commit = None
+
+
+def commit_outputs() -> None:
+    """Run :data:`on_commit`, if set: the caller is about to rename its outputs in place."""
+    if on_commit is not None:
+        on_commit()
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error

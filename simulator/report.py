@@ -28,7 +28,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .errors import InputError
-from .files import check_folder
+from .files import check_folder, commit_outputs
 from .metrics import METRIC_LABELS, METRICS, RunResult
 
 FILES = {
@@ -658,6 +658,7 @@ def write_files(out_dir, contents: dict, flag: str = "--out",
     try:
         for name, data in contents.items():
             (tmp / name).write_bytes(data)
+        commit_outputs()   # from here on the outputs are whole: see files.on_commit
         if existing:
             for name in contents:
                 os.replace(tmp / name, out / name)

@@ -270,6 +270,39 @@ def test_ctrl_c_while_servesim_imports_its_commands_is_one_line():
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "servesim: interrupted\n", "")
 
 
+@pytest.mark.parametrize("when", ["before_commit", "at_commit", "after_main"])
+def test_ctrl_c_leaves_no_output_and_130_or_the_whole_output_and_0(tmp_path, when):
+    # The console script (cli.main() with sys.argv) sends itself SIGINT: as the outputs are
+    # staged (nothing written, 130), as they are renamed into place or once main returned
+    # (both ignored: the report is whole, 0; it exited 130 over a whole report)
+    import subprocess
+    import sys
+
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                    "engine: {max_num_seqs: 4, max_model_len: 512}\nworkload: {num_requests: "
+                    "20, arrival: {process: poisson, rate: 10}, prompt_tokens: {dist: fixed, "
+                    "value: 8}, output_tokens: {dist: fixed, value: 4}}\n")
+    out = tmp_path / "out"
+    kill = "os.kill(os.getpid(), signal.SIGINT)"
+    patch = {"before_commit": f"report.commit_outputs = lambda: ({kill}, commit())",
+             "at_commit": f"report.commit_outputs = lambda: (commit(), {kill})",
+             "after_main": "pass"}[when]
+    code = ("import os, signal, sys; from simulator import cli, report; "
+            f"commit = report.commit_outputs; {patch}; "
+            f"sys.argv = ['servesim', 'run', {str(scen)!r}, '--out', {str(out)!r}, '--quiet']; "
+            "status = cli.main(); "
+            + (f"{kill}; " if when == "after_main" else "") + "sys.exit(status)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, preexec_fn=_sigint_default)
+    if when == "before_commit":
+        assert (proc.returncode, proc.stderr) == (130, "servesim: interrupted\n")
+        assert not out.exists()
+    else:
+        assert proc.returncode == 0 and "interrupt" not in proc.stderr, proc.stderr
+        assert (out / "summary.json").is_file() and (out / "report.html").is_file()
+
+
 def _infinite_server(step, rate, out, n=300):
     """Every request starts at once (1024 slots, a KV cache without limit): with a
     constant step time this is an M/G/inf queue, stable at any rate."""
