@@ -466,9 +466,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                 f"max_model_len {max_len} needs {need - 1} besides the null block: give at "
                 f"least {need * per_block:,} bytes, or a lower --max-model-len")
     grid = default_grid(device, args.quick, max_len)
-    if args.repeats is not None:
-        if args.repeats < 1:
-            raise InputError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.repeats is not None:   # 1 to MAX_REPEATS (repeats_arg)
         grid = type(grid)(**{**grid.__dict__, "repeats": args.repeats})
     budget_tokens = grid.max_chunk() + grid.max_batch()
     max_seqs = grid.max_batch() + 2
@@ -783,11 +781,17 @@ def _cmd_profiles(args) -> int:
 
 
 def _cmd_calibrate(args) -> int:
-    if args.backend == "vllm":
-        from .vllm.commands import calibrate_vllm
-        calibrate_vllm(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)
-        return 0
-    calibrate(args, argv=sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None)
+    from simulator.files import removed_if_left_empty
+
+    argv = sys.argv[1:] if sys.argv and "calibrate" in sys.argv else None
+    # the folders it makes for --out and --report-dir go again if it stops before writing
+    with removed_if_left_empty(Path(args.out).parent if args.out.strip() else None,
+                               args.report_dir):
+        if args.backend == "vllm":
+            from .vllm.commands import calibrate_vllm
+            calibrate_vllm(args, argv=argv)
+        else:
+            calibrate(args, argv=argv)
     return 0
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import tempfile
 from collections.abc import Hashable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -383,6 +384,25 @@ def check_writable(path: str | Path, flag: str) -> None:
         tempfile.TemporaryFile(dir=path).close()
     except OSError as e:
         raise InputError(f"{flag} {path}: cannot write there ({e.strerror})") from None
+
+
+@contextmanager
+def removed_if_left_empty(*folders: str | Path | None):
+    """Remove again, when the block raises (Ctrl-C included), the folders among ``folders``
+    (None skipped) and the parents made with them that did not exist before it and that
+    it left empty: a command stopped before writing leaves nothing behind."""
+    made = [[p, *(q for q in p.parents)] for p in (Path(f) for f in folders if f)]
+    made = [[p for p in chain if not p.exists()] for chain in made]   # deepest first
+    try:
+        yield
+    except BaseException:
+        for chain in made:
+            for p in chain:
+                try:
+                    p.rmdir()   # only if empty: a resumable CSV written there stays
+                except OSError:
+                    break
+        raise
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

@@ -501,6 +501,27 @@ def test_a_kv_cache_larger_than_the_host_names_the_flag_and_readable_sizes(tmp_p
     assert not out.exists()
 
 
+def test_folders_made_for_an_interrupted_calibration_go_again_unless_written(tmp_path):
+    # Ctrl-C before the first measurement left the --out folder it had made, empty
+    from simulator.files import removed_if_left_empty
+    keep = tmp_path / "kept"
+    keep.mkdir()
+    for wrote in (False, True):
+        out, rep = tmp_path / "a" / "b", keep / "r"
+        with pytest.raises(KeyboardInterrupt):
+            with removed_if_left_empty(out, rep, None):
+                out.mkdir(parents=True)
+                rep.mkdir()
+                if wrote:   # a resumable measurements CSV stays, with its folders
+                    (out / "x.measurements.csv").write_text("# {}\n")
+                raise KeyboardInterrupt
+        assert (out.exists(), (tmp_path / "a").exists(), rep.exists()) == (wrote, wrote, False)
+        assert keep.is_dir()   # it was there before
+    with removed_if_left_empty(tmp_path / "c"):   # no error: what it made stays
+        (tmp_path / "c").mkdir()
+    assert (tmp_path / "c").is_dir()
+
+
 @pytest.mark.parametrize("value,allowed", [("0", ">= 1"), ("101", "from 1 to 100"),
                                            ("1e3", ">= 1")])
 def test_calibrate_refuses_a_bad_repeat_count(value, allowed, tmp_path, capsys):
