@@ -411,6 +411,13 @@ def save_profile(profile: Profile, path: str | Path) -> Path:
     rename), creating the folder. Returns the path."""
     text = yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False,
                           default_flow_style=None, width=100)
+    over = {k: v for k, v in profile.efficiencies.model_dump().items() if v and v > 1}
+    if over:   # vLLM's users read MBU/MFU as at most 1: say what one above it means
+        text = text.replace("\nefficiencies:", "\n# efficiencies: the fit's effective rates "
+                            "over the device's peaks (or measured ceilings);\n# "
+                            + ", ".join(f"{k} {v:.2f}" for k, v in over.items())
+                            + " > 1: faster than that peak, as when a small model's weights "
+                            "stay in cache, not a bound on the hardware\nefficiencies:", 1)
     path = atomic_write(path, text)
     profile._path = path
     return path

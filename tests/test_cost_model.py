@@ -316,6 +316,19 @@ def test_a_block_count_from_set_is_named_as_such_and_its_errors_suggest_raising_
         "the cache from gpu_memory_utilization)")
 
 
+def test_a_profile_with_an_efficiency_above_one_says_what_it_means(tmp_path):
+    # MBU 4.0 in a profile reads as a bug to a vLLM user, who knows MBU <= 1
+    from simulator.cost_model import load_profile
+    save_profile(make_profile(efficiencies={"mbu": 4.0, "mfu": 0.5}), tmp_path / "p.yaml")
+    text = (tmp_path / "p.yaml").read_text()
+    assert ("\n# efficiencies: the fit's effective rates over the device's peaks (or measured "
+            "ceilings);\n# mbu 4.00 > 1: faster than that peak, as when a small model's "
+            "weights stay in cache, not a bound on the hardware\nefficiencies:") in text
+    assert load_profile(tmp_path / "p.yaml").efficiencies.mbu == 4.0
+    save_profile(make_profile(), tmp_path / "q.yaml")   # all <= 1: no comment
+    assert "#" not in (tmp_path / "q.yaml").read_text()
+
+
 def test_measured_profile_blocks_converted_to_block_size(tmp_path):
     save_profile(make_profile(), tmp_path / "p.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
@@ -622,11 +635,12 @@ def test_profile_reads_exponent_numbers_as_the_scenario_loader_does(tmp_path):
     p, line = _edited_profile(tmp_path, "e.yaml", f"memory_bytes: {mem}", "memory_bytes: 25e9")
     with pytest.raises(InputError, match=rf"^{re.escape(str(p))}:{line}: device\.memory_bytes: "
                                          r"Input should be a valid integer > 0 "
-                                         r"\(got 25000000000\.0\)$"):
+                                         r"\(got 25000000000\.0: write 25000000000, "
+                                         r"without a point or exponent\)$"):
         load_profile(p)
     p.write_text(text.replace(f"memory_bytes: {mem}", "memory_bytes: true"))
     with pytest.raises(InputError, match=r"device\.memory_bytes: Input should be a valid "
-                                         r"integer > 0 \(got True\)$"):
+                                         r"integer > 0 \(got true\)$"):
         load_profile(p)
     n = len(text.splitlines()) + 1
     p.write_text(text + "name: again\n")     # a key given twice is refused, as in scenarios
