@@ -130,8 +130,15 @@ def markdown_table(result: dict) -> str:
               "saturation both sides serve what arrives, so their throughputs agree by "
               "construction: the saturation line above is the throughput test.", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    def band(row, key):
-        return {True: "yes", False: "no", None: "–"}[row[key]] if key in row else ""
+    def band(row, key):   # the verdict, and the band's edges where they are known
+        if key not in row:
+            return ""
+        word = {True: "yes", False: "no", None: "–"}[row[key]]
+        edges = row.get(key.replace("in_band", "band"))
+        if edges and None not in edges:
+            lo, hi = sorted((edges[0]["mean"], edges[1]["mean"]))
+            word += f" ({_fmt(lo, False)}–{_fmt(hi, False)})"
+        return word
 
     for ld in result["loads"]:
         for row in ld["table"]:
@@ -153,7 +160,9 @@ def markdown_table(result: dict) -> str:
                   "this machine, a floor under any prediction's error."]
     lines += ["", "'in MAPE band' is judged for " + ", ".join(BAND_FIGURES) + " (blank for "
               "the other figures): whether the measured value lies between simulations with "
-              "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE)"
+              "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE), "
+              "judged per replication; in parentheses the band's edges (means over "
+              "replications)"
               + ("; 'around it': the same around the prediction at host speed." if adj
                  else ".")]
     if again_band:

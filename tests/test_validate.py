@@ -158,7 +158,7 @@ def test_signed_error_and_band_table():
         "| error | in MAPE band | predicted at host speed | error at host speed | "
         "in MAPE band around it |")
     p50 = next(x for x in md if x.startswith("| 0.9 | TTFT p50 |"))
-    assert p50.endswith("| +20.0% | yes | 130 | +30.0% | no |")
+    assert p50.endswith("| +20.0% | yes (90–150) | 130 | +30.0% | no (110–160) |")
 
 
 def test_bad_input_is_one_line():
