@@ -110,6 +110,27 @@ def other_host(profile, host: tuple[str, str] | None = None) -> str | None:
     return m[1] + (f" ({m[2]})" if m[2] else "")
 
 
+def profile_origin(profile) -> dict:
+    """Where ``profile`` was measured, for a validation's ``meta``: ``profile_device`` (its
+    device name, or ``inline step_time``) and, for a CPU profile from another CPU
+    (:func:`other_host`), ``profile_warning``, also printed to stderr as a warning: its
+    errors would be the two hosts' difference as much as the simulator's."""
+    from calibration.profiler import cpu_isa, cpu_name
+
+    out = {"profile_device": profile.device.name if profile is not None
+           else "inline step_time"}
+    elsewhere = other_host(profile)
+    if elsewhere:
+        isa = cpu_isa()
+        out["profile_warning"] = f"measured on another CPU ({elsewhere})"
+        print(f"servesim: warning: the profile was measured on another CPU, {elsewhere}; "
+              f"this host is {cpu_name()}{f' ({isa})' if isa else ''}: its step costs need "
+              f"not hold here, so the errors below would be the two hosts' difference as "
+              f"much as the simulator's; calibrate on this host (servesim calibrate) and "
+              f"validate with that profile", file=sys.stderr)
+    return out
+
+
 def profile_threads(profile) -> int | None:
     """CPU threads the profile was measured with: ``threads`` in its measurements CSV's
     header, else the count its provenance or device name states ("1 thread", "4 threads");
@@ -586,7 +607,6 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     from calibration.engine.weights import parse_dtype, random_model
 
     from .cli import warn_if_emulated
-    from .profiler import cpu_isa
 
     check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
     base = servable_cost_model(scenario)
@@ -596,14 +616,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         "validate in float32: --set dtype=float32 with a float32 profile (shipped: "
         "--set hardware.profile=cpu-llama-tiny-56m-float32)"))
     prof = base.profile
-    elsewhere = other_host(prof)
-    if elsewhere:   # its errors would be the two hosts' difference, not the simulator's
-        isa = cpu_isa()
-        print(f"servesim: warning: the profile was measured on another CPU, {elsewhere}; "
-                 f"this host is {_cpu_name()}{f' ({isa})' if isa else ''}: its step costs "
-                 f"need not hold here, so the errors below would be the two hosts' "
-                 f"difference as much as the simulator's; calibrate on this host (servesim "
-                 f"calibrate) and validate with that profile", file=sys.stderr)
+    where = profile_origin(prof)
     threads = profile_threads(prof)
     if threads:
         torch.set_num_threads(threads)
@@ -635,9 +648,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         "dtype": scenario.dtype, "engine": f"servesim-torch ({_version()})",
         "engine_knobs": {k: v for k, v in cfg.items()},
         "scheduling": "vLLM V1 semantics, synchronous (async_scheduling=False)",
-        "cost_model": base.label, "heldout_mape": mape,
-        "profile_device": prof.device.name if prof is not None else "inline step_time",
-        **({"profile_warning": f"measured on another CPU ({elsewhere})"} if elsewhere else {}),
+        "cost_model": base.label, "heldout_mape": mape, **where,
         "replay_mape": prof.error.replay.mape if prof is not None and prof.error.replay
         else None,
         "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -257,6 +257,23 @@ def test_a_profile_from_another_cpu_is_named(name, host, want):
     assert V.other_host(None, host) is None
 
 
+def test_profile_origin_names_the_device_and_warns_for_another_cpu(capsys, monkeypatch):
+    from types import SimpleNamespace as NS
+    from calibration import profiler
+    monkeypatch.setattr(profiler, "cpu_name", lambda: "Intel(R) Xeon(R) Processor")
+    monkeypatch.setattr(profiler, "cpu_isa", lambda: "AMX-BF16")
+    assert V.profile_origin(None) == {"profile_device": "inline step_time"}
+    here = NS(device=NS(name="cpu Intel(R) Xeon(R) Processor (AMX-BF16, 1 thread)", kind="cpu"))
+    assert V.profile_origin(here) == {"profile_device": here.device.name}
+    assert capsys.readouterr().err == ""
+    there = NS(device=NS(name="cpu AMD EPYC (1 thread)", kind="cpu"))
+    assert V.profile_origin(there) == {"profile_device": "cpu AMD EPYC (1 thread)",
+                                       "profile_warning": "measured on another CPU (AMD EPYC)"}
+    assert capsys.readouterr().err.startswith(
+        "servesim: warning: the profile was measured on another CPU, AMD EPYC; this host is "
+        "Intel(R) Xeon(R) Processor (AMX-BF16): its step costs need not hold here")
+
+
 def test_what_validate_cannot_serve_names_the_flag_or_the_file_line(tmp_path):
     # these named the file even when a --set flag was at fault
     import yaml

@@ -296,7 +296,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     ver = require_vllm()
     import torch
 
-    from calibration.validate import check_validation_args, measure_fidelity
+    from calibration.validate import check_validation_args, measure_fidelity, profile_origin
     from calibration.profiler import cpu_name
     from simulator.cost_model import build_cost_model
 
@@ -324,6 +324,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     base = build_cost_model(sc1)
     prof = base.profile
     mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
+    where = profile_origin(prof)
     progress(f"vLLM {ver}: block_size {eng.block_size}, num_gpu_blocks {eng.num_gpu_blocks}, "
              f"max_num_seqs {eng.max_num_seqs}, max_num_batched_tokens "
              f"{eng.max_num_batched_tokens}, max_model_len {eng.max_model_len}")
@@ -344,7 +345,7 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
         "engine_knobs": eng.knobs,
         "scheduling": "vLLM V1 Scheduler, synchronous (async_scheduling=False); simulated "
                       "with servesim's policy at vLLM's effective knobs",
-        "cost_model": base.label, "heldout_mape": mape,
+        "cost_model": base.label, "heldout_mape": mape, **where,
         "replay_mape": prof.error.replay.mape if prof is not None and prof.error.replay
         else None,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
