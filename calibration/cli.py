@@ -101,8 +101,11 @@ def repeats_arg(text: str) -> int:
     """argparse type for ``--repeats``: a whole number in [1, :data:`MAX_REPEATS`]."""
     import argparse
 
-    v = positive_int(text)
-    if v > MAX_REPEATS:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if not 1 <= v <= MAX_REPEATS:
         raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 1 to "
                                          f"{MAX_REPEATS}")
     return v

@@ -320,11 +320,14 @@ def _row_lines(path: Path) -> list[int]:
 
 
 def check_resumable(path: Path, identity: dict) -> bool:
-    """Whether ``path`` holds rows to resume (False: absent or empty).
+    """Whether ``path`` holds rows to resume (False: absent or empty). A last line cut off
+    by a kill mid-write is dropped from the file (:func:`_repair_tail`), and every other
+    row is read and checked (:func:`read_measurements`), before any measuring.
 
     Raises:
-        InputError: the file is not a measurements CSV, or was measured for another run
-            identity (:data:`IDENTITY_KEYS` of ``identity``; the message names the key).
+        InputError: the file is not a measurements CSV, was measured for another run
+            identity (:data:`IDENTITY_KEYS` of ``identity``; the message names the key), or
+            holds a row that is no measurement (its line named).
     """
     if not (path.is_file() and path.stat().st_size > 0):
         return False
@@ -335,7 +338,17 @@ def check_resumable(path: Path, identity: dict) -> bool:
         if old.get(k) != identity.get(k):
             raise InputError(f"{path}: measured with {k} = {old.get(k)!r}, this run has "
                              f"{identity.get(k)!r}: use another --out")
+    _repair_tail(path)
+    read_measurements(path)
     return True
+
+
+def _repair_tail(path: Path) -> None:
+    """Drop a last line cut off by a kill mid-write."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "wb") as f:
+            f.write(data[:data.rfind(b"\n") + 1])
 
 
 class MeasurementLog:
@@ -354,7 +367,6 @@ class MeasurementLog:
         self.path = Path(path)
         self.counts: dict[str, int] = {}
         if check_resumable(self.path, header):
-            self._repair_tail()
             for cell in read_measurements(self.path)["cell"]:
                 self.counts[cell] = self.counts.get(cell, 0) + 1
         else:
@@ -369,13 +381,6 @@ class MeasurementLog:
             self._f.close()
             raise InputError(f"{self.path}: another calibration is writing this file") from None
         self._w = csv.writer(self._f)
-
-    def _repair_tail(self) -> None:
-        """Drop a last line cut off by a kill mid-write."""
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.path, "wb") as f:
-                f.write(data[:data.rfind(b"\n") + 1])
 
     def append(self, row: dict) -> None:
         self._w.writerow([row[c] for c in CSV_COLUMNS])

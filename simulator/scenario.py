@@ -28,6 +28,7 @@ as in vLLM.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import typing
@@ -780,6 +781,10 @@ def split_override(s: str, seen: dict, hint: str = "") -> tuple[tuple, str]:
                          f"flag; give the key and value on one line, printable characters only")
     key, sep, value = s.partition("=")
     parts = tuple(p.strip() for p in key.strip().split("."))
+    if sep and any(parts) and not all(parts):   # engine..max_num_seqs, .engine, engine.
+        raise InputError(f"--set {s}: an empty key in {key.strip()!r} (a dot at its start or "
+                         f"end, or two in a row): key.path=value, e.g. "
+                         f"engine.max_num_seqs=128")
     if not sep or not all(parts):   # an empty flag shown as '' (else "--set : expected")
         raise InputError(f"--set {s if s.strip() else repr(s)}: expected key.path=value, "
                          f"e.g. engine.max_num_seqs=128")
@@ -1003,7 +1008,10 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
     typ = err["type"]
     if typ == "extra_forbidden":
         allowed = list(parent.model_fields) if parent is not None else []
-        msg = "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+        close = (difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.8)
+                 if loc else [])   # a typo's likely key; "blocks" names none
+        msg = ("unknown key" + (f"; did you mean {close[0]}?" if close else "")
+               + (f" (allowed: {', '.join(allowed)})" if allowed else ""))
     elif typ in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
         msg = str(err["ctx"]["error"])
         if isinstance(err["ctx"]["error"], SubkeyError):
@@ -1054,12 +1062,20 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         elif typ in ("bool_type", "bool_parsing"):   # a quoted 'false' is text, not false
             msg += ": true or false, unquoted"
         inp = err.get("input")
-        if (typ == "int_type" and isinstance(inp, float) and inp.is_integer()
+        if typ in ("int_type", "float_type") and isinstance(inp, str) and _NUMBER.fullmatch(inp):
+            n = float(inp)   # the number it reads as unquoted (an integer key's as an int)
+            plain = str(int(n)) if typ == "int_type" and n.is_integer() else inp.strip()
+            msg += f" (got {_echo(inp)}: quoted, a number is text; write {plain}, unquoted)"
+        elif (typ == "int_type" and isinstance(inp, float) and inp.is_integer()
                 and _in_bounds(parent, str(loc[-1]) if loc else "", inp)):
             msg += f" (got {_echo(inp)}: write {int(inp)}, without a point or exponent)"
         elif inp is None or isinstance(inp, (int, float, str, bool, list, dict)):
             msg += f" (got {_echo(inp)})"
     return _prefix(loc, source, origins, msg, text)
+
+
+#: A number as YAML reads one unquoted (``64``, ``-2.5``, ``1e4``): its quoted form is text.
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
 
 
 def _echo(value) -> str:

@@ -154,10 +154,12 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
     log.close()
     with open(path, "a") as f:
         f.write("\n" + row + "\n")    # line 3 the good row, 4 blank, 5 this one
-    with pytest.raises(InputError) as e:
-        MeasurementLog(path, HEADER)
-    assert str(e.value) == (f"{path}:5: {column} is {value}: a measurements row holds a "
-                            f"number >= 0 there (delete the row to measure it again)")
+    from calibration.profiler import check_resumable
+    for check in (MeasurementLog, check_resumable):   # calibrate's check before measuring
+        with pytest.raises(InputError) as e:
+            check(path, HEADER)
+        assert str(e.value) == (f"{path}:5: {column} is {value}: a measurements row holds a "
+                                f"number >= 0 there (delete the row to measure it again)")
 
 
 def test_second_writer_is_refused(tmp_path):

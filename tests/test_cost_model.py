@@ -603,7 +603,8 @@ def test_a_provenance_date_is_an_iso_date(tmp_path, value, got):
     ("-1.0", "a0_s: a coefficient is a finite number >= 0, got -1"),
     (".nan", "a0_s: Input should be a finite number (got nan)"),
     ("1e400", "a0_s: Input should be a finite number (got inf)"),
-    ('"1.0"', "a0_s: Input should be a valid number (got '1.0')"),   # quoted: text
+    ('"1.0"', "a0_s: Input should be a valid number (got '1.0': quoted, a number is text; "
+              "write 1.0, unquoted)"),
 ])
 def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     # the key's line, not cost:'s (two lines up in a profile calibrate writes)

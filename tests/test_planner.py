@@ -907,7 +907,8 @@ def test_a_quoted_number_in_a_sweep_list_is_refused_before_any_point_runs(tmp_pa
                  "serial", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["servesim: error: --set workload.arrival.rate=\"4\": Input should be a "
-                   "valid number > 0 and <= 1000000000 (got '4')"]
+                   "valid number > 0 and <= 1000000000 (got '4': quoted, a number is text; write 4, "
+                   "unquoted)"]
     assert not out.exists()
     # names and numbers still travel unquoted
     assert main(["sweep", str(y), "--set", "workload.arrival.rate=2,4", "--set",
@@ -961,7 +962,8 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
      "p.yaml:14: plan.candidates.engine.max_num_seqs.1: Input should be greater than or "
      "equal to 1 (got -3)"),
     ("    engine.max_num_seqs: [4]\n    engine.max_num_seqz: [64]\n",
-     "p.yaml:15: plan.candidates.engine.max_num_seqz: unknown key (allowed: block_size, "
+     "p.yaml:15: plan.candidates.engine.max_num_seqz: unknown key; did you mean "
+     "max_num_seqs? (allowed: block_size, "
      "max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
      "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl, watermark, "
      "long_prefill_token_threshold, enable_chunked_prefill)"),
@@ -969,7 +971,7 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
     # read as 64 again: two identical candidates planned)
     ("    engine.max_num_seqs: [64, '64']\n",
      "p.yaml:14: plan.candidates.engine.max_num_seqs: Input should be a valid integer >= 1 "
-     "and <= 1000000000 (got '64')"),
+     "and <= 1000000000 (got '64': quoted, a number is text; write 64, unquoted)"),
     # a key plan may not vary, at its own line (was candidates:'s): the workload, and the
     # replica count, which plan sizes itself (a candidate list of it planned identical rows)
     ("    engine.max_num_seqs: [4]\n    workload.arrival.rate: [5, 10]\n",

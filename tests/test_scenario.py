@@ -64,8 +64,8 @@ def test_brief_error_examples(chat):
         f"greater than or equal to 1 (got 0)")
     chat.write_text(yaml.safe_dump({**BASE, "engine": {"max_num_seq": 8}}))
     assert err(load_scenario, chat) == (
-        f"chat.yaml:{line_of(chat, 'max_num_seq: 8')}: engine.max_num_seq: unknown key "
-        "(allowed: block_size, max_num_seqs, "
+        f"chat.yaml:{line_of(chat, 'max_num_seq: 8')}: engine.max_num_seq: unknown key; "
+        "did you mean max_num_seqs? (allowed: block_size, max_num_seqs, "
         "max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
         "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl, watermark, "
         "long_prefill_token_threshold, enable_chunked_prefill)")
@@ -75,7 +75,7 @@ def test_brief_error_examples(chat):
     # the value as read: a quoted number is a string
     assert err(load_scenario, chat, ["engine.max_num_seqs='8'"]) == (
         "--set engine.max_num_seqs='8': Input should be a valid integer >= 1 and <= "
-        "1000000000 (got '8')")
+        "1000000000 (got '8': quoted, a number is text; write 8, unquoted)")
     assert err(load_scenario, chat, ["engine={max_num_seqs: abc}"]) == (
         "--set engine={max_num_seqs: abc}: engine.max_num_seqs: Input should be a valid "
         "integer >= 1 and <= 1000000000 (got 'abc')")
@@ -129,7 +129,21 @@ def test_brief_error_examples(chat):
      "(got true)"),
     ("workload.arrival.rate=[1]", "Input should be a valid number > 0 and <= 1000000000 "
      "(got [1])"),
-    ("engine.max_num_seqs='4'", "(got '4')"),
+    # a quoted number is text: say so, and how to write it
+    ("engine.max_num_seqs='4'", "(got '4': quoted, a number is text; write 4, unquoted)"),
+    ("engine.max_num_seqs='1e2'", "(got '1e2': quoted, a number is text; write 100, unquoted)"),
+    ("workload.arrival.rate='2.5'", "--set workload.arrival.rate='2.5': Input should be a "
+     "valid number > 0 and <= 1000000000 (got '2.5': quoted, a number is text; write 2.5, "
+     "unquoted)"),
+    ("engine.max_num_seqs='abc'", "<= 1000000000 (got 'abc')"),
+    # a typo'd key: the closest allowed one first
+    ("engine.max_num_seq=64", "--set engine.max_num_seq=64: unknown key; did you mean "
+     "max_num_seqs? (allowed: block_size, max_num_seqs,"),
+    ("engine.zzz=64", "--set engine.zzz=64: unknown key (allowed: block_size,"),
+    # an empty key in the path
+    ("engine..max_num_seqs=64", "--set engine..max_num_seqs=64: an empty key in "
+     "'engine..max_num_seqs' (a dot at its start or end, or two in a row)"),
+    (".engine=4", "--set .engine=4: an empty key in '.engine'"),
     # an int key refuses a float as vLLM's argparse does: say how to write it
     ("engine.max_num_seqs=1e2", "--set engine.max_num_seqs=1e2: Input should be a valid "
      "integer >= 1 and <= 1000000000 (got 100.0: write 100, without a point or exponent)"),
@@ -279,7 +293,8 @@ def test_unknown_keys_reported_before_consequences(tmp_path):
     raw = {k: v for k, v in BASE.items() if k != "hardware"}
     p.write_text(yaml.safe_dump({**raw, "hardwre": BASE["hardware"]}))
     assert err(load_scenario, p).startswith(
-        f"s.yaml:{line_of(p, 'hardwre:')}: hardwre: unknown key (allowed: name, model, dtype, "
+        f"s.yaml:{line_of(p, 'hardwre:')}: hardwre: unknown key; did you mean hardware? "
+        "(allowed: name, model, dtype, "
         "hardware, engine, cluster, "
         "workload, slo, sim, plan) (and 1 more error, at hardware)")
 
@@ -724,7 +739,8 @@ def test_unknown_keys_of_one_mapping_are_named_with_what_it_misses(chat, tmp_pat
     # one misspelt key keeps its own line and path
     assert err(load_scenario, chat, ["workload.prompt_tokens={dist: uniform, min: 1, "
                                      "mx: 5}"]).endswith(
-        "workload.prompt_tokens.mx: unknown key (allowed: min, max, dist) (and 1 more error, "
+        "workload.prompt_tokens.mx: unknown key; did you mean max? (allowed: min, max, dist) "
+        "(and 1 more error, "
         "at workload.prompt_tokens.max)")
 
 
@@ -742,11 +758,12 @@ def test_another_kind_of_file_is_not_a_scenario(tmp_path):
 def test_a_misspelt_section_in_a_flag_is_blamed_on_the_flag(chat):
     # the flag made the unknown mapping, as --set engine.blok_size=8 makes an unknown key
     assert err(load_scenario, chat, ["engin.block_size=8"]) == (
-        "--set engin.block_size=8: engin: unknown key (allowed: name, model, dtype, "
+        "--set engin.block_size=8: engin: unknown key; did you mean engine? (allowed: name, "
+        "model, dtype, "
         "hardware, engine, cluster, workload, slo, sim, plan) (the file has no engin; this "
         "flag makes one)")
     assert err(load_scenario, chat, ["engine.blok_size=8"]).startswith(
-        "--set engine.blok_size=8: unknown key (allowed: block_size, ")
+        "--set engine.blok_size=8: unknown key; did you mean block_size? (allowed: block_size, ")
 
 
 @pytest.mark.parametrize("flags", [
