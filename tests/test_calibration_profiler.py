@@ -121,13 +121,17 @@ def test_interrupted_run_resumes_and_skips_measured_points(tmp_path):
     assert (run.measured, run.skipped) == (0, total)
 
 
+# One measured decode step, as MeasurementLog.append takes it.
+ONE_ROW = {"cell": "decode B=1 L=20", "kind": "decode", "pass": 0, "duration_ns": 5,
+           "execute_ns": 4, "prefills": "", "num_decodes": 1, "decode_context_tokens": 21,
+           "num_sampled": 1, "tokens": 1, "requests": 1, "prefill_tokens": 0, "decodes": 1,
+           "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1}
+
+
 def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
     path = tmp_path / "m.csv"
     log = MeasurementLog(path, HEADER)
-    log.append({"cell": "decode B=1 L=20", "kind": "decode", "pass": 0, "duration_ns": 5,
-                "execute_ns": 4, "prefills": "", "num_decodes": 1, "decode_context_tokens": 21,
-                "num_sampled": 1, "tokens": 1, "requests": 1, "prefill_tokens": 0,
-                "decodes": 1, "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1})
+    log.append(ONE_ROW)
     log.close()
     with open(path, "a") as f:
         f.write("decode B=1 L=20,decode,0,77")          # killed mid-write
@@ -147,10 +151,7 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
     # the file's line, before any measuring (it failed deep in the fit)
     path = tmp_path / "m.csv"
     log = MeasurementLog(path, HEADER)
-    log.append({"cell": "decode B=1 L=20", "kind": "decode", "pass": 0, "duration_ns": 5,
-                "execute_ns": 4, "prefills": "", "num_decodes": 1, "decode_context_tokens": 21,
-                "num_sampled": 1, "tokens": 1, "requests": 1, "prefill_tokens": 0,
-                "decodes": 1, "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1})
+    log.append(ONE_ROW)
     log.close()
     with open(path, "a") as f:
         f.write("\n" + row + "\n")    # line 3 the good row, 4 blank, 5 this one
