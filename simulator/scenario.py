@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import operator
 import re
 import typing
 from pathlib import Path
@@ -1087,26 +1088,28 @@ def _echo(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).splitlines()[0]
 
 
-_BOUND_OPS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+_BOUND_OPS = (("ge", ">=", operator.ge), ("gt", ">", operator.gt), ("le", "<=", operator.le),
+              ("lt", "<", operator.lt))
+
+
+def _bounds(parent, field: str) -> list[tuple[str, typing.Callable, float]]:
+    """``(">=", operator.ge, 1), ...``: the bounds ``parent``'s ``field`` declares
+    (``Field(ge=..., le=...)``), in declaration order."""
+    info = getattr(parent, "model_fields", {}).get(field)
+    return [(op, fn, getattr(m, attr)) for m in (info.metadata if info else ())
+            for attr, op, fn in _BOUND_OPS if getattr(m, attr, None) is not None]
 
 
 def _range_text(parent, field: str) -> str:
-    """`` >= 1 and <= 100000000`` for a field of ``parent`` declared with bounds
-    (``Field(ge=..., le=...)``), else ``""``."""
-    info = getattr(parent, "model_fields", {}).get(field)
-    bounds = [f"{op} {getattr(m, attr)}" for m in (info.metadata if info else ())
-              for attr, op in _BOUND_OPS if getattr(m, attr, None) is not None]
+    """`` >= 1 and <= 100000000`` for a field of ``parent`` declared with bounds, else
+    ``""``."""
+    bounds = [f"{op} {v}" for op, _, v in _bounds(parent, field)]
     return " " + " and ".join(bounds) if bounds else ""
 
 
 def _in_bounds(parent, field: str, value: float) -> bool:
     """Whether ``value`` meets the bounds ``parent``'s ``field`` declares (True without)."""
-    import operator
-
-    info = getattr(parent, "model_fields", {}).get(field)
-    ops = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
-    return all(ops[attr](value, getattr(m, attr)) for m in (info.metadata if info else ())
-               for attr in ops if getattr(m, attr, None) is not None)
+    return all(fn(value, v) for _, fn, v in _bounds(parent, field))
 
 
 def _union_tags(parent, field, tag: str) -> list[str]:

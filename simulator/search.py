@@ -197,6 +197,11 @@ class SearchResult:
     note: str = ""
 
 
+#: Why vLLM rejects a request, and what to do (the plan's notes on rejecting candidates).
+REJECTED_WHY = ("(prompts of engine.max_model_len tokens or more): raise engine.max_model_len "
+                "or shorten the prompts")
+
+
 def max_rate_search(scenario, *, min_replications: int = 2, max_replications: int = 5,
                     tolerance: float = 0.02) -> Generator[list[Job], list, SearchResult]:
     """Bisection for the maximum arrival rate of ``scenario`` meeting every SLO.
@@ -229,8 +234,7 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
                             cap, evals, at, note)
 
     if not cap:
-        why = (": every request is rejected (prompts of engine.max_model_len tokens or more): "
-               "raise engine.max_model_len or shorten the prompts"
+        why = (f": every request is rejected {REJECTED_WHY}"
                if probe["summary"].get("rejected") else "")
         return result(0.0, None, "nothing completed at saturation" + why)
     lo, hi = None, cap
@@ -287,8 +291,7 @@ def _miss_note(e: RateEval) -> str:
     if rejected:   # an SLO entry of its own (threshold 0) that no lower rate meets
         one = rejected == 1
         return (f"; at {e.rate:.3g} req/s {rejected:g} request{'' if one else 's'} per run "
-                f"{'is' if one else 'are'} rejected (prompts of engine.max_model_len tokens "
-                f"or more): raise engine.max_model_len or shorten the prompts")
+                f"{'is' if one else 'are'} rejected {REJECTED_WHY}")
     worst = _worst_slo(e.outputs)
     if worst is None:
         return ""
