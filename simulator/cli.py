@@ -10,6 +10,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -26,7 +27,10 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
 
 def add_replications_arg(p: argparse.ArgumentParser) -> None:
     """``--replications N`` (run, sweep, compare): see :func:`with_replications`."""
-    p.add_argument("--replications", type=int, help="override sim.replications")
+    from .scenario import MAX_REPLICATIONS
+
+    p.add_argument("--replications", type=int,
+                   help=f"override sim.replications (1 to {MAX_REPLICATIONS})")
 
 
 def with_replications(scenario, n: int | None):
@@ -131,6 +135,9 @@ def _attach_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
+_NOT_A_NUMBER = re.compile(r"^argument (\S+): invalid (int|float) value: (.*)$")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error, ``servesim: error: ...`` as every other input error
     (exit 2), naming the command's ``--help`` instead of printing the usage block; no
@@ -142,7 +149,19 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         hint = f" (see {self.prog} --help)" if " " in self.prog else ""
-        self.exit(2, f"servesim: error: {one_line(message)}{hint}\n")
+        self.exit(2, f"servesim: error: {one_line(self._with_allowed(message))}{hint}\n")
+
+    def _with_allowed(self, message: str) -> str:
+        """argparse's ``invalid int value: '1e9'`` says what the flag is not; say what it
+        takes, from the flag's own help (which states its range)."""
+        m = _NOT_A_NUMBER.match(message)
+        if not m:
+            return message
+        flag, kind, value = m.groups()
+        action = next((a for a in self._actions if flag in a.option_strings), None)
+        allowed = self._get_formatter()._expand_help(action) if action and action.help else ""
+        what = "a whole number" if kind == "int" else "a number"
+        return f"{flag}: {value} is not {what}" + (f" — {flag}: {allowed}" if allowed else "")
 
     def parse_args(self, args=None, namespace=None):
         # argparse reports flags no command knows from the top parser, which cannot name

@@ -20,7 +20,8 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=EXECUTORS, default="local",
                    help="local: process pool over all cores (default); ray: a Ray cluster; "
                         "serial: this process")
-    p.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    p.add_argument("--workers", type=int,
+                   help="local processes (default: all cores; at least 1)")
     p.add_argument("--ray-address", help="ray.init(address=...) (default: local / RAY_ADDRESS)")
     p.add_argument("--out", help="output folder (default reports/<scenario>-<command>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -565,7 +566,8 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("plan", help="cheapest hardware/engine plan meeting the SLOs at a "
                                     "target rate (candidates from the scenario's plan:)")
     _add_scenario_args(p)
-    p.add_argument("--target-rate", type=float, help="requests/s (default plan.target_rate)")
+    p.add_argument("--target-rate", type=float,
+                   help="requests/s, > 0 and at most 1e9 (default plan.target_rate)")
     p.add_argument("--no-confirm", action="store_true",
                    help="skip simulating the recommended deployment")
     _executor_args(p)
