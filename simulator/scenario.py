@@ -679,6 +679,23 @@ def scenario_from_dict(d: dict, base_dir: str | Path = ".", *,
     return sc
 
 
+
+def tp_refusal(shape, tp: int) -> str | None:
+    """Why vLLM refuses ``tp``-way tensor parallelism for model ``shape``, or None: it shards
+    the attention heads, the KV heads (or replicates them: ``tp`` a multiple of their count)
+    and the MLP's intermediate size evenly (QKVParallelLinear, MergedColumnParallelLinear)."""
+    kv = shape.num_key_value_heads
+    if shape.num_attention_heads % tp:
+        return (f"{tp} does not divide the model's num_attention_heads "
+                f"({shape.num_attention_heads})")
+    if kv % tp and tp % kv:
+        return (f"{tp} neither divides the model's num_key_value_heads ({kv}) nor is a "
+                f"multiple of it")
+    if shape.intermediate_size % tp:
+        return (f"{tp} does not divide the model's intermediate_size "
+                f"({shape.intermediate_size})")
+    return None
+
 def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
     """Checks that need the resolved model.
 
@@ -708,27 +725,20 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
         raise InputError(f"--set {flag}: {e}" if flag else f"{sc.source}: {e}") from None
     tp = sc.hardware.tensor_parallel
     from .catalog import list_hardware
-    if sc.hardware.profile in list_hardware() and tp > MAX_TP:
+    one_node = sc.hardware.profile in list_hardware()   # projected: one node at most
+    if one_node and tp > MAX_TP:
         fail(("hardware", "tensor_parallel"),
              f"{tp} GPUs span more than one node of {MAX_TP}: the projection prices the "
              f"all-reduce over the GPUs' link within a node only (vLLM across nodes adds "
              f"the network, which it does not model); at most {MAX_TP}, with more replicas "
              f"for more capacity", also=("hardware.profile",))
-    # vLLM shards heads, KV heads (or replicates them: tp a multiple of their count) and
-    # the MLP's intermediate size evenly (QKVParallelLinear, MergedColumnParallelLinear)
-    kv = shape.num_key_value_heads
-    if shape.num_attention_heads % tp:
+    why = tp_refusal(shape, tp)
+    if why:
+        top = min(MAX_TP, shape.num_attention_heads) if one_node else shape.num_attention_heads
+        allowed = [t for t in range(1, top + 1) if not tp_refusal(shape, t)]
         refuse(("hardware", "tensor_parallel"),
-               f"{tp} does not divide the model's num_attention_heads "
-               f"({shape.num_attention_heads}), as vLLM requires", also=("model",))
-    elif kv % tp and tp % kv:
-        refuse(("hardware", "tensor_parallel"),
-               f"{tp} neither divides the model's num_key_value_heads ({kv}) nor is a "
-               f"multiple of it, as vLLM requires", also=("model",))
-    elif shape.intermediate_size % tp:
-        refuse(("hardware", "tensor_parallel"),
-               f"{tp} does not divide the model's intermediate_size "
-               f"({shape.intermediate_size}), as vLLM requires", also=("model",))
+               f"{why}, as vLLM requires; this model allows "
+               f"{', '.join(map(str, allowed))}", also=("model",))
     mnbt, mns = sc.max_num_batched_tokens, sc.max_num_seqs
     if mnbt < mns:
         refuse(("engine",), f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs "

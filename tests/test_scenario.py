@@ -179,13 +179,14 @@ def test_bad_values_one_line(chat, override, expected):
     # Qwen2.5-7B: 28 heads, 4 KV heads: 7 divides the heads, yet a shard cannot hold a
     # whole KV head nor a replica of one (vLLM's QKVParallelLinear divides either way)
     ("qwen2.5-7b", 7, "7 neither divides the model's num_key_value_heads (4) nor is a "
-                      "multiple of it, as vLLM requires"),
+                      "multiple of it, as vLLM requires; this model allows 1, 2, 4"),
     ("qwen2.5-7b", 2, None), ("llama-test", 4, None),   # 2 KV heads, each on 2 GPUs
     # the MLP's rows split evenly too (MergedColumnParallelLinear)
     ("{hidden_size: 64, intermediate_size: 100, num_hidden_layers: 1, "
      "num_attention_heads: 8, num_key_value_heads: 8, vocab_size: 50, "
      "max_position_embeddings: 4096}", 8,
-     "8 does not divide the model's intermediate_size (100), as vLLM requires"),
+     "8 does not divide the model's intermediate_size (100), as vLLM requires; this "
+     "model allows 1, 2, 4"),
 ])
 def test_tensor_parallel_must_shard_what_vllm_shards(chat, model, tp, expected):
     flags = [f"model={model}", f"hardware.tensor_parallel={tp}"]
