@@ -283,8 +283,11 @@ def read_measurements(path: str | Path):
     if not path.is_file():
         raise InputError(f"{path}: measurements CSV not found")
     try:
+        _check_widths(path)
         df = pd.read_csv(path, comment="#", keep_default_na=False,
                          dtype={"prefills": str, "cell": str})
+    except InputError:
+        raise
     except (ValueError, pd.errors.ParserError) as e:
         raise InputError(f"{path}: not a measurements CSV: {str(e).splitlines()[0]}") from None
     missing = [c for c in CSV_COLUMNS if c not in df.columns]
@@ -310,13 +313,36 @@ def read_measurements(path: str | Path):
 _TEXT_COLUMNS = ("cell", "kind", "prefills")
 
 
+def _check_widths(path: Path) -> None:
+    """Every data row has as many fields as the column line (pandas would pad a short row
+    with empty fields, then name the first one as the fault).
+
+    Raises:
+        InputError: naming the row's file line.
+    """
+    lines = _data_lines(path)
+    rows = csv.reader(text for _, text in lines)
+    width = None
+    for (n, _), row in zip(lines, rows):
+        if width is None:
+            width = len(row)
+        elif len(row) != width:
+            raise InputError(f"{path}:{n}: {len(row)} fields where the column line has "
+                             f"{width}: not a measurements row (delete the row to measure it "
+                             f"again)")
+
+
+def _data_lines(path: Path) -> list[tuple[int, str]]:
+    """``(file line, text)`` of the column line and each row after it, as ``pandas`` reads
+    them: comment (``#``) and blank lines skipped; lines numbered from 1."""
+    with open(path, encoding="utf-8", newline="") as f:
+        return [(n, line) for n, line in enumerate(f, 1)
+                if line.strip() and not line.startswith("#")]
+
+
 def _row_lines(path: Path) -> list[int]:
-    """The file line (1-based) of each data row of a measurements CSV, as ``pandas`` reads
-    it: after the column line, skipping comment (``#``) and blank lines."""
-    with open(path, encoding="utf-8") as f:
-        lines = [n for n, line in enumerate(f, 1)
-                 if line.strip() and not line.startswith("#")]
-    return lines[1:]
+    """The file line of each data row of a measurements CSV (after the column line)."""
+    return [n for n, _ in _data_lines(path)[1:]]
 
 
 def check_resumable(path: Path, identity: dict) -> bool:

@@ -141,10 +141,14 @@ def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
     assert len(read_measurements(path)) == 1
 
 
+# ONE_ROW as the CSV holds it
+ROW_TEXT = "decode B=1 L=20,decode,0,5,4,,1,21,1,1,1,0,1,21,21.0,1"
+
+
 @pytest.mark.parametrize("row,column,value", [
-    ("garbage,,,", "pass", "''"),
-    ("decode B=1 L=20,decode,0,fast,4,,1,21,1,1,1,0,1,21,21.0,1", "duration_ns", "'fast'"),
-    ("decode B=1 L=20,decode,0,-5,4,,1,21,1,1,1,0,1,21,21.0,1", "duration_ns", "-5"),
+    ("garbage,,,,,,,,,,,,,,,", "pass", "''"),
+    (ROW_TEXT.replace(",5,", ",fast,", 1), "duration_ns", "'fast'"),
+    (ROW_TEXT.replace(",5,", ",-5,", 1), "duration_ns", "-5"),
 ])
 def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
     # a whole line (not a kill's cut-off tail) that is no measurement: one error naming
@@ -161,6 +165,21 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
             check(path, HEADER)
         assert str(e.value) == (f"{path}:5: {column} is {value}: a measurements row holds a "
                                 f"number >= 0 there (delete the row to measure it again)")
+
+
+@pytest.mark.parametrize("row, fields", [("garbage,,,", 4), (ROW_TEXT + ",7", 17)])
+def test_a_row_of_another_width_is_named_by_its_line(tmp_path, row, fields):
+    # a short row read as its first empty column ("pass is ''") hid what was wrong
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, HEADER)
+    log.append(ONE_ROW)
+    log.close()
+    with open(path, "a") as f:
+        f.write("\n" + row + "\n")    # line 3 the good row, 4 blank, 5 this one
+    with pytest.raises(InputError) as e:
+        read_measurements(path)
+    assert str(e.value) == (f"{path}:5: {fields} fields where the column line has 16: not a "
+                            f"measurements row (delete the row to measure it again)")
 
 
 def test_second_writer_is_refused(tmp_path):
