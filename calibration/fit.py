@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from simulator.cost_model import COEFFICIENTS, RooflineConstants, linear_seconds, roofline_seconds
+from simulator.cost_model import (COEFFICIENTS, OPTIONAL_COEFFICIENTS, RooflineConstants,
+                                  linear_seconds, roofline_seconds)
 
 FEATURES = ("tokens", "requests", "prefill_tokens", "decodes", "context_tokens", "attn_pairs",
             "sampled")
@@ -31,6 +32,8 @@ MAX_EFFICIENCY = 4.0
 # Keep the physically grounded form unless the other one's held-out MAPE is this much lower.
 SWITCH_MARGIN = 0.10
 HELDOUT_FOLDS = 5
+#: The candidate name of the roofline fitted with its path costs (:func:`fit_measurements`).
+WITH_PATHS = "roofline + path costs"
 # Grid passes whose speeds (pass_speeds) differ by more than this: the host was not steady.
 PASS_SPREAD_WARN = 0.10
 MAX_RESIDUALS = 4000
@@ -82,7 +85,8 @@ def predict(form: str, coef: dict, k: RooflineConstants | None, X) -> np.ndarray
     if form == "roofline":
         return np.asarray(roofline_seconds(coef, k, X["tokens"], X["requests"],
                                            X["context_tokens"], X["attn_pairs"],
-                                           X["sampled"]), dtype=float)
+                                           X["sampled"], X["prefill_tokens"], X["decodes"]),
+                          dtype=float)
     if form == "linear":
         return np.asarray(linear_seconds(coef, X["prefill_tokens"], X["decodes"],
                                          X["context_tokens"]), dtype=float)
@@ -126,13 +130,17 @@ def fit_linear(X, y) -> dict:
 
 
 def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
-                 peak_bandwidth: float | None = None) -> dict:
+                 peak_bandwidth: float | None = None, paths: bool = True) -> dict:
     """Roofline coefficients minimising the relative residuals.
 
     Unknowns ``a0, c, 1/W_eff, 1/F_eff, 1/W_attn, 1/F_attn`` are each scaled to the share
     of the median step they explain, then fitted from several starts (weight- or
     FLOP-bound dense layers, light or heavy attention); the lowest cost wins.
-    Rates are capped at :data:`MAX_EFFICIENCY` × the given ceilings.
+    Rates are capped at :data:`MAX_EFFICIENCY` × the given ceilings. With ``paths`` and
+    mixed cells (a prefill chunk beside decodes) among ``X``, the path costs
+    ``prefill_step_s`` and ``decode_step_s`` (:data:`simulator.cost_model.OPTIONAL_COEFFICIENTS`)
+    are fitted too: only there does a step hold both, so that they and ``a0`` are told
+    apart.
     """
     y = np.asarray(y, float)
     T = np.asarray(X["tokens"], float)
@@ -140,6 +148,9 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
     ctx = np.asarray(X["context_tokens"], float)
     pairs = np.asarray(X["attn_pairs"], float)
     S = np.asarray(X["sampled"], float)
+    has_p = (np.asarray(X["prefill_tokens"], float) > 0).astype(float)
+    has_d = (np.asarray(X["decodes"], float) > 0).astype(float)
+    paths = paths and bool(np.any(has_p * has_d))
     wb, ft = k.weight_bytes, k.dense_flops_per_token * T
     kvb, af, lm = k.kv_bytes_per_token * ctx, k.attn_flops_per_pair * pairs, \
         k.lm_head_flops_per_sample * S
@@ -149,47 +160,60 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
         v = v[v > 0]
         return med / float(np.median(v)) if v.size else 1.0
 
-    scale = np.array([med, unit(R), med / wb, unit(ft + lm), unit(kvb), unit(af)])
-    lo = np.zeros(6)
+    scale = np.array([med, unit(R), med / wb, unit(ft + lm), unit(kvb), unit(af), med, med])
+    lo = np.zeros(8)
     if peak_bandwidth:
         lo[2] = lo[4] = 1.0 / (MAX_EFFICIENCY * peak_bandwidth)
     if peak_flops:
         lo[3] = lo[5] = 1.0 / (MAX_EFFICIENCY * peak_flops)
     lo = np.maximum(lo / scale, 1e-9)
+    n = 8 if paths else 6
 
     def model(p):
-        a0, c, iw, i_f, iwa, ifa = p * scale
-        return a0 + c * R + np.maximum(wb * iw, ft * i_f) + kvb * iwa + af * ifa + lm * i_f
+        a0, c, iw, i_f, iwa, ifa, sp, sd = np.concatenate([p, np.zeros(8 - n)]) * scale
+        return (a0 + c * R + np.maximum(wb * iw, ft * i_f) + kvb * iwa + af * ifa + lm * i_f
+                + sp * has_p + sd * has_d)
 
     def resid(p):
         return model(p) / y - 1.0
 
+    # the path costs trade off against a0 along a shallow valley: tight tolerances there
+    tol = (dict(ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=5000) if paths
+           else dict(max_nfev=2000))
     best = None
-    for start in ([0.3, 0.05, 0.5, 0.2, 0.1, 0.1], [0.1, 0.05, 0.2, 0.8, 0.1, 0.1],
-                  [0.3, 0.05, 0.5, 0.5, 0.4, 0.4], [0.05, 0.01, 0.9, 0.9, 0.02, 0.02]):
-        x0 = np.maximum(np.array(start), lo * 1.01)
-        r = least_squares(resid, x0, bounds=(lo, np.inf), method="trf", x_scale="jac",
-                          max_nfev=2000)
+    for start in ([0.3, 0.05, 0.5, 0.2, 0.1, 0.1, 0.05, 0.05],
+                  [0.1, 0.05, 0.2, 0.8, 0.1, 0.1, 0.1, 0.1],
+                  [0.3, 0.05, 0.5, 0.5, 0.4, 0.4, 0.02, 0.02],
+                  [0.05, 0.01, 0.9, 0.9, 0.02, 0.02, 0.2, 0.2]):
+        x0 = np.maximum(np.array(start[:n]), lo[:n] * 1.01)
+        r = least_squares(resid, x0, bounds=(lo[:n], np.inf), method="trf", x_scale="jac",
+                          **tol)
         if best is None or r.cost < best.cost:
             best = r
-    a0, c, iw, i_f, iwa, ifa = best.x * scale
-    return {"a0_s": float(a0), "per_request_s": float(c), "w_eff_bytes_per_s": float(1 / iw),
+    a0, c, iw, i_f, iwa, ifa, sp, sd = np.concatenate([best.x, np.zeros(8 - n)]) * scale
+    coef = {"a0_s": float(a0), "per_request_s": float(c), "w_eff_bytes_per_s": float(1 / iw),
             "f_eff_flops_per_s": float(1 / i_f), "w_attn_bytes_per_s": float(1 / iwa),
             "f_attn_flops_per_s": float(1 / ifa)}
+    if paths:
+        coef.update(prefill_step_s=float(sp), decode_step_s=float(sd))
+    return coef
 
 
-def fit_form(form: str, X, y, k: RooflineConstants, peaks: tuple = (None, None)) -> dict:
+def fit_form(form: str, X, y, k: RooflineConstants, peaks: tuple = (None, None),
+             paths: bool = True) -> dict:
     """Coefficients of ``form`` (``roofline`` or ``linear``) for cell features ``X`` and
-    mean seconds ``y``; ``peaks`` = (FLOP/s, bytes/s) ceilings for the roofline bounds."""
+    mean seconds ``y``; ``peaks`` = (FLOP/s, bytes/s) ceilings for the roofline bounds;
+    ``paths``: whether the roofline may fit its path costs (:func:`fit_roofline`)."""
     if form == "roofline":
-        return fit_roofline(X, y, k, *peaks)
+        return fit_roofline(X, y, k, *peaks, paths=paths)
     if form == "linear":
         return fit_linear(X, y)
     raise ValueError(f"unknown form {form!r}")
 
 
 def heldout_predictions(form: str, cells, k: RooflineConstants, peaks=(None, None),
-                        folds: int = HELDOUT_FOLDS, seed: int = 0) -> np.ndarray:
+                        folds: int = HELDOUT_FOLDS, seed: int = 0,
+                        paths: bool = True) -> np.ndarray:
     """Each cell's mean step time predicted by a fit that never saw the cell: cells are
     shuffled (``numpy.random.default_rng(seed)``) into ``folds`` groups, each predicted from
     the others."""
@@ -202,7 +226,7 @@ def heldout_predictions(form: str, cells, k: RooflineConstants, peaks=(None, Non
     y = cells["seconds"].to_numpy()
     for f in range(folds):
         test = fold_of == f
-        coef = fit_form(form, cells[~test], y[~test], k, peaks)
+        coef = fit_form(form, cells[~test], y[~test], k, peaks, paths)
         out[test] = predict(form, coef, k, cells[test])
     return out
 
@@ -218,7 +242,7 @@ class FitResult:
         roofline: the roofline coefficients (also when ``linear`` was kept; efficiencies
             come from them).
         heldout: :func:`error_stats` of the kept form on held-out cells.
-        candidates: held-out stats of every form tried.
+        candidates: held-out stats of every form tried (and of :data:`WITH_PATHS`).
         residuals: ``measured / predicted − 1`` of every measured step (all repeats but
             the disturbed ones).
         cells: per-cell table (:func:`cell_means`) with ``predicted`` and ``heldout``.
@@ -236,11 +260,16 @@ class FitResult:
 
 
 def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0,
-                     forms=("roofline", "linear")) -> FitResult:
+                     forms=("roofline", "linear"), paths: bool = True) -> FitResult:
     """Fit every form in ``forms`` to the cell means of ``df`` (a measurements table,
     :func:`calibration.profiler.read_measurements`), keep one (module docstring), and return
     its coefficients, held-out error and residuals, leaving out disturbed steps
     (:func:`outlier_steps`). Deterministic for a given table.
+
+    The roofline is tried without and, given ``paths`` and mixed cells, with its path costs
+    (:func:`fit_roofline`; candidate :data:`WITH_PATHS`); they are kept only if they lower
+    its held-out MAPE (more coefficients fit the cells better, not always the cells left
+    out). ``paths=False``: never (as profiles measured before them were fitted).
 
     Raises:
         ValueError: fewer than 4 cells (nothing to hold out).
@@ -253,22 +282,32 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
     y = cells["seconds"].to_numpy()
     cand, held = {}, {}
     for form in forms:
-        held[form] = heldout_predictions(form, cells, k, peaks, seed=seed)
+        held[form] = heldout_predictions(form, cells, k, peaks, seed=seed, paths=False)
         cand[form] = error_stats(y, held[form])
+    chosen = dict(cand)   # each form's kept variant
+    mixed = ((cells["prefill_tokens"] > 0) & (cells["decodes"] > 0)).any()
+    if paths and "roofline" in forms and mixed:
+        h = heldout_predictions("roofline", cells, k, peaks, seed=seed, paths=True)
+        cand[WITH_PATHS] = error_stats(y, h)
+        paths = cand[WITH_PATHS]["mape"] < cand["roofline"]["mape"]
+        if paths:
+            held["roofline"], chosen["roofline"] = h, cand[WITH_PATHS]
+    else:
+        paths = False
     form = forms[0]
     for other in forms[1:]:
-        if cand[other]["mape"] < (1 - SWITCH_MARGIN) * cand[form]["mape"]:
+        if chosen[other]["mape"] < (1 - SWITCH_MARGIN) * chosen[form]["mape"]:
             form = other
-    coef = fit_form(form, cells, y, k, peaks)
-    roof = coef if form == "roofline" else (fit_form("roofline", cells, y, k, peaks)
+    coef = fit_form(form, cells, y, k, peaks, paths)
+    roof = coef if form == "roofline" else (fit_form("roofline", cells, y, k, peaks, paths)
                                             if "roofline" in forms else {})
     cells = cells.assign(predicted=predict(form, coef, k, cells), heldout=held[form])
     per_step = predict(form, coef, k, df)
     res = (df["duration_ns"].to_numpy() / 1e9) / per_step - 1.0
     if res.size > MAX_RESIDUALS:  # an even, deterministic thinning keeps the shape
         res = np.sort(res)[np.linspace(0, res.size - 1, MAX_RESIDUALS).round().astype(int)]
-    return FitResult(form, coef, roof, cand[form], cand, [round(float(r), 5) for r in res],
-                     cells, int(wild.sum()))
+    return FitResult(form, coef, roof, chosen[form], cand,
+                     [round(float(r), 5) for r in res], cells, int(wild.sum()))
 
 
 def replay_errors(form: str, coef: dict, k: RooflineConstants, steps) -> dict:
@@ -279,8 +318,9 @@ def replay_errors(form: str, coef: dict, k: RooflineConstants, steps) -> dict:
 
 def refit_profile(profile) -> FitResult:
     """Fit again from the measurements CSV beside a loaded profile (its
-    ``provenance.measurements_csv``), with the profile's model, dtype and peaks: the same
-    numbers the profile reports, for checking a profile or re-deciding its form.
+    ``provenance.measurements_csv``), with the profile's model, dtype and peaks, and its
+    path costs only if it has them: the same numbers the profile reports, for checking a
+    profile or re-deciding its form.
 
     Raises:
         InputError: the profile names no CSV, or the CSV is missing or malformed.
@@ -294,11 +334,13 @@ def refit_profile(profile) -> FitResult:
         raise InputError(f"profile {profile.name}: no measurements CSV recorded")
     df = read_measurements(profile.path.parent / rel)
     k = RooflineConstants.of(profile.model_shape, profile.dtype, profile.tensor_parallel)
+    has_paths = any(c in profile.cost.coefficients
+                    for c in OPTIONAL_COEFFICIENTS["roofline"])
     return fit_measurements(df, k, (profile.device.peak_flops,
-                                    profile.device.memory_bandwidth))
+                                    profile.device.memory_bandwidth), paths=has_paths)
 
 
 __all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "OUTLIER_FACTOR", "PASS_SPREAD_WARN",
-           "SWITCH_MARGIN", "cell_means", "error_stats", "fit_form", "fit_linear",
+           "SWITCH_MARGIN", "WITH_PATHS", "cell_means", "error_stats", "fit_form", "fit_linear",
            "fit_measurements", "fit_roofline", "heldout_predictions", "outlier_steps",
            "pass_speeds", "pass_spread", "predict", "refit_profile", "replay_errors"]

@@ -95,6 +95,13 @@ COEFFICIENTS = {
     "linear": ("base_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s"),
     "constant": ("constant_s",),
 }
+#: Coefficients a form may add (0 when absent). ``prefill_step_s`` / ``decode_step_s``: the
+#: fixed seconds of a step that holds any prefill chunk / any decode, on top of ``a0_s``
+#: (each kind runs its own attention path: prefill chunks through causal attention over
+#: their own tokens, decodes through paged single-query attention, as vLLM's CPU backend and
+#: FlashInfer split them, and Vidur prices them as separate operators). A mixed step pays
+#: both; fitted only from grids with mixed cells, where the three are told apart.
+OPTIONAL_COEFFICIENTS = {"roofline": ("prefill_step_s", "decode_step_s")}
 _RATE_KEYS = ("w_eff_bytes_per_s", "f_eff_flops_per_s", "w_attn_bytes_per_s",
               "f_attn_flops_per_s")
 
@@ -154,7 +161,8 @@ def _coefficient(v: float) -> float:
 
 
 class CostSpec(_P):
-    """Cost form and its coefficients (keys per form: :data:`COEFFICIENTS`)."""
+    """Cost form and its coefficients (keys per form: :data:`COEFFICIENTS`, and those of
+    :data:`OPTIONAL_COEFFICIENTS`)."""
 
     form: Literal["roofline", "linear", "constant"]
     coefficients: dict[str, Annotated[float, AfterValidator(_coefficient)]]
@@ -162,10 +170,12 @@ class CostSpec(_P):
     @model_validator(mode="after")
     def _keys(self):
         want = COEFFICIENTS[self.form]
+        optional = OPTIONAL_COEFFICIENTS.get(self.form, ())
         missing = [k for k in want if k not in self.coefficients]
-        extra = [k for k in self.coefficients if k not in want]
+        extra = [k for k in self.coefficients if k not in want and k not in optional]
         if missing or extra:
             raise SubkeyError("coefficients", f"{self.form} needs exactly the coefficients {', '.join(want)}"
+                             + (f" (and may add {', '.join(optional)})" if optional else "")
                              + (f"; missing {', '.join(missing)}" if missing else "")
                              + (f"; unknown {', '.join(extra)}" if extra else ""))
         zero = [k for k in self.coefficients if k in _RATE_KEYS and self.coefficients[k] == 0]
@@ -519,16 +529,19 @@ class RooflineConstants:
 
 
 def roofline_seconds(coef: dict, k: RooflineConstants, tokens, requests, context_tokens,
-                     attn_pairs, sampled):
+                     attn_pairs, sampled, prefill_tokens, decodes):
     """The roofline step time in seconds; features may be numpy arrays (for fitting).
 
     Args:
-        coef: roofline coefficients (:data:`COEFFICIENTS` ``["roofline"]``).
+        coef: roofline coefficients (:data:`COEFFICIENTS` ``["roofline"]``, and the
+            :data:`OPTIONAL_COEFFICIENTS` path costs, 0 when absent).
         k: :class:`RooflineConstants`. Other args: :class:`StepFeatures` fields.
     """
     dense = np.maximum(k.weight_bytes / coef["w_eff_bytes_per_s"],
                        k.dense_flops_per_token * np.asarray(tokens) / coef["f_eff_flops_per_s"])
     t = (coef["a0_s"] + coef["per_request_s"] * np.asarray(requests) + dense
+         + coef.get("prefill_step_s", 0.0) * (np.asarray(prefill_tokens) > 0)
+         + coef.get("decode_step_s", 0.0) * (np.asarray(decodes) > 0)
          + k.kv_bytes_per_token * np.asarray(context_tokens) / coef["w_attn_bytes_per_s"]
          + k.attn_flops_per_pair * np.asarray(attn_pairs) / coef["f_attn_flops_per_s"]
          + k.lm_head_flops_per_sample * np.asarray(sampled) / coef["f_eff_flops_per_s"])
@@ -560,6 +573,7 @@ def _seconds_fn(form: str, coef: dict, k: RooflineConstants | None):
         return linear
 
     a0, per_req = coef["a0_s"], coef["per_request_s"]
+    pre_s, dec_s = coef.get("prefill_step_s", 0.0), coef.get("decode_step_s", 0.0)
     t_weights = k.weight_bytes / coef["w_eff_bytes_per_s"]
     s_tok = k.dense_flops_per_token / coef["f_eff_flops_per_s"]
     s_ctx = k.kv_bytes_per_token / coef["w_attn_bytes_per_s"]
@@ -575,6 +589,7 @@ def _seconds_fn(form: str, coef: dict, k: RooflineConstants | None):
         if dense < t_weights:
             dense = t_weights
         return (a0 + per_req * (nd + len(plan.prefills)) + dense
+                + (pre_s if plan.prefills else 0.0) + (dec_s if nd else 0.0)
                 + s_ctx * (ctx + dctx) + s_pair * (pairs + dctx) + s_samp * (sampled + nd)
                 + ar0 + ar_tok * tokens)
     return roofline
@@ -748,9 +763,12 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
     amb, amf = eff.attn_mbu or mbu, eff.attn_mfu or mfu
     bw, peak = gpu.memory_bandwidth, gpu.peak_flops(dtype)
     a0, per_req = DEFAULT_STEP_OVERHEAD_S, DEFAULT_PER_REQUEST_S
+    paths = {}   # fixed costs in seconds, carried as a0 and per_req are
     if source is not None:
         a0 = source.cost.coefficients["a0_s"]
         per_req = source.cost.coefficients["per_request_s"]
+        paths = {k: source.cost.coefficients[k] for k in OPTIONAL_COEFFICIENTS["roofline"]
+                 if k in source.cost.coefficients}
     cap = kv_capacity(shape, dtype, gpu, tp, block_size, gpu_memory_utilization,
                       max_num_batched_tokens, max_num_seqs, max_model_len)
     how = (f"efficiencies of measured profile {source.display_name}" if source is not None
@@ -769,7 +787,7 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
         cost=CostSpec(form="roofline", coefficients={
             "a0_s": a0, "per_request_s": per_req, "w_eff_bytes_per_s": mbu * bw,
             "f_eff_flops_per_s": mfu * peak, "w_attn_bytes_per_s": amb * bw,
-            "f_attn_flops_per_s": amf * peak}),
+            "f_attn_flops_per_s": amf * peak, **paths}),
         efficiencies=Efficiencies(mbu=mbu, mfu=mfu, attn_mbu=amb, attn_mfu=amf),
         provenance=Provenance(
             kind="projected", date=datetime.date.today().isoformat(),
@@ -1113,7 +1131,7 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
 
 __all__ = [
     "COEFFICIENTS", "CostModel", "CostSpec", "DEFAULT_MBU", "DEFAULT_MFU",
-    "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
+    "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "OPTIONAL_COEFFICIENTS", "DeviceInfo", "Efficiencies",
     "ErrorInfo", "ErrorStats", "KVCapacity", "KVInfo", "ModelInfo", "NON_TORCH_BYTES",
     "NON_TORCH_TP_BYTES", "NoiseInfo", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",

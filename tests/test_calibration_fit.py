@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.fit import (cell_means, error_stats, fit_linear, fit_measurements,
-                             fit_roofline, heldout_predictions, pass_speeds, pass_spread,
-                             predict)
+from calibration.fit import (WITH_PATHS, cell_means, error_stats, fit_linear,
+                             fit_measurements, fit_roofline, heldout_predictions, pass_speeds,
+                             pass_spread, predict)
 from simulator.catalog import load_model
 from simulator.cost_model import RooflineConstants, roofline_seconds
 
@@ -19,8 +19,9 @@ TRUE = {"a0_s": 2e-3, "per_request_s": 1e-4, "w_eff_bytes_per_s": 1e10,
         "f_eff_flops_per_s": 5e10, "w_attn_bytes_per_s": 4e9, "f_attn_flops_per_s": 2e10}
 
 
-def synthetic_steps(coef, noise=0.0, seed=0, repeats=3):
-    """A measurements table over prefill, decode and mixed cells priced by the roofline."""
+def synthetic_steps(coef, noise=0.0, seed=0, repeats=3, mixed=True):
+    """A measurements table over prefill, decode and (``mixed``) mixed cells priced by the
+    roofline."""
     rng = np.random.default_rng(seed)
     rows = []
 
@@ -31,7 +32,7 @@ def synthetic_steps(coef, noise=0.0, seed=0, repeats=3):
         f = dict(tokens=pt + B, requests=len(chunks) + B, prefill_tokens=pt, decodes=B,
                  context_tokens=ctx, attn_pairs=pairs, sampled=len(chunks) + B)
         t = float(roofline_seconds(coef, K, f["tokens"], f["requests"], ctx, pairs,
-                                   f["sampled"]))
+                                   f["sampled"], pt, B))
         for _ in range(repeats):
             rows.append({"cell": cell, "kind": kind,
                          "duration_ns": t * (1 + noise * rng.standard_normal()) * 1e9, **f})
@@ -42,7 +43,7 @@ def synthetic_steps(coef, noise=0.0, seed=0, repeats=3):
     for B in (1, 2, 4, 8, 16, 32):
         for L in (64, 512, 2048):
             add(f"decode B={B} L={L}", "decode", [], B, L)
-    for B, L, n, c in ((4, 256, 64, 0), (8, 1024, 256, 512)):
+    for B, L, n, c in ((4, 256, 64, 0), (8, 1024, 256, 512)) if mixed else ():
         add(f"mixed B={B} L={L} n={n} c={c}", "mixed", [(n, c)], B, L)
     return pd.DataFrame(rows)
 
@@ -53,6 +54,37 @@ def test_roofline_fit_recovers_known_coefficients():
     got = fit_roofline(cells, cells["seconds"], K, peak_flops=1e11, peak_bandwidth=2e10)
     for name, want in TRUE.items():
         assert got[name] == pytest.approx(want, rel=2e-3), name
+    # the path costs it may add are nil here
+    assert got["prefill_step_s"] < 1e-6 and got["decode_step_s"] < 1e-6
+
+
+def test_roofline_fit_recovers_the_attention_paths_fixed_costs():
+    # a step holding a prefill chunk pays 3 ms more, one holding decodes 1 ms more: a mixed
+    # step pays both, and the mixed cells tell the two apart from a0
+    true = {**TRUE, "prefill_step_s": 3e-3, "decode_step_s": 1e-3}
+    cells = cell_means(synthetic_steps(true))
+    got = fit_roofline(cells, cells["seconds"], K, peak_flops=1e11, peak_bandwidth=2e10)
+    assert set(got) == set(true)
+    for name, want in true.items():
+        assert got[name] == pytest.approx(want, rel=2e-3), name
+    # without a mixed cell a0 and the two are not told apart: none is fitted
+    cells = cell_means(synthetic_steps(TRUE, mixed=False))
+    got = fit_roofline(cells, cells["seconds"], K, peak_flops=1e11, peak_bandwidth=2e10)
+    assert set(got) == set(TRUE)
+
+
+def test_path_costs_are_kept_only_where_they_predict_held_out_cells_better():
+    true = {**TRUE, "prefill_step_s": 3e-3, "decode_step_s": 1e-3}
+    r = fit_measurements(synthetic_steps(true, noise=0.002), K, (1e11, 2e10))
+    assert r.candidates[WITH_PATHS]["mape"] < r.candidates["roofline"]["mape"]
+    assert r.heldout == r.candidates[WITH_PATHS]
+    assert r.coefficients["prefill_step_s"] == pytest.approx(3e-3, rel=0.25)
+    assert r.coefficients["decode_step_s"] == pytest.approx(1e-3, rel=0.25)
+    # no mixed cell: not tried; paths=False (a profile fitted without them): not tried
+    r = fit_measurements(synthetic_steps(true, noise=0.01, mixed=False), K, (1e11, 2e10))
+    assert WITH_PATHS not in r.candidates and "prefill_step_s" not in r.coefficients
+    r = fit_measurements(synthetic_steps(true, noise=0.01), K, (1e11, 2e10), paths=False)
+    assert WITH_PATHS not in r.candidates and "prefill_step_s" not in r.coefficients
 
 
 def test_linear_fit_recovers_known_coefficients():

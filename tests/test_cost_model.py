@@ -171,15 +171,30 @@ def test_roofline_by_hand(tmp_path):
     assert want == pytest.approx(3.248608e-3, rel=1e-12)
 
 
+def test_roofline_attention_path_costs_by_hand():
+    # A step holding prefill chunks pays prefill_step_s once, one holding decodes
+    # decode_step_s once; a mixed step pays both (the optional roofline coefficients).
+    k = RooflineConstants.of(load_model("llama-test"), "bfloat16")
+    base = cmod._seconds_fn("roofline", COEF, k)
+    paths = cmod._seconds_fn("roofline", {**COEF, "prefill_step_s": 2e-3,
+                                          "decode_step_s": 5e-4}, k)
+    for p, extra in ((plan([chunk(10, 6, True), chunk(5, 0, False)], 3, 40), 2.5e-3),
+                     (plan([chunk(64, 0, False)]), 2e-3), (plan((), 7, 300), 5e-4)):
+        assert paths(p) - base(p) == pytest.approx(extra, rel=1e-9)
+
+
 def test_vectorised_roofline_matches_per_step():
     k = RooflineConstants.of(load_model("llama-test"), "bfloat16")
     fn = cmod._seconds_fn("roofline", COEF, k)
     plans = [plan([chunk(10, 6, True)], 3, 40), plan((), 7, 300), plan([chunk(64, 0, False)]),
              plan([chunk(1, 99, True), chunk(30, 2, True)], 1, 5)]
     f = [step_features(p) for p in plans]
-    vec = roofline_seconds(COEF, k, *(np.array([getattr(x, a) for x in f]) for a in (
-        "tokens", "requests", "context_tokens", "attn_pairs", "sampled")))
-    assert np.allclose(vec, [fn(p) for p in plans], rtol=1e-12)
+    for coef in (COEF, {**COEF, "prefill_step_s": 2e-3, "decode_step_s": 5e-4}):
+        fn = cmod._seconds_fn("roofline", coef, k)
+        vec = roofline_seconds(coef, k, *(np.array([getattr(x, a) for x in f]) for a in (
+            "tokens", "requests", "context_tokens", "attn_pairs", "sampled",
+            "prefill_tokens", "decodes")))
+        assert np.allclose(vec, [fn(p) for p in plans], rtol=1e-12)
 
 
 def test_tensor_parallel_divides_work_and_adds_allreduce():
@@ -759,3 +774,26 @@ def test_a_profile_block_size_vllm_does_not_take_is_refused(tmp_path):
         load_profile(p)
     p.write_text(text.replace(f"block_size: {size}", "block_size: 128"))   # vLLM CPU's
     assert load_profile(p).kv.block_size == 128
+
+
+def test_attention_path_costs_load_and_carry_to_projections(tmp_path, monkeypatch):
+    # the optional roofline coefficients: a profile may hold them (and nothing else beyond
+    # the six); a projection from a measured GPU profile carries them, as it carries a0_s
+    monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
+    device = {"name": "a100-80gb", "kind": "gpu", "peak_flops": 312e12,
+              "memory_bandwidth": 2.0e12, "memory_bytes": 81920 * 2**20}
+    paths = {"prefill_step_s": 2e-3, "decode_step_s": 5e-4}
+    p = make_profile(device=device, cost={"form": "roofline",
+                                          "coefficients": {**COEF, **paths}})
+    assert load_profile(save_profile(p, tmp_path / "local" / "a.yaml")).cost.coefficients \
+        == {**COEF, **paths}
+    cm = build_cost_model(scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"}))
+    assert {k: cm.profile.cost.coefficients[k] for k in paths} == paths
+    bad = tmp_path / "bad.yaml"
+    save_profile(p, bad).write_text(bad.read_text().replace("prefill_step_s", "mixed_s"))
+    with pytest.raises(InputError, match=r"cost\.coefficients: roofline needs exactly the "
+                                         r"coefficients a0_s, .*, f_attn_flops_per_s \(and may "
+                                         r"add prefill_step_s, decode_step_s\); unknown "
+                                         r"mixed_s$"):
+        load_profile(bad)
