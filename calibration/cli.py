@@ -423,8 +423,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     require_torch()   # after the flags that need no torch, as validate does
     import torch
 
-    from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, KVInfo, ModelInfo,
-                                      NoiseInfo, Profile, Provenance, CostSpec,
+    from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, IdleInfo, KVInfo,
+                                      ModelInfo, NoiseInfo, Profile, Provenance, CostSpec,
                                       RooflineConstants, activation_reserve_bytes,
                                       save_profile)
 
@@ -432,8 +432,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     from calibration.engine.weights import random_model
 
     from . import fit as fitmod
-    from .profiler import (MeasurementLog, check_resumable, default_grid, measure_ceilings,
-                           measure_grid, read_csv_header, read_measurements)
+    from .profiler import (IDLE_GAPS_S, IDLE_STEP_TOKENS, MeasurementLog, _Driver,
+                           check_resumable, default_grid, measure_ceilings, measure_grid,
+                           measure_idle, read_csv_header, read_measurements)
     from .report import write_report
 
     t_start = time.perf_counter()
@@ -525,6 +526,13 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                            on_measure=on_measure)
     finally:
         log.close()
+    # -- the first step after idle (not resumable: seconds) --------------------------------
+    print(f"timing the first step after idle ({', '.join(f'{g:g}' for g in IDLE_GAPS_S)} s, "
+          f"{grid.repeats} passes)", file=sys.stderr)
+    idle_driver = _Driver(engine, args.seed + 2)
+    idle = IdleInfo(**measure_idle(
+        lambda: idle_driver.chunk_step(IDLE_STEP_TOKENS, 0).duration_ns, IDLE_GAPS_S,
+        repeats=grid.repeats))
     df = read_measurements(csv_path)
     # Bounds from the profile's own peaks, so the CSV and the profile alone reproduce the fit.
     result = fitmod.fit_measurements(df, k, (dev_info.peak_flops, dev_info.memory_bandwidth))
@@ -578,6 +586,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                    f"their cell's fastest) left out of the fit")
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
+    source += (f"; first step after idle (a {IDLE_STEP_TOKENS}-token prefill, "
+               f"{idle.reference_s * 1e3:.3g} ms back to back; median of {grid.repeats} "
+               f"passes): {idle.describe()}")
     profile = Profile(
         name=name, device=dev_info, engine=f"servesim-torch {__version__}",
         model=ModelInfo(name=shape.name, shape={k_: v for k_, v in shape.to_dict().items()
@@ -587,7 +598,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                   num_gpu_blocks=engine.num_gpu_blocks, memory_budget_bytes=int(kv_budget),
                   activation_reserve_bytes=int(act)),
         cost=CostSpec(form=result.form, coefficients=result.coefficients),
-        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals),
+        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals), idle=idle,
         error=ErrorInfo(heldout=ErrorStats(**result.heldout),
                         replay=ErrorStats(**rep_err) if rep_err else None),
         provenance=Provenance(kind="measured", date=datetime.date.today().isoformat(),
@@ -677,6 +688,8 @@ def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:
                   f"{100 * s['max']:.1f}%")
     c = Console()
     c.print(t)
+    if profile.idle is not None:
+        c.print(f"first step after idle: {profile.idle.describe()}", highlight=False)
     c.print(f"{run.measured} steps measured, {run.skipped} already in the CSV; "
             f"{seconds:.0f} s in all")
     c.print(f"profile: {out}\nreport: {paths['html']}")

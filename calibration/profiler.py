@@ -675,6 +675,48 @@ def measure_grid(engine, grid: Grid, log: MeasurementLog, *, seed: int = 0,
     return run
 
 
+# == wake-up after idle =======================================================================
+
+#: Idle times (seconds) after which ``calibrate`` times the first step: a served engine
+#: idles between arrivals from milliseconds to seconds at low load.
+IDLE_GAPS_S = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+#: The step timed: one prefill chunk of this many tokens, nothing cached (a grid cell's
+#: shape; the first step after idle is a new request's prefill).
+IDLE_STEP_TOKENS = 64
+
+
+def measure_idle(step: Callable[[], int], gaps=IDLE_GAPS_S, repeats: int = 3,
+                 sleep: Callable[[float], None] = time.sleep) -> dict:
+    """What the first step after idling costs on top of the same step back to back
+    (:class:`simulator.cost_model.IdleInfo`).
+
+    For each of ``repeats`` passes and each gap ``g``: one step to warm up again, one step
+    back to back (the reference), ``sleep(g)`` (the engine waits for work as the replay
+    loop does), the same step again; the extra is its time less the reference's. Per gap,
+    the median over passes, at least 0 and non-decreasing in ``g`` (a longer wait cools
+    at least as much; the median's noise is not a faster wake-up).
+
+    Args:
+        step: runs one step of a fixed shape; returns its duration in ns.
+        gaps: idle times, seconds, ascending. repeats: passes (>= 1).
+
+    Returns:
+        ``{"gaps_s", "extra_s", "reference_s"}`` (seconds; the reference the median of
+        every pass's back-to-back step).
+    """
+    ref, extra = [], {g: [] for g in gaps}
+    for _ in range(repeats):
+        for g in gaps:
+            step()
+            r = step()
+            sleep(g)
+            extra[g].append(step() - r)
+            ref.append(r)
+    med = np.maximum.accumulate(np.maximum(0.0, [np.median(extra[g]) for g in gaps]))
+    return {"gaps_s": [float(g) for g in gaps], "extra_s": [float(x) / 1e9 for x in med],
+            "reference_s": float(np.median(ref)) / 1e9}
+
+
 # == device ceilings ==========================================================================
 
 def _sync(device: str) -> None:
@@ -772,5 +814,6 @@ def memory_bytes(device: str) -> int:
 __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed", "Grid",
            "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "check_resumable",
            "cpu_isa", "cpu_name",
-           "default_grid", "measure_ceilings", "measure_grid", "memory_bytes",
-           "read_measurements", "record_features", "run_queue_wait_ns", "warm_up"]
+           "default_grid", "IDLE_GAPS_S", "IDLE_STEP_TOKENS", "measure_ceilings",
+           "measure_grid", "measure_idle", "memory_bytes", "read_measurements",
+           "record_features", "run_queue_wait_ns", "warm_up"]

@@ -144,6 +144,15 @@ def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
                        for n, s in err_rows)
     coef_html = "".join(f"<tr><td>{e(n)}</td><td>{v:.4g}</td></tr>"
                         for n, v in profile.cost.coefficients.items())
+    idle = profile.idle
+    idle_html = "" if idle is None else (
+        "<h2>First step after idle</h2><p>Extra time of a step that ends a wait for work, "
+        "over the same step back to back (" + (f"{idle.reference_s * 1e3:.3g} ms" if
+        idle.reference_s else "") + "); the simulator adds it, linear between these "
+        "points, to the first step after an idle replica wakes.</p><table><tr><th>idle "
+        "s</th><th>extra ms</th></tr>" + "".join(
+            f"<tr><td>{g:g}</td><td>{x * 1e3:.3g}</td></tr>"
+            for g, x in zip(idle.gaps_s, idle.extra_s)) + "</table>")
     eff_html = "".join(f"<tr><td>{e(n)}</td><td>{e(v)}</td></tr>"
                        for n, v in efficiency_cells(profile.efficiencies.model_dump()))
     cells = result.cells
@@ -179,7 +188,7 @@ Poisson workload that the fit never saw. In-sample (all cells fitted): MAPE
 cell's median; 1 on a steady device; slowest over fastest {pct(pass_spread(speeds))}):
 {speed_html}. A slow phase of a shared host moves every cell of a pass alike, so the
 held-out error does not show it; the profile prices the average over the passes.</p>
-<h2>Coefficients</h2><table>{coef_html}</table>
+<h2>Coefficients</h2><table>{coef_html}</table>{idle_html}
 <h2>Efficiencies (achieved / peak)</h2><table>{eff_html}</table>
 <p>Achieved rates of the fitted cost model over the ceilings measured above (mbu: weight
 bytes per second over the copy ceiling; mfu: FLOP/s over the matmul ceiling; attn_*: the

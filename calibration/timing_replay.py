@@ -205,7 +205,9 @@ class StepReplayCost:
     """Timing replay: step ``k`` of the simulation lasts as the engine's step ``k`` did.
 
     With ``price`` (a cost model), every replayed step is also priced by it
-    (:attr:`priced_ns`): the cost model's error on the very steps the engine ran.
+    (:attr:`priced_ns`): the cost model's error on the very steps the engine ran; a step
+    after the engine idled is priced with the model's wake-up cost for that idle time
+    (``price.wake_ns``), as the simulator prices it.
 
     Step boundaries are the engine's queue checks: step ``k`` ends where the loop next
     looked at its queue (so the simulator delivers the same arrivals to step ``k + 1``);
@@ -236,6 +238,10 @@ class StepReplayCost:
                 start[k] = min(arrivals[j], checks[k]) if j < len(arrivals) else checks[k]
         for k in range(n):
             end[k] = max(after[k], start[k] + 1)
+        # ns the engine sat idle before step k (0: it went straight on), from the replay's
+        # start for the first step, as the simulated replica starts idle at 0
+        self._idle = [start[0]] + [0 if after[k - 1] == checks[k] else start[k] - end[k - 1]
+                                   for k in range(1, n)] if n else []
         self._start, self._end = start, end
         self._begin = [s.start_ns for s in run.steps]
         self.steps: list[SimStep] = []
@@ -249,7 +255,11 @@ class StepReplayCost:
     def step_time_ns(self, plan) -> int:
         k = len(self.steps)
         if self.price is not None:
-            self.priced_ns.append(self.price.step_time_ns(plan))
+            t = self.price.step_time_ns(plan)
+            wake = getattr(self.price, "wake_ns", None)
+            if wake is not None and k < len(self._start) and self._idle[k]:
+                t += wake(self._idle[k])
+            self.priced_ns.append(t)
         pre, nd, ctx, preempted, sampled = plan_summary(plan)
         if k >= len(self._start):  # diverged: compare_timing reports it; 1 ms steps finish
             t0 = self.steps[-1].end_ns if self.steps else 0
@@ -277,6 +287,11 @@ class ScaledCost:
     def step_time_ns(self, plan) -> int:
         t = self.base.step_time_ns(plan)
         return max(1, int(t * self.factor + 0.5) + self.front_end_ns)
+
+    def wake_ns(self, idle_ns: int) -> int:
+        """The base's wake-up cost after ``idle_ns`` idle, scaled as its steps are."""
+        wake = getattr(self.base, "wake_ns", None)
+        return int(wake(idle_ns) * self.factor + 0.5) if wake is not None else 0
 
 
 def simulate_specs(scenario, specs, cost_model) -> RunResult:

@@ -208,6 +208,45 @@ class NoiseInfo(_P):
         return v
 
 
+class IdleInfo(_P):
+    """What the first step after the engine idled costs on top of its price, measured by
+    ``servesim calibrate`` (:func:`calibration.profiler.measure_idle`): caches (a GPU's
+    clocks) cool while the engine waits for work, and the step that ends the wait reloads
+    them. On a shared 2-core CPU host a step after 1 s idle took 30-50 ms more than the same
+    step back to back (×2-3 for a small one), after 0.1 s 6-12 ms, after 10 ms nothing.
+
+    Attributes:
+        gaps_s: idle times measured, seconds (ascending, > 0).
+        extra_s: the step's extra seconds after each (>= 0; non-decreasing).
+        reference_s: the measured step's back-to-back time, seconds.
+    """
+
+    gaps_s: list[float] = Field(min_length=1)
+    extra_s: list[float] = Field(min_length=1)
+    reference_s: Optional[float] = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _table(self):
+        g, e = self.gaps_s, self.extra_s
+        if len(g) != len(e):
+            raise ValueError(f"gaps_s and extra_s pair up: {len(g)} gaps, {len(e)} extras")
+        if not all(math.isfinite(x) and x > 0 for x in g) or any(b <= a for a, b in zip(g, g[1:])):
+            raise SubkeyError("gaps_s", f"ascending seconds > 0 (got {g})")
+        if not all(math.isfinite(x) and x >= 0 for x in e):
+            raise SubkeyError("extra_s", f"seconds >= 0 (got {e})")
+        return self
+
+    def seconds(self, idle_s: float) -> float:
+        """Extra seconds of the step after ``idle_s`` seconds idle: linear between the
+        measured points, from 0 at no idle; the last point's beyond it."""
+        return float(np.interp(idle_s, [0.0, *self.gaps_s], [0.0, *self.extra_s]))
+
+    def describe(self) -> str:
+        """``+0 ms after 0.01 s, +2.4 ms after 0.03 s, ...`` (one line)."""
+        return ", ".join(f"+{e * 1e3:.3g} ms after {g:g} s"
+                         for g, e in zip(self.gaps_s, self.extra_s))
+
+
 class ErrorStats(_P):
     """Relative step-time errors (fractions): mean absolute, 90th percentile, maximum."""
 
@@ -264,6 +303,7 @@ class Profile(_P):
     cost: CostSpec
     efficiencies: Efficiencies = Field(default_factory=Efficiencies)
     noise: NoiseInfo = Field(default_factory=NoiseInfo)
+    idle: Optional[IdleInfo] = None
     error: Optional[ErrorInfo] = None
     provenance: Provenance
 
@@ -814,6 +854,8 @@ class CostModel:
         form: ``roofline``, ``linear`` or ``constant``.
         price_per_replica_hour: USD per replica-hour (GPU price × tensor_parallel), or
             ``None`` when unknown (CPU, inline step time).
+        idle: the profile's :class:`IdleInfo` (the first step after idle costs more), or
+            ``None`` (not measured: such steps cost their price).
     """
 
     def __init__(self, form: str, seconds_fn, *, measured: bool, label: str,
@@ -833,6 +875,7 @@ class CostModel:
         self._rng = rng if rng is not None else np.random.default_rng(0)
         self._buf: list[float] = []
         self._pos = 0
+        self.idle = profile.idle if profile is not None else None
 
     def with_rng(self, rng: np.random.Generator) -> "CostModel":
         """A copy that draws its noise from ``rng`` (one per replica: replicas share the
@@ -849,6 +892,13 @@ class CostModel:
     def step_seconds(self, plan) -> float:
         """Noise-free step time in seconds."""
         return self._seconds(plan)
+
+    def wake_ns(self, idle_ns: int) -> int:
+        """Extra ns of the step that starts after the replica idled ``idle_ns`` ns
+        (:class:`IdleInfo`; 0 without it)."""
+        if self.idle is None or idle_ns <= 0:
+            return 0
+        return int(self.idle.seconds(idle_ns / 1e9) * 1e9 + 0.5)
 
     def step_time_ns(self, plan) -> int:
         """Step time in integer ns (>= 1), with sampled noise when enabled.
@@ -1131,9 +1181,9 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
 
 __all__ = [
     "COEFFICIENTS", "CostModel", "CostSpec", "DEFAULT_MBU", "DEFAULT_MFU",
-    "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "OPTIONAL_COEFFICIENTS", "DeviceInfo", "Efficiencies",
-    "ErrorInfo", "ErrorStats", "KVCapacity", "KVInfo", "ModelInfo", "NON_TORCH_BYTES",
-    "NON_TORCH_TP_BYTES", "NoiseInfo", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
+    "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
+    "ErrorInfo", "ErrorStats", "IdleInfo", "KVCapacity", "KVInfo", "ModelInfo",
+    "NON_TORCH_BYTES", "NON_TORCH_TP_BYTES", "NoiseInfo", "OPTIONAL_COEFFICIENTS", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
     "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",

@@ -7,7 +7,8 @@ duration comes from the cost model instead of a forward pass. Time is integer ns
 Timing rules (DESIGN.md §2): steps run back to back while there is work; an arrival at
 time t is seen by a step that starts at t (arrivals are delivered with SimPy's URGENT
 priority, ahead of the step boundary at the same instant); an idle replica starts a step
-at the arrival that wakes it.
+at the arrival that wakes it, and that step also pays the cost model's wake-up cost for
+the time idle (``wake_ns``, measured by calibration; the replica starts idle at 0).
 
 Three ways to run, with identical results: ``exact_steps`` (one SimPy event per step, the
 reference); fast-forward (steps that nothing outside the replica can observe run without
@@ -37,7 +38,8 @@ class Replica:
             ``intake_ns(plan) -> int``, ns from a step's start to the moment its batch is
             scheduled (the engine taking in the arrivals it saw; called, for steps that
             admit or preempt, before ``step_time_ns`` prices the same plan), which moves
-            first-scheduled times only.
+            first-scheduled times only; optionally ``wake_ns(idle_ns) -> int``, the extra
+            ns of the first step after ``idle_ns`` idle.
         metrics: collector with ``record_request``, ``record_itl``, ``record_own_itl``,
             ``itl_appenders``, ``record_step``, ``note_admitted``
             (:class:`simulator.metrics.MetricsCollector`).
@@ -108,12 +110,17 @@ class Replica:
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         quiet_step, steady = sched.quiet_step, sched._steady
         quiet = StepPlan(0, steady)   # the plan of every quiet decode step
+        wake_ns = getattr(cost, "wake_ns", None)
         while True:
+            extra = 0   # the wake-up cost of the first step after idle
             if not sched.has_unfinished_requests():
                 self.busy_until_ns = _NEVER
+                idle_from = env.now
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
+                if wake_ns is not None:
+                    extra = wake_ns(env.now - idle_from)
             t0 = env.now
             bound = self.next_event_ns(self)
             # Fast-forward: steps that end before anything else in the cluster can happen
@@ -130,7 +137,8 @@ class Replica:
                     quiet.decode_context_tokens = ctx
                     usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
                     waiting = len(waiting_q)
-                    t1 = t0 + step_time_ns(quiet)
+                    t1 = t0 + step_time_ns(quiet) + extra
+                    extra = 0
                     if t1 >= bound:
                         plan = None
                         break
@@ -147,7 +155,8 @@ class Replica:
                 batch = nd + len(prefills)
                 waiting = len(waiting_q)
                 usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
-                t1 = t0 + step_time_ns(plan)
+                t1 = t0 + step_time_ns(plan) + extra
+                extra = 0
                 if exact or t1 >= bound or finishes_in(plan):
                     break
                 # A step that finishes nothing: take it back here (see _end_step).
@@ -188,8 +197,9 @@ class Replica:
         has_work = sched.has_unfinished_requests
         quiet_step = sched.quiet_step
         quiet = StepPlan(0, sched._steady)   # the plan of every quiet decode step
+        wake_ns = getattr(cost, "wake_ns", None)
         k, n = 0, len(arrivals_ns)
-        t0 = 0
+        t0 = extra = 0
         while True:
             ctx = quiet_step()
             if ctx is not None:
@@ -198,7 +208,8 @@ class Replica:
                 quiet.decode_context_tokens = ctx
                 usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
                 waiting = len(waiting_q)
-                t1 = t0 + step_time_ns(quiet)
+                t1 = t0 + step_time_ns(quiet) + extra
+                extra = 0
                 if k < n and t1 >= arrivals_ns[k]:
                     while k < n and arrivals_ns[k] <= t1:
                         deliver(k, arrivals_ns[k])
@@ -210,7 +221,9 @@ class Replica:
             if not has_work():
                 if k >= n:
                     return
-                t0 = max(t0, arrivals_ns[k])
+                idle_from, t0 = t0, max(t0, arrivals_ns[k])
+                if wake_ns is not None:
+                    extra = wake_ns(t0 - idle_from)
                 while k < n and arrivals_ns[k] <= t0:
                     deliver(k, arrivals_ns[k])
                     k += 1
@@ -224,7 +237,8 @@ class Replica:
             batch = nd + len(prefills)
             waiting = len(waiting_q)
             usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
-            t1 = t0 + step_time_ns(plan)
+            t1 = t0 + step_time_ns(plan) + extra
+            extra = 0
             if t1 >= bound:
                 while k < n and arrivals_ns[k] <= t1:
                     deliver(k, arrivals_ns[k])

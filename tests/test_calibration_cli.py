@@ -29,6 +29,7 @@ def tiny_grid(monkeypatch):
     """The TINY grid, and fixed device ceilings (measured in their own test)."""
     monkeypatch.setattr(profiler, "default_grid", lambda device, quick, max_len: TINY)
     monkeypatch.setattr(profiler, "measure_ceilings", lambda *a, **k: (5e10, 1e10))
+    monkeypatch.setattr(profiler, "IDLE_GAPS_S", (0.001, 0.002))   # seconds, not minutes
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
@@ -76,6 +77,9 @@ def test_calibrate_writes_a_profile_the_simulator_reproduces(tmp_path, tiny_grid
     run_calibrate(out)
     prof = load_profile(out)
     assert prof.measured and prof.engine.startswith("servesim-torch ")
+    # the first step after idle: timed after each gap, extras >= 0 and non-decreasing
+    assert prof.idle.gaps_s == [0.001, 0.002] and 0 <= prof.idle.extra_s[0] <= \
+        prof.idle.extra_s[1] and prof.idle.reference_s > 0
     assert (prof.model.name, prof.dtype, prof.device.kind) == ("llama-test", "float32", "cpu")
     # KV facts: 2 x 2 layers x 2 kv heads x 16 x 4 bytes = 512 B/token; 4 MiB -> 512 blocks
     assert prof.kv.bytes_per_token == 512 and prof.kv.num_gpu_blocks == 512

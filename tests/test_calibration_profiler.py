@@ -266,3 +266,45 @@ def test_cell_keys_parse_back():
     cells = default_grid("cpu", False, 4096).cells(16, 4096, 1 << 20)
     assert cells and all(Cell.from_key(c.key) == c for c in cells)
     assert Cell.from_key("decode B=8") is None and Cell.from_key("decode B=x L=1") is None
+
+
+def test_measure_idle_takes_the_wake_up_cost_from_paired_steps():
+    # A fake engine on a virtual clock: a step takes 10 ms plus 20 ms x min(1, idle / 1 s)
+    # after idling (the wait since the last step ended); sleep only moves the clock.
+    from calibration.profiler import measure_idle
+
+    clock = {"now": 0.0, "end": 0.0}
+
+    def pen(idle):
+        return 0.020 * min(1.0, idle / 1.0)
+
+    def step():
+        dur = 0.010 + pen(clock["now"] - clock["end"])
+        clock["now"] += dur
+        clock["end"] = clock["now"]
+        return int(round(dur * 1e9))
+
+    def sleep(g):
+        clock["now"] += g
+
+    got = measure_idle(step, (0.01, 0.1, 1.0, 3.0), repeats=3, sleep=sleep)
+    assert got["gaps_s"] == [0.01, 0.1, 1.0, 3.0]
+    assert got["extra_s"] == pytest.approx([0.0002, 0.002, 0.020, 0.020], abs=1e-9)
+    assert got["reference_s"] == pytest.approx(0.010, abs=1e-9)
+
+
+def test_measure_idle_extras_are_never_negative_nor_falling():
+    # medians below the reference (noise) read 0; a longer gap never reads cheaper
+    from calibration.profiler import measure_idle
+
+    extras = iter([-2, 5, 3] * 3)   # ns over the reference per gap, three passes
+    seq = []
+
+    def step():
+        if not seq:
+            seq.extend([100, 100, None])   # warm, reference, after the gap
+        v = seq.pop(0)
+        return 100 + next(extras) if v is None else v
+
+    got = measure_idle(step, (0.1, 0.2, 0.3), repeats=3, sleep=lambda g: None)
+    assert got["extra_s"] == [0.0, 5e-9, 5e-9]

@@ -797,3 +797,28 @@ def test_attention_path_costs_load_and_carry_to_projections(tmp_path, monkeypatc
                                          r"add prefill_step_s, decode_step_s\); unknown "
                                          r"mixed_s$"):
         load_profile(bad)
+
+
+def test_idle_table_reads_linear_between_points_and_is_checked(tmp_path):
+    # 0 at no idle; linear between (0, 0), (0.1 s, 2 ms), (1 s, 20 ms); 20 ms beyond
+    idle = cmod.IdleInfo(gaps_s=[0.1, 1.0], extra_s=[0.002, 0.020], reference_s=0.03)
+    assert [idle.seconds(g) for g in (0, 0.05, 0.1, 0.55, 1.0, 30.0)] == pytest.approx(
+        [0, 0.001, 0.002, 0.011, 0.020, 0.020], abs=1e-12)
+    assert idle.describe() == "+2 ms after 0.1 s, +20 ms after 1 s"
+    path = save_profile(make_profile(idle=idle.model_dump()), tmp_path / "p.yaml")
+    cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
+    assert (cm.wake_ns(0), cm.wake_ns(550_000_000), cm.wake_ns(10**10)) == \
+        (0, 11_000_000, 20_000_000)
+    # the timing check's scaled model scales the wake-up as its steps
+    from calibration.timing_replay import ScaledCost
+    assert ScaledCost(cm, 1.1).wake_ns(550_000_000) == 12_100_000
+    # a profile without the table: no wake-up cost
+    save_profile(make_profile(), tmp_path / "p2.yaml")
+    assert build_cost_model(scenario(tmp_path, hardware={"profile": "p2.yaml"})).wake_ns(
+        10**9) == 0
+    text = path.read_text()
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "gaps_s" in t)
+    path.write_text(text.replace("gaps_s: [0.1, 1.0]", "gaps_s: [1.0, 0.1]"))
+    with pytest.raises(InputError, match=rf"p\.yaml:{line}: idle\.gaps_s: ascending seconds "
+                                         rf"> 0 \(got \[1\.0, 0\.1\]\)$"):
+        load_profile(path)

@@ -109,3 +109,29 @@ def test_single_replica_plain_loop_equals_step_by_step(d):
     assert a.requests.equals(b.requests)
     assert a.timeseries.equals(b.timeseries)
     assert a.itl_runs.equals(b.itl_runs)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_fast_forward_equals_step_by_step_with_a_wake_up_cost(d):
+    """The first step after idle pays the cost model's wake-up cost (IdleInfo) in every
+    run mode alike: SimPy step by step, fast-forwarded, and one replica's plain loop."""
+    from simulator.cost_model import IdleInfo, build_cost_model
+
+    if d["engine"]["num_gpu_blocks"] is not None:
+        d["engine"]["num_gpu_blocks"] = 1024 // d["engine"]["block_size"] + 2
+
+    def run(exact):
+        sc = scenario_from_dict({**d, "sim": {"exact_steps": exact}})
+        models = []
+        for _ in range(sc.cluster.replicas):
+            cm = build_cost_model(sc)
+            cm.idle = IdleInfo(gaps_s=[0.005, 0.05], extra_s=[0.001, 0.003])
+            models.append(cm)
+        return simulate(sc, cost_models=models)
+
+    a, b = run(True), run(False)
+    assert a.summary == b.summary
+    assert a.requests.equals(b.requests)
+    assert a.timeseries.equals(b.timeseries)
+    assert a.itl_runs.equals(b.itl_runs)

@@ -228,3 +228,40 @@ def test_a_client_limit_that_falls_behind_its_arrivals_is_unstable_and_said():
     r = simulate(scenario_from_dict(d))
     assert job_output(r)["stable"] and r.summary["client"]["held_requests"] == 0
     assert client_warning(r.summary) is None
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_first_step_after_idle_pays_the_wake_up_cost_by_hand(exact, replicas):
+    # Steps of 10 ms; a replica idle for g seconds adds 10 ms x min(g, 1 s) to its next
+    # step (IdleInfo: one point, 10 ms after 1 s; replicas start idle at 0).
+    # One replica: A arrives @500 after 0.5 s idle: [500, 515] (+5), [515, 525] A done;
+    # B @2000 after 1.475 s idle: [2000, 2020] (+10) B done; C @2005 finds it busy:
+    # [2020, 2030]. Two (round robin: A, C on 0, B on 1): B's replica idled 2 s:
+    # [2000, 2020]; A's replica idled from 525 to C @2005: [2005, 2025].
+    from simulator.cost_model import IdleInfo, build_cost_model
+    from simulator.policy import RequestSpec
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+    sc = scenario_from_dict({
+        "name": "wake", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256},
+        "cluster": {"replicas": replicas, "router": "round_robin"},
+        "workload": {"num_requests": 3, "arrival": {"process": "poisson", "rate": 1},
+                     "prompt_tokens": {"dist": "fixed", "value": 16},
+                     "output_tokens": {"dist": "fixed", "value": 1}},
+        "sim": {"exact_steps": exact, "warmup_requests": 0}})
+    models = []
+    for _ in range(replicas):
+        cm = build_cost_model(sc)
+        cm.idle = IdleInfo(gaps_s=[1.0], extra_s=[0.010])
+        models.append(cm)
+    ms = 1_000_000
+    specs = [RequestSpec("A", 500 * ms, (("a", 16),), 2),
+             RequestSpec("B", 2000 * ms, (("b", 16),), 1),
+             RequestSpec("C", 2005 * ms, (("c", 16),), 1)]
+    req = simulate(sc, specs=specs, cost_models=models).requests.set_index("request_id")
+    got = {r: [round(req.loc[r, f"{k}_s"] * 1e3, 6) for k in ("arrival", "first_token",
+                                                               "finish")] for r in "ABC"}
+    assert got == {"A": [500, 515, 525], "B": [2000, 2020, 2020],
+                   "C": [2005, 2030, 2030] if replicas == 1 else [2005, 2025, 2025]}

@@ -106,6 +106,28 @@ def test_priced_timing_replay_gives_the_cost_models_error_on_the_engines_steps(t
     assert cmp["step_mismatches"] > 0 and cmp["step_cost_ratio"] is None
 
 
+class _Waking(_PerToken):
+    """_PerToken, and 1 ns per us idle for the step that ends a wait (``wake_ns``)."""
+
+    def wake_ns(self, idle_ns):
+        return idle_ns // 1000
+
+
+def test_priced_timing_replay_adds_the_wake_up_cost_where_the_engine_idled(timing_run):
+    # the priced steps pay the price's wake-up for the idle time before them, as the
+    # simulator's replica does: its idle gaps are where a simulated step starts after the
+    # previous one ended (the replica starts idle at 0)
+    sc, specs, run, _, _ = timing_run
+    res, cost = TR.simulate_timing(sc, specs, run, price=_Waking())
+    if TR.compare_timing(run, res, cost)["step_mismatches"]:
+        pytest.skip("the replay was not exact (machine too busy)")
+    ends = [0] + [st.end_ns for st in cost.steps[:-1]]
+    gaps = [st.start_ns - e for st, e in zip(cost.steps, ends)]
+    assert sum(g > 0 for g in gaps) >= 2   # the run idled between arrivals
+    assert cost.priced_ns == [1000 * s.num_scheduled_tokens + g // 1000
+                              for s, g in zip(run.steps, gaps)]
+
+
 def test_timing_replay_detects_a_different_policy(timing_run):
     """The check can fail: a simulator with half the token budget batches differently."""
     sc, specs, run, _, _ = timing_run
