@@ -145,6 +145,18 @@ def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
 ROW_TEXT = "decode B=1 L=20,decode,0,5,4,,1,21,1,1,1,0,1,21,21.0,1"
 
 
+def csv_with_row(tmp_path, row):
+    """A measurements CSV of ONE_ROW, a blank line and ``row``: line 3 the good row, 4
+    blank, 5 ``row``."""
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, HEADER)
+    log.append(ONE_ROW)
+    log.close()
+    with open(path, "a") as f:
+        f.write("\n" + row + "\n")
+    return path
+
+
 @pytest.mark.parametrize("row,column,value", [
     ("garbage,,,,,,,,,,,,,,,", "pass", "''"),
     (ROW_TEXT.replace(",5,", ",fast,", 1), "duration_ns", "'fast'"),
@@ -153,12 +165,7 @@ ROW_TEXT = "decode B=1 L=20,decode,0,5,4,,1,21,1,1,1,0,1,21,21.0,1"
 def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
     # a whole line (not a kill's cut-off tail) that is no measurement: one error naming
     # the file's line, before any measuring (it failed deep in the fit)
-    path = tmp_path / "m.csv"
-    log = MeasurementLog(path, HEADER)
-    log.append(ONE_ROW)
-    log.close()
-    with open(path, "a") as f:
-        f.write("\n" + row + "\n")    # line 3 the good row, 4 blank, 5 this one
+    path = csv_with_row(tmp_path, row)
     from calibration.profiler import check_resumable
     for check in (MeasurementLog, check_resumable):   # calibrate's check before measuring
         with pytest.raises(InputError) as e:
@@ -170,12 +177,7 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
 @pytest.mark.parametrize("row, fields", [("garbage,,,", 4), (ROW_TEXT + ",7", 17)])
 def test_a_row_of_another_width_is_named_by_its_line(tmp_path, row, fields):
     # a short row read as its first empty column ("pass is ''") hid what was wrong
-    path = tmp_path / "m.csv"
-    log = MeasurementLog(path, HEADER)
-    log.append(ONE_ROW)
-    log.close()
-    with open(path, "a") as f:
-        f.write("\n" + row + "\n")    # line 3 the good row, 4 blank, 5 this one
+    path = csv_with_row(tmp_path, row)
     with pytest.raises(InputError) as e:
         read_measurements(path)
     assert str(e.value) == (f"{path}:5: {fields} fields where the column line has 16: not a "
