@@ -21,14 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from simulator.cost_model import (COEFFICIENTS, OPTIONAL_COEFFICIENTS, RooflineConstants,
-                                  linear_seconds, roofline_seconds)
+from simulator.cost_model import (COEFFICIENTS, MAX_EFFICIENCY, OPTIONAL_COEFFICIENTS,
+                                  RooflineConstants, linear_seconds, roofline_seconds)
 
 FEATURES = ("tokens", "requests", "prefill_tokens", "decodes", "context_tokens", "attn_pairs",
             "sampled")
-# A fitted rate may exceed the measured ceiling (cache-resident data beats a DRAM copy)
-# but not by more than this; a term pinned there is negligible in the measured range.
-MAX_EFFICIENCY = 4.0
 # Keep the physically grounded form unless the other one's held-out MAPE is this much lower.
 SWITCH_MARGIN = 0.10
 HELDOUT_FOLDS = 5

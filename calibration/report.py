@@ -100,9 +100,9 @@ def _figure(profile, result, df, replay_df, k, peaks):
 
 def efficiency_cells(eff: dict) -> list[tuple[str, str]]:
     """``(name, value)`` rows of a profile's efficiencies (None left out), 3 significant
-    figures; one at the fit's bound (:data:`calibration.fit.MAX_EFFICIENCY` × the
+    figures; one at the fit's bound (:data:`simulator.cost_model.MAX_EFFICIENCY` × the
     ceiling) says so: its term was too small in the measured steps to be fitted."""
-    from .fit import MAX_EFFICIENCY
+    from simulator.cost_model import MAX_EFFICIENCY
 
     return [(n, f"{v:.3g}" + (" (the fit's bound: too small a term in these steps to fit)"
                               if v >= MAX_EFFICIENCY * (1 - 1e-6) else ""))

@@ -95,6 +95,10 @@ COEFFICIENTS = {
     "linear": ("base_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s"),
     "constant": ("constant_s",),
 }
+#: The most a fitted rate may exceed the device's measured ceiling (cache-resident data
+#: beats a DRAM copy; ``calibration.fit`` bounds its rates so); a term pinned there is
+#: negligible in the measured range.
+MAX_EFFICIENCY = 4.0
 #: Coefficients a form may add (0 when absent). ``prefill_step_s`` / ``decode_step_s``: the
 #: fixed seconds of a step that holds any prefill chunk / any decode, on top of ``a0_s``
 #: (each kind runs its own attention path: prefill chunks through causal attention over
@@ -465,7 +469,10 @@ def save_profile(profile: Profile, path: str | Path) -> Path:
     if over:   # vLLM's users read MBU/MFU as at most 1: say what one above it means
         text = text.replace("\nefficiencies:", "\n# efficiencies: the fit's effective rates "
                             "over the device's peaks (or measured ceilings);\n# "
-                            + ", ".join(f"{k} {v:.2f}" for k, v in over.items())
+                            + ", ".join(f"{k} {v:.2f}" + (
+                                " (the fit's bound: too small a term to fit)"
+                                if v >= MAX_EFFICIENCY * (1 - 1e-6) else "")
+                                for k, v in over.items())
                             + " > 1: faster than that peak, as when a small model's weights "
                             "stay in cache, not a bound on the hardware\nefficiencies:", 1)
     path = atomic_write(path, text)
@@ -1182,7 +1189,7 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
 __all__ = [
     "COEFFICIENTS", "CostModel", "CostSpec", "DEFAULT_MBU", "DEFAULT_MFU",
     "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
-    "ErrorInfo", "ErrorStats", "IdleInfo", "KVCapacity", "KVInfo", "ModelInfo",
+    "ErrorInfo", "ErrorStats", "IdleInfo", "KVCapacity", "KVInfo", "MAX_EFFICIENCY", "ModelInfo",
     "NON_TORCH_BYTES", "NON_TORCH_TP_BYTES", "NoiseInfo", "OPTIONAL_COEFFICIENTS", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
     "kv_capacity",

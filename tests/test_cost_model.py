@@ -334,11 +334,17 @@ def test_a_block_count_from_set_is_named_as_such_and_its_errors_suggest_raising_
 def test_a_profile_with_an_efficiency_above_one_says_what_it_means(tmp_path):
     # MBU 4.0 in a profile reads as a bug to a vLLM user, who knows MBU <= 1
     from simulator.cost_model import load_profile
-    save_profile(make_profile(efficiencies={"mbu": 4.0, "mfu": 0.5}), tmp_path / "p.yaml")
+    save_profile(make_profile(efficiencies={"mbu": 2.5, "mfu": 0.5}), tmp_path / "p.yaml")
     text = (tmp_path / "p.yaml").read_text()
     assert ("\n# efficiencies: the fit's effective rates over the device's peaks (or measured "
-            "ceilings);\n# mbu 4.00 > 1: faster than that peak, as when a small model's "
+            "ceilings);\n# mbu 2.50 > 1: faster than that peak, as when a small model's "
             "weights stay in cache, not a bound on the hardware\nefficiencies:") in text
+    assert load_profile(tmp_path / "p.yaml").efficiencies.mbu == 2.5
+    # at the fit's bound (4x the ceiling) the rate was not fitted, only capped: said too
+    save_profile(make_profile(efficiencies={"mbu": 4.0, "mfu": 0.5}), tmp_path / "p.yaml")
+    text = (tmp_path / "p.yaml").read_text()
+    assert ("# mbu 4.00 (the fit's bound: too small a term to fit) > 1: faster than that "
+            "peak") in text
     assert load_profile(tmp_path / "p.yaml").efficiencies.mbu == 4.0
     save_profile(make_profile(), tmp_path / "q.yaml")   # all <= 1: no comment
     assert "#" not in (tmp_path / "q.yaml").read_text()
