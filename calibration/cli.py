@@ -432,9 +432,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     from calibration.engine.weights import random_model
 
     from . import fit as fitmod
-    from .profiler import (IDLE_GAPS_S, IDLE_STEP_TOKENS, MeasurementLog, _Driver,
-                           check_resumable, default_grid, measure_ceilings, measure_grid,
-                           measure_idle, read_csv_header, read_measurements)
+    from .profiler import (IDLE_GAPS_S, IDLE_PASSES, IDLE_STEP_TOKENS, MeasurementLog,
+                           check_resumable, default_grid, measure_ceilings, measure_engine_idle,
+                           measure_grid, read_csv_header, read_measurements)
     from .report import write_report
 
     t_start = time.perf_counter()
@@ -527,12 +527,10 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     finally:
         log.close()
     # -- the first step after idle (not resumable: seconds) --------------------------------
+    passes = min(grid.repeats, IDLE_PASSES)
     print(f"timing the first step after idle ({', '.join(f'{g:g}' for g in IDLE_GAPS_S)} s, "
-          f"{grid.repeats} passes)", file=sys.stderr)
-    idle_driver = _Driver(engine, args.seed + 2)
-    idle = IdleInfo(**measure_idle(
-        lambda: idle_driver.chunk_step(IDLE_STEP_TOKENS, 0).duration_ns, IDLE_GAPS_S,
-        repeats=grid.repeats))
+          f"{passes} passes)", file=sys.stderr)
+    idle = IdleInfo(**measure_engine_idle(engine, passes, seed=args.seed + 2))
     df = read_measurements(csv_path)
     # Bounds from the profile's own peaks, so the CSV and the profile alone reproduce the fit.
     result = fitmod.fit_measurements(df, k, (dev_info.peak_flops, dev_info.memory_bandwidth))
@@ -587,7 +585,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
     source += (f"; first step after idle (a {IDLE_STEP_TOKENS}-token prefill, "
-               f"{idle.reference_s * 1e3:.3g} ms back to back; median of {grid.repeats} "
+               f"{idle.reference_s * 1e3:.3g} ms back to back; median of {passes} "
                f"passes): {idle.describe()}")
     profile = Profile(
         name=name, device=dev_info, engine=f"servesim-torch {__version__}",

@@ -683,6 +683,8 @@ IDLE_GAPS_S = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 #: The step timed: one prefill chunk of this many tokens, nothing cached (a grid cell's
 #: shape; the first step after idle is a new request's prefill).
 IDLE_STEP_TOKENS = 64
+#: Passes over :data:`IDLE_GAPS_S` at most (each waits 4.4 s in all).
+IDLE_PASSES = 4
 
 
 def measure_idle(step: Callable[[], int], gaps=IDLE_GAPS_S, repeats: int = 3,
@@ -715,6 +717,15 @@ def measure_idle(step: Callable[[], int], gaps=IDLE_GAPS_S, repeats: int = 3,
     med = np.maximum.accumulate(np.maximum(0.0, [np.median(extra[g]) for g in gaps]))
     return {"gaps_s": [float(g) for g in gaps], "extra_s": [float(x) / 1e9 for x in med],
             "reference_s": float(np.median(ref)) / 1e9}
+
+
+def measure_engine_idle(engine, repeats: int, seed: int = 0) -> dict:
+    """:func:`measure_idle` on ``engine`` (idle, as after :func:`measure_grid`): the step is
+    a :data:`IDLE_STEP_TOKENS`-token prefill of fresh tokens, the gaps
+    :data:`IDLE_GAPS_S`."""
+    d = _Driver(engine, seed)
+    return measure_idle(lambda: d.chunk_step(IDLE_STEP_TOKENS, 0).duration_ns, IDLE_GAPS_S,
+                        repeats=repeats)
 
 
 # == device ceilings ==========================================================================
@@ -814,6 +825,6 @@ def memory_bytes(device: str) -> int:
 __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed", "Grid",
            "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "check_resumable",
            "cpu_isa", "cpu_name",
-           "default_grid", "IDLE_GAPS_S", "IDLE_STEP_TOKENS", "measure_ceilings",
-           "measure_grid", "measure_idle", "memory_bytes", "read_measurements",
+           "default_grid", "IDLE_GAPS_S", "IDLE_PASSES", "IDLE_STEP_TOKENS",
+           "measure_ceilings", "measure_engine_idle", "measure_grid", "measure_idle", "memory_bytes", "read_measurements",
            "record_features", "run_queue_wait_ns", "warm_up"]
