@@ -181,11 +181,21 @@ def replay_workload(device: str, quick: bool, seconds_fn, max_model_len: int, se
 
 
 def _steps_table(steps):
+    """A replay's steps as rows: features, times, and ``idle_ns``, how long the engine had
+    waited for work before the step (0 when it went straight on; the first step: since the
+    replay began)."""
     import pandas as pd
 
     from .profiler import record_features
+    idle, prev = [], None
+    for r in steps:
+        waited = prev is None or prev.num_running + prev.num_waiting == 0
+        idle.append(r.start_ns - (prev.start_ns + prev.duration_ns if prev else 0)
+                    if waited else 0)
+        prev = r
     return pd.DataFrame([{"step": r.step, "duration_ns": r.duration_ns,
-                          "execute_ns": r.execute_ns, **record_features(r)} for r in steps])
+                          "execute_ns": r.execute_ns, **record_features(r), "idle_ns": g}
+                         for r, g in zip(steps, idle)])
 
 
 def engine_version() -> str:
@@ -557,7 +567,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
             rep = engine.replay(specs)
             replay_df = _steps_table(rep.steps)
             _write_csv_atomic(replay_path, header, replay_df)
-    rep_err = (fitmod.replay_errors(result.form, result.coefficients, k, replay_df)
+    rep_err = (fitmod.replay_errors(result.form, result.coefficients, k, replay_df, idle)
                if replay_df is not None and len(replay_df) else None)
 
     # -- the profile -----------------------------------------------------------------------

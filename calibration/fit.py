@@ -307,10 +307,23 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
                      [round(float(r), 5) for r in res], cells, int(wild.sum()))
 
 
-def replay_errors(form: str, coef: dict, k: RooflineConstants, steps) -> dict:
+def replay_predictions(form: str, coef: dict, k: RooflineConstants, steps,
+                       idle=None) -> np.ndarray:
+    """Seconds of single replay steps (a table with :data:`FEATURES`) as the simulator
+    prices them: :func:`predict`, plus ``idle``'s wake-up cost
+    (:class:`simulator.cost_model.IdleInfo`) for the ``idle_ns`` the engine waited before
+    a step (a column of replay tables written since the wake-up was measured)."""
+    t = predict(form, coef, k, steps)
+    if idle is not None and "idle_ns" in steps:
+        t = t + np.array([idle.seconds(g / 1e9) for g in steps["idle_ns"]])
+    return t
+
+
+def replay_errors(form: str, coef: dict, k: RooflineConstants, steps, idle=None) -> dict:
     """:func:`error_stats` of single replay steps (a table with :data:`FEATURES` and
-    ``duration_ns``)."""
-    return error_stats(steps["duration_ns"].to_numpy() / 1e9, predict(form, coef, k, steps))
+    ``duration_ns``) against :func:`replay_predictions`."""
+    return error_stats(steps["duration_ns"].to_numpy() / 1e9,
+                       replay_predictions(form, coef, k, steps, idle))
 
 
 def refit_profile(profile) -> FitResult:
@@ -340,4 +353,5 @@ def refit_profile(profile) -> FitResult:
 __all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "OUTLIER_FACTOR", "PASS_SPREAD_WARN",
            "SWITCH_MARGIN", "WITH_PATHS", "cell_means", "error_stats", "fit_form", "fit_linear",
            "fit_measurements", "fit_roofline", "heldout_predictions", "outlier_steps",
-           "pass_speeds", "pass_spread", "predict", "refit_profile", "replay_errors"]
+           "pass_speeds", "pass_spread", "predict", "refit_profile", "replay_errors",
+           "replay_predictions"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from simulator.files import atomic_write
 
-from .fit import error_stats, pass_speeds, pass_spread, predict
+from .fit import error_stats, pass_speeds, pass_spread, predict, replay_predictions
 
 _KIND_COLOURS = {"prefill": "tab:blue", "decode": "tab:orange", "mixed": "tab:green"}
 
@@ -35,7 +35,7 @@ def _figure(profile, result, df, replay_df, k, peaks):
 
     ax = axes[0]
     if replay_df is not None and len(replay_df):
-        pr = predict(form, coef, k, replay_df) * 1e3
+        pr = replay_predictions(form, coef, k, replay_df, profile.idle) * 1e3
         ax.scatter(pr, replay_df["duration_ns"] / 1e6, s=6, c="0.6", alpha=0.5,
                    label="replay steps")
     for kind, colour in _KIND_COLOURS.items():
@@ -88,7 +88,8 @@ def _figure(profile, result, df, replay_df, k, peaks):
                        max(50, res.max() if res.size else 50), 60)
     ax.hist(res, bins=bins, alpha=0.6, density=True, label="grid repeats")
     if replay_df is not None and len(replay_df):
-        rr = (replay_df["duration_ns"] / 1e9 / predict(form, coef, k, replay_df) - 1) * 100
+        rr = (replay_df["duration_ns"] / 1e9
+              / replay_predictions(form, coef, k, replay_df, profile.idle) - 1) * 100
         ax.hist(rr, bins=bins, alpha=0.5, density=True, label="replay steps")
     ax.set(xlabel="measured / predicted − 1 (%)", ylabel="density", title="residuals")
     ax.legend(fontsize=7)

@@ -712,3 +712,19 @@ def test_calibrate_names_a_bad_model_before_a_missing_torch(tmp_path, capsys, mo
     assert main(["calibrate", "--model", "llama-tiny-56m", *out]) == 2
     assert "needs torch" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_replay_table_says_how_long_the_engine_waited_before_each_step():
+    # the first step waited since the replay began (0); a step after one that left work
+    # behind did not wait; one after a step that left nothing waited from its end
+    from types import SimpleNamespace
+
+    from calibration.cli import _steps_table
+
+    def rec(start, running, waiting=0):
+        return SimpleNamespace(step=start, start_ns=start, duration_ns=10, execute_ns=8,
+                               prefills=[("r", 4, 0)], num_decodes=0,
+                               decode_context_tokens=0, num_sampled=1,
+                               num_running=running, num_waiting=waiting)
+    table = _steps_table([rec(100, 1), rec(112, 0, 1), rec(130, 0), rec(500, 0)])
+    assert table["idle_ns"].tolist() == [100, 0, 0, 500 - 140]

@@ -214,3 +214,20 @@ def test_an_efficiency_at_the_fits_bound_says_so():
     cells = efficiency_cells({"mbu": MAX_EFFICIENCY, "mfu": 0.512, "attn_mbu": None})
     assert cells == [("mbu", "4 (the fit's bound: too small a term in these steps to fit)"),
                      ("mfu", "0.512")]
+
+
+def test_replay_steps_are_priced_with_the_wake_up_after_idle():
+    # constant 10 ms steps; the second step followed 0.5 s idle: + 0.5 x 20 ms (IdleInfo
+    # linear from 0 to 20 ms at 1 s); a table without idle_ns (older replays) gets none
+    from calibration.fit import replay_predictions
+    from simulator.cost_model import IdleInfo
+    idle = IdleInfo(gaps_s=[1.0], extra_s=[0.020])
+    steps = pd.DataFrame({"tokens": [8, 8], "idle_ns": [0, 500_000_000],
+                          "duration_ns": [10_000_000, 22_000_000]})
+    got = replay_predictions("constant", {"constant_s": 0.01}, None, steps, idle)
+    assert got.tolist() == pytest.approx([0.010, 0.020])
+    assert replay_predictions("constant", {"constant_s": 0.01}, None,
+                              steps.drop(columns="idle_ns"), idle).tolist() == [0.01, 0.01]
+    from calibration.fit import replay_errors
+    assert replay_errors("constant", {"constant_s": 0.01}, None, steps, idle)["mape"] == \
+        pytest.approx((0 + 2 / 22) / 2)
