@@ -596,7 +596,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
     source += (f"; first step after idle (a {IDLE_STEP_TOKENS}-token prefill, "
                f"{idle.reference_s * 1e3:.3g} ms back to back; median of {passes} "
-               f"passes): {idle.describe()}")
+               f"passes, made non-decreasing): {idle.describe()}")
     profile = Profile(
         name=name, device=dev_info, engine=f"servesim-torch {__version__}",
         model=ModelInfo(name=shape.name, shape={k_: v for k_, v in shape.to_dict().items()

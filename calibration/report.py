@@ -19,7 +19,8 @@ import numpy as np
 
 from simulator.files import atomic_write
 
-from .fit import error_stats, pass_speeds, pass_spread, predict, replay_predictions
+from .fit import (WITH_PATHS, error_stats, pass_speeds, pass_spread, predict,
+                  replay_predictions)
 
 _KIND_COLOURS = {"prefill": "tab:blue", "decode": "tab:orange", "mixed": "tab:green"}
 
@@ -145,12 +146,16 @@ def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
                        for n, s in err_rows)
     coef_html = "".join(f"<tr><td>{e(n)}</td><td>{v:.4g}</td></tr>"
                         for n, v in profile.cost.coefficients.items())
+    kept = (WITH_PATHS if "prefill_step_s" in profile.cost.coefficients
+            else profile.cost.form)
     idle = profile.idle
     idle_html = "" if idle is None else (
         "<h2>First step after idle</h2><p>Extra time of a step that ends a wait for work, "
         "over the same step back to back (" + (f"{idle.reference_s * 1e3:.3g} ms" if
-        idle.reference_s else "") + "); the simulator adds it, linear between these "
-        "points, to the first step after an idle replica wakes.</p><table><tr><th>idle "
+        idle.reference_s else "") + "): per idle time the median over passes, raised to "
+        "the largest at any shorter idle time (a longer wait never costs less); the "
+        "simulator adds it, linear between these points, to the first step after an idle "
+        "replica wakes.</p><table><tr><th>idle "
         "s</th><th>extra ms</th></tr>" + "".join(
             f"<tr><td>{g:g}</td><td>{x * 1e3:.3g}</td></tr>"
             for g, x in zip(idle.gaps_s, idle.extra_s)) + "</table>")
@@ -176,7 +181,7 @@ text-align:right}}td:first-child{{text-align:left}}</style></head><body>
 <p><b>measured</b> on {e(profile.device.name)} with {e(profile.engine)}:
 {e(profile.model.name)} ({e(profile.dtype)}), {profile.provenance.date}.
 Device ceilings measured: matmul {flops:.3g} FLOP/s, copy {bw:.3g} B/s.
-Kept form: <b>{e(profile.cost.form)}</b>. Command: <code>{e(profile.provenance.command)}</code></p>
+Kept form: <b>{e(kept)}</b>. Command: <code>{e(profile.provenance.command)}</code></p>
 <img src="data:image/png;base64,{base64.b64encode(png).decode()}" style="width:100%">
 <h2>Step-time error</h2>
 <p>Absolute relative error |predicted / measured − 1|. Held-out: each grid cell (all its

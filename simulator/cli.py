@@ -160,7 +160,7 @@ class _Parser(argparse.ArgumentParser):
         flag, kind, value = m.groups()
         action = next((a for a in self._actions if flag in a.option_strings), None)
         allowed = self._get_formatter()._expand_help(action) if action and action.help else ""
-        what = "a whole number" if kind == "int" else "a number"
+        what = "a whole number in digits" if kind == "int" else "a number"
         return f"{flag}: {value} is not {what}" + (f" — {flag}: {allowed}" if allowed else "")
 
     def parse_args(self, args=None, namespace=None):

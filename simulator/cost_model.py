@@ -221,7 +221,8 @@ class IdleInfo(_P):
 
     Attributes:
         gaps_s: idle times measured, seconds (ascending, > 0).
-        extra_s: the step's extra seconds after each (>= 0; non-decreasing).
+        extra_s: the step's extra seconds after each (>= 0; calibrate writes them
+            non-decreasing).
         reference_s: the measured step's back-to-back time, seconds.
     """
 
@@ -1189,8 +1190,9 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
 __all__ = [
     "COEFFICIENTS", "CostModel", "CostSpec", "DEFAULT_MBU", "DEFAULT_MFU",
     "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
-    "ErrorInfo", "ErrorStats", "IdleInfo", "KVCapacity", "KVInfo", "MAX_EFFICIENCY", "ModelInfo",
-    "NON_TORCH_BYTES", "NON_TORCH_TP_BYTES", "NoiseInfo", "OPTIONAL_COEFFICIENTS", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
+    "ErrorInfo", "ErrorStats", "IdleInfo", "KVCapacity", "KVInfo", "MAX_EFFICIENCY",
+    "ModelInfo", "NON_TORCH_BYTES", "NON_TORCH_TP_BYTES", "NoiseInfo", "OPTIONAL_COEFFICIENTS",
+    "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
     "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",

@@ -207,13 +207,13 @@ def test_missing_scenario_file_and_bad_flag(tmp_path):
      "(--set workload.arrival.rate=1,2) (see servesim sweep --help)"),
     # a flag's value that is no number: what the flag takes, from its help
     (["run", "s.yaml", "--replications", "1e9"],
-     "servesim: error: --replications: '1e9' is not a whole number — --replications: "
+     "servesim: error: --replications: '1e9' is not a whole number in digits — --replications: "
      "override sim.replications (1 to 1000) (see servesim run --help)"),
     (["plan", "s.yaml", "--target-rate", "fast"],
      "servesim: error: --target-rate: 'fast' is not a number — --target-rate: requests/s, "
      "> 0 and at most 1e9 (default plan.target_rate) (see servesim plan --help)"),
     (["validate", "s.yaml", "--saturation-requests", "1.5"],
-     "servesim: error: --saturation-requests: '1.5' is not a whole number — "
+     "servesim: error: --saturation-requests: '1.5' is not a whole number in digits — "
      "--saturation-requests: burst size of the saturation run, 5 to 100000 (default 4 × "
      "max_num_seqs) (see servesim validate --help)"),
 ])
