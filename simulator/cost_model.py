@@ -1107,6 +1107,9 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
         if prof.cost.form == "roofline" else None
     kind = "measured" if prof.measured else "projected"
     label = f"{kind}: profile {prof.display_name} ({prof.engine}, {prof.provenance.date})"
+    if prof.idle is not None:   # it moves TTFT at low load: say it is priced
+        label += (f"; the first step after idle pays +{prof.idle.seconds(1.0) * 1e3:.3g} ms "
+                  f"after 1 s (profile idle)")
     price = hw.price_per_gpu_hour
     if price is None and prof.device.kind == "gpu" and prof.device.name in list_hardware():
         price = load_hardware(prof.device.name).price_per_gpu_hour

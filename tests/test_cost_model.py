@@ -815,6 +815,8 @@ def test_idle_table_reads_linear_between_points_and_is_checked(tmp_path):
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"}))
     assert (cm.wake_ns(0), cm.wake_ns(550_000_000), cm.wake_ns(10**10)) == \
         (0, 11_000_000, 20_000_000)
+    assert cm.label.endswith("; the first step after idle pays +20 ms after 1 s (profile "
+                             "idle)")
     # the timing check's scaled model scales the wake-up as its steps
     from calibration.timing_replay import ScaledCost
     assert ScaledCost(cm, 1.1).wake_ns(550_000_000) == 12_100_000
