@@ -315,7 +315,7 @@ def replay_predictions(form: str, coef: dict, k: RooflineConstants, steps,
     a step (a column of replay tables written since the wake-up was measured)."""
     t = predict(form, coef, k, steps)
     if idle is not None and "idle_ns" in steps:
-        t = t + np.array([idle.seconds(g / 1e9) for g in steps["idle_ns"]])
+        t = t + idle.seconds(steps["idle_ns"].to_numpy() / 1e9)
     return t
 
 

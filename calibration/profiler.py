@@ -826,5 +826,6 @@ __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed
            "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "check_resumable",
            "cpu_isa", "cpu_name",
            "default_grid", "IDLE_GAPS_S", "IDLE_PASSES", "IDLE_STEP_TOKENS",
-           "measure_ceilings", "measure_engine_idle", "measure_grid", "measure_idle", "memory_bytes", "read_measurements",
-           "record_features", "run_queue_wait_ns", "warm_up"]
+           "measure_ceilings", "measure_engine_idle", "measure_grid", "measure_idle",
+           "memory_bytes", "read_measurements", "record_features", "run_queue_wait_ns",
+           "warm_up"]

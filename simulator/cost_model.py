@@ -241,10 +241,12 @@ class IdleInfo(_P):
             raise SubkeyError("extra_s", f"seconds >= 0 (got {e})")
         return self
 
-    def seconds(self, idle_s: float) -> float:
-        """Extra seconds of the step after ``idle_s`` seconds idle: linear between the
-        measured points, from 0 at no idle; the last point's beyond it."""
-        return float(np.interp(idle_s, [0.0, *self.gaps_s], [0.0, *self.extra_s]))
+    def seconds(self, idle_s):
+        """Extra seconds of the step after ``idle_s`` seconds idle (a number, or an array
+        of them): linear between the measured points, from 0 at no idle; the last point's
+        beyond it."""
+        v = np.interp(idle_s, [0.0, *self.gaps_s], [0.0, *self.extra_s])
+        return float(v) if np.ndim(v) == 0 else v
 
     def describe(self) -> str:
         """``+0 ms after 0.01 s, +2.4 ms after 0.03 s, ...`` (one line)."""
