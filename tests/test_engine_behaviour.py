@@ -389,6 +389,36 @@ def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
     assert tm.warm_up(10, 10, max_seconds=3.5) == (3, 3)
 
 
+def test_warm_up_meets_every_attention_call_a_prefill_step_makes(monkeypatch):
+    """The CPU attention of a reduced-precision prefill builds kernels per query length and
+    memory layout, so start-up runs layer 0's own attention code on 1..max_num_batched_tokens
+    rows: every ``scaled_dot_product_attention`` call (shapes, strides, dtype, flags) that a
+    served prefill from position 0 then makes was made during the warm-up."""
+    from calibration.engine import attention as A
+    from calibration.engine import model as M
+
+    calls = []
+    orig = A.F.scaled_dot_product_attention
+
+    def record(q, k, v, **kw):
+        calls.append((tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), v.stride(),
+                      q.dtype, kw.get("is_causal", False), kw.get("enable_gqa", False),
+                      kw.get("attn_mask") is None))
+        return orig(q, k, v, **kw)
+
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", record)
+    monkeypatch.setattr(M, "_warmed", {})
+    eng = engine(dtype=str(_packable()).removeprefix("torch."), max_num_batched_tokens=64)
+    warmed = set(calls)
+    assert {c[0][2] for c in warmed} == set(range(1, 65))    # every query length, once each
+    assert len(calls) == 64
+    calls.clear()
+    for n in (5, 37, 64):
+        eng.add_request(ids(n, n), dict(temperature=0.0, max_tokens=1))
+        eng.step()
+    assert len(calls) == 3 * CFG["num_hidden_layers"] and set(calls) <= warmed
+
+
 def test_packed_linear_pads_listed_row_counts_and_returns_the_rows_asked_for():
     """Two rows run as three (model.PAD_ROWS): same values as the unpadded product, two rows
     back; other counts are not padded."""

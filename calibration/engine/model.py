@@ -27,7 +27,7 @@ from torch import nn
 from simulator.catalog import rope_from_hf
 from simulator.errors import InputError
 
-from .attention import AttentionMetadata, paged_attention
+from .attention import AttentionMetadata, PrefillChunk, paged_attention
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "vocab_size")
@@ -401,25 +401,31 @@ class Transformer(nn.Module):
 
     def warm_up(self, max_rows: int, max_samples: int,
                 max_seconds: float = WARMUP_MAX_SECONDS) -> tuple[int, int]:
-        """Run each prepacked weight of layer 0 once on ``1..max_rows`` rows of zeros (the LM
-        head on ``1..max_samples``), so that oneDNN builds its kernels now rather than inside
-        served steps (vLLM warms its GPU engine the same way, capturing CUDA graphs per batch
-        size). Layer 0 suffices: every layer has the same shapes and oneDNN keys kernels by
-        shape, not by weight. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the whole
-        call at ``max_seconds``; counts built earlier in the process are skipped. Does
-        nothing without prepacked weights (:meth:`prepack`; cuda needs no builds).
+        """Run layer 0 once on ``1..max_rows`` rows of zeros (its attention as a prefill
+        from position 0, then its MLP) and the LM head on ``1..max_samples``, so that oneDNN
+        builds its kernels now rather than inside served steps (vLLM warms its GPU engine
+        the same way, capturing CUDA graphs per batch size). The dense kernels are keyed by
+        row count; the CPU ``scaled_dot_product_attention`` of a reduced-precision prefill
+        builds its kernels per query length *and* memory layout (a first call at a new
+        length costs about 1 ms more on the AMX host of ``benchmarks/results/
+        fidelity_runs.md``, and a warm-up on contiguous tensors does not serve the strided
+        views a step passes), so it runs through the model's own attention code. Layer 0
+        suffices: every layer has the same shapes, and kernels are keyed by shape, not by
+        weight. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the whole call at
+        ``max_seconds``; counts built earlier in the process are skipped. Does nothing
+        without prepacked weights (:meth:`prepack`; cuda needs no builds).
 
         Returns:
-            ``(rows, samples)``: the row counts now built for the dense layers and the head.
+            ``(rows, samples)``: the row counts now built for layer 0 and the head.
         """
         layer = self.layers[0]
-        dense = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                 layer.mlp.down_proj]
+        attn, mlp = layer.self_attn, layer.mlp
+        dense = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
         head = self.lm_head.packed if self.lm_head is not None else self._tied_head_packed
         if head is None or any(m.packed is None for m in dense):
             return (0, 0)
         key = (tuple((*m.weight.shape, m.bias is not None) for m in dense),
-               self.config.vocab_size, self.dtype)
+               (attn.n_heads, attn.n_kv, attn.head_dim), self.config.vocab_size, self.dtype)
         done_rows, done_samples = _warmed.get(key, (0, 0))
         rows = min(max_rows, WARMUP_MAX_ROWS)
         samples = min(max_samples, rows)
@@ -430,8 +436,13 @@ class Transformer(nn.Module):
                     rows, samples = min(rows, n - 1), min(samples, n - 1)
                     break
                 if done_rows < n <= rows:
-                    for m in dense:
-                        m(torch.zeros(n, m.in_features, dtype=self.dtype, device=self.device))
+                    x = torch.zeros(n, self.config.hidden_size, dtype=self.dtype,
+                                    device=self.device)
+                    positions = torch.arange(n, device=self.device)
+                    cos, sin = self.rotary(positions, n - 1, self.dtype)
+                    meta = AttentionMetadata(slot_mapping=None, max_position=n - 1,
+                                             prefills=[PrefillChunk(0, n, 0, None, None)])
+                    mlp(attn(x, cos, sin, meta, None))
                 if done_samples < n <= samples:
                     self.compute_logits(torch.zeros(n, self.config.hidden_size,
                                                     dtype=self.dtype, device=self.device))
