@@ -53,6 +53,13 @@ limits a vLLM operator can turn, in this order:
   and the knob tried is faster steps, not more replicas.
 * ``prefill_interference``: long prefill chunks share steps with decodes, so ITL p99 is
   far above its median (vLLM chunked prefill: ``max_num_batched_tokens`` bounds a chunk).
+* ``wake_up``: a TTFT or E2EL SLO missed that the run would meet without the wake-up cost
+  of the profile (``idle``: the first step of a replica that idled runs slower, measured by
+  ``servesim calibrate``) on the requests that arrived at an idle replica
+  (:func:`wake_up_ms`). At a light load most requests wake their replica, and more
+  replicas idle longer: the knob is fewer replicas (or none, with one). It binds before
+  the other findings when it explains the miss alone; else it is listed after them when
+  it moves a missed figure by more than 10%.
 
 Rejections, free prefix-cache settings, the floor and the router come first; then the findings whose
 knob moves a missed SLO (:data:`MOVES`: more slots or a larger budget shorten waits but
@@ -74,7 +81,7 @@ from .alone import FLOOR_METRICS, below_floor, slo_floors, step_plan
 from .scenario import MAX_TP
 from .errors import InputError
 from .executors import job_output, offered_rate
-from .metrics import METRIC_LABELS
+from .metrics import METRIC_LABELS, slo_stat_rank
 from .run import max_model_len_text
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
@@ -388,7 +395,7 @@ MOVES = {"max_num_seqs": WAIT_METRICS, "max_num_batched_tokens": WAIT_METRICS,
          "kv_capacity": ALL_METRICS, "compute": ALL_METRICS,
          "prefill_interference": ("itl_ms", "tpot_ms", "e2el_ms"),
          "prefix_cache": ALL_METRICS, "router": ALL_METRICS,
-         "client_concurrency": ALL_METRICS}
+         "client_concurrency": ALL_METRICS, "wake_up": ("ttft_ms", "e2el_ms")}
 
 
 def _moves(finding: dict, metrics) -> bool:
@@ -445,6 +452,86 @@ def _valid_change(scenario, change: str):
     except InputError:
         return None
     return sc
+
+
+def wake_up_ms(idle, requests) -> np.ndarray:
+    """The wake-up cost (ms) each row of ``requests`` (:data:`simulator.metrics.
+    REQUEST_COLUMNS`) paid in its first step for arriving at an idle replica, shape (n,):
+    0 for a row that found its replica busy (or was rejected, which wakes nothing).
+    ``idle``: the run's :class:`simulator.cost_model.IdleInfo` (its cost model's ``idle``).
+
+    A replica idles from the end of the step that finished the last of its requests (from 0
+    at the start) until an arrival wakes it; that arrival's first step pays
+    ``idle.seconds`` of the time idle (:mod:`simulator.replica`). A row unfinished at the
+    end of the run keeps its replica busy.
+    """
+    r = requests
+    if not len(r):
+        return np.zeros(0)
+    rejected = (r["finish_reason"] == "rejected").to_numpy()
+    fin = r["finish_s"].to_numpy(dtype=float).copy()
+    fin[np.isnan(fin)] = np.inf
+    fin[rejected] = -np.inf
+    arrival = r["arrival_s"].to_numpy(dtype=float)
+    idle_from = np.zeros(len(r))   # each row: when its replica last went idle before it
+    for _, rows in r.groupby("replica", sort=False).indices.items():
+        rows = rows[np.argsort(arrival[rows], kind="stable")]
+        before = np.maximum.accumulate(fin[rows])
+        idle_from[rows[1:]] = np.maximum(before[:-1], 0.0)
+    gap = arrival - idle_from
+    woke = (gap >= 0) & ~rejected
+    return np.where(woke, idle.seconds(np.where(woke, gap, 0.0)) * 1e3, 0.0)
+
+
+def _wake_up(scenario, result, missed, nrep: int):
+    """``(figures, finding or None, explains)`` for :func:`find_limits`: what the wake-up
+    after idle (:func:`wake_up_ms`) added to the run, and, for the missed TTFT / E2EL SLO
+    entries ``missed`` (``(metric, stat, threshold, value)``), the figures without it."""
+    from .alone import CLOCK_MS
+    from .cost_model import build_cost_model
+
+    idle = getattr(build_cost_model(scenario), "idle", None)
+    if idle is None:
+        return None, None, False
+    r = result.requests
+    extra = wake_up_ms(idle, r)
+    counted = (r["finish_s"].notna() & r["first_token_s"].notna()
+               & ~r["finish_reason"].isin(["rejected", "abort"]) & ~r["warmup"]).to_numpy() \
+        if len(r) else np.zeros(0, bool)
+    woke = extra[counted] > 0
+    if not woke.any():
+        return {"woke_share": 0.0}, None, False
+    figures = {"woke_share": float(woke.mean()),
+               "extra_ms_mean": float(extra[counted][woke].mean()), "without_ms": {}}
+    rows = []
+    for m, st, thr, value in missed:
+        if m not in MOVES["wake_up"]:
+            continue
+        x = r[m].to_numpy(dtype=float)[counted] - extra[counted]
+        rank = slo_stat_rank(st)
+        v = float(np.mean(x) if rank < 0 else np.percentile(x, rank))
+        figures["without_ms"].setdefault(m, {})[st] = v
+        rows.append((m, st, thr, value, v))
+    met = [x for x in rows if x[4] <= x[2] + CLOCK_MS]
+    moved = [x for x in rows if _moved(x[3], x[4], True)]
+    shown = met or moved
+    if not shown:
+        return figures, None, False
+    fewer = nrep > 1
+    finding = _finding(
+        "wake_up", f"{figures['woke_share']:.0%} of the requests arrived at an idle replica, "
+        f"whose first step the profile prices {figures['extra_ms_mean']:.3g} ms slower on "
+        f"average (idle: {idle.describe()}): without it "
+        + "; ".join(f"{METRIC_LABELS[m]} {st} would be {v:.4g} ms against the SLO's {thr:g} "
+                    f"ms (here {value:.4g} ms)" for m, st, thr, value, v in shown)
+        + ("" if fewer else "; more replicas would idle longer and pay more"),
+        ("fewer replicas for this load, so that each idles less (the wake-up is the host's: "
+         "caches cooled by other work while the engine waited)" if fewer else
+         "a replica that idles less (more load per replica; more replicas idle longer): the "
+         "wake-up is the host's (caches cooled by other work while the engine waited), so a "
+         "host with no other tenants pays less"),
+        f"cluster.replicas={nrep - 1}" if fewer else None)
+    return figures, finding, bool(met)
 
 
 def find_limits(scenario, result) -> dict:
@@ -717,12 +804,18 @@ def find_limits(scenario, result) -> dict:
              "chunks per step)" if whole else
              "lower max_num_batched_tokens (shorter prefill chunks per step)"),
             f"engine.enable_chunked_prefill=true,{change}" if whole and change else change))
+    # The wake-up after idle (a profile's ``idle``): first when the misses are its alone
+    # (more replicas, the compute knob, would only make them idle longer), else last.
+    figures["wake_up"], wake, wake_explains = _wake_up(scenario, result, loaded, nrep)
+    if wake is not None:
+        found.insert(0 if wake_explains else len(found), wake)
     missed_metrics = {m for m, *_ in missed} | (
         {"queue_ms"} if _missed(s, ("queue_ms",)) else set())
     unexplained = [x for x in loaded
                    if not any(_moves(f, {x[0]}) for f in found)]
     overlapped = ((s.get("concurrency") or {}).get("requests_max") or 0) > 1
-    if not unexplained and overlapped and not any(f["limit"] == "compute" for f in found):
+    if not unexplained and overlapped and not wake_explains \
+            and not any(f["limit"] == "compute" for f in found):
         # explained by a setting, yet more replicas are the knob to try when it falls short
         unexplained = loaded
     if unexplained:
@@ -1019,4 +1112,5 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
 
 __all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "suggested_flags",
-           "shareable_share", "slots_gain", "ttft_split", "waiting_while_another_admits"]
+           "shareable_share", "slots_gain", "ttft_split", "waiting_while_another_admits",
+           "wake_up_ms"]

@@ -1242,3 +1242,93 @@ def test_a_client_limit_that_falls_behind_binds_before_the_engine():
     cf = d["counterfactual"]
     assert cf["change"] == "workload.max_concurrency=2" and cf["moved"]
     assert cf["after"] == pytest.approx(2 * cf["before"], rel=0.05)
+
+
+def test_wake_up_ms_by_hand():
+    # IdleInfo: +10 ms after 1 s, +20 ms after 2 s, linear from 0 (5 ms after 0.5 s).
+    # Replica 0: A @1.0 (idle since 0: +10), B @1.5 while A runs to 2.0 (0), a rejected
+    # R @2.2 (wakes nothing), C @4.0 (idle since B's finish 2.5: +15), D @4.2 (C runs to
+    # 4.1: idle 0.1 s, +1). Replica 1: E @0.5 (+5), F @3.0 unfinished at the end, G @9.0
+    # (F holds the replica: 0).
+    import pandas as pd
+
+    from simulator.cost_model import IdleInfo
+    from simulator.diagnosis import wake_up_ms
+
+    nan = float("nan")
+    rows = [("A", 1.0, 2.0, 0, "length"), ("B", 1.5, 2.5, 0, "length"),
+            ("R", 2.2, nan, 0, "rejected"), ("C", 4.0, 4.1, 0, "length"),
+            ("D", 4.2, 4.5, 0, "length"), ("E", 0.5, 0.9, 1, "length"),
+            ("F", 3.0, nan, 1, None), ("G", 9.0, 9.5, 1, "length")]
+    df = pd.DataFrame(rows, columns=["request_id", "arrival_s", "finish_s", "replica",
+                                     "finish_reason"]).sample(frac=1, random_state=1)
+    idle = IdleInfo(gaps_s=[1.0, 2.0], extra_s=[0.010, 0.020])
+    got = dict(zip(df["request_id"], wake_up_ms(idle, df)))
+    want = {"A": 10, "B": 0, "R": 0, "C": 15, "D": 1, "E": 5, "F": 20, "G": 0}
+    assert got == pytest.approx(want, abs=1e-9)
+
+
+def _idle_profile(tmp_path, extra_s=0.010):
+    """The shipped CPU profile with a wake-up of ``extra_s`` after 1 s idle or more."""
+    from pathlib import Path
+
+    import yaml
+
+    src = Path(__file__).resolve().parents[1] / "simulator" / "profiles" \
+        / "cpu-llama-tiny-56m-bfloat16.yaml"
+    prof = yaml.safe_load(src.read_text())
+    prof["idle"] = {"gaps_s": [1.0], "extra_s": [extra_s]}
+    out = tmp_path / "idle.yaml"
+    out.write_text(yaml.safe_dump(prof))
+    return out
+
+
+def test_a_ttft_miss_that_is_the_wake_up_after_idle_binds_there(tmp_path):
+    # One request every 5 s: each finds the replica idle for over 1 s, so its first step
+    # pays 10 ms more, and nothing overlaps. TTFT p50 without the wake-up (the same run
+    # on the profile without `idle`) is t0, with it t0 + 10 ms; an SLO of t0 + 5 ms is
+    # missed for the wake-up alone: that binds, and more replicas (compute) are not offered.
+    from pathlib import Path
+
+    from simulator.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+    over = ["workload.num_requests=30", "workload.arrival={process: constant, rate: 0.2}"]
+    plain = simulate(load_scenario(path, over))
+    t0 = plain.summary["ttft_ms"]["p50"]
+    over += [f"hardware.profile={_idle_profile(tmp_path)}", f"slo.ttft_ms.p50={t0 + 5}"]
+    s = load_scenario(path, over)
+    r = simulate(s)
+    assert r.summary["concurrency"]["requests_max"] == 1
+    assert r.summary["ttft_ms"]["p50"] == pytest.approx(t0 + 10, abs=1e-5)
+    d = diagnose(s, r)
+    assert d["binding"] == "wake_up"
+    assert [f["limit"] for f in d["findings"]] == ["wake_up"]
+    w = d["figures"]["wake_up"]
+    assert w["woke_share"] == 1.0 and w["extra_ms_mean"] == pytest.approx(10, abs=1e-6)
+    assert w["without_ms"]["ttft_ms"]["p50"] == pytest.approx(t0, abs=1e-5)
+    f = d["findings"][0]
+    assert f["evidence"].startswith("100% of the requests arrived at an idle replica")
+    assert "more replicas would idle longer" in f["evidence"] and f["change"] is None
+    # with two replicas, one fewer is the knob tried
+    s2 = load_scenario(path, over + ["cluster.replicas=2"])
+    d2 = diagnose(s2, simulate(s2), counterfactual=False)
+    assert d2["findings"][0]["limit"] == "wake_up"
+    assert d2["findings"][0]["change"] == "cluster.replicas=1"
+
+
+def test_a_wake_up_too_small_to_matter_is_not_a_finding(tmp_path):
+    # +0.01 ms per wake-up moves no missed figure by 10%: the TTFT miss stays the load's
+    # or the floor's, as without `idle`.
+    from pathlib import Path
+
+    from simulator.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+    over = ["workload.num_requests=200", "slo.ttft_ms.p99=20"]
+    s = load_scenario(path, over)
+    plain = diagnose(s, simulate(s), counterfactual=False)
+    s = load_scenario(path, over + [f"hardware.profile={_idle_profile(tmp_path, 1e-5)}"])
+    d = diagnose(s, simulate(s), counterfactual=False)
+    assert d["figures"]["wake_up"]["woke_share"] > 0
+    assert [f["limit"] for f in d["findings"]] == [f["limit"] for f in plain["findings"]]
