@@ -354,8 +354,12 @@ def diagnosis_blocks(diag: dict, label: str = "") -> list:
     parts = [f"{_LABELS[m]} " + " / ".join(f"{st} {_fmt(v)}" for st, v in stats.items())
              for m, stats in alone.items() if any(v is not None for v in stats.values())]
     if parts:   # the floor no number of replicas lowers
+        # the floor leaves out the wake-up after idle: a replica busy until the request
+        # came would not pay it, and more replicas do not remove it
+        wakes = (diag.get("figures") or {}).get("wake_up") is not None
         b.append(("p", "Served alone on an idle replica (same prompt and output lengths and "
-                       "prefix-cache hits, steps back to back, noise-free), ms: "
+                       "prefix-cache hits, steps back to back, noise-free"
+                  + (", without the profile's wake-up after idle" if wakes else "") + "), ms: "
                   + "; ".join(parts) + "."))
     found = diag.get("findings") or []
     if found and diag.get("binding") == "none":   # the table would read as advice

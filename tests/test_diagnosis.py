@@ -1310,6 +1310,11 @@ def test_a_ttft_miss_that_is_the_wake_up_after_idle_binds_there(tmp_path):
     f = d["findings"][0]
     assert f["evidence"].startswith("100% of the requests arrived at an idle replica")
     assert "more replicas would idle longer" in f["evidence"] and f["change"] is None
+    from simulator.report import diagnosis_blocks, diagnosis_line
+
+    assert diagnosis_line(d).startswith("Binding limit: wake-up after idle")
+    text = " ".join(str(b) for b in diagnosis_blocks(d))
+    assert "noise-free, without the profile's wake-up after idle), ms" in text
     # with two replicas, one fewer is the knob tried
     s2 = load_scenario(path, over + ["cluster.replicas=2"])
     d2 = diagnose(s2, simulate(s2), counterfactual=False)
