@@ -208,7 +208,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias=None) -> torch.Ten
 WARMUP_MAX_ROWS = 512
 # Wall-clock bound on one warm-up (a large model on CPU would otherwise spend minutes).
 WARMUP_MAX_SECONDS = 20.0
-_warmed: dict = {}  # weight shapes, biases, dtype -> (rows, samples) built in this process
+_warmed: dict = {}  # weight shapes, biases, heads, dtype -> (rows, samples) built in this process
 
 
 class Linear(nn.Linear):
