@@ -67,6 +67,8 @@ DEFAULT_MFU = 0.5
 #: The longest one engine step may be priced (seconds): past it a scenario's coefficients are
 #: absurd (an hour-long forward pass), and time would soon leave the integer-ns clock.
 MAX_STEP_S = 3600.0
+#: Longest idle time an ``idle`` table may name, seconds (a day: caches are cold long before).
+MAX_IDLE_S = 86400.0
 # Fixed CPU cost of a step (scheduling, input preparation, launch of a CUDA-graph) and its
 # per-request part (vLLM V1 synchronous scheduling does not overlap them with the GPU).
 # Estimates, not measured here: a calibrated profile replaces them.
@@ -228,17 +230,20 @@ class IdleInfo(_P):
 
     gaps_s: list[float] = Field(min_length=1)
     extra_s: list[float] = Field(min_length=1)
-    reference_s: Optional[float] = Field(None, gt=0)
+    reference_s: Optional[float] = Field(None, gt=0, lt=MAX_STEP_S)
 
     @model_validator(mode="after")
     def _table(self):
         g, e = self.gaps_s, self.extra_s
         if len(g) != len(e):
             raise ValueError(f"gaps_s and extra_s pair up: {len(g)} gaps, {len(e)} extras")
-        if not all(math.isfinite(x) and x > 0 for x in g) or any(b <= a for a, b in zip(g, g[1:])):
-            raise SubkeyError("gaps_s", f"ascending seconds > 0 (got {g})")
-        if not all(math.isfinite(x) and x >= 0 for x in e):
-            raise SubkeyError("extra_s", f"seconds >= 0 (got {e})")
+        if not all(math.isfinite(x) and 0 < x <= MAX_IDLE_S for x in g) \
+                or any(b <= a for a, b in zip(g, g[1:])):
+            raise SubkeyError("gaps_s", f"ascending seconds > 0 and <= {MAX_IDLE_S:g} "
+                                        f"(got {g})")
+        # a step's extra is a step time: the cap every priced step has (MAX_STEP_S)
+        if not all(math.isfinite(x) and 0 <= x < MAX_STEP_S for x in e):
+            raise SubkeyError("extra_s", f"seconds >= 0 and < {MAX_STEP_S:g} (got {e})")
         return self
 
     def seconds(self, idle_s):

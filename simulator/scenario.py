@@ -229,8 +229,10 @@ def _slo_target(bounds: dict) -> dict:
 #: statistic has no samples (TPOT/ITL with every request at <= 1 output token) while
 #: requests completed. Bounds are finite (``.inf`` is refused here, with the file's name,
 #: rather than after the run by :func:`simulator.metrics.parse_slo`).
+#: Largest SLO bound, ms (11.6 days: any latency target is far below it).
+MAX_SLO_MS = 1e9
 SLOTarget = Annotated[
-    dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]],
+    dict[str, Annotated[float, Field(gt=0, le=MAX_SLO_MS, allow_inf_nan=False)]],
     AfterValidator(_slo_target),
     Field(json_schema_extra={"propertyNames": {"pattern": r"^(mean|p\d+(\.\d+)?)$"}},
           description="{mean | pNN: bound in ms}, e.g. {p50: 200, p99.9: 2000}")]

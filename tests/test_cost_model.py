@@ -828,5 +828,14 @@ def test_idle_table_reads_linear_between_points_and_is_checked(tmp_path):
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "gaps_s" in t)
     path.write_text(text.replace("gaps_s: [0.1, 1.0]", "gaps_s: [1.0, 0.1]"))
     with pytest.raises(InputError, match=rf"p\.yaml:{line}: idle\.gaps_s: ascending seconds "
-                                         rf"> 0 \(got \[1\.0, 0\.1\]\)$"):
+                                         rf"> 0 and <= 86400 \(got \[1\.0, 0\.1\]\)$"):
         load_profile(path)
+    # finite bounds: an extra is a step time (< MAX_STEP_S), a gap at most a day
+    for bad, key, want in (({"gaps_s": [0.1], "extra_s": [1e300]}, "extra_s",
+                            "seconds >= 0 and < 3600"),
+                           ({"gaps_s": [0.1, 1e300], "extra_s": [0.1, 0.2]}, "gaps_s",
+                            "ascending seconds > 0 and <= 86400"),
+                           ({"gaps_s": [0.1], "extra_s": [0.1], "reference_s": 3600}, "reference_s",
+                            "Input should be less than 3600")):
+        with pytest.raises(ValueError, match=rf"{key}[\s\S]*{want}|{want}"):
+            make_profile(idle=bad)
