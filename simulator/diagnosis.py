@@ -58,8 +58,9 @@ limits a vLLM operator can turn, in this order:
   ``servesim calibrate``) on the requests that arrived at an idle replica
   (:func:`wake_up_ms`). At a light load most requests wake their replica, and more
   replicas idle longer: the knob is fewer replicas (or none, with one). It binds before
-  the other findings when it explains the miss alone; else it is listed after them when
-  it moves a missed figure by more than 10%.
+  the other findings when it explains the miss alone (the figure without it is an
+  estimate: only each request's own wake-up is taken off); else it is listed after them
+  when it moves a missed figure by more than 10%.
 
 Rejections, free prefix-cache settings, the floor and the router come first; then the findings whose
 knob moves a missed SLO (:data:`MOVES`: more slots or a larger budget shorten waits but
@@ -521,15 +522,15 @@ def _wake_up(scenario, result, missed, nrep: int):
     finding = _finding(
         "wake_up", f"{figures['woke_share']:.0%} of the requests arrived at an idle replica, "
         f"whose first step the profile prices {figures['extra_ms_mean']:.3g} ms slower on "
-        f"average (idle: {idle.describe()}): without it "
-        + "; ".join(f"{METRIC_LABELS[m]} {st} would be {v:.4g} ms against the SLO's {thr:g} "
-                    f"ms (here {value:.4g} ms)" for m, st, thr, value, v in shown)
+        f"average (its idle table: {idle.describe()}): without it "
+        + "; ".join(f"{METRIC_LABELS[m]} {st} would be about {v:.4g} ms against the SLO's "
+                    f"{thr:g} ms (here {value:.4g} ms)" for m, st, thr, value, v in shown)
         + ("" if fewer else "; more replicas would idle longer and pay more"),
-        ("fewer replicas for this load, so that each idles less (the wake-up is the host's: "
-         "caches cooled by other work while the engine waited)" if fewer else
+        ("fewer replicas for this load, so that each idles less (the wake-up is the "
+         "device's: its caches, or a GPU's clocks, cool while the engine waits)" if fewer else
          "a replica that idles less (more load per replica; more replicas idle longer): the "
-         "wake-up is the host's (caches cooled by other work while the engine waited), so a "
-         "host with no other tenants pays less"),
+         "wake-up is the device's (its caches, or a GPU's clocks, cool while the engine "
+         "waits; on a shared host, other work evicts them), so a dedicated host pays less"),
         f"cluster.replicas={nrep - 1}" if fewer else None)
     return figures, finding, bool(met)
 
@@ -807,8 +808,8 @@ def find_limits(scenario, result) -> dict:
     # The wake-up after idle (a profile's ``idle``): first when the misses are its alone
     # (more replicas, the compute knob, would only make them idle longer), else last.
     figures["wake_up"], wake, wake_explains = _wake_up(scenario, result, loaded, nrep)
-    if wake is not None:
-        found.insert(0 if wake_explains else len(found), wake)
+    if wake_explains:
+        found.insert(0, wake)
     missed_metrics = {m for m, *_ in missed} | (
         {"queue_ms"} if _missed(s, ("queue_ms",)) else set())
     unexplained = [x for x in loaded
@@ -848,6 +849,8 @@ def find_limits(scenario, result) -> dict:
         # counterfactual runs tell which knob moves the figure).
         found.append(_finding("compute", (f"{held} while {busy_text}" if busy_text else held)
                               + ": more replicas would share the load", *more))
+    if wake is not None and not wake_explains:   # part of a miss that the rest explains
+        found.append(wake)
     ramp = s.get("sessions") or {}
     if ramp and not ramp.get("steady_state") and ramp.get("stable") is None:
         # nothing said of a load the run never reached (simulator.session_ramp)

@@ -679,6 +679,16 @@ def closest_text(miss: dict, max_replicas: int) -> str:
     from .report import fmt_number
 
     label = miss["row"].candidate.label
+    top = miss["row"].search.max_rate if miss["row"].search else None
+    if miss["per_replica"] and math.isinf(miss["ratio"]) and top and top >= miss["rate"]:
+        # one replica met the SLOs at a load above the target's, yet no count of replicas
+        # did at the lighter loads the target leaves each: latency rises as load falls
+        return (f"closest: {label} meets every SLO on one replica at "
+                f"{fmt_number(top, 3)} req/s, but no deployment of up to {max_replicas} "
+                f"replicas did at {miss['rate']:g} req/s: its latency rises as the load per "
+                f"replica falls (a profile's wake-up after idle prices the first step of an "
+                f"idle replica higher), so more replicas do not help; see `servesim run` "
+                f"at this rate for the diagnosis")
     if miss["per_replica"] and math.isinf(miss["ratio"]):
         return (f"closest: {label} meets every SLO on one replica up to "
                 f"{fmt_number(miss['row'].search.max_rate, 3)} req/s, but "

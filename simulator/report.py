@@ -265,7 +265,8 @@ _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
            "router": "router (round_robin ignores the replicas' load)",
            "session_ramp": "not known: the run ended in its conversations' ramp-up",
            "client_concurrency": "the client's max_concurrency (requests held back)",
-           "wake_up": "wake-up after idle (the first step of an idle replica, profile idle)",
+           "wake_up": "wake-up after idle (the first step of an idle replica; the "
+                      "profile's idle table)",
            "none": "none: headroom at this load"}
 
 

@@ -1308,6 +1308,25 @@ def test_the_closest_deployment_says_when_its_backlog_grew():
         "in its stable runs; a run's backlog grew)")
 
 
+def test_a_target_below_what_one_replica_meets_that_no_count_meets_says_load_fell():
+    # one replica met the SLOs at 3.24 req/s, yet 0.5 req/s missed on every count up to the
+    # cap (a wake-up after idle: lighter loads are slower): "needs about 65 replicas" would
+    # be wrong, more replicas are the problem
+    from simulator.planner import Candidate, PlanResult, PlanRow, closest_miss, closest_text
+    from simulator.search import SearchResult
+
+    row = PlanRow(Candidate({}), search=SearchResult(
+        max_rate=3.24, bracket=(3.24, 3.3), ci95=(3.0, 3.5), evaluations=[], at_max=None,
+        capacity=None), replicas=65)
+    row.beyond_max_replicas = 65
+    miss = closest_miss(PlanResult(0.5, [row], None))
+    text = closest_text(miss, 64)
+    assert text.startswith("closest: scenario as given meets every SLO on one replica at "
+                           "3.24 req/s, but no deployment of up to 64 replicas did at 0.5 "
+                           "req/s: its latency rises as the load per replica falls")
+    assert "needs about" not in text
+
+
 def test_the_plan_table_shows_the_statistics_the_slos_name(tmp_path, capsys):
     # an E2EL p99 SLO: the table, plan.csv and the terminal carry E2EL p99 (the mean over
     # the operating point's replications of the SLO's own value)
