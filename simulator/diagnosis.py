@@ -850,6 +850,13 @@ def find_limits(scenario, result) -> dict:
         found.append(_finding("compute", (f"{held} while {busy_text}" if busy_text else held)
                               + ": more replicas would share the load", *more))
     if wake is not None and not wake_explains:   # part of a miss that the rest explains
+        without = figures["wake_up"]["without_ms"]
+        part = next((f"{METRIC_LABELS[m]} {st}: about {value - without[m][st]:.3g} ms of "
+                     f"{value:.4g}" for m, st, _, value in loaded
+                     if st in without.get(m, {})), None)
+        for f in found:
+            if f["limit"] == "compute" and part:
+                f["evidence"] += f"; the wake-up after idle is part of it ({part}; below)"
         found.append(wake)
     ramp = s.get("sessions") or {}
     if ramp and not ramp.get("steady_state") and ramp.get("stable") is None:

@@ -567,7 +567,7 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
             "operating_replications": _get(op, ("ttft_ms", "p99", "n")),
             "cost_kind": c.cost_kind,
             "status": (c.error or (s.note if s and s.max_rate == 0 else None)
-                       or (f"needs {_count(r.beyond_max_replicas)} replicas (> plan.max_replicas)"
+                       or (_beyond_text(r, result.target_rate)
                            if r.beyond_max_replicas else None)
                        or (f"needs more than {r.refuted} replicas (a deployment of "
                            f"{r.refuted} missed the SLOs; more would cost as much as the "
@@ -662,6 +662,19 @@ def closest_miss(result: PlanResult) -> dict | None:
             "row": r, "per_replica": False, "ratio": e.mean_ratio, "rate": e.rate,
             "replicas": 1, "slo": slo, "value": value, "threshold": thr}))
     return min(found, key=lambda f: f[0])[1] if found else None
+
+
+def _beyond_text(row, target: float) -> str:
+    """Status of a row whose count passed ``plan.max_replicas``: the count one replica's
+    max rate says it needs, or, where one replica met the SLOs at a rate above the
+    target's (so every count up to the cap was simulated and missed: the count is the cap
+    + 1), that lighter loads per replica miss (:func:`closest_text`)."""
+    top = row.search.max_rate if row.search else None
+    if top and top >= target:
+        return (f"misses at every count up to plan.max_replicas "
+                f"({row.beyond_max_replicas - 1}) although one replica meets the SLOs at "
+                f"{top:.3g} req/s: latency rises as load falls")
+    return f"needs {_count(row.beyond_max_replicas)} replicas (> plan.max_replicas)"
 
 
 def _count(n: int) -> str:

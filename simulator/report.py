@@ -284,7 +284,8 @@ def diagnosis_line(diag: dict) -> str:
                  f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf)
                  # twice the replicas tests the knob; it is not the count needed
                  + (f"; {diag.get('sizer') or 'servesim plan'} finds the fewest replicas"
-                    if str(cf["change"]).startswith("cluster.replicas=") else ""))
+                    if str(cf["change"]).startswith("cluster.replicas=")
+                    and cf.get("limit") != "wake_up" else ""))
     elif binding != "none" and found and found[0].get("change"):
         line += f"; try {set_flags(found[0])}"
     others = [f"{set_flags(o)}: {_side(o, 'before')} → {_side(o, 'after')}"

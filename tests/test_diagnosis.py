@@ -1317,9 +1317,11 @@ def test_a_ttft_miss_that_is_the_wake_up_after_idle_binds_there(tmp_path):
     assert "noise-free, without the profile's wake-up after idle), ms" in text
     # with two replicas, one fewer is the knob tried
     s2 = load_scenario(path, over + ["cluster.replicas=2"])
-    d2 = diagnose(s2, simulate(s2), counterfactual=False)
+    d2 = diagnose(s2, simulate(s2))
     assert d2["findings"][0]["limit"] == "wake_up"
     assert d2["findings"][0]["change"] == "cluster.replicas=1"
+    line = diagnosis_line(d2)   # one replica fewer was tried: no pointer to more replicas
+    assert "--set cluster.replicas=1" in line and "finds the fewest replicas" not in line
 
 
 def test_a_wake_up_too_small_to_matter_is_not_a_finding(tmp_path):
@@ -1361,6 +1363,8 @@ def test_a_miss_the_wake_up_explains_only_in_part_is_listed_after_the_load(tmp_p
     d = diagnose(s, simulate(s), counterfactual=False)
     limits = [f["limit"] for f in d["findings"]]
     assert limits[0] == "compute" and "wake_up" in limits[1:]
+    assert "; the wake-up after idle is part of it (TTFT p50: about" in \
+        d["findings"][0]["evidence"]
     without = d["figures"]["wake_up"]["without_ms"]["ttft_ms"]["p50"]
     assert without > (floor + t0) / 2
     assert without == pytest.approx(t0, rel=0.05)   # an estimate: own wake-ups taken off

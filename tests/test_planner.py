@@ -1325,6 +1325,11 @@ def test_a_target_below_what_one_replica_meets_that_no_count_meets_says_load_fel
                            "3.24 req/s, but no deployment of up to 64 replicas did at 0.5 "
                            "req/s: its latency rises as the load per replica falls")
     assert "needs about" not in text
+    from simulator.planner import _beyond_text
+    assert _beyond_text(row, 0.5) == ("misses at every count up to plan.max_replicas (64) "
+                                      "although one replica meets the SLOs at 3.24 req/s: "
+                                      "latency rises as load falls")
+    assert _beyond_text(row, 5.0) == "needs 65 replicas (> plan.max_replicas)"
 
 
 def test_the_plan_table_shows_the_statistics_the_slos_name(tmp_path, capsys):
