@@ -496,9 +496,7 @@ def _wake_up(scenario, result, missed, nrep: int):
         return None, None, False
     r = result.requests
     extra = wake_up_ms(idle, r)
-    counted = (r["finish_s"].notna() & r["first_token_s"].notna()
-               & ~r["finish_reason"].isin(["rejected", "abort"]) & ~r["warmup"]).to_numpy() \
-        if len(r) else np.zeros(0, bool)
+    counted = r.index.isin(_served_requests(result).index)   # the rows the figures count
     woke = extra[counted] > 0
     if not woke.any():
         return {"woke_share": 0.0}, None, False

@@ -664,13 +664,20 @@ def closest_miss(result: PlanResult) -> dict | None:
     return min(found, key=lambda f: f[0])[1] if found else None
 
 
+def _met_above(row, rate: float) -> float | None:
+    """The rate at which one replica of ``row`` met the SLOs when it is at least ``rate``
+    (so lighter loads per replica are what miss), else None."""
+    top = row.search.max_rate if row.search else None
+    return top if top and top >= rate else None
+
+
 def _beyond_text(row, target: float) -> str:
     """Status of a row whose count passed ``plan.max_replicas``: the count one replica's
     max rate says it needs, or, where one replica met the SLOs at a rate above the
     target's (so every count up to the cap was simulated and missed: the count is the cap
     + 1), that lighter loads per replica miss (:func:`closest_text`)."""
-    top = row.search.max_rate if row.search else None
-    if top and top >= target:
+    top = _met_above(row, target)
+    if top:
         return (f"misses at every count up to plan.max_replicas "
                 f"({row.beyond_max_replicas - 1}) although one replica meets the SLOs at "
                 f"{top:.3g} req/s: latency rises as load falls")
@@ -692,8 +699,8 @@ def closest_text(miss: dict, max_replicas: int) -> str:
     from .report import fmt_number
 
     label = miss["row"].candidate.label
-    top = miss["row"].search.max_rate if miss["row"].search else None
-    if miss["per_replica"] and math.isinf(miss["ratio"]) and top and top >= miss["rate"]:
+    top = _met_above(miss["row"], miss["rate"])
+    if miss["per_replica"] and math.isinf(miss["ratio"]) and top:
         # one replica met the SLOs at a load above the target's, yet no count of replicas
         # did at the lighter loads the target leaves each: latency rises as load falls
         return (f"closest: {label} meets every SLO on one replica at "

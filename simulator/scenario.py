@@ -209,6 +209,10 @@ class ClusterConfig(_Strict):
 SLO_METRICS = METRICS   # every metric the summary reports can carry an SLO
 
 
+#: Largest SLO bound, ms (11.6 days: any latency target is far below it).
+MAX_SLO_MS = 1e9
+
+
 def _slo_target(bounds: dict) -> dict:
     """An SLO target's statistics checked (:func:`simulator.metrics.slo_stat_rank`) and
     put in order: ``mean`` first, then percentiles."""
@@ -229,8 +233,6 @@ def _slo_target(bounds: dict) -> dict:
 #: statistic has no samples (TPOT/ITL with every request at <= 1 output token) while
 #: requests completed. Bounds are finite (``.inf`` is refused here, with the file's name,
 #: rather than after the run by :func:`simulator.metrics.parse_slo`).
-#: Largest SLO bound, ms (11.6 days: any latency target is far below it).
-MAX_SLO_MS = 1e9
 SLOTarget = Annotated[
     dict[str, Annotated[float, Field(gt=0, le=MAX_SLO_MS, allow_inf_nan=False)]],
     AfterValidator(_slo_target),
