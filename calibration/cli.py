@@ -256,6 +256,9 @@ def profile_out(args) -> tuple[Path, str]:
     if out.is_dir():   # found before the calibration runs, not when the profile is saved
         raise InputError(f"--out: {out} is a folder; give the profile's .yaml file")
     check_folder(out.parent, "--out", named=out)
+    if out.is_file() and not _is_profile(out):   # a scenario, say: never overwrite it
+        raise InputError(f"--out: {out} exists and is not a profile (calibrate overwrites "
+                         f"only a profile's .yaml): give another file")
     report_dir = getattr(args, "report_dir", None)
     if report_dir is not None:   # "" too: an empty path
         check_folder(report_dir, "--report-dir")
@@ -281,6 +284,18 @@ def profile_out(args) -> tuple[Path, str]:
         raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-', starting "
                          f"with a letter or digit")
     return out, name
+
+
+def _is_profile(path: Path) -> bool:
+    """Whether ``path`` reads as a profile (a YAML mapping with a ``cost`` and a
+    ``provenance``), however stale; anything else is another file to keep."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and "cost" in raw and "provenance" in raw
 
 
 def model_arg(spec: str):

@@ -77,6 +77,8 @@ MAX_REPLICATIONS = 1000
 #: Most replicas a deployment has: every replica is simulated step by step, so a value past
 #: this is a typo rather than a deployment (and would run for hours).
 MAX_REPLICAS = 10_000
+#: Largest price, USD per GPU-hour (past any GPU's; a sum over replicas stays printable).
+MAX_PRICE = 1e6
 
 
 #: Longest scenario name (bytes): it names a folder, and file systems take 255 per name.
@@ -141,7 +143,8 @@ class HardwareConfig(_Strict):
         "none", description="empirical: multiply each step by 1 + a residual of the profile")
     step_time: Optional[StepTimeConfig] = None
     price_per_gpu_hour: Optional[float] = Field(
-        None, ge=0, description="USD; overrides the catalog GPU's list price")
+        None, ge=0, le=MAX_PRICE, description="USD (at most 1e6); overrides the catalog "
+                                               "GPU's list price")
 
     @model_validator(mode="after")
     def _exactly_one(self):
@@ -273,6 +276,8 @@ def _price(v: float) -> float:
     # A value check (not a dict one), so the error names plan.prices.<gpu> and its line.
     if not 0 <= v < math.inf:
         raise ValueError(f"a price is a finite number >= 0 (USD per GPU-hour), got {v:g}")
+    if v > MAX_PRICE:
+        raise ValueError(f"a price is at most {MAX_PRICE:g} USD per GPU-hour, got {v:g}")
     return v
 
 
@@ -322,8 +327,10 @@ class PlanConfig(_Strict):
     tolerance: float = Field(0.02, gt=0, lt=0.5, description=(
         "indifference zone: relative bracket width at which the rate search stops, and "
         "SLO margin within which a rate counts as on the boundary"))
-    min_replications: int = Field(2, ge=1, description="replications per rate tried")
-    max_replications: int = Field(5, ge=1, description="cap on replications per rate")
+    min_replications: int = Field(2, ge=1, le=MAX_REPLICATIONS,
+                                  description="replications per rate tried")
+    max_replications: int = Field(5, ge=1, le=MAX_REPLICATIONS,
+                                  description="cap on replications per rate")
     max_replicas: int = Field(64, ge=1, le=MAX_REPLICAS,
                               description="largest deployment considered")
 

@@ -187,6 +187,23 @@ def test_an_out_that_is_a_folder_is_refused_before_measuring(tiny_grid, tmp_path
     assert measured == []
 
 
+def test_an_out_that_holds_another_yaml_file_is_refused_before_measuring(tiny_grid,
+                                                                        tmp_path):
+    # a scenario named as --out was overwritten by the profile; a profile (stale or not)
+    # is still overwritten, as before
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\nmodel: llama-test\n")
+    measured = []
+    with pytest.raises(InputError, match=r"^--out: .*s\.yaml exists and is not a profile "
+                                         r"\(calibrate overwrites only a profile's \.yaml\)"):
+        run_calibrate(scen, measured.append)
+    assert measured == [] and scen.read_text() == "name: s\nmodel: llama-test\n"
+    from calibration.cli import _is_profile
+    stale = tmp_path / "p.yaml"
+    stale.write_text("cost: {form: constant}\nprovenance: {kind: measured}\n")
+    assert _is_profile(stale) and not _is_profile(scen)
+
+
 @pytest.mark.parametrize("flags, said", [
     (["--out", ""], "--out: empty path (give the profile's .yaml file)"),   # was ". must end"
     (["--out", "{tmp}/p.yaml", "--report-dir", ""], "--report-dir: empty path (give a folder)"),

@@ -697,9 +697,23 @@ def test_model_errors_after_the_schema_name_the_line_or_the_flag(tmp_path):
         f"n.yaml:{line_of(q, 'llama-9')}: model: 'llama-9' is neither a catalog model")
 
 
+@pytest.mark.parametrize("flag, said", [
+    ("hardware.price_per_gpu_hour=1e308", "Input should be less than or equal to 1000000"),
+    ("plan.max_replications=1000001", "Input should be less than or equal to 1000"),
+    ("plan.min_replications=1000001", "Input should be less than or equal to 1000"),
+])
+def test_prices_and_plan_replications_have_upper_bounds(tmp_path, flag, said):
+    # a 1e308 price overflowed plan's replica arithmetic (traceback); a million
+    # replications per rate ran without end
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(BASE, sort_keys=False) + "plan: {target_rate: 1}\n")
+    assert said in err(load_scenario, p, [flag])
+
+
 @pytest.mark.parametrize("prices,msg", [
     ("{l4: -1}", "a price is a finite number >= 0 (USD per GPU-hour), got -1"),
     ("{l4: .inf}", "a price is a finite number >= 0 (USD per GPU-hour), got inf"),
+    ("{l4: 1e308}", "a price is at most 1e+06 USD per GPU-hour, got 1e+308"),
     ("{l4: abc}", "Input should be a valid number (got 'abc')"),
 ])
 def test_a_bad_plan_price_names_its_gpu_key_and_line(tmp_path, prices, msg):
