@@ -1,4 +1,5 @@
-"""Split-K decode attention (calibration/engine/attention.py) against dense attention.
+"""Split-K decode attention and padded chunks after cached tokens
+(calibration/engine/attention.py) against dense attention.
 
 The reference is plain softmax attention in float64 over each request's own context, read
 straight from the K/V the test wrote (no block tables, no pieces); the engine's path pieces
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from calibration.engine import runner as runner_mod
-from calibration.engine.attention import paged_attention
+from calibration.engine.attention import (AttentionMetadata, context_chunk,
+                                          paged_attention)
 from calibration.engine.kv_store import KVStore
 
 KV_HEADS, HEADS, HEAD_DIM = 2, 4, 8
@@ -95,3 +97,46 @@ def test_pieces_cover_each_context_once():
     assert d.blocks.tolist() == list(range(1, 12))
     visible = (d.mask.view(-1, 8) == 0).sum(dim=1)
     assert visible.tolist() == [1, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8]
+
+
+def test_context_chunk_pads_queries_and_keys_by_hand():
+    """3 queries after 2 cached tokens, padded to (4 rows, 8 keys), blocks of 2: query i
+    (position 2+i) sees keys 0..2+i of the 5 real ones; the padded row sees all 5; the 8
+    keys take 4 blocks, the last real block (30) repeated for the padding."""
+    c = context_chunk(7, 3, 2, [10, 20, 30, 40], 2, (4, 8))
+    assert (c.start, c.n, c.c0) == (7, 3, 2)
+    assert c.blocks.tolist() == [10, 20, 30, 30]
+    assert c.mask.int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0],
+                                     [1, 1, 1, 1, 0, 0, 0, 0],
+                                     [1, 1, 1, 1, 1, 0, 0, 0],
+                                     [1, 1, 1, 1, 1, 0, 0, 0]]
+    same = context_chunk(0, 3, 2, [10, 20, 30, 40], 2)          # no padding
+    assert same.blocks.tolist() == [10, 20, 30] and same.mask.shape == (3, 5)
+
+
+@pytest.mark.parametrize("n,c0,pad", [(1, 5, (32, 64)), (13, 32, (32, 64)), (40, 90, (32, 64)),
+                                      (32, 32, (32, 64)), (7, 9, (4, 8)), (13, 32, (1, 1))])
+def test_padded_context_chunk_matches_dense_attention(n, c0, pad):
+    """A chunk of ``n`` queries after ``c0`` cached tokens, padded or not, gives float64
+    softmax attention over keys ``0 .. c0+i`` for query ``i``, read back from the cache."""
+    BS = 8
+    g = torch.Generator().manual_seed(n + c0)
+    store = KVStore(1, 40, BS, KV_HEADS, HEAD_DIM, torch.float32)
+    store.k[0].copy_(torch.randn(store.k[0].shape, generator=g))
+    store.v[0].copy_(torch.randn(store.v[0].shape, generator=g))
+    ctx = c0 + n
+    blocks = (torch.randperm(39, generator=g) + 1)[:-(-ctx // BS)].tolist()
+    q = torch.randn(n + 3, HEADS, HEAD_DIM, generator=g)     # 3 other tokens before it
+    meta = AttentionMetadata(slot_mapping=None, prefills=[context_chunk(3, n, c0, blocks, BS,
+                                                                         pad)])
+    out = paged_attention(q, q[:, :KV_HEADS], q[:, :KV_HEADS], meta, store, 0)
+    key, val = store.key(0).double(), store.value(0).double()   # [blocks, bs, kv, d]
+    pos = torch.arange(ctx)
+    idx = torch.tensor(blocks)[pos // BS]
+    k, v = key[idx, pos % BS], val[idx, pos % BS]                 # [ctx, kv, d]
+    group = HEADS // KV_HEADS
+    for i in range(n):
+        for h in range(HEADS):
+            s_ = (k[:c0 + i + 1, h // group] @ q[3 + i, h].double()) / math.sqrt(HEAD_DIM)
+            want = torch.softmax(s_, 0) @ v[:c0 + i + 1, h // group]
+            assert torch.allclose(out[3 + i, h].double(), want, atol=1e-5), (i, h)

@@ -392,8 +392,10 @@ def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
 def test_warm_up_meets_every_attention_call_a_prefill_step_makes(monkeypatch):
     """The CPU attention of a reduced-precision prefill builds kernels per query length and
     memory layout, so start-up runs layer 0's own attention code on 1..max_num_batched_tokens
-    rows: every ``scaled_dot_product_attention`` call (shapes, strides, dtype, flags) that a
-    served prefill from position 0 then makes was made during the warm-up."""
+    rows, and on every padded shape of a chunk after cached tokens: every
+    ``scaled_dot_product_attention`` call (shapes, strides, dtype, flags, mask shape) that a
+    served prefill then makes, from position 0, after a prefix hit, or as a later chunk of a
+    long prompt, was made during the warm-up."""
     from calibration.engine import attention as A
     from calibration.engine import model as M
 
@@ -401,22 +403,38 @@ def test_warm_up_meets_every_attention_call_a_prefill_step_makes(monkeypatch):
     orig = A.F.scaled_dot_product_attention
 
     def record(q, k, v, **kw):
+        mask = kw.get("attn_mask")
         calls.append((tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), v.stride(),
                       q.dtype, kw.get("is_causal", False), kw.get("enable_gqa", False),
-                      kw.get("attn_mask") is None))
+                      None if mask is None else (tuple(mask.shape), mask.stride(), mask.dtype)))
         return orig(q, k, v, **kw)
 
     monkeypatch.setattr(A.F, "scaled_dot_product_attention", record)
     monkeypatch.setattr(M, "_warmed", {})
+    monkeypatch.setattr(M, "_warmed_context", {})
     eng = engine(dtype=str(_packable()).removeprefix("torch."), max_num_batched_tokens=64)
     warmed = set(calls)
-    assert {c[0][2] for c in warmed} == set(range(1, 65))    # every query length, once each
-    assert len(calls) == 64
+    causal = {c for c in warmed if c[8] is None}
+    assert {c[0][2] for c in causal} == set(range(1, 65))    # every query length, once each
+    # chunks after cached tokens: query rows padded to 32 and 64, keys to 64 .. 256
+    # (max_model_len); rows 64 need more than 33 keys, so all 4 x 2 shapes occur
+    assert {(c[0][2], c[2][2]) for c in warmed - causal} == \
+        {(q, k) for q in (32, 64) for k in (64, 128, 192, 256)}
+    assert len(calls) == 64 + 8
     calls.clear()
     for n in (5, 37, 64):
         eng.add_request(ids(n, n), dict(temperature=0.0, max_tokens=1))
         eng.step()
     assert len(calls) == 3 * CFG["num_hidden_layers"] and set(calls) <= warmed
+    calls.clear()
+    eng.add_request(ids(37, 37)[:32] + ids(9, 13), dict(temperature=0.0, max_tokens=1))
+    eng.add_request(ids(8, 150), dict(temperature=0.0, max_tokens=1))
+    while eng.has_unfinished_requests():
+        eng.step()
+    masked = [c for c in calls if c[8] is not None]
+    # the 13-token chunk after a 32-token prefix hit, then the 150-token prompt's chunks at
+    # 64 and 128 computed tokens (the first chunk shares the budget of 64 with the 13)
+    assert len(masked) >= 3 * CFG["num_hidden_layers"] and set(calls) <= warmed
 
 
 def test_packed_linear_pads_listed_row_counts_and_returns_the_rows_asked_for():

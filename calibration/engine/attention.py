@@ -20,7 +20,8 @@ run of tokens per prefill chunk. Per layer:
    head_dim]``), so grouped-query attention needs no repeated K/V.
 3. Prefill chunks: queries at positions ``c0 .. c0+n-1`` attend to the ``c0`` cached tokens
    and causally to the chunk itself (one ``scaled_dot_product_attention`` per chunk). A
-   chunk with no cached context uses its fresh K/V directly.
+   chunk with no cached context uses its fresh K/V directly. On CPU, a chunk after cached
+   tokens runs padded (:data:`CPU_CONTEXT_PAD`, :func:`context_chunk`).
 
 Scaling is ``1/sqrt(head_dim)`` (HF Llama/Qwen2 ``scaling``).
 """
@@ -58,8 +59,9 @@ class PrefillChunk:
     """Queries at flat tokens ``start .. start+n-1`` for positions ``c0 .. c0+n-1``.
 
     Attributes:
-        blocks: ``[ceil((c0+n)/block_size)]`` int64 block ids (used when ``c0 > 0``).
-        mask: ``[n, c0+n]`` bool (True = visible) when ``c0 > 0``, else None (causal).
+        blocks: int64 block ids covering the keys (used when ``c0 > 0``).
+        mask: ``[nq, nk]`` bool (True = visible) when ``c0 > 0``, else None (causal):
+            ``nq >= n`` query rows and ``nk >= c0 + n`` keys (:func:`context_chunk`).
     """
 
     start: int
@@ -67,6 +69,40 @@ class PrefillChunk:
     c0: int
     blocks: torch.Tensor | None
     mask: torch.Tensor | None
+
+
+# The CPU scaled_dot_product_attention of a reduced-precision masked prefill builds its
+# kernels per (query rows, key count) on first use: 1-3 ms for each new pair on the AMX host
+# of benchmarks/results/fidelity_runs.md, and a chunk after a cached prefix meets a new pair
+# nearly every step. Padded to multiples of (32 query rows, 64 keys), the pairs are few
+# enough to build at start-up (Transformer.warm_up), and steady calls ran x0.94 of unpadded.
+CPU_CONTEXT_PAD = (32, 64)
+
+
+def context_pad(device) -> tuple[int, int]:
+    """``(query rows, keys)`` multiples a chunk after cached tokens is padded to on
+    ``device``: :data:`CPU_CONTEXT_PAD` on CPU, none elsewhere."""
+    return CPU_CONTEXT_PAD if torch.device(device).type == "cpu" else (1, 1)
+
+
+def context_chunk(start: int, n: int, c0: int, block_ids, block_size: int,
+                  pad: tuple[int, int] = (1, 1)) -> PrefillChunk:
+    """The :class:`PrefillChunk` of ``n`` queries after ``c0 > 0`` cached tokens whose
+    blocks are ``block_ids`` (at least ``ceil((c0+n)/block_size)`` of them).
+
+    Query rows are padded to a multiple of ``pad[0]`` (zeros, dropped after attention) and
+    keys to a multiple of ``pad[1]``; padded keys repeat the last block and are masked.
+    Padded rows see every real key, so no row of the mask is empty (an empty row would give
+    NaN). Mask ``[nq, nk]``: query ``i`` (position ``c0+i``) sees key ``j`` iff
+    ``j <= c0+i`` and ``j < c0+n``.
+    """
+    ctx = c0 + n
+    nq, nk = -(-n // pad[0]) * pad[0], -(-ctx // pad[1]) * pad[1]
+    ids = list(block_ids[:-(-ctx // block_size)])
+    ids += ids[-1:] * (-(-nk // block_size) - len(ids))
+    keys = torch.arange(nk)[None, :]
+    mask = (keys <= torch.arange(c0, c0 + nq)[:, None]) & (keys < ctx)
+    return PrefillChunk(start, n, c0, torch.tensor(ids, dtype=torch.int64), mask)
 
 
 @dataclass
@@ -91,7 +127,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     meta: AttentionMetadata, kv_store, layer: int) -> torch.Tensor:
     """Attention output ``[T, heads, head_dim]`` for ``q [T, heads, head_dim]`` and the
     step's new ``k, v [T, kv_heads, head_dim]`` (see module docstring)."""
-    if kv_store is not None:
+    if meta.slot_mapping is not None:   # None: a forward with no cache slots (warm-ups)
         kv_store.write(layer, meta.slot_mapping, k, v)
     out = torch.empty_like(q)
     n_heads, head_dim = q.shape[1], q.shape[2]
@@ -103,20 +139,22 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out[d.start:d.start + d.n] = _decode_attention(
             q[d.start:d.start + d.n], d, kv_store, layer, n_kv, group, scale)
     for c in meta.prefills:
-        qc = q[c.start:c.start + c.n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
+        qc = q[c.start:c.start + c.n]
         if c.c0 == 0:
             kc = k[c.start:c.start + c.n].transpose(0, 1).unsqueeze(0)
             vc = v[c.start:c.start + c.n].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True,
-                                               enable_gqa=group > 1)
+            o = F.scaled_dot_product_attention(qc.transpose(0, 1).unsqueeze(0), kc, vc,
+                                               is_causal=True, enable_gqa=group > 1)
         else:
-            ctx = c.c0 + c.n
+            nq, nk = c.mask.shape
+            if nq > c.n:
+                qc = F.pad(qc, (0, 0, 0, 0, 0, nq - c.n))
             kc, vc = kv_store.gather(layer, c.blocks)               # [blocks, kv, bs, d]
-            kc, vc = (x.transpose(0, 1).reshape(n_kv, -1, head_dim)[:, :ctx].unsqueeze(0)
+            kc, vc = (x.transpose(0, 1).reshape(n_kv, -1, head_dim)[:, :nk].unsqueeze(0)
                       for x in (kc, vc))
-            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask,
-                                               enable_gqa=group > 1)
-        out[c.start:c.start + c.n] = o[0].transpose(0, 1)
+            o = F.scaled_dot_product_attention(qc.transpose(0, 1).unsqueeze(0), kc, vc,
+                                               attn_mask=c.mask, enable_gqa=group > 1)
+        out[c.start:c.start + c.n] = o[0, :, :c.n].transpose(0, 1)
     return out
 
 

@@ -180,14 +180,15 @@ class LLMEngine:
         self.model_config = mcfg
         # oneDNN layouts for CPU matmuls, packed once (vLLM's CPU backend does the same).
         self.model.prepack(cfg.device == "cpu" and dtype in (torch.float32, torch.bfloat16))
-        # ... and their kernels built for every step size served (Transformer.warm_up).
-        self.model.warm_up(cfg.max_num_batched_tokens, cfg.max_num_seqs)
         self.tokenizer = tokenizer or load_tokenizer(model_dir, mcfg.vocab_size)
         max_len = cfg.max_model_len or mcfg.max_position_embeddings
         if max_len > mcfg.max_position_embeddings:
             raise InputError(f"engine.max_model_len: {max_len} exceeds the model's "
                              f"max_position_embeddings {mcfg.max_position_embeddings}")
         self.max_model_len = max_len
+        # ... and their kernels built for every step size served (Transformer.warm_up).
+        self.model.warm_up(cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                           block_size=cfg.block_size, max_context=max_len)
         self.num_gpu_blocks = self._kv_blocks(dtype)
         try:
             sched_cfg = SchedulerConfig(

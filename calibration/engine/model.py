@@ -27,7 +27,8 @@ from torch import nn
 from simulator.catalog import rope_from_hf
 from simulator.errors import InputError
 
-from .attention import AttentionMetadata, PrefillChunk, paged_attention
+from .attention import (AttentionMetadata, PrefillChunk, context_chunk, context_pad,
+                        paged_attention)
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "vocab_size")
@@ -208,7 +209,11 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias=None) -> torch.Ten
 WARMUP_MAX_ROWS = 512
 # Wall-clock bound on one warm-up (a large model on CPU would otherwise spend minutes).
 WARMUP_MAX_SECONDS = 20.0
+# Keys of a chunk after cached tokens are warmed up to this count: the CPU attention splits
+# keys in runs of 512, so longer contexts reuse the kernels of their last run's length.
+WARMUP_MAX_CONTEXT = 1024
 _warmed: dict = {}  # weight shapes, biases, heads, dtype -> (rows, samples) built in this process
+_warmed_context: dict = {}  # same key -> (query rows, keys) pairs built in this process
 
 
 class Linear(nn.Linear):
@@ -400,7 +405,8 @@ class Transformer(nn.Module):
                                   if enabled and self.lm_head is None else None)
 
     def warm_up(self, max_rows: int, max_samples: int,
-                max_seconds: float = WARMUP_MAX_SECONDS) -> tuple[int, int]:
+                max_seconds: float = WARMUP_MAX_SECONDS, block_size: int = 0,
+                max_context: int = 0) -> tuple[int, int]:
         """Run layer 0 once on ``1..max_rows`` rows of zeros (its attention as a prefill
         from position 0, then its MLP) and the LM head on ``1..max_samples``, so that oneDNN
         builds its kernels now rather than inside served steps (vLLM warms its GPU engine
@@ -411,9 +417,13 @@ class Transformer(nn.Module):
         fidelity_runs.md``, and a warm-up on contiguous tensors does not serve the strided
         views a step passes), so it runs through the model's own attention code. Layer 0
         suffices: every layer has the same shapes, and kernels are keyed by shape, not by
-        weight. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the whole call at
-        ``max_seconds``; counts built earlier in the process are skipped. Does nothing
-        without prepacked weights (:meth:`prepack`; cuda needs no builds).
+        weight. With ``block_size`` and ``max_context`` (tokens), it then runs layer 0's
+        attention as a chunk after cached tokens on every padded shape such a chunk of at
+        most ``max_rows`` rows and ``max_context`` keys takes
+        (:func:`.attention.context_chunk`; keys capped at :data:`WARMUP_MAX_CONTEXT`), on a
+        scratch one-layer cache. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the
+        whole call at ``max_seconds``; counts built earlier in the process are skipped.
+        Does nothing without prepacked weights (:meth:`prepack`; cuda needs no builds).
 
         Returns:
             ``(rows, samples)``: the row counts now built for layer 0 and the head.
@@ -447,7 +457,46 @@ class Transformer(nn.Module):
                     self.compute_logits(torch.zeros(n, self.config.hidden_size,
                                                     dtype=self.dtype, device=self.device))
         _warmed[key] = (max(done_rows, rows), max(done_samples, samples))
+        if block_size and max_context:
+            self._warm_up_context(key, min(max_rows, WARMUP_MAX_ROWS),
+                                  min(max_context, WARMUP_MAX_CONTEXT), block_size, t_end)
         return _warmed[key]
+
+    def _warm_up_context(self, key, rows: int, keys: int, block_size: int,
+                         t_end: float) -> None:
+        """Layer 0's attention on each padded ``(nq, nk)`` shape of a chunk of ``n <= rows``
+        queries after ``c0 >= 1`` cached tokens with ``c0 + n <= keys`` (see
+        :meth:`warm_up`), until ``t_end`` (``time.perf_counter``)."""
+        from .kv_store import KVStore
+
+        qp, kp = context_pad(self.device)
+        if (qp, kp) == (1, 1):
+            return
+        attn = self.layers[0].self_attn
+        done = _warmed_context.setdefault(key, set())
+        shapes = [(nq, nk) for nq in range(qp, rows + qp, qp)
+                  for nk in range(kp, keys + kp, kp)
+                  if nk > nq - qp + 1 and (nq, nk) not in done]
+        if not shapes:
+            return
+        blocks = -(-max(nk for _, nk in shapes) // block_size)
+        scratch = KVStore(1, blocks + 1, block_size, attn.n_kv, attn.head_dim, self.dtype,
+                          self.device)
+        with torch.inference_mode():
+            for nq, nk in shapes:
+                if time.perf_counter() > t_end:
+                    break
+                n = min(nq, nk - 1, rows)       # the longest chunk of these padded shapes
+                c0 = nk - n
+                x = torch.zeros(n, self.config.hidden_size, dtype=self.dtype,
+                                device=self.device)
+                cos, sin = self.rotary(torch.arange(c0, nk, device=self.device), nk - 1,
+                                       self.dtype)
+                c = context_chunk(0, n, c0, range(1, blocks + 1), block_size, (qp, kp))
+                c.blocks, c.mask = c.blocks.to(self.device), c.mask.to(self.device)
+                meta = AttentionMetadata(slot_mapping=None, max_position=nk - 1, prefills=[c])
+                attn(x, cos, sin, meta, scratch)
+                done.add((nq, nk))
 
     @property
     def dtype(self) -> torch.dtype:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata, DecodeBatch, PrefillChunk
+from .attention import (AttentionMetadata, DecodeBatch, PrefillChunk, context_chunk,
+                        context_pad)
 
 def token_at(req, p: int) -> int:
     """Token id at position ``p`` of a request (prompt, then output)."""
@@ -84,10 +85,12 @@ class ModelRunner:
             pos.append(p)
             blocks = torch.tensor(r.block_ids[:-(-(c0 + n) // bs)])
             slots.append(blocks[p // bs] * bs + p % bs)
-            mask = None
             if c0 > 0:
-                mask = (torch.arange(c0 + n)[None, :] <= p[:, None]).to(dev)
-            meta.prefills.append(PrefillChunk(start, n, c0, blocks.to(dev), mask))
+                c = context_chunk(start, n, c0, r.block_ids, bs, context_pad(dev))
+                c.blocks, c.mask = c.blocks.to(dev), c.mask.to(dev)
+            else:
+                c = PrefillChunk(start, n, 0, None, None)
+            meta.prefills.append(c)
         positions = _cat_ints(pos)
         meta.slot_mapping = _cat_ints(slots).to(dev)
         meta.max_position = int(positions.max()) if positions.numel() else 0
