@@ -230,7 +230,14 @@ class IdleInfo(_P):
 
     gaps_s: list[float] = Field(min_length=1)
     extra_s: list[float] = Field(min_length=1)
-    reference_s: Optional[float] = Field(None, gt=0, lt=MAX_STEP_S)
+    reference_s: Optional[float] = None
+
+    @field_validator("reference_s")
+    @classmethod
+    def _reference(cls, v):
+        if v is not None and not (math.isfinite(v) and 0 < v < MAX_STEP_S):
+            raise ValueError(f"seconds > 0 and < {MAX_STEP_S:g} (a step's time; got {v:g})")
+        return v
 
     @model_validator(mode="after")
     def _table(self):

@@ -836,6 +836,8 @@ def test_idle_table_reads_linear_between_points_and_is_checked(tmp_path):
                            ({"gaps_s": [0.1, 1e300], "extra_s": [0.1, 0.2]}, "gaps_s",
                             "ascending seconds > 0 and <= 86400"),
                            ({"gaps_s": [0.1], "extra_s": [0.1], "reference_s": 3600}, "reference_s",
-                            "Input should be less than 3600")):
+                            "seconds > 0 and < 3600 \\(a step's time; got 3600\\)"),
+                           ({"gaps_s": [0.1], "extra_s": [0.1], "reference_s": 0}, "reference_s",
+                            "seconds > 0 and < 3600 \\(a step's time; got 0\\)")):
         with pytest.raises(ValueError, match=rf"{key}[\s\S]*{want}|{want}"):
             make_profile(idle=bad)
