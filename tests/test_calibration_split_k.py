@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from calibration.engine import runner as runner_mod
-from calibration.engine.attention import (AttentionMetadata, context_chunk,
+from calibration.engine.attention import (AttentionMetadata, Padding, context_chunk,
                                           paged_attention)
 from calibration.engine.kv_store import KVStore
 
@@ -82,7 +82,9 @@ def test_split_k_matches_dense_attention(BS):
 
 
 def test_pieces_cover_each_context_once():
-    """One partition per block of each decode's context; padding only in the last block."""
+    """One partition per block of each decode's context, keys past the context masked in its
+    last block; on CPU the 11 blocks are padded to 16 (CPU_PADDING.pieces) with the null
+    block 0, owned by decode 0, every key masked."""
     ctxs = [1, 16, 17, 40]
     store = KVStore(1, 32, 8, 1, 4, torch.float32)
     entries, nxt = [], 1
@@ -93,17 +95,17 @@ def test_pieces_cover_each_context_once():
     run = runner_mod.ModelRunner(_Model(), store, 8)
     _, _, meta, _ = run.prepare(entries)
     d = meta.decodes
-    assert [int((d.piece_req == i).sum()) for i in range(len(ctxs))] == [1, 2, 3, 5]
-    assert d.blocks.tolist() == list(range(1, 12))
+    assert d.piece_req.tolist() == [0, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3] + [0] * 5
+    assert d.blocks.tolist() == list(range(1, 12)) + [0] * 5
     visible = (d.mask.view(-1, 8) == 0).sum(dim=1)
-    assert visible.tolist() == [1, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8]
+    assert visible.tolist() == [1, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8] + [0] * 5
 
 
 def test_context_chunk_pads_queries_and_keys_by_hand():
     """3 queries after 2 cached tokens, padded to (4 rows, 8 keys), blocks of 2: query i
     (position 2+i) sees keys 0..2+i of the 5 real ones; the padded row sees all 5; the 8
     keys take 4 blocks, the last real block (30) repeated for the padding."""
-    c = context_chunk(7, 3, 2, [10, 20, 30, 40], 2, (4, 8))
+    c = context_chunk(7, 3, 2, [10, 20, 30, 40], 2, Padding(query_rows=4, keys=8))
     assert (c.start, c.n, c.c0) == (7, 3, 2)
     assert c.blocks.tolist() == [10, 20, 30, 30]
     assert c.mask.int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0],
@@ -127,8 +129,8 @@ def test_padded_context_chunk_matches_dense_attention(n, c0, pad):
     ctx = c0 + n
     blocks = (torch.randperm(39, generator=g) + 1)[:-(-ctx // BS)].tolist()
     q = torch.randn(n + 3, HEADS, HEAD_DIM, generator=g)     # 3 other tokens before it
-    meta = AttentionMetadata(slot_mapping=None, prefills=[context_chunk(3, n, c0, blocks, BS,
-                                                                         pad)])
+    chunk = context_chunk(3, n, c0, blocks, BS, Padding(query_rows=pad[0], keys=pad[1]))
+    meta = AttentionMetadata(slot_mapping=None, prefills=[chunk])
     out = paged_attention(q, q[:, :KV_HEADS], q[:, :KV_HEADS], meta, store, 0)
     key, val = store.key(0).double(), store.value(0).double()   # [blocks, bs, kv, d]
     pos = torch.arange(ctx)

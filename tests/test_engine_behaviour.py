@@ -392,10 +392,11 @@ def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
 def test_warm_up_meets_every_attention_call_a_prefill_step_makes(monkeypatch):
     """The CPU attention of a reduced-precision prefill builds kernels per query length and
     memory layout, so start-up runs layer 0's own attention code on 1..max_num_batched_tokens
-    rows, and on every padded shape of a chunk after cached tokens: every
-    ``scaled_dot_product_attention`` call (shapes, strides, dtype, flags, mask shape) that a
-    served prefill then makes, from position 0, after a prefix hit, or as a later chunk of a
-    long prompt, was made during the warm-up."""
+    rows, on every padded shape of a chunk after cached tokens, and on every padded block
+    count of the decodes: every ``scaled_dot_product_attention`` call (shapes, strides,
+    dtype, flags, mask shape) that a served prefill then makes, from position 0, after a
+    prefix hit, or as a later chunk of a long prompt, and every decode block count, was made
+    during the warm-up."""
     from calibration.engine import attention as A
     from calibration.engine import model as M
 
@@ -409,11 +410,23 @@ def test_warm_up_meets_every_attention_call_a_prefill_step_makes(monkeypatch):
                       None if mask is None else (tuple(mask.shape), mask.stride(), mask.dtype)))
         return orig(q, k, v, **kw)
 
+    pieces = []
+    orig_decode = A._decode_attention
+
+    def record_decode(q, d, *a):
+        pieces.append((d.blocks.numel(), q.dtype))
+        return orig_decode(q, d, *a)
+
     monkeypatch.setattr(A.F, "scaled_dot_product_attention", record)
+    monkeypatch.setattr(A, "_decode_attention", record_decode)
     monkeypatch.setattr(M, "_warmed", {})
-    monkeypatch.setattr(M, "_warmed_context", {})
+    monkeypatch.setattr(M, "_warmed_shapes", {})
     eng = engine(dtype=str(_packable()).removeprefix("torch."), max_num_batched_tokens=64)
     warmed = set(calls)
+    # decodes: every block count padded to 16, up to max_num_seqs 8 x 256 / 16 blocks
+    dtype = _packable()
+    assert pieces == [(b, dtype) for b in range(16, 129, 16)]
+    pieces.clear()
     causal = {c for c in warmed if c[8] is None}
     assert {c[0][2] for c in causal} == set(range(1, 65))    # every query length, once each
     # chunks after cached tokens: query rows padded to 32 and 64, keys to 64 .. 256
@@ -435,6 +448,12 @@ def test_warm_up_meets_every_attention_call_a_prefill_step_makes(monkeypatch):
     # the 13-token chunk after a 32-token prefix hit, then the 150-token prompt's chunks at
     # 64 and 128 computed tokens (the first chunk shares the budget of 64 with the 13)
     assert len(masked) >= 3 * CFG["num_hidden_layers"] and set(calls) <= warmed
+    calls.clear()
+    for n in (3, 40, 90, 130):   # decodes of 1..9 blocks each, side by side
+        eng.add_request(ids(n, n), dict(temperature=0.0, max_tokens=20, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert pieces and set(pieces) <= {(b, dtype) for b in range(16, 129, 16)}
 
 
 def test_packed_linear_pads_listed_row_counts_and_returns_the_rows_asked_for():

@@ -12,7 +12,8 @@ run of tokens per prefill chunk. Per layer:
    one batched matmul scores each block against its request's query, the softmax is taken
    over each request's blocks together (a per-request maximum, then per-request sums, by
    index), and one more batched matmul and an index-add give the outputs. Padding past a
-   context's end (in its last block) is masked. The number of tensor operations per layer
+   context's end (in its last block) is masked; on CPU the blocks are padded to a multiple
+   of :data:`CPU_PADDING` ``.pieces`` with fully masked ones. The number of tensor operations per layer
    is the same for any batch, and the work is ``blocks × block_size ≈ context tokens +
    decodes × block_size / 2``: the step cost follows the decode count and the summed
    context, the two quantities the cost model prices, however the contexts are spread.
@@ -21,7 +22,7 @@ run of tokens per prefill chunk. Per layer:
 3. Prefill chunks: queries at positions ``c0 .. c0+n-1`` attend to the ``c0`` cached tokens
    and causally to the chunk itself (one ``scaled_dot_product_attention`` per chunk). A
    chunk with no cached context uses its fresh K/V directly. On CPU, a chunk after cached
-   tokens runs padded (:data:`CPU_CONTEXT_PAD`, :func:`context_chunk`).
+   tokens runs padded (:data:`CPU_PADDING`, :func:`context_chunk`).
 
 Scaling is ``1/sqrt(head_dim)`` (HF Llama/Qwen2 ``scaling``).
 """
@@ -71,33 +72,82 @@ class PrefillChunk:
     mask: torch.Tensor | None
 
 
-# The CPU scaled_dot_product_attention of a reduced-precision masked prefill builds its
-# kernels per (query rows, key count) on first use: 1-3 ms for each new pair on the AMX host
-# of benchmarks/results/fidelity_runs.md, and a chunk after a cached prefix meets a new pair
-# nearly every step. Padded to multiples of (32 query rows, 64 keys), the pairs are few
-# enough to build at start-up (Transformer.warm_up), and steady calls ran x0.94 of unpadded.
-CPU_CONTEXT_PAD = (32, 64)
+@dataclass(frozen=True)
+class Padding:
+    """Multiples that attention pads its shapes to (1: none).
+
+    Attributes:
+        query_rows, keys: of a prefill chunk after cached tokens (:func:`context_chunk`).
+        pieces: of the decodes' blocks (:func:`decode_batch`).
+    """
+
+    query_rows: int = 1
+    keys: int = 1
+    pieces: int = 1
 
 
-def context_pad(device) -> tuple[int, int]:
-    """``(query rows, keys)`` multiples a chunk after cached tokens is padded to on
-    ``device``: :data:`CPU_CONTEXT_PAD` on CPU, none elsewhere."""
-    return CPU_CONTEXT_PAD if torch.device(device).type == "cpu" else (1, 1)
+# On CPU, reduced-precision attention builds (JIT-compiles) kernels per shape on first use:
+# scaled_dot_product_attention per (query rows, keys) of a masked prefill, 1-3 ms for each new
+# pair, and the decodes' batched matmuls per block count, about 0.8 ms for each new count
+# (the AMX host of benchmarks/results/fidelity_runs.md). A served step meets a new shape
+# nearly every time: a burst of new requests was served x0.86 of the cost model, the same
+# requests served again x0.98. Padded to these multiples the shapes are few enough to build
+# at start-up (Transformer.warm_up); padded prefills ran x0.94 of unpadded in steady state,
+# and 16 blocks pad a decode step by 120 tokens of context on average.
+CPU_PADDING = Padding(query_rows=32, keys=64, pieces=16)
+
+
+def padding(device) -> Padding:
+    """The :class:`Padding` of attention on ``device``: :data:`CPU_PADDING` on CPU, none
+    elsewhere."""
+    return CPU_PADDING if torch.device(device).type == "cpu" else Padding()
+
+
+def decode_batch(contexts, block_size: int, pad: Padding = Padding()) -> DecodeBatch:
+    """The :class:`DecodeBatch` of decodes at flat tokens ``0 .. len(contexts)-1``.
+
+    Args:
+        contexts: per decode, ``(block_ids, ctx)``: its block table and its context length
+            in tokens (the query's own token included).
+        block_size: tokens per block. pad: ``pad.pieces`` (fully masked copies of the null
+            block 0, owned by decode 0, pad the blocks to a multiple of it).
+    """
+    bs = block_size
+    tables, piece_req, first, length = [], [], [], []
+    for j, (block_ids, ctx) in enumerate(contexts):
+        nb = -(-ctx // bs)
+        tables.extend(block_ids[:nb])
+        piece_req.extend([j] * nb)
+        first.extend(range(0, nb * bs, bs))
+        length.extend([ctx] * nb)
+    extra = -len(tables) % pad.pieces
+    tables += [0] * extra
+    piece_req += [0] * extra
+    first += [0] * extra
+    length += [0] * extra          # every key of a padded block lies past its "context"
+    keys = torch.tensor(first)[:, None] + torch.arange(bs)[None, :]
+    mask = torch.zeros(len(tables), bs).masked_fill(keys >= torch.tensor(length)[:, None],
+                                                    float("-inf"))
+    return DecodeBatch(0, len(contexts), torch.tensor(tables, dtype=torch.int64),
+                       torch.tensor(piece_req, dtype=torch.int64),
+                       mask.view(len(tables), 1, 1, bs))
 
 
 def context_chunk(start: int, n: int, c0: int, block_ids, block_size: int,
-                  pad: tuple[int, int] = (1, 1)) -> PrefillChunk:
+                  pad: Padding = Padding()) -> PrefillChunk:
     """The :class:`PrefillChunk` of ``n`` queries after ``c0 > 0`` cached tokens whose
     blocks are ``block_ids`` (at least ``ceil((c0+n)/block_size)`` of them).
 
-    Query rows are padded to a multiple of ``pad[0]`` (zeros, dropped after attention) and
-    keys to a multiple of ``pad[1]``; padded keys repeat the last block and are masked.
+    Query rows are padded to a multiple of ``pad.query_rows`` (zeros, dropped after
+    attention) and keys to a multiple of ``pad.keys``; padded keys repeat the last block and
+    are masked.
     Padded rows see every real key, so no row of the mask is empty (an empty row would give
     NaN). Mask ``[nq, nk]``: query ``i`` (position ``c0+i``) sees key ``j`` iff
     ``j <= c0+i`` and ``j < c0+n``.
     """
     ctx = c0 + n
-    nq, nk = -(-n // pad[0]) * pad[0], -(-ctx // pad[1]) * pad[1]
+    nq = -(-n // pad.query_rows) * pad.query_rows
+    nk = -(-ctx // pad.keys) * pad.keys
     ids = list(block_ids[:-(-ctx // block_size)])
     ids += ids[-1:] * (-(-nk // block_size) - len(ids))
     keys = torch.arange(nk)[None, :]

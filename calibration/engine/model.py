@@ -27,8 +27,8 @@ from torch import nn
 from simulator.catalog import rope_from_hf
 from simulator.errors import InputError
 
-from .attention import (AttentionMetadata, PrefillChunk, context_chunk, context_pad,
-                        paged_attention)
+from .attention import (AttentionMetadata, Padding, PrefillChunk, context_chunk,
+                        decode_batch, paged_attention, padding)
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "vocab_size")
@@ -212,8 +212,12 @@ WARMUP_MAX_SECONDS = 20.0
 # Keys of a chunk after cached tokens are warmed up to this count: the CPU attention splits
 # keys in runs of 512, so longer contexts reuse the kernels of their last run's length.
 WARMUP_MAX_CONTEXT = 1024
+# ... and the decodes' block counts up to this many: a new count costs about 0.8 ms, under 2 %
+# of a step of more blocks (a step of 32 decodes of 512 tokens takes about 45 ms), and
+# warming counts to 4096 would take 3 s.
+WARMUP_MAX_PIECES = 1024
 _warmed: dict = {}  # weight shapes, biases, heads, dtype -> (rows, samples) built in this process
-_warmed_context: dict = {}  # same key -> (query rows, keys) pairs built in this process
+_warmed_shapes: dict = {}  # same key -> padded attention shapes built in this process
 
 
 class Linear(nn.Linear):
@@ -406,7 +410,7 @@ class Transformer(nn.Module):
 
     def warm_up(self, max_rows: int, max_samples: int,
                 max_seconds: float = WARMUP_MAX_SECONDS, block_size: int = 0,
-                max_context: int = 0) -> tuple[int, int]:
+                max_context: int = 0, max_seqs: int = 0) -> tuple[int, int]:
         """Run layer 0 once on ``1..max_rows`` rows of zeros (its attention as a prefill
         from position 0, then its MLP) and the LM head on ``1..max_samples``, so that oneDNN
         builds its kernels now rather than inside served steps (vLLM warms its GPU engine
@@ -418,10 +422,11 @@ class Transformer(nn.Module):
         views a step passes), so it runs through the model's own attention code. Layer 0
         suffices: every layer has the same shapes, and kernels are keyed by shape, not by
         weight. With ``block_size`` and ``max_context`` (tokens), it then runs layer 0's
-        attention as a chunk after cached tokens on every padded shape such a chunk of at
-        most ``max_rows`` rows and ``max_context`` keys takes
-        (:func:`.attention.context_chunk`; keys capped at :data:`WARMUP_MAX_CONTEXT`), on a
-        scratch one-layer cache. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the
+        attention on every padded shape (:class:`.attention.Padding`) that decodes of up to
+        ``max_seqs`` requests of up to ``max_context`` tokens take (blocks capped at
+        :data:`WARMUP_MAX_PIECES`), and a chunk of at most ``max_rows`` rows after cached
+        tokens (keys capped at :data:`WARMUP_MAX_CONTEXT`),
+        on a scratch one-layer cache. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the
         whole call at ``max_seconds``; counts built earlier in the process are skipped.
         Does nothing without prepacked weights (:meth:`prepack`; cuda needs no builds).
 
@@ -458,45 +463,59 @@ class Transformer(nn.Module):
                                                     dtype=self.dtype, device=self.device))
         _warmed[key] = (max(done_rows, rows), max(done_samples, samples))
         if block_size and max_context:
-            self._warm_up_context(key, min(max_rows, WARMUP_MAX_ROWS),
-                                  min(max_context, WARMUP_MAX_CONTEXT), block_size, t_end)
+            self._warm_up_attention(key, min(max_rows, WARMUP_MAX_ROWS), max_context,
+                                    max_seqs, block_size, t_end)
         return _warmed[key]
 
-    def _warm_up_context(self, key, rows: int, keys: int, block_size: int,
-                         t_end: float) -> None:
-        """Layer 0's attention on each padded ``(nq, nk)`` shape of a chunk of ``n <= rows``
-        queries after ``c0 >= 1`` cached tokens with ``c0 + n <= keys`` (see
-        :meth:`warm_up`), until ``t_end`` (``time.perf_counter``)."""
+    def _warm_up_attention(self, key, rows: int, max_context: int, max_seqs: int,
+                           block_size: int, t_end: float) -> None:
+        """Layer 0's attention on each padded shape of :meth:`warm_up`, smallest first,
+        until ``t_end`` (``time.perf_counter``): the decodes' block counts up to
+        ``max_seqs · ceil(max_context / block_size)``, then each ``(nq, nk)`` of a chunk of
+        ``n <= rows`` queries after ``c0 >= 1`` cached tokens with ``c0 + n <= keys``."""
         from .kv_store import KVStore
 
-        qp, kp = context_pad(self.device)
-        if (qp, kp) == (1, 1):
+        pad = padding(self.device)
+        if pad == Padding():   # only the CPU pads (and builds kernels); tensors stay there
             return
         attn = self.layers[0].self_attn
-        done = _warmed_context.setdefault(key, set())
-        shapes = [(nq, nk) for nq in range(qp, rows + qp, qp)
-                  for nk in range(kp, keys + kp, kp)
-                  if nk > nq - qp + 1 and (nq, nk) not in done]
+        done = _warmed_shapes.setdefault(key, set())
+        keys = min(max_context, WARMUP_MAX_CONTEXT)
+        qp, kp, pp = pad.query_rows, pad.keys, pad.pieces
+        pieces = min(max(1, max_seqs) * -(-max_context // block_size), WARMUP_MAX_PIECES)
+        shapes = [("decode", b) for b in range(pp, pieces + pp, pp)]
+        shapes += [("chunk", nq, nk) for nq in range(qp, rows + qp, qp)
+                   for nk in range(kp, keys + kp, kp) if nk > nq - qp + 1]
+        shapes = [x for x in shapes if x not in done]
         if not shapes:
             return
-        blocks = -(-max(nk for _, nk in shapes) // block_size)
+        chunk_keys = [x[2] for x in shapes if x[0] == "chunk"]
+        blocks = -(-max(chunk_keys, default=block_size) // block_size)
         scratch = KVStore(1, blocks + 1, block_size, attn.n_kv, attn.head_dim, self.dtype,
                           self.device)
         with torch.inference_mode():
-            for nq, nk in shapes:
+            for shape in shapes:
                 if time.perf_counter() > t_end:
                     break
-                n = min(nq, nk - 1, rows)       # the longest chunk of these padded shapes
-                c0 = nk - n
+                if shape[0] == "decode":   # one decode over as many (null) blocks
+                    n, first = 1, 0
+                    meta = AttentionMetadata(slot_mapping=None, max_position=0,
+                                             decodes=decode_batch([([0] * shape[1],
+                                                                    shape[1] * block_size)],
+                                                                  block_size, pad))
+                else:
+                    nq, nk = shape[1:]
+                    n = min(nq, nk - 1, rows)       # the longest chunk of these shapes
+                    first = nk - n
+                    c = context_chunk(0, n, first, range(1, blocks + 1), block_size, pad)
+                    meta = AttentionMetadata(slot_mapping=None, max_position=nk - 1,
+                                             prefills=[c])
                 x = torch.zeros(n, self.config.hidden_size, dtype=self.dtype,
                                 device=self.device)
-                cos, sin = self.rotary(torch.arange(c0, nk, device=self.device), nk - 1,
-                                       self.dtype)
-                c = context_chunk(0, n, c0, range(1, blocks + 1), block_size, (qp, kp))
-                c.blocks, c.mask = c.blocks.to(self.device), c.mask.to(self.device)
-                meta = AttentionMetadata(slot_mapping=None, max_position=nk - 1, prefills=[c])
+                positions = torch.arange(first, first + n, device=self.device)
+                cos, sin = self.rotary(positions, first + n - 1, self.dtype)
                 attn(x, cos, sin, meta, scratch)
-                done.add((nq, nk))
+                done.add(shape)
 
     @property
     def dtype(self) -> torch.dtype:

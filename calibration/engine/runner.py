@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .attention import (AttentionMetadata, DecodeBatch, PrefillChunk, context_chunk,
-                        context_pad)
+from .attention import (AttentionMetadata, PrefillChunk, context_chunk, decode_batch,
+                        padding)
 
 def token_at(req, p: int) -> int:
     """Token id at position ``p`` of a request (prompt, then output)."""
@@ -45,30 +45,22 @@ class ModelRunner:
         ids, pos, slots = [], [], []
         spans = [None] * len(entries)
         meta = AttentionMetadata(slot_mapping=None)
-        tables, piece_req, piece_first, piece_len = [], [], [], []
+        pad = padding(dev)
+        contexts = []
         for i, e in enumerate(entries):
             if e.num_new_tokens != 1:
                 continue
             r = e.request
             p = e.num_computed_before
-            ctx = p + 1
-            j = len(ids)
+            spans[i] = (len(ids), 1)
             ids.append(token_at(r, p))
             pos.append(p)
             slots.append(r.block_ids[p // bs] * bs + p % bs)
-            spans[i] = (j, 1)
-            nb = -(-ctx // bs)
-            tables.extend(r.block_ids[:nb])
-            piece_req.extend([j] * nb)
-            piece_first.extend(range(0, nb * bs, bs))
-            piece_len.extend([ctx] * nb)
-        if ids:
-            keys = torch.tensor(piece_first)[:, None] + torch.arange(bs)[None, :]
-            mask = torch.zeros(len(piece_req), bs).masked_fill(
-                keys >= torch.tensor(piece_len)[:, None], float("-inf"))
-            meta.decodes = DecodeBatch(0, len(ids), torch.tensor(tables, device=dev),
-                                       torch.tensor(piece_req, device=dev),
-                                       mask.view(len(piece_req), 1, 1, bs).to(dev))
+            contexts.append((r.block_ids, p + 1))
+        if contexts:
+            d = decode_batch(contexts, bs, pad)
+            d.blocks, d.piece_req, d.mask = d.blocks.to(dev), d.piece_req.to(dev), d.mask.to(dev)
+            meta.decodes = d
         for i, e in enumerate(entries):
             n = e.num_new_tokens
             if n == 1:
@@ -86,7 +78,7 @@ class ModelRunner:
             blocks = torch.tensor(r.block_ids[:-(-(c0 + n) // bs)])
             slots.append(blocks[p // bs] * bs + p % bs)
             if c0 > 0:
-                c = context_chunk(start, n, c0, r.block_ids, bs, context_pad(dev))
+                c = context_chunk(start, n, c0, r.block_ids, bs, pad)
                 c.blocks, c.mask = c.blocks.to(dev), c.mask.to(dev)
             else:
                 c = PrefillChunk(start, n, 0, None, None)
