@@ -1,12 +1,14 @@
 """What the engine's start-up kernel build (``Transformer.warm_up``) saves in served steps.
 
-oneDNN builds a matmul kernel the first time a weight meets a new row count. The same
+oneDNN builds a matmul kernel the first time a weight meets a new row count, and the CPU
+attention one the first time it meets a new (padded) shape. The same
 burst of chat-like requests (lognormal prompts median 96, outputs 24; one admitted every
 three steps, so steps mix decodes with prefill chunks of many sizes) is served twice by one
 engine: the second pass repeats the first one's step shapes exactly, with every kernel
 built. Per step kind: the first pass's total over the second's, and the median per-step
-difference. Run with the warm-up (the engine as shipped) and without (``WARMUP_MAX_ROWS``
-set to 0), each in a fresh process, ``--rounds`` times interleaved.
+difference. Run with the warm-up (the engine as shipped) and without (``WARMUP_MAX_ROWS``,
+``WARMUP_MAX_CONTEXT`` and ``WARMUP_MAX_PIECES`` set to 0), each in a fresh process,
+``--rounds`` times interleaved.
 
     python benchmarks/warmup_effect.py [--rounds 2] [--out PATH]
 """
@@ -39,7 +41,7 @@ def one_run(warm: bool, seed: int) -> dict:
 
     torch.set_num_threads(1)
     if not warm:
-        M.WARMUP_MAX_ROWS = 0
+        M.WARMUP_MAX_ROWS = M.WARMUP_MAX_CONTEXT = M.WARMUP_MAX_PIECES = 0
     eng = LLMEngine.from_catalog("llama-tiny-56m", ENGINE)
     rng = np.random.default_rng(seed)
     n = 60
