@@ -187,6 +187,12 @@ class CostSpec(_P):
         zero = [k for k in self.coefficients if k in _RATE_KEYS and self.coefficients[k] == 0]
         if zero:   # a rate of 0 would price a step at infinity
             raise SubkeyError(("coefficients", zero[0]), "a rate: it must be > 0 (got 0)")
+        long = [k for k in self.coefficients   # the others are seconds
+                if k not in _RATE_KEYS and not self.coefficients[k] < MAX_STEP_S]
+        if long:   # each is a part of one step's time, which is priced below MAX_STEP_S
+            raise SubkeyError(("coefficients", long[0]),
+                              f"seconds of one step: it must be < {MAX_STEP_S:g} "
+                              f"(got {self.coefficients[long[0]]:g})")
         return self
 
 

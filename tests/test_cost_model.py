@@ -642,6 +642,11 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.f_eff_flops_per_s: a "
                                          r"rate: it must be > 0 \(got 0\)$"):
         load_profile(tmp_path / "p.yaml")
+    # a fixed cost of an hour or more per step (MAX_STEP_S) likewise, before any pricing
+    (tmp_path / "p.yaml").write_text(re.sub(r"a0_s: [^,}]+", "a0_s: 1e300", text))
+    with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.a0_s: seconds of one "
+                                         r"step: it must be < 3600 \(got 1e\+300\)$"):
+        load_profile(tmp_path / "p.yaml")
 
 
 def test_profile_reads_exponent_numbers_as_the_scenario_loader_does(tmp_path):
