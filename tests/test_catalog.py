@@ -132,6 +132,15 @@ def test_yaml_model_config_reads_as_scenarios_do(tmp_path):
                             f"'hidden_size' (give each key once)")
 
 
+def test_a_binary_config_json_is_refused_with_the_line_of_its_first_bad_byte(tmp_path):
+    """Not the codec's own message ("'utf-8' codec can't decode byte ..."): where it is."""
+    (tmp_path / "config.json").write_bytes(b'{"a": 1,\n"b": "x\xd0\x01"}\n')
+    with pytest.raises(InputError) as e:
+        load_model(str(tmp_path), base_dir=tmp_path)
+    assert str(e.value) == (f"model: {tmp_path / 'config.json'}:2: not UTF-8 text (byte 0xd0 "
+                            f"at column 8; save the file as UTF-8)")
+
+
 def test_a_key_given_twice_in_a_config_json_is_refused_with_its_line(tmp_path):
     cfg = load_model("llama-test").hf_config()
     # one key per line from line 2; the repeat is the last

@@ -19,7 +19,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import InputError, KeyedInputError
-from ..files import DuplicateKeyError, is_regular_file, load_json, load_yaml, name_too_long
+from ..files import (DuplicateKeyError, is_regular_file, load_json, load_yaml, name_too_long,
+                     utf8_problem)
 
 _HERE = Path(__file__).resolve().parent
 
@@ -291,6 +292,8 @@ def load_model(spec, base_dir=".") -> ModelShape:
         if problem.startswith("duplicate key"):
             problem += " (give each key once)"
         raise KeyedInputError("model", f"{where}: {problem}") from None
+    except UnicodeDecodeError:   # a binary file: say where, not the codec's own words
+        raise KeyedInputError("model", utf8_problem(path)) from None
     except (OSError, ValueError) as e:
         raise KeyedInputError("model", f"cannot read {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, dict):
