@@ -13,10 +13,11 @@ run of tokens per prefill chunk. Per layer:
    over each request's blocks together (a per-request maximum, then per-request sums, by
    index), and one more batched matmul and an index-add give the outputs. Padding past a
    context's end (in its last block) is masked; on CPU the blocks are padded to a multiple
-   of :data:`CPU_PADDING` ``.pieces`` with fully masked ones. The number of tensor operations per layer
-   is the same for any batch, and the work is ``blocks × block_size ≈ context tokens +
-   decodes × block_size / 2``: the step cost follows the decode count and the summed
-   context, the two quantities the cost model prices, however the contexts are spread.
+   of ``CPU_PADDING.pieces`` with fully masked ones (:func:`decode_batch`). The number of
+   tensor operations per layer is the same for any batch, and the work is ``blocks ×
+   block_size ≈ context tokens + decodes × block_size / 2``: the step cost follows the
+   decode count and the summed context, the two quantities the cost model prices, however
+   the contexts are spread.
    The query heads of one KV head are rows of one matrix (``[blocks, kv_heads, group,
    head_dim]``), so grouped-query attention needs no repeated K/V.
 3. Prefill chunks: queries at positions ``c0 .. c0+n-1`` attend to the ``c0`` cached tokens
@@ -140,10 +141,9 @@ def context_chunk(start: int, n: int, c0: int, block_ids, block_size: int,
 
     Query rows are padded to a multiple of ``pad.query_rows`` (zeros, dropped after
     attention) and keys to a multiple of ``pad.keys``; padded keys repeat the last block and
-    are masked.
-    Padded rows see every real key, so no row of the mask is empty (an empty row would give
-    NaN). Mask ``[nq, nk]``: query ``i`` (position ``c0+i``) sees key ``j`` iff
-    ``j <= c0+i`` and ``j < c0+n``.
+    are masked. Padded rows see every real key, so no row of the mask is empty (an empty
+    row would give NaN). Mask ``[nq, nk]``: query ``i`` (position ``c0+i``) sees key ``j``
+    iff ``j <= c0+i`` and ``j < c0+n``.
     """
     ctx = c0 + n
     nq = -(-n // pad.query_rows) * pad.query_rows
