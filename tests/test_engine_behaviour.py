@@ -471,3 +471,21 @@ def test_packed_linear_pads_listed_row_counts_and_returns_the_rows_asked_for():
         assert y.shape == (t, 24)
         torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
     assert 2 in M.PAD_ROWS  # the padded path was exercised
+
+
+def test_a_cuda_device_that_is_not_here_is_an_input_error(monkeypatch):
+    """Not torch's bare AssertionError from inside the first tensor: one line naming
+    engine.device and what to use instead."""
+    from calibration.engine.engine import EngineConfig
+    from simulator.errors import InputError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InputError, match=r"^engine\.device: no CUDA device here \(torch built "
+                                         r"for CPU, or no GPU visible\); use cpu \(got 'cuda'\)$"):
+        EngineConfig(device="cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(InputError, match=r"^engine\.device: cuda:2: this machine has 2 CUDA "
+                                         r"device\(s\), numbered from 0 \(got 'cuda:2'\)$"):
+        EngineConfig(device="cuda:2")
+    assert EngineConfig(device="cuda:1").device == "cuda:1"

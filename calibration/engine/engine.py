@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from simulator.errors import InputError
 from simulator.policy import (Request, RequestRecord, RequestRejected, Scheduler,
@@ -87,6 +87,20 @@ class EngineConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", pattern="^(cpu|cuda(:[0-9]+)?)$")
     seed: int = 0
+
+    @field_validator("device")
+    @classmethod
+    def _device_here(cls, v):
+        # torch's own refusal is a bare AssertionError from deep inside the first tensor
+        if v.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise ValueError("no CUDA device here (torch built for CPU, or no GPU "
+                                 "visible); use cpu")
+            i = int(v.partition(":")[2] or 0)
+            if i >= torch.cuda.device_count():
+                raise ValueError(f"{v}: this machine has {torch.cuda.device_count()} CUDA "
+                                 f"device(s), numbered from 0")
+        return v
 
     def __init__(self, **data):
         try:

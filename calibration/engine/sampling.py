@@ -15,7 +15,8 @@ def validation_message(err: ValidationError, prefix: str) -> str:
     e = err.errors()[0]
     loc = ".".join(str(x) for x in e["loc"])
     where = f"{prefix}.{loc}" if loc else prefix
-    return f"{where}: {e['msg']} (got {e.get('input')!r})"
+    msg = e["msg"].removeprefix("Value error, ")   # a validator's own words
+    return f"{where}: {msg} (got {e.get('input')!r})"
 
 
 class SamplingParams(BaseModel):
