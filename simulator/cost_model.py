@@ -184,9 +184,12 @@ class CostSpec(_P):
                              + (f" (and may add {', '.join(optional)})" if optional else "")
                              + (f"; missing {', '.join(missing)}" if missing else "")
                              + (f"; unknown {', '.join(extra)}" if extra else ""))
-        zero = [k for k in self.coefficients if k in _RATE_KEYS and self.coefficients[k] == 0]
-        if zero:   # a rate of 0 would price a step at infinity
-            raise SubkeyError(("coefficients", zero[0]), "a rate: it must be > 0 (got 0)")
+        slow = [k for k in self.coefficients if k in _RATE_KEYS and self.coefficients[k] < 1]
+        if slow:   # bytes or FLOPs per second: below 1, one step is priced past MAX_STEP_S
+            v = self.coefficients[slow[0]]
+            raise SubkeyError(("coefficients", slow[0]),
+                              f"a rate: it must be >= 1 per second (got {v:g})" if v else
+                              "a rate: it must be > 0 (got 0)")
         long = [k for k in self.coefficients   # the others are seconds
                 if k not in _RATE_KEYS and not self.coefficients[k] < MAX_STEP_S]
         if long:   # each is a part of one step's time, which is priced below MAX_STEP_S

@@ -642,6 +642,13 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.f_eff_flops_per_s: a "
                                          r"rate: it must be > 0 \(got 0\)$"):
         load_profile(tmp_path / "p.yaml")
+    # a rate below 1 byte or FLOP per second likewise (1e-300 priced a step at 1e308 s)
+    (tmp_path / "p.yaml").write_text(re.sub(r"w_attn_bytes_per_s: [^,}]+",
+                                            "w_attn_bytes_per_s: 1e-300", text))
+    at = next(i for i, t in enumerate(text.splitlines(), 1) if "w_attn_bytes_per_s" in t)
+    with pytest.raises(InputError, match=rf":{at}: cost\.coefficients\.w_attn_bytes_per_s: "
+                                         r"a rate: it must be >= 1 per second \(got 1e-300\)$"):
+        load_profile(tmp_path / "p.yaml")
     # a fixed cost of an hour or more per step (MAX_STEP_S) likewise, before any pricing
     (tmp_path / "p.yaml").write_text(re.sub(r"a0_s: [^,}]+", "a0_s: 1e300", text))
     with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.a0_s: seconds of one "
