@@ -140,8 +140,11 @@ class ModelInfo(_P):
     def _valid_shape(cls, v):
         try:
             shape_from_dict(v)
-        except InputError as e:
-            raise ValueError(str(e)) from None
+        except InputError as e:   # the loader puts "model.shape: " before it once
+            msg = str(e)
+            for head in ("model.shape: ", "model.shape."):
+                msg = msg.removeprefix(head)
+            raise ValueError(msg) from None
         return v
 
 

@@ -853,3 +853,13 @@ def test_idle_table_reads_linear_between_points_and_is_checked(tmp_path):
                             "seconds > 0 and < 3600 \\(a step's time; got 0\\)")):
         with pytest.raises(ValueError, match=rf"{key}[\s\S]*{want}|{want}"):
             make_profile(idle=bad)
+
+
+def test_a_bad_model_shape_in_a_profile_names_model_shape_once(tmp_path):
+    text = save_profile(make_profile(), tmp_path / "p.yaml").read_text()
+    (tmp_path / "p.yaml").write_text(re.sub(r"hidden_size: \d+", "hidden_size: -512", text))
+    with pytest.raises(InputError) as e:
+        load_profile(tmp_path / "p.yaml")
+    assert str(e.value).endswith(": model.shape: hidden_size must be a positive integer "
+                                 "(got -512)")
+    assert str(e.value).count("model.shape") == 1
