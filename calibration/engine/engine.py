@@ -202,8 +202,7 @@ class LLMEngine:
         self.max_model_len = max_len
         # ... and their kernels built for every step size served (Transformer.warm_up).
         self.model.warm_up(cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                           block_size=cfg.block_size, max_context=max_len,
-                           max_seqs=cfg.max_num_seqs)
+                           block_size=cfg.block_size, max_context=max_len)
         self.num_gpu_blocks = self._kv_blocks(dtype)
         try:
             sched_cfg = SchedulerConfig(

@@ -410,7 +410,7 @@ class Transformer(nn.Module):
 
     def warm_up(self, max_rows: int, max_samples: int,
                 max_seconds: float = WARMUP_MAX_SECONDS, block_size: int = 0,
-                max_context: int = 0, max_seqs: int = 0) -> tuple[int, int]:
+                max_context: int = 0) -> tuple[int, int]:
         """Run layer 0 once on ``1..max_rows`` rows of zeros (its attention as a prefill
         from position 0, then its MLP) and the LM head on ``1..max_samples``, so that oneDNN
         builds its kernels now rather than inside served steps (vLLM warms its GPU engine
@@ -423,7 +423,7 @@ class Transformer(nn.Module):
         suffices: every layer has the same shapes, and kernels are keyed by shape, not by
         weight. With ``block_size`` and ``max_context`` (tokens), it then runs layer 0's
         attention on every padded shape (:class:`.attention.Padding`) that decodes of up to
-        ``max_seqs`` requests of up to ``max_context`` tokens take (blocks capped at
+        ``max_samples`` requests (each samples a row) of up to ``max_context`` tokens take (blocks capped at
         :data:`WARMUP_MAX_PIECES`), and a chunk of at most ``max_rows`` rows after cached
         tokens (keys capped at :data:`WARMUP_MAX_CONTEXT`),
         on a scratch one-layer cache. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the
@@ -464,7 +464,7 @@ class Transformer(nn.Module):
         _warmed[key] = (max(done_rows, rows), max(done_samples, samples))
         if block_size and max_context:
             self._warm_up_attention(key, min(max_rows, WARMUP_MAX_ROWS), max_context,
-                                    max_seqs, block_size, t_end)
+                                    max_samples, block_size, t_end)
         return _warmed[key]
 
     def _warm_up_attention(self, key, rows: int, max_context: int, max_seqs: int,
