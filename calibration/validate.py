@@ -489,12 +489,18 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                  if sat_speed else ""))
 
     # -- loads -----------------------------------------------------------------------------
-    out_loads, cdf = [], []
+    # Replications are the outer loop, so the loads interleave (0.3, 0.6, 0.9, 0.3, ...): a
+    # slow or fast phase of a shared host lands on one replication of several loads rather
+    # than on every replication of one.
+    results = []
     for x in loads:
         rate = x * sat_meas
-        n = max(10, int(round(rate * seconds_per_load)))
-        lr = LoadResult(load=x, rate=rate, num_requests=n)
-        for r in range(replications):
+        results.append(LoadResult(load=x, rate=rate,
+                                  num_requests=max(10, int(round(rate * seconds_per_load)))))
+    cdf = []
+    for r in range(replications):
+        for lr in results:
+            x, rate, n = lr.load, lr.rate, lr.num_requests
             specs = load_specs(sc1, rate, n, replication_seed(seed, (int(x * 1000), r + 1)))
             progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
                      f"{replications} (about {n / rate:.0f} s)")
@@ -524,8 +530,9 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                     f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]
                     for side, res in (("measured", meas), ("predicted", pred))
                     for m in ("ttft_ms", "tpot_ms", "e2el_ms")}})
-        out_loads.append({"load": x, "rate": rate, "num_requests": n,
-                          "table": lr.table(), "timing": lr.timing, "host_speed": lr.speed})
+    out_loads = [{"load": lr.load, "rate": lr.rate, "num_requests": lr.num_requests,
+                  "table": lr.table(), "timing": lr.timing, "host_speed": lr.speed}
+                 for lr in results]
     return {"saturation": {"requests": n_sat, "measured_rps": sat_meas,
                            "predicted_rps": sat_pred,
                            "error": signed_error(sat_pred, sat_meas),
@@ -573,7 +580,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     ``seconds_per_load`` of arrivals, seed ``SeedSequence([seed, load‰, r])``) served in
     real time, then simulated on the identical request list: timing replay (exact check),
     predicted (the profile's costs) and the band with costs scaled by ``1 ± held-out
-    MAPE`` of the profile.
+    MAPE`` of the profile. Replications are the outer loop: the loads interleave, so host
+    drift spreads over the loads instead of biasing one.
 
     Args:
         scenario: validated scenario with a measured CPU profile (``hardware.profile``) or

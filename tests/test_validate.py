@@ -421,6 +421,34 @@ def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
         engine_name="the engine"))
 
 
+def test_loads_interleave_across_replications():
+    # a shared host's slow phase must fall on one replication of several loads, not on
+    # every replication of one load: runs go r1 at each load, then r2 at each load
+    sc = scenario_from_dict(SCENARIO)
+    base = build_cost_model(sc)
+    cfg = TR.engine_config(sc, base.num_gpu_blocks)
+    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
+    runs = {}
+
+    def timed(specs, label):
+        runs[label] = TR.run_engine(model, cfg, specs)
+        return runs[label]
+
+    res = V.measure_fidelity(sc, base, timed, loads=[0.3, 0.6], replications=2,
+                             seconds_per_load=0.5, saturation_requests=8, front_end=False,
+                             progress=lambda m: None, engine_name="the engine")
+    assert list(runs) == ["saturation", "load 0.3 r1", "load 0.6 r1", "load 0.3 r2",
+                          "load 0.6 r2"]
+    assert [c["load"] for c in res["cdf"]] == [0.3, 0.6]
+    for out in res["loads"]:      # each load's table holds its own two runs, whatever order
+        x = out["load"]
+        own = [TR.engine_result(runs[f"load {x:g} r{r}"]).summary["e2el_ms"]["p50"]
+               for r in (1, 2)]
+        row = {r["figure"]: r for r in out["table"]}["E2EL p50"]
+        assert row["measured"]["mean"] == pytest.approx(sum(own) / 2)
+        assert row["measured"]["n"] == 2
+
+
 def _read_only(*args, **kwargs):
     raise OSError(30, "Read-only file system")
 
