@@ -440,12 +440,13 @@ def _parse_profile(path_str: str, mtime_ns: int, size: int) -> Profile:
         raise InputError(utf8_problem(path)) from None
     except yaml.YAMLError as e:
         raise InputError(yaml_error_text(str(path), e, text)) from None
+    what = (f"a profile is the YAML mapping servesim calibrate writes: "
+            f"{', '.join(Profile.model_fields)}")
     if raw is None:   # no bytes, or only comments
-        raise InputError(f"{path}: the profile file is empty (a profile is the YAML "
-                         f"mapping servesim calibrate writes: name, device, engine, model, "
-                         f"dtype, kv, cost, provenance)")
+        raise InputError(f"{path}: the profile file is empty ({what})")
     if not isinstance(raw, dict):
-        raise InputError(f"{path}: a profile is a mapping of keys")
+        raise InputError(f"{path}: holds a {type(raw).__name__}, not a mapping of keys "
+                         f"({what})")
     try:
         return Profile.model_validate(raw)
     except ValidationError as e:

@@ -15,13 +15,17 @@ from .session_ramp import RAMP_TEXT
 from .sweep import _fmt_value, knee_title, unset
 from .workload import MAX_RATE
 
+#: Most local worker processes: each holds a simulator (hundreds of MB); past this a
+#: number is a typo, not a machine.
+MAX_WORKERS = 1024
+
 
 def _executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=EXECUTORS, default="local",
                    help="local: process pool over all cores (default); ray: a Ray cluster; "
                         "serial: this process")
     p.add_argument("--workers", type=int,
-                   help="local processes (default: all cores; at least 1)")
+                   help=f"local processes (default: all cores; 1 to {MAX_WORKERS})")
     p.add_argument("--ray-address", help="ray.init(address=...) (default: local / RAY_ADDRESS)")
     p.add_argument("--out", help="output folder (default reports/<scenario>-<command>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -47,8 +51,8 @@ def _progress(args, what: str):
 def _executor(args):
     from .executors import make_executor
 
-    if args.workers is not None and args.workers < 1:
-        raise InputError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise InputError(f"--workers: 1 to {MAX_WORKERS} processes, got {args.workers}")
     # a flag the chosen executor would ignore: the user meant another executor
     if args.ray_address is not None and args.executor != "ray":
         raise InputError(f"--ray-address: only with --executor ray (this run's executor: "

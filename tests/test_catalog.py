@@ -141,6 +141,16 @@ def test_a_binary_config_json_is_refused_with_the_line_of_its_first_bad_byte(tmp
                             f"at column 8; save the file as UTF-8)")
 
 
+@pytest.mark.parametrize("text", ["", " \n\n"])
+def test_an_empty_config_json_is_said_to_be_empty(tmp_path, text):
+    """Not json's own "Expecting value"."""
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(InputError) as e:
+        load_model(str(tmp_path), base_dir=tmp_path)
+    assert str(e.value) == (f"model: {tmp_path / 'config.json'} is empty: an HF config holds "
+                            f"a mapping of config keys")
+
+
 def test_a_key_given_twice_in_a_config_json_is_refused_with_its_line(tmp_path):
     cfg = load_model("llama-test").hf_config()
     # one key per line from line 2; the repeat is the last

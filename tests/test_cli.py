@@ -103,6 +103,11 @@ BAD_CASES = [
     (None, ["--set", "hardware.profile=empty.yaml"],
      # named with its folder (the scenario's, where a relative profile path is found)
      "--set hardware.profile=empty.yaml: {d}/empty.yaml: the profile file is empty"),
+    # a list where the profile's mapping goes: told the keys a profile holds
+    (None, ["--set", "hardware.profile=list.yaml"],
+     "--set hardware.profile=list.yaml: {d}/list.yaml: holds a list, not a mapping of keys "
+     "(a profile is the YAML mapping servesim calibrate writes: schema_version, name, "
+     "device, engine, model, dtype, tensor_parallel, kv, cost"),
     (None, ["--replications", "100000"], "--replications: 1 to 1000, got 100000"),
     # nested past PyYAML's recursion (a RecursionError traceback, exit 1)
     ("name: x\nmodel: " + "[" * 600 + "]" * 600 + "\n", [],
@@ -149,6 +154,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
         "TIMESTAMP,ContextTokens,GeneratedTokens\n"
         "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:45.0,20,16\n")
     (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "list.yaml").write_text("- name: p\n- device: cpu\n")
     p = tmp_path / "s.yaml"
     p.write_text(text if text is not None else SCENARIO)
     out = tmp_path / "out"

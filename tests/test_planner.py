@@ -889,6 +889,16 @@ def test_a_sweep_or_plan_past_ten_thousand_points_is_refused_before_any_runs(tmp
 ])
 def test_an_executor_flag_the_executor_would_ignore_is_refused(tmp_path, capsys, flags,
                                                                message):
+    _refused_flags(tmp_path, capsys, flags, message)
+
+
+@pytest.mark.parametrize("workers", ["0", "1025", "1000000"])
+def test_a_worker_count_past_its_bounds_is_refused(tmp_path, capsys, workers):
+    _refused_flags(tmp_path, capsys, ["--workers", workers],
+                   f"--workers: 1 to 1024 processes, got {workers}")
+
+
+def _refused_flags(tmp_path, capsys, flags, message):
     y = tmp_path / "s.yaml"
     y.write_text(small_scenario("s", 20))
     out = tmp_path / "sw"

@@ -13,6 +13,7 @@ Records (integer ns on the run's clock, 0 = engine start or ``replay`` start):
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from simulator.errors import InputError
+from simulator.errors import STRICT_SCHEMA, InputError
 from simulator.policy import (Request, RequestRecord, RequestRejected, Scheduler,
                               SchedulerConfig)
 
@@ -67,10 +68,12 @@ class EngineConfig(BaseModel):
             of requests without their own seed.
 
     Raises:
-        InputError: a bad value, naming ``engine.<field>``.
+        InputError: a bad value or type (no coercion: ``"8"`` or ``True`` is not a count),
+            naming ``engine.<field>``; an unknown key, with the allowed ones.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict as the scenario's engine section: "8" is not 8 here either
+    model_config = ConfigDict(**STRICT_SCHEMA, frozen=True)
 
     block_size: int = Field(16, ge=1)
     max_num_seqs: int = Field(256, ge=1)
@@ -106,7 +109,7 @@ class EngineConfig(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as e:
-            raise InputError(validation_message(e, "engine")) from None
+            raise InputError(validation_message(e, "engine", EngineConfig)) from None
 
 
 @dataclass
@@ -300,9 +303,18 @@ class LLMEngine:
             ids = self.tokenizer.encode(prompt)
         else:
             try:
-                ids = [int(t) for t in prompt]
-            except (TypeError, ValueError):
+                items = list(prompt)
+            except TypeError:
                 raise InputError("prompt: expected text or a list of token ids") from None
+            ids = []
+            for i, t in enumerate(items):
+                try:   # an integer type only: int(1.5) would run a different token
+                    if isinstance(t, bool):
+                        raise TypeError
+                    ids.append(operator.index(t))
+                except TypeError:
+                    raise InputError(f"prompt[{i}]: token ids are integers (got "
+                                     f"{t!r})") from None
             vocab = self.model_config.vocab_size
             bad = [i for i, t in enumerate(ids) if not 0 <= t < vocab]
             if bad:

@@ -10,11 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from simulator.errors import InputError
 
 
-def validation_message(err: ValidationError, prefix: str) -> str:
-    """One line naming the first bad field of a pydantic error, ``prefix.field: msg``."""
-    e = err.errors()[0]
+def validation_message(err: ValidationError, prefix: str, model=None) -> str:
+    """One line naming the first bad field of a pydantic error, ``prefix.field: msg``; an
+    unknown key first (a typo explains the rest), with ``model``'s keys as the allowed."""
+    e = min(err.errors(), key=lambda x: x["type"] != "extra_forbidden")
     loc = ".".join(str(x) for x in e["loc"])
     where = f"{prefix}.{loc}" if loc else prefix
+    if e["type"] == "extra_forbidden" and model is not None:
+        return f"{where}: unknown key (allowed: {', '.join(model.model_fields)})"
     msg = e["msg"].removeprefix("Value error, ")   # a validator's own words
     return f"{where}: {msg} (got {e.get('input')!r})"
 
@@ -50,7 +53,7 @@ class SamplingParams(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as e:
-            raise InputError(validation_message(e, "sampling")) from None
+            raise InputError(validation_message(e, "sampling", SamplingParams)) from None
 
     @property
     def greedy(self) -> bool:

@@ -278,7 +278,9 @@ def load_model(spec, base_dir=".") -> ModelShape:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        cfg = load_json(text) if path.suffix == ".json" else load_yaml(text)
+        # (empty: json's own word for it would be "Expecting value")
+        cfg = None if not text.strip() else (
+            load_json(text) if path.suffix == ".json" else load_yaml(text))
     except DuplicateKeyError as e:   # json would keep the last value silently
         where = f"{path}:{e.line}" if e.line else str(path)
         raise KeyedInputError("model", f"{where}: duplicate key {e.key!r} (give each key "
@@ -297,7 +299,9 @@ def load_model(spec, base_dir=".") -> ModelShape:
     except (OSError, ValueError) as e:
         raise KeyedInputError("model", f"cannot read {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, dict):
-        raise KeyedInputError("model", f"{path} does not hold a mapping of config keys")
+        raise KeyedInputError("model", f"{path} is empty: an HF config holds a mapping of "
+                              f"config keys" if not text.strip() else
+                              f"{path} does not hold a mapping of config keys")
     name = path.parent.name if path.name == "config.json" else path.stem
     return _shape_from_hf(cfg, name, f"model ({path})")
 
