@@ -1,5 +1,5 @@
-"""Split-K decode attention and padded chunks after cached tokens
-(calibration/engine/attention.py) against dense attention.
+"""Split-K decode attention and padded prefill chunks (from position 0 and after cached
+tokens; calibration/engine/attention.py) against dense attention.
 
 The reference is plain softmax attention in float64 over each request's own context, read
 straight from the K/V the test wrote (no block tables, no pieces); the engine's path pieces
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from calibration.engine import runner as runner_mod
-from calibration.engine.attention import (AttentionMetadata, Padding, context_chunk,
-                                          paged_attention)
+from calibration.engine.attention import (AttentionMetadata, Padding, causal_chunk,
+                                          context_chunk, paged_attention)
 from calibration.engine.kv_store import KVStore
 
 KV_HEADS, HEADS, HEAD_DIM = 2, 4, 8
@@ -141,4 +141,31 @@ def test_padded_context_chunk_matches_dense_attention(n, c0, pad):
         for h in range(HEADS):
             s_ = (k[:c0 + i + 1, h // group] @ q[3 + i, h].double()) / math.sqrt(HEAD_DIM)
             want = torch.softmax(s_, 0) @ v[:c0 + i + 1, h // group]
+            assert torch.allclose(out[3 + i, h].double(), want, atol=1e-5), (i, h)
+
+
+def test_causal_chunk_pads_its_rows_to_the_multiple():
+    assert [causal_chunk(5, n, Padding(causal_rows=32)).rows for n in (1, 31, 32, 33, 250)] \
+        == [32, 32, 32, 64, 256]
+    c = causal_chunk(5, 7)                                       # no padding
+    assert (c.start, c.n, c.c0, c.rows, c.blocks, c.mask) == (5, 7, 0, 7, None, None)
+
+
+@pytest.mark.parametrize("n,rows", [(1, 32), (13, 32), (32, 32), (45, 64), (45, 8), (45, 1)])
+def test_padded_causal_chunk_matches_dense_attention(n, rows):
+    """A chunk of ``n`` queries from position 0, run on ``rows`` padded rows or unpadded,
+    gives float64 softmax attention over the chunk's keys ``0 .. i`` for query ``i`` (three
+    tokens before it and one after, none of them seen)."""
+    g = torch.Generator().manual_seed(n + rows)
+    T = n + 4
+    q, k, v = (torch.randn(T, heads, HEAD_DIM, generator=g)
+               for heads in (HEADS, KV_HEADS, KV_HEADS))
+    meta = AttentionMetadata(slot_mapping=None,
+                             prefills=[causal_chunk(3, n, Padding(causal_rows=rows))])
+    out = paged_attention(q, k, v, meta, None, 0)
+    group = HEADS // KV_HEADS
+    for i in range(n):
+        for h in range(HEADS):
+            kk, vv = k[3:3 + i + 1, h // group].double(), v[3:3 + i + 1, h // group].double()
+            want = torch.softmax(kk @ q[3 + i, h].double() / math.sqrt(HEAD_DIM), 0) @ vv
             assert torch.allclose(out[3 + i, h].double(), want, atol=1e-5), (i, h)

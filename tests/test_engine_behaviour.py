@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from calibration.engine import (KVStore, LLMEngine, ModelConfig, SamplingParams,
+from calibration.engine import (EngineConfig, KVStore, LLMEngine, ModelConfig, SamplingParams,
                                 kv_bytes_per_block)
 from calibration.engine.replay import materialise
 from calibration.engine.sampling import sample
@@ -123,6 +123,12 @@ def test_invalid_requests_are_rejected_and_others_keep_running():
         eng.add_request([1, 2, 999], GREEDY)
     with pytest.raises(InputError, match=r"^prompt: empty"):
         eng.add_request([], GREEDY)
+    # a float would run as another token (int(1.5) is 1); numpy and torch integers are ids
+    for bad, i in (([1.5, 2], 0), ([1, 2.0], 1), ([1, True], 1), ([1, "2"], 1)):
+        with pytest.raises(InputError, match=rf"^prompt\[{i}\]: token ids are integers"):
+            eng.add_request(bad, GREEDY)
+    with pytest.raises(InputError, match=r"^prompt: expected text or a list of token ids"):
+        eng.add_request(3, GREEDY)
     with pytest.raises(InputError, match=r"^sampling\.top_p"):
         eng.add_request(ids(9, 4), dict(top_p=2.0))
     with pytest.raises(InputError, match=r"^prompt: byte 0xc3"):
@@ -154,6 +160,20 @@ def test_generate_rejects_all_when_one_prompt_is_bad():
 def test_bad_engine_and_model_config_name_the_key():
     with pytest.raises(InputError, match=r"^engine\.block_size"):
         LLMEngine(CFG, dict(num_gpu_blocks=8, block_size=0))
+    # strict as a scenario's engine section: text is not a number, a bool not a count
+    for key, value in (("max_num_seqs", "8"), ("max_num_seqs", True), ("block_size", 16.0),
+                       ("enable_prefix_caching", 1)):
+        with pytest.raises(InputError, match=rf"^engine\.{key}: .* \(got {value!r}\)$"):
+            LLMEngine(CFG, {"num_gpu_blocks": 8, key: value})
+    # an unknown key is named first, with the keys there are
+    with pytest.raises(InputError) as e:
+        LLMEngine(CFG, dict(num_gpu_blocks="8", max_num_seq=4))
+    assert str(e.value) == ("engine.max_num_seq: unknown key (allowed: "
+                            + ", ".join(EngineConfig.model_fields) + ")")
+    assert "max_num_seqs, max_num_batched_tokens" in str(e.value)
+    with pytest.raises(InputError, match=r"^sampling\.max_token: unknown key \(allowed: "
+                                         r"max_tokens, temperature, "):
+        SamplingParams(max_token=4)
     with pytest.raises(InputError, match=r"^engine\.kv_cache_memory_bytes: required"):
         LLMEngine(CFG, dict(max_model_len=64))
     with pytest.raises(InputError, match=r"^engine\.max_model_len: 1024 exceeds"):
@@ -392,8 +412,8 @@ def test_warm_up_runs_each_layer0_weight_once_per_row_count(monkeypatch):
 def test_warm_up_meets_every_attention_call_a_prefill_step_makes(monkeypatch):
     """The CPU attention of a reduced-precision prefill builds kernels per query length and
     memory layout, so start-up runs layer 0's own attention code on 1..max_num_batched_tokens
-    rows, on every padded shape of a chunk after cached tokens, and on every padded block
-    count of the decodes: every ``scaled_dot_product_attention`` call (shapes, strides,
+    rows (attention padded to 32), on every padded shape of a chunk after cached tokens,
+    and on every padded block count of the decodes: every ``scaled_dot_product_attention`` call (shapes, strides,
     dtype, flags, mask shape) that a served prefill then makes, from position 0, after a
     prefix hit, or as a later chunk of a long prompt, and every decode block count, was made
     during the warm-up."""
@@ -428,7 +448,8 @@ def test_warm_up_meets_every_attention_call_a_prefill_step_makes(monkeypatch):
     assert pieces == [(b, dtype) for b in range(16, 129, 16)]
     pieces.clear()
     causal = {c for c in warmed if c[8] is None}
-    assert {c[0][2] for c in causal} == set(range(1, 65))    # every query length, once each
+    # chunks from position 0: every length 1..64 padded to 32 or 64 rows of queries and keys
+    assert {(c[0][2], c[2][2]) for c in causal} == {(32, 32), (64, 64)}
     # chunks after cached tokens: query rows padded to 32 and 64, keys to 64 .. 256
     # (max_model_len); rows 64 need more than 33 keys, so all 4 x 2 shapes occur
     assert {(c[0][2], c[2][2]) for c in warmed - causal} == \

@@ -27,7 +27,7 @@ from torch import nn
 from simulator.catalog import rope_from_hf
 from simulator.errors import InputError
 
-from .attention import (AttentionMetadata, Padding, PrefillChunk, context_chunk,
+from .attention import (AttentionMetadata, Padding, causal_chunk, context_chunk,
                         decode_batch, paged_attention, padding)
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -445,6 +445,7 @@ class Transformer(nn.Module):
         rows = min(max_rows, WARMUP_MAX_ROWS)
         samples = min(max_samples, rows)
         t_end = time.perf_counter() + max_seconds
+        pad = padding(self.device)
         with torch.inference_mode():
             for n in range(1, max(rows, samples) + 1):
                 if time.perf_counter() > t_end:
@@ -456,7 +457,7 @@ class Transformer(nn.Module):
                     positions = torch.arange(n, device=self.device)
                     cos, sin = self.rotary(positions, n - 1, self.dtype)
                     meta = AttentionMetadata(slot_mapping=None, max_position=n - 1,
-                                             prefills=[PrefillChunk(0, n, 0, None, None)])
+                                             prefills=[causal_chunk(0, n, pad)])
                     mlp(attn(x, cos, sin, meta, None))
                 if done_samples < n <= samples:
                     self.compute_logits(torch.zeros(n, self.config.hidden_size,

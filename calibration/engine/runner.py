@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import (AttentionMetadata, PrefillChunk, context_chunk, decode_batch,
+from .attention import (AttentionMetadata, causal_chunk, context_chunk, decode_batch,
                         padding)
 
 def token_at(req, p: int) -> int:
@@ -81,7 +81,7 @@ class ModelRunner:
                 c = context_chunk(start, n, c0, r.block_ids, bs, pad)
                 c.blocks, c.mask = c.blocks.to(dev), c.mask.to(dev)
             else:
-                c = PrefillChunk(start, n, 0, None, None)
+                c = causal_chunk(start, n, pad)
             meta.prefills.append(c)
         positions = _cat_ints(pos)
         meta.slot_mapping = _cat_ints(slots).to(dev)
