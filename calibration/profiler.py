@@ -306,11 +306,21 @@ def read_measurements(path: str | Path):
                              f"row holds a number >= 0 there (delete the row to measure it "
                              f"again)")
         df[c] = num
+    for c, ok, want in (("cell", df["cell"].str.strip() != "", "names its grid cell"),
+                        ("kind", df["kind"].isin(CELL_KINDS),
+                         f"kind is one of {', '.join(CELL_KINDS)}")):
+        bad = (~ok).to_numpy().nonzero()[0]
+        if len(bad):
+            i = int(bad[0])
+            raise InputError(f"{path}:{_row_lines(path)[i]}: {c} is {df[c].iloc[i]!r}: a "
+                             f"measurements row {want} (delete the row to measure it again)")
     return df
 
 
 #: Columns of a measurements CSV that hold text; every other one holds a number >= 0.
 _TEXT_COLUMNS = ("cell", "kind", "prefills")
+#: A grid cell's kinds (:class:`Cell`).
+CELL_KINDS = ("prefill", "decode", "mixed")
 
 
 def _check_widths(path: Path) -> None:

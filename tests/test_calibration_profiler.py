@@ -174,6 +174,19 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
                                 f"number >= 0 there (delete the row to measure it again)")
 
 
+@pytest.mark.parametrize("row,column,value,want", [
+    (ROW_TEXT.replace(",decode,", ",decoding,"), "kind", "'decoding'",
+     "kind is one of prefill, decode, mixed"),
+    (ROW_TEXT.replace("decode B=1 L=20,", " ,"), "cell", "' '", "names its grid cell"),
+])
+def test_a_row_with_bad_text_is_named_by_its_line(tmp_path, row, column, value, want):
+    path = csv_with_row(tmp_path, row)
+    with pytest.raises(InputError) as e:
+        read_measurements(path)
+    assert str(e.value) == (f"{path}:5: {column} is {value}: a measurements row {want} "
+                            f"(delete the row to measure it again)")
+
+
 @pytest.mark.parametrize("row, fields", [("garbage,,,", 4), (ROW_TEXT + ",7", 17)])
 def test_a_row_of_another_width_is_named_by_its_line(tmp_path, row, fields):
     # a short row read as its first empty column ("pass is ''") hid what was wrong

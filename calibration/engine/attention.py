@@ -101,9 +101,9 @@ class Padding:
 # at start-up (Transformer.warm_up); padded prefills ran x0.94 of unpadded in steady state,
 # and 16 blocks pad a decode step by 120 tokens of context on average. The causal attention
 # of a prefill from position 0 runs fastest at a multiple of 32 rows: 8 layers at 254 rows
-# took 10.0 ms, at 256 rows 4.6 ms, at 288 rows 5.2 ms (an odd length up to x2 its next
-# multiple of 32), so a served prompt of any length costs what the calibration grid's
-# lengths (multiples of 32) measure.
+# took 10.0 ms, at 256 rows 4.6 ms, at 288 rows 5.2 ms (a length between multiples of 32
+# took up to twice the next multiple's time), so a served prompt of any length costs what the
+# calibration grid's lengths (multiples of 32) measure.
 CPU_PADDING = Padding(causal_rows=32, query_rows=32, keys=64, pieces=16)
 
 
