@@ -445,8 +445,8 @@ def _parse_profile(path_str: str, mtime_ns: int, size: int) -> Profile:
     if raw is None:   # no bytes, or only comments
         raise InputError(f"{path}: the profile file is empty ({what})")
     if not isinstance(raw, dict):
-        raise InputError(f"{path}: holds a {type(raw).__name__}, not a mapping of keys "
-                         f"({what})")
+        held = "list" if isinstance(raw, list) else "single value"
+        raise InputError(f"{path}: holds a {held}, not a mapping of keys ({what})")
     try:
         return Profile.model_validate(raw)
     except ValidationError as e:
