@@ -178,10 +178,6 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
     (ROW_TEXT.replace(",decode,", ",decoding,"), "kind", "'decoding'",
      "kind is one of prefill, decode, mixed"),
     (ROW_TEXT.replace("decode B=1 L=20,", " ,"), "cell", "' '", "names its grid cell"),
-    (ROW_TEXT.replace(",decode,", ",prefill,"), "kind", "'prefill'",
-     "kind is the first word of its cell"),
-    (ROW_TEXT.replace("decode B=1 L=20,", "foo,"), "kind", "'decode'",
-     "kind is the first word of its cell"),
 ])
 def test_a_row_with_bad_text_is_named_by_its_line(tmp_path, row, column, value, want):
     path = csv_with_row(tmp_path, row)
