@@ -273,18 +273,18 @@ def profile_out(args) -> tuple[Path, str]:
             raise InputError(f"{flag} {shown}: {where} a {held} report "
                              f"({REPORT_MARKERS[held]}); the profile's files there would mix "
                              f"with it: give another folder")
-    for what, path in output_files(out, report_dir).items():   # os.replace would fail late
-        if path.exists() and not path.is_file():
-            flag = "--report-dir" if report_dir and what in ("report", "plot") else "--out"
-            kind = "a folder" if path.is_dir() else "not a regular file"
-            raise InputError(f"{flag}: {path} is {kind}, where calibrate writes its {what}: "
-                             f"move it or give another {flag}")
     # the longest name written: <stem>.calibration-report.html (beside --out by default)
     longest = output_files(out, None)["report"].name
     if name_too_long(out.parent / longest) or (
             report_dir and name_too_long(Path(report_dir) / longest)):
         raise InputError(f"--out {out}: name too long for the file system (calibrate also "
                          f"writes {longest}); give a shorter one")
+    for what, path in output_files(out, report_dir).items():   # os.replace would fail late
+        if path.exists() and not path.is_file():
+            flag = "--report-dir" if report_dir and what in ("report", "plot") else "--out"
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            raise InputError(f"{flag}: {path} is {kind}, where calibrate writes its {what}: "
+                             f"move it or give another {flag}")
     name = out.stem if args.name is None else args.name   # an empty --name is a mistake
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-', starting "
