@@ -241,19 +241,48 @@ def _check_utf8(argv: list[str]) -> None:
                              f"reports name them in UTF-8 files)") from None
 
 
-def _ignore_interrupts() -> None:
-    """Ignore SIGINT from now on (the main thread only may set a handler)."""
-    import signal
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a batch system), raised where Ctrl-C's
+    KeyboardInterrupt would be, so that both stop the worker processes and leave no output
+    the same way; the command then exits 143 (128 + SIGTERM) instead of 130."""
+
+
+def _on_main_thread(f):
+    """Run ``f`` on the main thread only (the only one that may set a signal handler)."""
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        f()
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+def _terminate_as_interrupt() -> None:
+    """Raise :class:`Terminated` on SIGTERM, unless it was ignored when servesim started
+    (``nohup``-like parents mean it to be)."""
+    import signal
+
+    def install():
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, _raise_terminated)
+    _on_main_thread(install)
+
+
+def _ignore_interrupts() -> None:
+    """Ignore Ctrl-C and SIGTERM from now on."""
+    import signal
+
+    _on_main_thread(lambda: (signal.signal(signal.SIGINT, signal.SIG_IGN),
+                             signal.signal(signal.SIGTERM, signal.SIG_IGN)))
 
 
 def main(argv=None) -> int:
     """Entry point of the ``servesim`` console script; returns the exit status.
 
-    Run as the console script (``argv`` None), Ctrl-C is ignored once a command starts
+    Run as the console script (``argv`` None), SIGTERM stops a command as Ctrl-C does
+    (:class:`Terminated`; exit 143, Ctrl-C 130), and both are ignored once a command starts
     renaming its outputs into place and after it returns (interpreter shutdown): an
     interrupt then lets it finish, exit 0, rather than exiting 130 over a whole report.
     """
@@ -269,6 +298,7 @@ def main(argv=None) -> int:
         args = ap.parse_args(_attach_dash_values(argv))
         if console:
             files.on_commit = _ignore_interrupts
+            _terminate_as_interrupt()
         status = args.func(args)
         if console:
             _ignore_interrupts()
@@ -276,6 +306,9 @@ def main(argv=None) -> int:
     except InputError as e:
         print(f"servesim: error: {one_line(str(e))}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("servesim: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
         return 130

@@ -13,7 +13,7 @@ Executors (``make_executor``):
   threads (progress bars) is never forked. Where workers cannot be started or die (a
   sandbox that refuses the forkserver's socket, a worker killed for memory), the jobs run
   in this process instead, after one warning line on stderr. Ctrl-C reaches only this
-  process (the workers ignore SIGINT), which stops the workers and exits 130.
+  process (the workers ignore SIGINT), which stops the workers and exits 130 (SIGTERM: 143).
 * ``ray``: ``ray.init(address=...)`` then one remote task per job, for users who outgrow
   one machine. Needs the optional ``[ray]`` extra, and servesim installed on every node.
 """

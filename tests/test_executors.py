@@ -213,8 +213,11 @@ def _group(pgid: int) -> list[str]:
 
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="needs /proc")
-@pytest.mark.parametrize("after_s", [0.3, 5.0])   # in the server's imports; in jobs
-def test_ctrl_c_stops_a_sweep_with_one_line_and_no_worker_left(tmp_path, after_s):
+@pytest.mark.parametrize("after_s, how", [
+    (0.3, "ctrl-c"), (5.0, "ctrl-c"),   # in the server's imports; in jobs
+    (5.0, "sigterm"),   # kill, timeout: servesim alone (its workers were left to run on)
+])
+def test_ctrl_c_stops_a_sweep_with_one_line_and_no_worker_left(tmp_path, after_s, how):
     # Ctrl-C in a terminal signals the whole process group: the fork server (importing
     # its preloaded modules, the first seconds) and the workers (running jobs) included.
     import os
@@ -245,9 +248,13 @@ workload:
         assert proc.poll() is None and time.monotonic() < deadline, "no fork server started"
         time.sleep(0.02)
     time.sleep(after_s)
-    os.killpg(proc.pid, signal.SIGINT)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.terminate()
     out, err = proc.communicate(timeout=30)
-    assert (proc.returncode, err) == (130, "servesim: interrupted\n")
+    assert (proc.returncode, err) == ((130, "servesim: interrupted\n") if how == "ctrl-c"
+                                      else (143, "servesim: terminated\n"))
     assert not (tmp_path / "out").exists()
     deadline = time.monotonic() + 15
     while _group(proc.pid):   # the fork server leaves once its last worker is gone
