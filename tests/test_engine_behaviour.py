@@ -104,6 +104,15 @@ def test_shared_prefix_batch_skips_exactly_the_cached_tokens():
     (dict(max_tokens=0), "sampling.max_tokens"),
     (dict(stop_token_ids=[500]), "sampling.stop_token_ids"),
     (dict(temprature=0.5), "sampling.temprature"),
+    # pydantic's lax mode ran these as 4, 4, 1, True and 0.5
+    (dict(max_tokens="4"), "sampling.max_tokens: Input should be a valid integer (got '4')"),
+    (dict(max_tokens=4.0), "sampling.max_tokens: Input should be a valid integer (got 4.0)"),
+    (dict(max_tokens=True), "sampling.max_tokens: Input should be a valid integer, not a bool"),
+    (dict(ignore_eos="yes"), "sampling.ignore_eos: Input should be a valid boolean"),
+    (dict(temperature="0.5"), "sampling.temperature: Input should be a valid number"),
+    (dict(temperature=float("nan")), "sampling.temperature: Input should be a finite number"),
+    (dict(stop_token_ids=[3.0]), "sampling.stop_token_ids.0: Input should be a valid integer"),
+    (dict(seed=2**64), "sampling.seed: a seed is from -2**63 to 2**64 - 1"),
 ])
 def test_bad_sampling_values_name_the_field(bad, field):
     eng = engine()
@@ -112,13 +121,66 @@ def test_bad_sampling_values_name_the_field(bad, field):
     assert str(e.value).startswith(field) and "\n" not in str(e.value)
 
 
+def test_sampling_takes_numpy_numbers():
+    import numpy as np
+    from calibration.engine.sampling import SamplingParams
+    p = SamplingParams(max_tokens=np.int64(4), temperature=np.float32(0.5),
+                       ignore_eos=np.bool_(True), stop_token_ids=[np.int32(3)],
+                       seed=np.uint64(2**64 - 1))
+    assert (p.max_tokens, p.temperature, p.ignore_eos, p.stop_token_ids, p.seed) == \
+        (4, 0.5, True, (3,), 2**64 - 1)
+    assert all(type(v) in (int, float, bool, tuple) for v in p.model_dump().values())
+
+
+def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
+    # the request was scheduled, then its generator failed: the next step raised KeyError
+    eng = engine()
+    with pytest.raises(InputError, match=r"^sampling\.seed"):
+        eng.add_request(ids(1, 5), {"seed": 2**70})
+    assert not eng.has_unfinished_requests()
+    out, = eng.generate([ids(1, 5)], {"seed": -1, "max_tokens": 3})
+    assert len(out.output_token_ids) == 3
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda eng: LLMEngine(123, {"num_gpu_blocks": 64}),
+     "model: an HF config mapping, a model folder's path or a Transformer (got int)"),
+    (lambda eng: LLMEngine(CFG, [("block_size", 16)]),
+     "config: an EngineConfig or a mapping of its fields (got list)"),
+    (lambda eng: eng.generate(None), "prompts: a text, a list of token ids, or a list of "
+                                     "those (got NoneType)"),
+    (lambda eng: eng.generate(5), "prompts: a text, a list of token ids, or a list of those "
+                                  "(got int)"),
+    (lambda eng: eng.add_request(ids(1, 5), "greedy"),
+     "sampling: a SamplingParams or a mapping of its fields (got str)"),
+    (lambda eng: eng.generate([ids(1, 5)], [4]),
+     "sampling: a SamplingParams or a mapping of its fields (got int)"),
+])
+def test_arguments_of_another_type_are_one_input_error(call, said):
+    # each was a bare TypeError from inside the engine
+    eng = engine()
+    with pytest.raises(InputError) as e:
+        call(eng)
+    assert str(e.value) == said
+    assert not eng.has_unfinished_requests()
+
+
+def test_generate_takes_one_prompt_of_numpy_token_ids():
+    import numpy as np
+    eng = engine()
+    one, = eng.generate(np.array(ids(7, 20)), GREEDY)
+    assert one.output_token_ids == engine().generate([ids(7, 20)], GREEDY)[0].output_token_ids
+
+
 def test_invalid_requests_are_rejected_and_others_keep_running():
     alone = engine().generate([ids(7, 20)], GREEDY)[0].output_token_ids
     eng = engine()
     good = eng.add_request(ids(7, 20), GREEDY)
     eng.step()                                   # good is running now
-    with pytest.raises(InputError, match=r"^prompt: 300 tokens exceed max_model_len 256"):
-        eng.add_request(ids(8, 300), GREEDY)
+    with pytest.raises(InputError) as e:   # a prompt of max_model_len tokens leaves no room
+        eng.add_request(ids(8, 256), GREEDY)
+    assert str(e.value) == ("prompt: 256 tokens; max_model_len 256 takes prompts of at most "
+                            "255 (one position is the first output token's; request 1)")
     with pytest.raises(InputError, match=r"^prompt\[2\]: token id 999"):
         eng.add_request([1, 2, 999], GREEDY)
     with pytest.raises(InputError, match=r"^prompt: empty"):
@@ -140,6 +202,7 @@ def test_invalid_requests_are_rejected_and_others_keep_running():
     assert outs[0].output_token_ids == alone
     assert eng.stats.num_rejected == 1
     assert [r.finish_reason for r in eng.records.values()] == ["length", "rejected"]
+    eng.add_request(ids(8, 255), GREEDY)   # the longest prompt max_model_len takes
 
 
 def test_an_output_past_max_model_len_is_cut_and_its_record_says_so():
@@ -328,6 +391,32 @@ def test_hf_tokenizer_from_model_dir(tmp_path):
     eng = LLMEngine(tmp_path, dict(num_gpu_blocks=16, max_model_len=64))
     out = eng.generate(["hello world foo bar"], GREEDY)[0]
     assert out.prompt_token_ids == [1, 2, 3, 0]
+
+
+def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
+    from calibration.engine import random_model, save_pretrained
+    knobs = dict(num_gpu_blocks=16, max_model_len=64)
+    save_pretrained(random_model(CFG), tmp_path)
+    weights, = tmp_path.glob("*.safetensors")
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-64])   # cut short: a SafetensorError naming no file
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value).startswith(f"{weights}: not a readable safetensors file (")
+    weights.write_bytes(good)
+    cfg = tmp_path / "config.json"
+    cfg.write_text("")   # json said "Expecting value"; the CLI's model check says empty
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value) == f"{cfg} is empty: an HF config holds a mapping of config keys"
+    cfg.write_text('{"hidden_size": 32,\n "hidden_size": 64}')   # json kept the last one
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value) == f"{cfg}:2: duplicate key 'hidden_size' (give each key once)"
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path / "nowhere", knobs)
+    assert str(e.value) == (f"{tmp_path / 'nowhere'}: not found: give an HF model folder "
+                            f"(config.json, *.safetensors)")
 
 
 def test_from_catalog_builds_the_catalog_shape():

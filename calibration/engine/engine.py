@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -30,7 +32,8 @@ from .kv_store import KVStore
 from .memory import (blocks_for_budget, profile_cuda_kv_budget, report_kv_cache)
 from .model import ModelConfig, Transformer
 from .runner import ModelRunner
-from .sampling import SamplingParams, request_generator, sample, validation_message
+from .sampling import (SamplingParams, request_generator, sample, sampling_params,
+                       validation_message)
 from .tokenizer import load_tokenizer
 from .weights import load_pretrained, parse_dtype, random_model
 
@@ -182,17 +185,24 @@ class LLMEngine:
 
     def __init__(self, model, config: EngineConfig | dict | None = None, tokenizer=None,
                  capture_logits: bool = False):
+        if not isinstance(config, (EngineConfig, Mapping, type(None))):
+            raise InputError(f"config: an EngineConfig or a mapping of its fields (got "
+                             f"{type(config).__name__})")
         cfg = config if isinstance(config, EngineConfig) else EngineConfig(**(config or {}))
         self.config = cfg
         dtype = parse_dtype(cfg.dtype)
         model_dir = None
         if isinstance(model, Transformer):
             self.model = model.to(device=cfg.device, dtype=dtype).eval()
-        elif isinstance(model, dict):
-            self.model = random_model(model, seed=cfg.seed, dtype=dtype, device=cfg.device)
-        else:
+        elif isinstance(model, Mapping):
+            self.model = random_model(dict(model), seed=cfg.seed, dtype=dtype,
+                                      device=cfg.device)
+        elif isinstance(model, (str, os.PathLike)):
             model_dir = Path(model)
             self.model = load_pretrained(model_dir, dtype=dtype, device=cfg.device)
+        else:
+            raise InputError(f"model: an HF config mapping, a model folder's path or a "
+                             f"Transformer (got {type(model).__name__})")
         mcfg: ModelConfig = self.model.config
         self.model_config = mcfg
         # oneDNN layouts for CPU matmuls, packed once (vLLM's CPU backend does the same).
@@ -338,8 +348,7 @@ class LLMEngine:
                 prompt of ``max_model_len`` tokens or more (``prompt``). Other requests are
                 unaffected.
         """
-        if not isinstance(params, SamplingParams):
-            params = SamplingParams(**(params or {}))
+        params = sampling_params(params)
         ids = self._check_prompt(prompt)
         for t in params.stop_token_ids:
             if not 0 <= t < self.model_config.vocab_size:
@@ -369,14 +378,17 @@ class LLMEngine:
             raise InputError(f"request_id: {req.request_id!r} already used")
         rec = RequestRecord(request_id=req.request_id, arrival_ns=req.arrival_ns,
                             prompt_tokens=req.num_prompt_tokens, token_times_ns=[])
+        # before the scheduler holds the request: a request it holds must be live
+        gen = request_generator(params, self.config.seed, req.request_id)
         self.records[req.request_id] = rec
         try:
             self.scheduler.add_request(req)
         except RequestRejected:
             rec.finish_reason = "rejected"
-            raise InputError(f"prompt: {req.num_prompt_tokens} tokens exceed max_model_len "
-                             f"{self.max_model_len} (request {req.request_id!r})") from None
-        gen = request_generator(params, self.config.seed, req.request_id)
+            raise InputError(f"prompt: {req.num_prompt_tokens} tokens; max_model_len "
+                             f"{self.max_model_len} takes prompts of at most "
+                             f"{self.max_model_len - 1} (one position is the first output "
+                             f"token's; request {req.request_id!r})") from None
         self._live[req] = _Live(params, gen, rec)
 
     def _new_id(self):
@@ -483,8 +495,16 @@ class LLMEngine:
             InputError: any invalid prompt or sampling value; then none of ``prompts`` is
                 run and requests queued before the call are untouched.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str):
             prompts = [prompts]
+        try:
+            prompts = list(prompts)
+        except TypeError:
+            raise InputError(f"prompts: a text, a list of token ids, or a list of those (got "
+                             f"{type(prompts).__name__})") from None
+        if prompts and not isinstance(prompts[0], (str, bool)) and hasattr(prompts[0],
+                                                                          "__index__"):
+            prompts = [prompts]   # one prompt of token ids (ints of any integer type)
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InputError(f"params: {len(plist)} given for {len(prompts)} prompts")

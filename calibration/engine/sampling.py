@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import numbers
+import operator
+from collections.abc import Mapping
+from typing import Annotated
 
+import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from simulator.errors import InputError
 
@@ -22,6 +27,43 @@ def validation_message(err: ValidationError, prefix: str, model=None) -> str:
     return f"{where}: {msg} (got {e.get('input')!r})"
 
 
+def _integer(v):
+    """An integer of any integer type (Python, NumPy) as a Python int. A bool, a float or
+    text is refused: pydantic's lax mode made "4", 4.0 and True the integers 4, 4 and 1."""
+    if isinstance(v, bool):
+        raise ValueError("Input should be a valid integer, not a bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise ValueError("Input should be a valid integer") from None
+
+
+def _real(v):
+    """A real number of any type (Python, NumPy) as a float; a bool or text is refused."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError("Input should be a valid number")
+    return float(v)
+
+
+def _flag(v):
+    """A bool (Python or NumPy); 'yes', 1 and other truthy values are refused."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise ValueError("Input should be a valid boolean (true or false)")
+    return bool(v)
+
+
+def _seed(v: int) -> int:
+    if not -2**63 <= v < 2**64:
+        raise ValueError("a seed is from -2**63 to 2**64 - 1 (torch.Generator.manual_seed's "
+                         "range)")
+    return v
+
+
+Integer = Annotated[int, BeforeValidator(_integer)]
+Real = Annotated[float, BeforeValidator(_real)]
+Flag = Annotated[bool, BeforeValidator(_flag)]
+
+
 class SamplingParams(BaseModel):
     """How to sample one request's output (names and defaults as vLLM ``SamplingParams``).
 
@@ -30,24 +72,28 @@ class SamplingParams(BaseModel):
         temperature: 0 = greedy; else logits are divided by it (vLLM default 1.0).
         top_p: nucleus sampling mass in (0, 1]. top_k: keep the k most likely tokens;
             0 or -1 = all (vLLM accepts both).
-        seed: per-request generator seed; ``None`` = derived from the engine seed and the
-            request id.
+        seed: per-request generator seed, -2**63 to 2**64 - 1 (what
+            ``torch.Generator.manual_seed`` takes); ``None`` = derived from the engine seed
+            and the request id.
         ignore_eos: keep generating past the EOS token (vLLM ``ignore_eos``).
         stop_token_ids: extra token ids that end the request.
 
+    Integers may be of any integer type (NumPy's too), numbers of any real type; text,
+    bools where numbers go, fractional or non-finite values are refused.
+
     Raises:
-        InputError: a value out of range, naming ``sampling.<field>``.
+        InputError: a value of another type or out of range, naming ``sampling.<field>``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
-    seed: int | None = None
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
+    max_tokens: Integer = Field(16, ge=1)
+    temperature: Real = Field(1.0, ge=0.0)
+    top_p: Real = Field(1.0, gt=0.0, le=1.0)
+    top_k: Integer = Field(0, ge=-1)
+    seed: Annotated[Integer, AfterValidator(_seed)] | None = None
+    ignore_eos: Flag = False
+    stop_token_ids: tuple[Integer, ...] = ()
 
     def __init__(self, **data):
         try:
@@ -58,6 +104,21 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def sampling_params(params) -> SamplingParams:
+    """``params`` as :class:`SamplingParams`: one already, a mapping of its fields, or
+    ``None`` (the defaults).
+
+    Raises:
+        InputError: another type, or a bad field (``sampling.<field>``).
+    """
+    if isinstance(params, SamplingParams):
+        return params
+    if params is not None and not isinstance(params, Mapping):
+        raise InputError(f"sampling: a SamplingParams or a mapping of its fields (got "
+                         f"{type(params).__name__})")
+    return SamplingParams(**(params or {}))
 
 
 def request_generator(params: SamplingParams, engine_seed: int, request_id) -> torch.Generator:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from simulator.errors import InputError
@@ -129,21 +129,26 @@ def read_config(path) -> ModelConfig:
     """:class:`ModelConfig` of an HF directory's ``config.json``.
 
     Raises:
-        InputError: no readable ``config.json``, or a bad key in it.
+        InputError: ``path`` not a folder, no readable ``config.json``, or a bad key in it
+            (:func:`simulator.catalog.read_hf_config`'s one line).
     """
+    from simulator.catalog import read_hf_config
+
     f = Path(path) / "config.json"
-    try:
-        d = json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{f}: cannot read model config ({e})") from None
-    return ModelConfig.from_hf(d, source=str(f))
+    if not Path(path).is_dir():
+        raise InputError(f"{path}: {'not a folder' if Path(path).exists() else 'not found'}: "
+                         f"give an HF model folder (config.json, *.safetensors)")
+    if not f.is_file():
+        raise InputError(f"{path}: no config.json (an HF model folder holds one)")
+    return ModelConfig.from_hf(read_hf_config(f), source=str(f))
 
 
 def load_pretrained(path, dtype="float32", device="cpu") -> Transformer:
     """Load an HF-style directory (``config.json`` + ``*.safetensors``, HF names).
 
     Raises:
-        InputError: missing config or weights, a missing tensor or a shape mismatch.
+        InputError: missing config or weights, a weights file safetensors cannot read, a
+            missing tensor or a shape mismatch.
     """
     path = Path(path)
     cfg = read_config(path)
@@ -152,9 +157,12 @@ def load_pretrained(path, dtype="float32", device="cpu") -> Transformer:
         raise InputError(f"{path}: no *.safetensors weight files")
     tensors = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():
-                tensors[name] = fh.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    tensors[name] = fh.get_tensor(name)
+        except SafetensorError as e:   # cut short, or another format under the name
+            raise InputError(f"{f}: not a readable safetensors file ({e})") from None
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     model = Transformer(cfg)

@@ -276,6 +276,22 @@ def load_model(spec, base_dir=".") -> ModelShape:
             f"{str(spec)!r} is neither a catalog model (known: {', '.join(models)}) nor an "
             f"HF config.json file or a folder holding one"))
     try:
+        cfg = read_hf_config(path)
+    except InputError as e:
+        raise KeyedInputError("model", str(e)) from None
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return _shape_from_hf(cfg, name, f"model ({path})")
+
+
+def read_hf_config(path: Path) -> dict:
+    """The mapping of an HF config file (``config.json``; a ``.yaml``/``.yml`` file is read
+    as YAML), keys unchecked.
+
+    Raises:
+        InputError: one line naming the file (and line, where there is one): unreadable,
+            empty, not UTF-8, not valid JSON/YAML, a key given twice, or not a mapping.
+    """
+    try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         # (empty: json's own word for it would be "Expecting value")
@@ -283,27 +299,25 @@ def load_model(spec, base_dir=".") -> ModelShape:
             load_json(text) if path.suffix == ".json" else load_yaml(text))
     except DuplicateKeyError as e:   # json would keep the last value silently
         where = f"{path}:{e.line}" if e.line else str(path)
-        raise KeyedInputError("model", f"{where}: duplicate key {e.key!r} (give each key "
-                                       f"once)") from None
+        raise InputError(f"{where}: duplicate key {e.key!r} (give each key once)") from None
     except json.JSONDecodeError as e:
-        raise KeyedInputError("model", f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+        raise InputError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         if problem.startswith("duplicate key"):
             problem += " (give each key once)"
-        raise KeyedInputError("model", f"{where}: {problem}") from None
+        raise InputError(f"{where}: {problem}") from None
     except UnicodeDecodeError:   # a binary file: say where, not the codec's own words
-        raise KeyedInputError("model", utf8_problem(path)) from None
+        raise InputError(utf8_problem(path)) from None
     except (OSError, ValueError) as e:
-        raise KeyedInputError("model", f"cannot read {path}: {str(e).splitlines()[0]}") from None
+        raise InputError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, dict):
-        raise KeyedInputError("model", f"{path} is empty: an HF config holds a mapping of "
-                              f"config keys" if not text.strip() else
-                              f"{path} does not hold a mapping of config keys")
-    name = path.parent.name if path.name == "config.json" else path.stem
-    return _shape_from_hf(cfg, name, f"model ({path})")
+        raise InputError(f"{path} is empty: an HF config holds a mapping of config keys"
+                         if not text.strip() else
+                         f"{path} does not hold a mapping of config keys")
+    return cfg
 
 
 def rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
