@@ -310,7 +310,10 @@ def read_measurements(path: str | Path):
         df[c] = num
     for c, ok, want in (("cell", df["cell"].str.strip() != "", "names its grid cell"),
                         ("kind", df["kind"].isin(CELL_KINDS),
-                         f"kind is one of {', '.join(CELL_KINDS)}")):
+                         f"kind is one of {', '.join(CELL_KINDS)}"),
+                        ("prefills", df["prefills"].str.fullmatch(_PREFILLS),
+                         "lists its prefill chunks as tokens@computed_before, ';' between "
+                         "them (e.g. '64@0;32@128'), or none")):
         bad = (~ok).to_numpy().nonzero()[0]
         if len(bad):
             i = int(bad[0])
@@ -351,6 +354,8 @@ def _check_own_cells(path: Path, df) -> None:
 
 #: Columns of a measurements CSV that hold text; every other one holds a number >= 0.
 _TEXT_COLUMNS = ("cell", "kind", "prefills")
+#: The ``prefills`` column: ``n@c`` per chunk (:func:`record_features`), or empty.
+_PREFILLS = r"(?:[0-9]+@[0-9]+(?:;[0-9]+@[0-9]+)*)?"
 #: A grid cell's kinds (:class:`Cell`).
 CELL_KINDS = ("prefill", "decode", "mixed")
 
@@ -404,7 +409,9 @@ def check_resumable(path: Path, identity: dict) -> bool:
         return False
     old = read_csv_header(path)
     if old is None:
-        raise InputError(f"{path}: exists but is not a servesim measurements CSV")
+        raise InputError(f"{path}:1: exists but is not a servesim measurements CSV (its "
+                         f"first line is '# ' and the run's identity in JSON): move it or use "
+                         f"another --out")
     for k in IDENTITY_KEYS:
         if old.get(k) != identity.get(k):
             raise InputError(f"{path}: measured with {k} = {old.get(k)!r}, this run has "

@@ -178,6 +178,9 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
     (ROW_TEXT.replace(",decode,", ",decoding,"), "kind", "'decoding'",
      "kind is one of prefill, decode, mixed"),
     (ROW_TEXT.replace("decode B=1 L=20,", " ,"), "cell", "' '", "names its grid cell"),
+    (ROW_TEXT.replace(",4,,", ",4,16@x,"), "prefills", "'16@x'",
+     "lists its prefill chunks as tokens@computed_before, ';' between them (e.g. "
+     "'64@0;32@128'), or none"),
 ])
 def test_a_row_with_bad_text_is_named_by_its_line(tmp_path, row, column, value, want):
     path = csv_with_row(tmp_path, row)
@@ -263,9 +266,13 @@ def test_csv_of_another_model_is_refused(tmp_path):
     # rows timed with another thread count ran at another speed: never fitted together
     with pytest.raises(InputError, match="threads = 1, this run has 2: use another --out"):
         MeasurementLog(tmp_path / "m.csv", {**HEADER, "threads": 2})
-    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(InputError, match="not a servesim measurements CSV"):
-        MeasurementLog(tmp_path / "x.csv", HEADER)
+    for first in ("a,b\n", "# {broken json\n", "# \xff\n"):
+        (tmp_path / "x.csv").write_bytes(first.encode("latin-1") + b"1,2\n")
+        with pytest.raises(InputError) as e:
+            MeasurementLog(tmp_path / "x.csv", HEADER)
+        assert str(e.value) == (f"{tmp_path / 'x.csv'}:1: exists but is not a servesim "
+                                f"measurements CSV (its first line is '# ' and the run's "
+                                f"identity in JSON): move it or use another --out")
 
 
 def test_record_features_hand_computed():
