@@ -172,6 +172,81 @@ def test_generate_takes_one_prompt_of_numpy_token_ids():
     assert one.output_token_ids == engine().generate([ids(7, 20)], GREEDY)[0].output_token_ids
 
 
+@pytest.mark.parametrize("kw", [dict(temperature=1e-39), dict(top_p=1e-50),
+                                dict(temperature=0.7, top_p=1e-50, top_k=5)])
+def test_a_tiny_temperature_or_top_p_samples_the_most_likely_token(kw):
+    # logits / 1e-39 overflowed to NaN and a top_p below float32's least number dropped
+    # every token: step() raised, and its requests stayed running forever
+    from calibration.engine.sampling import SAMPLING_EPS
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    assert sample(logits, [SamplingParams(**kw)] * 3, gens) == logits.argmax(-1).tolist()
+    assert SamplingParams(temperature=SAMPLING_EPS / 2).greedy   # as vLLM's _SAMPLING_EPS
+    assert not SamplingParams(temperature=SAMPLING_EPS).greedy
+    eng = engine()
+    out = eng.generate([ids(1, 5), ids(2, 5)], [GREEDY, dict(max_tokens=6, ignore_eos=True,
+                                                             **kw)])
+    assert out[1].output_token_ids == engine().generate([ids(2, 5)], GREEDY)[0].output_token_ids
+    assert not eng.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda eng: eng.add_request(ids(1, 5), GREEDY, request_id=[1]),
+     "request_id: a hashable id such as a str or an int, got list"),
+    (lambda eng: eng.add_request(ids(1, 5), GREEDY, arrival_ns="a"),
+     "arrival_ns: an integer >= 0 (ns on the run's clock), got 'a'"),
+    (lambda eng: eng.add_request(ids(1, 5), GREEDY, arrival_ns=-5),
+     "arrival_ns: an integer >= 0 (ns on the run's clock), got -5"),
+    (lambda eng: eng.add_request("a\ud800b", GREEDY),
+     "prompt: character 1 ('\\ud800') is a lone surrogate, not text UTF-8 can encode"),
+    (lambda eng: eng.add_request(b"abc", GREEDY),
+     "prompt: expected text or a list of token ids (got bytes)"),
+    (lambda eng: eng.generate({"a": 1}, GREEDY),
+     "prompts: a text, a list of token ids, or a list of those (got dict)"),
+    (lambda eng: eng.generate([ids(1, 3), [2.5]], GREEDY),
+     "prompts[1]: prompt[0]: token ids are integers (got 2.5)"),
+    (lambda eng: LLMEngine(CFG, dict(num_gpu_blocks=64, seed=2**70)),
+     "engine.seed: a seed is from -2**63 to 2**64 - 1 (torch.Generator.manual_seed's "
+     "range) (got 1180591620717411303424)"),
+    (lambda eng: LLMEngine({**CFG, "rope_scaling": "x"}, dict(num_gpu_blocks=64)),
+     "config.rope_scaling: a mapping (rope_type, factor, ...) or null, got 'x'"),
+    (lambda eng: LLMEngine({**CFG, "rms_norm_eps": float("nan")}, dict(num_gpu_blocks=64)),
+     "config.rms_norm_eps: a finite number > 0, got nan"),
+    (lambda eng: LLMEngine({**CFG, "rope_theta": -1}, dict(num_gpu_blocks=64)),
+     "config.rope_theta: a finite number > 0, got -1"),
+    (lambda eng: LLMEngine({**CFG, "eos_token_id": 999}, dict(num_gpu_blocks=64)),
+     "config.eos_token_id: a token id in [0, 128) or a list of them, got 999"),
+])
+def test_more_bad_arguments_are_one_input_error(call, said):
+    # each loaded and ran (NaN logits, token 999 as EOS), stored a string as a time, or
+    # was a raw TypeError / UnicodeEncodeError / AttributeError / ValueError
+    eng = engine()
+    with pytest.raises(InputError) as e:
+        call(eng)
+    assert str(e.value) == said
+    assert not eng.has_unfinished_requests()
+
+
+def test_an_allocation_the_host_refuses_names_what_asked_for_it():
+    for model, knobs, what in ((CFG, dict(num_gpu_blocks=10**12), "engine.num_gpu_blocks"),
+                               ({**CFG, "vocab_size": 10**12}, dict(num_gpu_blocks=64),
+                                "model")):
+        with pytest.raises(InputError) as e:
+            LLMEngine(model, knobs)
+        assert str(e.value).startswith(f"{what}: needs more memory than the device gives (")
+
+
+def test_generate_takes_a_list_of_arrays_or_tensors_as_prompts():
+    import numpy as np
+    want = [o.output_token_ids for o in engine().generate([ids(1, 7), ids(2, 5)], GREEDY)]
+    for prompts in ([np.array(ids(1, 7)), np.array(ids(2, 5))],
+                    [torch.tensor(ids(1, 7)), torch.tensor(ids(2, 5))]):
+        got = [o.output_token_ids for o in engine().generate(prompts, GREEDY)]
+        assert got == want
+    two = np.array([ids(1, 7), ids(3, 7)])   # a 2-D array: two prompts
+    assert len(engine().generate(two, GREEDY)) == 2
+
+
 def test_invalid_requests_are_rejected_and_others_keep_running():
     alone = engine().generate([ids(7, 20)], GREEDY)[0].output_token_ids
     eng = engine()
@@ -417,6 +492,24 @@ def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
         LLMEngine(tmp_path / "nowhere", knobs)
     assert str(e.value) == (f"{tmp_path / 'nowhere'}: not found: give an HF model folder "
                             f"(config.json, *.safetensors)")
+    cfg.write_text(__import__("json").dumps(CFG))
+    (tmp_path / "tokenizer.json").write_text("{}")   # tokenizers: a bare Exception
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value).startswith(f"{tmp_path / 'tokenizer.json'}: not a tokenizer.json "
+                                   f"the tokenizers library reads (")
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "zz.safetensors").mkdir()   # an OSError "No such device"
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value) == (f"{tmp_path / 'zz.safetensors'}: not a file (a weights file is a "
+                            f"safetensors file)")
+    (tmp_path / "zz.safetensors").rmdir()
+    (tmp_path / "zz.safetensors").write_bytes(good)   # every tensor twice: merged silently
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert " is in " + weights.name + " too (each tensor belongs to one shard)" in str(e.value)
+    assert str(e.value).startswith(f"{tmp_path / 'zz.safetensors'}: tensor ")
 
 
 def test_from_catalog_builds_the_catalog_shape():

@@ -13,16 +13,19 @@ Records (integer ns on the run's clock, 0 = engine start or ``replay`` start):
 from __future__ import annotations
 
 import logging
+import numbers
 import operator
 import os
 import time
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
+                      field_validator)
 
 from simulator.errors import STRICT_SCHEMA, InputError
 from simulator.policy import (Request, RequestRecord, RequestRejected, Scheduler,
@@ -33,7 +36,7 @@ from .memory import (blocks_for_budget, profile_cuda_kv_budget, report_kv_cache)
 from .model import ModelConfig, Transformer
 from .runner import ModelRunner
 from .sampling import (SamplingParams, request_generator, sample, sampling_params,
-                       validation_message)
+                       seed_in_range, validation_message)
 from .tokenizer import load_tokenizer
 from .weights import load_pretrained, parse_dtype, random_model
 
@@ -92,7 +95,7 @@ class EngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", pattern="^(cpu|cuda(:[0-9]+)?)$")
-    seed: int = 0
+    seed: Annotated[int, AfterValidator(seed_in_range)] = 0
 
     @field_validator("device")
     @classmethod
@@ -164,6 +167,27 @@ class _Live:
     record: RequestRecord = field(default=None)
 
 
+def _is_token_id(x) -> bool:
+    """Whether ``x`` is one token id (a Python or NumPy integer, or a 0-d array or tensor)
+    rather than a prompt (a list, array or tensor of them)."""
+    return isinstance(x, numbers.Integral) or getattr(x, "ndim", None) == 0
+
+
+@contextmanager
+def _memory_named(what: str):
+    """An allocation the device refuses (``RuntimeError``/``MemoryError``: a config of
+    10**12 KV blocks or vocab entries) as one InputError naming ``what``."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        text = str(e)
+        if isinstance(e, RuntimeError) and "alloc" not in text.lower() \
+                and "out of memory" not in text.lower():
+            raise
+        raise InputError(f"{what}: needs more memory than the device gives "
+                         f"({text.splitlines()[0] if text else type(e).__name__})") from None
+
+
 class LLMEngine:
     """A paged-KV-cache inference engine over :class:`simulator.policy.Scheduler`.
 
@@ -178,9 +202,10 @@ class LLMEngine:
             reference tests; slow).
 
     Raises:
-        InputError: bad config; on cpu neither ``num_gpu_blocks`` nor
-            ``kv_cache_memory_bytes``; a KV cache too small for one ``max_model_len``
-            request; ``max_model_len`` beyond the model's ``max_position_embeddings``.
+        InputError: bad config, or a ``model``/``config`` of another type; on cpu neither
+            ``num_gpu_blocks`` nor ``kv_cache_memory_bytes``; a KV cache too small for one
+            ``max_model_len`` request; ``max_model_len`` beyond the model's
+            ``max_position_embeddings``; weights or a KV cache the device cannot allocate.
     """
 
     def __init__(self, model, config: EngineConfig | dict | None = None, tokenizer=None,
@@ -192,17 +217,18 @@ class LLMEngine:
         self.config = cfg
         dtype = parse_dtype(cfg.dtype)
         model_dir = None
-        if isinstance(model, Transformer):
-            self.model = model.to(device=cfg.device, dtype=dtype).eval()
-        elif isinstance(model, Mapping):
-            self.model = random_model(dict(model), seed=cfg.seed, dtype=dtype,
-                                      device=cfg.device)
-        elif isinstance(model, (str, os.PathLike)):
-            model_dir = Path(model)
-            self.model = load_pretrained(model_dir, dtype=dtype, device=cfg.device)
-        else:
-            raise InputError(f"model: an HF config mapping, a model folder's path or a "
-                             f"Transformer (got {type(model).__name__})")
+        with _memory_named("model"):
+            if isinstance(model, Transformer):
+                self.model = model.to(device=cfg.device, dtype=dtype).eval()
+            elif isinstance(model, Mapping):
+                self.model = random_model(dict(model), seed=cfg.seed, dtype=dtype,
+                                          device=cfg.device)
+            elif isinstance(model, (str, os.PathLike)):
+                model_dir = Path(model)
+                self.model = load_pretrained(model_dir, dtype=dtype, device=cfg.device)
+            else:
+                raise InputError(f"model: an HF config mapping, a model folder's path or a "
+                                 f"Transformer (got {type(model).__name__})")
         mcfg: ModelConfig = self.model.config
         self.model_config = mcfg
         # oneDNN layouts for CPU matmuls, packed once (vLLM's CPU backend does the same).
@@ -232,8 +258,10 @@ class LLMEngine:
         self.max_concurrency = report_kv_cache(self.num_gpu_blocks, cfg.block_size, max_len,
                                                cfg.device)
         self.scheduler = Scheduler(sched_cfg)
-        self.kv_store = KVStore(mcfg.num_hidden_layers, self.num_gpu_blocks, cfg.block_size,
-                                mcfg.num_key_value_heads, mcfg.head_dim, dtype, cfg.device)
+        with _memory_named("engine.num_gpu_blocks"):
+            self.kv_store = KVStore(mcfg.num_hidden_layers, self.num_gpu_blocks,
+                                    cfg.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
+                                    dtype, cfg.device)
         self.runner = ModelRunner(self.model, self.kv_store, cfg.block_size)
         eos = mcfg.eos_token_id
         if eos is None:
@@ -311,6 +339,9 @@ class LLMEngine:
     def _check_prompt(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (bytes, bytearray, Mapping, set, frozenset)):
+            raise InputError(f"prompt: expected text or a list of token ids (got "
+                             f"{type(prompt).__name__})")
         else:
             try:
                 items = list(prompt)
@@ -344,12 +375,26 @@ class LLMEngine:
             arrival_ns: arrival on the run's clock (default now).
 
         Raises:
-            InputError: bad sampling values (``sampling.<field>``), a bad prompt, or a
-                prompt of ``max_model_len`` tokens or more (``prompt``). Other requests are
-                unaffected.
+            InputError: bad sampling values (``sampling.<field>``), a bad prompt, a
+                prompt of ``max_model_len`` tokens or more (``prompt``), an unhashable or
+                used ``request_id``, an ``arrival_ns`` that is no integer >= 0. Other
+                requests are unaffected.
         """
         params = sampling_params(params)
         ids = self._check_prompt(prompt)
+        try:
+            hash(request_id)
+        except TypeError:
+            raise InputError(f"request_id: a hashable id such as a str or an int, got "
+                             f"{type(request_id).__name__}") from None
+        if arrival_ns is not None:
+            try:
+                if isinstance(arrival_ns, bool) or operator.index(arrival_ns) < 0:
+                    raise TypeError
+            except TypeError:
+                raise InputError(f"arrival_ns: an integer >= 0 (ns on the run's clock), got "
+                                 f"{arrival_ns!r}") from None
+            arrival_ns = operator.index(arrival_ns)
         for t in params.stop_token_ids:
             if not 0 <= t < self.model_config.vocab_size:
                 raise InputError(f"sampling.stop_token_ids: {t} outside the vocab "
@@ -498,20 +543,25 @@ class LLMEngine:
         if isinstance(prompts, str):
             prompts = [prompts]
         try:
+            if isinstance(prompts, (bytes, bytearray, Mapping, set, frozenset)):
+                raise TypeError   # iterable, but neither text nor ordered token ids
             prompts = list(prompts)
         except TypeError:
             raise InputError(f"prompts: a text, a list of token ids, or a list of those (got "
                              f"{type(prompts).__name__})") from None
-        if prompts and not isinstance(prompts[0], (str, bool)) and hasattr(prompts[0],
-                                                                          "__index__"):
-            prompts = [prompts]   # one prompt of token ids (ints of any integer type)
+        if prompts and _is_token_id(prompts[0]):
+            prompts = [prompts]   # one prompt of token ids
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InputError(f"params: {len(plist)} given for {len(prompts)} prompts")
         ids = []
         try:
-            for prompt, p in zip(prompts, plist):
-                ids.append(self.add_request(prompt, p))
+            for i, (prompt, p) in enumerate(zip(prompts, plist)):
+                try:
+                    ids.append(self.add_request(prompt, p))
+                except InputError as e:   # which prompt, when there are several
+                    raise InputError(f"prompts[{i}]: {e}" if len(prompts) > 1 else str(e)
+                                     ) from None
         except InputError:
             for rid in ids:
                 self.abort_request(rid)

@@ -82,7 +82,9 @@ class ModelConfig:
 
         Raises:
             InputError: a required key missing, a non-positive size, heads that do not
-                divide, or an unsupported ``rope_type`` / ``model_type``; naming the key.
+                divide, a non-finite or non-positive ``rms_norm_eps`` / ``rope_theta``, an
+                EOS/BOS id outside the vocab, or an unsupported ``rope_type`` /
+                ``model_type``; naming the key.
         """
         if not isinstance(d, dict):
             raise InputError(f"{source}: expected a mapping of HF config keys")
@@ -104,6 +106,26 @@ class ModelConfig:
             raise InputError(f"{source}.num_key_value_heads: {kv_heads} must divide "
                              f"num_attention_heads {heads}")
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        for key, default in (("rms_norm_eps", 1e-6), ("rope_theta", 1.0)):
+            v = d.get(key, default)   # NaN or a negative theta loaded and ran NaN logits
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise InputError(f"{source}.{key}: a finite number > 0, got {v!r}")
+        if not isinstance(d.get("max_position_embeddings", 4096), int) \
+                or isinstance(d.get("max_position_embeddings"), bool) \
+                or d.get("max_position_embeddings", 4096) < 1:
+            raise InputError(f"{source}.max_position_embeddings: a positive integer, got "
+                             f"{d['max_position_embeddings']!r}")
+        for key in ("eos_token_id", "bos_token_id"):
+            v = d.get(key)
+            ids = v if isinstance(v, list) else [v]
+            if v is not None and not all(isinstance(t, int) and not isinstance(t, bool)
+                                         and 0 <= t < d["vocab_size"] for t in ids):
+                raise InputError(f"{source}.{key}: a token id in [0, {d['vocab_size']}) or a "
+                                 f"list of them, got {v!r}")
+        for key in ("rope_scaling", "rope_parameters"):
+            if d.get(key) is not None and not isinstance(d[key], dict):
+                raise InputError(f"{source}.{key}: a mapping (rope_type, factor, ...) or "
+                                 f"null, got {d[key]!r}")
         theta, scaling = rope_from_hf(d)
         if scaling is not None:
             rtype = scaling.get("rope_type", scaling.get("type"))

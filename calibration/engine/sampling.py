@@ -27,6 +27,10 @@ def validation_message(err: ValidationError, prefix: str, model=None) -> str:
     return f"{where}: {msg} (got {e.get('input')!r})"
 
 
+#: Temperatures below this sample greedily (vLLM ``sampling_params.py``, ``_SAMPLING_EPS``).
+SAMPLING_EPS = 1e-5
+
+
 def _integer(v):
     """An integer of any integer type (Python, NumPy) as a Python int. A bool, a float or
     text is refused: pydantic's lax mode made "4", 4.0 and True the integers 4, 4 and 1."""
@@ -42,7 +46,10 @@ def _real(v):
     """A real number of any type (Python, NumPy) as a float; a bool or text is refused."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise ValueError("Input should be a valid number")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:   # an integer beyond any float, 10**400
+        raise ValueError("Input should be a finite number") from None
 
 
 def _flag(v):
@@ -52,7 +59,12 @@ def _flag(v):
     return bool(v)
 
 
-def _seed(v: int) -> int:
+def seed_in_range(v: int) -> int:
+    """``v`` if ``torch.Generator.manual_seed`` takes it (-2**63 to 2**64 - 1).
+
+    Raises:
+        ValueError: another integer.
+    """
     if not -2**63 <= v < 2**64:
         raise ValueError("a seed is from -2**63 to 2**64 - 1 (torch.Generator.manual_seed's "
                          "range)")
@@ -69,7 +81,8 @@ class SamplingParams(BaseModel):
 
     Attributes:
         max_tokens: output tokens at most (vLLM default 16).
-        temperature: 0 = greedy; else logits are divided by it (vLLM default 1.0).
+        temperature: below 1e-5 (:data:`SAMPLING_EPS`) greedy, as vLLM; else logits are
+            divided by it (vLLM default 1.0).
         top_p: nucleus sampling mass in (0, 1]. top_k: keep the k most likely tokens;
             0 or -1 = all (vLLM accepts both).
         seed: per-request generator seed, -2**63 to 2**64 - 1 (what
@@ -91,7 +104,7 @@ class SamplingParams(BaseModel):
     temperature: Real = Field(1.0, ge=0.0)
     top_p: Real = Field(1.0, gt=0.0, le=1.0)
     top_k: Integer = Field(0, ge=-1)
-    seed: Annotated[Integer, AfterValidator(_seed)] | None = None
+    seed: Annotated[Integer, AfterValidator(seed_in_range)] | None = None
     ignore_eos: Flag = False
     stop_token_ids: tuple[Integer, ...] = ()
 
@@ -103,7 +116,9 @@ class SamplingParams(BaseModel):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Whether the argmax is taken: ``temperature`` below :data:`SAMPLING_EPS`, as vLLM
+        (dividing logits by 1e-39 overflowed them to inf, and the softmax to NaN)."""
+        return self.temperature < SAMPLING_EPS
 
 
 def sampling_params(params) -> SamplingParams:
@@ -152,6 +167,8 @@ def sample(logits: torch.Tensor, params: list, generators: list) -> list[int]:
             sorted_p, idx = probs.sort(descending=True)
             # Drop a token when the mass before it already reaches top_p.
             drop = (sorted_p.cumsum(0) - sorted_p) >= p.top_p
+            drop[0] = False   # the most likely token stays (a top_p below float32's least
+            #                  positive number, 1e-50, compared as 0 and dropped it too)
             probs = probs.scatter(0, idx[drop], 0.0)
         out[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
     return out

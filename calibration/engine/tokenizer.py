@@ -26,6 +26,7 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
 
     def encode(self, text: str) -> list[int]:
+        _check_text(text)
         ids = list(text.encode("utf-8"))
         bad = [b for b in ids if b >= self.vocab_size]
         if bad:
@@ -37,16 +38,37 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
+def _check_text(text: str) -> None:
+    """Text encodes as UTF-8 (a lone surrogate such as ``"\\ud800"`` does not).
+
+    Raises:
+        InputError: naming the character's position in the prompt.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"prompt: character {e.start} ({text[e.start]!r}) is a lone "
+                         f"surrogate, not text UTF-8 can encode") from None
+
+
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` loaded from ``tokenizer.json``."""
 
     def __init__(self, path):
+        """Raises: InputError: a file ``tokenizers`` cannot read, naming it."""
         from tokenizers import Tokenizer
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as e:   # tokenizers raises a bare Exception with serde's words
+            raise InputError(f"{path}: not a tokenizer.json the tokenizers library reads "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                             ) from None
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_token_id = None
 
     def encode(self, text: str) -> list[int]:
+        """Raises: InputError: text that is no UTF-8 (a lone surrogate)."""
+        _check_text(text)
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:

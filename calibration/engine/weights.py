@@ -147,19 +147,25 @@ def load_pretrained(path, dtype="float32", device="cpu") -> Transformer:
     """Load an HF-style directory (``config.json`` + ``*.safetensors``, HF names).
 
     Raises:
-        InputError: missing config or weights, a weights file safetensors cannot read, a
-            missing tensor or a shape mismatch.
+        InputError: missing config or weights, a weights file safetensors cannot read or
+            a tensor in two of them, a missing tensor or a shape mismatch.
     """
     path = Path(path)
     cfg = read_config(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise InputError(f"{path}: no *.safetensors weight files")
-    tensors = {}
+    tensors, home = {}, {}
     for f in files:
+        if not f.is_file():
+            raise InputError(f"{f}: not a file (a weights file is a safetensors file)")
         try:
             with safe_open(str(f), framework="pt") as fh:
                 for name in fh.keys():
+                    if name in home:   # shards hold disjoint tensors; which one is meant?
+                        raise InputError(f"{f}: tensor {name!r} is in {home[name].name} too "
+                                         f"(each tensor belongs to one shard)")
+                    home[name] = f
                     tensors[name] = fh.get_tensor(name)
         except SafetensorError as e:   # cut short, or another format under the name
             raise InputError(f"{f}: not a readable safetensors file ({e})") from None
