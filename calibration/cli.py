@@ -476,8 +476,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
 
     from . import fit as fitmod
     from .profiler import (IDLE_GAPS_S, IDLE_PASSES, IDLE_STEP_TOKENS, OWN_ENGINE, MeasurementLog,
-                           check_resumable, default_grid, measure_ceilings, measure_engine_idle,
-                           measure_grid, read_csv_header, read_measurements)
+                           check_resumable, default_grid, least_max_model_len,
+                           measure_ceilings, measure_engine_idle, measure_grid,
+                           read_csv_header, read_measurements)
     from .report import write_report
 
     t_start = time.perf_counter()
@@ -512,6 +513,11 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                 f"{per_block:,} bytes ({args.block_size} tokens of {shape.name} in {dtype}); "
                 f"max_model_len {max_len} needs {need - 1} besides the null block: give at "
                 f"least {need * per_block:,} bytes, or a lower --max-model-len")
+    least = least_max_model_len(device, args.quick, args.block_size, fitmod.MIN_CELLS)
+    if max_len < least:   # it failed minutes in, in the engine or the fit
+        raise InputError(f"--max-model-len {max_len}: calibration needs at least {least} "
+                         f"({fitmod.MIN_CELLS} grid shapes to fit and hold out, and the "
+                         f"{IDLE_STEP_TOKENS}-token step timed after idle)")
     grid = default_grid(device, args.quick, max_len)
     if args.repeats is not None:   # 1 to MAX_REPEATS (repeats_arg)
         grid = type(grid)(**{**grid.__dict__, "repeats": args.repeats})

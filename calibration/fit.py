@@ -28,6 +28,8 @@ FEATURES = ("tokens", "requests", "prefill_tokens", "decodes", "context_tokens",
             "sampled")
 # Keep the physically grounded form unless the other one's held-out MAPE is this much lower.
 SWITCH_MARGIN = 0.10
+#: Fewest grid cells a fit takes (some to fit, one at least held out).
+MIN_CELLS = 4
 HELDOUT_FOLDS = 5
 #: The candidate name of the roofline fitted with its path costs (:func:`fit_measurements`).
 WITH_PATHS = "roofline + path costs"
@@ -274,8 +276,9 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
     wild = outlier_steps(df)
     df = df[~wild]
     cells = cell_means(df)
-    if len(cells) < 4:
-        raise ValueError(f"need at least 4 measured cells to fit and hold out, got {len(cells)}")
+    if len(cells) < MIN_CELLS:
+        raise ValueError(f"need at least {MIN_CELLS} measured cells to fit and hold out, got "
+                         f"{len(cells)}")
     y = cells["seconds"].to_numpy()
     cand, held = {}, {}
     for form in forms:

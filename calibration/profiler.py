@@ -34,6 +34,7 @@ import csv
 import fcntl
 import json
 import os
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -239,6 +240,20 @@ def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
                 decode_steps_per_visit=3)
 
 
+def least_max_model_len(device: str, quick: bool, block_size: int, cells: int) -> int:
+    """The smallest ``max_model_len`` (tokens) whose :func:`default_grid` holds ``cells``
+    feasible cells and whose prompts take the :data:`IDLE_STEP_TOKENS`-token step timed
+    after idle (feasibility grows with ``max_model_len``: a bisection)."""
+    def enough(n: int) -> bool:
+        return n > IDLE_STEP_TOKENS and len(
+            default_grid(device, quick, n).cells(block_size, n, 1 << 62)) >= cells
+    lo, hi = 1, 1 << 20
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return lo
+
+
 # == step features ============================================================================
 
 def record_features(rec) -> dict:
@@ -273,8 +288,9 @@ def read_csv_header(path: Path) -> dict | None:
         return None
 
 
-def read_measurements(path: str | Path):
+def read_measurements(path: str | Path, shown: str | Path | None = None):
     """A measurements CSV as a ``pandas.DataFrame`` (columns :data:`CSV_COLUMNS`).
+    ``shown``: the name errors give the file (default ``path``; a checked copy's original).
 
     Raises:
         InputError: missing file, or a file that is not a servesim measurements CSV.
@@ -282,31 +298,40 @@ def read_measurements(path: str | Path):
     import pandas as pd
 
     path = Path(path)
+    name = Path(shown) if shown is not None else path
     if not path.is_file():
-        raise InputError(f"{path}: measurements CSV not found")
+        raise InputError(f"{name}: measurements CSV not found")
     try:
-        _check_widths(path)
+        _check_widths(path, name)
         df = pd.read_csv(path, comment="#", keep_default_na=False,
                          dtype={"prefills": str, "cell": str})
     except InputError:
         raise
     except (ValueError, pd.errors.ParserError) as e:
-        raise InputError(f"{path}: not a measurements CSV: {str(e).splitlines()[0]}") from None
+        raise InputError(f"{name}: not a measurements CSV: {str(e).splitlines()[0]}") from None
     missing = [c for c in CSV_COLUMNS if c not in df.columns]
     if missing:
-        raise InputError(f"{path}: not a measurements CSV (missing column {missing[0]})")
+        lines = _data_lines(path, name)
+        where = f"{name}:{lines[0][0]}" if lines else str(name)
+        raise InputError(f"{where}: not a measurements CSV (missing column {missing[0]}; the "
+                         f"column line is {', '.join(CSV_COLUMNS)})")
     for c in CSV_COLUMNS:
         if c in _TEXT_COLUMNS:
             continue
         num = pd.to_numeric(df[c], errors="coerce")
-        bad = (num.isna() | (num < 0)).to_numpy().nonzero()[0]
+        # inf, 1e400 and a zero step time passed, then broke the fit's least squares
+        ok = np.isfinite(num) & (num > 0 if c == "duration_ns" else num >= 0)
+        if c in _COUNT_COLUMNS:
+            ok &= num == np.floor(num)
+        bad = (~ok).to_numpy().nonzero()[0]
         if len(bad):   # a row edited or written by something else: name its line
             i = int(bad[0])
             v = df[c].iloc[i]
             v = getattr(v, "item", lambda: v)()   # a NumPy number as Python writes it
-            raise InputError(f"{path}:{_row_lines(path)[i]}: {c} is {v!r}: a measurements "
-                             f"row holds a number >= 0 there (delete the row to measure it "
-                             f"again)")
+            want = ("a step time > 0" if c == "duration_ns" else "a whole number >= 0"
+                    if c in _COUNT_COLUMNS else "a finite number >= 0")
+            raise InputError(f"{name}:{_row_lines(path)[i]}: {c} is {v!r}: a measurements "
+                             f"row holds {want} there (delete the row to measure it again)")
         df[c] = num
     for c, ok, want in (("cell", df["cell"].str.strip() != "", "names its grid cell"),
                         ("kind", df["kind"].isin(CELL_KINDS),
@@ -317,69 +342,87 @@ def read_measurements(path: str | Path):
         bad = (~ok).to_numpy().nonzero()[0]
         if len(bad):
             i = int(bad[0])
-            raise InputError(f"{path}:{_row_lines(path)[i]}: {c} is {df[c].iloc[i]!r}: a "
+            raise InputError(f"{name}:{_row_lines(path)[i]}: {c} is {df[c].iloc[i]!r}: a "
                              f"measurements row {want} (delete the row to measure it again)")
     header = read_csv_header(path) or {}
-    if str(header.get("engine", "")).startswith(OWN_ENGINE):
-        _check_own_cells(path, df)
+    if not str(header.get("engine", "")).startswith(OTHER_ENGINES):
+        _check_own_cells(path, df, name)
     return df
 
 
 #: The ``engine`` of a measurements CSV that servesim's engine wrote (its cells are
-#: :attr:`Cell.key` strings; the vLLM backend names its cells by run and step instead).
+#: :attr:`Cell.key` strings).
 OWN_ENGINE = "servesim-torch"
+#: ``engine`` prefixes of CSVs whose cells are named otherwise (the vLLM backend's by run
+#: and step, :func:`calibration.vllm.core.label_steps`); every other CSV's are checked.
+OTHER_ENGINES = ("vllm",)
 
 
-def _check_own_cells(path: Path, df) -> None:
-    """Each row of a servesim-engine CSV names a grid cell (:meth:`Cell.from_key`) of its
-    own kind: a row edited to another kind would be fitted as that kind, then break the
-    report's per-kind plots.
+def _check_own_cells(path: Path, df, name: Path) -> None:
+    """Each row of a servesim-engine CSV names a grid cell (:meth:`Cell.from_key`, sizes
+    >= 0) of its own kind, and ran that cell's chunk beside its decodes (as
+    :func:`measure_grid` checks each step it takes): a row edited to another kind would be
+    fitted as that kind, then break the report's per-kind plots. Errors name ``name``.
 
     Raises:
         InputError: naming the first bad row's file line.
     """
     cells = {key: Cell.from_key(key) for key in df["cell"].unique()}
-    ok = [cells[c] is not None and cells[c].kind == k for c, k in zip(df["cell"], df["kind"])]
-    if all(ok):
-        return
-    i = ok.index(False)
-    key, kind = df["cell"].iloc[i], df["kind"].iloc[i]
-    what = (f"cell {key!r} is a {cells[key].kind} cell, the row's kind is {kind!r}"
-            if cells[key] is not None else
-            f"cell is {key!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 L=256', "
-            f"'mixed B=8 L=256 n=64 c=0')")
-    raise InputError(f"{path}:{_row_lines(path)[i]}: {what} (delete the row to measure it "
-                     f"again)")
+    for i, (key, kind, prefills, decodes) in enumerate(zip(
+            df["cell"], df["kind"], df["prefills"], df["num_decodes"])):
+        cell = cells[key]
+        if cell is None or min(cell.B, cell.L, cell.n, cell.c) < 0:
+            what = (f"cell is {key!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
+                    f"L=256', 'mixed B=8 L=256 n=64 c=0')")
+        elif cell.kind != kind:
+            what = f"cell {key!r} is a {cell.kind} cell, the row's kind is {kind!r}"
+        elif (prefills, decodes) != _shape_of(cell):   # _check's rule when measuring
+            want = _shape_of(cell)
+            what = (f"cell {key!r} runs prefills {want[0]!r} beside {want[1]} decodes, the "
+                    f"row's are {prefills!r} beside {decodes:g}")
+        else:
+            continue
+        raise InputError(f"{name}:{_row_lines(path)[i]}: {what} (delete the row to measure "
+                         f"it again)")
+
+
+def _shape_of(cell: Cell) -> tuple[str, int]:
+    """``(prefills, num_decodes)`` as a measurements row of ``cell`` writes them."""
+    chunk = f"{cell.n}@{cell.c}" if cell.kind in ("prefill", "mixed") else ""
+    return chunk, cell.B
 
 
 #: Columns of a measurements CSV that hold text; every other one holds a number >= 0.
 _TEXT_COLUMNS = ("cell", "kind", "prefills")
+#: Columns that count (passes, steps' requests and tokens): whole numbers.
+_COUNT_COLUMNS = ("pass", "num_decodes", "decode_context_tokens", "num_sampled", "tokens",
+                  "requests", "prefill_tokens", "decodes", "context_tokens", "sampled")
 #: The ``prefills`` column: ``n@c`` per chunk (:func:`record_features`), or empty.
 _PREFILLS = r"(?:[0-9]+@[0-9]+(?:;[0-9]+@[0-9]+)*)?"
 #: A grid cell's kinds (:class:`Cell`).
 CELL_KINDS = ("prefill", "decode", "mixed")
 
 
-def _check_widths(path: Path) -> None:
+def _check_widths(path: Path, name: Path) -> None:
     """Every data row has as many fields as the column line (pandas would pad a short row
     with empty fields, then name the first one as the fault).
 
     Raises:
         InputError: naming the row's file line.
     """
-    lines = _data_lines(path)
+    lines = _data_lines(path, name)
     rows = csv.reader(text for _, text in lines)
     width = None
     for (n, _), row in zip(lines, rows):
         if width is None:
             width = len(row)
         elif len(row) != width:
-            raise InputError(f"{path}:{n}: {len(row)} fields where the column line has "
+            raise InputError(f"{name}:{n}: {len(row)} fields where the column line has "
                              f"{width}: not a measurements row (delete the row to measure it "
                              f"again)")
 
 
-def _data_lines(path: Path) -> list[tuple[int, str]]:
+def _data_lines(path: Path, name: Path | None = None) -> list[tuple[int, str]]:
     """``(file line, text)`` of the column line and each row after it, as ``pandas`` reads
     them: comment (``#``) and blank lines skipped; lines numbered from 1."""
     try:
@@ -387,7 +430,7 @@ def _data_lines(path: Path) -> list[tuple[int, str]]:
             return [(n, line) for n, line in enumerate(f, 1)
                     if line.strip() and not line.startswith("#")]
     except UnicodeDecodeError:
-        raise InputError(utf8_problem(path)) from None
+        raise InputError(utf8_problem(name or path, path.read_bytes())) from None
 
 
 def _row_lines(path: Path) -> list[int]:
@@ -396,9 +439,9 @@ def _row_lines(path: Path) -> list[int]:
 
 
 def check_resumable(path: Path, identity: dict) -> bool:
-    """Whether ``path`` holds rows to resume (False: absent or empty). A last line cut off
-    by a kill mid-write is dropped from the file (:func:`_repair_tail`), and every other
-    row is read and checked (:func:`read_measurements`), before any measuring.
+    """Whether ``path`` holds rows to resume (False: absent or empty). Every whole row is
+    read and checked (:func:`read_measurements`) and a last line cut off by a kill
+    mid-write dropped from the file (:func:`_repair_tail`), before any measuring.
 
     Raises:
         InputError: the file is not a measurements CSV, was measured for another run
@@ -409,6 +452,11 @@ def check_resumable(path: Path, identity: dict) -> bool:
         return False
     old = read_csv_header(path)
     if old is None:
+        first = path.read_bytes().split(b"\n", 1)[0]
+        try:
+            first.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(utf8_problem(path)) from None
         raise InputError(f"{path}:1: exists but is not a servesim measurements CSV (its "
                          f"first line is '# ' and the run's identity in JSON): move it or use "
                          f"another --out")
@@ -416,17 +464,34 @@ def check_resumable(path: Path, identity: dict) -> bool:
         if old.get(k) != identity.get(k):
             raise InputError(f"{path}: measured with {k} = {old.get(k)!r}, this run has "
                              f"{identity.get(k)!r}: use another --out")
+    if str(old.get("engine", "")).startswith(OTHER_ENGINES):   # calibrate resumes its own
+        raise InputError(f"{path}: measured with engine = {old['engine']!r}, this run on "
+                         f"servesim's engine: use another --out")
     _repair_tail(path)
-    read_measurements(path)
     return True
 
 
 def _repair_tail(path: Path) -> None:
-    """Drop a last line cut off by a kill mid-write."""
+    """Check every whole line of ``path`` (:func:`read_measurements`), then drop a last line
+    cut off by a kill mid-write. The check runs on a copy without that line, so a file
+    refused is left as it was.
+
+    Raises:
+        InputError: as :func:`read_measurements`, naming ``path``.
+    """
     data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "wb") as f:
+    if not data or data.endswith(b"\n"):
+        read_measurements(path)
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
             f.write(data[:data.rfind(b"\n") + 1])
+        read_measurements(tmp, shown=path)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 class MeasurementLog:
@@ -877,7 +942,7 @@ def memory_bytes(device: str) -> int:
 __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed", "Grid",
            "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "check_resumable",
            "cpu_isa", "cpu_name",
-           "default_grid", "IDLE_GAPS_S", "IDLE_PASSES", "IDLE_STEP_TOKENS",
+           "default_grid", "least_max_model_len", "IDLE_GAPS_S", "IDLE_PASSES", "IDLE_STEP_TOKENS",
            "measure_ceilings", "measure_engine_idle", "measure_grid", "measure_idle",
            "memory_bytes", "read_measurements", "record_features", "run_queue_wait_ns",
            "warm_up"]

@@ -206,6 +206,33 @@ def test_a_folder_where_an_output_goes_is_refused_before_measuring(tiny_grid, tm
     assert measured == []
 
 
+def test_least_max_model_len_is_where_the_grid_first_holds_enough_cells():
+    # checked against a scan of every length, not the bisection's own steps
+    from calibration.profiler import IDLE_STEP_TOKENS, default_grid, least_max_model_len
+    for device, quick in (("cpu", True), ("cpu", False), ("cuda", False)):
+        enough = [n > IDLE_STEP_TOKENS and len(default_grid(device, quick, n).cells(
+            16, n, 1 << 62)) >= 4 for n in range(1, 700)]
+        first = enough.index(True) + 1
+        assert all(enough[first - 1:])   # it only grows
+        assert least_max_model_len(device, quick, 16, 4) == first
+
+
+def test_a_max_model_len_too_short_for_the_grid_is_refused_before_measuring(tmp_path, capsys,
+                                                                          monkeypatch):
+    # 65-100 measured for 20 s then failed in the fit (a traceback); 17-64 in the engine
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: pytest.fail("measured despite the bad flag"))
+    from calibration.profiler import least_max_model_len
+    least = least_max_model_len("cpu", True, 16, 4)
+    argv = ["calibrate", "--model", "llama-test", "--quick", "--out", str(tmp_path / "p.yaml"),
+            "--max-model-len", str(least - 1)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"servesim: error: --max-model-len {least - 1}: calibration needs at least {least} (4 "
+        f"grid shapes to fit and hold out, and the 64-token step timed after idle)\n")
+    assert not any(tmp_path.iterdir())
+
+
 def test_an_out_that_holds_another_yaml_file_is_refused_before_measuring(tiny_grid,
                                                                         tmp_path):
     # a scenario named as --out was overwritten by the profile; a profile (stale or not)

