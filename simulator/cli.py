@@ -255,8 +255,24 @@ def _on_main_thread(f):
         f()
 
 
+#: Set by SIGTERM: its Terminated can be lost (raised inside a callback whose exceptions
+#: Python ignores, such as a weakref's), and the command must still not commit its outputs.
+_terminated = False
+
+
 def _raise_terminated(signum, frame):
+    global _terminated
+    _terminated = True
     raise Terminated
+
+
+def _commit_outputs_hook() -> None:
+    """:data:`simulator.files.on_commit` of the console script: stop before the outputs go
+    in place if a SIGTERM came (even one whose :class:`Terminated` was swallowed), else
+    ignore Ctrl-C and SIGTERM from here on (:func:`_ignore_interrupts`)."""
+    if _terminated:
+        raise Terminated
+    _ignore_interrupts()
 
 
 def _terminate_as_interrupt() -> None:
@@ -286,21 +302,26 @@ def main(argv=None) -> int:
     renaming its outputs into place and after it returns (interpreter shutdown): an
     interrupt then lets it finish, exit 0, rather than exiting 130 over a whole report.
     """
+    global _terminated
     from . import files
 
     console = argv is None
     try:
+        if console:
+            _terminated = False
+            _terminate_as_interrupt()
         # Building the parser imports every command's modules (seconds): inside the try,
-        # so that Ctrl-C then is one line too.
+        # so that Ctrl-C or SIGTERM then is one line too.
         ap = build_parser()
         argv = sys.argv[1:] if argv is None else list(argv)
         _check_utf8(argv)
         args = ap.parse_args(_attach_dash_values(argv))
         if console:
-            files.on_commit = _ignore_interrupts
-            _terminate_as_interrupt()
+            files.on_commit = _commit_outputs_hook
         status = args.func(args)
         if console:
+            if _terminated:   # swallowed where it was raised: say so, as it was meant
+                raise Terminated
             _ignore_interrupts()
         return status
     except InputError as e:
