@@ -37,6 +37,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue   # "<<: *base": merged by SafeLoader, whose keys a mapping overrides
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, Hashable):
                 continue               # PyYAML itself refuses these below
@@ -47,6 +49,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
     def construct_yaml_int(self, node):
+        if ":" in node.value:   # YAML 1.1's base 60 (1:30 is 90); text in YAML 1.2
+            return self.construct_scalar(node)
         # Python refuses to read integers of more than 4300 digits (sys.int_info)
         try:
             return super().construct_yaml_int(node)
@@ -64,6 +68,10 @@ _FLOAT_WITH_EXPONENT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITH_EXPONENT,
                                        list("-+.0123456789"))
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor(   # base 60 floats (1:30.5) are text too, as in YAML 1.2
+    "tag:yaml.org,2002:float",
+    lambda loader, node: loader.construct_scalar(node) if ":" in node.value
+    else loader.construct_yaml_float(node))
 # YAML 1.2's core schema has no timestamps: an unquoted 2026-12-01 stays the text it is
 # (PyYAML made it a date, and 2026-13-01 a ValueError traceback from inside the parser).
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp",
@@ -74,8 +82,10 @@ def load_yaml(text: str):
     """Parse YAML text safely (``yaml.safe_load``), refusing duplicate mapping keys.
 
     Numbers with an exponent resolve as YAML 1.2 floats (``1e30``, ``1E-3``, ``+1e5``,
-    ``1.5e3``), which PyYAML's YAML 1.1 rules leave as strings, and timestamps stay
-    strings (YAML 1.2 has none); everything else resolves as in ``yaml.safe_load``.
+    ``1.5e3``), which PyYAML's YAML 1.1 rules leave as strings; timestamps and base-60
+    numbers (``1:30``) stay strings (YAML 1.2 has neither); merge keys (``<<: *base``)
+    merge, a key given beside them overriding; everything else resolves as in
+    ``yaml.safe_load``.
 
     Raises:
         yaml.YAMLError: a syntax error or a duplicate key (``problem_mark`` gives the line),

@@ -210,3 +210,11 @@ def test_yaml_timestamps_stay_text_as_in_yaml_1_2():
 
     assert load_yaml("a: 2026-12-01\nb: 2026-13-01\nc: 2024-02-30 10:00:00\n") == {
         "a": "2026-12-01", "b": "2026-13-01", "c": "2024-02-30 10:00:00"}
+
+
+def test_merge_keys_merge_and_base_60_numbers_stay_text():
+    # "<<: *base" was "could not determine a constructor for the tag ...merge"; 1:30 was 90
+    got = load_yaml("a: &b {x: 1, y: 2}\nm:\n  <<: *b\n  y: 3\nt: 1:30\nf: 1:30.5\n")
+    assert got == {"a": {"x": 1, "y": 2}, "m": {"x": 1, "y": 3}, "t": "1:30", "f": "1:30.5"}
+    with pytest.raises(yaml.YAMLError, match="duplicate key 'y'"):
+        load_yaml("m:\n  <<: {y: 1}\n  y: 2\n  y: 3\n")
