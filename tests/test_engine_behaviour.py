@@ -155,9 +155,36 @@ def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
      "sampling: a SamplingParams or a mapping of its fields (got str)"),
     (lambda eng: eng.generate([ids(1, 5)], [4]),
      "sampling: a SamplingParams or a mapping of its fields (got int)"),
+    (lambda eng: eng.add_request(ids(1, 5), GREEDY, request_id=[1]),
+     "request_id: a hashable id such as a str or an int, got list"),
+    (lambda eng: eng.add_request(ids(1, 5), GREEDY, arrival_ns="a"),
+     "arrival_ns: an integer >= 0 (ns on the run's clock), got 'a'"),
+    (lambda eng: eng.add_request(ids(1, 5), GREEDY, arrival_ns=-5),
+     "arrival_ns: an integer >= 0 (ns on the run's clock), got -5"),
+    (lambda eng: eng.add_request("a\ud800b", GREEDY),
+     "prompt: character 1 ('\\ud800') is a lone surrogate, not text UTF-8 can encode"),
+    (lambda eng: eng.add_request(b"abc", GREEDY),
+     "prompt: expected text or a list of token ids (got bytes)"),
+    (lambda eng: eng.generate({"a": 1}, GREEDY),
+     "prompts: a text, a list of token ids, or a list of those (got dict)"),
+    (lambda eng: eng.generate([ids(1, 3), [2.5]], GREEDY),
+     "prompts[1]: prompt[0]: token ids are integers (got 2.5)"),
+    (lambda eng: LLMEngine(CFG, dict(num_gpu_blocks=64, seed=2**70)),
+     "engine.seed: a seed is from -2**63 to 2**64 - 1 (torch.Generator.manual_seed's "
+     "range) (got 1180591620717411303424)"),
+    (lambda eng: LLMEngine({**CFG, "rope_scaling": "x"}, dict(num_gpu_blocks=64)),
+     "config.rope_scaling: a mapping (rope_type, factor, ...) or null, got 'x'"),
+    (lambda eng: LLMEngine({**CFG, "rms_norm_eps": float("nan")}, dict(num_gpu_blocks=64)),
+     "config.rms_norm_eps: a finite number > 0, got nan"),
+    (lambda eng: LLMEngine({**CFG, "rope_theta": -1}, dict(num_gpu_blocks=64)),
+     "config.rope_theta: a finite number > 0, got -1"),
+    (lambda eng: LLMEngine({**CFG, "eos_token_id": 999}, dict(num_gpu_blocks=64)),
+     "config.eos_token_id: a token id in [0, 128) or a list of them, got 999"),
 ])
-def test_arguments_of_another_type_are_one_input_error(call, said):
-    # each was a bare TypeError from inside the engine
+def test_bad_arguments_are_one_input_error(call, said):
+    # each was a raw TypeError / UnicodeEncodeError / AttributeError / ValueError from
+    # inside the engine, or loaded and ran (NaN logits, token 999 as EOS), or stored a
+    # string as a time
     eng = engine()
     with pytest.raises(InputError) as e:
         call(eng)
@@ -187,43 +214,6 @@ def test_a_tiny_temperature_or_top_p_samples_the_most_likely_token(kw):
     out = eng.generate([ids(1, 5), ids(2, 5)], [GREEDY, dict(max_tokens=6, ignore_eos=True,
                                                              **kw)])
     assert out[1].output_token_ids == engine().generate([ids(2, 5)], GREEDY)[0].output_token_ids
-    assert not eng.has_unfinished_requests()
-
-
-@pytest.mark.parametrize("call, said", [
-    (lambda eng: eng.add_request(ids(1, 5), GREEDY, request_id=[1]),
-     "request_id: a hashable id such as a str or an int, got list"),
-    (lambda eng: eng.add_request(ids(1, 5), GREEDY, arrival_ns="a"),
-     "arrival_ns: an integer >= 0 (ns on the run's clock), got 'a'"),
-    (lambda eng: eng.add_request(ids(1, 5), GREEDY, arrival_ns=-5),
-     "arrival_ns: an integer >= 0 (ns on the run's clock), got -5"),
-    (lambda eng: eng.add_request("a\ud800b", GREEDY),
-     "prompt: character 1 ('\\ud800') is a lone surrogate, not text UTF-8 can encode"),
-    (lambda eng: eng.add_request(b"abc", GREEDY),
-     "prompt: expected text or a list of token ids (got bytes)"),
-    (lambda eng: eng.generate({"a": 1}, GREEDY),
-     "prompts: a text, a list of token ids, or a list of those (got dict)"),
-    (lambda eng: eng.generate([ids(1, 3), [2.5]], GREEDY),
-     "prompts[1]: prompt[0]: token ids are integers (got 2.5)"),
-    (lambda eng: LLMEngine(CFG, dict(num_gpu_blocks=64, seed=2**70)),
-     "engine.seed: a seed is from -2**63 to 2**64 - 1 (torch.Generator.manual_seed's "
-     "range) (got 1180591620717411303424)"),
-    (lambda eng: LLMEngine({**CFG, "rope_scaling": "x"}, dict(num_gpu_blocks=64)),
-     "config.rope_scaling: a mapping (rope_type, factor, ...) or null, got 'x'"),
-    (lambda eng: LLMEngine({**CFG, "rms_norm_eps": float("nan")}, dict(num_gpu_blocks=64)),
-     "config.rms_norm_eps: a finite number > 0, got nan"),
-    (lambda eng: LLMEngine({**CFG, "rope_theta": -1}, dict(num_gpu_blocks=64)),
-     "config.rope_theta: a finite number > 0, got -1"),
-    (lambda eng: LLMEngine({**CFG, "eos_token_id": 999}, dict(num_gpu_blocks=64)),
-     "config.eos_token_id: a token id in [0, 128) or a list of them, got 999"),
-])
-def test_more_bad_arguments_are_one_input_error(call, said):
-    # each loaded and ran (NaN logits, token 999 as EOS), stored a string as a time, or
-    # was a raw TypeError / UnicodeEncodeError / AttributeError / ValueError
-    eng = engine()
-    with pytest.raises(InputError) as e:
-        call(eng)
-    assert str(e.value) == said
     assert not eng.has_unfinished_requests()
 
 

@@ -262,8 +262,12 @@ workload:
         time.sleep(0.1)
 
 
-def test_ctrl_c_while_servesim_imports_its_commands_is_one_line():
-    # Building the parser imports every command's modules (a second or more): a SIGINT
+@pytest.mark.parametrize("sig, status, said", [
+    ("SIGINT", 130, "servesim: interrupted\n"),
+    ("SIGTERM", 143, "servesim: terminated\n"),   # it died silently (status -15)
+])
+def test_a_signal_while_servesim_imports_its_commands_is_one_line(sig, status, said):
+    # Building the parser imports every command's modules (a second or more): a signal
     # arriving then, here sent by the process to itself as build_parser starts, is one line.
     import subprocess
     import sys
@@ -271,10 +275,20 @@ def test_ctrl_c_while_servesim_imports_its_commands_is_one_line():
     proc = subprocess.run(
         [sys.executable, "-c", "import os, signal, sys; from simulator import cli; "
          "build = cli.build_parser; "
-         "cli.build_parser = lambda: (os.kill(os.getpid(), signal.SIGINT), build())[1]; "
-         "sys.exit(cli.main(['schema']))"],
+         f"cli.build_parser = lambda: (os.kill(os.getpid(), signal.{sig}), build())[1]; "
+         "sys.argv = ['servesim', 'schema']; sys.exit(cli.main())"],
         capture_output=True, text=True, timeout=120, preexec_fn=_sigint_default)
-    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "servesim: interrupted\n", "")
+    assert (proc.returncode, proc.stderr, proc.stdout) == (status, said, "")
+
+
+def _small_scenario(tmp_path):
+    """A 20-request scenario file that runs in a moment."""
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                    "engine: {max_num_seqs: 4, max_model_len: 512}\nworkload: {num_requests: "
+                    "20, arrival: {process: poisson, rate: 10}, prompt_tokens: {dist: fixed, "
+                    "value: 8}, output_tokens: {dist: fixed, value: 4}}\n")
+    return scen
 
 
 @pytest.mark.parametrize("when", ["before_commit", "at_commit", "after_main"])
@@ -285,11 +299,7 @@ def test_ctrl_c_leaves_no_output_and_130_or_the_whole_output_and_0(tmp_path, whe
     import subprocess
     import sys
 
-    scen = tmp_path / "s.yaml"
-    scen.write_text("name: s\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
-                    "engine: {max_num_seqs: 4, max_model_len: 512}\nworkload: {num_requests: "
-                    "20, arrival: {process: poisson, rate: 10}, prompt_tokens: {dist: fixed, "
-                    "value: 8}, output_tokens: {dist: fixed, value: 4}}\n")
+    scen = _small_scenario(tmp_path)
     out = tmp_path / "out"
     kill = "os.kill(os.getpid(), signal.SIGINT)"
     patch = {"before_commit": f"report.commit_outputs = lambda: ({kill}, commit())",
@@ -310,21 +320,6 @@ def test_ctrl_c_leaves_no_output_and_130_or_the_whole_output_and_0(tmp_path, whe
         assert (out / "summary.json").is_file() and (out / "report.html").is_file()
 
 
-def test_sigterm_while_servesim_imports_its_commands_is_one_line():
-    # before the parser is built the handler was not installed: it died by the signal,
-    # silently (status -15)
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [sys.executable, "-c", "import os, signal, sys; from simulator import cli; "
-         "build = cli.build_parser; "
-         "cli.build_parser = lambda: (os.kill(os.getpid(), signal.SIGTERM), build())[1]; "
-         "sys.argv = ['servesim', 'schema']; sys.exit(cli.main())"],
-        capture_output=True, text=True, timeout=120)
-    assert (proc.returncode, proc.stderr, proc.stdout) == (143, "servesim: terminated\n", "")
-
-
 def test_a_sigterm_whose_exception_was_swallowed_still_commits_nothing(tmp_path):
     # Terminated raised inside a weakref callback is ignored by Python ("Exception ignored
     # in ..."); the run went on, wrote its whole report and exited 0. The flag the handler
@@ -332,11 +327,7 @@ def test_a_sigterm_whose_exception_was_swallowed_still_commits_nothing(tmp_path)
     import subprocess
     import sys
 
-    scen = tmp_path / "s.yaml"
-    scen.write_text("name: s\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
-                    "engine: {max_num_seqs: 4, max_model_len: 512}\nworkload: {num_requests: "
-                    "20, arrival: {process: poisson, rate: 10}, prompt_tokens: {dist: fixed, "
-                    "value: 8}, output_tokens: {dist: fixed, value: 4}}\n")
+    scen = _small_scenario(tmp_path)
     out = tmp_path / "out"
     code = ("import sys; from simulator import cli, report; commit = report.commit_outputs; "
             "report.commit_outputs = lambda: (setattr(cli, '_terminated', True), commit()); "
