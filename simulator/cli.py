@@ -277,13 +277,16 @@ def _commit_outputs_hook() -> None:
 
 def _terminate_as_interrupt() -> None:
     """Raise :class:`Terminated` on SIGTERM, unless it was ignored when servesim started
-    (``nohup``-like parents mean it to be)."""
+    (``nohup``-like parents mean it to be). One swallowed where it was raised (a weakref
+    callback) is not printed as "Exception ignored in ...": the flag stops the command."""
     import signal
 
     def install():
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
             signal.signal(signal.SIGTERM, _raise_terminated)
     _on_main_thread(install)
+    default = sys.unraisablehook
+    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, Terminated) else default(u)
 
 
 def _ignore_interrupts() -> None:
@@ -336,6 +339,11 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # e.g. `servesim schema | head`
         sys.stderr.close()
         return 0
+    except Exception:
+        if _terminated:   # raised inside an import, which made it an ImportError
+            print("servesim: terminated", file=sys.stderr)
+            return 143
+        raise
 
 
 if __name__ == "__main__":

@@ -180,6 +180,10 @@ def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
      "config.rope_theta: a finite number > 0, got -1"),
     (lambda eng: LLMEngine({**CFG, "eos_token_id": 999}, dict(num_gpu_blocks=64)),
      "config.eos_token_id: a token id in [0, 128) or a list of them, got 999"),
+    (lambda eng: LLMEngine({**CFG, "hidden_size": 30}, dict(num_gpu_blocks=64)),
+     "config.hidden_size: 30 must be a multiple of num_attention_heads 4 (or give head_dim)"),
+    (lambda eng: eng.generate(__import__("numpy").array([], dtype="int64"), GREEDY),
+     "prompt: empty"),   # one 1-D array is one prompt, empty or not (it was no prompt)
 ])
 def test_bad_arguments_are_one_input_error(call, said):
     # each was a raw TypeError / UnicodeEncodeError / AttributeError / ValueError from
@@ -219,6 +223,10 @@ def test_a_tiny_temperature_or_top_p_samples_the_most_likely_token(kw):
 
 def test_an_allocation_the_host_refuses_names_what_asked_for_it():
     for model, knobs, what in ((CFG, dict(num_gpu_blocks=10**12), "engine.num_gpu_blocks"),
+                               (CFG, dict(num_gpu_blocks=2**62), "engine.num_gpu_blocks"),
+                               (CFG, dict(num_gpu_blocks=2**63), "engine.num_gpu_blocks"),
+                               (CFG, dict(kv_cache_memory_bytes=2**80),
+                                "engine.kv_cache_memory_bytes"),
                                ({**CFG, "vocab_size": 10**12}, dict(num_gpu_blocks=64),
                                 "model")):
         with pytest.raises(InputError) as e:
@@ -489,6 +497,12 @@ def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
     assert str(e.value).startswith(f"{tmp_path / 'tokenizer.json'}: not a tokenizer.json "
                                    f"the tokenizers library reads (")
     (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer.json").mkdir()   # the byte tokenizer was used silently
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value) == (f"{tmp_path / 'tokenizer.json'}: not a file (a tokenizer.json is "
+                            f"a file)")
+    (tmp_path / "tokenizer.json").rmdir()
     (tmp_path / "zz.safetensors").mkdir()   # an OSError "No such device"
     with pytest.raises(InputError) as e:
         LLMEngine(tmp_path, knobs)

@@ -281,6 +281,27 @@ def test_a_signal_while_servesim_imports_its_commands_is_one_line(sig, status, s
     assert (proc.returncode, proc.stderr, proc.stdout) == (status, said, "")
 
 
+def test_a_sigterm_swallowed_or_turned_into_another_error_is_still_one_line():
+    # raised inside a weakref callback Python printed "Exception ignored in ... Traceback";
+    # raised inside matplotlib's import it became an ImportError traceback, status 1
+    import subprocess
+    import sys
+
+    swallowed = subprocess.run(
+        [sys.executable, "-c", "import weakref; from simulator import cli; "
+         "cli._terminate_as_interrupt(); A = type('A', (), {}); a = A(); "
+         "r = weakref.ref(a, lambda r: cli._raise_terminated(15, None)); del a; "
+         "print('went on')"], capture_output=True, text=True, timeout=120)
+    assert (swallowed.returncode, swallowed.stdout, swallowed.stderr) == (0, "went on\n", "")
+    in_import = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom simulator import cli\n"
+         "def build():\n    cli._terminated = True\n"
+         "    raise ImportError('initialization failed')\n"
+         "cli.build_parser = build\nsys.argv = ['servesim', 'schema']\nsys.exit(cli.main())"],
+        capture_output=True, text=True, timeout=120)
+    assert (in_import.returncode, in_import.stderr) == (143, "servesim: terminated\n")
+
+
 def _small_scenario(tmp_path):
     """A 20-request scenario file that runs in a moment."""
     scen = tmp_path / "s.yaml"

@@ -179,10 +179,11 @@ def _memory_named(what: str):
     10**12 KV blocks or vocab entries) as one InputError naming ``what``."""
     try:
         yield
-    except (RuntimeError, MemoryError) as e:
-        text = str(e)
-        if isinstance(e, RuntimeError) and "alloc" not in text.lower() \
-                and "out of memory" not in text.lower():
+    except (RuntimeError, MemoryError, TypeError) as e:
+        text = str(e)   # 2**62 blocks: "Storage size calculation overflowed"; 2**63: a
+        # TypeError "Overflow when unpacking long long"
+        if not isinstance(e, MemoryError) and not any(
+                w in text.lower() for w in ("alloc", "out of memory", "overflow")):
             raise
         raise InputError(f"{what}: needs more memory than the device gives "
                          f"({text.splitlines()[0] if text else type(e).__name__})") from None
@@ -258,7 +259,9 @@ class LLMEngine:
         self.max_concurrency = report_kv_cache(self.num_gpu_blocks, cfg.block_size, max_len,
                                                cfg.device)
         self.scheduler = Scheduler(sched_cfg)
-        with _memory_named("engine.num_gpu_blocks"):
+        with _memory_named("engine.num_gpu_blocks" if cfg.num_gpu_blocks is not None
+                           or cfg.kv_cache_memory_bytes is None
+                           else "engine.kv_cache_memory_bytes"):
             self.kv_store = KVStore(mcfg.num_hidden_layers, self.num_gpu_blocks,
                                     cfg.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
                                     dtype, cfg.device)
@@ -540,6 +543,7 @@ class LLMEngine:
             InputError: any invalid prompt or sampling value; then none of ``prompts`` is
                 run and requests queued before the call are untouched.
         """
+        given = prompts
         if isinstance(prompts, str):
             prompts = [prompts]
         try:
@@ -549,8 +553,8 @@ class LLMEngine:
         except TypeError:
             raise InputError(f"prompts: a text, a list of token ids, or a list of those (got "
                              f"{type(prompts).__name__})") from None
-        if prompts and _is_token_id(prompts[0]):
-            prompts = [prompts]   # one prompt of token ids
+        if (prompts and _is_token_id(prompts[0])) or getattr(given, "ndim", None) == 1:
+            prompts = [prompts]   # one prompt of token ids (an empty 1-D array too)
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InputError(f"params: {len(plist)} given for {len(prompts)} prompts")

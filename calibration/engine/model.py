@@ -105,6 +105,9 @@ class ModelConfig:
         if heads % kv_heads:
             raise InputError(f"{source}.num_key_value_heads: {kv_heads} must divide "
                              f"num_attention_heads {heads}")
+        if not d.get("head_dim") and d["hidden_size"] % heads:   # the shapes broke in warm-up
+            raise InputError(f"{source}.hidden_size: {d['hidden_size']} must be a multiple of "
+                             f"num_attention_heads {heads} (or give head_dim)")
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
         for key, default in (("rms_norm_eps", 1e-6), ("rope_theta", 1.0)):
             v = d.get(key, default)   # NaN or a negative theta loaded and ran NaN logits

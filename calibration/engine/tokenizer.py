@@ -76,9 +76,16 @@ class HFTokenizer:
 
 
 def load_tokenizer(model_dir, vocab_size: int):
-    """``HFTokenizer`` when ``model_dir/tokenizer.json`` exists, else ``ByteTokenizer``."""
-    if model_dir is not None and (Path(model_dir) / "tokenizer.json").is_file():
-        return HFTokenizer(Path(model_dir) / "tokenizer.json")
+    """``HFTokenizer`` when ``model_dir/tokenizer.json`` exists, else ``ByteTokenizer``.
+
+    Raises:
+        InputError: a ``tokenizer.json`` that is not a file (a folder) or not readable.
+    """
+    path = None if model_dir is None else Path(model_dir) / "tokenizer.json"
+    if path is not None and path.exists():
+        if not path.is_file():
+            raise InputError(f"{path}: not a file (a tokenizer.json is a file)")
+        return HFTokenizer(path)
     return ByteTokenizer(vocab_size)
 
 
