@@ -49,8 +49,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
     def construct_yaml_int(self, node):
-        if ":" in node.value:   # YAML 1.1's base 60 (1:30 is 90); text in YAML 1.2
+        # Integers as YAML 1.2's core schema reads them (010 is ten, not YAML 1.1's octal
+        # eight; 0o10 is eight; base 60, 1:30 = 90 in YAML 1.1, is text), keeping YAML
+        # 1.1's readable 100_000 and 0b101.
+        value = node.value
+        body = value.lstrip("+-")
+        if ":" in value:
             return self.construct_scalar(node)
+        if body[:2] in ("0o", "0O"):
+            return int(value.replace(body[:2], "", 1), 8)
+        if body[:1] == "0" and body[1:2] and body[1:2] in "0123456789_":
+            return int(value.replace("_", ""), 10)
         # Python refuses to read integers of more than 4300 digits (sys.int_info)
         try:
             return super().construct_yaml_int(node)
@@ -67,6 +76,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _FLOAT_WITH_EXPONENT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$")
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITH_EXPONENT,
                                        list("-+.0123456789"))
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^0[oO][0-7]+$"),
+                                       ["0"])   # YAML 1.2's octal
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
 _UniqueKeyLoader.add_constructor(   # base 60 floats (1:30.5) are text too, as in YAML 1.2
     "tag:yaml.org,2002:float",
@@ -82,8 +93,9 @@ def load_yaml(text: str):
     """Parse YAML text safely (``yaml.safe_load``), refusing duplicate mapping keys.
 
     Numbers with an exponent resolve as YAML 1.2 floats (``1e30``, ``1E-3``, ``+1e5``,
-    ``1.5e3``), which PyYAML's YAML 1.1 rules leave as strings; timestamps and base-60
-    numbers (``1:30``) stay strings (YAML 1.2 has neither); merge keys (``<<: *base``)
+    ``1.5e3``), which PyYAML's YAML 1.1 rules leave as strings; integers are YAML 1.2's
+    (``010`` is 10, ``0o10`` is 8, base 60 ``1:30`` stays a string) with YAML 1.1's
+    ``1_000`` and ``0b11`` kept; timestamps stay strings (YAML 1.2 has none); merge keys (``<<: *base``)
     merge, a key given beside them overriding; everything else resolves as in
     ``yaml.safe_load``.
 

@@ -218,3 +218,14 @@ def test_merge_keys_merge_and_base_60_numbers_stay_text():
     assert got == {"a": {"x": 1, "y": 2}, "m": {"x": 1, "y": 3}, "t": "1:30", "f": "1:30.5"}
     with pytest.raises(yaml.YAMLError, match="duplicate key 'y'"):
         load_yaml("m:\n  <<: {y: 1}\n  y: 2\n  y: 3\n")
+
+
+@pytest.mark.parametrize("text, value", [
+    ("010", 10), ("-010", -10), ("0_10", 10), ("0o10", 8), ("0O17", 15), ("0x10", 16),
+    ("12", 12), ("1:30", "1:30"),   # YAML 1.1's base 60: text, as in YAML 1.2
+    ("1_000", 1000), ("0b11", 3),   # YAML 1.1's, kept (readable; no 1.2 meaning to clash)
+])
+def test_integers_read_as_yaml_1_2_core_reads_them(text, value):
+    # 010 was YAML 1.1's octal 8 (--set engine.max_num_seqs=010 ran 8); 0o10 was text
+    got = load_yaml(f"x: {text}")["x"]
+    assert got == value and type(got) is type(value)
