@@ -292,6 +292,30 @@ def profile_out(args) -> tuple[Path, str]:
     return out, name
 
 
+def time_first_step_after_idle(step_ns, repeats: int):
+    """Time the first step after idle with both backends' rule: ``step_ns()`` runs one
+    :data:`~calibration.profiler.IDLE_STEP_TOKENS`-token prefill on the idle engine and
+    returns its ns; :func:`~calibration.profiler.measure_idle` over
+    :data:`~calibration.profiler.IDLE_GAPS_S`, ``min(repeats, IDLE_PASSES)`` passes, said on
+    stderr first.
+
+    Returns:
+        ``(IdleInfo, clause)``: the profile's ``idle``, and the provenance clause (starting
+        ``"; "``) that says how it was measured.
+    """
+    from simulator.cost_model import IdleInfo
+
+    from .profiler import IDLE_GAPS_S, IDLE_PASSES, IDLE_STEP_TOKENS, measure_idle
+
+    passes = min(repeats, IDLE_PASSES)
+    print(f"timing the first step after idle ({', '.join(f'{g:g}' for g in IDLE_GAPS_S)} s, "
+          f"{passes} passes)", file=sys.stderr)
+    idle = IdleInfo(**measure_idle(step_ns, IDLE_GAPS_S, repeats=passes))
+    return idle, (f"; first step after idle (a {IDLE_STEP_TOKENS}-token prefill, "
+                  f"{idle.reference_s * 1e3:.3g} ms back to back; median of {passes} passes, "
+                  f"made non-decreasing): {idle.describe()}")
+
+
 def output_files(out: Path, report_dir: str | Path | None) -> dict[str, Path]:
     """The files a calibration writes besides the profile ``out`` (``<stem>.yaml``):
     ``measurements`` (``<stem>.measurements.csv``) and ``replay`` (``<stem>.replay.csv``)
@@ -466,8 +490,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     require_torch()   # after the flags that need no torch, as validate does
     import torch
 
-    from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, IdleInfo, KVInfo,
-                                      ModelInfo, NoiseInfo, Profile, Provenance, CostSpec,
+    from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, KVInfo, ModelInfo,
+                                      NoiseInfo, Profile, Provenance, CostSpec,
                                       RooflineConstants, activation_reserve_bytes,
                                       save_profile)
 
@@ -475,10 +499,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     from calibration.engine.weights import random_model
 
     from . import fit as fitmod
-    from .profiler import (IDLE_GAPS_S, IDLE_PASSES, IDLE_STEP_TOKENS, OWN_ENGINE, MeasurementLog,
-                           check_resumable, default_grid, least_max_model_len,
-                           measure_ceilings, measure_engine_idle, measure_grid,
-                           read_csv_header, read_measurements)
+    from .profiler import (IDLE_STEP_TOKENS, OWN_ENGINE, MeasurementLog, check_resumable,
+                           default_grid, idle_step, least_max_model_len, measure_ceilings,
+                           measure_grid, read_csv_header, read_measurements)
     from .report import write_report
 
     t_start = time.perf_counter()
@@ -577,10 +600,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     finally:
         log.close()
     # -- the first step after idle (not resumable: seconds) --------------------------------
-    passes = min(grid.repeats, IDLE_PASSES)
-    print(f"timing the first step after idle ({', '.join(f'{g:g}' for g in IDLE_GAPS_S)} s, "
-          f"{passes} passes)", file=sys.stderr)
-    idle = IdleInfo(**measure_engine_idle(engine, passes, seed=args.seed + 2))
+    idle, idle_source = time_first_step_after_idle(idle_step(engine, seed=args.seed + 2),
+                                                   grid.repeats)
     df = read_measurements(csv_path)
     # Bounds from the profile's own peaks, so the CSV and the profile alone reproduce the fit.
     result = fitmod.fit_measurements(df, k, (dev_info.peak_flops, dev_info.memory_bandwidth))
@@ -634,9 +655,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                    f"their cell's fastest) left out of the fit")
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
-    source += (f"; first step after idle (a {IDLE_STEP_TOKENS}-token prefill, "
-               f"{idle.reference_s * 1e3:.3g} ms back to back; median of {passes} "
-               f"passes, made non-decreasing): {idle.describe()}")
+    source += idle_source
     profile = Profile(
         name=name, device=dev_info, engine=f"servesim-torch {__version__}",
         model=ModelInfo(name=shape.name, shape={k_: v for k_, v in shape.to_dict().items()

@@ -387,7 +387,8 @@ def _check_own_cells(path: Path, df, name: Path) -> None:
 
 
 def _shape_of(cell: Cell) -> tuple[str, int]:
-    """``(prefills, num_decodes)`` as a measurements row of ``cell`` writes them."""
+    """``(prefills, num_decodes)`` of a step of ``cell``, as its measurements row writes
+    them (:func:`record_features`)."""
     chunk = f"{cell.n}@{cell.c}" if cell.kind in ("prefill", "mixed") else ""
     return chunk, cell.B
 
@@ -644,11 +645,10 @@ class _Driver:
 
 def _check(cell: Cell, rec) -> None:
     """The measured step has the shape the cell asks for (else the set-up is broken)."""
-    want_chunks = [(cell.n, cell.c)] if cell.kind in ("prefill", "mixed") else []
-    got = [(n, c) for _, n, c in rec.prefills]
-    if got != want_chunks or rec.num_decodes != cell.B:
-        raise RuntimeError(f"{cell.key}: engine ran chunks {got} with {rec.num_decodes} "
-                           f"decodes instead")
+    got = (record_features(rec)["prefills"], rec.num_decodes)
+    if got != _shape_of(cell):
+        raise RuntimeError(f"{cell.key}: engine ran chunks {got[0]!r} with {got[1]} decodes "
+                           f"instead")
 
 
 # == the measurement run ======================================================================
@@ -836,13 +836,12 @@ def measure_idle(step: Callable[[], int], gaps=IDLE_GAPS_S, repeats: int = 3,
             "reference_s": float(np.median(ref)) / 1e9}
 
 
-def measure_engine_idle(engine, repeats: int, seed: int = 0) -> dict:
-    """:func:`measure_idle` on ``engine`` (idle, as after :func:`measure_grid`): the step is
-    a :data:`IDLE_STEP_TOKENS`-token prefill of fresh tokens, the gaps
-    :data:`IDLE_GAPS_S`."""
+def idle_step(engine, seed: int = 0) -> Callable[[], int]:
+    """The step :func:`measure_idle` times on ``engine`` (idle, as after
+    :func:`measure_grid`): a :data:`IDLE_STEP_TOKENS`-token prefill of fresh tokens; each
+    call runs one and returns its duration in ns."""
     d = _Driver(engine, seed)
-    return measure_idle(lambda: d.chunk_step(IDLE_STEP_TOKENS, 0).duration_ns, IDLE_GAPS_S,
-                        repeats=repeats)
+    return lambda: d.chunk_step(IDLE_STEP_TOKENS, 0).duration_ns
 
 
 # == device ceilings ==========================================================================
@@ -943,6 +942,6 @@ __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed
            "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "check_resumable",
            "cpu_isa", "cpu_name",
            "default_grid", "least_max_model_len", "IDLE_GAPS_S", "IDLE_PASSES", "IDLE_STEP_TOKENS",
-           "measure_ceilings", "measure_engine_idle", "measure_grid", "measure_idle",
+           "idle_step", "measure_ceilings", "measure_grid", "measure_idle",
            "memory_bytes", "read_measurements", "record_features", "run_queue_wait_ns",
            "warm_up"]

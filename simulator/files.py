@@ -56,12 +56,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         body = value.lstrip("+-")
         if ":" in value:
             return self.construct_scalar(node)
-        if body[:2] in ("0o", "0O"):
-            return int(value.replace(body[:2], "", 1), 8)
-        if body[:1] == "0" and body[1:2] and body[1:2] in "0123456789_":
-            return int(value.replace("_", ""), 10)
         # Python refuses to read integers of more than 4300 digits (sys.int_info)
         try:
+            if body[:2] in ("0o", "0O"):
+                return int(value.replace(body[:2], "", 1), 8)
+            if body[:1] == "0" and body[1:2] and body[1:2] in "0123456789_":
+                return int(value.replace("_", ""), 10)
             return super().construct_yaml_int(node)
         except ValueError:
             raise yaml.constructor.ConstructorError(
@@ -95,9 +95,9 @@ def load_yaml(text: str):
     Numbers with an exponent resolve as YAML 1.2 floats (``1e30``, ``1E-3``, ``+1e5``,
     ``1.5e3``), which PyYAML's YAML 1.1 rules leave as strings; integers are YAML 1.2's
     (``010`` is 10, ``0o10`` is 8, base 60 ``1:30`` stays a string) with YAML 1.1's
-    ``1_000`` and ``0b11`` kept; timestamps stay strings (YAML 1.2 has none); merge keys (``<<: *base``)
-    merge, a key given beside them overriding; everything else resolves as in
-    ``yaml.safe_load``.
+    ``1_000`` and ``0b11`` kept; timestamps stay strings (YAML 1.2 has none); merge keys
+    (``<<: *base``) merge, a key given beside them overriding; everything else resolves as
+    in ``yaml.safe_load``.
 
     Raises:
         yaml.YAMLError: a syntax error or a duplicate key (``problem_mark`` gives the line),

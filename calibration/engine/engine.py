@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import numbers
-import operator
 import os
 import time
 from collections.abc import Mapping
@@ -35,8 +34,8 @@ from .kv_store import KVStore
 from .memory import (blocks_for_budget, profile_cuda_kv_budget, report_kv_cache)
 from .model import ModelConfig, Transformer
 from .runner import ModelRunner
-from .sampling import (SamplingParams, request_generator, sample, sampling_params,
-                       seed_in_range, validation_message)
+from .sampling import (SamplingParams, as_integer, request_generator, sample,
+                       sampling_params, seed_in_range, validation_message)
 from .tokenizer import load_tokenizer
 from .weights import load_pretrained, parse_dtype, random_model
 
@@ -352,11 +351,9 @@ class LLMEngine:
                 raise InputError("prompt: expected text or a list of token ids") from None
             ids = []
             for i, t in enumerate(items):
-                try:   # an integer type only: int(1.5) would run a different token
-                    if isinstance(t, bool):
-                        raise TypeError
-                    ids.append(operator.index(t))
-                except TypeError:
+                try:
+                    ids.append(as_integer(t))
+                except ValueError:
                     raise InputError(f"prompt[{i}]: token ids are integers (got "
                                      f"{t!r})") from None
             vocab = self.model_config.vocab_size
@@ -392,12 +389,12 @@ class LLMEngine:
                              f"{type(request_id).__name__}") from None
         if arrival_ns is not None:
             try:
-                if isinstance(arrival_ns, bool) or operator.index(arrival_ns) < 0:
-                    raise TypeError
-            except TypeError:
+                if as_integer(arrival_ns) < 0:
+                    raise ValueError
+            except ValueError:
                 raise InputError(f"arrival_ns: an integer >= 0 (ns on the run's clock), got "
                                  f"{arrival_ns!r}") from None
-            arrival_ns = operator.index(arrival_ns)
+            arrival_ns = as_integer(arrival_ns)
         for t in params.stop_token_ids:
             if not 0 <= t < self.model_config.vocab_size:
                 raise InputError(f"sampling.stop_token_ids: {t} outside the vocab "

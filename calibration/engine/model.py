@@ -113,11 +113,10 @@ class ModelConfig:
             v = d.get(key, default)   # NaN or a negative theta loaded and ran NaN logits
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
                 raise InputError(f"{source}.{key}: a finite number > 0, got {v!r}")
-        if not isinstance(d.get("max_position_embeddings", 4096), int) \
-                or isinstance(d.get("max_position_embeddings"), bool) \
-                or d.get("max_position_embeddings", 4096) < 1:
+        mpe = d.get("max_position_embeddings", 4096)
+        if isinstance(mpe, bool) or not isinstance(mpe, int) or mpe < 1:
             raise InputError(f"{source}.max_position_embeddings: a positive integer, got "
-                             f"{d['max_position_embeddings']!r}")
+                             f"{mpe!r}")
         for key in ("eos_token_id", "bos_token_id"):
             v = d.get(key)
             ids = v if isinstance(v, list) else [v]

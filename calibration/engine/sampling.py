@@ -31,9 +31,14 @@ def validation_message(err: ValidationError, prefix: str, model=None) -> str:
 SAMPLING_EPS = 1e-5
 
 
-def _integer(v):
-    """An integer of any integer type (Python, NumPy) as a Python int. A bool, a float or
-    text is refused: pydantic's lax mode made "4", 4.0 and True the integers 4, 4 and 1."""
+def as_integer(v) -> int:
+    """An integer of any integer type (Python, NumPy, a 0-d tensor) as a Python int. A
+    bool, a float or text is refused: pydantic's lax mode made "4", 4.0 and True the
+    integers 4, 4 and 1, and ``int(1.5)`` would run token 1.
+
+    Raises:
+        ValueError: anything else, in pydantic's words.
+    """
     if isinstance(v, bool):
         raise ValueError("Input should be a valid integer, not a bool")
     try:
@@ -71,7 +76,7 @@ def seed_in_range(v: int) -> int:
     return v
 
 
-Integer = Annotated[int, BeforeValidator(_integer)]
+Integer = Annotated[int, BeforeValidator(as_integer)]
 Real = Annotated[float, BeforeValidator(_real)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
 

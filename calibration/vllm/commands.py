@@ -93,17 +93,16 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from simulator.cost_model import (CostSpec, DeviceInfo, Efficiencies, ErrorInfo, ErrorStats,
-                                      IdleInfo, KVInfo, ModelInfo, NoiseInfo, Profile,
-                                      Provenance, RooflineConstants, save_profile)
+                                      KVInfo, ModelInfo, NoiseInfo, Profile, Provenance,
+                                      RooflineConstants, save_profile)
     from simulator.workload import build_workload
 
     from calibration import fit as fitmod
     from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic, model_arg,
                                  output_files, profile_out, replay_workload, threads_label,
-                                 warn_if_busy)
-    from calibration.profiler import (IDLE_GAPS_S, IDLE_PASSES, IDLE_STEP_TOKENS, GridRun,
-                                      cpu_name, measure_ceilings, measure_idle, memory_bytes,
-                                      read_measurements)
+                                 time_first_step_after_idle, warn_if_busy)
+    from calibration.profiler import (IDLE_STEP_TOKENS, GridRun, cpu_name, measure_ceilings,
+                                      memory_bytes, read_measurements)
     from simulator.files import check_writable
     from calibration.report import write_report
 
@@ -173,11 +172,8 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
             bar.advance(task)
     # the first step after idle, as calibrate times it on servesim's engine (vLLM's busy
     # loop and caches cool while it waits for work, as any engine's do)
-    passes = min(grid.repeats, IDLE_PASSES)
-    print(f"timing the first step after idle ({', '.join(f'{g:g}' for g in IDLE_GAPS_S)} s, "
-          f"{passes} passes)", file=sys.stderr)
-    idle = IdleInfo(**measure_idle(lambda: eng.prefill_step_ns(tok(IDLE_STEP_TOKENS)),
-                                   IDLE_GAPS_S, repeats=passes))
+    idle, idle_source = time_first_step_after_idle(
+        lambda: eng.prefill_step_ns(tok(IDLE_STEP_TOKENS)), grid.repeats)
     files = output_files(out, args.report_dir)
     csv_path = files["measurements"]
     header = {"model": shape.name, "shape": shape.to_dict(), "dtype": dtype, "device": "cpu",
@@ -222,9 +218,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
               f"{fitmod.HELDOUT_FOLDS}-fold over whole cells; forms tried: "
               + ", ".join(f"{f} MAPE {s['mape']:.3f}" for f, s in result.candidates.items())
               + "; vLLM knobs: " + ", ".join(f"{a}={b}" for a, b in knobs.items()))
-    source += (f"; first step after idle (a {IDLE_STEP_TOKENS}-token prefill, "
-               f"{idle.reference_s * 1e3:.3g} ms back to back; median of {passes} passes, "
-               f"made non-decreasing): {idle.describe()}")
+    source += idle_source
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
     profile = Profile(
