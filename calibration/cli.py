@@ -492,8 +492,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
 
     from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, KVInfo, ModelInfo,
                                       NoiseInfo, Profile, Provenance, CostSpec,
-                                      RooflineConstants, activation_reserve_bytes,
-                                      save_profile)
+                                      RooflineConstants, activation_reserve_bytes)
 
     from calibration.engine import LLMEngine
     from calibration.engine.weights import random_model
@@ -502,7 +501,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     from .profiler import (IDLE_STEP_TOKENS, OWN_ENGINE, MeasurementLog, check_resumable,
                            default_grid, idle_step, least_max_model_len, measure_ceilings,
                            measure_grid, read_csv_header, read_measurements)
-    from .report import write_report
+    from .report import write_calibration
 
     t_start = time.perf_counter()
     if getattr(args, "block_size", None) is None:
@@ -672,8 +671,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                               command=" ".join(["servesim", *map(shlex.quote, argv)])
                               if argv else "servesim calibrate", source=source,
                               measurements_csv=csv_path.name))
-    save_profile(profile, out)
-    paths = write_report(profile, result, df, replay_df, k, (flops, bw), files["report"])
+    paths = write_calibration(profile, out, result, df, replay_df, k, (flops, bw),
+                              files["report"])
     _print_summary(profile, result, rep_err, run, time.perf_counter() - t_start, out, paths)
     pass_warning(speeds)
     outlier_warning(result.dropped, len(df))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.files import atomic_write
+from simulator.files import atomic_write, commit_outputs
 
 from .fit import (WITH_PATHS, error_stats, pass_speeds, pass_spread, predict,
                   replay_predictions)
@@ -111,8 +111,9 @@ def efficiency_cells(eff: dict) -> list[tuple[str, str]]:
             for n, v in eff.items() if v is not None]
 
 
-def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
-    """Write ``html_path`` and the PNG beside it (``.png`` instead of ``.html``).
+def report_files(profile, result, df, replay_df, k, peaks, html_path) -> dict[Path, bytes]:
+    """The calibration report's files, built in memory: ``html_path`` and the PNG beside it
+    (``.png`` instead of ``.html``).
 
     Args:
         profile: the :class:`simulator.cost_model.Profile` written. result:
@@ -121,18 +122,15 @@ def write_report(profile, result, df, replay_df, k, peaks, html_path) -> dict:
             bytes/s).
 
     Returns:
-        ``{"html": Path, "png": Path}``.
+        ``{html path: bytes, png path: bytes}``.
     """
     html_path = Path(html_path)
-    html_path.parent.mkdir(parents=True, exist_ok=True)
-    png_path = html_path.with_suffix(".png")
     fig = _figure(profile, result, df, replay_df, k, peaks)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     import matplotlib.pyplot as plt
     plt.close(fig)
     png = buf.getvalue()
-    atomic_write(png_path, png)
 
     e = html.escape
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
@@ -206,8 +204,33 @@ ceiling does not see. They are fitted figures, not device limits.</p>
 <th>fit error</th><th>held-out error</th></tr>{cell_html}</table>
 <p>{e(profile.provenance.source)}</p>
 </body></html>"""
-    atomic_write(html_path, page.encode("utf-8"))
-    return {"html": html_path, "png": png_path}
+    return {html_path: page.encode("utf-8"), html_path.with_suffix(".png"): png}
 
 
-__all__ = ["write_report"]
+def write_calibration(profile, out, result, df, replay_df, k, peaks, html_path) -> dict:
+    """Write a calibration's outputs together: the profile ``out`` (YAML,
+    :func:`simulator.cost_model.profile_yaml`) and its report (:func:`report_files`).
+
+    All are built in memory first, then :func:`simulator.files.commit_outputs` runs (the
+    console script ignores Ctrl-C and SIGTERM from there on) and each file is renamed into
+    place (:func:`simulator.files.atomic_write`): an interrupt leaves either none of them
+    or all, never a profile without its report.
+
+    Returns:
+        ``{"html": Path, "png": Path}`` of the report.
+
+    Raises:
+        OSError: a file cannot be written.
+    """
+    from simulator.cost_model import profile_yaml
+
+    report = report_files(profile, result, df, replay_df, k, peaks, html_path)
+    text = profile_yaml(profile)
+    commit_outputs()
+    for path, data in report.items():
+        atomic_write(path, data)
+    profile._path = atomic_write(out, text)
+    return {"html": Path(html_path), "png": Path(html_path).with_suffix(".png")}
+
+
+__all__ = ["report_files", "write_calibration"]

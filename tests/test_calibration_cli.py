@@ -126,8 +126,7 @@ def refit_k(prof):
 def killed_calibration(out, rows: int, monkeypatch) -> None:
     """A calibration into ``out`` (no replay, no report) killed after ``rows`` rows."""
     import calibration.report
-    monkeypatch.setattr(calibration.report, "write_report",
-                        lambda *a: {"html": "-", "png": "-"})
+    monkeypatch.setattr(calibration.report, "report_files", lambda *a: {})
     seen = []
 
     def kill(row):
@@ -153,6 +152,35 @@ def test_killed_calibration_resumes_from_the_csv(tmp_path, tiny_grid, monkeypatc
     total = sum(TINY.repeats * TINY.rows_per_visit(c) for c in TINY.cells(16, 512, 10 ** 6))
     assert len(again) == total - 5
     assert len(read_measurements(tmp_path / "r.measurements.csv")) == total
+
+
+def test_an_interrupt_while_the_report_is_drawn_leaves_no_profile(tmp_path, tiny_grid,
+                                                                  monkeypatch):
+    # The profile and its report go in place together, after commit_outputs: a profile
+    # without its report was left when Ctrl-C or SIGTERM came while the plot was drawn.
+    import calibration.report
+    from simulator import files
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "r.yaml"
+    figure = calibration.report._figure
+    monkeypatch.setattr(calibration.report, "_figure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_calibrate(out, None, "--no-replay")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.measurements.csv"]
+
+    monkeypatch.setattr(calibration.report, "_figure", figure)
+    seen = []
+    monkeypatch.setattr(files, "on_commit", lambda: seen.append(sorted(
+        p.name for p in tmp_path.iterdir())))
+    run_calibrate(out, None, "--no-replay")   # resumed from the CSV, nothing measured again
+    assert seen == [["r.measurements.csv"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "r.calibration-report.html", "r.calibration-report.png", "r.measurements.csv",
+        "r.yaml"]
+    assert load_profile(out).name == "r"
 
 
 def test_resuming_with_another_thread_count_is_refused(tmp_path, tiny_grid, monkeypatch):

@@ -94,7 +94,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 
     from simulator.cost_model import (CostSpec, DeviceInfo, Efficiencies, ErrorInfo, ErrorStats,
                                       KVInfo, ModelInfo, NoiseInfo, Profile, Provenance,
-                                      RooflineConstants, save_profile)
+                                      RooflineConstants)
     from simulator.workload import build_workload
 
     from calibration import fit as fitmod
@@ -104,7 +104,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     from calibration.profiler import (IDLE_STEP_TOKENS, GridRun, cpu_name, measure_ceilings,
                                       memory_bytes, read_measurements)
     from simulator.files import check_writable
-    from calibration.report import write_report
+    from calibration.report import write_calibration
 
     from .core import default_vllm_grid, measurement_rows, schedule_passes
     from .runner import VllmEngine
@@ -236,8 +236,8 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
                               command=" ".join(["servesim", *map(shlex.quote, argv)])
                               if argv else "servesim calibrate --backend vllm",
                               source=source, measurements_csv=csv_path.name))
-    save_profile(profile, out)
-    paths = write_report(profile, result, df, replay_df, k, (flops, bw), files["report"])
+    paths = write_calibration(profile, out, result, df, replay_df, k, (flops, bw),
+                              files["report"])
     _print_summary(profile, result, rep_err, GridRun(measured=len(df)),
                    time.perf_counter() - t_start, out, paths)
     return out
