@@ -1082,9 +1082,13 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         if typ in ("int_type", "int_parsing", "float_type", "float_parsing") and loc:
             msg += _range_text(parent, str(loc[-1]))   # the bounds too, not just the type
         elif typ in ("bool_type", "bool_parsing"):   # a quoted 'false' is text, not false
-            msg += ": true or false, unquoted"
+            msg += ": true or false (or yes/no, on/off), unquoted"
         inp = err.get("input")
-        if typ in ("int_type", "float_type") and isinstance(inp, str) and _NUMBER.fullmatch(inp):
+        if isinstance(inp, bool) and typ in ("string_type", "literal_error", "enum"):
+            # YAML 1.1 (PyYAML, and vLLM's config files) reads an unquoted no as false
+            words = "yes, on and true" if inp else "no, off and false"
+            msg += f" (got {_echo(inp)}: YAML reads unquoted {words} as {_echo(inp)}; quote text)"
+        elif typ in ("int_type", "float_type") and isinstance(inp, str) and _NUMBER.fullmatch(inp):
             n = float(inp)   # the number it reads as unquoted (an integer key's as an int)
             plain = str(int(n)) if typ == "int_type" and n.is_integer() else inp.strip()
             msg += f" (got {_echo(inp)}: quoted, a number is text; write {plain}, unquoted)"

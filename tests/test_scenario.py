@@ -404,6 +404,18 @@ def test_a_path_typed_in_a_flag_is_relative_to_the_current_directory(tmp_path, m
                                          "model": [str(tmp_path / "m" / "config.json")]}
 
 
+def test_an_unquoted_no_where_text_is_wanted_is_named(chat):
+    # YAML 1.1, as PyYAML and vLLM's config files read it: unquoted no/on are booleans
+    assert err(load_scenario, chat, ["name=no"]).endswith(
+        "--set name=no: Input should be a valid string (got false: YAML reads unquoted no, "
+        "off and false as false; quote text)")
+    assert err(load_scenario, chat, ["cluster.router=on"]).endswith(
+        "(got true: YAML reads unquoted yes, on and true as true; quote text)")
+    assert load_scenario(chat, ["name='no'"]).name == "no"
+    assert not load_scenario(chat, ["engine.enable_prefix_caching=off"]
+                             ).engine.enable_prefix_caching
+
+
 def test_scheduler_config():
     sc = scenario_from_dict({**BASE, "engine": {"max_num_seqs": 4, "block_size": 8}})
     cfg = sc.scheduler_config(None)
@@ -443,7 +455,7 @@ def test_scheduler_config():
     # a quoted 'false' is text: the error says what a boolean is
     assert err(scenario_from_dict, {**BASE, "engine": {"enable_chunked_prefill": "maybe"}}
                ).endswith("engine.enable_chunked_prefill: Input should be a valid boolean: "
-                          "true or false, unquoted (got 'maybe')")
+                          "true or false (or yes/no, on/off), unquoted (got 'maybe')")
     # default max_model_len is capped to what (N - 1) blocks hold
     assert sc.scheduler_config(101).max_model_len == 800
     sc = scenario_from_dict({**BASE, "engine": {"block_size": 8, "max_model_len": 1000}})
