@@ -30,6 +30,7 @@ and a disturbed step (:func:`disturbed`) is measured again, up to :data:`MAX_RET
 
 from __future__ import annotations
 
+import codecs
 import csv
 import fcntl
 import json
@@ -277,9 +278,10 @@ def record_features(rec) -> dict:
 
 def read_csv_header(path: Path) -> dict | None:
     """The JSON header of a measurements CSV, or ``None`` if the file has none (or its
-    first line is not UTF-8 text)."""
+    first line is not UTF-8 text). A UTF-8 byte order mark before it (an editor's "UTF-8
+    with BOM") is skipped, as pandas skips it."""
     with open(path, "rb") as f:   # text mode would decode a whole buffer, not the line
-        first = f.readline()
+        first = f.readline().removeprefix(codecs.BOM_UTF8)
     if not first.startswith(b"# "):
         return None
     try:
@@ -425,9 +427,10 @@ def _check_widths(path: Path, name: Path) -> None:
 
 def _data_lines(path: Path, name: Path | None = None) -> list[tuple[int, str]]:
     """``(file line, text)`` of the column line and each row after it, as ``pandas`` reads
-    them: comment (``#``) and blank lines skipped; lines numbered from 1."""
+    them: comment (``#``) and blank lines skipped, a byte order mark too; lines numbered
+    from 1."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:
             return [(n, line) for n, line in enumerate(f, 1)
                     if line.strip() and not line.startswith("#")]
     except UnicodeDecodeError:

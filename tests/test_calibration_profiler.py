@@ -247,6 +247,26 @@ def test_a_row_that_is_not_utf8_is_named_by_its_line(tmp_path):
                                 f"file as UTF-8)")
 
 
+def test_a_csv_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    # an editor's "UTF-8 with BOM": refused as "not a servesim measurements CSV"
+    import codecs
+
+    from calibration.profiler import check_resumable, read_csv_header
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, OWN_HEADER)
+    log.append(ONE_ROW)
+    log.close()
+    plain = read_measurements(path)
+    path.write_bytes(codecs.BOM_UTF8 + path.read_bytes())
+    assert read_csv_header(path) == OWN_HEADER
+    assert check_resumable(path, OWN_HEADER)
+    assert read_measurements(path).equals(plain)
+    with open(path, "a") as f:   # its rows keep their file lines
+        f.write(ROW_TEXT.replace(",decode,", ",decoding,") + "\n")
+    with pytest.raises(InputError, match=f"^{path}:4: kind is 'decoding'"):
+        read_measurements(path)
+
+
 def test_calibrate_resumes_only_its_own_engines_csv(tmp_path):
     # a header edited to another engine turned the row checks off, and the report failed
     # after the profile was rewritten
