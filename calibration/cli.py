@@ -20,6 +20,7 @@ from pathlib import Path
 
 from simulator.errors import InputError
 from simulator.files import REPORT_MARKERS, check_folder, check_writable, name_too_long
+from simulator.policy.kv_cache import GPU_MEMORY_UTILIZATION
 
 DEFAULT_CPU_KV_BYTES = 2 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE is set explicitly on CPU
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*"
@@ -906,8 +907,9 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--kv-cache-memory", type=_kv_cache_memory, metavar="BYTES",
                    help="KV cache budget (cpu default 2GiB; cuda default: profiled from "
                         "--gpu-memory-utilization)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="share of GPU memory for the engine, in (0, 1] (default 0.9)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=GPU_MEMORY_UTILIZATION,
+                   help=f"share of GPU memory for the engine, in (0, 1] (default "
+                        f"{GPU_MEMORY_UTILIZATION:g}, vLLM's)")
     p.add_argument("--block-size", type=int,
                    help="KV block size: 1, 8, 16, 32, 64 or 128 (default 16; --backend vllm: "
                         "vLLM's, 128 on CPU)")

@@ -47,7 +47,7 @@ from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load
 from .errors import STRICT_SCHEMA, InputError, KeyedDoesNotFit, KeyedInputError, SubkeyError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
                     utf8_problem, yaml_error_text)
-from .policy.kv_cache import min_gpu_blocks
+from .policy.kv_cache import GPU_MEMORY_UTILIZATION, min_gpu_blocks
 from .scenario import Scenario, format_validation_error, vllm_block_size
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -756,6 +756,10 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     ``num_gpu_blocks = budget //
     (block_size × KV bytes per token per GPU)``. With kv heads divisible by tp this equals
     the group-wide ``(memory·tp·util − weights − ...) // (block_size · kv_bytes_per_token)``.
+    Not subtracted: the CUDA-graph memory that vLLM 0.32 estimates by a trial capture and
+    takes from the budget (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, on by default;
+    hundreds of MiB to a few GiB by model and capture sizes, unknown without the GPU), so
+    a projection can hold a few percent more blocks than vLLM on that GPU.
 
     Raises:
         KeyedDoesNotFit: the weights and reserves leave no room for two blocks; keyed
@@ -820,7 +824,8 @@ def _gpu_efficiency_profile(gpu_name: str) -> Profile | None:
 
 
 def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 1, *,
-                    block_size: int = 16, gpu_memory_utilization: float = 0.9,
+                    block_size: int = 16,
+                    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                     max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                     max_model_len: int | None = None,
                     source: Profile | None = None) -> Profile:

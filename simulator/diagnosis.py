@@ -83,6 +83,7 @@ from .scenario import MAX_TP
 from .errors import InputError
 from .executors import job_output, offered_rate
 from .metrics import METRIC_LABELS, slo_stat_rank
+from .policy.kv_cache import GPU_MEMORY_UTILIZATION
 from .run import max_model_len_text
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
@@ -313,7 +314,7 @@ def _budget_floor(scenario, result, floor) -> dict | None:
 
 def _kv_change(scenario, blocks: int | None) -> str | None:
     """The ``--set`` change that tries a larger KV cache and nothing else: vLLM's default
-    ``gpu_memory_utilization`` 0.9 where the scenario uses less of the memory; the blocks
+    ``gpu_memory_utilization`` (0.92) where the scenario uses less of the memory; the blocks
     the GPUs' memory holds where ``engine.num_gpu_blocks`` (vLLM's
     ``--num-gpu-blocks-override``) sets fewer (twice as many could still bind where the
     memory does not); else twice the blocks, a test of the cache alone that the knob text
@@ -321,8 +322,8 @@ def _kv_change(scenario, blocks: int | None) -> str | None:
     the compute, which would hide whether the cache is what binds). None without a block
     count."""
     if scenario.engine.num_gpu_blocks is None and scenario.hardware.step_time is None \
-            and scenario.engine.gpu_memory_utilization < 0.9:
-        return "engine.gpu_memory_utilization=0.9"
+            and scenario.engine.gpu_memory_utilization < GPU_MEMORY_UTILIZATION:
+        return f"engine.gpu_memory_utilization={GPU_MEMORY_UTILIZATION:g}"
     held = _memory_blocks(scenario) if scenario.engine.num_gpu_blocks is not None else None
     if held and blocks and held > blocks:
         return f"engine.num_gpu_blocks={held}"

@@ -14,7 +14,7 @@ The line is the key's (a missing key: its parent's), from the YAML node marks
 (:func:`simulator.files.yaml_line`).
 
 Engine knobs carry vLLM's names and defaults (``vllm/config/scheduler.py``,
-``vllm/config/cache.py``): block_size 16, gpu_memory_utilization 0.9,
+``vllm/config/cache.py``): block_size 16, gpu_memory_utilization 0.92,
 enable_prefix_caching true, scheduler_reserve_full_isl true, enable_chunked_prefill true
 (off: max_num_batched_tokens defaults to at least max_model_len); max_num_seqs and
 max_num_batched_tokens by device as ``vllm serve`` sets them
@@ -50,7 +50,7 @@ from .policy.request import MAX_COUNT
 #: (beyond it the all-reduce leaves NVLink / the node's PCIe switch, which the roofline does
 #: not price).
 MAX_TP = 8
-from .policy.kv_cache import cdiv
+from .policy.kv_cache import GPU_MEMORY_UTILIZATION, cdiv
 from .metrics import METRICS, SLO_STATS, slo_stat_rank
 from .workload import MAX_RATE, WorkloadConfig
 
@@ -169,13 +169,13 @@ class EngineConfig(_Strict):
                                                   "128 (the values vLLM's --block-size takes)")
     max_num_seqs: Optional[int] = Field(
         None, ge=1, le=MAX_COUNT, description="default as vllm serve: 1024 on GPUs with "
-        ">= 70 GiB other than A100 (H100, H200), 256 on other GPUs, 128 per rank on CPU; "
-        "at most max_num_batched_tokens")
+        ">= 70 GiB other than A100 (H100, H200, B200), 256 on other GPUs, 128 per rank on "
+        "CPU; at most max_num_batched_tokens")
     max_num_batched_tokens: Optional[int] = Field(
         None, ge=1, le=MAX_COUNT, description="token budget of one step; default as vllm "
-        "serve: 8192 on GPUs with >= 70 GiB other than A100, 2048 on other GPUs, 2048 per "
-        "rank on CPU")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+        "serve: 16384 on GPUs with >= 160 GiB, 8192 on GPUs with >= 70 GiB other than A100, "
+        "2048 on other GPUs, 2048 per rank on CPU; at most max_num_seqs × max_model_len")
+    gpu_memory_utilization: float = Field(GPU_MEMORY_UTILIZATION, gt=0, le=1)
     enable_prefix_caching: bool = True
     max_model_len: Optional[int] = Field(
         None, ge=1, le=MAX_COUNT,
@@ -486,9 +486,10 @@ class Scenario(_Strict):
     def serving_defaults(self) -> tuple[int, int]:
         """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` picks when they
         are not given (vLLM ``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER context):
-        8192 / 1024 on GPUs with >= 70 GiB other than A100 (H100, H200); 2048 / 256 on other
-        GPUs; 2048 / 128 per tensor-parallel rank on CPU. An inline ``step_time`` names no
-        device and gets the generic GPU defaults, 2048 / 256.
+        16384 / 1024 on GPUs with >= 160 GiB (B200, B300); 8192 / 1024 on GPUs with >= 70 GiB
+        other than A100 (H100, H200); 2048 / 256 on other GPUs; 2048 / 128 per
+        tensor-parallel rank on CPU. An inline ``step_time`` names no device and gets the
+        generic GPU defaults, 2048 / 256.
         """
         if self._defaults is None:
             hw, tp = self.hardware, self.hardware.tensor_parallel
@@ -506,6 +507,8 @@ class Scenario(_Strict):
                         pass  # the cost model reports a bad profile with its own message
             if kind == "cpu":
                 self._defaults = (2048 * tp, 128 * tp)
+            elif mem >= 160 * 2**30:
+                self._defaults = (16384, 1024)
             elif mem >= 70 * 2**30 and "a100" not in name.lower():
                 self._defaults = (8192, 1024)
             else:
@@ -515,14 +518,16 @@ class Scenario(_Strict):
     @property
     def max_num_batched_tokens(self) -> int:
         """``engine.max_num_batched_tokens``, or vLLM's default for the device; with
-        chunked prefill off, at least ``max_model_len`` (vLLM
+        chunked prefill off, at least ``max_model_len``; at most ``max_num_seqs ×
+        max_model_len`` (vLLM
         ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``)."""
         given = self.engine.max_num_batched_tokens
         if given is not None:
             return given
-        default = self.serving_defaults()[0]
-        return default if self.engine.enable_chunked_prefill else max(default,
-                                                                        self.max_model_len)
+        default, seqs = self.serving_defaults()
+        if not self.engine.enable_chunked_prefill:
+            default = max(default, self.max_model_len)
+        return min(default, (self.engine.max_num_seqs or seqs) * self.max_model_len)
 
     @property
     def budget_is_max_model_len(self) -> bool:

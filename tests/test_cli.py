@@ -289,16 +289,16 @@ slo: {ttft_ms: {p99: 500}}
 
 
 def test_run_warns_of_more_kv_blocks_than_the_gpu_holds(scen, tmp_path, capsys):
-    # llama-3.1-8b on one H100 at 0.9 holds 28307 blocks with max_num_seqs 64 (test_cost_model's
+    # llama-3.1-8b on one H100 at 0.92 holds 29122 blocks with max_num_seqs 64 (test_cost_model's
     # by-hand case, where the forward's reserve, 8192 x 2 x 61440 bytes, outgrows the
     # sampler's 64 rows: 8192 x 2 x 4096 + 38.4 x 64 x 128256)
     assert main(["run", str(scen), "--out", str(tmp_path / "o"), "--quiet",
                  "--set", "engine.num_gpu_blocks=60000"]) == 0
     err = capsys.readouterr().err
     assert ("servesim: warning: engine.num_gpu_blocks = 60000 (set with --set "
-            "engine.num_gpu_blocks=60000) is more than the 28307 blocks that h100-sxm's "
+            "engine.num_gpu_blocks=60000) is more than the 29122 blocks that h100-sxm's "
             "memory holds") in err
-    assert "more than the 28307 blocks" in (tmp_path / "o" / "report.md").read_text()
+    assert "more than the 29122 blocks" in (tmp_path / "o" / "report.md").read_text()
 
 
 def test_run_counts_outputs_cut_at_max_model_len(tmp_path, capsys):

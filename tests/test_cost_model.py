@@ -131,7 +131,7 @@ def test_inline_step_time_says_which_knobs_it_leaves_out():
         "step's whole cost (tensor_parallel counts only in the price: 2 GPUs per replica)")
     assert cm.price_per_replica_hour == 4.0
     # vLLM's default, written out or not, is no surprise: not said
-    assert build_cost_model(scenario(engine={"gpu_memory_utilization": 0.9})).setup_warning \
+    assert build_cost_model(scenario(engine={"gpu_memory_utilization": 0.92})).setup_warning \
         is None
 
 
@@ -251,11 +251,11 @@ def test_kv_blocks_llama_8b_h100_by_hand():
     act = int(max(forward, 8192 * 2 * 4096 + 38.4 * 1024 * 128256))
     assert act > forward
     non_torch = 512 * 2**20
-    budget = int(memory * 0.9) - weights - act - non_torch
+    budget = int(memory * 0.92) - weights - act - non_torch   # vLLM 0.32's default share
     want = budget // (16 * 2 * 32 * 8 * 128 * 2)
-    assert want == 26350
+    assert want == 27166
     assert cm.num_gpu_blocks == want
-    assert cm.kv_note.startswith("projected: h100-sxm 79.65 GiB × 0.9 − weights 14.96 GiB")
+    assert cm.kv_note.startswith("projected: h100-sxm 79.65 GiB × 0.92 − weights 14.96 GiB")
     assert cm.kv_note.endswith(f"→ {want} blocks of 16 tokens")
     cfg = sc.scheduler_config(cm.num_gpu_blocks)
     assert cfg.num_gpu_blocks == want and cfg.max_model_len == 131072
@@ -392,27 +392,27 @@ def test_kv_blocks_at_tensor_parallel_2_charge_communication_buffers():
     weights = 8_030_261_248 * 2 // 2
     act = int(max(8192 * 2 * (3 * 14336 // 2 + 3 * 4096 + (32 + 2 * 8) * 128 // 2),
                   8192 * 2 * 4096 + 38.4 * 1024 * 128256))   # the full vocabulary per GPU
-    budget = int(memory * 0.9) - weights - act - 2 * 2**30
+    budget = int(memory * 0.92) - weights - act - 2 * 2**30
     want = budget // (16 * 2 * 32 * (8 // 2) * 128 * 2)
-    assert want == 58823
+    assert want == 60454
     assert cm.num_gpu_blocks == want
     assert "− non-torch 2.00 GiB = " in cm.kv_note and "non-torch estimated" in cm.kv_note
 
 
 def test_kv_override_beyond_gpu_memory_warns(tmp_path):
-    """engine.num_gpu_blocks past what the memory holds (26350 blocks for llama-3.1-8b on
-    an H100 at 0.9, test_kv_blocks_llama_8b_h100_by_hand) is vLLM's override, which would
+    """engine.num_gpu_blocks past what the memory holds (27166 blocks for llama-3.1-8b on
+    an H100 at 0.92, test_kv_blocks_llama_8b_h100_by_hand) is vLLM's override, which would
     fail to allocate: the run goes on, with a warning; at or below it, none."""
     gpu = {"model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"}}
-    cm = build_cost_model(scenario(engine={"num_gpu_blocks": 26351}, **gpu))
-    assert cm.num_gpu_blocks == 26351
+    cm = build_cost_model(scenario(engine={"num_gpu_blocks": 27167}, **gpu))
+    assert cm.num_gpu_blocks == 27167
     assert cm.setup_warning == (
-        "engine.num_gpu_blocks = 26351 (set in the scenario) is more than the 26350 blocks "
-        "that h100-sxm's memory holds at gpu_memory_utilization 0.9 (tensor_parallel=1); vLLM "
+        "engine.num_gpu_blocks = 27167 (set in the scenario) is more than the 27166 blocks "
+        "that h100-sxm's memory holds at gpu_memory_utilization 0.92 (tensor_parallel=1); vLLM "
         "would fail to allocate that KV cache, so this run describes a GPU with more memory")
-    assert cm.kv_note.endswith("; more than the 26350 blocks that h100-sxm's memory holds at "
-                               "gpu_memory_utilization 0.9 (tensor_parallel=1)")
-    assert build_cost_model(scenario(engine={"num_gpu_blocks": 26350}, **gpu)).setup_warning is None
+    assert cm.kv_note.endswith("; more than the 27166 blocks that h100-sxm's memory holds at "
+                               "gpu_memory_utilization 0.92 (tensor_parallel=1)")
+    assert build_cost_model(scenario(engine={"num_gpu_blocks": 27166}, **gpu)).setup_warning is None
     # a CPU profile's count is its calibration engine's setting, not a memory limit
     save_profile(make_profile(), tmp_path / "p.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"},
@@ -584,6 +584,27 @@ def test_cpu_efficiencies_never_carried_to_gpu(tmp_path, monkeypatch):
                         "measured profile h100-measured (MBU 0.6, MFU 0.4)")
     assert cm.profile.cost.coefficients["w_eff_bytes_per_s"] == pytest.approx(0.6 * 3.35e12)
     assert cm.profile.cost.coefficients["a0_s"] == COEF["a0_s"]
+
+
+@pytest.mark.parametrize("name, gib, want", [
+    # vLLM 0.32 EngineArgs.get_batch_defaults, OPENAI_API_SERVER: >= 160 GiB, then >= 70 GiB
+    # other than an A100, then the rest
+    ("b200", 180, (16384, 1024)), ("h200", 140, (8192, 1024)), ("a100-80gb", 80, (2048, 256)),
+    ("l40s", 45, (2048, 256))])
+def test_serving_defaults_follow_a_measured_gpus_memory(tmp_path, name, gib, want):
+    device = {"name": name, "kind": "gpu", "peak_flops": 1e15, "memory_bandwidth": 4e12,
+              "memory_bytes": gib * 2**30}
+    save_profile(make_profile(name="g", device=device), tmp_path / "g.yaml")
+    sc = scenario(tmp_path, hardware={"profile": "g.yaml"})
+    assert sc.serving_defaults() == want
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == want
+    # ... and the token budget is at most max_num_seqs x max_model_len, as vLLM caps it
+    short = scenario(tmp_path, hardware={"profile": "g.yaml"},
+                     engine={"max_model_len": 4, "max_num_seqs": 100})
+    assert short.max_num_batched_tokens == 400
+    assert scenario(tmp_path, hardware={"profile": "g.yaml"},
+                    engine={"max_model_len": 4, "max_num_batched_tokens": 64}
+                    ).max_num_batched_tokens == 64   # given: as given
 
 
 def test_projection_borrows_the_newest_gpu_profile_by_date(tmp_path, monkeypatch):

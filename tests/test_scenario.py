@@ -40,7 +40,7 @@ def err(fn, *a, **kw) -> str:
 def test_defaults_are_vllms(chat):
     sc = load_scenario(chat)
     e = sc.engine
-    assert (e.block_size, e.gpu_memory_utilization, e.enable_prefix_caching) == (16, 0.9, True)
+    assert (e.block_size, e.gpu_memory_utilization, e.enable_prefix_caching) == (16, 0.92, True)
     # vllm serve's defaults depend on the device (vLLM EngineArgs.get_batch_defaults).
     assert (sc.max_num_batched_tokens, sc.max_num_seqs) == sc.serving_defaults()
     assert sc.dtype == "bfloat16" and sc.cluster.replicas == 1

@@ -29,6 +29,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
 from simulator.errors import STRICT_SCHEMA, InputError
 from simulator.policy import (Request, RequestRecord, RequestRejected, Scheduler,
                               SchedulerConfig)
+from simulator.policy.kv_cache import GPU_MEMORY_UTILIZATION
 
 from .kv_store import KVStore
 from .memory import (blocks_for_budget, profile_cuda_kv_budget, report_kv_cache)
@@ -66,8 +67,8 @@ class EngineConfig(BaseModel):
             (vLLM ``num_gpu_blocks_override``).
         kv_cache_memory_bytes: KV budget on cpu (vLLM ``VLLM_CPU_KVCACHE_SPACE``; also
             accepted on cuda, as vLLM's ``kv_cache_memory_bytes``).
-        gpu_memory_utilization: fraction of device memory for this engine (cuda, vLLM
-            default 0.9).
+        gpu_memory_utilization: fraction of device memory for this engine (cuda; vLLM's
+            default, :data:`~simulator.policy.kv_cache.GPU_MEMORY_UTILIZATION`, 0.92).
         dtype: ``float32`` or ``bfloat16``. device: ``cpu`` or ``cuda[:n]``.
         seed: seeds the random weights (when built from a config dict) and the sampling
             of requests without their own seed.
@@ -91,7 +92,7 @@ class EngineConfig(BaseModel):
     enable_chunked_prefill: bool = True
     num_gpu_blocks: int | None = Field(None, ge=2)
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    gpu_memory_utilization: float = Field(GPU_MEMORY_UTILIZATION, gt=0.0, le=1.0)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", pattern="^(cpu|cuda(:[0-9]+)?)$")
     seed: Annotated[int, AfterValidator(seed_in_range)] = 0

@@ -28,6 +28,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+#: vLLM's default share of device memory for one engine: weights, activations and the KV
+#: cache (``CacheConfig.gpu_memory_utilization``, ``vllm/config/cache.py``, 0.92 in vLLM
+#: 0.32, 0.9 in earlier releases).
+GPU_MEMORY_UTILIZATION = 0.92
+
+
 def min_gpu_blocks(max_model_len: int, block_size: int) -> int:
     """The fewest ``num_gpu_blocks`` that hold one request of ``max_model_len`` tokens: its
     blocks plus the null block (vLLM refuses to start with fewer)."""
