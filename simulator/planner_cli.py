@@ -274,6 +274,9 @@ def _cmd_sweep(args) -> int:
         *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
         and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
     _warn(res.warnings + _workload_warnings(scenario))
+    if scenario.workload.trace is None:   # a trace's rows are what they are
+        _few_requests_note([s["num_requests"] for sums in res.summaries for s in sums],
+                           "each point", "whether a rate keeps up")
     if "binding" in res.table:
         print(RULES_NOTE)
     if any(s.get("sessions") for sums in res.summaries for s in sums):
@@ -295,6 +298,17 @@ def _cmd_sweep(args) -> int:
               + (f" (with {others})" if others else ""))
     print(f"report: {paths['report.html']}")
     return 0
+
+
+def _few_requests_note(counted: list[int], each: str, needs: str) -> None:
+    """Say on stderr when the fewest ``counted`` requests of a run (workload.num_requests
+    less sim.warmup_requests) are under :data:`MIN_PLAN_REQUESTS`: a handful of requests
+    never fills the queue, so a rate far past capacity "meets" the SLOs and looks stable.
+    Said after the runs, so that an error in them stays the one line."""
+    if counted and min(counted) < MIN_PLAN_REQUESTS:
+        print(f"servesim: note: {each} is judged from {min(counted)} requests "
+              f"(workload.num_requests less sim.warmup_requests); {needs} needs at least "
+              f"{MIN_PLAN_REQUESTS}, and a few hundred give steadier figures", file=sys.stderr)
 
 
 def _misfits(table, keys: list[str], most: int = 3) -> dict[tuple[str, str], str]:
@@ -372,13 +386,8 @@ def _cmd_plan(args) -> int:
     _warn(list(dict.fromkeys(r.candidate.setup_warning for r in res.rows
                              if r.candidate.setup_warning)) + _workload_warnings(scenario))
     n = scenario.workload.num_requests   # None for a whole trace
-    if n is not None and n - scenario.sim.warmup_requests < MIN_PLAN_REQUESTS:
-        # a handful of requests never fills the queue: a rate far past capacity "meets" it
-        # (said after the runs, so that an error in them stays the one line)
-        print(f"servesim: note: each rate tried is judged from "
-              f"{n - scenario.sim.warmup_requests} requests (workload.num_requests less "
-              f"sim.warmup_requests); a maximum rate needs at least {MIN_PLAN_REQUESTS}, and "
-              f"a few hundred give steadier figures", file=sys.stderr)
+    _few_requests_note([] if n is None else [n - scenario.sim.warmup_requests],
+                       "each rate tried", "a maximum rate")
     ranked = default_efficiency_note([r.candidate for r in res.rows])
     if ranked:
         print(f"servesim: note: {ranked}", file=sys.stderr)

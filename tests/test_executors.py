@@ -389,6 +389,28 @@ def test_a_short_stable_run_of_long_outputs_is_stable():
         assert not backlog_grows(r) and job_output(r)["stable"]
 
 
+def test_a_run_whose_arrivals_end_within_one_answer_is_not_judged_by_its_swell():
+    # 10 requests in about 1 s of arrivals, each answered in 3 s (300 tokens at 10 ms) on
+    # an M/G/inf engine: the requests in the system rise throughout the arrivals, since
+    # none can finish yet. That is the build-up, not a swell: 10 requests on 8 idle
+    # replicas were called unstable, and plan sized for 10 replicas where 2 served 20 req/s.
+    from simulator.executors import backlog_grows, job_output, window_rates
+    from simulator.run import simulate
+
+    s = _infinite_server({"constant_s": 0.01}, 10, {"dist": "fixed", "value": 300}, n=10)
+    for rep in range(5):
+        r = simulate(s, replication=rep)
+        arr, fin = r.requests["arrival_s"], r.requests["finish_s"]
+        assert fin.min() > arr.max()   # no answer before the last arrival
+        assert window_rates(r) is None
+        assert not backlog_grows(r) and job_output(r)["stable"]
+    # ... while a queue that grows is still seen in as short a run: one request at a time
+    # (max_num_seqs 1), 10 offered per second, each served in 3 s
+    queued = s.model_copy(update={"engine": s.engine.model_copy(update={"max_num_seqs": 1})})
+    r = simulate(queued)
+    assert backlog_grows(r) and not job_output(r)["stable"]
+
+
 def test_a_batch_that_swells_without_a_queue_is_unstable():
     # Each decode adds 1 ms to a step: at most 1000 tokens/s however large the batch, so
     # 100-token outputs cap a replica at 10 req/s; 15 offered swell the running batch

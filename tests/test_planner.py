@@ -1201,6 +1201,22 @@ def test_plan_says_when_too_few_requests_judge_each_rate(tmp_path, capsys):
     assert "note" not in capsys.readouterr().err
 
 
+def test_sweep_says_when_too_few_requests_judge_a_point(tmp_path, capsys):
+    # a handful of requests never fills a queue: said of a sweep as of a plan (10 requests
+    # on 8 replicas read "unstable", with no word of why)
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN)
+    args = ["--executor", "serial", "--quiet"]
+    main(["sweep", str(y), "--set", "workload.num_requests=200,60", "--set",
+          "sim.warmup_requests=10", "--out", str(tmp_path / "a")] + args)
+    assert ("servesim: note: each point is judged from 50 requests (workload.num_requests "
+            "less sim.warmup_requests); whether a rate keeps up needs at least 100") \
+        in capsys.readouterr().err
+    main(["sweep", str(y), "--set", "cluster.replicas=1,2", "--out", str(tmp_path / "b")]
+         + args)
+    assert "note" not in capsys.readouterr().err
+
+
 def test_sweep_csv_gives_each_interval_as_two_numbers(tmp_path):
     # as plan.csv does; a "[lo, hi]" text cell read back as a string
     import json
