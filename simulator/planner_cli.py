@@ -82,10 +82,10 @@ RULES_NOTE = ("binding (rules): the diagnosis's rules on each point's first repl
 def _label(column: str) -> str:
     """Header for a column: a swept key shows its last part (``engine.max_num_seqs`` ->
     ``max seqs``), known figures their short name."""
+    stat = re.fullmatch(r"(ttft|tpot|itl|e2el|queue)_(.+)_ms", str(column))
+    if column not in _LABELS and stat:   # an SLO's statistic: e2el_p99.9_ms -> E2EL p99.9 ms
+        return f"{stat[1].upper()} {stat[2]} ms"   # (its dot is no key path's)
     last = str(column).rsplit(".", 1)[-1]
-    stat = re.fullmatch(r"(ttft|tpot|itl|e2el|queue)_(.+)_ms", last)
-    if last not in _LABELS and stat:   # an SLO's statistic: e2el_p99.9_ms -> E2EL p99.9 ms
-        return f"{stat[1].upper()} {stat[2]} ms"
     return _LABELS.get(column, _LABELS.get(last, last))
 
 

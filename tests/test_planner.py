@@ -1840,3 +1840,19 @@ def test_compare_names_the_cheapest_plan_meeting_every_slo():
         "no plan meets every SLO while keeping up with the workload"
     assert _cheapest_text([e("a", True), e("b", True)]) == \
         "meeting every SLO: a, b (no prices)"
+
+
+def test_a_table_header_reads_an_slo_statistic_with_a_dot(tmp_path, capsys):
+    # itl_p99.9_ms was cut at its dot, as a key path is: the header read "9 / ms"
+    from simulator.planner_cli import _label
+    assert _label("itl_p99.9_ms") == "ITL p99.9 ms"
+    assert _label("queue_mean_ms") == "QUEUE mean ms"
+    assert (_label("ttft_p99_ms"), _label("engine.max_num_seqs")) == ("TTFT p99 ms",
+                                                                     "max seqs")
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("slo: {ttft_ms: {p99: 200}}",
+                                    "slo: {itl_ms: {p99.9: 200}}"))
+    main(["plan", str(y), "--out", str(tmp_path / "a"), "--executor", "serial",
+          "--no-confirm"])
+    head = capsys.readouterr().out.split("─")[0]
+    assert [w for w in head.split() if w in ("ITL", "p99.9")] == ["ITL", "p99.9"]
