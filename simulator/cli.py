@@ -255,38 +255,57 @@ def _on_main_thread(f):
         f()
 
 
-#: Set by SIGTERM: its Terminated can be lost (raised inside a callback whose exceptions
-#: Python ignores, such as a weakref's), and the command must still not commit its outputs.
-_terminated = False
+#: The first SIGINT or SIGTERM of a console run. Its exception can be lost (raised inside
+#: a callback whose exceptions Python ignores, such as a weakref's) or turned into another
+#: error (an ImportError, or the RuntimeError of a class body's __set_name__), and the
+#: command must still not commit its outputs, and exit as the signal asks.
+_signalled: int | None = None
+_SIGINT, _SIGTERM = 2, 15
+#: What a command stopped by each signal prints, and its exit status (128 + the signal).
+_STOPPED = {_SIGINT: ("servesim: interrupted", 130), _SIGTERM: ("servesim: terminated", 143)}
 
 
-def _raise_terminated(signum, frame):
-    global _terminated
-    _terminated = True
-    raise Terminated
+def _raise_signal(signum, frame):
+    """The console run's handler of SIGINT and SIGTERM: note the first, then raise
+    KeyboardInterrupt (Ctrl-C, as Python's own handler does) or :class:`Terminated`."""
+    global _signalled
+    _signalled = _signalled or signum
+    raise Terminated if signum == _SIGTERM else KeyboardInterrupt
+
+
+def _raise_if_signalled() -> None:
+    """Raise the exception of the signal noted in :data:`_signalled`, if any."""
+    if _signalled is not None:
+        _raise_signal(_signalled, None)
 
 
 def _commit_outputs_hook() -> None:
     """:data:`simulator.files.on_commit` of the console script: stop before the outputs go
-    in place if a SIGTERM came (even one whose :class:`Terminated` was swallowed), else
-    ignore Ctrl-C and SIGTERM from here on (:func:`_ignore_interrupts`)."""
-    if _terminated:
-        raise Terminated
+    in place if a signal came (even one whose exception was swallowed), else ignore Ctrl-C
+    and SIGTERM from here on (:func:`_ignore_interrupts`)."""
+    _raise_if_signalled()
     _ignore_interrupts()
 
 
-def _terminate_as_interrupt() -> None:
-    """Raise :class:`Terminated` on SIGTERM, unless it was ignored when servesim started
-    (``nohup``-like parents mean it to be). One swallowed where it was raised (a weakref
-    callback) is not printed as "Exception ignored in ...": the flag stops the command."""
+def _stop_on_signals(noted: list[int] | None) -> None:
+    """Raise KeyboardInterrupt on SIGINT and :class:`Terminated` on SIGTERM, each unless it
+    was ignored when servesim started (a background job's SIGINT, ``nohup``'s SIGTERM:
+    the parent means them to be), noting the first (:data:`_signalled`); then raise for a
+    signal in ``noted`` (those :mod:`simulator.console` noted while this module loaded).
+    One swallowed where it was raised (a weakref callback) is not printed as "Exception
+    ignored in ...": the note stops the command."""
     import signal
 
     def install():
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, _raise_terminated)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, _raise_signal)
     _on_main_thread(install)
     default = sys.unraisablehook
-    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, Terminated) else default(u)
+    sys.unraisablehook = lambda u: (None if isinstance(u.exc_value, KeyboardInterrupt)
+                                    else default(u))
+    if noted:
+        _raise_signal(noted[0], None)
 
 
 def _ignore_interrupts() -> None:
@@ -297,22 +316,24 @@ def _ignore_interrupts() -> None:
                              signal.signal(signal.SIGTERM, signal.SIG_IGN)))
 
 
-def main(argv=None) -> int:
-    """Entry point of the ``servesim`` console script; returns the exit status.
+def main(argv=None, *, noted: list[int] | None = None) -> int:
+    """Entry point of the ``servesim`` console script (:mod:`simulator.console`); returns
+    the exit status.
 
-    Run as the console script (``argv`` None), SIGTERM stops a command as Ctrl-C does
-    (:class:`Terminated`; exit 143, Ctrl-C 130), and both are ignored once a command starts
-    renaming its outputs into place and after it returns (interpreter shutdown): an
-    interrupt then lets it finish, exit 0, rather than exiting 130 over a whole report.
+    Run as the console script (``argv`` None), Ctrl-C stops a command with one line and
+    exit status 130, SIGTERM likewise with 143 (:class:`Terminated`), and both are ignored
+    once a command starts renaming its outputs into place and after it returns
+    (interpreter shutdown): an interrupt then lets it finish, exit 0, rather than exiting
+    130 over a whole report. ``noted``: signals that came before this module was loaded.
     """
-    global _terminated
+    global _signalled
     from . import files
 
     console = argv is None
     try:
         if console:
-            _terminated = False
-            _terminate_as_interrupt()
+            _signalled = None
+            _stop_on_signals(noted)
         # Building the parser imports every command's modules (seconds): inside the try,
         # so that Ctrl-C or SIGTERM then is one line too.
         ap = build_parser()
@@ -323,27 +344,40 @@ def main(argv=None) -> int:
             files.on_commit = _commit_outputs_hook
         status = args.func(args)
         if console:
-            if _terminated:   # swallowed where it was raised: say so, as it was meant
-                raise Terminated
+            _raise_if_signalled()   # swallowed where it was raised: stop, as it was meant
             _ignore_interrupts()
+        sys.stdout.flush()   # a full disk or a closed reader is said here, not at exit
         return status
     except InputError as e:
         print(f"servesim: error: {one_line(str(e))}", file=sys.stderr)
         return 2
-    except Terminated:
-        print("servesim: terminated", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("servesim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        said, status = _STOPPED[_SIGTERM if isinstance(e, Terminated) else _SIGINT]
+        print(said, file=sys.stderr)
+        return status
     except BrokenPipeError:  # e.g. `servesim schema | head`
-        sys.stderr.close()
+        _stdout_to_devnull()
         return 0
-    except Exception:
-        if _terminated:   # raised inside an import, which made it an ImportError
-            print("servesim: terminated", file=sys.stderr)
-            return 143
+    except Exception as e:
+        if console and _signalled is not None:   # turned into another error by an import
+            said, status = _STOPPED[_signalled]
+            print(said, file=sys.stderr)
+            return status
+        if isinstance(e, OSError) and e.filename is None:   # writing to stdout or stderr
+            _stdout_to_devnull()
+            print(f"servesim: error: cannot write the output: {e.strerror or e}",
+                  file=sys.stderr)
+            return 1
         raise
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit finds no reader
+    gone (it would print "Exception ignored ... BrokenPipeError")."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):   # no file descriptor (a test's captured stdout)
+        pass
 
 
 if __name__ == "__main__":

@@ -289,13 +289,13 @@ def test_a_sigterm_swallowed_or_turned_into_another_error_is_still_one_line():
 
     swallowed = subprocess.run(
         [sys.executable, "-c", "import weakref; from simulator import cli; "
-         "cli._terminate_as_interrupt(); A = type('A', (), {}); a = A(); "
-         "r = weakref.ref(a, lambda r: cli._raise_terminated(15, None)); del a; "
+         "cli._stop_on_signals(None); A = type('A', (), {}); a = A(); "
+         "r = weakref.ref(a, lambda r: cli._raise_signal(15, None)); del a; "
          "print('went on')"], capture_output=True, text=True, timeout=120)
     assert (swallowed.returncode, swallowed.stdout, swallowed.stderr) == (0, "went on\n", "")
     in_import = subprocess.run(
         [sys.executable, "-c", "import sys\nfrom simulator import cli\n"
-         "def build():\n    cli._terminated = True\n"
+         "def build():\n    cli._signalled = 15\n"
          "    raise ImportError('initialization failed')\n"
          "cli.build_parser = build\nsys.argv = ['servesim', 'schema']\nsys.exit(cli.main())"],
         capture_output=True, text=True, timeout=120)
@@ -341,22 +341,64 @@ def test_ctrl_c_leaves_no_output_and_130_or_the_whole_output_and_0(tmp_path, whe
         assert (out / "summary.json").is_file() and (out / "report.html").is_file()
 
 
-def test_a_sigterm_whose_exception_was_swallowed_still_commits_nothing(tmp_path):
-    # Terminated raised inside a weakref callback is ignored by Python ("Exception ignored
-    # in ..."); the run went on, wrote its whole report and exited 0. The flag the handler
-    # sets, without the exception, stands in for that here.
+@pytest.mark.parametrize("sig, status, said", [(2, 130, "servesim: interrupted\n"),
+                                              (15, 143, "servesim: terminated\n")])
+def test_a_signal_before_the_command_line_module_loads_is_one_line(sig, status, said):
+    # Python's own Ctrl-C handler raised KeyboardInterrupt inside the imports of
+    # simulator.cli (a traceback; in matplotlib's, a RuntimeError from a class body), and
+    # SIGTERM killed it silently: the console script notes them until main takes over
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from simulator import console; "
+         f"console._note({sig}, None); sys.argv = ['servesim', 'schema']; "
+         "sys.exit(console.main())"],
+        capture_output=True, text=True, timeout=120, preexec_fn=_sigint_default)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (status, said, "")
+    # one turned into another error by an import is one line too
+    turned = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom simulator import cli\n"
+         f"def build():\n    cli._signalled = {sig}\n"
+         "    raise RuntimeError('Error calling __set_name__')\n"
+         "cli.build_parser = build\nsys.argv = ['servesim', 'schema']\nsys.exit(cli.main())"],
+        capture_output=True, text=True, timeout=120)
+    assert (turned.returncode, turned.stderr) == (status, said)
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_an_output_that_cannot_be_written_is_one_line():
+    # stdout on a full disk was an OSError traceback (the report itself was written)
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "simulator.cli", "schema"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (
+        1, "servesim: error: cannot write the output: No space left on device\n")
+
+
+@pytest.mark.parametrize("sig, status, said", [(2, 130, "servesim: interrupted\n"),
+                                              (15, 143, "servesim: terminated\n")])
+def test_a_signal_whose_exception_was_swallowed_still_commits_nothing(tmp_path, sig, status,
+                                                                      said):
+    # KeyboardInterrupt or Terminated raised inside a weakref callback is ignored by
+    # Python ("Exception ignored in ..."); the run went on, wrote its whole report and
+    # exited 0 (Ctrl-C "lost" at start-up). The note the handler makes, without the
+    # exception, stands in for that here.
     import subprocess
     import sys
 
     scen = _small_scenario(tmp_path)
     out = tmp_path / "out"
     code = ("import sys; from simulator import cli, report; commit = report.commit_outputs; "
-            "report.commit_outputs = lambda: (setattr(cli, '_terminated', True), commit()); "
+            f"report.commit_outputs = lambda: (setattr(cli, '_signalled', {sig}), commit()); "
             f"sys.argv = ['servesim', 'run', {str(scen)!r}, '--out', {str(out)!r}, '--quiet']; "
             "sys.exit(cli.main())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
-    assert (proc.returncode, proc.stderr) == (143, "servesim: terminated\n")
+    assert (proc.returncode, proc.stderr) == (status, said)
     assert not out.exists()
 
 
