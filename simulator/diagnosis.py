@@ -882,7 +882,8 @@ def find_limits(scenario, result) -> dict:
     if rejected:   # they fail the SLO whatever else happens: the first thing to fix
         capped = s.get("max_model_len", scenario.max_model_len) != scenario.max_model_len
         head.insert(0, _finding(
-            "max_model_len", f"{rejected} requests rejected: prompt too long for "
+            "max_model_len", f"{rejected} request{'s' if rejected != 1 else ''} "
+            f"rejected: prompt too long for "
             f"max_model_len {max_model_len_text(scenario, s)}",
             "give the KV cache more memory (gpu_memory_utilization, a GPU with more memory, "
             "tensor_parallel) or cap prompts upstream" if capped else

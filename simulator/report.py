@@ -768,8 +768,9 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     if s.get("rejected"):
         limit = max_model_len or s.get("max_model_len")
         limit = f" {limit}" if limit else ""
-        console.print(f"{_fmt(s['rejected'])} requests rejected: prompt too long for "
-                      f"max_model_len{limit}; they count as SLO failures and are not in the "
+        n = s["rejected"]   # a mean over replications may be fractional: 0.5 requests
+        console.print(f"{_fmt(n)} request{'' if n == 1 else 's'} rejected: prompt too long "
+                      f"for max_model_len{limit}; they count as SLO failures and are not in the "
                       f"latency figures.")
     if s.get("turns_not_sent"):
         console.print(NOT_SENT_TEXT.format(n=_fmt(s["turns_not_sent"])))

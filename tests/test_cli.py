@@ -263,6 +263,11 @@ slo: {ttft_ms: {p99: 500}}
     out = " ".join(capsys.readouterr().out.split())
     assert ("7 requests rejected: prompt too long for max_model_len 512; they count as "
             "SLO failures") in out
+    assert main(["run", str(y), "--out", str(tmp_path / "one"), "--quiet", "--set",
+                 "workload.num_requests=1"]) == 0
+    assert "1 request rejected: prompt too long" in " ".join(capsys.readouterr().out.split())
+    assert (json.loads((tmp_path / "one" / "diagnosis.json").read_text())["findings"][0]
+            ["evidence"].startswith("1 request rejected: prompt too long"))
     md = (tmp_path / "o" / "report.md").read_text()
     assert "No request got a first token: no TTFT to split. Binding limit: **prompts too long" \
         in md and "Queueing is" not in md
