@@ -279,7 +279,9 @@ def diagnosis_line(diag: dict) -> str:
     found = diag.get("findings") or []
     if binding != "none" and cf:
         line += (f"; with {set_flags(cf)}: {cf['figure']} {_side(cf, 'before')} → "
-                 f"{_side(cf, 'after')}" + (" (worse)" if cf.get("worse") else "")
+                 f"{_side(cf, 'after')}" + (" (worse)" if cf.get("worse") else "" if
+                                            cf.get("moved") or cf.get("slo_met_after")
+                                            else " (does not move it much)")
                  + f", SLOs met {_fmt(cf.get('slo_met_before'))} → "
                  f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf)
                  # twice the replicas tests the knob; it is not the count needed

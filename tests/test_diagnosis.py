@@ -679,6 +679,11 @@ def test_a_counterfactual_that_makes_the_figure_worse_says_so():
     assert "1.0671 → 1.6003 (worse), SLOs met no → no" in diagnosis_line(diag)
     text = " ".join(str(b) for b in diagnosis_blocks(diag))
     assert "(makes it worse)" in text
+    # a little worse, or not moved: the terminal says so too (it read as a confirmed limit)
+    diag["counterfactual"] = {**cf, "before": 3.18, "after": 3.30, "worse": False}
+    assert "3.18 → 3.3 (does not move it much), SLOs met no → no" in diagnosis_line(diag)
+    diag["counterfactual"] = {**cf, "after": 0.9, "worse": False, "slo_met_after": True}
+    assert "1.0671 → 0.9, SLOs met no → yes" in diagnosis_line(diag)
 
 
 def test_a_waiting_ttft_tail_on_a_busy_engine_is_not_called_bursts():
