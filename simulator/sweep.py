@@ -394,6 +394,9 @@ RATE, CONCURRENCY = "workload.arrival.rate", "workload.arrival.concurrency"
 #: client-side limit (each value caps what is in flight, as users do).
 SATURATING = (CONCURRENCY, "workload.max_concurrency")
 SATURATION_SHARE = 0.95
+#: Keys (and key prefixes, ending in ".") that change neither the load nor the capacity: a
+#: sweep over them has no knee ("lowest stable workload.seed" would mean nothing).
+NO_KNEE = ("workload.seed", "workload.num_requests", "slo.", "sim.")
 
 
 def knee_title(key: str) -> str:
@@ -413,10 +416,12 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     highest; for any other key the lowest stable value. A null value (unset) ranks above
     every number and is the knee ``"null"``; the knee is None where no point qualifies.
     No knees when the first axis is not numeric (a router, a GPU: "highest" means
-    nothing)."""
+    nothing), nor for a key of :data:`NO_KNEE` (seeds, SLO thresholds, run lengths)."""
     if not keys or table.empty:
         return []
     x, others = keys[0], keys[1:]
+    if any(x == k or (k.endswith(".") and x.startswith(k)) for k in NO_KNEE):
+        return []
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                for v in table[x].dropna().tolist()):
         return []

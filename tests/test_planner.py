@@ -169,6 +169,10 @@ def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path,
     t = pd.DataFrame({"cluster.router": ["round_robin", "prefix_affinity"],
                       "stability": ["stable", "stable"]})
     assert knees(t, ["cluster.router"]) == []   # "highest stable router" means nothing
+    for key in ("workload.seed", "slo.ttft_ms.p99", "sim.replications",
+                "workload.num_requests"):   # neither load nor capacity: no knee either
+        k = pd.DataFrame({key: [1, 2], "stability": ["stable", "stable"]})
+        assert knees(k, [key]) == []
     t = pd.DataFrame({"engine.num_gpu_blocks": [16384, 20000, 30000],
                       "stability": ["stable", "stable", "unstable"]})
     assert knees(t, ["engine.num_gpu_blocks"]) == [{"knee": 16384}]   # capacity: the least
