@@ -853,11 +853,16 @@ def _cmd_profiles(args) -> int:
     Console(width=max(160, terminal, need)).print(t)
     if not rows:
         print("no profiles found")
-    from simulator.cost_model import missing_profile_dirs
+    from simulator.cost_model import PROFILES_DIR, hidden_profiles, missing_profile_dirs
 
     gone = missing_profile_dirs()
     if gone:   # a typo in the variable would otherwise just look like no profiles there
         print(f"servesim: warning: {gone}", file=sys.stderr)
+    for name, (used, *hidden) in hidden_profiles().items():   # said, not left unseen
+        shown = lambda p: ("the shipped one" if p.parent == PROFILES_DIR  # noqa: E731
+                           else str(p))
+        print(f"servesim: note: profile {name} is {used}; it hides "
+              f"{', '.join(map(shown, hidden))}", file=sys.stderr)
     return 0
 
 

@@ -411,15 +411,26 @@ def hardware_profile_error(name: str, err: InputError) -> str:
 
 def list_profiles() -> dict[str, Path]:
     """Profiles findable by name: ``{name: path}``; a local profile hides a shipped one of
-    the same name."""
-    found: dict[str, Path] = {}
+    the same name (:func:`hidden_profiles`)."""
+    return {name: paths[0] for name, paths in _profile_files().items()}
+
+
+def hidden_profiles() -> dict[str, list[Path]]:
+    """``{name: [the file used, the files it hides]}`` for each profile name found in more
+    than one folder of :func:`profile_dirs` (the first folder's wins)."""
+    return {name: paths for name, paths in _profile_files().items() if len(paths) > 1}
+
+
+def _profile_files() -> dict[str, list[Path]]:
+    """``{name: [its files, in the order of profile_dirs()]}``."""
+    found: dict[str, list[Path]] = {}
     for d in profile_dirs():
         try:
             paths = sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")) if d.is_dir() else []
         except OSError:   # a folder this user may not read holds no profile for them
             continue
         for p in paths:
-            found.setdefault(p.stem, p)
+            found.setdefault(p.stem, []).append(p)
     return found
 
 
@@ -1235,7 +1246,7 @@ __all__ = [
     "ModelInfo", "NON_TORCH_BYTES", "NON_TORCH_TP_BYTES", "NoiseInfo", "OPTIONAL_COEFFICIENTS",
     "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
-    "kv_capacity",
+    "hidden_profiles", "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",
     "non_torch_bytes", "profile_yaml", "roofline_seconds", "save_profile", "step_features",
 ]

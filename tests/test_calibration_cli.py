@@ -376,6 +376,13 @@ def test_profiles_lists_shipped_and_local(tmp_path, monkeypatch, capsys):
     assert main(["profiles"]) == 0
     assert capsys.readouterr().err == ("servesim: warning: $SERVESIM_PROFILES names folders "
                                        f"that do not exist: {tmp_path / 'typo'}\n")
+    # a local profile of a shipped one's name hides it: said, not left unseen
+    if shipped:
+        shutil.copy(shipped[0], local / shipped[0].name)
+        assert main(["profiles"]) == 0
+        assert capsys.readouterr().err.endswith(
+            f"servesim: note: profile {shipped[0].stem} is {local / shipped[0].name}; it "
+            f"hides the shipped one\n")
 
 
 def test_profiles_table_never_cuts_or_wraps_a_name():
