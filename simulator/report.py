@@ -771,9 +771,10 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         limit = max_model_len or s.get("max_model_len")
         limit = f" {limit}" if limit else ""
         n = s["rejected"]   # a mean over replications may be fractional: 0.5 requests
+        they = ("it counts as an SLO failure and is" if n == 1 else
+                "they count as SLO failures and are")
         console.print(f"{_fmt(n)} request{'' if n == 1 else 's'} rejected: prompt too long "
-                      f"for max_model_len{limit}; they count as SLO failures and are not in the "
-                      f"latency figures.")
+                      f"for max_model_len{limit}; {they} not in the latency figures.")
     if s.get("turns_not_sent"):
         console.print(NOT_SENT_TEXT.format(n=_fmt(s["turns_not_sent"])))
     if s.get("capped"):

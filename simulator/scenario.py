@@ -413,7 +413,9 @@ class Scenario(_Strict):
     def _model_kind(cls, v):
         if not isinstance(v, (str, dict)):
             raise ValueError("expected a catalog name, a path to an HF config.json or a "
-                             f"mapping of HF config keys (got {v!r})")
+                             "mapping of HF config keys (" + (
+                                 _read_as_bool(v) if isinstance(v, bool) else
+                                 f"got {_echo(v)}") + ")")
         return v
 
     @property
@@ -1075,8 +1077,13 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         msg = f"must be a mapping (got {_echo(err.get('input'))})" + (f": {what}" if what else "")
     elif typ == "union_tag_invalid":   # pydantic's "Input tag ... found using ..." wording
         ctx = err.get("ctx", {})
-        loc += (ctx.get("discriminator", "tag").strip("'"),)   # the tag's own line
-        msg = f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}"
+        tag = ctx.get("discriminator", "tag").strip("'")
+        loc += (tag,)   # the tag's own line
+        given = (err.get("input") or {}).get(tag) if isinstance(err.get("input"), dict) \
+            else None
+        msg = (f"{_echo(given)} is not one of {ctx.get('expected_tags')} "
+               f"({_read_as_bool(given)})" if isinstance(given, bool) else
+               f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
     elif typ == "union_tag_not_found":  # pydantic: "Unable to extract tag using ..."
         tag = err.get("ctx", {}).get("discriminator", "tag").strip("'")
         tags = _union_tags(parent, loc[-1] if loc else None, tag)
@@ -1090,9 +1097,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             msg += ": true or false (or yes/no, on/off), unquoted"
         inp = err.get("input")
         if isinstance(inp, bool) and typ in ("string_type", "literal_error", "enum"):
-            # YAML 1.1 (PyYAML, and vLLM's config files) reads an unquoted no as false
-            words = "yes, on and true" if inp else "no, off and false"
-            msg += f" (got {_echo(inp)}: YAML reads unquoted {words} as {_echo(inp)}; quote text)"
+            msg += f" ({_read_as_bool(inp)})"
         elif typ in ("int_type", "float_type") and isinstance(inp, str) and _NUMBER.fullmatch(inp):
             n = float(inp)   # the number it reads as unquoted (an integer key's as an int)
             plain = str(int(n)) if typ == "int_type" and n.is_integer() else inp.strip()
@@ -1107,6 +1112,14 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
 
 #: A number as YAML reads one unquoted (``64``, ``-2.5``, ``1e4``): its quoted form is text.
 _NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
+def _read_as_bool(value: bool) -> str:
+    """Why a boolean stands where text was wanted: YAML 1.1 (PyYAML, and vLLM's config
+    files) reads an unquoted no as false: ``"got false: YAML reads unquoted no, off and
+    false as false; quote text"``."""
+    words = "yes, on and true" if value else "no, off and false"
+    return f"got {_echo(value)}: YAML reads unquoted {words} as {_echo(value)}; quote text"
 
 
 def _echo(value) -> str:

@@ -265,7 +265,8 @@ slo: {ttft_ms: {p99: 500}}
             "SLO failures") in out
     assert main(["run", str(y), "--out", str(tmp_path / "one"), "--quiet", "--set",
                  "workload.num_requests=1"]) == 0
-    assert "1 request rejected: prompt too long" in " ".join(capsys.readouterr().out.split())
+    assert ("1 request rejected: prompt too long for max_model_len 512; it counts as an SLO "
+            "failure") in " ".join(capsys.readouterr().out.split())
     assert (json.loads((tmp_path / "one" / "diagnosis.json").read_text())["findings"][0]
             ["evidence"].startswith("1 request rejected: prompt too long"))
     md = (tmp_path / "o" / "report.md").read_text()

@@ -411,6 +411,11 @@ def test_an_unquoted_no_where_text_is_wanted_is_named(chat):
         "off and false as false; quote text)")
     assert err(load_scenario, chat, ["cluster.router=on"]).endswith(
         "(got true: YAML reads unquoted yes, on and true as true; quote text)")
+    assert err(load_scenario, chat, ["model=no"]).endswith(
+        "(got false: YAML reads unquoted no, off and false as false; quote text)")
+    assert err(load_scenario, chat, ["workload.arrival.process=on"]).endswith(
+        "workload.arrival.process=on: true is not one of 'poisson', 'gamma', 'constant', "
+        "'closed_loop' (got true: YAML reads unquoted yes, on and true as true; quote text)")
     assert load_scenario(chat, ["name='no'"]).name == "no"
     assert not load_scenario(chat, ["engine.enable_prefix_caching=off"]
                              ).engine.enable_prefix_caching
