@@ -324,7 +324,9 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["stability"] = stability_label(stable, row["rejected"], steady)
         # rejected requests never finish, a ramp never loads: the test cannot judge them
         row["stable"] = None if row["rejected"] or (not steady and stable) else stable
-        for path in _SWEEP_FIGURES:
+        # and the statistics the SLOs name (ITL p99.9, E2EL p50, TTFT mean), as plan shows
+        slo = [(m, st) for m, st, _ in (sc.slo.targets() if sc.slo else [])]
+        for path in _SWEEP_FIGURES + [p for p in slo if p not in _SWEEP_FIGURES]:
             # ttft_p99_ms: the unit last, as plan.csv names its columns
             name = (f"{path[0].removesuffix('_ms')}_{path[1]}_ms" if len(path) > 1
                     else path[0])

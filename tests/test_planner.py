@@ -1860,3 +1860,23 @@ def test_a_table_header_reads_an_slo_statistic_with_a_dot(tmp_path, capsys):
           "--no-confirm"])
     head = capsys.readouterr().out.split("─")[0]
     assert [w for w in head.split() if w in ("ITL", "p99.9")] == ["ITL", "p99.9"]
+
+
+def test_a_sweep_shows_the_statistics_its_slos_name(tmp_path, capsys):
+    # an SLO on ITL p99.9 or E2EL p50 was judged ("SLO met: no") but shown nowhere
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("slo: {ttft_ms: {p99: 200}}",
+                                    "slo: {itl_ms: {p99.9: 20}, e2el_ms: {p50: 100}, "
+                                    "ttft_ms: {mean: 50}}"))
+    sc = load_scenario(y)
+    with make_executor("serial") as ex:
+        res = sweep(sc, {"workload.arrival.rate": [5, 10]}, ex)
+    for (_, row), (summary,) in zip(res.table.iterrows(), res.summaries):
+        assert row["itl_p99.9_ms"] == summary["itl_ms"]["p99.9"]
+        assert row["e2el_p50_ms"] == summary["e2el_ms"]["p50"]
+        assert row["ttft_mean_ms"] == summary["ttft_ms"]["mean"]
+    main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--executor", "serial",
+          "--quiet", "--out", str(tmp_path / "o")])
+    head = capsys.readouterr().out.split("─")[0].split()
+    assert "p99.9" in head and "mean" in head
+    assert "itl_p99.9_ms" in (tmp_path / "o" / "sweep.csv").read_text().splitlines()[0]
