@@ -204,15 +204,10 @@ OWN_HEADER = {**HEADER, "engine": "servesim-torch 0.1.0"}
     # then the report's decode plot failed on it
     (ROW_TEXT.replace(",decode,", ",prefill,"),
      "cell 'decode B=1 L=20' is a decode cell, the row's kind is 'prefill'"),
-    (ROW_TEXT.replace("decode B=1 L=20,", "foo,"),
-     "cell is 'foo': not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 L=256', "
-     "'mixed B=8 L=256 n=64 c=0')"),
-    (ROW_TEXT.replace("decode B=1 L=20,", "decode B=1 L=x,"),
-     "cell is 'decode B=1 L=x': not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
-     "L=256', 'mixed B=8 L=256 n=64 c=0')"),
-    (ROW_TEXT.replace("decode B=1 L=20,", "decode B=-1 L=20,"),
-     "cell is 'decode B=-1 L=20': not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
-     "L=256', 'mixed B=8 L=256 n=64 c=0')"),
+    *((ROW_TEXT.replace("decode B=1 L=20,", f"{cell},"),
+       f"cell is {cell!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 L=256', "
+       f"'mixed B=8 L=256 n=64 c=0')")
+      for cell in ("foo", "decode B=1 L=x", "decode B=-1 L=20")),
     # rows that disagree with their cell, as measure_grid's own check would have refused
     (ROW_TEXT.replace(",4,,", ",4,768@0,"),
      "cell 'decode B=1 L=20' runs prefills '' beside 1 decodes, the row's are '768@0' "
