@@ -208,13 +208,13 @@ ceiling does not see. They are fitted figures, not device limits.</p>
 
 
 def write_calibration(profile, out, result, df, replay_df, k, peaks, html_path) -> dict:
-    """Write a calibration's outputs together: the profile ``out`` (YAML,
-    :func:`simulator.cost_model.profile_yaml`) and its report (:func:`report_files`).
+    """Write a calibration's outputs together: its report (:func:`report_files`) and the
+    profile ``out`` (:func:`simulator.cost_model.save_profile`).
 
-    All are built in memory first, then :func:`simulator.files.commit_outputs` runs (the
-    console script ignores Ctrl-C and SIGTERM from there on) and each file is renamed into
-    place (:func:`simulator.files.atomic_write`): an interrupt leaves either none of them
-    or all, never a profile without its report.
+    The report is built in memory first, then :func:`simulator.files.commit_outputs` runs
+    (the console script ignores Ctrl-C and SIGTERM from there on) and each file is renamed
+    into place (:func:`simulator.files.atomic_write`): an interrupt leaves either none of
+    them or all, never a profile without its report.
 
     Returns:
         ``{"html": Path, "png": Path}`` of the report.
@@ -222,14 +222,13 @@ def write_calibration(profile, out, result, df, replay_df, k, peaks, html_path) 
     Raises:
         OSError: a file cannot be written.
     """
-    from simulator.cost_model import profile_yaml
+    from simulator.cost_model import save_profile
 
     report = report_files(profile, result, df, replay_df, k, peaks, html_path)
-    text = profile_yaml(profile)
     commit_outputs()
     for path, data in report.items():
         atomic_write(path, data)
-    profile._path = atomic_write(out, text)
+    save_profile(profile, out)
     return {"html": Path(html_path), "png": Path(html_path).with_suffix(".png")}
 
 

@@ -499,9 +499,9 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     return prof
 
 
-def profile_yaml(profile: Profile) -> str:
-    """The YAML text of ``profile`` as :func:`save_profile` writes it (keys in model
-    order), with a comment over ``efficiencies`` when one exceeds 1."""
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    """Write ``profile`` as YAML to ``path`` atomically (temp file in the same folder, then
+    rename), creating the folder. Returns the path."""
     text = yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False,
                           default_flow_style=None, width=100)
     over = {k: v for k, v in profile.efficiencies.model_dump().items() if v and v > 1}
@@ -514,13 +514,7 @@ def profile_yaml(profile: Profile) -> str:
                                 for k, v in over.items())
                             + " > 1: faster than that peak, as when a small model's weights "
                             "stay in cache, not a bound on the hardware\nefficiencies:", 1)
-    return text
-
-
-def save_profile(profile: Profile, path: str | Path) -> Path:
-    """Write ``profile`` as YAML (:func:`profile_yaml`) to ``path`` atomically (temp file in
-    the same folder, then rename), creating the folder. Returns the path."""
-    path = atomic_write(path, profile_yaml(profile))
+    path = atomic_write(path, text)
     profile._path = path
     return path
 
@@ -1248,5 +1242,5 @@ __all__ = [
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
     "hidden_profiles", "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",
-    "non_torch_bytes", "profile_yaml", "roofline_seconds", "save_profile", "step_features",
+    "non_torch_bytes", "roofline_seconds", "save_profile", "step_features",
 ]
