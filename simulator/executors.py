@@ -162,10 +162,9 @@ def backlog_grows(result) -> bool:
     :data:`TREND_T`; the latter from one mean service time (first scheduled to finish, of
     the requests of the first quarter) after the first arrival where that is later, and
     not in a run whose arrivals end before twice that (the requests in the system are
-    still building up). A short
-    stable run can fall below ``STABLE_FRACTION`` in the window of :func:`window_rates`
-    (the outputs still running when the arrivals end); it shows no such trend. Rejected
-    requests are left out (:func:`_served`).
+    still building up). A short stable run can fall below ``STABLE_FRACTION`` in the
+    window of :func:`window_rates` (the outputs still running when the arrivals end); it
+    shows no such trend. Rejected requests are left out (:func:`_served`).
     """
     req = _served(result.requests)
     arr = req["arrival_s"].to_numpy(dtype=float)

@@ -279,9 +279,7 @@ def diagnosis_line(diag: dict) -> str:
     found = diag.get("findings") or []
     if binding != "none" and cf:
         line += (f"; with {set_flags(cf)}: {cf['figure']} {_side(cf, 'before')} → "
-                 f"{_side(cf, 'after')}" + (" (worse)" if cf.get("worse") else "" if
-                                            cf.get("moved") or cf.get("slo_met_after")
-                                            else " (does not move it much)")
+                 f"{_side(cf, 'after')}" + _effect(cf)
                  + f", SLOs met {_fmt(cf.get('slo_met_before'))} → "
                  f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf)
                  # twice the replicas tests the knob; it is not the count needed
@@ -333,6 +331,15 @@ def _breaks_text(cf: dict) -> str:
     return ("; breaks " + ", ".join(
         f"{_LABELS[b['metric']]} {b['stat']} ({_fmt(b['before'])} → {_fmt(b['after'])} ms, "
         f"SLO {_fmt(b['threshold'])} ms)" for b in br)) if br else ""
+
+
+def _effect(cf: dict) -> str:
+    """What the terminal line adds after a counterfactual's figures: ``" (worse)"``, or
+    ``" (does not move it much)"`` (:func:`_verdict`) when it neither moves the figure nor
+    meets the SLOs; nothing when it helps."""
+    if cf.get("worse"):
+        return " (worse)"
+    return "" if cf.get("moved") or cf.get("slo_met_after") else f" ({_verdict(cf)})"
 
 
 def _verdict(cf: dict) -> str:

@@ -1079,8 +1079,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         ctx = err.get("ctx", {})
         tag = ctx.get("discriminator", "tag").strip("'")
         loc += (tag,)   # the tag's own line
-        given = (err.get("input") or {}).get(tag) if isinstance(err.get("input"), dict) \
-            else None
+        inp = err.get("input")
+        given = inp.get(tag) if isinstance(inp, dict) else None
         msg = (f"{_echo(given)} is not one of {ctx.get('expected_tags')} "
                f"({_read_as_bool(given)})" if isinstance(given, bool) else
                f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
