@@ -391,6 +391,11 @@ def _cmd_plan(args) -> int:
     ranked = default_efficiency_note([r.candidate for r in res.rows])
     if ranked:
         print(f"servesim: note: {ranked}", file=sys.stderr)
+    if not (scenario.slo and scenario.slo.targets()):   # a throughput plan (batch jobs)
+        print("servesim: note: the scenario sets no SLOs, so a candidate's max rate per "
+              "replica is the highest it keeps up with (stability alone; queues there are "
+              "long); set slo: (e.g. --set slo.ttft_ms.p99=2000) to plan for latency",
+              file=sys.stderr)
     table = plan_table(res)
     paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
                                                       f"{res.target_rate:g} req/s")

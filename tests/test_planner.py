@@ -1205,6 +1205,28 @@ def test_plan_says_when_too_few_requests_judge_each_rate(tmp_path, capsys):
     assert "note" not in capsys.readouterr().err
 
 
+def test_plan_without_slos_sizes_for_keeping_up_and_says_so(tmp_path, capsys):
+    # a throughput plan (a batch job): a candidate's max rate is its stability limit. Each
+    # request holds a slot 4 steps of 10 ms (prefill + first token, then 3 decodes), so a
+    # slot serves 25 req/s: 50 req/s at max_num_seqs=2, 100 at 4; "keeps up" stops short of it
+    import csv
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("slo: {ttft_ms: {p99: 200}}\n", ""))
+    assert main(["plan", str(y), "--out", str(tmp_path / "a"), "--executor", "serial",
+                 "--quiet", "--no-confirm"]) == 0
+    assert ("servesim: note: the scenario sets no SLOs, so a candidate's max rate per "
+            "replica is the highest it keeps up with") in capsys.readouterr().err
+    with open(tmp_path / "a" / "plan.csv", newline="") as f:
+        rates = {int(r["engine.max_num_seqs"]): float(r["max_rate_per_replica"])
+                 for r in csv.DictReader(f)}
+    for seqs, capacity in ((2, 50.0), (4, 100.0)):
+        assert 0.8 * capacity < rates[seqs] <= capacity
+    y.write_text(SMALL_PLAN)   # with an SLO: no note
+    main(["plan", str(y), "--out", str(tmp_path / "b"), "--executor", "serial", "--quiet",
+          "--no-confirm"])
+    assert "no SLOs" not in capsys.readouterr().err
+
+
 def test_sweep_says_when_too_few_requests_judge_a_point(tmp_path, capsys):
     # a handful of requests never fills a queue: said of a sweep as of a plan (10 requests
     # on 8 replicas read "unstable", with no word of why)
