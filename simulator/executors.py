@@ -13,7 +13,8 @@ Executors (``make_executor``):
   threads (progress bars) is never forked. Where workers cannot be started or die (a
   sandbox that refuses the forkserver's socket, a worker killed for memory), the jobs run
   in this process instead, after one warning line on stderr. Ctrl-C reaches only this
-  process (the workers ignore SIGINT), which stops the workers and exits 130 (SIGTERM: 143).
+  process (the workers ignore SIGINT), which stops the workers and exits 130 (SIGTERM: 143);
+  a worker whose servesim died (SIGKILL, which no handler sees) ends itself.
 * ``ray``: ``ray.init(address=...)`` then one remote task per job, for users who outgrow
   one machine. Needs the optional ``[ray]`` extra, and servesim installed on every node.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import re
 import signal
@@ -300,7 +302,8 @@ class LocalExecutor(SerialExecutor):
             if ctx.get_start_method() == "forkserver":
                 ctx.set_forkserver_preload(["simulator.executors", "simulator.run"])
                 _start_forkserver_ignoring_sigint(ctx)
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                             initializer=_end_with_parent)
         return self._pool
 
     def run(self, jobs, progress=None) -> list:
@@ -343,6 +346,23 @@ class LocalExecutor(SerialExecutor):
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+
+def _end_with_parent() -> None:
+    """Pool worker initializer: end this worker when the servesim process that started it
+    dies. A servesim killed by SIGKILL, which no handler sees, would otherwise leave its
+    workers computing their jobs to the end (under ``forkserver`` a worker's parent is the
+    fork server, which itself stays up while the workers do). A daemon thread waits on
+    multiprocessing's sentinel of the parent process, readable once it has exited."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="servesim-parent-watch", daemon=True).start()
 
 
 def _start_forkserver_ignoring_sigint(ctx) -> None:
