@@ -1041,6 +1041,10 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
                  if loc else [])   # a typo's likely key; "blocks" names none
         msg = ("unknown key" + (f"; did you mean {close[0]}?" if close else "")
                + (f" (allowed: {', '.join(allowed)})" if allowed else ""))
+        owners = _owning_members(tuple(err["loc"]), root)
+        if owners and not close:   # burstiness left beside a --set process=poisson
+            tag, theirs, this = owners
+            msg += f"; {loc[-1]} is a key of {tag}: {', '.join(theirs)}, not of {this}"
     elif typ in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
         msg = str(err["ctx"]["error"])
         if isinstance(err["ctx"]["error"], SubkeyError):
@@ -1191,6 +1195,35 @@ def _resolve_loc(loc: tuple, root: type) -> tuple[tuple, Any]:
         out.append(part)
         cur, parent = None, (models[0] if len(models) == 1 else None)
     return tuple(out), parent
+
+
+def _owning_members(loc: tuple, root: type) -> tuple[str, list[str], str] | None:
+    """For an unknown key inside a member of a tagged union (``arrival.poisson.burstiness``):
+    the union's tag field, the tags of the other members that take that key, and this
+    member's tag (``("process", ["gamma"], "poisson")``); None when no other member takes
+    it or ``loc`` crosses no union."""
+    cur: Any = root
+    last = None   # (members, member) of the last union crossed
+    for part in loc[:-1]:
+        models = _models_in(cur)
+        member = next((m for m in models if len(models) > 1 and _is_tag(m, str(part))), None)
+        if member is not None:
+            last, cur = (models, member), member
+        elif len(models) == 1 and str(part) in models[0].model_fields:
+            cur = models[0].model_fields[str(part)].annotation
+        else:
+            return None
+    if last is None or cur is not last[1]:   # the key is not the member's own
+        return None
+    models, member = last
+    tag = next((n for n, f in member.model_fields.items()
+                if typing.get_origin(f.annotation) is Literal), None)
+    if tag is None:
+        return None
+    theirs = [str(v) for m in models if m is not member and str(loc[-1]) in m.model_fields
+              for v in typing.get_args(m.model_fields[tag].annotation)]
+    this = ", ".join(map(str, typing.get_args(member.model_fields[tag].annotation)))
+    return (tag, theirs, this) if theirs else None
 
 
 def _field_description(model: type | None, name: str) -> str | None:

@@ -175,6 +175,21 @@ def test_bad_values_one_line(chat, override, expected):
     assert expected in err(load_scenario, chat, [override])
 
 
+def test_a_key_of_another_union_member_names_the_member_that_takes_it(chat):
+    # swept process=poisson over a gamma scenario: "burstiness: unknown key" and no more
+    chat.write_text(yaml.safe_dump({**BASE, "workload": {
+        **BASE["workload"], "arrival": {"process": "gamma", "rate": 2, "burstiness": 0.5}}}))
+    assert err(load_scenario, chat, ["workload.arrival.process=poisson"]).endswith(
+        "workload.arrival.burstiness: unknown key (allowed: rate, normalize_duration, "
+        "process); burstiness is a key of process: gamma, not of poisson")
+    chat.write_text(yaml.safe_dump({**BASE, "workload": {
+        **BASE["workload"], "prompt_tokens": {"dist": "fixed", "value": 8, "median": 9}}}))
+    assert err(load_scenario, chat).endswith(
+        "; median is a key of dist: lognormal, not of fixed")
+    chat.write_text(yaml.safe_dump(BASE))   # a key no member takes: no such clause
+    assert "is a key of" not in err(load_scenario, chat, ["workload.arrival.zzz=1"])
+
+
 @pytest.mark.parametrize("model, tp, expected", [
     # Qwen2.5-7B: 28 heads, 4 KV heads: 7 divides the heads, yet a shard cannot hold a
     # whole KV head nor a replica of one (vLLM's QKVParallelLinear divides either way)
@@ -202,8 +217,8 @@ def test_a_flag_that_changes_a_distribution_is_named_in_the_errors_it_causes(cha
     # because --set changed dist beside it
     assert err(load_scenario, chat, ["workload.output_tokens.dist=uniform"]) == (
         "chat.yaml:16 (with --set workload.output_tokens.dist=uniform): "
-        "workload.output_tokens.value: unknown key (allowed: min, max, dist) "
-        "(and 2 more errors, at workload.output_tokens.min, workload.output_tokens.max)")
+        "workload.output_tokens.value: unknown key (allowed: min, max, dist); value is a "
+        "key of dist: fixed, not of uniform (and 2 more errors, at workload.output_tokens.min, workload.output_tokens.max)")
     # a flag elsewhere in the workload is not named
     assert err(load_scenario, chat, ["workload.num_requests=5",
                                      "workload.output_tokens={dist: fixed, value: 1, x: 2}"]
