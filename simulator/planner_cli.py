@@ -499,6 +499,11 @@ def _cmd_compare(args) -> int:
         # so that an error in them stays the one line)
         print(f"servesim: note: workload, SLO and sim settings of {scenarios[0].source} used "
               f"for every plan; those of {', '.join(ignored)} are ignored", file=sys.stderr)
+    planned = [sc.source for sc in scenarios if sc.plan is not None]
+    if planned:   # its candidates are plan's to search: each file is served as written
+        print(f"servesim: note: the plan: section of {', '.join(planned)} is not used: "
+              f"compare serves each file's settings as written (servesim plan searches a "
+              f"plan: section's candidates)", file=sys.stderr)
     short = trace_shortfall(scenarios[0], entries[0]["result"].summary)
     if short:   # every plan served the first one's trace
         print(f"servesim: note: {short}", file=sys.stderr)

@@ -515,8 +515,12 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
             assert [None if pd.isna(v) else v for v in (lo, hi)] == pytest.approx(want)
     y2 = tmp_path / "s2.yaml"
     y2.write_text(y.read_text().replace("name: s\n", "name: s2\n"))
+    capsys.readouterr()
     assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 0
     assert (tmp_path / "cmp" / "compare.csv").is_file()
+    # compare serves each file as written: their candidates were silently not compared
+    assert ("servesim: note: the plan: section of s.yaml, s2.yaml is not used: compare "
+            "serves each file's settings as written") in capsys.readouterr().err
     # each report holds only files its command writes: a rerun replaces them all
     from fnmatch import fnmatch
 
@@ -1470,9 +1474,11 @@ def test_compare_says_which_plan_cannot_keep_up(tmp_path, capsys):
     b.write_text(COMPARE_PLAN.format(name="tiny", step=0.05, seqs=1, n=200))
     assert main(["compare", str(a), str(b), "--executor", "serial", "--quiet", "--out",
                  str(tmp_path / "cmp")]) == 0
-    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+    got = capsys.readouterr()
+    rows = {line.split()[0]: line.split() for line in got.out.splitlines()
             if line.split()[:1] in (["fast"], ["tiny"])}
     assert "stable" in rows["fast"] and "unstable" in rows["tiny"]
+    assert "plan: section" not in got.err   # no plan: section, no note of one
     with open(tmp_path / "cmp" / "compare.csv", newline="") as f:
         got = {r["figure"]: r for r in csv.DictReader(f)}
     assert (got["stability"]["fast"], got["stability"]["tiny"]) == ("stable", "unstable")
