@@ -34,6 +34,34 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error
     (plain PyYAML keeps the last value silently, so a typo'd override would go unseen)."""
 
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._open_anchors: set[str] = set()   # anchors of the collections being composed
+
+    # An alias inside its own anchor (``&a [1, *a]``) makes a value that holds itself: no
+    # setting is one, and its echo would be PyYAML's ``&id001 [1, *id001]``.
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            if event.anchor in self._open_anchors:
+                raise yaml.composer.ComposerError(
+                    None, None, f"the alias *{event.anchor} is inside its own anchor "
+                    f"&{event.anchor}: the value would contain itself", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def compose_sequence_node(self, anchor):
+        return self._composing(anchor, super().compose_sequence_node)
+
+    def compose_mapping_node(self, anchor):
+        return self._composing(anchor, super().compose_mapping_node)
+
+    def _composing(self, anchor, compose):
+        self._open_anchors.add(anchor)
+        try:
+            return compose(anchor)
+        finally:
+            self._open_anchors.discard(anchor)
+
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:

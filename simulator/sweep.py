@@ -99,7 +99,7 @@ def with_sweep_hint(err: InputError, overrides: list[str], command: str) -> Inpu
     msg = str(err)
     for s in overrides:
         key, _, v = (x.strip() for x in s.partition("="))
-        if not msg.startswith(f"--set {s}:"):
+        if not msg.startswith(f"--set {s}:") or "value is not valid YAML" in msg:
             continue
         listed = _scalar_list(v) if "Input should be a valid" in msg else None
         if listed is not None and command == "sweep":

@@ -541,6 +541,12 @@ def test_a_comma_list_given_to_run_or_plan_points_to_sweep(scen, tmp_path, capsy
     assert main([command, str(scen), "--set", "workload.arrival.rate={a: 1}", "--out",
                  str(out), "--quiet"]) == 2
     assert "servesim sweep" not in capsys.readouterr().err
+    # a value that is not YAML, commas or not: its own error, no hint
+    assert main([command, str(scen), "--set", "workload.arrival.rate=&a [4, *a]", "--out",
+                 str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "servesim: error: --set workload.arrival.rate=&a [4, *a]: value is not valid YAML: "
+        "the alias *a is inside its own anchor &a: the value would contain itself")
 
 
 def test_a_bracketed_list_given_to_sweep_is_written_without_brackets(scen, tmp_path, capsys):

@@ -204,6 +204,19 @@ def test_yaml_nested_past_the_parser_is_a_yaml_error():
         load_yaml("x: " + "[" * 2000 + "]" * 2000)
 
 
+def test_an_alias_inside_its_own_anchor_is_a_yaml_error():
+    # "&a [1, *a]" built a list holding itself; its echo in an error was "&id001 [1, *id001]"
+    for text, line in (("x: &a [1, *a]\n", 1), ("y: 0\nx: &m\n  k: [2, *m]\n", 3)):
+        with pytest.raises(yaml.YAMLError) as e:
+            load_yaml(text)
+        assert e.value.problem == ("the alias *{0} is inside its own anchor &{0}: the value "
+                                   "would contain itself").format(text.split("&")[1][0])
+        assert e.value.problem_mark.line + 1 == line
+    # an alias after its anchor closed, or of another anchor inside one, is fine
+    assert load_yaml("a: &a [1]\nb: &b [*a, *a]\nc: *b\n") == {
+        "a": [1], "b": [[1], [1]], "c": [[1], [1]]}
+
+
 def test_yaml_timestamps_stay_text_as_in_yaml_1_2():
     # PyYAML built dates, and raised ValueError (a traceback) for 2026-13-01
     from simulator.files import load_yaml
