@@ -763,8 +763,10 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
     the group-wide ``(memory·tp·util − weights − ...) // (block_size · kv_bytes_per_token)``.
     Not subtracted: the CUDA-graph memory that vLLM 0.32 estimates by a trial capture and
     takes from the budget (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, on by default;
-    hundreds of MiB to a few GiB by model and capture sizes, unknown without the GPU), so
-    a projection can hold a few percent more blocks than vLLM on that GPU.
+    hundreds of MiB to a few GiB by model and capture sizes, unknown without the GPU);
+    and ``memory`` is the catalog's nvidia-smi total, about 0.4 GiB above the total vLLM
+    reads from ``torch.cuda.mem_get_info`` (simulator/catalog/hardware.yaml). So a
+    projection can hold a few percent more blocks than vLLM on that GPU.
 
     Raises:
         KeyedDoesNotFit: the weights and reserves leave no room for two blocks; keyed
