@@ -411,6 +411,16 @@ def _cmd_plan(args) -> int:
     if any(str(v).startswith("≈") for v in shown["replicas"]):
         print("≈ replicas: estimated from one replica's max rate, not simulated as a "
               "deployment (a router's pooling often needs fewer; plan.csv: confirmed)")
+    pooled = [r for r in res.rows if r.confirmed and r.feasible
+              and r.replicas * r.search.max_rate < res.target_rate]
+    if pooled:   # 4.84 req/s per replica and 3 replicas for 23 req/s reads as a typo
+        r = res.best if res.best in pooled else pooled[0]
+        print(f"as simulated, {r.replicas} replicas of {r.candidate.label} serve "
+              f"{res.target_rate:g} req/s, above {r.replicas} × its max rate per replica "
+              f"({r.replicas * r.search.max_rate:.3g} req/s): a router pools the replicas, "
+              f"which one replica alone cannot show (report: Replica count confirmed "
+              f"by simulation)" + (f"; so do {len(pooled) - 1} more candidates' counts"
+                                   if len(pooled) > 1 else ""))
     if any(str(v).startswith("≥") for v in shown["replicas"]):
         print("≥ replicas: a deployment of one fewer missed the SLOs; more would cost as "
               "much as the plan, so none was simulated")

@@ -1231,6 +1231,32 @@ def test_plan_without_slos_sizes_for_keeping_up_and_says_so(tmp_path, capsys):
     assert "no SLOs" not in capsys.readouterr().err
 
 
+def test_plan_says_when_a_pooled_deployment_beats_replicas_times_the_max_rate(tmp_path,
+                                                                             capsys):
+    # M/D/1 per replica: 100 ms of service (10 steps of 10 ms), SLO mean TTFT 60 ms = the
+    # first step + Pollaczek-Khinchine's wait rho*S/(2(1-rho)), met up to rho = 0.5: 5 req/s.
+    # 23 req/s then reads as 5 replicas; 2 cannot keep up (11.5 req/s each, 10 at most), and
+    # least_outstanding pools 3 (mean TTFT ~54 ms): "3 replicas" beside "5 req/s" needs words
+    import csv
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("max_num_seqs: 4, max_model_len: 512}",
+                                    "max_num_seqs: 1, max_model_len: 512}\n"
+                                    "cluster: {router: least_outstanding}")
+                 .replace("num_requests: 200", "num_requests: 1000")
+                 .replace("value: 8}", "value: 100}").replace("value: 4}", "value: 10}")
+                 .replace("{ttft_ms: {p99: 200}}", "{ttft_ms: {mean: 60}}")
+                 .split("plan:")[0])
+    assert main(["plan", str(y), "--target-rate", "23", "--out", str(tmp_path / "a"),
+                 "--executor", "serial", "--quiet"]) == 0
+    with open(tmp_path / "a" / "plan.csv", newline="") as f:
+        row = next(csv.DictReader(f))
+    rate = float(row["max_rate_per_replica"])
+    assert 4.5 < rate <= 5.0 and (row["replicas"], row["confirmed"]) == ("3", "True")
+    assert (f"as simulated, 3 replicas of scenario as given serve 23 req/s, above 3 × its max "
+            f"rate per replica ({3 * rate:.3g} req/s): a router pools the replicas"
+            ) in capsys.readouterr().out
+
+
 def test_sweep_says_when_too_few_requests_judge_a_point(tmp_path, capsys):
     # a handful of requests never fills a queue: said of a sweep as of a plan (10 requests
     # on 8 replicas read "unstable", with no word of why)
