@@ -78,6 +78,11 @@ class FixedDist(_Dist):
     dist: Literal["fixed"]
     value: float = Field(ge=0)
 
+    @model_validator(mode="after")
+    def _centre(self):
+        _centre_inside(self, self.value, "value", "every sample")
+        return self
+
 
 class UniformDist(_Dist):
     """``{dist: uniform, min, max}``: integers in ``[min, max]`` inclusive for token counts
@@ -88,13 +93,14 @@ class UniformDist(_Dist):
     max: float = Field(ge=0)
 
 
-def _centre_inside(d: _Dist, centre: float, name: str) -> None:
-    """Clip bounds that cut off the centre would turn most samples into the bound."""
+def _centre_inside(d: _Dist, centre: float, name: str, share: str = "most samples") -> None:
+    """Clip bounds that cut off the centre would turn ``share`` of the samples into the
+    bound."""
     if d.max is not None and d.max < centre:
-        raise ValueError(f"max ({d.max:g}) is below the {name} ({centre:g}): most samples "
+        raise ValueError(f"max ({d.max:g}) is below the {name} ({centre:g}): {share} "
                          f"would be clipped to max")
     if d.min is not None and d.min > centre:
-        raise ValueError(f"min ({d.min:g}) is above the {name} ({centre:g}): most samples "
+        raise ValueError(f"min ({d.min:g}) is above the {name} ({centre:g}): {share} "
                          f"would be clipped to min")
 
 

@@ -74,6 +74,11 @@ def test_lengths_are_clipped_and_at_least_one():
     ({"dist": "lognormal", "median": 100, "p90": 1000, "max": 500},   # 19% of draws at 500
      "max (500) is below p90 (1000): over a tenth of the samples would be clipped"),
     ({"dist": "normal", "mean": 500, "std": 50, "max": 100}, "max (100) is below the mean"),
+    # every request got 50 tokens, silently
+    ({"dist": "fixed", "value": 100, "max": 50},
+     "max (50) is below the value (100): every sample would be clipped to max"),
+    ({"dist": "fixed", "value": 100, "min": 200},
+     "min (200) is above the value (100): every sample would be clipped to min"),
 ])
 def test_clip_bounds_that_cut_off_the_centre_are_refused(d, msg):
     with pytest.raises(ValidationError, match=re.escape(msg)):
