@@ -30,6 +30,37 @@ def commit_outputs() -> None:
         on_commit()
 
 
+#: Most values (scalars, lists, mappings) a YAML document may expand to through aliases.
+MAX_YAML_VALUES = 1_000_000
+
+
+class AliasError(yaml.composer.ComposerError):
+    """Well-formed YAML whose aliases make a value no setting can be: one inside its own
+    anchor (the value would hold itself), or aliases expanding past
+    :data:`MAX_YAML_VALUES`."""
+
+
+def _too_large(root):
+    """The first node (depth first) of the composed YAML tree ``root`` that expands, with
+    every alias expanded (an alias is its anchor's node itself, shared), to more than
+    :data:`MAX_YAML_VALUES` nodes while none of its children does; None when ``root``
+    does not. Each distinct node is counted once, without recursion."""
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        kids = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                else node.value if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
+            if sizes[id(node)] > MAX_YAML_VALUES:
+                return node
+        elif id(node) not in sizes:
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in sizes)
+    return None
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error
     (plain PyYAML keeps the last value silently, so a typo'd override would go unseen)."""
@@ -44,7 +75,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             if event.anchor in self._open_anchors:
-                raise yaml.composer.ComposerError(
+                raise AliasError(
                     None, None, f"the alias *{event.anchor} is inside its own anchor "
                     f"&{event.anchor}: the value would contain itself", event.start_mark)
         return super().compose_node(parent, index)
@@ -54,6 +85,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def compose_mapping_node(self, anchor):
         return self._composing(anchor, super().compose_mapping_node)
+
+    # Aliases repeat their anchor's whole value: nine levels of ten ("billion laughs") are
+    # a billion values, which any walk over them (a repr, a validation) exhausts memory on.
+    def get_single_data(self):
+        node = self.get_single_node()
+        if node is None:
+            return None
+        big = _too_large(node)
+        if big is not None:
+            raise AliasError(
+                None, None, f"aliases (*name) expand this value to over {MAX_YAML_VALUES:,} "
+                f"values, each repeating its anchor's whole value; no setting needs that "
+                f"many", big.start_mark)
+        return self.construct_document(node)
 
     def _composing(self, anchor, compose):
         self._open_anchors.add(anchor)
@@ -155,7 +200,7 @@ def yaml_error_text(source: str, e: yaml.YAMLError, text: str | None = None) -> 
     if (what.startswith(("flow ", "quoted ")) and start is not None and mark is not None
             and start.line < mark.line):
         problem += f" (in the {what} that starts at line {start.line + 1})"
-    return f"{where}: YAML syntax error: {problem}"
+    return f"{where}: YAML {'' if isinstance(e, AliasError) else 'syntax '}error: {problem}"
 
 
 class DuplicateKeyError(ValueError):

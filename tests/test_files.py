@@ -217,6 +217,27 @@ def test_an_alias_inside_its_own_anchor_is_a_yaml_error():
         "a": [1], "b": [[1], [1]], "c": [[1], [1]]}
 
 
+def test_aliases_expanding_past_a_million_values_are_a_yaml_error():
+    # nine levels of ten aliases are 10**9 values sharing a few nodes: the repr of a plan
+    # candidate's value ran out of memory (a traceback, after 40 s and gigabytes)
+    from simulator.files import MAX_YAML_VALUES, yaml_error_text
+
+    def laughs(levels: int) -> str:
+        p = ["&a0 [x,x,x,x,x,x,x,x,x,x]"] + [
+            f"&a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+        return "name: s\nx: 1\nlol: [" + ",".join(p) + "]\n"
+
+    # levels ℓ hold 10 + 10**2 + ... + 10**ℓ scalars, plus their lists
+    assert len(str(load_yaml(laughs(5))["lol"])) > 400_000   # 111,110 x's: fine
+    with pytest.raises(yaml.YAMLError) as e:
+        load_yaml(laughs(9))
+    assert e.value.problem_mark.line + 1 == 3
+    assert yaml_error_text("s.yaml", e.value) == (
+        f"s.yaml:3: YAML error: aliases (*name) expand this value to over "
+        f"{MAX_YAML_VALUES:,} values, each repeating its anchor's whole value; no setting "
+        f"needs that many")
+
+
 def test_yaml_timestamps_stay_text_as_in_yaml_1_2():
     # PyYAML built dates, and raised ValueError (a traceback) for 2026-13-01
     from simulator.files import load_yaml
