@@ -1011,6 +1011,14 @@ def format_validation_error(e: ValidationError, source: str, root: type | None =
         parts = ([f"unknown keys: {_some(unknown)}"
                   + (f" (allowed: {', '.join(allowed)})" if allowed else "")] if unknown
                  else [])
+        owned = [(str(x["loc"][-1]), o) for x in errs if x["type"] == "extra_forbidden"
+                 and (o := _owning_members(tuple(x["loc"]), root))
+                 and _resolve_loc(tuple(x["loc"]), root)[0][:-1] == here]
+        if owned:   # as for one such key: which member takes each
+            said = [f"{k} {'is a key ' if i == 0 else ''}of {tag}: {', '.join(theirs)}"
+                    for i, (k, (tag, theirs, _)) in enumerate(owned)]
+            parts.append(", ".join(said[:-1]) + (" and " if len(said) > 1 else "")
+                         + f"{said[-1]}, not of {owned[0][1][2]}")
         if missing:
             parts.append(f"required key{'s' if len(missing) > 1 else ''} missing: "
                          f"{', '.join(missing)}")
@@ -1045,6 +1053,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         if owners and not close:   # burstiness left beside a --set process=poisson
             tag, theirs, this = owners
             msg += f"; {loc[-1]} is a key of {tag}: {', '.join(theirs)}, not of {this}"
+            if (loc[-1], this) == ("burstiness", "poisson"):   # how to sweep one against it
+                msg += " (process: gamma with burstiness 1 is a Poisson process)"
     elif typ in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
         msg = str(err["ctx"]["error"])
         if isinstance(err["ctx"]["error"], SubkeyError):

@@ -181,11 +181,19 @@ def test_a_key_of_another_union_member_names_the_member_that_takes_it(chat):
         **BASE["workload"], "arrival": {"process": "gamma", "rate": 2, "burstiness": 0.5}}}))
     assert err(load_scenario, chat, ["workload.arrival.process=poisson"]).endswith(
         "workload.arrival.burstiness: unknown key (allowed: rate, normalize_duration, "
-        "process); burstiness is a key of process: gamma, not of poisson")
+        "process); burstiness is a key of process: gamma, not of poisson (process: gamma "
+        "with burstiness 1 is a Poisson process)")
     chat.write_text(yaml.safe_dump({**BASE, "workload": {
         **BASE["workload"], "prompt_tokens": {"dist": "fixed", "value": 8, "median": 9}}}))
     assert err(load_scenario, chat).endswith(
         "; median is a key of dist: lognormal, not of fixed")
+    # several unknown keys at once: each that some member takes is named
+    chat.write_text(yaml.safe_dump({**BASE, "workload": {**BASE["workload"], "arrival": {
+        "process": "poisson", "rate": 2, "burstiness": 0.5, "concurrency": 3, "zz": 1}}}))
+    assert err(load_scenario, chat).endswith(
+        "workload.arrival: unknown keys: burstiness, concurrency, zz (allowed: rate, "
+        "normalize_duration, process); burstiness is a key of process: gamma and concurrency "
+        "of process: closed_loop, not of poisson")
     chat.write_text(yaml.safe_dump(BASE))   # a key no member takes: no such clause
     assert "is a key of" not in err(load_scenario, chat, ["workload.arrival.zzz=1"])
 
