@@ -81,6 +81,7 @@ import yaml
 from .alone import FLOOR_METRICS, below_floor, slo_floors, step_plan
 from .scenario import MAX_TP
 from .errors import InputError
+from .files import load_yaml
 from .executors import job_output, offered_rate
 from .metrics import METRIC_LABELS, slo_stat_rank
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION
@@ -1007,7 +1008,7 @@ def suggested_flags(scenario, change: str | None) -> dict:
         top, given = (x.strip() for x in flag.split("=", 1))   # as split_override reads it
         tree = merged.get(flag)
         if tree is None and top != key:
-            tree = yaml.safe_load(given)
+            tree = load_yaml(given)   # as the scenario read it (YAML 1.2 numbers)
             if isinstance(tree, dict):
                 merged[flag] = tree
                 flags.append(flag)   # its place in the list; rewritten below
@@ -1017,7 +1018,7 @@ def suggested_flags(scenario, change: str | None) -> dict:
         *path, last = key[len(top) + 1:].split(".")
         for part in path:
             tree = tree.setdefault(part, {})
-        tree[last] = yaml.safe_load(value)
+        tree[last] = load_yaml(value)
     out = [f"{f.split('=', 1)[0]}="
            + yaml.safe_dump(merged[f], default_flow_style=True, sort_keys=False,
                             width=math.inf).strip() if f in merged else f for f in flags]

@@ -83,6 +83,11 @@ def test_suggested_flags_merge_settings_below_one_mapping_flag():
     assert suggested_flags(s, "cluster.router=least_outstanding") == {
         "flags": ["cluster.router=least_outstanding"], "replaces": []}
     assert suggested_flags(s, None) == {"flags": [], "replaces": []}
+    # the flag re-read as the scenario read it: YAML 1.2's 010000 is ten thousand (YAML
+    # 1.1, plain PyYAML's, read octal 4096)
+    s = scenario_from_dict(base, overrides=["engine={max_num_batched_tokens: 010000}"])
+    assert suggested_flags(s, "engine.max_num_seqs=8")["flags"] == [
+        "engine={max_num_batched_tokens: 10000, max_num_seqs: 8}"]
 
 
 def test_kv_capacity_binds():
