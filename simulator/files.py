@@ -30,35 +30,72 @@ def commit_outputs() -> None:
         on_commit()
 
 
-#: Most values (scalars, lists, mappings) a YAML document may expand to through aliases.
-MAX_YAML_VALUES = 1_000_000
+#: Most characters aliases may add to a YAML document: each ``*name`` repeats its anchor's
+#: whole value, so a few lines can stand for gigabytes ("billion laughs").
+MAX_ALIAS_EXPANSION = 1_000_000
 
 
 class AliasError(yaml.composer.ComposerError):
     """Well-formed YAML whose aliases make a value no setting can be: one inside its own
-    anchor (the value would hold itself), or aliases expanding past
-    :data:`MAX_YAML_VALUES`."""
+    anchor (the value would hold itself), or aliases adding more than
+    :data:`MAX_ALIAS_EXPANSION` characters."""
 
 
-def _too_large(root):
-    """The first node (depth first) of the composed YAML tree ``root`` that expands, with
-    every alias expanded (an alias is its anchor's node itself, shared), to more than
-    :data:`MAX_YAML_VALUES` nodes while none of its children does; None when ``root``
-    does not. Each distinct node is counted once, without recursion."""
+def _alias_blowup(root):
+    """When aliases make the composed YAML tree ``root``, expanded, larger than its own
+    nodes by more than :data:`MAX_ALIAS_EXPANSION` characters (a scalar counts its length,
+    a collection 1 besides its items; an alias is its anchor's node itself, shared): the
+    first node (depth first) that alone expands past that, to name its line; else None.
+    Each distinct node is visited once, without recursion."""
     sizes: dict[int, int] = {}
+    own = 0   # the tree without its aliases' repeats
+    first = None
     stack = [(root, False)]
     while stack:
         node, done = stack.pop()
         kids = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
                 else node.value if isinstance(node, yaml.SequenceNode) else [])
         if done:
-            sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
-            if sizes[id(node)] > MAX_YAML_VALUES:
-                return node
+            here = max(1, len(node.value)) if isinstance(node, yaml.ScalarNode) else 1
+            own += here
+            sizes[id(node)] = here + sum(sizes[id(k)] for k in kids)
+            if first is None and sizes[id(node)] > MAX_ALIAS_EXPANSION:
+                first = node
         elif id(node) not in sizes:
             stack.append((node, True))
             stack.extend((k, False) for k in kids if id(k) not in sizes)
-    return None
+    return first if sizes[id(root)] - own > MAX_ALIAS_EXPANSION else None
+
+
+def echo(value) -> str:
+    """``value`` as an error line shows what was given: text quoted (the string '4' is
+    not the number 4), numbers as Python writes them (1e+30, nan), anything else as YAML
+    writes it (null, true, [1, 2], {a: 1}); a long text, list or mapping by its size and
+    start, so that the line stays one line (a list of a million values was echoed whole)."""
+    if isinstance(value, str) and len(value) > 80:
+        return f"a text of {len(value):,} characters, {value[:40]!r}..."
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, (list, dict)) and _more_values_than(value, 32):
+        what, item = ("list", "value") if isinstance(value, list) else ("mapping", "key")
+        return f"a {what} of {len(value):,} {item}{'' if len(value) == 1 else 's'}"
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).splitlines()[0]
+
+
+def _more_values_than(value, n: int) -> bool:
+    """Whether ``value`` (nested lists and mappings) holds more than ``n`` values or texts
+    of over 80 characters; stops counting past ``n``."""
+    todo, seen = [value], 0
+    while todo:
+        v = todo.pop()
+        seen += 1
+        if seen > n or (isinstance(v, str) and len(v) > 80):
+            return True
+        if isinstance(v, dict):
+            todo += [*v.keys(), *v.values()]
+        elif isinstance(v, list):
+            todo += v
+    return False
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -92,12 +129,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         node = self.get_single_node()
         if node is None:
             return None
-        big = _too_large(node)
+        big = _alias_blowup(node)
         if big is not None:
             raise AliasError(
-                None, None, f"aliases (*name) expand this value to over {MAX_YAML_VALUES:,} "
-                f"values, each repeating its anchor's whole value; no setting needs that "
-                f"many", big.start_mark)
+                None, None, f"aliases (*name) expand this value past "
+                f"{MAX_ALIAS_EXPANSION:,} characters, each repeating its anchor's whole "
+                f"value; no setting needs that much", big.start_mark)
         return self.construct_document(node)
 
     def _composing(self, anchor, compose):

@@ -42,7 +42,8 @@ from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationEr
 from .catalog import ModelShape, load_model
 from .errors import (STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, Refused,
                      SubkeyError)
-from .files import load_yaml, name_too_long, read_small_text, yaml_error_text, yaml_where
+from .files import (echo, load_yaml, name_too_long, read_small_text, yaml_error_text,
+                    yaml_where)
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
 
@@ -415,7 +416,7 @@ class Scenario(_Strict):
             raise ValueError("expected a catalog name, a path to an HF config.json or a "
                              "mapping of HF config keys (" + (
                                  _read_as_bool(v) if isinstance(v, bool) else
-                                 f"got {_echo(v)}") + ")")
+                                 f"got {echo(v)}") + ")")
         return v
 
     @property
@@ -932,7 +933,7 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str],
             node = node[p]
             if not isinstance(node, dict):
                 held = ".".join(parts[:i + 1])
-                raise InputError(f"--set {s}: {held} is {_echo(node)}, not a mapping with a "
+                raise InputError(f"--set {s}: {held} is {echo(node)}, not a mapping with a "
                                  f"key {parts[i + 1]}; set {held} itself (--set {held}=...)")
         node[parts[-1]] = val if cwd is None else _from_cwd(parts, val, cwd)
     return raw, origins
@@ -1074,7 +1075,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             if typ == "invalid_key" and parent is not None else "")
     elif typ in ("model_type", "model_attributes_type"):   # pydantic: "a valid dictionary
         # or instance of <Model>" / "... or object to extract fields from"
-        msg = f"must be a mapping of keys (got {_echo(err.get('input'))})"
+        msg = f"must be a mapping of keys (got {echo(err.get('input'))})"
         tags = _union_tags(parent, loc[-1], "dist") if loc else []
         process = _union_tags(parent, loc[-1], "process") if loc else []
         field = getattr(parent, "model_fields", {}).get(loc[-1]) if loc else None
@@ -1088,14 +1089,14 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             msg += f"; its keys: {', '.join(models[0].model_fields)}"
     elif typ == "dict_type":   # pydantic: "Input should be a valid dictionary"
         what = _field_description(parent, str(loc[-1])) if loc else None
-        msg = f"must be a mapping (got {_echo(err.get('input'))})" + (f": {what}" if what else "")
+        msg = f"must be a mapping (got {echo(err.get('input'))})" + (f": {what}" if what else "")
     elif typ == "union_tag_invalid":   # pydantic's "Input tag ... found using ..." wording
         ctx = err.get("ctx", {})
         tag = ctx.get("discriminator", "tag").strip("'")
         loc += (tag,)   # the tag's own line
         inp = err.get("input")
         given = inp.get(tag) if isinstance(inp, dict) else None
-        msg = (f"{_echo(given)} is not one of {ctx.get('expected_tags')} "
+        msg = (f"{echo(given)} is not one of {ctx.get('expected_tags')} "
                f"({_read_as_bool(given)})" if isinstance(given, bool) else
                f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
     elif typ == "union_tag_not_found":  # pydantic: "Unable to extract tag using ..."
@@ -1115,12 +1116,12 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         elif typ in ("int_type", "float_type") and isinstance(inp, str) and _NUMBER.fullmatch(inp):
             n = float(inp)   # the number it reads as unquoted (an integer key's as an int)
             plain = str(int(n)) if typ == "int_type" and n.is_integer() else inp.strip()
-            msg += f" (got {_echo(inp)}: quoted, a number is text; write {plain}, unquoted)"
+            msg += f" (got {echo(inp)}: quoted, a number is text; write {plain}, unquoted)"
         elif (typ == "int_type" and isinstance(inp, float) and inp.is_integer()
                 and _in_bounds(parent, str(loc[-1]) if loc else "", inp)):
-            msg += f" (got {_echo(inp)}: write {int(inp)}, without a point or exponent)"
+            msg += f" (got {echo(inp)}: write {int(inp)}, without a point or exponent)"
         elif inp is None or isinstance(inp, (int, float, str, bool, list, dict)):
-            msg += f" (got {_echo(inp)})"
+            msg += f" (got {echo(inp)})"
     return _prefix(loc, source, origins, msg, text)
 
 
@@ -1133,16 +1134,7 @@ def _read_as_bool(value: bool) -> str:
     files) reads an unquoted no as false: ``"got false: YAML reads unquoted no, off and
     false as false; quote text"``."""
     words = "yes, on and true" if value else "no, off and false"
-    return f"got {_echo(value)}: YAML reads unquoted {words} as {_echo(value)}; quote text"
-
-
-def _echo(value) -> str:
-    """``value`` as an error line shows what was given: text quoted (the string '4' is
-    not the number 4) and numbers as Python writes them (1e+30, nan), anything else as
-    YAML writes it (null, true, [1, 2], {a: 1})."""
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return repr(value)
-    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).splitlines()[0]
+    return f"got {echo(value)}: YAML reads unquoted {words} as {echo(value)}; quote text"
 
 
 _BOUND_OPS = (("ge", ">=", operator.ge), ("gt", ">", operator.gt), ("le", "<=", operator.le),

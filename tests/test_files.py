@@ -217,25 +217,41 @@ def test_an_alias_inside_its_own_anchor_is_a_yaml_error():
         "a": [1], "b": [[1], [1]], "c": [[1], [1]]}
 
 
-def test_aliases_expanding_past_a_million_values_are_a_yaml_error():
+def test_aliases_expanding_past_a_million_characters_are_a_yaml_error():
     # nine levels of ten aliases are 10**9 values sharing a few nodes: the repr of a plan
-    # candidate's value ran out of memory (a traceback, after 40 s and gigabytes)
-    from simulator.files import MAX_YAML_VALUES, yaml_error_text
+    # candidate's value ran out of memory (a traceback, after 40 s and gigabytes); so did
+    # one 60,000-character text aliased 20,000 times
+    from simulator.files import MAX_ALIAS_EXPANSION, yaml_error_text
 
     def laughs(levels: int) -> str:
         p = ["&a0 [x,x,x,x,x,x,x,x,x,x]"] + [
             f"&a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
         return "name: s\nx: 1\nlol: [" + ",".join(p) + "]\n"
 
-    # levels ℓ hold 10 + 10**2 + ... + 10**ℓ scalars, plus their lists
-    assert len(str(load_yaml(laughs(5))["lol"])) > 400_000   # 111,110 x's: fine
-    with pytest.raises(yaml.YAMLError) as e:
-        load_yaml(laughs(9))
-    assert e.value.problem_mark.line + 1 == 3
-    assert yaml_error_text("s.yaml", e.value) == (
-        f"s.yaml:3: YAML error: aliases (*name) expand this value to over "
-        f"{MAX_YAML_VALUES:,} values, each repeating its anchor's whole value; no setting "
-        f"needs that many")
+    # levels 1..5 hold 10 + 100 + ... + 100,000 x's (and 11,111 lists): fine
+    assert str(load_yaml(laughs(5))["lol"]).count("x") == 111_110
+    text = "\n".join(["name: s", "ok: [&s " + "x" * 999 + ", *s]",   # 1,000 more: fine
+                       "big: [&t " + "y" * 60_000 + ", " + ", ".join(["*t"] * 20_000) + "]"])
+    for doc, line in ((laughs(9), 3), (text, 3)):
+        with pytest.raises(yaml.YAMLError) as e:
+            load_yaml(doc)
+        assert yaml_error_text("s.yaml", e.value) == (
+            f"s.yaml:{line}: YAML error: aliases (*name) expand this value past "
+            f"{MAX_ALIAS_EXPANSION:,} characters, each repeating its anchor's whole value; no "
+            f"setting needs that much")
+    # a long document without aliases is not theirs to refuse
+    assert len(load_yaml("x: [" + ",".join(["1"] * 300_000) + "]")["x"]) == 300_000
+
+
+def test_an_error_echoes_a_long_value_by_its_size():
+    # a list of a million values was echoed whole into the one error line
+    from simulator.files import echo
+
+    assert (echo([1, 2]), echo("4"), echo(1e30), echo(None), echo(True)) == (
+        "[1, 2]", "'4'", "1e+30", "null", "true")
+    assert echo(list(range(200_000))) == "a list of 200,000 values"
+    assert echo({"a": ["z" * 100]}) == "a mapping of 1 key"
+    assert echo("y" * 100) == f"a text of 100 characters, {'y' * 40!r}..."
 
 
 def test_yaml_timestamps_stay_text_as_in_yaml_1_2():

@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import InputError, KeyedInputError
-from ..files import (DuplicateKeyError, is_regular_file, load_json, load_yaml, name_too_long,
-                     utf8_problem)
+from ..files import (DuplicateKeyError, echo, is_regular_file, load_json, load_yaml,
+                     name_too_long, utf8_problem)
 
 _HERE = Path(__file__).resolve().parent
 
@@ -369,8 +369,8 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
         if v is None:
             raise fail(key, f"missing key {key}", "required key missing (an HF config key)")
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise fail(key, f"{key} must be a positive integer (got {v!r})",
-                       f"must be a positive integer (got {v!r})")
+            raise fail(key, f"{key} must be a positive integer (got {echo(v)})",
+                       f"must be a positive integer (got {echo(v)})")
         vals[key] = v
     if vals["num_attention_heads"] % vals["num_key_value_heads"]:
         raise fail("num_key_value_heads",
