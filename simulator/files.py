@@ -36,9 +36,9 @@ MAX_ALIAS_EXPANSION = 1_000_000
 
 
 class AliasError(yaml.composer.ComposerError):
-    """Well-formed YAML whose aliases make a value no setting can be: one inside its own
-    anchor (the value would hold itself), or aliases adding more than
-    :data:`MAX_ALIAS_EXPANSION` characters."""
+    """Well-formed YAML whose anchors or aliases make a value no setting can be: an alias
+    inside its own anchor (the value would hold itself), aliases adding more than
+    :data:`MAX_ALIAS_EXPANSION` characters, an anchor given twice (PyYAML refuses it)."""
 
 
 def _alias_blowup(root):
@@ -217,6 +217,13 @@ def load_yaml(text: str):
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except RecursionError:   # '[' * 500: PyYAML's composer recurses once per level
         raise yaml.YAMLError("collections nested too deeply") from None
+    except yaml.composer.ComposerError as e:   # PyYAML's own words: "second occurrence"
+        anchor = re.fullmatch(r"found duplicate anchor '(.*)'; first occurrence", e.context or "")
+        if anchor is None or e.context_mark is None:
+            raise
+        raise AliasError(None, None, f"the anchor &{anchor[1]} is given twice (first on line "
+                         f"{e.context_mark.line + 1}); give each anchor its own name",
+                         e.problem_mark) from None
 
 
 def yaml_error_text(source: str, e: yaml.YAMLError, text: str | None = None) -> str:

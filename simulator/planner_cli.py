@@ -419,8 +419,9 @@ def _cmd_plan(args) -> int:
               f"{res.target_rate:g} req/s, above {r.replicas} × its max rate per replica "
               f"({r.replicas * r.search.max_rate:.3g} req/s): a router pools the replicas, "
               f"which one replica alone cannot show (report: Replica count confirmed "
-              f"by simulation)" + (f"; so do {len(pooled) - 1} more candidates' counts"
-                                   if len(pooled) > 1 else ""))
+              f"by simulation)" + ("" if len(pooled) == 1 else
+                                   "; so does 1 more candidate's count" if len(pooled) == 2
+                                   else f"; so do {len(pooled) - 1} more candidates' counts"))
     if any(str(v).startswith("≥") for v in shown["replicas"]):
         print("≥ replicas: a deployment of one fewer missed the SLOs; more would cost as "
               "much as the plan, so none was simulated")
@@ -456,11 +457,13 @@ def _unsure_text(row, tolerance: float) -> str:
         return ""
     at = next(t for t in row.confirmation if t["replicas"] == n)
     ci = at["ci95"]
+    slo = row.candidate.scenario.slo
+    worst = (f"the worst SLO value is {at['mean_ratio']:.3g} × its threshold in the mean of "
+             f"the replications" + (f", 95% CI {ci[0]:.3g}–{ci[1]:.3g}" if ci else "")
+             + ", not confidently met") if slo and slo.targets() else (
+        "keeping up was not confidently decided (no SLOs)")
     return (f" (95% interval {lo}–{hi} replicas"
-            + (f": at {n} the worst SLO value is {at['mean_ratio']:.3g} × its threshold in "
-               f"the mean of the replications"
-               + (f", 95% CI {ci[0]:.3g}–{ci[1]:.3g}" if ci else "")
-               + f", not confidently met; a plan.tolerance below {tolerance:g} with more "
+            + (f": at {n} {worst}; a plan.tolerance below {tolerance:g} with more "
                f"plan.max_replications decides it" if hi > n else
                f": {n - 1} was not confidently refuted") + ")")
 
@@ -511,7 +514,8 @@ def _cmd_compare(args) -> int:
               f"for every plan; those of {', '.join(ignored)} are ignored", file=sys.stderr)
     planned = [sc.source for sc in scenarios if sc.plan is not None]
     if planned:   # its candidates are plan's to search: each file is served as written
-        print(f"servesim: note: the plan: section of {', '.join(planned)} is not used: "
+        print(f"servesim: note: the plan: section{'s' if len(planned) > 1 else ''} of "
+              f"{', '.join(planned)} {'are' if len(planned) > 1 else 'is'} not used: "
               f"compare serves each file's settings as written (servesim plan searches a "
               f"plan: section's candidates)", file=sys.stderr)
     short = trace_shortfall(scenarios[0], entries[0]["result"].summary)

@@ -299,8 +299,12 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
     b: list = [("h1", title)]
     if best is not None:
         row = table.iloc[best_index]
+        slo = best.candidate.scenario.slo
         b.append(("p", (
-            f"Cheapest plan meeting every SLO at {_fmt(result.target_rate)} req/s: "
+            (f"Cheapest plan meeting every SLO at {_fmt(result.target_rate)} req/s: "
+             if slo and slo.targets() else
+             f"Cheapest plan keeping up with {_fmt(result.target_rate)} req/s (the scenario "
+             f"sets no SLOs: a replica's max rate is the highest it keeps up with): ") +
             f"**{best.candidate.label}**, {row['replicas']} replica(s)"
             f" ({'confirmed by simulating the deployment' if best.confirmed else 'estimated'}),"
             f" {_cell(row['cost_per_hour'])} USD/h (95% CI {_cell(row['cost_per_hour_ci95'])}),"

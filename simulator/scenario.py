@@ -1016,8 +1016,11 @@ def format_validation_error(e: ValidationError, source: str, root: type | None =
                  and (o := _owning_members(tuple(x["loc"]), root))
                  and _resolve_loc(tuple(x["loc"]), root)[0][:-1] == here]
         if owned:   # as for one such key: which member takes each
-            said = [f"{k} {'is a key ' if i == 0 else ''}of {tag}: {', '.join(theirs)}"
-                    for i, (k, (tag, theirs, _)) in enumerate(owned)]
+            by_owner: dict[str, list[str]] = {}
+            for k, (tag, theirs, _) in owned:
+                by_owner.setdefault(f"{tag}: {', '.join(theirs)}", []).append(k)
+            said = [f"{' and '.join(keys)} {'are keys' if len(keys) > 1 else 'is a key'} of "
+                    f"{who}" for who, keys in by_owner.items()]
             parts.append(", ".join(said[:-1]) + (" and " if len(said) > 1 else "")
                          + f"{said[-1]}, not of {owned[0][1][2]}")
         if missing:
@@ -1051,7 +1054,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         msg = ("unknown key" + (f"; did you mean {close[0]}?" if close else "")
                + (f" (allowed: {', '.join(allowed)})" if allowed else ""))
         owners = _owning_members(tuple(err["loc"]), root)
-        if owners and not close:   # burstiness left beside a --set process=poisson
+        if owners:   # burstiness left beside a --set process=poisson (median under
+            # normal: "did you mean mean?" alone missed that lognormal takes it)
             tag, theirs, this = owners
             msg += f"; {loc[-1]} is a key of {tag}: {', '.join(theirs)}, not of {this}"
             if (loc[-1], this) == ("burstiness", "poisson"):   # how to sweep one against it

@@ -212,6 +212,11 @@ def test_an_alias_inside_its_own_anchor_is_a_yaml_error():
         assert e.value.problem == ("the alias *{0} is inside its own anchor &{0}: the value "
                                    "would contain itself").format(text.split("&")[1][0])
         assert e.value.problem_mark.line + 1 == line
+    # an anchor given twice: PyYAML said only "second occurrence"
+    with pytest.raises(yaml.YAMLError) as e:
+        load_yaml("a: &a x\nb: &a y\n")
+    assert (e.value.problem, e.value.problem_mark.line + 1) == (
+        "the anchor &a is given twice (first on line 1); give each anchor its own name", 2)
     # an alias after its anchor closed, or of another anchor inside one, is fine
     assert load_yaml("a: &a [1]\nb: &b [*a, *a]\nc: *b\n") == {
         "a": [1], "b": [[1], [1]], "c": [[1], [1]]}

@@ -519,7 +519,7 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 0
     assert (tmp_path / "cmp" / "compare.csv").is_file()
     # compare serves each file as written: their candidates were silently not compared
-    assert ("servesim: note: the plan: section of s.yaml, s2.yaml is not used: compare "
+    assert ("servesim: note: the plan: sections of s.yaml, s2.yaml are not used: compare "
             "serves each file's settings as written") in capsys.readouterr().err
     # each report holds only files its command writes: a rerun replaces them all
     from fnmatch import fnmatch
@@ -1220,6 +1220,9 @@ def test_plan_without_slos_sizes_for_keeping_up_and_says_so(tmp_path, capsys):
                  "--quiet", "--no-confirm"]) == 0
     assert ("servesim: note: the scenario sets no SLOs, so a candidate's max rate per "
             "replica is the highest it keeps up with") in capsys.readouterr().err
+    assert ("Cheapest plan keeping up with 30 req/s (the scenario sets no SLOs: a replica's "
+            "max rate is the highest it keeps up with): **max_num_seqs=4**") in (
+        tmp_path / "a" / "report.md").read_text()
     with open(tmp_path / "a" / "plan.csv", newline="") as f:
         rates = {int(r["engine.max_num_seqs"]): float(r["max_rate_per_replica"])
                  for r in csv.DictReader(f)}
@@ -1869,14 +1872,21 @@ def test_a_plan_count_met_only_in_the_mean_says_so():
     from types import SimpleNamespace
 
     from simulator.planner_cli import _unsure_text
+    from simulator.scenario import SLOConfig
 
     trail = [{"replicas": 8, "confident": True, "mean_ratio": 1.3, "ci95": (1.2, 1.4)},
              {"replicas": 9, "confident": False, "mean_ratio": 0.984, "ci95": (0.529, 1.44)}]
-    row = SimpleNamespace(replicas=9, replicas_ci95=(9, 10), confirmation=trail)
+    slo = SLOConfig(ttft_ms={"p99": 200})
+    row = SimpleNamespace(replicas=9, replicas_ci95=(9, 10), confirmation=trail,
+                          candidate=SimpleNamespace(scenario=SimpleNamespace(slo=slo)))
     assert _unsure_text(row, 0.02) == (
         " (95% interval 9–10 replicas: at 9 the worst SLO value is 0.984 × its threshold in "
         "the mean of the replications, 95% CI 0.529–1.44, not confidently met; a "
         "plan.tolerance below 0.02 with more plan.max_replications decides it)")
+    row.candidate.scenario.slo = SLOConfig()   # no SLOs: "the worst SLO value is 0" said
+    assert _unsure_text(row, 0.02) == (
+        " (95% interval 9–10 replicas: at 9 keeping up was not confidently decided (no SLOs); "
+        "a plan.tolerance below 0.02 with more plan.max_replications decides it)")
     row.replicas_ci95 = (8, 9)   # 9 confidently met, 8 refuted only in the mean
     assert _unsure_text(row, 0.02) == " (95% interval 8–9 replicas: 8 was not confidently " \
                                       "refuted)"

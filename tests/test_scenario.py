@@ -193,7 +193,19 @@ def test_a_key_of_another_union_member_names_the_member_that_takes_it(chat):
     assert err(load_scenario, chat).endswith(
         "workload.arrival: unknown keys: burstiness, concurrency, zz (allowed: rate, "
         "normalize_duration, process); burstiness is a key of process: gamma and concurrency "
-        "of process: closed_loop, not of poisson")
+        "is a key of process: closed_loop, not of poisson")
+    chat.write_text(yaml.safe_dump({**BASE, "workload": {   # one owner: said once
+        **BASE["workload"], "prompt_tokens": {"dist": "fixed", "value": 9, "median": 9,
+                                              "p90": 20}}}))
+    assert err(load_scenario, chat).endswith(
+        "; median and p90 are keys of dist: lognormal, not of fixed")
+    # a close key of its own as well: both said
+    chat.write_text(yaml.safe_dump({**BASE, "workload": {
+        **BASE["workload"], "prompt_tokens": {"dist": "normal", "mean": 9, "std": 1,
+                                              "median": 9}}}))
+    assert err(load_scenario, chat).endswith(
+        "workload.prompt_tokens.median: unknown key; did you mean mean? (allowed: min, max, "
+        "dist, mean, std); median is a key of dist: lognormal, not of normal")
     chat.write_text(yaml.safe_dump(BASE))   # a key no member takes: no such clause
     assert "is a key of" not in err(load_scenario, chat, ["workload.arrival.zzz=1"])
 
