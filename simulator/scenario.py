@@ -952,8 +952,11 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None =
     loc = tuple(str(p) for p in loc)
     path = ".".join(loc)
     setters = [(opath, flag) for opath, flag in origins.items() if loc[:len(opath)] == opath]
-    if setters:   # the flag that set the key itself, or the nearest mapping above it
+    if setters:   # the flag that set the key itself, or the nearest mapping above it,
+        # with those that set keys below it (a max=50 beside a flag that made it fixed)
         opath, flag = max(setters, key=lambda o: len(o[0]))
+        below = [f for o, f in origins.items() if len(o) > len(loc) and o[:len(loc)] == loc]
+        flag += f" (with {', '.join('--set ' + f for f in below)})" if below else ""
         return f"--set {flag}: {msg}" if loc == opath else f"--set {flag}: {path}: {msg}"
     line, held = yaml_where(text, loc) if text is not None and loc else (None, len(loc))
     if held < len(loc):   # the file lacks the key: a flag below it made it (a typo in

@@ -246,6 +246,15 @@ def test_a_flag_that_changes_a_distribution_is_named_in_the_errors_it_causes(cha
                      "workload.output_tokens.x: unknown key (allowed: min, max, dist, value)")
 
 
+def test_a_flag_below_a_mapping_flag_is_named_in_the_error_they_make_together(chat):
+    # only the mapping flag was named, though the key set inside it is half the cause
+    assert err(load_scenario, chat, ["workload.prompt_tokens={dist: fixed, value: 100}",
+                                     "workload.prompt_tokens.max=50"]) == (
+        "--set workload.prompt_tokens={dist: fixed, value: 100} (with --set "
+        "workload.prompt_tokens.max=50): max (50) is below the value (100): every sample "
+        "would be clipped to max")
+
+
 def test_a_flag_beside_a_file_error_that_cannot_have_caused_it_is_not_named(chat):
     # workload.num_requests is set beside workload.seed and workload.prompt_tokens, but
     # neither a non-integer seed nor p90 < median can come from it.
