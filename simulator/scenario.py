@@ -299,12 +299,19 @@ def given_twice(written: typing.Sequence[str], values: typing.Sequence,
     """``"<v> is given twice ..."`` for the first value of ``values`` equal to an earlier
     one (4 and 4.0 are equal, True and 1 are not), named as written (``written``; the
     earlier spelling too when it differs, as ``yes`` after ``true``), where each value is
-    one ``what`` (a sweep point, a plan candidate); None when all differ."""
+    one ``what`` (a sweep point, a plan candidate); None when all differ. Hashable values
+    are looked up (a list of 30,000 took half a minute pair by pair)."""
+    first: dict = {}   # (is a bool, value) -> index of its first occurrence
+    unhashable: list[int] = []
     for i, x in enumerate(values):
-        for j, y in enumerate(values[:i]):
-            if x == y and isinstance(x, bool) == isinstance(y, bool):
-                same = "" if written[j] == written[i] else f" (as {written[j]}: one value)"
-                return f"{written[i]} is given twice{same}; each value is one {what}, give it once"
+        try:
+            j = first.setdefault((isinstance(x, bool), x), i)
+        except TypeError:   # a list or mapping: compared with the earlier ones of its kind
+            j = next((k for k in unhashable if values[k] == x), i)
+            unhashable.append(i)
+        if j != i:
+            same = "" if written[j] == written[i] else f" (as {written[j]}: one value)"
+            return f"{written[i]} is given twice{same}; each value is one {what}, give it once"
     return None
 
 

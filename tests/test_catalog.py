@@ -128,8 +128,15 @@ def test_yaml_model_config_reads_as_scenarios_do(tmp_path):
     with pytest.raises(InputError) as e:
         load_model("m.yaml", base_dir=tmp_path)
     # the repeat is the file's last line
-    assert str(e.value) == (f"model: {tmp_path / 'm.yaml'}:{len(lines) + 1}: duplicate key "
-                            f"'hidden_size' (give each key once)")
+    assert str(e.value) == (f"model: {tmp_path / 'm.yaml'}:{len(lines) + 1}: YAML syntax "
+                            f"error: duplicate key 'hidden_size' (give each key once)")
+    # worded as a scenario's YAML errors are: an unclosed list names where it started
+    (tmp_path / "m.yaml").write_text("\n".join(lines + ["x: [1,", "  2"]) + "\n")
+    with pytest.raises(InputError) as e:
+        load_model("m.yaml", base_dir=tmp_path)
+    assert str(e.value).startswith(f"model: {tmp_path / 'm.yaml'}:{len(lines) + 3}: YAML "
+                                   f"syntax error: ")
+    assert str(e.value).endswith(f"(in the flow sequence that starts at line {len(lines) + 1})")
 
 
 def test_a_binary_config_json_is_refused_with_the_line_of_its_first_bad_byte(tmp_path):

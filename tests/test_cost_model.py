@@ -458,6 +458,15 @@ def test_profile_round_trip_and_lookup(tmp_path, monkeypatch):
         load_profile(tmp_path / "store")
 
 
+def test_a_profile_name_is_at_most_200_characters(tmp_path):
+    # a 1 MB name was printed in the run's table and written twice into every report
+    d = make_profile().model_dump(mode="json")
+    d["name"] = "p" * 201
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match="name: String should have at most 200 characters"):
+        load_profile(tmp_path / "p.yaml")
+
+
 def test_profile_schema_errors(tmp_path):
     # named by the whole path: a profile is often found in another folder than the scenario's
     bad = re.escape(str(tmp_path / "bad.yaml"))

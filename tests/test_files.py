@@ -255,6 +255,8 @@ def test_an_error_echoes_a_long_value_by_its_size():
     assert (echo([1, 2]), echo("4"), echo(1e30), echo(None), echo(True)) == (
         "[1, 2]", "'4'", "1e+30", "null", "true")
     assert echo(list(range(200_000))) == "a list of 200,000 values"
+    shared = [1]   # as an alias shares it: written out, not as PyYAML's &id001 [1], *id001
+    assert echo([shared, shared]) == "[[1], [1]]"
     assert echo({"a": ["z" * 100]}) == "a mapping of 1 key"
     assert echo("y" * 100) == f"a text of 100 characters, {'y' * 40!r}..."
 

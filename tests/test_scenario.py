@@ -880,6 +880,12 @@ def test_a_candidate_value_given_twice_is_refused(chat):
                         "one candidate, give it once")
     sc = load_scenario(chat, ["plan.candidates={engine.enable_prefix_caching: [true, false]}"])
     assert sc.plan.candidates == {"engine.enable_prefix_caching": [True, False]}
+    # looked up, not compared pair by pair: 1 and true differ, lists compared as lists
+    from simulator.scenario import given_twice
+    assert given_twice(["1", "true", "[1]", "{a: 1}", "[1.0]"], [1, True, [1], {"a": 1}, [1.0]],
+                       "point") == "[1.0] is given twice (as [1]: one value); each value is " \
+                                   "one point, give it once"
+    assert given_twice(["1", "true", "[1]"], [1, True, [1]], "point") is None
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")

@@ -20,7 +20,7 @@ import yaml
 
 from ..errors import InputError, KeyedInputError
 from ..files import (DuplicateKeyError, echo, is_regular_file, load_json, load_yaml,
-                     name_too_long, utf8_problem)
+                     name_too_long, utf8_problem, yaml_error_text)
 
 _HERE = Path(__file__).resolve().parent
 
@@ -302,13 +302,11 @@ def read_hf_config(path: Path) -> dict:
         raise InputError(f"{where}: duplicate key {e.key!r} (give each key once)") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        if problem.startswith("duplicate key"):
-            problem += " (give each key once)"
-        raise InputError(f"{where}: {problem}") from None
+    except yaml.YAMLError as e:   # worded as a scenario's or a profile's
+        said = yaml_error_text(str(path), e, text)
+        if (getattr(e, "problem", None) or "").startswith("duplicate key"):
+            said += " (give each key once)"
+        raise InputError(said) from None
     except UnicodeDecodeError:   # a binary file: say where, not the codec's own words
         raise InputError(utf8_problem(path)) from None
     except (OSError, ValueError) as e:
