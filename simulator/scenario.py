@@ -84,6 +84,8 @@ MAX_PRICE = 1e6
 
 #: Longest scenario name (bytes): it names a folder, and file systems take 255 per name.
 MAX_NAME_BYTES = 200
+#: Most --set flags one command takes (a scenario has under a hundred keys).
+MAX_OVERRIDES = 1000
 
 #: Largest scenario file read (bytes): a scenario is a page of YAML; /dev/zero is endless.
 MAX_SCENARIO_BYTES = 16 * 2**20
@@ -918,6 +920,9 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str],
     """
     import copy
 
+    if len(overrides) > MAX_OVERRIDES:   # each is checked against the others: 20,000 took 40 s
+        raise InputError(f"--set is given {len(overrides):,} times; at most {MAX_OVERRIDES:,} "
+                         f"(put the settings in the scenario file)")
     raw = copy.deepcopy(d)
     origins: dict[tuple, str] = {}
     for s in overrides:

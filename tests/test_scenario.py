@@ -246,6 +246,14 @@ def test_a_flag_that_changes_a_distribution_is_named_in_the_errors_it_causes(cha
                      "workload.output_tokens.x: unknown key (allowed: min, max, dist, value)")
 
 
+def test_more_set_flags_than_a_scenario_has_keys_are_refused(chat):
+    from simulator.scenario import MAX_OVERRIDES
+    flags = [f"engine.k{i}=1" for i in range(MAX_OVERRIDES + 1)]
+    assert err(load_scenario, chat, flags) == (
+        f"--set is given {MAX_OVERRIDES + 1:,} times; at most {MAX_OVERRIDES:,} (put the "
+        f"settings in the scenario file)")
+
+
 def test_a_flag_below_a_mapping_flag_is_named_in_the_error_they_make_together(chat):
     # only the mapping flag was named, though the key set inside it is half the cause
     assert err(load_scenario, chat, ["workload.prompt_tokens={dist: fixed, value: 100}",
