@@ -220,7 +220,9 @@ def load_yaml(text: str):
 
     Raises:
         yaml.YAMLError: a syntax error or a duplicate key (``problem_mark`` gives the line),
-            or collections nested too deeply for the parser (a RecursionError in PyYAML).
+            or collections nested too deeply for the parser (a RecursionError in PyYAML);
+            :class:`AliasError` for an alias inside its own anchor, aliases adding more
+            than :data:`MAX_ALIAS_EXPANSION` characters, or an anchor given twice.
     """
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
