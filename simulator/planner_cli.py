@@ -391,7 +391,7 @@ def _cmd_plan(args) -> int:
     ranked = default_efficiency_note([r.candidate for r in res.rows])
     if ranked:
         print(f"servesim: note: {ranked}", file=sys.stderr)
-    if not (scenario.slo and scenario.slo.targets()):   # a throughput plan (batch jobs)
+    if not scenario.slo.targets():   # a throughput plan (batch jobs)
         print("servesim: note: the scenario sets no SLOs, so a candidate's max rate per "
               "replica is the highest it keeps up with (stability alone; queues there are "
               "long); set slo: (e.g. --set slo.ttft_ms.p99=2000) to plan for latency",
@@ -457,10 +457,9 @@ def _unsure_text(row, tolerance: float) -> str:
         return ""
     at = next(t for t in row.confirmation if t["replicas"] == n)
     ci = at["ci95"]
-    slo = row.candidate.scenario.slo
     worst = (f"the worst SLO value is {at['mean_ratio']:.3g} × its threshold in the mean of "
              f"the replications" + (f", 95% CI {ci[0]:.3g}–{ci[1]:.3g}" if ci else "")
-             + ", not confidently met") if slo and slo.targets() else (
+             + ", not confidently met") if row.candidate.scenario.slo.targets() else (
         "keeping up was not confidently decided (no SLOs)")
     return (f" (95% interval {lo}–{hi} replicas"
             + (f": at {n} {worst}; a plan.tolerance below {tolerance:g} with more "

@@ -299,10 +299,9 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
     b: list = [("h1", title)]
     if best is not None:
         row = table.iloc[best_index]
-        slo = best.candidate.scenario.slo
         b.append(("p", (
             (f"Cheapest plan meeting every SLO at {_fmt(result.target_rate)} req/s: "
-             if slo and slo.targets() else
+             if best.candidate.scenario.slo.targets() else
              f"Cheapest plan keeping up with {_fmt(result.target_rate)} req/s (the scenario "
              f"sets no SLOs: a replica's max rate is the highest it keeps up with): ") +
             f"**{best.candidate.label}**, {row['replicas']} replica(s)"

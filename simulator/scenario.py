@@ -1031,13 +1031,7 @@ def format_validation_error(e: ValidationError, source: str, root: type | None =
                  and (o := _owning_members(tuple(x["loc"]), root))
                  and _resolve_loc(tuple(x["loc"]), root)[0][:-1] == here]
         if owned:   # as for one such key: which member takes each
-            by_owner: dict[str, list[str]] = {}
-            for k, (tag, theirs, _) in owned:
-                by_owner.setdefault(f"{tag}: {', '.join(theirs)}", []).append(k)
-            said = [f"{' and '.join(keys)} {'are keys' if len(keys) > 1 else 'is a key'} of "
-                    f"{who}" for who, keys in by_owner.items()]
-            parts.append(", ".join(said[:-1]) + (" and " if len(said) > 1 else "")
-                         + f"{said[-1]}, not of {owned[0][1][2]}")
+            parts.append(_owners_text(owned))
         if missing:
             parts.append(f"required key{'s' if len(missing) > 1 else ''} missing: "
                          f"{', '.join(missing)}")
@@ -1071,9 +1065,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         owners = _owning_members(tuple(err["loc"]), root)
         if owners:   # burstiness left beside a --set process=poisson (median under
             # normal: "did you mean mean?" alone missed that lognormal takes it)
-            tag, theirs, this = owners
-            msg += f"; {loc[-1]} is a key of {tag}: {', '.join(theirs)}, not of {this}"
-            if (loc[-1], this) == ("burstiness", "poisson"):   # how to sweep one against it
+            msg += "; " + _owners_text([(str(loc[-1]), owners)])
+            if (loc[-1], owners[2]) == ("burstiness", "poisson"):   # how to sweep either
                 msg += " (process: gamma with burstiness 1 is a Poisson process)"
     elif typ in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
         msg = str(err["ctx"]["error"])
@@ -1245,6 +1238,18 @@ def _owning_members(loc: tuple, root: type) -> tuple[str, list[str], str] | None
               for v in typing.get_args(m.model_fields[tag].annotation)]
     this = ", ".join(map(str, typing.get_args(member.model_fields[tag].annotation)))
     return (tag, theirs, this) if theirs else None
+
+
+def _owners_text(owned: list[tuple[str, tuple[str, list[str], str]]]) -> str:
+    """``"median and p90 are keys of dist: lognormal, not of fixed"`` for unknown keys of one
+    union member, each with its :func:`_owning_members`; keys of one owner said together."""
+    by_owner: dict[str, list[str]] = {}
+    for k, (tag, theirs, _) in owned:
+        by_owner.setdefault(f"{tag}: {', '.join(theirs)}", []).append(k)
+    said = [f"{' and '.join(keys)} {'are keys' if len(keys) > 1 else 'is a key'} of {who}"
+            for who, keys in by_owner.items()]
+    return (", ".join(said[:-1]) + (" and " if len(said) > 1 else "")
+            + f"{said[-1]}, not of {owned[0][1][2]}")
 
 
 def _field_description(model: type | None, name: str) -> str | None:
