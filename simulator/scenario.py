@@ -1101,7 +1101,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             msg += f"; its keys: {', '.join(models[0].model_fields)}"
     elif typ == "dict_type":   # pydantic: "Input should be a valid dictionary"
         what = _field_description(parent, str(loc[-1])) if loc else None
-        msg = f"must be a mapping (got {echo(err.get('input'))})" + (f": {what}" if what else "")
+        msg = (f"must be a mapping (got {echo(err.get('input'))})"
+               + (f": {what}" if what else ""))
     elif typ == "union_tag_invalid":   # pydantic's "Input tag ... found using ..." wording
         ctx = err.get("ctx", {})
         tag = ctx.get("discriminator", "tag").strip("'")
