@@ -281,11 +281,14 @@ def load_json(text: str):
     ``json`` keeps the last value silently).
 
     Raises:
-        json.JSONDecodeError: a syntax error (``lineno`` gives the line).
+        json.JSONDecodeError: a syntax error (``lineno`` gives the line), or arrays and
+            objects nested too deeply for the parser (a RecursionError in ``json``).
         DuplicateKeyError: a duplicate key, with the line of its second occurrence.
     """
     try:
         return json.loads(text, object_pairs_hook=_refuse_duplicates)
+    except RecursionError:   # '[' * 3000, as load_yaml's
+        raise json.JSONDecodeError("arrays or objects nested too deeply", text, 0) from None
     except DuplicateKeyError as e:
         # json reports no position; JSON is YAML flow syntax, and the YAML loader's
         # duplicate-key error carries the line (None if it cannot read the text).

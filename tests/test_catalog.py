@@ -97,6 +97,15 @@ def test_model_errors_name_the_problem(tmp_path):
         load_model({"architectures": ["MixtralForCausalLM"]})
     with pytest.raises(InputError, match=r"num_hidden_layers must be a positive integer"):
         load_model({**load_model("llama-test").hf_config(), "num_hidden_layers": 0})
+    # 10**400 layers overflowed the cost model's floats (an OverflowError traceback)
+    with pytest.raises(InputError, match=r"num_hidden_layers must be at most 1e\+12 \(got "
+                                         r"an integer of 401 digits\)$"):
+        load_model({**load_model("llama-test").hf_config(), "num_hidden_layers": 10**400})
+    # nested past json's parser: a RecursionError traceback
+    (tmp_path / "deep.json").write_text("[" * 3000 + "]" * 3000)
+    with pytest.raises(InputError, match=r"deep.json:1: not valid JSON: arrays or objects "
+                                         r"nested too deeply$"):
+        load_model("deep.json", tmp_path)
 
 
 def test_hardware_catalog():

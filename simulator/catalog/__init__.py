@@ -34,6 +34,8 @@ _ARCH_BY_TYPE = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
 _HF_BY_ARCH = {v: k for k, v in _ARCH_BY_HF.items()}
 _TYPE_BY_ARCH = {v: k for k, v in _ARCH_BY_TYPE.items()}
 
+#: Largest value of a model shape's integer (layers, sizes, vocabulary, positions).
+MAX_SHAPE_INT = 10**12
 _INT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
 _SHAPE_KEYS = ("architecture",) + _INT_KEYS + (
@@ -369,6 +371,10 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise fail(key, f"{key} must be a positive integer (got {echo(v)})",
                        f"must be a positive integer (got {echo(v)})")
+        if v > MAX_SHAPE_INT:   # 10**400 layers overflowed the cost model's float arithmetic
+            big = f"{v:.3g}" if v < 10**300 else f"an integer of {len(str(v))} digits"
+            raise fail(key, f"{key} must be at most {MAX_SHAPE_INT:.0e} (got {big})",
+                       f"must be at most {MAX_SHAPE_INT:.0e} (got {big})")
         vals[key] = v
     if vals["num_attention_heads"] % vals["num_key_value_heads"]:
         raise fail("num_key_value_heads",
