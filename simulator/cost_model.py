@@ -713,13 +713,19 @@ def activation_reserve_bytes(shape: ModelShape, dtype: str, max_num_batched_toke
     At vLLM's H100 defaults (8192 tokens, 1024 rows) the sampler's term binds: 4.77 GiB
     for Llama-3.1-8B, where vLLM logs 4.76 GiB.
     """
+    return int(max(_activation_terms(shape, dtype, max_num_batched_tokens, max_num_seqs, tp)))
+
+
+def _activation_terms(shape: ModelShape, dtype: str, max_num_batched_tokens: int,
+                      max_num_seqs: int, tp: int = 1) -> tuple[float, float]:
+    """The forward's and the sampler's peaks of :func:`activation_reserve_bytes`, bytes."""
     b = dtype_bytes(dtype)
     h, i, d = shape.hidden_size, shape.intermediate_size, shape.head_dim
     heads = shape.num_attention_heads + 2 * shape.num_key_value_heads
     t = max_num_batched_tokens
     forward = t * b * (3 * i / tp + 3 * h + heads * d / tp)
     sampler = t * b * h + SAMPLER_BYTES_PER_LOGIT * min(max_num_seqs, t) * shape.vocab_size
-    return int(max(forward, sampler))
+    return forward, sampler
 
 
 @dataclass(frozen=True)
@@ -770,14 +776,18 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
 
     Raises:
         KeyedDoesNotFit: the weights and reserves leave no room for two blocks; keyed
-            ``engine.gpu_memory_utilization`` (or ``engine.max_num_batched_tokens`` when
-            the activation reserve is the larger part), with the fix in the message: the
+            ``engine.gpu_memory_utilization`` (or, when the activation reserve is the
+            larger part, ``engine.max_num_seqs`` where the sampler's logits make it and
+            ``engine.max_num_batched_tokens`` where the forward does), with the fix in the
+            message: the
             least utilization that also holds one request of an explicit ``max_model_len``
             (tokens) besides the null block, as vLLM requires at start-up.
     """
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = -(-shape.weight_bytes(dtype) // tp)
-    act = activation_reserve_bytes(shape, dtype, max_num_batched_tokens, max_num_seqs, tp)
+    forward, sampler = _activation_terms(shape, dtype, max_num_batched_tokens, max_num_seqs,
+                                         tp)
+    act = int(max(forward, sampler))
     other = non_torch_bytes(tp)
     budget = usable - weights - act - other
     block_bytes = block_size * RooflineConstants.of(shape, dtype, tp).kv_bytes_per_token
@@ -788,6 +798,16 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
         deps = ("model", "dtype", "hardware.profile", "hardware.tensor_parallel",
                 "engine.block_size", "engine.gpu_memory_utilization",
                 "engine.max_num_batched_tokens", "engine.max_num_seqs")
+        rows = min(max_num_seqs, max_num_batched_tokens)
+        if act > weights and sampler > forward and rows > 1:
+            # the sampler's logits over the vocabulary fill the GPU: fewer rows is the fix
+            raise KeyedDoesNotFit("engine.max_num_seqs", (
+                f"{shape.name} on {gpu.name} with tensor_parallel={tp}: the sampler's "
+                f"reserve for {rows} rows (min of max_num_seqs {max_num_seqs} and "
+                f"max_num_batched_tokens {max_num_batched_tokens}) of a "
+                f"{shape.vocab_size}-entry vocabulary ({act / GiB:.1f} GiB) plus "
+                f"{weights / GiB:.1f} GiB of weights leaves no room for a KV cache in "
+                f"{usable / GiB:.1f} GiB per GPU: lower engine.max_num_seqs"), depends=deps)
         if act > weights:  # the profiling-run reserve, not the weights, fills the GPU
             raise KeyedDoesNotFit("engine.max_num_batched_tokens", (
                 f"{shape.name} on {gpu.name} with tensor_parallel={tp}: the activation "

@@ -312,6 +312,26 @@ def test_no_room_for_a_kv_cache_names_what_the_user_can_change(tmp_path):
                                    "llama-3.1-8b on h100-sxm with tensor_parallel=1: the "
                                    "activation reserve")
 
+def test_a_sampler_reserve_that_fills_the_gpu_names_max_num_seqs():
+    # A 2M-entry vocabulary: the start-up sampler run holds 38.4 B x 1024 rows x 2e6 logits
+    # = 73.2 GiB, beyond the H100's 81559 MiB x 0.92 = 73.3 GiB less 1.9 GiB of weights
+    # (2e6 x 512 x 2 B, tied); the forward's 8192 x 2 B x 6784 is 0.1 GiB. The fix is fewer
+    # sampled rows (max_num_seqs): at 256 rows the sampler holds a quarter of that.
+    shape = {"architecture": "Llama", "hidden_size": 512, "intermediate_size": 1408,
+             "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+             "head_dim": 64, "vocab_size": 2_000_000, "max_position_embeddings": 4096,
+             "tie_word_embeddings": True}
+    kw = dict(model=shape, dtype="bfloat16", hardware={"profile": "h100-sxm"})
+    assert 38.4 * 1024 * 2e6 > 81559 * 2**20 * 0.92 - 2e6 * 512 * 2 - 0.5 * 2**30
+    with pytest.raises(InputError) as e:
+        build_cost_model(scenario(engine={"max_num_seqs": 1024}, **kw))
+    msg = str(e.value)
+    assert msg.startswith("t.yaml: engine.max_num_seqs: inline on h100-sxm")
+    assert "the sampler's reserve for 1024 rows" in msg
+    assert "2000000-entry vocabulary" in msg and msg.endswith("lower engine.max_num_seqs")
+    assert build_cost_model(scenario(engine={"max_num_seqs": 256}, **kw)).num_gpu_blocks > 2
+
+
 def test_a_block_count_from_set_is_named_as_such_and_its_errors_suggest_raising_it():
     d = {"name": "t", "model": "llama-test", "workload": WORKLOAD,
          "hardware": {"step_time": {"constant_s": 0.02}}, "engine": {"max_model_len": 512}}
