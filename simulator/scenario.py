@@ -104,7 +104,8 @@ class StepTimeConfig(_Strict):
     finite.
     """
 
-    constant_s: Optional[float] = Field(None, gt=0, description="seconds per step")
+    constant_s: Optional[float] = Field(
+        None, ge=1e-9, description="seconds per step (the simulated clock ticks in ns)")
     base_s: Optional[float] = Field(None, ge=0, description="seconds per step")
     per_prefill_token_s: Optional[float] = Field(None, ge=0, description="seconds per prefill token")
     per_decode_seq_s: Optional[float] = Field(None, ge=0, description="seconds per decoding request")

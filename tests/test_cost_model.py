@@ -589,8 +589,15 @@ def test_empirical_noise_on_a_projection_names_cost_noise_once(tmp_path):
     assert str(e.value) == f"--set hardware.cost_noise=empirical: {msg}"
 
 def test_step_time_at_least_one_ns():
-    cm = build_cost_model(scenario(hardware={"step_time": {"constant_s": 1e-12}}))
+    # the clock ticks in ns: a linear step priced at 1 ps takes one tick; a constant step
+    # below a tick is refused (it would run as 1 ns while the header printed its value)
+    cm = build_cost_model(scenario(hardware={"step_time": {"base_s": 1e-12}}))
     assert cm.step_time_ns(plan()) == 1
+    with pytest.raises(InputError, match=r"hardware.step_time.constant_s: Input should be "
+                                         r"greater than or equal to 0.000000001 \(got 1e-12\)"):
+        scenario(hardware={"step_time": {"constant_s": 1e-12}})
+    assert build_cost_model(scenario(hardware={"step_time": {"constant_s": 1e-9}})
+                            ).step_time_ns(plan()) == 1
 
 
 # -- efficiencies for projections -----------------------------------------------------------

@@ -110,7 +110,7 @@ def test_brief_error_examples(chat):
     ("hardware.profile=h100-sxm", "chat.yaml:3 (with --set hardware.profile=h100-sxm): hardware: "
      "give exactly one of profile"),
     ("hardware.step_time={constant_s: 1, base_s: 1}", "give either constant_s, or the linear"),
-    ("hardware.step_time.constant_s=0", "greater than 0"),
+    ("hardware.step_time.constant_s=0", "greater than or equal to 0.000000001"),
     ("engine.max_model_len=4096", "--set engine.max_model_len=4096: 4096 is longer than the "
      "model's max_position_embeddings (2048)"),
     ("engine.max_num_seqs=4096", "--set engine.max_num_seqs=4096: engine: "
