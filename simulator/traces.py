@@ -485,17 +485,19 @@ def ties_warning(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None 
                  ) -> str | None:
     """Why a trace's arrivals may replay burstier than they came (None when they do not):
     more than :data:`TIES_SHARE` of the requests replayed share their timestamp with
-    another and ``spread_ties`` is off.
+    another and ``spread_ties`` is off, or all of them share one (which nothing spreads).
 
     Raises:
         InputError: as :func:`load_trace`.
     """
-    if trace_cfg.spread_ties:
-        return None
     t = load_trace(trace_cfg, base_dir, num_requests).arrival_ns
     u, counts = np.unique(t, return_counts=True)
+    if len(u) == 1 and len(t) > 1:   # no timestamp step for spread_ties to spread them over
+        return (f"workload.trace: all {len(t)} arrivals share one timestamp and replay as "
+                f"one burst (spread_ties spreads the requests of a timestamp over the "
+                f"trace's step between timestamps, and it has one timestamp)")
     share = 1 - len(u) / len(t)
-    if share <= TIES_SHARE:
+    if trace_cfg.spread_ties or share <= TIES_SHARE:
         return None
     step = timestamp_step_ns(t) / NS_PER_S
     return (f"workload.trace: {share:.0%} of the arrivals share their timestamp with another "

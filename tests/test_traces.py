@@ -125,6 +125,16 @@ def test_spread_ties_spaces_each_timestamp_group_over_one_step(tmp_path):
     g = tmp_path / "g.csv"
     g.write_text("t,p,o\n" + "".join(f"{t},10,5\n" for t in (0, 0, *range(1, 10))))
     assert ties_warning(trace(**{**base, "path": str(g)})) is None
+    # all at one instant: no step to spread over, spread_ties or not
+    h = tmp_path / "h.csv"
+    h.write_text("t,p,o\n" + "5,10,5\n" * 3)
+    for spread in (False, True):
+        one = trace(**{**base, "path": str(h)}, spread_ties=spread)
+        assert [s.arrival_ns for s in read_trace(one)] == [0, 0, 0]
+        assert ties_warning(one) == (
+            "workload.trace: all 3 arrivals share one timestamp and replay as one burst "
+            "(spread_ties spreads the requests of a timestamp over the trace's step between "
+            "timestamps, and it has one timestamp)")
 
 
 def test_trace_workload_with_prefix_and_relative_path():
