@@ -1052,6 +1052,15 @@ def _some(names: list[str], n: int = 6) -> str:
     return ", ".join(str(x) for x in names[:n]) + more
 
 
+def _typo_of(key: str, allowed: list[str]) -> list[str]:
+    """The allowed key ``key`` is likely a typo of, in a list of at most one: difflib's
+    closest at ratio 0.8 ("blocks" names none), else one with two adjacent letters swapped
+    ("mena" for mean, ratio 0.75)."""
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.8)
+    swaps = {key[:i] + key[i + 1] + key[i] + key[i + 2:] for i in range(len(key) - 1)}
+    return close or [a for a in allowed if a in swaps][:1]
+
+
 def _format_error(err: dict, source: str, origins: dict, root: type,
                   text: str | None = None) -> str:
     """One line for one pydantic error dict."""
@@ -1059,8 +1068,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
     typ = err["type"]
     if typ == "extra_forbidden":
         allowed = list(parent.model_fields) if parent is not None else []
-        close = (difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.8)
-                 if loc else [])   # a typo's likely key; "blocks" names none
+        close = _typo_of(str(loc[-1]), allowed) if loc else []
         msg = ("unknown key" + (f"; did you mean {close[0]}?" if close else "")
                + (f" (allowed: {', '.join(allowed)})" if allowed else ""))
         owners = _owning_members(tuple(err["loc"]), root)

@@ -849,6 +849,15 @@ def test_a_misspelt_section_in_a_flag_is_blamed_on_the_flag(chat):
         "flag makes one)")
     assert err(load_scenario, chat, ["engine.blok_size=8"]).startswith(
         "--set engine.blok_size=8: unknown key; did you mean block_size? (allowed: block_size, ")
+    # two letters swapped: "mena" is 0.75 like mean by difflib's ratio, below its 0.8 cutoff
+    assert err(load_scenario, chat, ["workload.prompt_tokens={dist: normal, mena: 5, "
+                                     "std: 1}"]).startswith(
+        "--set workload.prompt_tokens={dist: normal, mena: 5, std: 1}: "
+        "workload.prompt_tokens.mena: unknown key; did you mean mean? (allowed: ")
+    assert err(load_scenario, chat, ["engine.max_num_sqes=8"]).startswith(
+        "--set engine.max_num_sqes=8: unknown key; did you mean max_num_seqs? ")
+    # a word with no such neighbour gets no guess
+    assert "did you mean" not in err(load_scenario, chat, ["engine.blocks=8"])
 
 
 @pytest.mark.parametrize("flags", [
