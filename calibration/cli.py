@@ -739,7 +739,7 @@ def _write_csv_atomic(path: Path, header: dict, df) -> None:
 
 
 def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:
-    from rich.console import Console
+    from simulator.terminal import Terminal
     from rich.table import Table
 
     t = Table(title=f"calibration {profile.name}: {profile.cost.form} fit")
@@ -751,7 +751,7 @@ def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:
     for label, s in rows:
         t.add_row(label, str(s["n"]), f"{100 * s['mape']:.1f}%", f"{100 * s['p90']:.1f}%",
                   f"{100 * s['max']:.1f}%")
-    c = Console()
+    c = Terminal()
     c.print(t)
     if profile.idle is not None:
         c.print(f"first step after idle: {profile.idle.describe()}", highlight=False)
@@ -844,13 +844,13 @@ def profiles_rich_table(rows, terminal: int = 160):
 
 
 def _cmd_profiles(args) -> int:
-    from rich.console import Console
+    from simulator.terminal import Terminal
 
     rows = profiles_table()
-    terminal = Console().width
+    terminal = Terminal().width
     t = profiles_rich_table(rows, terminal)
     need = sum(c.width or 0 for c in t.columns) + 3 * len(t.columns) + 1
-    Console(width=max(160, terminal, need)).print(t)
+    Terminal(width=max(160, terminal, need)).print(t)
     if not rows:
         print("no profiles found")
     from simulator.cost_model import PROFILES_DIR, hidden_profiles, missing_profile_dirs

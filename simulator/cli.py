@@ -50,7 +50,7 @@ def with_replications(scenario, n: int | None):
 
 
 def _cmd_run(args) -> int:
-    from rich.console import Console
+    from .terminal import Terminal
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from .cost_model import build_cost_model, profile_warning
@@ -76,7 +76,7 @@ def _cmd_run(args) -> int:
     heavy = memory_warning(scenario)
     if heavy:   # before the run: it may not get to the end
         print(f"servesim: warning: {heavy}", file=sys.stderr)
-    console = Console(stderr=True)
+    console = Terminal(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   transient=True,

@@ -33,10 +33,10 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def _progress(args, what: str):
-    from rich.console import Console
+    from .terminal import Terminal
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    console = Terminal(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   transient=True,
@@ -145,8 +145,8 @@ def _print_table(df, title: str, columns=None, console=None, exact=()) -> None:
     meaning of an undefined (``–``) or one-sided (``≤x``, ``≥x``) confidence interval.
 
     Args:
-        console: a ``rich.console.Console``; a new one on stdout by default
-            (:func:`_console`).
+        console: a ``rich.console.Console``; by default a new
+            :class:`simulator.terminal.Terminal` on stdout (:func:`_console`).
     """
     from rich import box
     from rich.table import Table
@@ -206,11 +206,11 @@ def _console():
     80 columns would fold numbers mid-way (``11.96–14`` over ``.95``)."""
     import os
 
-    from rich.console import Console
+    from .terminal import Terminal
 
-    c = Console()
+    c = Terminal()
     if not c.is_terminal and not os.environ.get("COLUMNS"):
-        c = Console(width=1000)
+        c = Terminal(width=1000)
     return c
 
 

@@ -736,7 +736,8 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     """Print the key figures as a rich table (TTFT/TPOT/ITL/E2EL, throughput, goodput, SLO).
 
     Args:
-        console: a ``rich.console.Console``; a new one on stdout by default.
+        console: a ``rich.console.Console``; by default a new
+            :class:`simulator.terminal.Terminal` on stdout.
         replications: from :func:`simulator.metrics.combine_replications`; adds a table of
             key figures' means and 95% confidence intervals.
         max_model_len: how the rejection line names the limit
@@ -745,10 +746,10 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         diagnosis: from :func:`simulator.diagnosis.diagnose`; adds
             :func:`diagnosis_line` under the tables.
     """
-    from rich.console import Console
+    from .terminal import Terminal
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Terminal()
     s = result.summary
     label, basis = _basis(s)
     # The source in full on its own line: in a table title it wraps to the table's width.

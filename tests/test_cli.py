@@ -246,6 +246,23 @@ def test_schema_prints_json_schema():
     assert "engine" in schema["properties"] and "workload" in schema["properties"]
 
 
+@pytest.mark.parametrize("command", ["run", "schema"])
+def test_a_reader_gone_ends_the_command_with_status_0(scen, tmp_path, command):
+    # `servesim run ... | head -1`: rich's console exited 1 where plain prints exit 0. The
+    # pipe's read end is closed before the command writes, so its first line meets EPIPE.
+    read, write = os.pipe()
+    os.close(read)
+    args = ["run", scen, "--out", tmp_path / "o"] if command == "run" else ["schema"]
+    try:
+        r = subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)],
+                           stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (0, "")
+    if command == "run":   # the report was written before the terminal's summary
+        assert (tmp_path / "o" / "summary.json").is_file()
+
+
 def test_run_says_why_rejected_requests_fail_the_slo(tmp_path, capsys):
     # fixed 600-token prompts over max_model_len 512: every request is rejected
     y = tmp_path / "r.yaml"
