@@ -739,8 +739,9 @@ def _write_csv_atomic(path: Path, header: dict, df) -> None:
 
 
 def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:
-    from simulator.terminal import Terminal
     from rich.table import Table
+
+    from simulator.terminal import Terminal
 
     t = Table(title=f"calibration {profile.name}: {profile.cost.form} fit")
     for col in ("error set", "n", "MAPE", "p90", "max"):

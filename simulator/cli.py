@@ -50,7 +50,6 @@ def with_replications(scenario, n: int | None):
 
 
 def _cmd_run(args) -> int:
-    from .terminal import Terminal
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from .cost_model import build_cost_model, profile_warning
@@ -60,6 +59,7 @@ def _cmd_run(args) -> int:
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
     from .session_ramp import ramp_warning
+    from .terminal import Terminal
     from .workload import workload_warnings
 
     try:

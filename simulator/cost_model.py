@@ -779,9 +779,8 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
             ``engine.gpu_memory_utilization`` (or, when the activation reserve is the
             larger part, ``engine.max_num_seqs`` where the sampler's logits make it and
             ``engine.max_num_batched_tokens`` where the forward does), with the fix in the
-            message: the
-            least utilization that also holds one request of an explicit ``max_model_len``
-            (tokens) besides the null block, as vLLM requires at start-up.
+            message: the least utilization that also holds one request of an explicit
+            ``max_model_len`` (tokens) besides the null block, as vLLM requires at start-up.
     """
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = -(-shape.weight_bytes(dtype) // tp)

@@ -33,8 +33,9 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def _progress(args, what: str):
-    from .terminal import Terminal
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .terminal import Terminal
 
     console = Terminal(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),

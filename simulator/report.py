@@ -746,8 +746,9 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
         diagnosis: from :func:`simulator.diagnosis.diagnose`; adds
             :func:`diagnosis_line` under the tables.
     """
-    from .terminal import Terminal
     from rich.table import Table
+
+    from .terminal import Terminal
 
     console = console or Terminal()
     s = result.summary
