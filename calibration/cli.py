@@ -33,13 +33,17 @@ def parse_bytes(text: str, flag: str = "--kv-cache-memory") -> int:
     """``2147483648``, ``2GiB``, ``512 MiB``, ``1.5GB``, ``2e9`` → bytes (at least 1).
 
     Raises:
-        InputError: anything else (negative, zero, no number), naming ``flag``.
+        InputError: anything else (negative, zero, 8 EiB or more, no number), naming ``flag``.
     """
     m = _SIZE.match(str(text))
     if not m:
         raise InputError(f"{flag}: {text!r} is not a size: give a positive number of bytes, "
                          f"or one with KiB, MiB, GiB, KB, MB or GB (e.g. 2GiB)")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    x = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not x < 2 ** 63:   # 1e400 reads as inf (an OverflowError in int())
+        raise InputError(f"{flag}: {text!r} is too large: give at most {2 ** 63 - 1} bytes "
+                         f"(8 EiB)")
+    n = int(x)
     if n < 1:
         raise InputError(f"{flag}: {text!r} is {n} bytes: give a positive size (e.g. 2GiB)")
     return n
@@ -532,7 +536,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         blocks, need = args.kv_cache_memory // per_block, min_gpu_blocks(max_len, args.block_size)
         if blocks < need:
             raise InputError(
-                f"--kv-cache-memory {args.kv_cache_memory}: {blocks} KV blocks of "
+                f"--kv-cache-memory ({args.kv_cache_memory:,} bytes): {blocks} KV blocks of "
                 f"{per_block:,} bytes ({args.block_size} tokens of {shape.name} in {dtype}); "
                 f"max_model_len {max_len} needs {need - 1} besides the null block: give at "
                 f"least {need * per_block:,} bytes, or a lower --max-model-len")

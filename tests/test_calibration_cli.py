@@ -488,6 +488,12 @@ def test_parse_bytes():
     for bad in ("lots", "-1", "0", "0.5"):
         with pytest.raises(InputError, match=rf"^--kv-cache-memory: '{bad}' is "):
             parse_bytes(bad)
+    # past int64: 1e400 reads as inf, whose int() was an OverflowError traceback
+    for big in ("1e400", "1e308GiB", "9223372036854775808", "8e18GB"):
+        with pytest.raises(InputError, match=rf"^--kv-cache-memory: '{big}' is too large: "
+                                             rf"give at most 9223372036854775807 bytes"):
+            parse_bytes(big)
+    assert parse_bytes("9223372036854774784") == 2 ** 63 - 1024   # the largest double below
 
 
 @pytest.mark.parametrize("value, message", [
@@ -673,7 +679,9 @@ def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys
     (["--out", "{f}/p.yaml"], "--out {f}/p.yaml: {f} is a file, not a folder"),
     (["--report-dir", "{f}/x"], "--report-dir {f}/x: {f} is a file, not a folder"),
     # the engine refused these after the device ceilings were measured, in a folder made
-    (["--kv-cache-memory", "10"], "--kv-cache-memory 10: 0 KV blocks of"),
+    (["--kv-cache-memory", "10"], "--kv-cache-memory (10 bytes): 0 KV blocks of"),
+    # the bytes it read, as a fraction of a byte is dropped
+    (["--kv-cache-memory", "1.5kb"], "--kv-cache-memory (1,500 bytes): 0 KV blocks of"),
     (["--max-model-len", "100000000"], "--max-model-len 100000000: above llama-test's "
                                        "max_position_embeddings"),
 ])
