@@ -723,7 +723,7 @@ def cmd_validate(args) -> int:
         return _validate_command(args)
     except InputError as e:
         flag = f"--set hardware.profile={args.profile}"
-        if args.profile and flag in str(e):   # --profile goes in as that override
+        if args.profile is not None and flag in str(e):   # --profile goes in as that override
             raise InputError(str(e).replace(flag, f"--profile {args.profile}")) from None
         raise
 
@@ -734,7 +734,10 @@ def _validate_command(args) -> int:
     check_folder(args.out, "--out", "validate")
     out = through_parents(Path(args.out))   # as checked: no folder left above a ".."
     overrides = list(args.set)
-    if args.profile:
+    if args.profile is not None:
+        if not args.profile.strip():   # it ran with the scenario's own profile
+            raise InputError(f"--profile {args.profile!r}: empty: give a profile name or the "
+                             f"path to one (servesim profiles lists them)")
         overrides.append(f"hardware.profile={args.profile}")
     try:
         sc = load_scenario(args.scenario, overrides)

@@ -499,6 +499,13 @@ def test_a_bad_profile_flag_is_named_as_typed(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith(
         "servesim: error: --profile no-such: 'no-such' is neither a catalog GPU"), err
     assert not out.exists()
+    # an empty one ran with the scenario's own profile, as if none had been given
+    assert main(["validate", "--scenario", str(y), "--profile", "", "--no-quiet-wait",
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "servesim: error: --profile '': empty: give a profile name or the path to one "
+        "(servesim profiles lists them)"]
+    assert not out.exists()
 
 
 def test_the_scenario_is_positional_or_flagged_once(tmp_path, capsys):
