@@ -33,16 +33,16 @@ def parse_bytes(text: str, flag: str = "--kv-cache-memory") -> int:
     """``2147483648``, ``2GiB``, ``512 MiB``, ``1.5GB``, ``2e9`` → bytes (at least 1).
 
     Raises:
-        InputError: anything else (negative, zero, 8 EiB or more, no number), naming ``flag``.
+        InputError: anything else (negative, zero, infinite, no number), naming ``flag``.
     """
     m = _SIZE.match(str(text))
     if not m:
         raise InputError(f"{flag}: {text!r} is not a size: give a positive number of bytes, "
                          f"or one with KiB, MiB, GiB, KB, MB or GB (e.g. 2GiB)")
     x = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not x < 2 ** 63:   # 1e400 reads as inf (an OverflowError in int())
-        raise InputError(f"{flag}: {text!r} is too large: give at most {2 ** 63 - 1} bytes "
-                         f"(8 EiB)")
+    if x == float("inf"):   # 1e400: an OverflowError in int()
+        raise InputError(f"{flag}: {text!r} is past the largest number of bytes this reads "
+                         f"(about 1.8e308)")
     n = int(x)
     if n < 1:
         raise InputError(f"{flag}: {text!r} is {n} bytes: give a positive size (e.g. 2GiB)")

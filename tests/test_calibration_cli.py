@@ -488,12 +488,12 @@ def test_parse_bytes():
     for bad in ("lots", "-1", "0", "0.5"):
         with pytest.raises(InputError, match=rf"^--kv-cache-memory: '{bad}' is "):
             parse_bytes(bad)
-    # past int64: 1e400 reads as inf, whose int() was an OverflowError traceback
-    for big in ("1e400", "1e308GiB", "9223372036854775808", "8e18GB"):
-        with pytest.raises(InputError, match=rf"^--kv-cache-memory: '{big}' is too large: "
-                                             rf"give at most 9223372036854775807 bytes"):
+    # 1e400 reads as inf, whose int() was an OverflowError traceback
+    for big in ("1e400", "1e308GiB"):
+        with pytest.raises(InputError, match=rf"^--kv-cache-memory: '{big}' is past the "
+                                             rf"largest number of bytes this reads"):
             parse_bytes(big)
-    assert parse_bytes("9223372036854774784") == 2 ** 63 - 1024   # the largest double below
+    assert parse_bytes("1e300") == int(1e300)   # a size the host check then refuses
 
 
 @pytest.mark.parametrize("value, message", [
@@ -709,7 +709,7 @@ def test_a_kv_cache_that_cannot_hold_max_model_len_is_refused_before_measuring(
                         lambda *a, **k: pytest.fail("measured before the KV cache was checked"))
     out = tmp_path / "d" / "p.yaml"
     with pytest.raises(InputError, match=(
-            rf"^--kv-cache-memory {need * per_block - 1}: {need - 1} KV blocks of "
+            rf"^--kv-cache-memory \({need * per_block - 1:,} bytes\): {need - 1} KV blocks of "
             rf"{per_block:,} bytes \(16 tokens of llama-test in float32\); max_model_len 512 "
             rf"needs {need - 1} besides the null block: give at least {need * per_block:,} "
             rf"bytes, or a lower --max-model-len$")):
