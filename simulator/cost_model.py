@@ -347,6 +347,35 @@ class Profile(_P):
             raise ValueError("use letters, digits, '.', '_' and '-' only (it names the file)")
         return v
 
+    @model_validator(mode="after")
+    def _kv_of_the_model(self):
+        # The KV facts follow from the model, dtype and device: a hand edit that broke them
+        # moved the simulated KV capacity by any factor without a word.
+        kv, tp = self.kv, self.tensor_parallel
+        want = self.model_shape.kv_bytes_per_token(self.dtype)
+        if kv.bytes_per_token != want:
+            raise SubkeyError(("kv", "bytes_per_token"), (
+                f"{kv.bytes_per_token}, but {self.model.name} in {self.dtype} holds {want} "
+                f"bytes of KV per token (2 x layers x kv heads x head_dim x "
+                f"{dtype_bytes(self.dtype)} bytes)"))
+        budget = kv.memory_budget_bytes
+        if budget is not None and budget > self.device.memory_bytes * tp:
+            raise SubkeyError(("kv", "memory_budget_bytes"), (
+                f"{budget} bytes is more than the device holds ({self.device.memory_bytes} "
+                f"bytes x tensor_parallel {tp})"))
+        if budget is not None and kv.num_gpu_blocks is not None:
+            # blocks as the engine counts them: per GPU, of its own KV heads
+            block = kv.block_size * RooflineConstants.of(self.model_shape, self.dtype,
+                                                         tp).kv_bytes_per_token
+            if kv.num_gpu_blocks != budget // tp // block:
+                raise SubkeyError(("kv", "num_gpu_blocks"), (
+                    f"{kv.num_gpu_blocks}, but memory_budget_bytes {budget} holds "
+                    f"{budget // tp // block} blocks of {kv.block_size} tokens"
+                    + (f" ({block} bytes per GPU)" if tp > 1 else "")
+                    + "; the KV capacity is read from memory_budget_bytes: give both as "
+                    "calibrate wrote them, or num_gpu_blocks alone"))
+        return self
+
     @property
     def model_shape(self) -> ModelShape:
         """The measured model's :class:`ModelShape`."""

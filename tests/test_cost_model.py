@@ -381,11 +381,34 @@ def test_measured_profile_blocks_converted_to_block_size(tmp_path):
     same = build_cost_model(scenario(tmp_path, hardware={"profile": "p.yaml"},
                                      engine={"block_size": 128}))
     assert same.num_gpu_blocks == 2048 and same.setup_warning is None
-    prof = make_profile(kv={"bytes_per_token": 256, "block_size": 128, "num_gpu_blocks": 2048,
-                            "memory_budget_bytes": 2**31})
+    prof = make_profile(kv={"bytes_per_token": 256, "block_size": 128,
+                            "num_gpu_blocks": 2**31 // (128 * 256), "memory_budget_bytes": 2**31})
     save_profile(prof, tmp_path / "q.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "q.yaml"}))
     assert cm.num_gpu_blocks == 2**31 // (16 * 256)
+
+
+@pytest.mark.parametrize("kv, message", [
+    # llama-test in bfloat16: 2 x 2 layers x 2 kv heads x 16 head_dim x 2 bytes = 256
+    ({"bytes_per_token": 1, "num_gpu_blocks": 2048},
+     "kv.bytes_per_token: 1, but llama-test in bfloat16 holds 256 bytes of KV per token"),
+    ({"bytes_per_token": 256, "memory_budget_bytes": 2**34 + 1},
+     "kv.memory_budget_bytes: 17179869185 bytes is more than the device holds (17179869184 "
+     "bytes x tensor_parallel 1)"),
+    ({"bytes_per_token": 256, "num_gpu_blocks": 3, "memory_budget_bytes": 2**31},
+     "kv.num_gpu_blocks: 3, but memory_budget_bytes 2147483648 holds 65536 blocks of 128 "
+     "tokens"),
+])
+def test_a_profile_whose_kv_facts_contradict_its_model_is_refused(tmp_path, kv, message):
+    # each ran: 1 byte per token gave 256x the blocks, the budget past the device's memory
+    # gave trillions, and a num_gpu_blocks beside a budget was ignored
+    assert load_model("llama-test").kv_bytes_per_token("bfloat16") == 256
+    p = tmp_path / "p.yaml"
+    d = make_profile().model_dump(mode="json") | {"kv": {**kv, "block_size": 128}}
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError) as e:
+        load_profile(p)
+    assert str(e.value).startswith(f"{p}:") and message in str(e.value)
 
 
 @pytest.mark.parametrize("model, tp, seqs, logged_gib", [
@@ -528,6 +551,7 @@ def test_profile_for_another_model_or_dtype_refused(tmp_path):
     # the same name on another shape: the difference is what the message can name
     d = make_profile().model_dump(mode="json")
     d["model"]["shape"]["num_hidden_layers"] *= 2
+    d["kv"]["bytes_per_token"] *= 2   # as its layers
     (tmp_path / "deeper.yaml").write_text(yaml.safe_dump(d))
     layers = load_model("llama-test").num_hidden_layers
     with pytest.raises(InputError, match=rf"was measured for model llama-test \(bfloat16; "
