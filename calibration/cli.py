@@ -294,6 +294,15 @@ def profile_out(args) -> tuple[Path, str]:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-', starting "
                          f"with a letter or digit")
+    from simulator.catalog import list_hardware
+
+    for flag, taken in (("--out", out.stem), ("--name", name)):   # the stem selects it
+        if taken in list_hardware():
+            model = Path(str(getattr(args, "model", None) or "mine")).name
+            raise InputError(
+                f"{flag} {out if flag == '--out' else name}: {taken} is a catalog GPU's name "
+                f"(hardware.profile: {taken} projects that GPU, never a profile): give "
+                f"another, e.g. {taken}-{model}")
     return out, name
 
 
@@ -858,7 +867,8 @@ def _cmd_profiles(args) -> int:
     Terminal(width=max(160, terminal, need)).print(t)
     if not rows:
         print("no profiles found")
-    from simulator.cost_model import PROFILES_DIR, hidden_profiles, missing_profile_dirs
+    from simulator.cost_model import (PROFILES_DIR, hidden_profiles, list_profiles,
+                                      missing_profile_dirs)
 
     gone = missing_profile_dirs()
     if gone:   # a typo in the variable would otherwise just look like no profiles there
@@ -868,6 +878,12 @@ def _cmd_profiles(args) -> int:
                            else str(p))
         print(f"servesim: note: profile {name} is {used}; it hides "
               f"{', '.join(map(shown, hidden))}", file=sys.stderr)
+    from simulator.catalog import list_hardware
+
+    for name in sorted(set(list_profiles()) & set(list_hardware())):
+        print(f"servesim: note: profile {name} ({list_profiles()[name]}) is hidden by the "
+              f"catalog GPU {name}, which hardware.profile: {name} projects; rename the file "
+              f"to select it by name", file=sys.stderr)
     return 0
 
 

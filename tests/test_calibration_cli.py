@@ -383,6 +383,14 @@ def test_profiles_lists_shipped_and_local(tmp_path, monkeypatch, capsys):
         assert capsys.readouterr().err.endswith(
             f"servesim: note: profile {shipped[0].stem} is {local / shipped[0].name}; it "
             f"hides the shipped one\n")
+    # a file named after a catalog GPU: hardware.profile: h100-sxm projects that GPU
+    shutil.copy(local / "my-copy.yaml" if shipped else local / "broken.yaml",
+                local / "h100-sxm.yaml")
+    assert main(["profiles"]) == 0
+    assert capsys.readouterr().err.endswith(
+        f"servesim: note: profile h100-sxm ({local / 'h100-sxm.yaml'}) is hidden by the "
+        f"catalog GPU h100-sxm, which hardware.profile: h100-sxm projects; rename the file to "
+        f"select it by name\n")
 
 
 def test_profiles_table_never_cuts_or_wraps_a_name():
@@ -684,17 +692,22 @@ def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys
     (["--kv-cache-memory", "1.5kb"], "--kv-cache-memory (1,500 bytes): 0 KV blocks of"),
     (["--max-model-len", "100000000"], "--max-model-len 100000000: above llama-test's "
                                        "max_position_embeddings"),
+    # a catalog GPU's name selects its projection, never this profile
+    (["--out", "{d}/h100-sxm.yaml"], "--out {d}/h100-sxm.yaml: h100-sxm is a catalog GPU's "
+                                     "name (hardware.profile: h100-sxm projects that GPU, "
+                                     "never a profile): give another, e.g. h100-sxm-llama-test"),
+    (["--name", "l4"], "--name l4: l4 is a catalog GPU's name"),
 ])
 def test_calibrate_refuses_before_measuring(flags, message, tmp_path, capsys):
     from simulator.cli import main
     f = tmp_path / "afile"
     f.write_text("x")
-    flags = [a.format(f=f) for a in flags]
+    flags = [a.format(f=f, d=tmp_path) for a in flags]
     argv = ["calibrate", "--model", "llama-test"] + (   # a flag may be given once
         [] if "--out" in flags else ["--out", str(tmp_path / "p.yaml")])
     assert main(argv + flags) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message.format(f=f) in err[0]
+    assert len(err) == 1 and message.format(f=f, d=tmp_path) in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
