@@ -972,7 +972,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key")
     p.add_argument("--loads", default="0.3,0.6,0.9",
-                   help="fractions of saturation throughput (default 0.3,0.6,0.9)")
+                   help="fractions of saturation throughput, 0.01 to 1.5 to 3 decimals "
+                        "(default 0.3,0.6,0.9)")
     p.add_argument("--replications", type=int, default=3,
                    help="workloads per load, each with its own seed (default 3; 1 to 100)")
     p.add_argument("--seconds", type=float, default=60.0,

@@ -501,7 +501,7 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
     for r in range(replications):
         for lr in results:
             x, rate, n = lr.load, lr.rate, lr.num_requests
-            specs = load_specs(sc1, rate, n, replication_seed(seed, (int(x * 1000), r + 1)))
+            specs = load_specs(sc1, rate, n, replication_seed(seed, (load_key(x), r + 1)))
             progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
                      f"{replications} (about {n / rate:.0f} s)")
             run, sp = run_at(specs, f"load {x:g} r{r + 1}")
@@ -683,19 +683,32 @@ def _cpu_name() -> str:
     return cpu_name()
 
 
+def load_key(load: float) -> int:
+    """A load's thousandths, which seed its workloads (0.3 → 300)."""
+    return round(load * 1000)
+
+
 def parse_loads(text: str) -> list[float]:
-    """``"0.3,0.6,0.9"`` → floats.
+    """``"0.3,0.6,0.9"`` → floats, each a whole number of thousandths (:func:`load_key`).
 
     Raises:
-        InputError: not a comma-separated list of numbers, or a load given twice (its
-            workloads' seeds come from the load, so it would serve the same requests again).
+        InputError: not a comma-separated list of numbers, a load finer than a thousandth,
+            or a load given twice (its workloads' seeds come from the load, so it would
+            serve the same requests again).
     """
     try:
         loads = [float(x) for x in str(text).split(",")]
     except ValueError:
         raise InputError(f"--loads: {text!r} is not a comma-separated list of fractions "
                          f"such as 0.3,0.6,0.9") from None
-    twice = sorted({x for x in loads if loads.count(x) > 1})
+    # a load out of range (inf, nan, 1e308) is check_validation_args's to name
+    ranged = [MIN_LOAD <= x <= MAX_LOAD for x in loads]
+    keys = [load_key(x) if ok else x for x, ok in zip(loads, ranged)]
+    fine = [x for x, k, ok in zip(loads, keys, ranged) if ok and abs(x * 1000 - k) > 1e-9]
+    if fine:   # 0.5 and 0.5004 would share their seeds
+        raise InputError(f"--loads: {fine[0]!r} is finer than a thousandth (each load's "
+                         f"workloads are seeded by its thousandths): give at most 3 decimals")
+    twice = sorted({x for x, k in zip(loads, keys) if keys.count(k) > 1})
     if twice:
         raise InputError(f"--loads: {', '.join(f'{x:g}' for x in twice)} given twice (each "
                          f"load's workloads are seeded by it: the same requests again; use "

@@ -193,6 +193,14 @@ def test_bad_input_is_one_line():
         V.parse_loads("0.3,,0.6")
     with pytest.raises(InputError, match=r"--loads: 0\.5 given twice .* --replications"):
         V.parse_loads("0.5,0.9,0.50")
+    # seeds come from a load's thousandths: 0.5004 had 0.5's requests, 1.001 had 1.0's
+    assert V.load_key(0.5) == 500 and V.load_key(1.001) == 1001 and V.load_key(0.9) == 900
+    with pytest.raises(InputError, match=r"^--loads: 0\.5004 is finer than a thousandth "
+                                         r"\(each load's workloads are seeded by its "
+                                         r"thousandths\): give at most 3 decimals$"):
+        V.parse_loads("0.5,0.5004")
+    assert V.parse_loads("1.001,1.0") == [1.001, 1.0]
+    assert len({V.load_key(k / 1000) for k in range(10, 1501)}) == 1491
     assert V.parse_loads("0.3, 0.6") == [0.3, 0.6]
     sc = scenario_from_dict({**SCENARIO, "cluster": {"replicas": 2}})
     with pytest.raises(InputError, match="cluster.replicas"):
