@@ -487,6 +487,9 @@ def _parse_profile(path_str: str, mtime_ns: int, size: int) -> Profile:
     if not isinstance(raw, dict):
         held = "list" if isinstance(raw, list) else "single value"
         raise InputError(f"{path}: holds a {held}, not a mapping of keys ({what})")
+    if "schema_version" not in raw:   # a file says which format it is; 2 is refused too
+        raise InputError(f"{path}: schema_version: required key missing (this servesim reads "
+                         f"profiles of schema_version 1; {what})")
     try:
         return Profile.model_validate(raw)
     except ValidationError as e:

@@ -388,6 +388,19 @@ def test_measured_profile_blocks_converted_to_block_size(tmp_path):
     assert cm.num_gpu_blocks == 2**31 // (16 * 256)
 
 
+def test_a_profile_file_says_its_schema_version(tmp_path):
+    d = make_profile().model_dump(mode="json")
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert load_profile(p).schema_version == 1
+    d.pop("schema_version")   # read as version 1, while 2 (or '1') was refused
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match=rf"^{re.escape(str(p))}: schema_version: required key "
+                                         r"missing \(this servesim reads profiles of "
+                                         r"schema_version 1; a profile is the YAML mapping"):
+        load_profile(p)
+
+
 @pytest.mark.parametrize("kv, message", [
     # llama-test in bfloat16: 2 x 2 layers x 2 kv heads x 16 head_dim x 2 bytes = 256
     ({"bytes_per_token": 1, "num_gpu_blocks": 2048},
