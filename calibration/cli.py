@@ -365,6 +365,9 @@ def model_arg(spec: str):
     from simulator.catalog import load_model
     from simulator.errors import KeyedInputError
 
+    if not str(spec).strip():   # "" read as the current folder
+        raise InputError("--model: empty: give a catalog model name or the path to an HF "
+                         "config.json (or its folder)")
     try:
         return load_model(spec)
     except KeyedInputError as e:
@@ -495,9 +498,15 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if args.block_size is not None and args.block_size not in BLOCK_SIZES:
         raise InputError(f"--block-size {args.block_size}: allowed "
                          f"{', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)")
-    if not 0 < args.gpu_memory_utilization <= 1:
-        raise InputError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be "
-                         f"in (0, 1]")
+    util = args.gpu_memory_utilization
+    if util is not None:   # given: it must be one that sizes the KV cache
+        if not 0 < util <= 1:
+            raise InputError(f"--gpu-memory-utilization {util}: must be in (0, 1]")
+        if args.device != "cuda" or args.kv_cache_memory is not None:
+            raise InputError(f"--gpu-memory-utilization {util}: sizes the KV cache on "
+                             f"--device cuda without --kv-cache-memory only; "
+                             + ("a CPU's KV cache is --kv-cache-memory (default 2GiB)"
+                                if args.device != "cuda" else "give one of the two"))
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
     model_arg(args.model)   # the catalog needs no torch: a typo is said before torch is
@@ -598,7 +607,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
             kv_budget = args.kv_cache_memory
         else:  # vLLM's defaults for the memory profiling run
             kv_budget = profile_cuda_kv_budget(model, 8192, max_len, 256,
-                                               args.gpu_memory_utilization)
+                                               args.gpu_memory_utilization
+                                               or GPU_MEMORY_UTILIZATION)
         act = max(0, torch.cuda.max_memory_allocated() - shape.weight_bytes(dtype))
         act_note = "activation reserve measured (peak of an 8192-token profiling forward)"
     engine = LLMEngine(model, {**eng_cfg, "kv_cache_memory_bytes": kv_budget})
@@ -933,9 +943,9 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--kv-cache-memory", type=_kv_cache_memory, metavar="BYTES",
                    help="KV cache budget (cpu default 2GiB; cuda default: profiled from "
                         "--gpu-memory-utilization)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=GPU_MEMORY_UTILIZATION,
-                   help=f"share of GPU memory for the engine, in (0, 1] (default "
-                        f"{GPU_MEMORY_UTILIZATION:g}, vLLM's)")
+    p.add_argument("--gpu-memory-utilization", type=float,
+                   help=f"--device cuda: share of GPU memory for the engine, in (0, 1] "
+                        f"(default {GPU_MEMORY_UTILIZATION:g}, vLLM's)")
     p.add_argument("--block-size", type=int,
                    help="KV block size: 1, 8, 16, 32, 64 or 128 (default 16; --backend vllm: "
                         "vLLM's, 128 on CPU)")

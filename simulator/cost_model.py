@@ -471,6 +471,9 @@ def _parse_profile(path_str: str, mtime_ns: int, size: int) -> Profile:
         InputError: as :func:`load_profile`.
     """
     path = Path(path_str)
+    if path.suffix.lower() == ".csv":   # read as YAML it is "a single value" or a syntax error
+        raise InputError(f"{path}: a CSV file, not a profile: give the profile's .yaml "
+                         f"(calibrate writes its measurements and replay CSVs beside it)")
     try:
         text = path.read_text(encoding="utf-8")
         raw = load_yaml(text)

