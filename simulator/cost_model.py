@@ -1205,7 +1205,11 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     k = RooflineConstants.of(prof.model_shape, prof.dtype, prof.tensor_parallel) \
         if prof.cost.form == "roofline" else None
     kind = "measured" if prof.measured else "projected"
-    label = f"{kind}: profile {prof.display_name} ({prof.engine}, {prof.provenance.date})"
+    # its fit's held-out error: how far one step's price may be off, which the figures carry
+    held = (f"; held-out step-cost MAPE {prof.error.heldout.mape:.1%}"
+            if prof.error is not None and prof.error.heldout is not None else "")
+    label = (f"{kind}: profile {prof.display_name} ({prof.engine}, {prof.provenance.date}"
+             f"{held})")
     if prof.idle is not None:   # it moves TTFT at low load: say it is priced
         label += (f"; the first step after idle pays +{prof.idle.seconds(1.0) * 1e3:.3g} ms "
                   f"after 1 s (profile idle)")

@@ -154,7 +154,8 @@ def test_roofline_by_hand(tmp_path):
     save_profile(make_profile(), tmp_path / "cpu-llama-test.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "cpu-llama-test.yaml"}))
     assert cm.measured and cm.form == "roofline"
-    assert cm.label == "measured: profile cpu-llama-test (servesim-torch 0.1, 2026-11-30)"
+    assert cm.label == ("measured: profile cpu-llama-test (servesim-torch 0.1, 2026-11-30; "
+                        "held-out step-cost MAPE 5.0%)")
     # Mixed step: chunk of 10 after 6 cached (samples), chunk of 5 (partial), 3 decodes
     # attending 40 tokens. T = 18, R = 5; compute-bound dense part.
     p = plan([chunk(10, 6, True), chunk(5, 0, False)], 3, 40)
