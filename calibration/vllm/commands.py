@@ -213,6 +213,9 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
                            attn_mfu=roof["f_attn_flops_per_s"] / flops)
     kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     budget = int(float(kv_space) * (1 << 30)) if kv_space else None
+    if budget is not None and eng.num_gpu_blocks != budget // (
+            eng.block_size * shape.kv_bytes_per_token(dtype)):
+        budget = None   # vLLM sized it otherwise: its block count is the fact to keep
     source = (f"servesim calibrate --backend vllm: {ver} in-process LLMEngine on cpu (torch "
               f"{torch.__version__}, {threads_label(threads)}); {len(df)} steps in "
               f"{len(result.cells)} cells, {grid.repeats} interleaved passes; foreign CPU load "
