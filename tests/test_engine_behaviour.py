@@ -320,6 +320,54 @@ def test_bad_engine_and_model_config_name_the_key():
         ModelConfig.from_hf(dict(CFG, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
 
 
+@pytest.mark.parametrize("change, message", [
+    # each loaded and ran a model other than the one HF builds from the same config
+    ({"hidden_act": "gelu"}, "config.hidden_act: 'gelu' not supported (the MLP is SwiGLU: "
+                             "silu)"),
+    ({"mlp_bias": True}, "config.mlp_bias: true not supported (the MLP has no bias)"),
+    ({"tie_word_embeddings": "false"}, "config.tie_word_embeddings: true or false, got "
+                                       "'false'"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8,
+      "max_window_layers": 0}, "config.sliding_window: 8 not supported (full attention only; "
+                               "set it to null or use_sliding_window to false)"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "config.sliding_window"),
+    ({"architectures": ["GPT2LMHeadModel"]}, "config.architectures: ['GPT2LMHeadModel'] does "
+                                             "not run here: model_type llama is "
+                                             "['LlamaForCausalLM']"),
+    # a type torch met ten frames down (TypeError, 'negative dimension')
+    ({"num_key_value_heads": "2"}, "config.num_key_value_heads: a positive integer or null, "
+                                   "got '2'"),
+    ({"head_dim": -8}, "config.head_dim: a positive integer or null, got -8"),
+    ({"hidden_size": True}, "config.hidden_size: required positive integer, got True"),
+    # transformers 5 keeps theta in rope_parameters: -5 ran NaN logits, 'abc' a ValueError
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -5.0}},
+     "config.rope_parameters.rope_theta: a finite number > 0, got -5.0"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}},
+     "config.rope_parameters.rope_theta: a finite number > 0, got 'abc'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+     "config.rope_scaling.factor: a finite number > 0, got 0"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+     "config.rope_scaling.high_freq_factor: 4.0 must be above low_freq_factor 4.0"),
+])
+def test_a_model_config_the_engine_would_run_otherwise_is_refused(change, message):
+    with pytest.raises(InputError) as e:
+        ModelConfig.from_hf(dict(CFG, **change))
+    assert str(e.value).startswith(message)
+
+
+def test_a_config_the_layers_run_as_hf_does_loads():
+    # silu written out, a full-attention layer list, and a window past every position
+    cfg = ModelConfig.from_hf(dict(CFG, hidden_act="silu", mlp_bias=False,
+                                   architectures=["LlamaForCausalLM"],
+                                   layer_types=["full_attention"] * 2, num_key_value_heads=None,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
+    assert cfg.rope_theta == 5e5 and cfg.num_key_value_heads == CFG["num_attention_heads"]
+    assert ModelConfig.from_hf(dict(CFG, model_type="qwen2", use_sliding_window=True,
+                                    sliding_window=8, max_window_layers=2)).model_type == "qwen2"
+
+
 def test_kv_blocks_from_memory_budget_and_report(caplog):
     # 16 tokens x (K+V) x 2 layers x 2 kv heads x 8 dims x 4 bytes = 4096 bytes per block.
     assert kv_bytes_per_block(2, 16, 2, 8, torch.float32) == 4096
@@ -514,6 +562,24 @@ def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
         LLMEngine(tmp_path, knobs)
     assert " is in " + weights.name + " too (each tensor belongs to one shard)" in str(e.value)
     assert str(e.value).startswith(f"{tmp_path / 'zz.safetensors'}: tensor ")
+    (tmp_path / "zz.safetensors").unlink()
+    # a tensor the layers have no place for was dropped (an MLP bias: logits off by 3.5)
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(weights))
+    bias = "model.layers.0.mlp.down_proj.bias"
+    save_file({**tensors, bias: torch.zeros(CFG["hidden_size"]),
+               "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(4)}, str(weights))
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value) == (f"{tmp_path}: unexpected tensor {bias!r} (1 in all): the engine's "
+                            f"llama layers have no such parameter")   # the RoPE cache is not
+    # one NaN: greedy chose token 0 at every step
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, str(weights))
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value) == f"{tmp_path}: tensor {name!r} holds NaN or infinite values"
 
 
 def test_from_catalog_builds_the_catalog_shape():

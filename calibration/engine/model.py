@@ -32,6 +32,30 @@ from .attention import (AttentionMetadata, Padding, causal_chunk, context_chunk,
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "vocab_size")
+#: model_type -> the HF class its folder loads as (config.json ``architectures``).
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "mistral": "MistralForCausalLM"}
+
+
+def _positive(v) -> bool:
+    """A finite real number above 0 (not a bool or a string)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v < math.inf
+
+
+def _slides(d: dict, model_type: str) -> bool:
+    """Whether an HF config gives some layer sliding-window attention: Mistral's
+    ``sliding_window`` below ``max_position_embeddings``; Qwen2's with
+    ``use_sliding_window`` on layers from ``max_window_layers``; or a ``layer_types`` entry
+    (transformers 5) other than ``full_attention``."""
+    if any(t != "full_attention" for t in d.get("layer_types") or ()):
+        return True
+    window, mpe = d.get("sliding_window"), d.get("max_position_embeddings", 4096)
+    if not window or not isinstance(window, int) or window >= mpe:
+        return False
+    if model_type == "qwen2":   # max_window_layers: Qwen2Config's default when absent
+        return bool(d.get("use_sliding_window")) and (
+            d.get("max_window_layers", 28) < d["num_hidden_layers"])
+    return model_type == "mistral"
 
 
 @dataclass(frozen=True)
@@ -89,17 +113,36 @@ class ModelConfig:
         if not isinstance(d, dict):
             raise InputError(f"{source}: expected a mapping of HF config keys")
         for key in _REQUIRED:
-            if not isinstance(d.get(key), int) or d[key] < 1:
+            v = d.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"{source}.{key}: required positive integer, got "
                                  f"{d.get(key)!r}")
         model_type = d.get("model_type", "llama")
-        if model_type not in ("llama", "qwen2", "mistral"):
+        if model_type not in _ARCHITECTURES:
             raise InputError(f"{source}.model_type: {model_type!r} not supported "
-                             f"(allowed: llama, qwen2, mistral)")
-        window = d.get("sliding_window")
-        if model_type == "mistral" and window and window < d.get("max_position_embeddings", 0):
-            raise InputError(f"{source}.sliding_window: {window} not supported (full "
-                             f"attention only; set it to null)")
+                             f"(allowed: {', '.join(_ARCHITECTURES)})")
+        arch = d.get("architectures")
+        if arch is not None and arch != [_ARCHITECTURES[model_type]]:   # read as Llama
+            raise InputError(f"{source}.architectures: {arch!r} does not run here: "
+                             f"model_type {model_type} is [{_ARCHITECTURES[model_type]!r}]")
+        for key in ("num_key_value_heads", "head_dim"):   # optional: derived when absent
+            v = d.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InputError(f"{source}.{key}: a positive integer or null, got {v!r}")
+        for key in ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"):
+            if not isinstance(d.get(key, False), bool):   # "false" read as true
+                raise InputError(f"{source}.{key}: true or false, got {d[key]!r}")
+        # what the layers do not do is refused, not run as if absent (HF would differ)
+        if d.get("hidden_act", "silu") != "silu":
+            raise InputError(f"{source}.hidden_act: {d['hidden_act']!r} not supported (the "
+                             f"MLP is SwiGLU: silu)")
+        if d.get("mlp_bias"):
+            raise InputError(f"{source}.mlp_bias: true not supported (the MLP has no bias)")
+        if _slides(d, model_type):
+            raise InputError(f"{source}.sliding_window: {d.get('sliding_window')!r} not "
+                             f"supported (full attention only; set it to null"
+                             + (" or use_sliding_window to false" if model_type == "qwen2"
+                                else "") + ")")
         heads = d["num_attention_heads"]
         kv_heads = d.get("num_key_value_heads") or heads
         if heads % kv_heads:
@@ -109,9 +152,17 @@ class ModelConfig:
             raise InputError(f"{source}.hidden_size: {d['hidden_size']} must be a multiple of "
                              f"num_attention_heads {heads} (or give head_dim)")
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
-        for key, default in (("rms_norm_eps", 1e-6), ("rope_theta", 1.0)):
-            v = d.get(key, default)   # NaN or a negative theta loaded and ran NaN logits
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+        for key in ("rope_scaling", "rope_parameters"):
+            if d.get(key) is not None and not isinstance(d[key], dict):
+                raise InputError(f"{source}.{key}: a mapping (rope_type, factor, ...) or "
+                                 f"null, got {d[key]!r}")
+        # transformers 5 writes rope_theta inside rope_parameters
+        rope = {} if "rope_theta" in d else d.get("rope_parameters") or {}
+        theta_key = "rope_parameters.rope_theta" if "rope_theta" in rope else "rope_theta"
+        for key, v in (("rms_norm_eps", d.get("rms_norm_eps", 1e-6)),
+                       (theta_key, d.get("rope_theta", rope.get("rope_theta", 10000.0)))):
+            # NaN or a negative theta loaded and ran NaN logits
+            if not _positive(v):
                 raise InputError(f"{source}.{key}: a finite number > 0, got {v!r}")
         mpe = d.get("max_position_embeddings", 4096)
         if isinstance(mpe, bool) or not isinstance(mpe, int) or mpe < 1:
@@ -124,10 +175,6 @@ class ModelConfig:
                                          and 0 <= t < d["vocab_size"] for t in ids):
                 raise InputError(f"{source}.{key}: a token id in [0, {d['vocab_size']}) or a "
                                  f"list of them, got {v!r}")
-        for key in ("rope_scaling", "rope_parameters"):
-            if d.get(key) is not None and not isinstance(d[key], dict):
-                raise InputError(f"{source}.{key}: a mapping (rope_type, factor, ...) or "
-                                 f"null, got {d[key]!r}")
         theta, scaling = rope_from_hf(d)
         if scaling is not None:
             rtype = scaling.get("rope_type", scaling.get("type"))
@@ -141,17 +188,25 @@ class ModelConfig:
                             "original_max_position_embeddings"):
                     if key not in scaling:
                         raise InputError(f"{source}.rope_scaling.{key}: required for llama3")
+                    if not _positive(scaling[key]):   # 0 ran NaN logits, "8" a TypeError
+                        raise InputError(f"{source}.rope_scaling.{key}: a finite number > 0, "
+                                         f"got {scaling[key]!r}")
+                if not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+                    raise InputError(f"{source}.rope_scaling.high_freq_factor: "
+                                     f"{scaling['high_freq_factor']!r} must be above "
+                                     f"low_freq_factor {scaling['low_freq_factor']!r} (the "
+                                     f"band between them is interpolated)")
                 scaling = {"rope_type": "llama3", **{k: scaling[k] for k in (
                     "factor", "low_freq_factor", "high_freq_factor",
                     "original_max_position_embeddings")}}
-        attn_bias = bool(d.get("attention_bias", False))
+        attn_bias = d.get("attention_bias", False)
         return cls(
             vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"],
             num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
             num_key_value_heads=kv_heads, head_dim=head_dim,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-            rope_scaling=scaling, tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            rope_scaling=scaling, tie_word_embeddings=d.get("tie_word_embeddings", False),
             qkv_bias=model_type == "qwen2" or attn_bias,
             o_bias=model_type == "llama" and attn_bias,
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
@@ -161,8 +216,7 @@ class ModelConfig:
     def to_hf(self) -> dict:
         """The HF ``config.json`` dict (loads as LlamaForCausalLM / Qwen2ForCausalLM)."""
         d = {
-            "architectures": [{"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
-                              .get(self.model_type, "LlamaForCausalLM")],
+            "architectures": [_ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
             "hidden_act": "silu",
             **{k: v for k, v in asdict(self).items()

@@ -9,6 +9,7 @@ The engine fuses q/k/v and gate/up (see :mod:`.model`); this module splits and j
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -59,6 +60,10 @@ def random_model(config: dict | ModelConfig, seed: int = 0, std: float = 0.02,
     return model.to(dtype=parse_dtype(dtype)).eval()
 
 
+#: Tensors of older checkpoints that the model computes itself (vLLM skips them too).
+_ROPE_CACHE = re.compile(r"rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
+
+
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's parameters under HF names (q/k/v and gate/up split), contiguous."""
     cfg = model.config
@@ -85,17 +90,27 @@ def load_hf_state_dict(model: Transformer, tensors: dict[str, torch.Tensor],
     """Copy HF-named ``tensors`` into ``model`` (joining q/k/v and gate/up).
 
     Raises:
-        InputError: a missing tensor or a shape mismatch, naming the HF parameter.
+        InputError: a missing or unexpected tensor, a shape mismatch, or a NaN or infinite
+            value, naming the HF parameter.
     """
     want = to_hf_state_dict(model)
     missing = [n for n in want if n not in tensors]
     if missing:
         raise InputError(f"{source}: missing tensor {missing[0]!r} "
                          f"({len(missing)} missing in all)")
+    # a tensor the layers have no place for (an MLP bias, say) was dropped and the model
+    # ran without it; RoPE caches some checkpoints keep are skipped, as vLLM's loaders do
+    extra = [n for n in tensors if n not in want and not _ROPE_CACHE.search(n)]
+    if extra:
+        raise InputError(f"{source}: unexpected tensor {extra[0]!r} ({len(extra)} in all): "
+                         f"the engine's {model.config.model_type} layers have no such "
+                         f"parameter")
     for name, t in want.items():
         if tuple(tensors[name].shape) != tuple(t.shape):
             raise InputError(f"{source}: tensor {name!r} has shape "
                              f"{tuple(tensors[name].shape)}, expected {tuple(t.shape)}")
+        if not torch.isfinite(tensors[name]).all():   # greedy then chose token 0 throughout
+            raise InputError(f"{source}: tensor {name!r} holds NaN or infinite values")
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in params.items():
