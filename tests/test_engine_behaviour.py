@@ -301,6 +301,11 @@ def test_bad_engine_and_model_config_name_the_key():
                        ("enable_prefix_caching", 1)):
         with pytest.raises(InputError, match=rf"^engine\.{key}: .* \(got {value!r}\)$"):
             LLMEngine(CFG, {"num_gpu_blocks": 8, key: value})
+    # NumPy's integers are integers here too, as in prompts and SamplingParams
+    import numpy as np
+    cfg = EngineConfig(num_gpu_blocks=np.int64(200), block_size=np.int32(16), seed=np.uint32(7))
+    assert (cfg.num_gpu_blocks, cfg.block_size, cfg.seed) == (200, 16, 7)
+    assert type(cfg.num_gpu_blocks) is int
     # an unknown key is named first, with the keys there are
     with pytest.raises(InputError) as e:
         LLMEngine(CFG, dict(num_gpu_blocks="8", max_num_seq=4))
@@ -388,6 +393,20 @@ def test_kv_store_slot_mapping_layout():
     assert torch.equal(key[2, 1], k[0]) and torch.equal(key[1, 0], k[1])
     assert torch.equal(store.value(0)[2, 1], -k[0])
     assert key[0].abs().sum() == 0                        # null block untouched
+
+
+def test_generate_leaves_other_requests_outputs_to_step():
+    # a request added before generate() finished inside its loop: its output was dropped
+    eng = engine()
+    a = eng.add_request(ids(1, 5), GREEDY.model_copy(update={"max_tokens": 2}))
+    mine = eng.generate([ids(2, 9)], GREEDY)
+    assert [len(o.output_token_ids) for o in mine] == [6]
+    assert eng.has_unfinished_requests()   # until step() hands A's output back
+    held = eng.step()
+    assert [o.request_id for o in held] == [a] and len(held[0].output_token_ids) == 2
+    assert held[0].output_token_ids == engine().generate(
+        [ids(1, 5)], GREEDY.model_copy(update={"max_tokens": 2}))[0].output_token_ids
+    assert not eng.has_unfinished_requests() and eng.step() == []
 
 
 def test_stop_token_and_eos():

@@ -35,7 +35,7 @@ from .kv_store import KVStore
 from .memory import (blocks_for_budget, profile_cuda_kv_budget, report_kv_cache)
 from .model import ModelConfig, Transformer
 from .runner import ModelRunner
-from .sampling import (SamplingParams, as_integer, request_generator, sample,
+from .sampling import (Integer, SamplingParams, as_integer, request_generator, sample,
                        sampling_params, seed_in_range, validation_message)
 from .tokenizer import load_tokenizer
 from .weights import load_pretrained, parse_dtype, random_model
@@ -81,21 +81,22 @@ class EngineConfig(BaseModel):
     # strict as the scenario's engine section: "8" is not 8 here either
     model_config = ConfigDict(**STRICT_SCHEMA, frozen=True)
 
-    block_size: int = Field(16, ge=1)
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    max_model_len: int | None = Field(None, ge=1)
+    # Integer: NumPy's integers too, as prompts and SamplingParams take them
+    block_size: Integer = Field(16, ge=1)
+    max_num_seqs: Integer = Field(256, ge=1)
+    max_num_batched_tokens: Integer = Field(8192, ge=1)
+    max_model_len: Integer | None = Field(None, ge=1)
     enable_prefix_caching: bool = True
     scheduler_reserve_full_isl: bool = True
     watermark: float = Field(0.0, ge=0.0, lt=1.0)
-    long_prefill_token_threshold: int = Field(0, ge=0)
+    long_prefill_token_threshold: Integer = Field(0, ge=0)
     enable_chunked_prefill: bool = True
-    num_gpu_blocks: int | None = Field(None, ge=2)
-    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    num_gpu_blocks: Integer | None = Field(None, ge=2)
+    kv_cache_memory_bytes: Integer | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(GPU_MEMORY_UTILIZATION, gt=0.0, le=1.0)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", pattern="^(cpu|cuda(:[0-9]+)?)$")
-    seed: Annotated[int, AfterValidator(seed_in_range)] = 0
+    seed: Annotated[Integer, AfterValidator(seed_in_range)] = 0
 
     @field_validator("device")
     @classmethod
@@ -281,6 +282,7 @@ class LLMEngine:
         self.records: dict = {}
         self.step_records: list[StepRecord] = []
         self._live: dict[Request, _Live] = {}
+        self._held: list[RequestOutput] = []   # others' outputs met inside generate()
         self._next_id = 0
         self._t0 = time.perf_counter_ns()
         self._cuda = cfg.device.startswith("cuda")
@@ -336,7 +338,9 @@ class LLMEngine:
         return self.scheduler.stats
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Whether a request is queued or running, or finished inside :meth:`generate`
+        with its output not yet handed back by :meth:`step`."""
+        return bool(self._held) or self.scheduler.has_unfinished_requests()
 
     # -- requests ---------------------------------------------------------------------
     def _check_prompt(self, prompt) -> list[int]:
@@ -455,7 +459,13 @@ class LLMEngine:
 
     # -- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute and update one step; returns the requests finished in it."""
+        """Schedule, execute and update one step; returns the requests finished in it,
+        after those of requests added by :meth:`add_request` that finished inside a
+        :meth:`generate` call (which returns only its own)."""
+        held, self._held = self._held, []
+        return held + self._step()
+
+    def _step(self) -> list[RequestOutput]:
         t_start = self.now_ns()
         sched = self.scheduler
         plan = sched.schedule()
@@ -536,6 +546,8 @@ class LLMEngine:
         """Run ``prompts`` (texts or token-id lists) to completion, in input order.
 
         ``params``: one :class:`SamplingParams` (or dict) for all, or one per prompt.
+        Requests added earlier by :meth:`add_request` are served alongside; those that
+        finish meanwhile are handed back by the next :meth:`step`.
 
         Raises:
             InputError: any invalid prompt or sampling value; then none of ``prompts`` is
@@ -571,9 +583,11 @@ class LLMEngine:
         want = set(ids)
         done = {}
         while want - done.keys():
-            for out in self.step():
+            for out in self._step():
                 if out.request_id in want:
                     done[out.request_id] = out
+                else:   # added by add_request: the next step() hands it back
+                    self._held.append(out)
         return [done[i] for i in ids]
 
     def replay(self, specs, sampling: SamplingParams | None = None):
