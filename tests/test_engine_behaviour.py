@@ -409,6 +409,23 @@ def test_generate_leaves_other_requests_outputs_to_step():
     assert not eng.has_unfinished_requests() and eng.step() == []
 
 
+def test_an_engine_whose_step_failed_says_so_rather_than_stall(monkeypatch):
+    # a sampler error (NaN probabilities) left the request scheduled and never served:
+    # step() returned [] forever while has_unfinished_requests() stayed true
+    eng = engine()
+    eng.add_request(ids(1, 5), GREEDY)
+    monkeypatch.setattr(eng, "_execute", lambda entries: (_ for _ in ()).throw(
+        RuntimeError("probability tensor contains either inf, nan or element < 0")))
+    with pytest.raises(RuntimeError, match="probability tensor"):
+        eng.step()
+    monkeypatch.undo()
+    for call in (eng.step, lambda: eng.generate([ids(2, 5)], GREEDY)):
+        with pytest.raises(RuntimeError, match=r"^engine: an earlier step failed \(RuntimeError: "
+                                               r"probability tensor .*\); its requests cannot "
+                                               r"go on: build a new LLMEngine$"):
+            call()
+
+
 def test_stop_token_and_eos():
     eng = engine()
     free = eng.generate([ids(3, 12)], SamplingParams(temperature=0.0, max_tokens=8,

@@ -283,6 +283,7 @@ class LLMEngine:
         self.step_records: list[StepRecord] = []
         self._live: dict[Request, _Live] = {}
         self._held: list[RequestOutput] = []   # others' outputs met inside generate()
+        self._failed: str | None = None   # why a step raised: the engine cannot go on
         self._next_id = 0
         self._t0 = time.perf_counter_ns()
         self._cuda = cfg.device.startswith("cuda")
@@ -466,6 +467,23 @@ class LLMEngine:
         return held + self._step()
 
     def _step(self) -> list[RequestOutput]:
+        """One step; a step that raises leaves its requests half-updated, so the engine
+        then refuses to go on, as vLLM's engine core dies (the scheduler is not rolled
+        back: a request stayed scheduled and was never served again).
+
+        Raises:
+            RuntimeError: an earlier step raised.
+        """
+        if self._failed is not None:
+            raise RuntimeError(f"engine: an earlier step failed ({self._failed}); its "
+                               f"requests cannot go on: build a new LLMEngine")
+        try:
+            return self._run_step()
+        except BaseException as e:
+            self._failed = f"{type(e).__name__}: {e}"
+            raise
+
+    def _run_step(self) -> list[RequestOutput]:
         t_start = self.now_ns()
         sched = self.scheduler
         plan = sched.schedule()
