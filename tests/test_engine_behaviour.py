@@ -550,6 +550,25 @@ def test_hf_tokenizer_from_model_dir(tmp_path):
     assert out.prompt_token_ids == [1, 2, 3, 0]
 
 
+def test_generation_config_eos_ids_stop_requests_as_in_vllm(tmp_path):
+    # Llama-3-Instruct's <|eot_id|> is only in generation_config.json: vLLM stops on it
+    import json
+    from calibration.engine import random_model, save_pretrained
+    knobs = dict(num_gpu_blocks=32, max_model_len=128)
+    save_pretrained(random_model(dict(CFG, eos_token_id=None)), tmp_path)
+    free = LLMEngine(tmp_path, knobs).generate([ids(3, 12)], GREEDY)[0].output_token_ids
+    stop = free[2]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop]}))
+    out = LLMEngine(tmp_path, knobs).generate(
+        [ids(3, 12)], GREEDY.model_copy(update={"ignore_eos": False}))[0]
+    assert out.output_token_ids == free[:free.index(stop) + 1] and out.finish_reason == "stop"
+    assert LLMEngine(tmp_path, knobs).generate([ids(3, 12)], GREEDY)[0].output_token_ids == free
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 999}')
+    with pytest.raises(InputError, match=r"generation_config\.json: eos_token_id: a token id in "
+                                         r"\[0, 128\) or a list of them, got 999$"):
+        LLMEngine(tmp_path, knobs)
+
+
 def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
     from calibration.engine import random_model, save_pretrained
     knobs = dict(num_gpu_blocks=16, max_model_len=64)

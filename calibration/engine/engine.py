@@ -38,7 +38,7 @@ from .runner import ModelRunner
 from .sampling import (Integer, SamplingParams, as_integer, request_generator, sample,
                        sampling_params, seed_in_range, validation_message)
 from .tokenizer import load_tokenizer
-from .weights import load_pretrained, parse_dtype, random_model
+from .weights import generation_eos, load_pretrained, parse_dtype, random_model
 
 log = logging.getLogger("servesim.engine")
 
@@ -271,6 +271,9 @@ class LLMEngine:
         if eos is None:
             eos = self.tokenizer.eos_token_id
         eos_list = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
+        if model_dir is not None:   # and the folder's generation config's, as vLLM
+            eos_list += [t for t in generation_eos(model_dir, mcfg.vocab_size)
+                         if t not in eos_list]
         self.eos_token_id = eos_list[0] if eos_list else None
         self._extra_stops = tuple(eos_list[1:])
         self.capture_logits = capture_logits

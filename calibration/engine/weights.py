@@ -158,6 +158,29 @@ def read_config(path) -> ModelConfig:
     return ModelConfig.from_hf(read_hf_config(f), source=str(f))
 
 
+def generation_eos(path, vocab_size: int) -> list[int]:
+    """The ``eos_token_id`` of an HF folder's ``generation_config.json`` as a list (empty
+    without the file or the key). vLLM stops on these too unless ``ignore_eos``
+    (``SamplingParams.update_from_generation_config``): Llama-3-Instruct's
+    ``<|eot_id|>`` is only there.
+
+    Raises:
+        InputError: an unreadable file, or ids that are not token ids of the vocabulary.
+    """
+    from simulator.catalog import read_hf_config
+
+    f = Path(path) / "generation_config.json"
+    if not f.is_file():
+        return []
+    v = read_hf_config(f).get("eos_token_id")
+    ids = [] if v is None else v if isinstance(v, list) else [v]
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+               for t in ids):
+        raise InputError(f"{f}: eos_token_id: a token id in [0, {vocab_size}) or a list of "
+                         f"them, got {v!r}")
+    return ids
+
+
 def load_pretrained(path, dtype="float32", device="cpu") -> Transformer:
     """Load an HF-style directory (``config.json`` + ``*.safetensors``, HF names).
 
