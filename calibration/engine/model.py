@@ -42,6 +42,21 @@ def _positive(v) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v < math.inf
 
 
+def token_ids(v, vocab_size: int, where: str) -> list[int]:
+    """An HF config's special token id (``eos_token_id``: one id, a list, or null) as a
+    list.
+
+    Raises:
+        InputError: ``<where>: ...`` for anything but ids in ``[0, vocab_size)``.
+    """
+    ids = [] if v is None else v if isinstance(v, list) else [v]
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+               for t in ids):
+        raise InputError(f"{where}: a token id in [0, {vocab_size}) or a list of them, "
+                         f"got {v!r}")
+    return ids
+
+
 def _slides(d: dict, model_type: str) -> bool:
     """Whether an HF config gives some layer sliding-window attention: Mistral's
     ``sliding_window`` below ``max_position_embeddings``; Qwen2's with
@@ -169,12 +184,7 @@ class ModelConfig:
             raise InputError(f"{source}.max_position_embeddings: a positive integer, got "
                              f"{mpe!r}")
         for key in ("eos_token_id", "bos_token_id"):
-            v = d.get(key)
-            ids = v if isinstance(v, list) else [v]
-            if v is not None and not all(isinstance(t, int) and not isinstance(t, bool)
-                                         and 0 <= t < d["vocab_size"] for t in ids):
-                raise InputError(f"{source}.{key}: a token id in [0, {d['vocab_size']}) or a "
-                                 f"list of them, got {v!r}")
+            token_ids(d.get(key), d["vocab_size"], f"{source}.{key}")
         theta, scaling = rope_from_hf(d)
         if scaling is not None:
             rtype = scaling.get("rope_type", scaling.get("type"))

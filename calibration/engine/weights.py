@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from simulator.errors import InputError
 
-from .model import ModelConfig, Transformer
+from .model import ModelConfig, Transformer, token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -172,13 +172,7 @@ def generation_eos(path, vocab_size: int) -> list[int]:
     f = Path(path) / "generation_config.json"
     if not f.is_file():
         return []
-    v = read_hf_config(f).get("eos_token_id")
-    ids = [] if v is None else v if isinstance(v, list) else [v]
-    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
-               for t in ids):
-        raise InputError(f"{f}: eos_token_id: a token id in [0, {vocab_size}) or a list of "
-                         f"them, got {v!r}")
-    return ids
+    return token_ids(read_hf_config(f).get("eos_token_id"), vocab_size, f"{f}: eos_token_id")
 
 
 def load_pretrained(path, dtype="float32", device="cpu") -> Transformer:
