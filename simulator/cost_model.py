@@ -363,10 +363,14 @@ class Profile(_P):
             raise SubkeyError(("kv", "memory_budget_bytes"), (
                 f"{budget} bytes is more than the device holds ({self.device.memory_bytes} "
                 f"bytes x tensor_parallel {tp})"))
+        # blocks as the engine counts them: per GPU, of its own KV heads
+        block = kv.block_size * RooflineConstants.of(self.model_shape, self.dtype,
+                                                     tp).kv_bytes_per_token
+        if kv.num_gpu_blocks is not None and kv.num_gpu_blocks * block > self.device.memory_bytes:
+            raise SubkeyError(("kv", "num_gpu_blocks"), (
+                f"{kv.num_gpu_blocks} blocks of {block} bytes per GPU are more than the device "
+                f"holds ({self.device.memory_bytes} bytes)"))
         if budget is not None and kv.num_gpu_blocks is not None:
-            # blocks as the engine counts them: per GPU, of its own KV heads
-            block = kv.block_size * RooflineConstants.of(self.model_shape, self.dtype,
-                                                         tp).kv_bytes_per_token
             if kv.num_gpu_blocks != budget // tp // block:
                 raise SubkeyError(("kv", "num_gpu_blocks"), (
                     f"{kv.num_gpu_blocks}, but memory_budget_bytes {budget} holds "
@@ -490,13 +494,14 @@ def _parse_profile(path_str: str, mtime_ns: int, size: int) -> Profile:
     if not isinstance(raw, dict):
         held = "list" if isinstance(raw, list) else "single value"
         raise InputError(f"{path}: holds a {held}, not a mapping of keys ({what})")
+    try:
+        prof = Profile.model_validate(raw)
+    except ValidationError as e:   # a misspelt schema_version is named there, with its line
+        raise InputError(format_validation_error(e, str(path), Profile, text=text)) from None
     if "schema_version" not in raw:   # a file says which format it is; 2 is refused too
         raise InputError(f"{path}: schema_version: required key missing (this servesim reads "
                          f"profiles of schema_version 1; {what})")
-    try:
-        return Profile.model_validate(raw)
-    except ValidationError as e:
-        raise InputError(format_validation_error(e, str(path), Profile, text=text)) from None
+    return prof
 
 
 def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profile:

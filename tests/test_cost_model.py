@@ -400,6 +400,14 @@ def test_a_profile_file_says_its_schema_version(tmp_path):
                                          r"missing \(this servesim reads profiles of "
                                          r"schema_version 1; a profile is the YAML mapping"):
         load_profile(p)
+    # misspelt, it is the unknown key that is named, with the one meant
+    p.write_text(yaml.safe_dump({"schema_versoin": 1, **d}, sort_keys=False))
+    with pytest.raises(InputError, match=r":1: schema_versoin: unknown key; did you mean "
+                                         r"schema_version\?"):
+        load_profile(p)
+    d["kv"]["num_gpu_blocks"] = 2**19   # the device's whole memory: still accepted
+    p.write_text(yaml.safe_dump({"schema_version": 1, **d}))
+    assert load_profile(p).kv.num_gpu_blocks == 2**19
     # calibrate's measurements CSV beside it, given for the profile (read as YAML: "holds
     # a single value")
     c = tmp_path / "p.measurements.csv"
@@ -419,6 +427,10 @@ def test_a_profile_file_says_its_schema_version(tmp_path):
     ({"bytes_per_token": 256, "num_gpu_blocks": 3, "memory_budget_bytes": 2**31},
      "kv.num_gpu_blocks: 3, but memory_budget_bytes 2147483648 holds 65536 blocks of 128 "
      "tokens"),
+    # alone: 2**19 blocks of 128 x 256 bytes = 2**34, the device's memory; one more is not
+    ({"bytes_per_token": 256, "num_gpu_blocks": 2**19 + 1},
+     "kv.num_gpu_blocks: 524289 blocks of 32768 bytes per GPU are more than the device "
+     "holds (17179869184 bytes)"),
 ])
 def test_a_profile_whose_kv_facts_contradict_its_model_is_refused(tmp_path, kv, message):
     # each ran: 1 byte per token gave 256x the blocks, the budget past the device's memory
