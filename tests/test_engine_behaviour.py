@@ -335,7 +335,16 @@ def test_bad_engine_and_model_config_name_the_key():
     ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8,
       "max_window_layers": 0}, "config.sliding_window: 8 not supported (full attention only; "
                                "set it to null or use_sliding_window to false)"),
-    ({"layer_types": ["full_attention", "sliding_attention"]}, "config.sliding_window"),
+    ({"layer_types": ["full_attention", "sliding_attention"]},
+     "config.layer_types: ['full_attention', 'sliding_attention'] not supported (full "
+     "attention only; list full_attention only)"),
+    ({"model_type": "mistral", "sliding_window": "128"}, "config.sliding_window: a positive "
+                                                         "integer or null, got '128'"),
+    # both thetas, disagreeing: transformers 5 took the inner one, the engine the outer
+    ({"rope_theta": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
+     "config.rope_parameters.rope_theta: 500000.0 disagrees with rope_theta 10000: give one"),
+    ({"rope_theta": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": -5}},
+     "config.rope_parameters.rope_theta: a finite number > 0, got -5"),
     ({"architectures": ["GPT2LMHeadModel"]}, "config.architectures: ['GPT2LMHeadModel'] does "
                                              "not run here: model_type llama is "
                                              "['LlamaForCausalLM']"),
@@ -371,6 +380,8 @@ def test_a_config_the_layers_run_as_hf_does_loads():
     assert cfg.rope_theta == 5e5 and cfg.num_key_value_heads == CFG["num_attention_heads"]
     assert ModelConfig.from_hf(dict(CFG, model_type="qwen2", use_sliding_window=True,
                                     sliding_window=8, max_window_layers=2)).model_type == "qwen2"
+    assert ModelConfig.from_hf(dict(CFG, rope_theta=1e4, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000})).rope_theta == 1e4   # the same theta
 
 
 def test_kv_blocks_from_memory_budget_and_report(caplog):

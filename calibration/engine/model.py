@@ -57,20 +57,30 @@ def token_ids(v, vocab_size: int, where: str) -> list[int]:
     return ids
 
 
-def _slides(d: dict, model_type: str) -> bool:
-    """Whether an HF config gives some layer sliding-window attention: Mistral's
+def _sliding_key(d: dict, model_type: str, source: str) -> str | None:
+    """The key that gives some layer sliding-window attention in an HF config, if any: a
+    ``layer_types`` entry (transformers 5) other than ``full_attention``; Mistral's
     ``sliding_window`` below ``max_position_embeddings``; Qwen2's with
-    ``use_sliding_window`` on layers from ``max_window_layers``; or a ``layer_types`` entry
-    (transformers 5) other than ``full_attention``."""
+    ``use_sliding_window`` on layers from ``max_window_layers``.
+
+    Raises:
+        InputError: a ``sliding_window`` that is neither a positive integer nor null.
+    """
     if any(t != "full_attention" for t in d.get("layer_types") or ()):
-        return True
+        return "layer_types"
     window, mpe = d.get("sliding_window"), d.get("max_position_embeddings", 4096)
-    if not window or not isinstance(window, int) or window >= mpe:
-        return False
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):
+        raise InputError(f"{source}.sliding_window: a positive integer or null, got "
+                         f"{window!r}")
+    if window is None or window >= mpe:
+        return None
     if model_type == "qwen2":   # max_window_layers: Qwen2Config's default when absent
-        return bool(d.get("use_sliding_window")) and (
+        slides = bool(d.get("use_sliding_window")) and (
             d.get("max_window_layers", 28) < d["num_hidden_layers"])
-    return model_type == "mistral"
+    else:
+        slides = model_type == "mistral"
+    return "sliding_window" if slides else None
 
 
 @dataclass(frozen=True)
@@ -153,11 +163,13 @@ class ModelConfig:
                              f"MLP is SwiGLU: silu)")
         if d.get("mlp_bias"):
             raise InputError(f"{source}.mlp_bias: true not supported (the MLP has no bias)")
-        if _slides(d, model_type):
-            raise InputError(f"{source}.sliding_window: {d.get('sliding_window')!r} not "
-                             f"supported (full attention only; set it to null"
-                             + (" or use_sliding_window to false" if model_type == "qwen2"
-                                else "") + ")")
+        sliding = _sliding_key(d, model_type, source)
+        if sliding is not None:
+            fix = ("list full_attention only" if sliding == "layer_types" else
+                   "set it to null" + (" or use_sliding_window to false"
+                                       if model_type == "qwen2" else ""))
+            raise InputError(f"{source}.{sliding}: {d[sliding]!r} not supported (full "
+                             f"attention only; {fix})")
         heads = d["num_attention_heads"]
         kv_heads = d.get("num_key_value_heads") or heads
         if heads % kv_heads:
@@ -171,14 +183,20 @@ class ModelConfig:
             if d.get(key) is not None and not isinstance(d[key], dict):
                 raise InputError(f"{source}.{key}: a mapping (rope_type, factor, ...) or "
                                  f"null, got {d[key]!r}")
-        # transformers 5 writes rope_theta inside rope_parameters
-        rope = {} if "rope_theta" in d else d.get("rope_parameters") or {}
-        theta_key = "rope_parameters.rope_theta" if "rope_theta" in rope else "rope_theta"
-        for key, v in (("rms_norm_eps", d.get("rms_norm_eps", 1e-6)),
-                       (theta_key, d.get("rope_theta", rope.get("rope_theta", 10000.0)))):
-            # NaN or a negative theta loaded and ran NaN logits
+        # transformers 5 writes rope_theta inside rope_parameters (and reads it first)
+        rope = d.get("rope_parameters") or {}
+        given = {k: v for k, v in (("rms_norm_eps", d.get("rms_norm_eps", 1e-6)),
+                                   ("rope_theta", d.get("rope_theta", 10000.0)),
+                                   ("rope_parameters.rope_theta", rope.get("rope_theta")))
+                 if v is not None}
+        for key, v in given.items():   # NaN or a negative theta loaded and ran NaN logits
             if not _positive(v):
                 raise InputError(f"{source}.{key}: a finite number > 0, got {v!r}")
+        inner = rope.get("rope_theta")
+        if "rope_theta" in d and inner is not None and inner != d["rope_theta"]:
+            # which of the two a reader takes depends on its transformers version
+            raise InputError(f"{source}.rope_parameters.rope_theta: {rope['rope_theta']!r} "
+                             f"disagrees with rope_theta {d['rope_theta']!r}: give one")
         mpe = d.get("max_position_embeddings", 4096)
         if isinstance(mpe, bool) or not isinstance(mpe, int) or mpe < 1:
             raise InputError(f"{source}.max_position_embeddings: a positive integer, got "
