@@ -1,15 +1,20 @@
 """The command line's rich console.
 
-A reader that goes away (``servesim run … | head -1``) ends a command as a
-``BrokenPipeError``, which :func:`simulator.cli.main` turns into exit status 0, as for the
-commands that print plain text; rich's own handler (``Console.on_broken_pipe``) exits 1.
+A reader of stdout that goes away (``servesim run … | head -1``) leaves the command to
+finish: the rest of stdout goes to /dev/null and its warnings still reach stderr, and it
+exits 0, as the commands that print plain text do (:func:`simulator.cli.main`); rich's own
+handler (``Console.on_broken_pipe``) exits 1 at once, dropping those warnings.
 """
+
+import os
+import sys
 
 from rich.console import Console
 
 
 class Terminal(Console):
-    """A :class:`rich.console.Console` whose closed reader raises ``BrokenPipeError``."""
+    """A :class:`rich.console.Console` that outlives a closed reader of stdout."""
 
     def on_broken_pipe(self) -> None:
-        raise BrokenPipeError("the reader of the output is gone")
+        self.quiet = True   # as rich's handler, without its SystemExit(1)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
