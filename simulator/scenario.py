@@ -101,7 +101,8 @@ class StepTimeConfig(_Strict):
     Either ``constant_s`` alone (every step takes that long), or the linear form
     ``base_s + per_prefill_token_s * prefill tokens + per_decode_seq_s * decodes +
     per_context_token_s * context tokens`` (missing linear terms are 0). All in seconds,
-    finite.
+    finite. The simulated clock ticks in ns: ``constant_s`` is at least 1 ns, and a linear
+    step priced below 1 ns (a per-token term is often less) takes 1 ns.
     """
 
     constant_s: Optional[float] = Field(
