@@ -862,6 +862,11 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
                f"a larger GPU (hardware.profile)" if need <= 1 else
                "not even gpu_memory_utilization 1 leaves room: raise "
                "hardware.tensor_parallel or choose a larger GPU (hardware.profile)")
+        if sampler > forward and rows > 1:   # fewer sampled rows may make the room
+            least = max(_activation_terms(shape, dtype, max_num_batched_tokens, 1, tp))
+            if usable - weights - least - other >= min_blocks * block_bytes:
+                fix += (f"; or lower engine.max_num_seqs (the sampler's start-up reserve "
+                        f"for {rows} rows takes {act / GiB:.1f} GiB)")
         raise KeyedDoesNotFit("engine.gpu_memory_utilization", (
             f"{shape.name} in {dtype} ({weights / GiB:.1f} GiB of weights per GPU) "
             f"leaves no room for a KV cache on {gpu.name} with tensor_parallel={tp} at "

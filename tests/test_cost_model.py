@@ -331,6 +331,22 @@ def test_a_sampler_reserve_that_fills_the_gpu_names_max_num_seqs():
     assert "the sampler's reserve for 1024 rows" in msg
     assert "2000000-entry vocabulary" in msg and msg.endswith("lower engine.max_num_seqs")
     assert build_cost_model(scenario(engine={"max_num_seqs": 256}, **kw)).num_gpu_blocks > 2
+    # the weights the larger part (8B's layers, a 2.5M vocabulary: 51.1 GiB), the sampler's
+    # 38.4 B x 256 rows x 2.5e6 = 22.9 GiB beside them: utilization is the key, and fewer
+    # rows a fix too, since 8 rows leave room
+    big = dict(load_model("llama-3.1-8b").to_dict(), vocab_size=2_500_000)
+    big.pop("name")
+    kw = dict(model=big, dtype="bfloat16", hardware={"profile": "h100-sxm"})
+    with pytest.raises(InputError) as e:
+        build_cost_model(scenario(engine={"max_num_seqs": 256}, **kw))
+    assert str(e.value).startswith("t.yaml: engine.gpu_memory_utilization: ")
+    assert str(e.value).endswith("; or lower engine.max_num_seqs (the sampler's start-up "
+                                 "reserve for 256 rows takes 23.0 GiB)")
+    assert build_cost_model(scenario(engine={"max_num_seqs": 8}, **kw)).num_gpu_blocks > 2
+    # where no row count makes room, fewer rows are not offered
+    with pytest.raises(InputError) as e:
+        build_cost_model(scenario(model="llama-3.1-70b", hardware={"profile": "h100-sxm"}))
+    assert "max_num_seqs" not in str(e.value)
 
 
 def test_a_block_count_from_set_is_named_as_such_and_its_errors_suggest_raising_it():
