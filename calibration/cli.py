@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from simulator.catalog import list_hardware
 from simulator.errors import InputError
 from simulator.files import REPORT_MARKERS, check_folder, check_writable, name_too_long
 from simulator.policy.kv_cache import GPU_MEMORY_UTILIZATION
@@ -219,7 +220,7 @@ def _device_info(device: str, dtype: str, flops: float, bw: float, name: str | N
     """:class:`DeviceInfo` and where its peaks come from. A GPU found in the catalog (by
     ``--device-name`` or its CUDA name) takes the datasheet peaks, so its efficiencies are
     against the same peaks that projections multiply; anything else the measured ceilings."""
-    from simulator.catalog import list_hardware, load_hardware
+    from simulator.catalog import load_hardware
     from simulator.cost_model import DeviceInfo
 
     from .profiler import cpu_isa, cpu_name, memory_bytes
@@ -294,8 +295,6 @@ def profile_out(args) -> tuple[Path, str]:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise InputError(f"--name: {name!r}: use letters, digits, '.', '_' and '-', starting "
                          f"with a letter or digit")
-    from simulator.catalog import list_hardware
-
     for flag, taken in (("--out", out.stem), ("--name", name)):   # the stem selects it
         if taken in list_hardware():
             model = Path(str(getattr(args, "model", None) or "mine")).name
@@ -888,10 +887,9 @@ def _cmd_profiles(args) -> int:
                            else str(p))
         print(f"servesim: note: profile {name} is {used}; it hides "
               f"{', '.join(map(shown, hidden))}", file=sys.stderr)
-    from simulator.catalog import list_hardware
-
-    for name in sorted(set(list_profiles()) & set(list_hardware())):
-        print(f"servesim: note: profile {name} ({list_profiles()[name]}) is hidden by the "
+    found = list_profiles()
+    for name in sorted(set(found) & set(list_hardware())):
+        print(f"servesim: note: profile {name} ({found[name]}) is hidden by the "
               f"catalog GPU {name}, which hardware.profile: {name} projects; rename the file "
               f"to select it by name", file=sys.stderr)
     return 0
