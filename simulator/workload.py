@@ -266,13 +266,13 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
             integer inside, or ``max`` below 1), a uniform ``min`` of 0 (its draws of 0
             would become 1), a fixed value that is not a whole number
             >= 1 (it would be rounded silently), a normal mean or lognormal median below 1
-            (most samples clipped to 1), or a centre (value, mean, median), ``min`` or a
-            uniform's ``max`` above :data:`MAX_COUNT`; the message says which.
+            (most samples clipped to 1), or a centre (value, mean, median), ``min`` or
+            ``max`` above :data:`MAX_COUNT`; the message says which.
     """
     centre = {FixedDist: "value", UniformDist: "min", NormalDist: "mean",
               LognormalDist: "median"}.get(type(dist_cfg))
     # past int64 once drawn (uniform's max is drawn too); no model holds such a context
-    for name in (centre, "min") + (("max",) if isinstance(dist_cfg, UniformDist) else ()):
+    for name in (centre, "min", "max"):   # a clip max past it bounds nothing a run holds
         v = getattr(dist_cfg, name, None) if name else None
         if v is not None and v > MAX_COUNT:
             raise ValueError(f"{name} {v:g} is above {MAX_COUNT:.0e} (a count of tokens or "
@@ -795,6 +795,41 @@ def prefix_warning(cfg: WorkloadConfig, base_dir=".") -> str | None:
             f"shared_tokens, or raise prompt_tokens to lengths that include it)")
 
 
+#: Share of a count's draws that its implicit floor (1, when no ``min`` is given) may take
+#: before a run warns: a normal or lognormal whose spread reaches below 1 piles that share
+#: onto 1-token prompts or outputs (a 1-token output has no TPOT) or 1-turn conversations.
+FLOOR_SHARE = 0.05
+
+
+def floor_warnings(cfg: WorkloadConfig) -> list[str]:
+    """Why a count distribution is not the one written: the share of a normal's or
+    lognormal's draws that round below 1 and are raised to 1, said when above
+    :data:`FLOOR_SHARE` and no ``min`` makes the floor explicit. Exact, not sampled:
+    ``P(X < 0.5)`` is ``Phi((0.5 - mean) / std)`` for a normal and
+    ``Phi((ln 0.5 - ln median) / sigma)`` for a lognormal.
+    """
+    keys = [("prompt_tokens", cfg.prompt_tokens), ("output_tokens", cfg.output_tokens)]
+    if cfg.sessions is not None:
+        keys.append(("sessions.turns", cfg.sessions.turns))
+    found = []
+    for key, d in keys:
+        if d is None or d.min is not None:
+            continue
+        if isinstance(d, NormalDist) and d.std > 0:
+            z = (0.5 - d.mean) / d.std
+        elif isinstance(d, LognormalDist) and d.sigma > 0:
+            z = (math.log(0.5) - math.log(d.median)) / d.sigma
+        else:
+            continue
+        share = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+        if share > FLOOR_SHARE:
+            what = "turn" if key == "sessions.turns" else "token"
+            found.append(f"workload.{key}: {share:.0%} of its draws fall below 1 and are "
+                         f"raised to 1 {what}, a spike the distribution written does not "
+                         f"have (narrow it, or give min to make the floor explicit)")
+    return found
+
+
 #: How far the drawn arrivals' span may lie from num_requests / rate (a factor) before a run
 #: warns that its offered rate is not the rate asked for.
 SPAN_FACTOR = 2.0
@@ -832,14 +867,14 @@ def arrival_warning(cfg: WorkloadConfig) -> str | None:
 def workload_warnings(cfg: WorkloadConfig, base_dir=".") -> list[str]:
     """What in the workload may not be what its author meant, said after the runs: a
     shared prefix that swallows prompts (:func:`prefix_warning`), arrivals that do not offer
-    their rate (:func:`arrival_warning`), a closed loop with more users than requests,
-    trace arrivals that
-    replay as bursts (:func:`simulator.traces.ties_warning`).
+    their rate (:func:`arrival_warning`), counts piled onto 1 (:func:`floor_warnings`), a
+    closed loop with more users than requests, trace arrivals that replay as bursts
+    (:func:`simulator.traces.ties_warning`).
 
     Raises:
         InputError: a length or trace file missing or malformed (as the run would).
     """
-    found = [prefix_warning(cfg, base_dir), arrival_warning(cfg)]
+    found = [prefix_warning(cfg, base_dir), arrival_warning(cfg), *floor_warnings(cfg)]
     arr = cfg.arrival
     if (cfg.trace is None and isinstance(arr, ClosedLoopArrival) and cfg.num_requests
             and arr.concurrency > cfg.num_requests):   # users past n never send

@@ -630,6 +630,9 @@ def test_negative_clip_bounds_are_refused_as_negative(key):
     ({"dist": "lognormal", "median": 1e30, "p90": 2e30}, "median 1e+30 is above 1e+09"),
     ({"dist": "normal", "mean": 1e30, "std": 1}, "mean 1e+30 is above 1e+09"),
     ({"dist": "uniform", "min": 1e30, "max": 2e30}, "min 1e+30 is above 1e+09"),
+    # a clip max past any context bounds nothing: refused as the value and min are
+    ({"dist": "lognormal", "median": 100, "p90": 200, "max": 1e12}, "max 1e+12 is above"),
+    ({"dist": "normal", "mean": 100, "std": 5, "max": 2e9}, "max 2e+09 is above 1e+09"),
 ])
 def test_counts_past_any_context_are_refused(d, msg):
     # drawn, they would pass int64 (a traceback, not an error naming the key)
@@ -665,6 +668,39 @@ def test_a_prefix_that_swallows_prompts_is_warned_of():
     # sessions count new user tokens per turn, on top of the prefix: nothing is swallowed
     assert prefix_warning(cfg(100, 200, sessions={"turns": {"dist": "fixed", "value": 2}})) \
         is None
+
+
+def test_counts_piled_onto_the_floor_of_one_are_warned_of():
+    # normal mean 100, std 1000: P(X < 0.5) = Phi(-99.5 / 1000) = 46.0% of the outputs
+    # become 1 token; lognormal median 2, p90 40: sigma = ln 20 / 1.2816 = 2.3376,
+    # P(X < 0.5) = Phi(ln(0.25) / 2.3376) = Phi(-0.5930) = 27.7% of the prompts
+    from simulator.workload import floor_warnings
+
+    def cfg(prompt, output, **over):
+        return WorkloadConfig.model_validate({
+            "num_requests": 10, "arrival": {"process": "poisson", "rate": 1.0},
+            "prompt_tokens": prompt, "output_tokens": output, **over})
+
+    said = floor_warnings(cfg({"dist": "lognormal", "median": 2, "p90": 40},
+                              {"dist": "normal", "mean": 100, "std": 1000}))
+    assert said == [
+        "workload.prompt_tokens: 28% of its draws fall below 1 and are raised to 1 token, "
+        "a spike the distribution written does not have (narrow it, or give min to make "
+        "the floor explicit)",
+        "workload.output_tokens: 46% of its draws fall below 1 and are raised to 1 token, "
+        "a spike the distribution written does not have (narrow it, or give min to make "
+        "the floor explicit)"]
+    # the sample agrees: the share of draws clipped to 1
+    d = DIST.validate_python({"dist": "normal", "mean": 100, "std": 1000})
+    assert np.mean(sample_lengths(d, 100_000, rng()) == 1) == pytest.approx(0.460, abs=0.01)
+    # an explicit min says the floor is meant; mean 20, std 10: Phi(-1.95) = 2.6%, under 5%
+    assert floor_warnings(cfg({"dist": "normal", "mean": 5, "std": 50, "min": 1},
+                              {"dist": "normal", "mean": 20, "std": 10})) == []
+    turns = floor_warnings(cfg({"dist": "fixed", "value": 8}, {"dist": "fixed", "value": 8},
+                               sessions={"turns": {"dist": "normal", "mean": 2, "std": 3}}))
+    assert turns == ["workload.sessions.turns: 31% of its draws fall below 1 and are raised "
+                     "to 1 turn, a spike the distribution written does not have (narrow "
+                     "it, or give min to make the floor explicit)"]   # Phi(-0.5) = 30.9%
 
 
 def test_arrivals_that_do_not_offer_their_rate_are_warned_of():
