@@ -415,7 +415,7 @@ class ClosedLoopArrival(BaseModel):
     model_config = STRICT_SCHEMA
 
     process: Literal["closed_loop"]
-    concurrency: int = Field(ge=1)
+    concurrency: int = Field(ge=1, le=100_000_000)   # as max_concurrency and num_requests
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
     dispatch: Literal["per_user", "first_free"] = "per_user"
 
@@ -539,7 +539,8 @@ class WorkloadConfig(BaseModel):
 
     model_config = STRICT_SCHEMA
 
-    seed: int = Field(0, ge=0)
+    # int64: a sweep over the seed keeps it in an int64 column, and engine seeds derive from it
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     num_requests: Optional[int] = Field(None, ge=1, le=100_000_000)  # run.BYTES_PER_REQUEST each
     arrival: Optional[Arrival] = None
     prompt_tokens: Optional[Dist] = None

@@ -94,6 +94,10 @@ def test_brief_error_examples(chat):
      "than or equal to 10000"),
     ("engine.max_num_seqs=100000000000000000000000", "--set engine.max_num_seqs="
      "100000000000000000000000: Input should be less than or equal to 1000000000"),
+    ("workload.seed=9223372036854775808", "--set workload.seed=9223372036854775808: Input "
+     "should be less than or equal to 9223372036854775807"),   # 2**63, past int64
+    ("workload.arrival={process: closed_loop, concurrency: 1000000000000}", "workload."
+     "arrival.concurrency: Input should be less than or equal to 100000000"),
     ("cluster.router=random", "Input should be 'round_robin', 'least_outstanding' or "
      "'prefix_affinity'"),
     ("dtype=int8", "--set dtype=int8: Input should be 'float32', 'bfloat16' or 'float16'"),
@@ -270,7 +274,7 @@ def test_a_flag_beside_a_file_error_that_cannot_have_caused_it_is_not_named(chat
     chat.write_text(text.replace("  num_requests: 10\n", "  num_requests: 10\n  seed: 1.5\n"))
     assert err(load_scenario, chat, ["workload.num_requests=100"]) == (
         f"chat.yaml:{line_of(chat, 'seed: 1.5')}: workload.seed: Input should be a valid "
-        f"integer >= 0 (got 1.5)")
+        f"integer >= 0 and <= 9223372036854775807 (got 1.5)")
     lognormal = "  prompt_tokens:\n    dist: lognormal\n    median: 100\n    p90: 50\n"
     chat.write_text(text.replace("  prompt_tokens:\n    dist: fixed\n    value: 100\n",
                                  lognormal))
