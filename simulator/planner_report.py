@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .report import DEFINITIONS, _fmt, _png, render_html, render_markdown, write_files
+from .report import (DEFINITIONS, _fmt, _png, cost_sources, render_html, render_markdown,
+                     write_files)
 from .session_ramp import RAMP_TEXT
 from .sweep import _fmt_value, knee_title, unset
 
@@ -133,15 +134,15 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     gives it as two numeric columns ``*_ci95_lo`` / ``*_ci95_hi`` (:func:`csv_table`), as
     the plan's files do."""
     t = result.table
-    # in the table's row order, each once
-    kinds = list(dict.fromkeys(map(str, t["cost_kind"].dropna()))) if "cost_kind" in t else []
+    # in the table's row order, each once, in full (a profile's held-out MAPE included)
+    kinds = cost_sources(s[0] for s in result.summaries if s)
     shown = list(result.axes) + ["offered_rate", "request_throughput", "stability",
                                  "rejected", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
                                  "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "goodput",
                                  "slo_met", "binding", "note"]
     shown = [c for c in shown if c in t]
     b: list = [("h1", title),
-               ("p", f"Step costs: **{', '.join(kinds) or 'n/a'}**. " + UNSTABLE_RULE + " A "
+               ("p", f"Step costs: **{'; '.join(kinds) or 'n/a'}**. " + UNSTABLE_RULE + " A "
                      "point *rejects requests* when some prompts have max_model_len "
                      "tokens or more (vLLM refuses them; `rejected` counts them per run): "
                      "they never finish, so the throughput test cannot judge its queue. "

@@ -153,6 +153,12 @@ def _basis(summary: dict) -> tuple[str, str]:
             source if source.lower().startswith(label.lower()) else f"{label} ({source})")
 
 
+def cost_sources(summaries) -> list[str]:
+    """The distinct step-cost sources of run summaries, in their order, each in full as a
+    run's report states it (:func:`_basis`: a profile's held-out step-cost MAPE included)."""
+    return list(dict.fromkeys(_basis(s)[1] for s in summaries))
+
+
 #: How the section titles name figures simulated from measured step costs: "(measured)"
 #: read as if the latencies themselves had been measured.
 _SIMULATED = {"measured": "measured costs"}
@@ -923,8 +929,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
     if note:
         b.append(("p", note))
     # in the plans' column order, each once
-    kinds = list(dict.fromkeys(_basis(e["result"].summary)[1].split(" (")[0] for e in entries))
-    b.append(("p", f"Step costs: **{', '.join(kinds)}** (per plan in the last rows)."
+    kinds = cost_sources(e["result"].summary for e in entries)
+    b.append(("p", f"Step costs: **{'; '.join(kinds)}** (per plan in the last rows)."
                    + (" A plan run with replications shows the mean over them, its 95% "
                       "confidence interval in brackets (SLO met: in every replication)."
                       if with_ci else "")))

@@ -1794,7 +1794,7 @@ def test_compare_names_the_step_costs_in_the_plans_column_order(tmp_path, capsys
                  str(tmp_path / "cmp")]) == 0
     md = (tmp_path / "cmp" / "report.md").read_text()
     assert ("Step costs: **projected: roofline h100-sxm, tensor_parallel=1, default "
-            "efficiencies, inline: constant 10 ms/step**") in md
+            "efficiencies (MBU 0.7, MFU 0.5); inline: constant 10 ms/step**") in md
 
 
 def test_a_piped_table_wider_than_80_columns_keeps_each_number_whole(capsys, monkeypatch):
@@ -1944,3 +1944,23 @@ def test_a_sweep_shows_the_statistics_its_slos_name(tmp_path, capsys):
     head = capsys.readouterr().out.split("─")[0].split()
     assert "p99.9" in head and "mean" in head
     assert "itl_p99.9_ms" in (tmp_path / "o" / "sweep.csv").read_text().splitlines()[0]
+
+
+def test_the_sweep_report_names_the_profile_with_its_held_out_error(tmp_path):
+    # the run report states a profile's held-out step-cost MAPE beside its name: so does the
+    # sweep's, once for all its points
+    from pathlib import Path
+
+    from simulator.cost_model import load_profile
+    y = tmp_path / "s.yaml"
+    y.write_text((Path(__file__).parents[1] / "scenarios" / "cpu_tiny.yaml").read_text()
+                 .replace("num_requests: 400", "num_requests: 20"))
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=2,4", "--executor",
+                 "serial", "--quiet", "--out", str(tmp_path / "sw")]) == 0
+    md = (tmp_path / "sw" / "report.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("Step costs: **"))
+    p = load_profile("cpu-llama-tiny-56m-bfloat16")
+    assert line.startswith(f"Step costs: **measured: profile cpu-llama-tiny-56m-bfloat16 "
+                           f"({p.engine}, {p.provenance.date}; held-out step-cost MAPE "
+                           f"{p.error.heldout.mape:.1%})")
+    assert line.count("profile cpu-llama-tiny-56m-bfloat16") == 1
