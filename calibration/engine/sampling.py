@@ -34,13 +34,18 @@ SAMPLING_EPS = 1e-5
 def as_integer(v) -> int:
     """An integer of any integer type (Python, NumPy, a 0-d tensor) as a Python int. A
     bool, a float or text is refused: pydantic's lax mode made "4", 4.0 and True the
-    integers 4, 4 and 1, and ``int(1.5)`` would run token 1.
+    integers 4, 4 and 1, and ``int(1.5)`` would run token 1. So is an array of one element
+    and a bool tensor, which torch's ``__index__`` turns into an int (``tensor([[5]])`` is
+    5, ``tensor(True)`` is 1): a prompt of such rows would run as a prompt of ids.
 
     Raises:
         ValueError: anything else, in pydantic's words.
     """
-    if isinstance(v, bool):
+    if isinstance(v, bool) or str(getattr(v, "dtype", "")) in ("torch.bool", "bool"):
         raise ValueError("Input should be a valid integer, not a bool")
+    if getattr(v, "ndim", 0) != 0:
+        raise ValueError(f"Input should be a valid integer, not an array of shape "
+                         f"{tuple(v.shape)}")
     try:
         return operator.index(v)
     except TypeError:
