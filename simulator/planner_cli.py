@@ -384,6 +384,9 @@ def _cmd_plan(args) -> int:
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,
                    confirm=not args.no_confirm)
+    table = plan_table(res)   # written before any note: a failed write stays one line
+    paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
+                                                      f"{res.target_rate:g} req/s")
     _warn(list(dict.fromkeys(r.candidate.setup_warning for r in res.rows
                              if r.candidate.setup_warning)) + _workload_warnings(scenario))
     n = scenario.workload.num_requests   # None for a whole trace
@@ -397,9 +400,6 @@ def _cmd_plan(args) -> int:
               "replica is the highest it keeps up with (stability alone; queues there are "
               "long); set slo: (e.g. --set slo.ttft_ms.p99=2000) to plan for latency",
               file=sys.stderr)
-    table = plan_table(res)
-    paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
-                                                      f"{res.target_rate:g} req/s")
     shown = table.copy()   # an estimate's count marked ≈: only a deployment run confirms it
     shown["replicas"] = [n if n is None or r.confirmed else
                          f"≥{_short(n)}" if r.refuted else f"≈{_short(n)}"
@@ -504,6 +504,12 @@ def _cmd_compare(args) -> int:
     check_folder(out, "--out", "compare")   # before the runs, not after
     with _executor(args) as ex, _progress(args, "comparing") as prog:
         entries = compare(scenarios, ex, progress=prog)
+    for e in entries:
+        e["binding"] = find_limits(e["scenario"], e["result"])["binding"]
+    paths = write_compare_report(   # before any note: a failed write stays the one line
+        out, entries, title="Plan comparison",
+        note=f"Every plan serves the workload and SLO of {scenarios[0].source}, measured "
+             f"with its sim settings (replications, warm-up).")
     from .sweep import setup_warnings
     _warn(setup_warnings(scenarios) + _workload_warnings(scenarios[0]))
     ignored = [sc.source for sc in scenarios[1:]
@@ -521,12 +527,6 @@ def _cmd_compare(args) -> int:
     short = trace_shortfall(scenarios[0], entries[0]["result"].summary)
     if short:   # every plan served the first one's trace
         print(f"servesim: note: {short}", file=sys.stderr)
-    for e in entries:
-        e["binding"] = find_limits(e["scenario"], e["result"])["binding"]
-    paths = write_compare_report(
-        out, entries, title="Plan comparison",
-        note=f"Every plan serves the workload and SLO of {scenarios[0].source}, measured "
-             f"with its sim settings (replications, warm-up).")
     reps = scenarios[0].sim.replications   # every plan runs the first one's (serving())
     _print_table(compare_table(entries), f"Plans serving the workload of "
                                          f"{scenarios[0].source}" + (

@@ -1964,3 +1964,27 @@ def test_the_sweep_report_names_the_profile_with_its_held_out_error(tmp_path):
                            f"({p.engine}, {p.provenance.date}; held-out step-cost MAPE "
                            f"{p.error.heldout.mape:.1%})")
     assert line.count("profile cpu-llama-tiny-56m-bfloat16") == 1
+
+
+def test_a_report_that_cannot_be_written_is_the_one_line_plan_and_compare_print(
+        tmp_path, capsys, monkeypatch):
+    # a full disk: the error alone, not after the notes of a run whose report never landed
+    import simulator.planner_report as planner_report
+    import simulator.report as report
+
+    def full(out_dir, contents, flag="--out", **kw):
+        raise InputError(f"{flag} {out_dir}: cannot write there (No space left on device)")
+    monkeypatch.setattr(report, "write_files", full)
+    monkeypatch.setattr(planner_report, "write_files", full)
+    y = tmp_path / "s.yaml"   # no SLO: plan notes that it plans for stability alone
+    y.write_text(SMALL_PLAN.replace("slo: {ttft_ms: {p99: 200}}\n", "")
+                 .replace("num_requests: 200", "num_requests: 20"))
+    args = ["--executor", "serial", "--quiet"]
+    assert main(["plan", str(y), "--out", str(tmp_path / "pl")] + args) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out {tmp_path / 'pl'}: cannot "
+                                       f"write there (No space left on device)\n")
+    y2 = tmp_path / "s2.yaml"   # a plan: section compare does not use: a note
+    y2.write_text(y.read_text().replace("name: s\n", "name: s2\n"))
+    assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out {tmp_path / 'cmp'}: cannot "
+                                       f"write there (No space left on device)\n")
