@@ -151,6 +151,11 @@ class _Parser(argparse.ArgumentParser):
         hint = f" (see {self.prog} --help)" if " " in self.prog else ""
         self.exit(2, f"servesim: error: {one_line(self._with_allowed(message))}{hint}\n")
 
+    def _print_message(self, message, file=None):
+        # argparse drops an OSError here: --help into a full disk exited 0, unsaid
+        if message:
+            (file or sys.stderr).write(message)
+
     def _with_allowed(self, message: str) -> str:
         """argparse's ``invalid int value: '1e9'`` says what the flag is not; say what it
         takes, from the flag's own help (which states its range)."""
@@ -339,7 +344,13 @@ def main(argv=None, *, noted: list[int] | None = None) -> int:
         ap = build_parser()
         argv = sys.argv[1:] if argv is None else list(argv)
         _check_utf8(argv)
-        args = ap.parse_args(_attach_dash_values(argv))
+        try:
+            args = ap.parse_args(_attach_dash_values(argv))
+        except SystemExit as e:
+            if e.code not in (0, None):   # a usage error, said on stderr by argparse
+                raise
+            sys.stdout.flush()   # --help: a full disk is said here, as for any output
+            return 0
         if console:
             files.on_commit = _commit_outputs_hook
         status = args.func(args)

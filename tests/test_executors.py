@@ -381,6 +381,12 @@ def test_an_output_that_cannot_be_written_is_one_line():
                               stderr=subprocess.PIPE, text=True, timeout=120)
     assert (proc.returncode, proc.stderr) == (
         1, "servesim: error: cannot write the output: No space left on device\n")
+    for args in (["--help"], ["run", "--help"]):   # argparse's exit left it unsaid, status 0
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "simulator.cli", *args], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=120)
+        assert (proc.returncode, proc.stderr) == (
+            1, "servesim: error: cannot write the output: No space left on device\n"), args
 
 
 @pytest.mark.parametrize("sig, status, said", [(2, 130, "servesim: interrupted\n"),
