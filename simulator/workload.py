@@ -775,25 +775,32 @@ PREFIX_SWALLOWS = 0.01
 
 def prefix_warning(cfg: WorkloadConfig, base_dir=".") -> str | None:
     """Why ``workload.prefix`` reshapes the prompt lengths (None when it does not): for
-    single requests ``prompt_tokens`` counts the whole prompt, so a draw at or below
-    ``shared_tokens`` becomes ``shared_tokens + 1`` tokens; said when more than
-    :data:`PREFIX_SWALLOWS` of the draws are (the draws of the run itself: same seed).
+    single requests and trace rows the prompt length counts the whole prompt, so one at or
+    below ``shared_tokens`` becomes ``shared_tokens + 1`` tokens; said when more than
+    :data:`PREFIX_SWALLOWS` of the prompts are (the run's own: same seed, same trace rows).
 
     Raises:
-        InputError: an empirical length file missing or malformed (as the run would).
+        InputError: an empirical length file or the trace missing or malformed (as the run
+            would).
     """
-    if cfg.prefix is None or cfg.sessions is not None or cfg.trace is not None:
+    if cfg.prefix is None or cfg.sessions is not None:
         return None
-    draws = sample_lengths(cfg.prompt_tokens, cfg.num_requests, _rngs(cfg.seed)["prompt"],
-                           base_dir, "workload.prompt_tokens")
+    if cfg.trace is not None:
+        lengths = load_trace(cfg.trace, base_dir, cfg.num_requests).prompt_tokens
+        what, fix = (f"the trace's prompts ({cfg.trace.path})",
+                     "lower shared_tokens: a trace's lengths are data")
+    else:
+        lengths = sample_lengths(cfg.prompt_tokens, cfg.num_requests,
+                                 _rngs(cfg.seed)["prompt"], base_dir, "workload.prompt_tokens")
+        what, fix = ("the prompt_tokens drawn",
+                     "lower shared_tokens, or raise prompt_tokens to lengths that include it")
     shared = cfg.prefix.shared_tokens
-    share = float(np.mean(draws <= shared))
+    share = float(np.mean(np.asarray(lengths) <= shared))
     if share <= PREFIX_SWALLOWS:
         return None
     return (f"workload.prefix.shared_tokens ({shared}) is as long as the whole prompt or "
-            f"longer in {share:.0%} of the prompt_tokens drawn (they count the prefix too): "
-            f"those prompts are {shared + 1} tokens, the prefix and one of their own (lower "
-            f"shared_tokens, or raise prompt_tokens to lengths that include it)")
+            f"longer in {share:.0%} of {what} (they count the prefix too): those prompts are "
+            f"{shared + 1} tokens, the prefix and one of their own ({fix})")
 
 
 #: Share of a count's draws that its implicit floor (1, when no ``min`` is given) may take

@@ -670,6 +670,28 @@ def test_a_prefix_that_swallows_prompts_is_warned_of():
         is None
 
 
+def test_a_prefix_that_swallows_trace_prompts_is_warned_of(tmp_path):
+    # trace prompts of 100, 200 and 50 tokens under a 150-token prefix: 100 and 50 become
+    # 151 tokens (the prefix and one of their own), 2 of the 3 rows
+    from simulator.workload import prefix_warning
+    (tmp_path / "t.csv").write_text("t,p,o\n0,100,10\n0.5,200,20\n1.0,50,5\n")
+
+    def cfg(shared):
+        return WorkloadConfig.model_validate({
+            "trace": {"path": "t.csv", "format": "csv",
+                      "columns": {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}},
+            "prefix": {"shared_tokens": shared}})
+
+    lengths = [sum(n for _, n in s.prompt) for s in build_workload(cfg(150), tmp_path)]
+    assert lengths == [151, 200, 151]
+    assert prefix_warning(cfg(150), tmp_path) == (
+        "workload.prefix.shared_tokens (150) is as long as the whole prompt or longer in 67% "
+        "of the trace's prompts (t.csv) (they count the prefix too): those prompts are 151 "
+        "tokens, the prefix and one of their own (lower shared_tokens: a trace's lengths are "
+        "data)")
+    assert prefix_warning(cfg(49), tmp_path) is None
+
+
 def test_counts_piled_onto_the_floor_of_one_are_warned_of():
     # normal mean 100, std 1000: P(X < 0.5) = Phi(-99.5 / 1000) = 46.0% of the outputs
     # become 1 token; lognormal median 2, p90 40: sigma = ln 20 / 1.2816 = 2.3376,
