@@ -145,7 +145,9 @@ class LognormalDist(_Dist):
 
 class EmpiricalDist(_Dist):
     """``{dist: empirical, path, column}``: resample (with replacement) a CSV column;
-    ``path`` is relative to the scenario file's folder."""
+    ``path`` is relative to the scenario file's folder. Token and turn counts are whole
+    numbers from 1 to 1e9, seconds any number >= 0; ``min`` and ``max`` clip the tails and
+    may not pass the column's median."""
 
     dist: Literal["empirical"]
     path: str
@@ -179,13 +181,20 @@ def _empirical_values(cfg: EmpiricalDist, base_dir, key: str, count: bool) -> np
     num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
     lo, hi = (1, MAX_COUNT) if count else (0, math.inf)
     bad = ~np.isfinite(num) | (num < lo) | (num > hi)
+    if count:   # 1.5 tokens would be rounded silently (half to even: 2.5 is 2)
+        bad |= np.isfinite(num) & (num != np.floor(num))
     if bad.any():
         i = int(np.argmax(bad))
-        want = f"a count from 1 to {MAX_COUNT:.0e}" if count else "a number of seconds >= 0"
+        want = (f"a whole count from 1 to {MAX_COUNT:.0e}" if count
+                else "a number of seconds >= 0")
         raise InputError(f"{path}:{col.index[i] + 2}: {cfg.column}: expected {want}, "
                          f"got {col.iloc[i]!r}")
     if len(num) == 0:
         raise InputError(f"{path}:2: column {cfg.column!r} has no values")
+    try:   # as for the other distributions: clip bounds past the centre clip most samples
+        _centre_inside(cfg, float(np.median(num)), f"median of column {cfg.column!r}")
+    except ValueError as e:
+        raise KeyedInputError(key, str(e)) from None
     return num
 
 

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats
 
-from simulator.errors import InputError
+from simulator.errors import InputError, KeyedInputError
 from simulator.policy import Request, RequestSpec
 from simulator.workload import (GammaArrival, WorkloadConfig, arrival_times_ns,
                                 build_workload, length_bounds, sample_durations_ns,
@@ -125,21 +125,46 @@ def test_empirical_bad_file_names_the_line(tmp_path):
     # counts are 1 to 1e9, as in traces (0.5 was clipped to 1 silently); seconds may be 0.5
     (tmp_path / "lens.csv").write_text("a\n10\n0.5\n")
     d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
-    with pytest.raises(InputError, match=r"lens\.csv:3: a: expected a count from 1 to 1e\+09, "
-                                         r"got '0\.5'"):
+    with pytest.raises(InputError, match=r"lens\.csv:3: a: expected a whole count from 1 to "
+                                         r"1e\+09, got '0\.5'"):
         sample_lengths(d, 10, rng(), base_dir=tmp_path)
     assert sorted(set(sample_durations_ns(d, 50, rng(), base_dir=tmp_path))) == [
         500_000_000, 10_000_000_000]
     (tmp_path / "lens.csv").write_text("a\n1e30\n")
-    with pytest.raises(InputError, match=r"lens\.csv:2: a: expected a count from 1 to 1e\+09"):
+    with pytest.raises(InputError, match=r"lens\.csv:2: a: expected a whole count from 1 to 1e\+09"):
         sample_lengths(d, 10, rng(), base_dir=tmp_path)
+
+
+def test_empirical_counts_are_whole_and_clip_bounds_keep_the_centre(tmp_path):
+    # 1.5 and 2.5 tokens were rounded half to even: every prompt 2 tokens, unsaid
+    (tmp_path / "lens.csv").write_text("a\n100\n1.5\n2.5\n")
+    d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
+    with pytest.raises(InputError, match=r"lens\.csv:3: a: expected a whole count from 1 to "
+                                         r"1e\+09, got '1\.5'$"):
+        sample_lengths(d, 10, rng(), base_dir=tmp_path, key="workload.prompt_tokens")
+    assert sorted(set(sample_durations_ns(d, 200, rng(), base_dir=tmp_path))) == [
+        1_500_000_000, 2_500_000_000, 100_000_000_000]   # seconds may be fractional
+    # values 100, 200, 300 (median 200) clipped at min 500 or max 50: all one value, unsaid
+    (tmp_path / "lens.csv").write_text("a\n100\n200\n300\n")
+    for bound, said in (({"min": 500}, "min (500) is above the median of column 'a' (200): "
+                                       "most samples would be clipped to min"),
+                        ({"max": 50}, "max (50) is below the median of column 'a' (200): "
+                                      "most samples would be clipped to max")):
+        d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a",
+                                  **bound})
+        with pytest.raises(KeyedInputError) as e:
+            sample_lengths(d, 10, rng(), base_dir=tmp_path, key="workload.prompt_tokens")
+        assert (e.value.key, e.value.detail) == ("workload.prompt_tokens", said)
+    d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a",
+                              "min": 150, "max": 250})   # the tails clipped, the centre kept
+    assert set(sample_lengths(d, 300, rng(), base_dir=tmp_path)) == {150, 200, 250}
 
 
 def test_empirical_csv_is_read_as_traces_are(tmp_path):
     # the trace reader's checks: blank lines keep the file's line numbers (the bad row was
     # named as line 3), surplus fields are refused, and Latin-1 bytes were a traceback
     d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
-    for body, said in (("a\n10\n\nx\n", r"lens\.csv:4: a: expected a count"),
+    for body, said in (("a\n10\n\nx\n", r"lens\.csv:4: a: expected a whole count"),
                        ("a,b\n10,1\n20,2,3\n", r"lens\.csv:3: expected 2 fields, saw 3"),
                        ("a,a\n1,2\n", r"lens\.csv:1: column 'a' appears twice"),
                        (b"a\n10\n2\xe90\n", r"lens\.csv:3: not UTF-8 text \(byte 0xe9 at "
