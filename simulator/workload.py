@@ -156,6 +156,10 @@ class EmpiricalDist(_Dist):
 
 Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist],
                  Field(discriminator="dist")]
+# What the shorthands take, as the JSON schema states it: a plain count of turns, a plain
+# number of seconds (:func:`_turns_as_fixed`, :func:`_number_as_fixed`).
+Turns = Union[Annotated[int, Field(ge=1)], Dist]
+Seconds = Union[Annotated[float, Field(ge=0)], Dist]
 
 
 def _empirical_values(cfg: EmpiricalDist, base_dir, key: str, count: bool) -> np.ndarray:
@@ -428,7 +432,8 @@ class ClosedLoopArrival(BaseModel):
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
     dispatch: Literal["per_user", "first_free"] = "per_user"
 
-    _think_number = field_validator("think_time_s", mode="before")(_number_as_fixed)
+    _think_number = field_validator("think_time_s", mode="before",
+                                    json_schema_input_type=Seconds)(_number_as_fixed)
 
     @model_validator(mode="after")
     def _first_free_sends_at_once(self):
@@ -528,8 +533,10 @@ class SessionConfig(BaseModel):
     turns: Dist
     think_time_s: Dist = Field(default_factory=lambda: FixedDist(dist="fixed", value=0))
 
-    _turns_count = field_validator("turns", mode="before")(_turns_as_fixed)
-    _think_number = field_validator("think_time_s", mode="before")(_number_as_fixed)
+    _turns_count = field_validator("turns", mode="before",
+                                   json_schema_input_type=Turns)(_turns_as_fixed)
+    _think_number = field_validator("think_time_s", mode="before",
+                                    json_schema_input_type=Seconds)(_number_as_fixed)
 
     @field_validator("turns")
     @classmethod

@@ -560,6 +560,24 @@ def test_json_schema():
     assert "max_num_batched_tokens" in eng["properties"]
 
 
+def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
+    # editors validate scenarios with it: a form load_scenario takes must pass it too
+    import jsonschema
+    s = scenario_json_schema()
+    check = jsonschema.Draft202012Validator(s)
+    for path in sorted((Path(__file__).parents[1] / "scenarios").glob("*.yaml")):
+        check.validate(yaml.safe_load(path.read_text()))
+    wl = {**BASE["workload"], "sessions": {"turns": 3, "think_time_s": 0.5}}
+    scenario_from_dict({**BASE, "workload": wl})   # taken by the loader ...
+    check.validate({**BASE, "workload": wl})       # ... and by the schema
+    loop = {**BASE["workload"], "arrival": {"process": "closed_loop", "concurrency": 4,
+                                            "think_time_s": 0.5}}
+    scenario_from_dict({**BASE, "workload": loop})
+    check.validate({**BASE, "workload": loop})
+    for bad in ({"turns": 0}, {"turns": 2, "think_time_s": -1}, {"turns": 1.5}):
+        assert not check.is_valid({**BASE, "workload": {**BASE["workload"], "sessions": bad}})
+
+
 @pytest.mark.parametrize("hardware,expected", [
     ({"profile": "h100-sxm"}, (8192, 1024)),          # >= 70 GiB, not A100
     ({"profile": "h200"}, (8192, 1024)),
