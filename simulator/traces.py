@@ -63,6 +63,18 @@ class TraceColumns(BaseModel):
     prompt_tokens: str = Field(description="prompt length column (tokens)")
     output_tokens: str = Field(description="output length column (tokens)")
 
+    @model_validator(mode="after")
+    def _distinct(self):
+        # one column read as arrival and as lengths ran each request with its arrival's
+        # seconds as its token counts
+        fields = ("arrival", "prompt_tokens", "output_tokens")
+        for i, a in enumerate(fields):
+            b = next((b for b in fields[i + 1:] if getattr(self, b) == getattr(self, a)), None)
+            if b:
+                raise ValueError(f"{a} and {b} both name column {getattr(self, a)!r}: each "
+                                 f"reads a column of its own")
+        return self
+
 
 class TraceConfig(BaseModel):
     """``workload.trace``: replay a recorded trace instead of synthetic arrivals/lengths.

@@ -490,3 +490,15 @@ def test_a_window_out_of_order_names_window_s_and_its_line(tmp_path, window):
     assert _window_error(tmp_path, window) == (
         f"t.yaml:8: workload.trace.window_s: must be [start, end) with 0 <= start < end, "
         f"got {window}")
+
+
+@pytest.mark.parametrize("cols, said", [
+    ({"arrival": "t", "prompt_tokens": "t", "output_tokens": "o"},
+     "arrival and prompt_tokens both name column 't'"),
+    ({"arrival": "t", "prompt_tokens": "p", "output_tokens": "p"},
+     "prompt_tokens and output_tokens both name column 'p'"),
+])
+def test_a_column_named_for_two_fields_is_refused(cols, said):
+    # arrival seconds read as token counts ran each request with prompt = output = its time
+    with pytest.raises(ValidationError, match=said + ": each reads a column of its own"):
+        TraceConfig.model_validate({"path": "t.csv", "format": "csv", "columns": cols})
