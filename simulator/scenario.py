@@ -881,7 +881,7 @@ def _from_cwd(parts: tuple, val, cwd: Path):
         return {k: _from_cwd((*parts, str(k)), v, cwd) for k, v in val.items()}
     if parts[:2] == ("plan", "candidates") and len(parts) == 3 and isinstance(val, list):
         return [_from_cwd(tuple(parts[2].split(".")), v, cwd) for v in val]
-    if not isinstance(val, str) or not val:
+    if not isinstance(val, str) or not val.strip():   # blank: refused as such, not as cwd
         return val
     if parts[-1] == "path" or (parts in (("hardware", "profile"), ("model",)) and (
             "/" in val or val.endswith((".yaml", ".yml", ".json"))

@@ -54,6 +54,13 @@ _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 _UNIT_NS = {"s": NS_PER_S, "ms": 1_000_000, "us": 1_000}
 
 
+def nonempty_path(v: str) -> str:
+    """``v`` unless blank: ``''`` resolved to the scenario's own folder ("is a folder")."""
+    if not v.strip():
+        raise ValueError("empty: give the file, relative to the scenario's folder")
+    return v
+
+
 class TraceColumns(BaseModel):
     """Column (CSV) or key (JSONL) names of a generic trace."""
 
@@ -96,6 +103,11 @@ class TraceConfig(BaseModel):
     model_config = STRICT_SCHEMA
 
     path: str
+
+    @field_validator("path")
+    @classmethod
+    def _named(cls, v):
+        return nonempty_path(v)
     format: Literal["azure", "mooncake", "csv", "jsonl"]
     columns: Optional[TraceColumns] = None
     arrival_unit: Optional[Literal["s", "ms", "us", "iso"]] = None

@@ -153,6 +153,12 @@ def test_brief_error_examples(chat):
      "integer >= 1 and <= 1000000000 (got 100.0: write 100, without a point or exponent)"),
     ("engine", "--set engine: expected key.path=value"),
     ("", "--set '': expected key.path=value"),   # was "--set : expected"
+    # a blank path or model resolved to the scenario's folder: "is a folder"
+    ("model=''", "--set model='': empty: give a catalog model (llama-3.1-8b,"),
+    ("workload.prompt_tokens={dist: empirical, path: ' ', column: a}",
+     "workload.prompt_tokens.path: empty: give the file, relative to the scenario's folder"),
+    ("workload={trace: {path: '', format: azure}}",
+     "workload.trace.path: empty: give the file, relative to the scenario's folder"),
     ("workload.prefix={shared_tokens: 100, groups: 1000001}",
      "workload.prefix.groups: Input should be less than or equal to 1000000"),
     # every prompt is the prefix and a token of its own: none under max_model_len 2048

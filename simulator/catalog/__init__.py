@@ -263,6 +263,9 @@ def load_model(spec, base_dir=".") -> ModelShape:
         raise KeyedInputError("model", f"expected a catalog name, a path or a mapping, "
                                        f"got {type(spec).__name__}")
     models = _catalog("models.yaml")
+    if not str(spec).strip():   # "" resolved to the scenario's own folder
+        raise KeyedInputError("model", f"empty: give a catalog model ({', '.join(models)}), "
+                                       f"an HF config.json or a folder holding one")
     if isinstance(spec, str) and spec in models:
         return _shape_from_hf(models[spec], spec, f"model {spec}")
     path = Path(spec)
