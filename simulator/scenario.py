@@ -399,8 +399,8 @@ class Scenario(_Strict):
     def _one_folder_name(cls, v):
         # It names the default output folder, reports/<name>: one folder, inside reports/.
         if not v.strip() or v in (".", "..") or any(c in v for c in "/\\\0"):
-            raise ValueError(f"must be one folder name: not empty, '.' or '..', no '/' (it "
-                             f"names the default output folder reports/<name>), got {v!r}")
+            raise ValueError(f"must be one folder name: not empty, '.' or '..', no '/' or '\\' "
+                             f"(it names the default output folder reports/<name>), got {v!r}")
         if not v.isprintable():   # a newline or terminal escape in a folder name and titles
             raise ValueError(f"printable characters only (it names the default output folder "
                              f"reports/<name> and titles the report), got {v!r}")

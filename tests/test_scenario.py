@@ -697,7 +697,7 @@ def test_a_bad_tag_is_named_at_its_own_line_and_a_bare_number_says_how_to_write_
 
 
 @pytest.mark.parametrize("name, said", [
-    *[(n, "must be one folder name: not empty, '.' or '..', no '/'")
+    *[(n, "must be one folder name: not empty, '.' or '..', no '/' or '\\\\'")
       for n in ["../../etc/x", "", " ", "..", ".", "a/b", "a\\\\b"]],
     # a newline or a terminal escape made a folder of that name and a broken report title
     *[(n, r"printable characters only \(it names the default output folder")
