@@ -53,6 +53,8 @@ SLO_STATS = ("mean", "p50", "p90", "p95", "p99")   # the SLO statistics every su
 # Any other percentile is allowed in an SLO too, as ``vllm bench serve
 # --metric-percentiles`` takes any (p75, p99.9): computed for that SLO when asked for.
 _PERCENTILE = re.compile(r"p((?:[1-9]\d{0,2}|0)(?:\.\d+)?)")
+#: The statistics :func:`slo_stat_rank` takes, as one regular expression (the JSON schema's).
+SLO_STAT_PATTERN = r"^(mean|p(100(\.0+)?|[1-9]\d?(\.\d+)?|0\.\d*[1-9]\d*))$"
 
 
 def slo_stat_rank(stat: str) -> float:

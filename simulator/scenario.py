@@ -52,7 +52,7 @@ from .policy.request import MAX_COUNT
 #: not price).
 MAX_TP = 8
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION, cdiv
-from .metrics import METRICS, SLO_STATS, slo_stat_rank
+from .metrics import METRICS, SLO_STAT_PATTERN, SLO_STATS, slo_stat_rank
 from .workload import MAX_RATE, WorkloadConfig
 
 
@@ -244,7 +244,8 @@ def _slo_target(bounds: dict) -> dict:
 SLOTarget = Annotated[
     dict[str, Annotated[float, Field(gt=0, le=MAX_SLO_MS, allow_inf_nan=False)]],
     AfterValidator(_slo_target),
-    Field(json_schema_extra={"propertyNames": {"pattern": r"^(mean|p\d+(\.\d+)?)$"}},
+    Field(json_schema_extra={"propertyNames": {"pattern": SLO_STAT_PATTERN},
+                             "minProperties": 1},
           description="{mean | pNN: bound in ms}, e.g. {p50: 200, p99.9: 2000}")]
 
 

@@ -582,6 +582,17 @@ def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
     check.validate({**BASE, "workload": loop})
     for bad in ({"turns": 0}, {"turns": 2, "think_time_s": -1}, {"turns": 1.5}):
         assert not check.is_valid({**BASE, "workload": {**BASE["workload"], "sessions": bad}})
+    # SLO statistics: the schema takes what the loader takes, and no other
+    for stat in ("mean", "p50", "p99.9", "p0.5", "p100", "p100.0", "p50.0", "p0", "p05",
+                 "p00099", "p101", "p100.5", "p99.", "p.5", "p0.0", "max", "std"):
+        slo = {**BASE, "slo": {"ttft_ms": {stat: 100}}}
+        try:
+            scenario_from_dict(slo)
+            loads = True
+        except InputError:
+            loads = False
+        assert check.is_valid(slo) == loads, stat
+    assert not check.is_valid({**BASE, "slo": {"ttft_ms": {}}})   # no statistic
 
 
 @pytest.mark.parametrize("hardware,expected", [
