@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import ModelShape, load_model
 from .errors import (STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, Refused,
@@ -140,6 +140,9 @@ class HardwareConfig(_Strict):
     ``profile`` is a catalog GPU name (roofline projection, labelled *projected*) or a
     calibration profile name or path (labelled *measured*); ``step_time`` an inline form.
     """
+
+    model_config = ConfigDict(**STRICT_SCHEMA, json_schema_extra={
+        "oneOf": [{"required": ["profile"]}, {"required": ["step_time"]}]})
 
     profile: Optional[str] = Field(
         None, description="catalog GPU (projected) or calibration profile name/path (measured)")
@@ -1303,8 +1306,10 @@ def _is_tag(model, tag: str) -> bool:
 
 
 def scenario_json_schema() -> dict:
-    """JSON Schema of the scenario file (``servesim schema``)."""
-    return Scenario.model_json_schema()
+    """JSON Schema (draft 2020-12, pydantic's dialect) of the scenario file
+    (``servesim schema``)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            **Scenario.model_json_schema()}
 
 
 __all__ = ["ClusterConfig", "EngineConfig", "HardwareConfig", "PlanConfig", "SLO_METRICS", "SLO_STATS",

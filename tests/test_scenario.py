@@ -593,6 +593,17 @@ def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
             loads = False
         assert check.is_valid(slo) == loads, stat
     assert not check.is_valid({**BASE, "slo": {"ttft_ms": {}}})   # no statistic
+    # exactly one step-cost source, as the loader takes it
+    for hw in ({"profile": "h100-sxm"}, {"step_time": {"constant_s": 0.01}},
+               {"profile": "h100-sxm", "step_time": {"constant_s": 0.01}}, {}):
+        try:
+            scenario_from_dict({**BASE, "hardware": hw})
+            loads = True
+        except InputError:
+            loads = False
+        assert check.is_valid({**BASE, "hardware": hw}) == loads, hw
+    jsonschema.Draft202012Validator.check_schema(s)
+    assert s["$schema"] == "https://json-schema.org/draft/2020-12/schema"
 
 
 @pytest.mark.parametrize("hardware,expected", [
