@@ -274,7 +274,7 @@ def _cmd_sweep(args) -> int:
         "offered_rate", "request_throughput", "stability", "rejected", *shown,
         *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
         and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
-    _warn(res.warnings + _workload_warnings(scenario))
+    _warn(res.warnings)   # its points' own, and their workloads
     if scenario.workload.trace is None:   # a trace's rows are what they are
         _few_requests_note([s["num_requests"] for sums in res.summaries for s in sums],
                            "each point", "whether a rate keeps up")

@@ -204,7 +204,8 @@ class SweepResult:
             ``[{...other axis values, "knee": value}]`` (``None`` when there is none).
         summaries: per point, the replication summaries (none for a point not run).
         warnings: distinct cost-model warnings of the points (an engine.num_gpu_blocks
-            beyond what the GPU's memory holds).
+            beyond what the GPU's memory holds), then their workloads' warnings
+            (:func:`point_warnings`).
         met_at: per line, the first axis's values meeting every SLO on a stable run
             (:func:`slo_met_at`; empty without SLOs).
     """
@@ -350,8 +351,25 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     table["rejected"] = pd.Series([r.get("rejected") for r in rows], index=table.index,
                                   dtype=object)   # a count beside a point not run: 7, not 7.0
     keys = list(axes)
+    ran = [p for p, m in zip(grid(axes, parse=False), misfits) if m is None]
     return SweepResult(dict(axes), table, knees(table, keys), per_point,
-                       setup_warnings(runs), slo_met_at(table, keys))
+                       setup_warnings(runs) + point_warnings(ran, runs),
+                       slo_met_at(table, keys))
+
+
+def point_warnings(points: list[dict], scenarios) -> list[str]:
+    """The workload warnings (:func:`simulator.workload.workload_warnings`) of every point
+    run, each once: as is when every point has it, else after the points that do
+    (``at workload.prompt_tokens.std=20: ...``; a swept key moves them)."""
+    from .workload import workload_warnings
+
+    said: dict[str, list[dict]] = {}
+    for p, sc in zip(points, scenarios):
+        for w in workload_warnings(sc.workload, sc.base_dir):
+            said.setdefault(w, []).append(p)
+    return [w if len(at) == len(points) else
+            "at " + "; ".join(" ".join(typed_overrides(p)) for p in at) + f": {w}"
+            for w, at in said.items()]
 
 
 def _does_not_fit(sc):
@@ -478,5 +496,5 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
 
 __all__ = ["CONCURRENCY", "DOES_NOT_FIT", "INVALID", "NOT_RUN", "RAMP_ONLY", "RATE",
            "SATURATION_SHARE", "SATURATING", "STABILITY", "SweepResult", "derive", "grid",
-           "knee_title", "knees", "setup_warnings", "slo_met_at", "split_sets",
+           "knee_title", "knees", "point_warnings", "setup_warnings", "slo_met_at", "split_sets",
            "stability_label", "sweep", "unset"]

@@ -1988,3 +1988,28 @@ def test_a_report_that_cannot_be_written_is_the_one_line_plan_and_compare_print(
     assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 2
     assert capsys.readouterr().err == (f"servesim: error: --out {tmp_path / 'cmp'}: cannot "
                                        f"write there (No space left on device)\n")
+
+
+def test_a_sweep_warns_of_each_points_workload(tmp_path, capsys):
+    # normal prompts of mean 10: std 1 draws below 0.5 almost never; std 10 in
+    # Phi(-9.5 / 10) = 17.1% of draws, std 20 in Phi(-9.5 / 20) = 31.7%. Only the first
+    # point was checked: std=1,10,20 warned of none
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("prompt_tokens: {dist: fixed, value: 8}",
+                                    "prompt_tokens: {dist: normal, mean: 10, std: 10}")
+                 .replace("num_requests: 200", "num_requests: 30"))
+    assert main(["sweep", str(y), "--set", "workload.prompt_tokens.std=1,10,20", "--executor",
+                 "serial", "--quiet", "--out", str(tmp_path / "sw")]) == 0
+    said = [x for x in capsys.readouterr().err.splitlines() if "below 1" in x]
+    tail = (" of its draws fall below 1 and are raised to 1 token, a spike the distribution "
+            "written does not have (narrow it, or give min to make the floor explicit)")
+    assert said == [
+        "servesim: warning: at workload.prompt_tokens.std=10: workload.prompt_tokens: 17%"
+        + tail,
+        "servesim: warning: at workload.prompt_tokens.std=20: workload.prompt_tokens: 32%"
+        + tail]
+    # one every point has is said once, as is
+    assert main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--executor",
+                 "serial", "--quiet", "--out", str(tmp_path / "sw2")]) == 0
+    said = [x for x in capsys.readouterr().err.splitlines() if "below 1" in x]
+    assert said == ["servesim: warning: workload.prompt_tokens: 17%" + tail]
