@@ -831,7 +831,7 @@ FLOOR_SHARE = 0.05
 def floor_warnings(cfg: WorkloadConfig) -> list[str]:
     """Why a count distribution is not the one written: the share of a normal's or
     lognormal's draws that round below 1 and are raised to 1, said when above
-    :data:`FLOOR_SHARE` and no ``min`` makes the floor explicit. Exact, not sampled:
+    :data:`FLOOR_SHARE` and no ``min`` >= 1 makes the floor explicit. Exact, not sampled:
     ``P(X < 0.5)`` is ``Phi((0.5 - mean) / std)`` for a normal and
     ``Phi((ln 0.5 - ln median) / sigma)`` for a lognormal.
     """
@@ -840,7 +840,7 @@ def floor_warnings(cfg: WorkloadConfig) -> list[str]:
         keys.append(("sessions.turns", cfg.sessions.turns))
     found = []
     for key, d in keys:
-        if d is None or d.min is not None:
+        if d is None or (d.min is not None and d.min >= 1):   # below 1, the floor stays 1
             continue
         if isinstance(d, NormalDist) and d.std > 0:
             z = (0.5 - d.mean) / d.std

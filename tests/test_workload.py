@@ -740,6 +740,9 @@ def test_counts_piled_onto_the_floor_of_one_are_warned_of():
     # the sample agrees: the share of draws clipped to 1
     d = DIST.validate_python({"dist": "normal", "mean": 100, "std": 1000})
     assert np.mean(sample_lengths(d, 100_000, rng()) == 1) == pytest.approx(0.460, abs=0.01)
+    # a min below 1 leaves the floor at 1 (and the share raised to it): still said
+    assert len(floor_warnings(cfg({"dist": "normal", "mean": 10, "std": 10, "min": 0.4},
+                                  {"dist": "fixed", "value": 8}))) == 1
     # an explicit min says the floor is meant; mean 20, std 10: Phi(-1.95) = 2.6%, under 5%
     assert floor_warnings(cfg({"dist": "normal", "mean": 5, "std": 50, "min": 1},
                               {"dist": "normal", "mean": 20, "std": 10})) == []
