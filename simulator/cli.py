@@ -7,6 +7,7 @@ Every user-input error ends as one line ``servesim: error: ...`` on stderr with 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.metadata
 import json
 import os
@@ -336,6 +337,8 @@ def main(argv=None, *, noted: list[int] | None = None) -> int:
 
     console = argv is None
     try:
+        if sys.stdout is None:   # started with stdout closed (>&-): nothing could be said
+            raise OSError(errno.EBADF, "standard output is closed")
         if console:
             _signalled = None
             _stop_on_signals(noted)
@@ -387,8 +390,8 @@ def _stdout_to_devnull() -> None:
     gone (it would print "Exception ignored ... BrokenPipeError")."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):   # no file descriptor (a test's captured stdout)
-        pass
+    except (OSError, ValueError, AttributeError):   # no file descriptor (a test's captured
+        pass                                         # stdout), or no stdout at all
 
 
 if __name__ == "__main__":

@@ -387,6 +387,12 @@ def test_an_output_that_cannot_be_written_is_one_line():
                                   stderr=subprocess.PIPE, text=True, timeout=120)
         assert (proc.returncode, proc.stderr) == (
             1, "servesim: error: cannot write the output: No space left on device\n"), args
+    # started with stdout closed (>&-): sys.stdout is None, and flushing it was a traceback
+    for args in ("schema", "--help"):
+        proc = subprocess.run(f"{sys.executable} -m simulator.cli {args} >&-", shell=True,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+        assert (proc.returncode, proc.stderr) == (
+            1, "servesim: error: cannot write the output: standard output is closed\n"), args
 
 
 @pytest.mark.parametrize("sig, status, said", [(2, 130, "servesim: interrupted\n"),
