@@ -53,6 +53,7 @@ from .policy.request import MAX_COUNT
 MAX_TP = 8
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION, cdiv
 from .metrics import METRICS, SLO_STAT_PATTERN, SLO_STATS, slo_stat_rank
+from .traces import NONBLANK
 from .workload import MAX_RATE, WorkloadConfig
 
 
@@ -141,11 +142,14 @@ class HardwareConfig(_Strict):
     calibration profile name or path (labelled *measured*); ``step_time`` an inline form.
     """
 
-    model_config = ConfigDict(**STRICT_SCHEMA, json_schema_extra={
-        "oneOf": [{"required": ["profile"]}, {"required": ["step_time"]}]})
+    # a key set to null is as good as absent, to the loader and so to the schema
+    model_config = ConfigDict(**STRICT_SCHEMA, json_schema_extra={"oneOf": [
+        {"required": ["profile"], "properties": {"profile": {"type": "string"}}},
+        {"required": ["step_time"], "properties": {"step_time": {"type": "object"}}}]})
 
     profile: Optional[str] = Field(
-        None, description="catalog GPU (projected) or calibration profile name/path (measured)")
+        None, description="catalog GPU (projected) or calibration profile name/path (measured)",
+        json_schema_extra={"pattern": NONBLANK})
     tensor_parallel: int = Field(1, ge=1, description="GPUs per replica (vLLM tensor_parallel_size)")
     cost_noise: Literal["none", "empirical"] = Field(
         "none", description="empirical: multiply each step by 1 + a residual of the profile")
@@ -153,6 +157,14 @@ class HardwareConfig(_Strict):
     price_per_gpu_hour: Optional[float] = Field(
         None, ge=0, le=MAX_PRICE, description="USD (at most 1e6); overrides the catalog "
                                                "GPU's list price")
+
+    @field_validator("profile")
+    @classmethod
+    def _named(cls, v):
+        if v is not None and not v.strip():   # "" or " " read as a file in the scenario's folder
+            raise ValueError("empty: give a catalog GPU or a calibration profile's name or "
+                             "path (servesim profiles lists them)")
+        return v
 
     @model_validator(mode="after")
     def _exactly_one(self):
@@ -174,7 +186,8 @@ class EngineConfig(_Strict):
     """
 
     block_size: int = Field(16, ge=1, description="tokens per KV block: 1, 8, 16, 32, 64 or "
-                                                  "128 (the values vLLM's --block-size takes)")
+                                                  "128 (the values vLLM's --block-size takes)",
+                            json_schema_extra={"enum": list(BLOCK_SIZES)})
     max_num_seqs: Optional[int] = Field(
         None, ge=1, le=MAX_COUNT, description="default as vllm serve: 1024 on GPUs with "
         ">= 70 GiB other than A100 (H100, H200, B200), 256 on other GPUs, 128 per rank on "
@@ -387,7 +400,8 @@ class Scenario(_Strict):
     paths; ``source`` names the file in error messages."""
 
     name: str = "scenario"
-    model: Union[str, dict[str, Any]] = Field(
+    model: Union[Annotated[str, Field(json_schema_extra={"pattern": NONBLANK})],
+                 dict[str, Any]] = Field(
         description="catalog name | path to an HF config.json | inline mapping of HF config keys")
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     hardware: HardwareConfig

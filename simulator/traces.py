@@ -54,6 +54,11 @@ _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 _UNIT_NS = {"s": NS_PER_S, "ms": 1_000_000, "us": 1_000}
 
 
+#: What a name or path holds, as the JSON schema says it: a character that is not a space
+#: (:func:`nonempty_path`).
+NONBLANK = r"\S"
+
+
 def nonempty_path(v: str) -> str:
     """``v`` unless blank: ``''`` resolved to the scenario's own folder ("is a folder")."""
     if not v.strip():
@@ -102,7 +107,7 @@ class TraceConfig(BaseModel):
     # Strict like the rest of the scenario ("1" and true are not numbers).
     model_config = STRICT_SCHEMA
 
-    path: str
+    path: str = Field(json_schema_extra={"pattern": NONBLANK})
 
     @field_validator("path")
     @classmethod

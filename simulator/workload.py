@@ -45,8 +45,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
 from .files import is_regular_file, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
-from .traces import (TraceConfig, load_trace, mooncake_segments, nonempty_path, read_csv_table,
-                     ties_warning)
+from .traces import (NONBLANK, TraceConfig, load_trace, mooncake_segments, nonempty_path,
+                     read_csv_table, ties_warning)
 
 #: z-score of the 90th percentile of the standard normal, ``scipy.stats.norm.ppf(0.9)``.
 Z90 = 1.2815515655446004
@@ -151,7 +151,7 @@ class EmpiricalDist(_Dist):
     may not pass the column's median."""
 
     dist: Literal["empirical"]
-    path: str
+    path: str = Field(json_schema_extra={"pattern": NONBLANK})
     column: str
 
     _named = field_validator("path")(nonempty_path)

@@ -155,6 +155,8 @@ def test_brief_error_examples(chat):
     ("", "--set '': expected key.path=value"),   # was "--set : expected"
     # a blank path or model resolved to the scenario's folder: "is a folder"
     ("model=''", "--set model='': empty: give a catalog model (llama-3.1-8b,"),
+    ("hardware.profile=' '", "--set hardware.profile=' ': empty: give a catalog GPU or a "
+     "calibration profile's name or path (servesim profiles lists them)"),
     ("workload.prompt_tokens={dist: empirical, path: ' ', column: a}",
      "workload.prompt_tokens.path: empty: give the file, relative to the scenario's folder"),
     ("workload={trace: {path: '', format: azure}}",
@@ -595,13 +597,25 @@ def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
     assert not check.is_valid({**BASE, "slo": {"ttft_ms": {}}})   # no statistic
     # exactly one step-cost source, as the loader takes it
     for hw in ({"profile": "h100-sxm"}, {"step_time": {"constant_s": 0.01}},
-               {"profile": "h100-sxm", "step_time": {"constant_s": 0.01}}, {}):
+               {"profile": "h100-sxm", "step_time": {"constant_s": 0.01}}, {},
+               {"profile": None, "step_time": {"constant_s": 0.01}},
+               {"profile": "h100-sxm", "step_time": None}, {"profile": None}):
         try:
             scenario_from_dict({**BASE, "hardware": hw})
             loads = True
         except InputError:
             loads = False
         assert check.is_valid({**BASE, "hardware": hw}) == loads, hw
+    # blank names and paths, block sizes vLLM does not take: refused by both
+    blank = {"dist": "empirical", "path": " ", "column": "a"}
+    for bad in ({**BASE, "model": ""}, {**BASE, "model": " "},
+                {**BASE, "hardware": {"profile": " "}},
+                {**BASE, "workload": {**BASE["workload"], "prompt_tokens": blank}},
+                {**BASE, "workload": {"trace": {"path": "", "format": "azure"}}},
+                {**BASE, "engine": {"block_size": 3}}, {**BASE, "engine": {"block_size": 256}}):
+        with pytest.raises(InputError):
+            scenario_from_dict(bad)
+        assert not check.is_valid(bad), bad
     jsonschema.Draft202012Validator.check_schema(s)
     assert s["$schema"] == "https://json-schema.org/draft/2020-12/schema"
 
