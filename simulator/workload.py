@@ -290,9 +290,9 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
     # past int64 once drawn (uniform's max is drawn too); no model holds such a context
     for name in (centre, "min", "max"):   # a clip max past it bounds nothing a run holds
         v = getattr(dist_cfg, name, None) if name else None
-        if v is not None and v > MAX_COUNT:
-            raise ValueError(f"{name} {v:g} is above {MAX_COUNT:.0e} (a count of tokens or "
-                             f"turns)")
+        if v is not None and v > MAX_COUNT:   # .10g: 1000000001 is no "1e+09 above 1e+09"
+            raise SubkeyError(name, f"{v:.10g} is above {MAX_COUNT:.0e} (a count of tokens "
+                                    f"or turns)")
     if isinstance(dist_cfg, FixedDist) and (dist_cfg.value < 1
                                             or dist_cfg.value != int(dist_cfg.value)):
         raise ValueError(_below_one("fixed", "value", dist_cfg.value))
@@ -340,10 +340,13 @@ def sample_lengths(dist_cfg, n: int, rng: np.random.Generator, base_dir=".",
     Raises:
         InputError: empirical file malformed (naming the file and line).
         KeyedInputError: ``<key>.path``, the empirical file is missing; ``<key>``, bounds
-            that hold no integer >= 1.
+            that hold no integer >= 1, or clip bounds past the empirical column's median;
+            ``<key>.<value|mean|median|min|max>`` above 1e9.
     """
     try:
         lo, hi = length_bounds(dist_cfg)
+    except SubkeyError as e:
+        raise KeyedInputError(f"{key}.{e.key}", str(e)) from None
     except ValueError as e:
         raise KeyedInputError(key, str(e)) from None
     x = _raw_samples(dist_cfg, n, rng, base_dir, integer=True, key=key)

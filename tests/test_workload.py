@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats
 
-from simulator.errors import InputError, KeyedInputError
+from simulator.errors import InputError, KeyedInputError, SubkeyError
 from simulator.policy import Request, RequestSpec
 from simulator.workload import (GammaArrival, WorkloadConfig, arrival_times_ns,
                                 build_workload, length_bounds, sample_durations_ns,
@@ -544,7 +544,7 @@ def test_bad_config_is_rejected(bad, where):
     # uniform's min is a parameter, not a clip: its 0s would double the share of 1
     ("prompt_tokens", {"dist": "uniform", "min": 0, "max": 3}, "uniform min 0 draws 0"),
     # drawn as integers: past int64 it was a traceback
-    ("prompt_tokens", {"dist": "uniform", "min": 1, "max": 1e30}, "max 1e+30 is above 1e+09"),
+    ("prompt_tokens", {"dist": "uniform", "min": 1, "max": 1e30}, "1e+30 is above 1e+09"),
     ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
      "[min, max] = [5.2, 5.8] holds no integer >= 1"),
 ])
@@ -650,19 +650,25 @@ def test_negative_clip_bounds_are_refused_as_negative(key):
         DIST.validate_python({"dist": "lognormal", "median": 96, "p90": 320, key: -1})
 
 
-@pytest.mark.parametrize("d, msg", [
-    ({"dist": "fixed", "value": 1e30}, "value 1e+30 is above 1e+09"),
-    ({"dist": "lognormal", "median": 1e30, "p90": 2e30}, "median 1e+30 is above 1e+09"),
-    ({"dist": "normal", "mean": 1e30, "std": 1}, "mean 1e+30 is above 1e+09"),
-    ({"dist": "uniform", "min": 1e30, "max": 2e30}, "min 1e+30 is above 1e+09"),
+@pytest.mark.parametrize("d, key, msg", [
+    ({"dist": "fixed", "value": 1e30}, "value", "1e+30 is above 1e+09"),
+    ({"dist": "lognormal", "median": 1e30, "p90": 2e30}, "median", "1e+30 is above 1e+09"),
+    ({"dist": "normal", "mean": 1e30, "std": 1}, "mean", "1e+30 is above 1e+09"),
+    ({"dist": "uniform", "min": 1e30, "max": 2e30}, "min", "1e+30 is above 1e+09"),
     # a clip max past any context bounds nothing: refused as the value and min are
-    ({"dist": "lognormal", "median": 100, "p90": 200, "max": 1e12}, "max 1e+12 is above"),
-    ({"dist": "normal", "mean": 100, "std": 5, "max": 2e9}, "max 2e+09 is above 1e+09"),
+    ({"dist": "lognormal", "median": 100, "p90": 200, "max": 1e12}, "max", "1e+12 is above"),
+    # in full: 1000000001 printed as 1e+09 read "1e+09 is above 1e+09"
+    ({"dist": "normal", "mean": 100, "std": 5, "max": 1_000_000_001}, "max",
+     "1000000001 is above 1e+09"),
 ])
-def test_counts_past_any_context_are_refused(d, msg):
+def test_counts_past_any_context_are_refused(d, key, msg):
     # drawn, they would pass int64 (a traceback, not an error naming the key)
-    with pytest.raises(ValueError, match=re.escape(msg)):
+    with pytest.raises(SubkeyError, match=re.escape(msg)) as e:
         length_bounds(DIST.validate_python(d))
+    assert e.value.key == key
+    with pytest.raises(KeyedInputError) as e:   # drawn directly: the key and its field
+        sample_lengths(DIST.validate_python(d), 3, rng(), key="workload.output_tokens")
+    assert e.value.key == f"workload.output_tokens.{key}"
 
 
 def test_a_tail_past_int64_is_clipped_not_wrapped():
