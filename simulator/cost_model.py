@@ -1220,6 +1220,9 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             if prof.error is not None and prof.error.heldout is not None else "")
     label = (f"{kind}: profile {prof.display_name} ({prof.engine}, {prof.provenance.date}"
              f"{held})")
+    if residuals is not None:   # the same profile priced otherwise: say how
+        label += (f"; each step × (1 + one of its {len(residuals)} fit residuals, drawn at "
+                  f"random: cost_noise empirical)")
     if prof.idle is not None:   # it moves TTFT at low load: say it is priced
         label += (f"; the first step after idle pays +{prof.idle.seconds(1.0) * 1e3:.3g} ms "
                   f"after 1 s (profile idle)")

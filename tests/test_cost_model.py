@@ -635,6 +635,10 @@ def test_empirical_noise(tmp_path):
     a = draws(1)
     assert set(a) == {round(0.5 * t * 1e9), round(1.5 * t * 1e9)}
     assert a == draws(1) and a != draws(2)
+    # the source says the steps are noisy: a sweep over cost_noise had one label for both
+    assert build_cost_model(sc).label.endswith(
+        "; each step × (1 + one of its 2 fit residuals, drawn at random: cost_noise empirical)")
+    assert "cost_noise" not in base.label
     # replicas share one loaded profile, each with its own draws
     twin = build_cost_model(sc, np.random.default_rng(2)).with_rng(np.random.default_rng(1))
     assert [twin.step_time_ns(p) for _ in range(100)] == a
