@@ -780,6 +780,9 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
              f"all-reduce over the GPUs' link within a node only (vLLM across nodes adds "
              f"the network, which it does not model); at most {MAX_TP}, with more replicas "
              f"for more capacity", also=("hardware.profile",))
+    if one_node and sc.hardware.cost_noise == "empirical":   # a sweep point of its own
+        refuse(("hardware", "cost_noise"), "empirical needs a measured profile's residuals; "
+                                           "a projection has none", also=("hardware.profile",))
     why = tp_refusal(shape, tp)
     if why:
         top = min(MAX_TP, shape.num_attention_heads) if one_node else shape.num_attention_heads

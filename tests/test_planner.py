@@ -2013,3 +2013,18 @@ def test_a_sweep_warns_of_each_points_workload(tmp_path, capsys):
                  "serial", "--quiet", "--out", str(tmp_path / "sw2")]) == 0
     said = [x for x in capsys.readouterr().err.splitlines() if "below 1" in x]
     assert said == ["servesim: warning: workload.prompt_tokens: 17%" + tail]
+
+
+def test_empirical_noise_on_a_projection_is_one_invalid_point_of_a_sweep(tmp_path, capsys):
+    # the whole sweep was refused for it, though the point without noise runs
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace("{step_time: {constant_s: 0.01}, price_per_gpu_hour: 1.0}",
+                                    "{profile: h100-sxm}")
+                 .replace("num_requests: 200", "num_requests: 30"))
+    assert main(["sweep", str(y), "--set", "hardware.cost_noise=none,empirical", "--executor",
+                 "serial", "--quiet", "--out", str(tmp_path / "sw")]) == 0
+    import pandas as pd
+    t = pd.read_csv(tmp_path / "sw" / "sweep.csv")
+    assert list(t["stability"]) == ["stable", "invalid config"]
+    assert t["note"][1] == ("hardware.cost_noise: empirical needs a measured profile's "
+                            "residuals; a projection has none")
