@@ -290,9 +290,10 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
     # past int64 once drawn (uniform's max is drawn too); no model holds such a context
     for name in (centre, "min", "max"):   # a clip max past it bounds nothing a run holds
         v = getattr(dist_cfg, name, None) if name else None
-        if v is not None and v > MAX_COUNT:   # .10g: 1000000001 is no "1e+09 above 1e+09"
-            raise SubkeyError(name, f"{v:.10g} is above {MAX_COUNT:.0e} (a count of tokens "
-                                    f"or turns)")
+        if v is not None and v > MAX_COUNT:   # in full: 1000000001 is no "1e+09 above 1e+09"
+            shown = f"{int(v)}" if v == int(v) and v < 1e16 else repr(v)
+            raise SubkeyError(name, f"{shown} is above {MAX_COUNT:.0e} (a count of tokens or "
+                                    f"turns)")
     if isinstance(dist_cfg, FixedDist) and (dist_cfg.value < 1
                                             or dist_cfg.value != int(dist_cfg.value)):
         raise ValueError(_below_one("fixed", "value", dist_cfg.value))

@@ -656,10 +656,14 @@ def test_negative_clip_bounds_are_refused_as_negative(key):
     ({"dist": "normal", "mean": 1e30, "std": 1}, "mean", "1e+30 is above 1e+09"),
     ({"dist": "uniform", "min": 1e30, "max": 2e30}, "min", "1e+30 is above 1e+09"),
     # a clip max past any context bounds nothing: refused as the value and min are
-    ({"dist": "lognormal", "median": 100, "p90": 200, "max": 1e12}, "max", "1e+12 is above"),
+    ({"dist": "lognormal", "median": 100, "p90": 200, "max": 1e12}, "max", "1000000000000 is above"),
     # in full: 1000000001 printed as 1e+09 read "1e+09 is above 1e+09"
     ({"dist": "normal", "mean": 100, "std": 5, "max": 1_000_000_001}, "max",
      "1000000001 is above 1e+09"),
+    ({"dist": "normal", "mean": 100, "std": 5, "max": 999_999_999_999}, "max",
+     "999999999999 is above 1e+09"),
+    ({"dist": "normal", "mean": 100, "std": 5, "max": 1_000_000_000.5}, "max",
+     "1000000000.5 is above 1e+09"),
 ])
 def test_counts_past_any_context_are_refused(d, key, msg):
     # drawn, they would pass int64 (a traceback, not an error naming the key)
