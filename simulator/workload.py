@@ -161,7 +161,7 @@ Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, Empiri
                  Field(discriminator="dist")]
 # What the shorthands take, as the JSON schema states it: a plain count of turns, a plain
 # number of seconds (:func:`_turns_as_fixed`, :func:`_number_as_fixed`).
-Turns = Union[Annotated[int, Field(ge=1)], Dist]
+Turns = Union[Annotated[int, Field(ge=1, le=MAX_COUNT)], Dist]
 Seconds = Union[Annotated[float, Field(ge=0)], Dist]
 
 
@@ -248,9 +248,10 @@ def _turns_as_fixed(v):
     """Before the schema: a plain integer of turns ``n`` is ``{dist: fixed, value: n}``
     (as ``think_time_s`` takes a plain number), then :func:`_count_centre_first`."""
     if isinstance(v, int) and not isinstance(v, bool):
-        if v < 1:   # said here: after the conversion the error would name ".value"
-            raise ValueError(f"must be a whole number of turns >= 1 (or a distribution "
-                             f"such as {{dist: uniform, min: 2, max: 6}}), got {v!r}")
+        if not 1 <= v <= MAX_COUNT:   # said here: after the conversion it would name ".value"
+            raise ValueError(f"must be a whole number of turns from 1 to {MAX_COUNT:.0e} (or "
+                             f"a distribution such as {{dist: uniform, min: 2, max: 6}}), "
+                             f"got {v!r}")
         v = {"dist": "fixed", "value": v}
     elif not isinstance(v, dict):
         raise ValueError(f"expected a whole number of turns >= 1 or a distribution such as "
