@@ -142,7 +142,9 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                                  "slo_met", "binding", "note"]
     shown = [c for c in shown if c in t]
     b: list = [("h1", title),
-               ("p", f"Step costs: **{'; '.join(kinds) or 'n/a'}**. " + UNSTABLE_RULE + " A "
+               ("p", "Step costs: " + ("; ".join(f"**{k}**" for k in kinds) or "n/a")
+                     + (" (each point's: `cost_model` in sweep.csv)" if len(kinds) > 1
+                        else "") + ". " + UNSTABLE_RULE + " A "
                      "point *rejects requests* when some prompts have max_model_len "
                      "tokens or more (vLLM refuses them; `rejected` counts them per run): "
                      "they never finish, so the throughput test cannot judge its queue. "

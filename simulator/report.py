@@ -930,7 +930,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
         b.append(("p", note))
     # in the plans' column order, each once
     kinds = cost_sources(e["result"].summary for e in entries)
-    b.append(("p", f"Step costs: **{'; '.join(kinds)}** (per plan in the last rows)."
+    b.append(("p", "Step costs: " + "; ".join(f"**{k}**" for k in kinds)
+                   + " (per plan in the last rows)."
                    + (" A plan run with replications shows the mean over them, its 95% "
                       "confidence interval in brackets (SLO met: in every replication)."
                       if with_ci else "")))

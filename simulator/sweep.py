@@ -193,7 +193,8 @@ class SweepResult:
             rejected or conversations ended in their ramp, which it cannot judge),
             ``rejected`` (requests rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
-            ``cost_kind``, and ``*_ci95`` columns (``[lo, hi]``) with replications. A point
+            ``cost_kind``, ``cost_model`` (the step-cost source in full), and ``*_ci95``
+            columns (``[lo, hi]``) with replications. A point
             whose model and KV cache do not fit its GPU, or whose settings vLLM refuses
             together, is not run: its ``stability`` is :data:`DOES_NOT_FIT` or
             :data:`INVALID`, ``note`` says why (a column only then), its figures are
@@ -341,6 +342,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row["slo_met"] = (all(s.get("slo_met") for s in sums)
                           if sums[0].get("slo_met") is not None else None)
         row["cost_kind"] = sums[0].get("cost_kind")
+        row["cost_model"] = sums[0].get("cost_model")   # in full: a swept profile or noise
         row["binding"] = group[0].get("binding")
         rows.append(row)
     ran = next(r for r in rows if r["stability"] not in NOT_RUN)

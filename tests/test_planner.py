@@ -1794,7 +1794,7 @@ def test_compare_names_the_step_costs_in_the_plans_column_order(tmp_path, capsys
                  str(tmp_path / "cmp")]) == 0
     md = (tmp_path / "cmp" / "report.md").read_text()
     assert ("Step costs: **projected: roofline h100-sxm, tensor_parallel=1, default "
-            "efficiencies (MBU 0.7, MFU 0.5); inline: constant 10 ms/step**") in md
+            "efficiencies (MBU 0.7, MFU 0.5)**; **inline: constant 10 ms/step**") in md
 
 
 def test_a_piped_table_wider_than_80_columns_keeps_each_number_whole(capsys, monkeypatch):
@@ -1964,6 +1964,19 @@ def test_the_sweep_report_names_the_profile_with_its_held_out_error(tmp_path):
                            f"({p.engine}, {p.provenance.date}; held-out step-cost MAPE "
                            f"{p.error.heldout.mape:.1%})")
     assert line.count("profile cpu-llama-tiny-56m-bfloat16") == 1
+    # two sources (the same profile, with and without noise): each bold, each point's in
+    # sweep.csv
+    assert main(["sweep", str(y), "--set", "hardware.cost_noise=none,empirical", "--executor",
+                 "serial", "--quiet", "--out", str(tmp_path / "cn")]) == 0
+    md = (tmp_path / "cn" / "report.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("Step costs: **"))
+    import pandas as pd
+    sources = list(pd.read_csv(tmp_path / "cn" / "sweep.csv")["cost_model"])
+    assert sources[1] == sources[0] + (
+        f"; each step × (1 + one of its {len(p.noise.relative_residuals)} fit residuals, "
+        f"drawn at random: cost_noise empirical)")
+    assert line.startswith(f"Step costs: **{sources[0]}**; **{sources[1]}** (each point's: "
+                           f"`cost_model` in sweep.csv). ")
 
 
 def test_a_report_that_cannot_be_written_is_the_one_line_plan_and_compare_print(
