@@ -96,6 +96,9 @@ class _Strict(BaseModel):
     model_config = STRICT_SCHEMA
 
 
+_LINEAR_TERMS = ("base_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s")
+
+
 class StepTimeConfig(_Strict):
     """Inline step-time model (what-if and tests), instead of a hardware profile.
 
@@ -105,6 +108,12 @@ class StepTimeConfig(_Strict):
     finite. The simulated clock ticks in ns: ``constant_s`` is at least 1 ns, and a linear
     step priced below 1 ns (a per-token term is often less) takes 1 ns.
     """
+
+    # either form, not both (a key set to null is absent), as _one_form checks
+    model_config = ConfigDict(**STRICT_SCHEMA, json_schema_extra={"oneOf": [
+        {"required": ["constant_s"], "properties": {"constant_s": {"type": "number"}}},
+        {"anyOf": [{"required": [k], "properties": {k: {"type": "number"}}}
+                   for k in _LINEAR_TERMS]}]})
 
     constant_s: Optional[float] = Field(
         None, ge=1e-9, description="seconds per step (the simulated clock ticks in ns)")
@@ -116,8 +125,7 @@ class StepTimeConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_form(self):
-        linear = [self.base_s, self.per_prefill_token_s, self.per_decode_seq_s,
-                  self.per_context_token_s]
+        linear = [getattr(self, k) for k in _LINEAR_TERMS]
         if self.constant_s is not None and any(v is not None for v in linear):
             raise ValueError("give either constant_s, or the linear terms (base_s, "
                              "per_prefill_token_s, per_decode_seq_s, per_context_token_s), "
@@ -145,7 +153,8 @@ class HardwareConfig(_Strict):
     # a key set to null is as good as absent, to the loader and so to the schema
     model_config = ConfigDict(**STRICT_SCHEMA, json_schema_extra={"oneOf": [
         {"required": ["profile"], "properties": {"profile": {"type": "string"}}},
-        {"required": ["step_time"], "properties": {"step_time": {"type": "object"}}}]})
+        {"required": ["step_time"], "properties": {"step_time": {"type": "object"},
+                                                   "cost_noise": {"const": "none"}}}]})
 
     profile: Optional[str] = Field(
         None, description="catalog GPU (projected) or calibration profile name/path (measured)",
@@ -348,10 +357,13 @@ class PlanConfig(_Strict):
     target_rate: Optional[float] = Field(
         None, gt=0, le=MAX_RATE, description="requests/s the whole deployment must serve "
                                              "(--target-rate overrides; at most 1e9)")
-    candidates: dict[str, Annotated[list[Any], AfterValidator(_candidate_values)]] = Field(
+    candidates: dict[str, Annotated[list[Any], AfterValidator(_candidate_values),
+                                    Field(json_schema_extra={"minItems": 1})]] = Field(
         default_factory=dict, description="key path -> values to try (cross product)")
     # inf/nan reach _price, whose message gives the unit
-    prices: dict[str, Annotated[float, Field(allow_inf_nan=True), AfterValidator(_price)]] = Field(
+    prices: dict[str, Annotated[float, Field(allow_inf_nan=True), AfterValidator(_price),
+                                Field(json_schema_extra={"minimum": 0,
+                                                         "maximum": MAX_PRICE})]] = Field(
         default_factory=dict, description="GPU name -> USD per GPU-hour (overrides catalog)")
     tolerance: float = Field(0.02, gt=0, lt=0.5, description=(
         "indifference zone: relative bracket width at which the rate search stops, and "

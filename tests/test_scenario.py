@@ -599,7 +599,13 @@ def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
     for hw in ({"profile": "h100-sxm"}, {"step_time": {"constant_s": 0.01}},
                {"profile": "h100-sxm", "step_time": {"constant_s": 0.01}}, {},
                {"profile": None, "step_time": {"constant_s": 0.01}},
-               {"profile": "h100-sxm", "step_time": None}, {"profile": None}):
+               {"profile": "h100-sxm", "step_time": None}, {"profile": None},
+               {"step_time": {"constant_s": 0.01}, "cost_noise": "empirical"},
+               {"step_time": {"constant_s": 0.01}, "cost_noise": "none"},
+               {"step_time": {}}, {"step_time": {"constant_s": None}},
+               {"step_time": {"constant_s": 0.01, "base_s": 0.01}},
+               {"step_time": {"constant_s": None, "base_s": 0.01}},
+               {"step_time": {"per_decode_seq_s": 0.01, "base_s": 0.001}}):
         try:
             scenario_from_dict({**BASE, "hardware": hw})
             loads = True
@@ -612,7 +618,10 @@ def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
                 {**BASE, "hardware": {"profile": " "}},
                 {**BASE, "workload": {**BASE["workload"], "prompt_tokens": blank}},
                 {**BASE, "workload": {"trace": {"path": "", "format": "azure"}}},
-                {**BASE, "engine": {"block_size": 3}}, {**BASE, "engine": {"block_size": 256}}):
+                {**BASE, "engine": {"block_size": 3}}, {**BASE, "engine": {"block_size": 256}},
+                {**BASE, "plan": {"candidates": {"engine.max_num_seqs": []}}},
+                {**BASE, "plan": {"prices": {"h100-sxm": -1}}},
+                {**BASE, "plan": {"prices": {"h100-sxm": 1e7}}}):
         with pytest.raises(InputError):
             scenario_from_dict(bad)
         assert not check.is_valid(bad), bad
