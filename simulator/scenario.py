@@ -411,7 +411,10 @@ class Scenario(_Strict):
     """A validated scenario. ``base_dir`` (folder of the scenario file) resolves relative
     paths; ``source`` names the file in error messages."""
 
-    name: str = "scenario"
+    # one folder name, as _one_folder_name checks (its length in bytes and printability
+    # are the loader's alone)
+    name: str = Field("scenario", json_schema_extra={
+        "pattern": r"^(?!\.{1,2}$)[^/\\\x00]*[^/\\\x00\s][^/\\\x00]*$"})
     model: Union[Annotated[str, Field(json_schema_extra={"pattern": NONBLANK})],
                  dict[str, Any]] = Field(
         description="catalog name | path to an HF config.json | inline mapping of HF config keys")

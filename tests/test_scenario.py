@@ -621,10 +621,14 @@ def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
                 {**BASE, "engine": {"block_size": 3}}, {**BASE, "engine": {"block_size": 256}},
                 {**BASE, "plan": {"candidates": {"engine.max_num_seqs": []}}},
                 {**BASE, "plan": {"prices": {"h100-sxm": -1}}},
-                {**BASE, "plan": {"prices": {"h100-sxm": 1e7}}}):
+                {**BASE, "plan": {"prices": {"h100-sxm": 1e7}}},
+                *({**BASE, "name": n} for n in ("", " ", ".", "..", "a/b", "a\\b", "x\0"))):
         with pytest.raises(InputError):
             scenario_from_dict(bad)
         assert not check.is_valid(bad), bad
+    for n in ("chat", "a.b", "...", " x ", "é"):   # names both take
+        scenario_from_dict({**BASE, "name": n})
+        assert check.is_valid({**BASE, "name": n}), n
     jsonschema.Draft202012Validator.check_schema(s)
     assert s["$schema"] == "https://json-schema.org/draft/2020-12/schema"
 
