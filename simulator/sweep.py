@@ -281,8 +281,9 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         points = grid(axes)
     except ValueError as e:
         raise InputError(f"--set: the swept values make {e}") from None
+    typed = grid(axes, parse=False)
     scs, misfits = [], []
-    for p in grid(axes, parse=False):
+    for p in typed:
         try:
             sc = derive(scenario, typed_overrides(p), Path.cwd())   # values typed on the CLI
         except Refused as e:   # a row of its own, as a point that does not fit
@@ -353,7 +354,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     table["rejected"] = pd.Series([r.get("rejected") for r in rows], index=table.index,
                                   dtype=object)   # a count beside a point not run: 7, not 7.0
     keys = list(axes)
-    ran = [p for p, m in zip(grid(axes, parse=False), misfits) if m is None]
+    ran = [p for p, m in zip(typed, misfits) if m is None]
     return SweepResult(dict(axes), table, knees(table, keys), per_point,
                        setup_warnings(runs) + point_warnings(ran, runs),
                        slo_met_at(table, keys))
@@ -366,8 +367,12 @@ def point_warnings(points: list[dict], scenarios) -> list[str]:
     from .workload import workload_warnings
 
     said: dict[str, list[dict]] = {}
+    checked: dict[tuple, list[str]] = {}   # points sharing a workload: a trace read once
     for p, sc in zip(points, scenarios):
-        for w in workload_warnings(sc.workload, sc.base_dir):
+        key = (sc.workload.model_dump_json(), str(sc.base_dir))
+        if key not in checked:
+            checked[key] = workload_warnings(sc.workload, sc.base_dir)
+        for w in checked[key]:
             said.setdefault(w, []).append(p)
     return [w if len(at) == len(points) else
             "at " + "; ".join(" ".join(typed_overrides(p)) for p in at) + f": {w}"

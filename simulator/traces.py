@@ -79,12 +79,12 @@ class TraceColumns(BaseModel):
     def _distinct(self):
         # one column read as arrival and as lengths ran each request with its arrival's
         # seconds as its token counts
-        fields = ("arrival", "prompt_tokens", "output_tokens")
-        for i, a in enumerate(fields):
-            b = next((b for b in fields[i + 1:] if getattr(self, b) == getattr(self, a)), None)
-            if b:
-                raise ValueError(f"{a} and {b} both name column {getattr(self, a)!r}: each "
-                                 f"reads a column of its own")
+        named: dict[str, str] = {}
+        for field, column in self:
+            if column in named:
+                raise ValueError(f"{named[column]} and {field} both name column {column!r}: "
+                                 f"each reads a column of its own")
+            named[column] = field
         return self
 
 
@@ -108,11 +108,6 @@ class TraceConfig(BaseModel):
     model_config = STRICT_SCHEMA
 
     path: str = Field(json_schema_extra={"pattern": NONBLANK})
-
-    @field_validator("path")
-    @classmethod
-    def _named(cls, v):
-        return nonempty_path(v)
     format: Literal["azure", "mooncake", "csv", "jsonl"]
     columns: Optional[TraceColumns] = None
     arrival_unit: Optional[Literal["s", "ms", "us", "iso"]] = None
@@ -121,6 +116,8 @@ class TraceConfig(BaseModel):
     spread_ties: bool = Field(False, description=(
         "spread requests that share a timestamp evenly over one timestamp step (for traces "
         "stamped at a coarse resolution, such as Mooncake's 3 s steps)"))
+
+    _named = field_validator("path")(nonempty_path)
 
     @field_validator("window_s", mode="before")
     @classmethod
