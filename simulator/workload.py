@@ -159,9 +159,54 @@ class EmpiricalDist(_Dist):
 
 Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist],
                  Field(discriminator="dist")]
+
+
+# What a count key (tokens, turns) takes, as the JSON schema states it. Never built: the
+# loader checks counts in :func:`length_bounds`, with messages naming the rule; these only
+# narrow the schema's bounds so that an editor flags what the loader refuses. Rules across
+# keys (min <= centre <= max, p90 >= median) stay the loader's alone.
+class _CountClip(_Dist):
+    min: Optional[float] = Field(None, ge=0, le=MAX_COUNT)
+    max: Optional[float] = Field(None, ge=1, le=MAX_COUNT)   # below 1 it holds no count
+
+
+class FixedCount(_CountClip, FixedDist):
+    """``{dist: fixed, value}`` for a count: a whole ``value`` from 1 to 1e9."""
+
+    value: int = Field(ge=1, le=MAX_COUNT)   # a whole number (3.0 is one to JSON Schema)
+
+
+class UniformCount(UniformDist):
+    """``{dist: uniform, min, max}`` for a count: integers in ``[min, max]`` inclusive,
+    ``0 < min``, ``1 <= max <= 1e9``."""
+
+    min: float = Field(gt=0, le=MAX_COUNT)   # a draw of 0 would become 1
+    max: float = Field(ge=1, le=MAX_COUNT)
+
+
+class NormalCount(_CountClip, NormalDist):
+    """``{dist: normal, mean, std}`` for a count: rounded draws, ``mean`` from 1 to 1e9."""
+
+    mean: float = Field(ge=1, le=MAX_COUNT)
+
+
+class LognormalCount(_CountClip, LognormalDist):
+    """``{dist: lognormal, median, p90}`` for a count: rounded draws, ``median`` from 1 to
+    1e9."""
+
+    median: float = Field(ge=1, le=MAX_COUNT)
+
+
+class EmpiricalCount(_CountClip, EmpiricalDist):
+    """``{dist: empirical, path, column}`` for a count: the column's values are whole
+    numbers from 1 to 1e9 (checked when the file is read)."""
+
+
+CountDist = Annotated[Union[FixedCount, UniformCount, NormalCount, LognormalCount,
+                            EmpiricalCount], Field(discriminator="dist")]
 # What the shorthands take, as the JSON schema states it: a plain count of turns, a plain
 # number of seconds (:func:`_turns_as_fixed`, :func:`_number_as_fixed`).
-Turns = Union[Annotated[int, Field(ge=1, le=MAX_COUNT)], Dist]
+Turns = Union[Annotated[int, Field(ge=1, le=MAX_COUNT)], CountDist]
 Seconds = Union[Annotated[float, Field(ge=0)], Dist]
 
 
@@ -626,8 +671,9 @@ class WorkloadConfig(BaseModel):
             return arr.concurrency
         return self.max_concurrency
 
-    _lengths_count = field_validator("prompt_tokens", "output_tokens",
-                                     mode="before")(_count_centre_first)
+    _lengths_count = field_validator("prompt_tokens", "output_tokens", mode="before",
+                                     json_schema_input_type=Optional[CountDist])(
+                                         _count_centre_first)
 
     @field_validator("prompt_tokens", "output_tokens")
     @classmethod

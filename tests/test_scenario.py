@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.errors import InputError
 from simulator.scenario import (apply_overrides, load_scenario, scenario_from_dict,
@@ -631,6 +633,71 @@ def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
         assert check.is_valid({**BASE, "name": n}), n
     jsonschema.Draft202012Validator.check_schema(s)
     assert s["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+
+
+_NUMBERS = st.sampled_from([0, 0.5, 1, 1.0, 2, 2.5, 3, 100, 1e9, 1e9 + 1, 1e12])
+
+
+@st.composite
+def _count_dists(draw):
+    """A distribution mapping with each key absent, or a number from around the count
+    bounds (0, 1, whole or not, 1e9)."""
+    dist = draw(st.sampled_from(["fixed", "uniform", "normal", "lognormal"]))
+    keys = {"fixed": ["value"], "uniform": ["min", "max"], "normal": ["mean", "std"],
+            "lognormal": ["median", "p90"]}[dist]
+    d = {"dist": dist, **{k: draw(_NUMBERS) for k in keys}}
+    for clip in ("min", "max"):
+        if clip not in d and draw(st.booleans()):
+            d[clip] = draw(_NUMBERS)
+    return d
+
+
+@settings(max_examples=300, deadline=None)
+@given(where=st.sampled_from(["prompt_tokens", "output_tokens", "turns"]),
+       dist=_count_dists())
+def test_the_json_schema_takes_every_count_the_loader_takes(where, dist):
+    # an editor must never flag a count the loader runs (the schema cannot state the rules
+    # across keys, min <= centre <= max, so it may take more)
+    import jsonschema
+    wl = dict(BASE["workload"])
+    if where == "turns":
+        wl["sessions"] = {"turns": dist}
+    else:
+        wl[where] = dist
+    try:
+        scenario_from_dict({**BASE, "workload": wl})
+    except InputError:
+        return
+    assert jsonschema.Draft202012Validator(scenario_json_schema()).is_valid(
+        {**BASE, "workload": wl}), (where, dist)
+
+
+@pytest.mark.parametrize("dist", [
+    {"dist": "fixed", "value": 2.5}, {"dist": "fixed", "value": 0},
+    {"dist": "fixed", "value": 1e9 + 1}, {"dist": "fixed", "value": 5, "max": 1e9 + 1},
+    {"dist": "uniform", "min": 0, "max": 5}, {"dist": "uniform", "min": 0.2, "max": 0.8},
+    {"dist": "uniform", "min": 1, "max": 1e9 + 1},
+    {"dist": "normal", "mean": 0.5, "std": 1}, {"dist": "normal", "mean": 1e9 + 1, "std": 1},
+    {"dist": "normal", "mean": 5, "std": 1, "max": 0.5},
+    {"dist": "lognormal", "median": 0.5, "p90": 2},
+    {"dist": "empirical", "path": "x.csv", "column": "n", "max": 1e10}])
+def test_counts_the_loader_refuses_the_json_schema_refuses(dist):
+    import jsonschema
+    check = jsonschema.Draft202012Validator(scenario_json_schema())
+    for where in ("prompt_tokens", "output_tokens", "turns"):
+        wl = dict(BASE["workload"])
+        if where == "turns":
+            wl["sessions"] = {"turns": dist}
+        else:
+            wl[where] = dist
+        with pytest.raises(InputError):
+            scenario_from_dict({**BASE, "workload": wl})
+        assert not check.is_valid({**BASE, "workload": wl}), where
+    # times take what counts may not: think_time_s 2.5 s, 0 s, 0.2..0.8 s
+    if dist.get("value") in (2.5, 0) or dist.get("min") == 0.2:
+        wl = {**BASE["workload"], "sessions": {"turns": 2, "think_time_s": dist}}
+        scenario_from_dict({**BASE, "workload": wl})
+        assert check.is_valid({**BASE, "workload": wl})
 
 
 @pytest.mark.parametrize("hardware,expected", [
