@@ -35,7 +35,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import numpy as np
 import pandas as pd
@@ -104,8 +104,12 @@ class TraceConfig(BaseModel):
             (:func:`spread_ties`), before ``time_scale``; default off (replayed as one burst).
     """
 
-    # Strict like the rest of the scenario ("1" and true are not numbers).
-    model_config = STRICT_SCHEMA
+    # Strict like the rest of the scenario ("1" and true are not numbers). The schema states
+    # _check's rule: columns (and arrival_unit) belong to the generic formats alone.
+    model_config = ConfigDict(**STRICT_SCHEMA, json_schema_extra={
+        "if": {"properties": {"format": {"enum": ["csv", "jsonl"]}}},
+        "then": {"required": ["columns"], "properties": {"columns": {"type": "object"}}},
+        "else": {"properties": {"columns": {"type": "null"}, "arrival_unit": {"type": "null"}}}})
 
     path: str = Field(json_schema_extra={"pattern": NONBLANK})
     format: Literal["azure", "mooncake", "csv", "jsonl"]
@@ -119,7 +123,8 @@ class TraceConfig(BaseModel):
 
     _named = field_validator("path")(nonempty_path)
 
-    @field_validator("window_s", mode="before")
+    @field_validator("window_s", mode="before", json_schema_input_type=Optional[tuple[
+        Annotated[float, Field(ge=0)], Annotated[float, Field(gt=0)]]])
     @classmethod
     def _yaml_list(cls, v):
         # Said here: pydantic's tuple errors read "window_s.1: required key missing".

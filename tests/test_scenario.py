@@ -635,6 +635,35 @@ def test_the_json_schema_takes_every_shipped_scenario_and_the_shorthands():
     assert s["$schema"] == "https://json-schema.org/draft/2020-12/schema"
 
 
+def test_the_json_schema_states_which_trace_formats_take_columns(tmp_path):
+    import jsonschema
+    check = jsonschema.Draft202012Validator(scenario_json_schema())
+    (tmp_path / "t.csv").write_text("t,p,o\n0,10,5\n1,12,6\n")
+    (tmp_path / "a.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    "2023-11-16 18:15:46.6805900,10,5\n"
+                                    "2023-11-16 18:15:47.6805900,12,6\n")
+    cols = {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}
+    for trace, loads in (
+            ({"path": "t.csv", "format": "csv", "columns": cols}, True),
+            ({"path": "t.csv", "format": "csv", "columns": cols, "arrival_unit": "ms"}, True),
+            ({"path": "t.csv", "format": "csv"}, False),                  # columns required
+            ({"path": "t.csv", "format": "csv", "columns": None}, False),
+            ({"path": "a.csv", "format": "azure"}, True),
+            ({"path": "a.csv", "format": "azure", "columns": None}, True),
+            ({"path": "a.csv", "format": "azure", "columns": cols}, False),   # csv/jsonl's
+            ({"path": "a.csv", "format": "azure", "arrival_unit": "s"}, False),
+            ({"path": "a.csv", "format": "azure", "window_s": [0, 5]}, True),
+            ({"path": "a.csv", "format": "azure", "window_s": [-1, 5]}, False),
+            ({"path": "a.csv", "format": "azure", "window_s": [0, 0]}, False)):
+        d = {**BASE, "workload": {"trace": trace}}
+        if loads:
+            scenario_from_dict(d, base_dir=tmp_path)
+        else:
+            with pytest.raises(InputError):
+                scenario_from_dict(d, base_dir=tmp_path)
+        assert check.is_valid(d) == loads, trace
+
+
 _NUMBERS = st.sampled_from([0, 0.5, 1, 1.0, 2, 2.5, 3, 100, 1e9, 1e9 + 1, 1e12])
 
 
