@@ -178,6 +178,10 @@ def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
      "config.rms_norm_eps: a finite number > 0, got nan"),
     (lambda eng: LLMEngine({**CFG, "rope_theta": -1}, dict(num_gpu_blocks=64)),
      "config.rope_theta: a finite number > 0, got -1"),
+    (lambda eng: LLMEngine({**CFG, "rope_theta": None}, dict(num_gpu_blocks=64)),
+     "config.rope_theta: a finite number > 0, got None"),     # was a TypeError
+    (lambda eng: LLMEngine({**CFG, "rms_norm_eps": None}, dict(num_gpu_blocks=64)),
+     "config.rms_norm_eps: a finite number > 0, got None"),   # was a TypeError
     (lambda eng: LLMEngine({**CFG, "eos_token_id": 999}, dict(num_gpu_blocks=64)),
      "config.eos_token_id: a token id in [0, 128) or a list of them, got 999"),
     (lambda eng: LLMEngine({**CFG, "hidden_size": 30}, dict(num_gpu_blocks=64)),

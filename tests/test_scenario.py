@@ -915,6 +915,10 @@ workload: {num_requests: 1, arrival: {process: poisson, rate: 1.0},
      "architecture 'gpt2' is not supported (supported: Llama, Qwen2, Mistral)"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_theta: abc", "rope_theta",
      "must be a finite number > 0 (got 'abc')"),   # was a ValueError traceback
+    ("vocab_size: 100", "vocab_size: 100\n  rope_theta: null", "rope_theta",
+     "must be a finite number > 0 (got null)"),    # was a TypeError traceback
+    ("vocab_size: 100", "vocab_size: 100\n  rms_norm_eps: null", "rms_norm_eps",
+     "must be a finite number > 0 (got null)"),    # was float()'s own words
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: 3", "rope_scaling",
      "must be a mapping or null"),
 ])

@@ -188,7 +188,7 @@ class ModelConfig:
         given = {k: v for k, v in (("rms_norm_eps", d.get("rms_norm_eps", 1e-6)),
                                    ("rope_theta", d.get("rope_theta", 10000.0)),
                                    ("rope_parameters.rope_theta", rope.get("rope_theta")))
-                 if v is not None}
+                 if v is not None or k in d}   # a null rope_theta is no RoPE base (HF's too)
         for key, v in given.items():   # NaN or a negative theta loaded and ran NaN logits
             if not _positive(v):
                 raise InputError(f"{source}.{key}: a finite number > 0, got {v!r}")

@@ -390,11 +390,12 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
     for key, holder in (("rope_theta", cfg), ("rope_theta", rope or {}),
                         ("rms_norm_eps", cfg)):
         v = holder.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                              or not 0 < v < math.inf):
+        # null at the top level is no value (transformers would build a NaN or fail)
+        if (v is not None or (holder is cfg and key in cfg)) and (
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
             where_key = key if holder is cfg else f"rope_parameters.{key}"
-            raise fail(where_key, f"{where_key} must be a finite number > 0 (got {v!r})",
-                       f"must be a finite number > 0 (got {v!r})")
+            raise fail(where_key, f"{where_key} must be a finite number > 0 (got {echo(v)})",
+                       f"must be a finite number > 0 (got {echo(v)})")
     rope_theta, rope_scaling = rope_from_hf(cfg)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise fail("rope_scaling", "rope_scaling must be a mapping or null",
