@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, WithJsonSchema, field_validator, model_validator
 
-from .catalog import ModelShape, load_model
+from .catalog import ModelShape, inline_model_json_schema, load_model
 from .errors import (STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, Refused,
                      SubkeyError)
 from .files import (echo, load_yaml, name_too_long, read_small_text, yaml_error_text,
@@ -416,7 +416,7 @@ class Scenario(_Strict):
     name: str = Field("scenario", json_schema_extra={
         "pattern": r"^(?!\.{1,2}$)[^/\\\x00]*[^/\\\x00\s][^/\\\x00]*$"})
     model: Union[Annotated[str, Field(json_schema_extra={"pattern": NONBLANK})],
-                 dict[str, Any]] = Field(
+                 Annotated[dict[str, Any], WithJsonSchema(inline_model_json_schema())]] = Field(
         description="catalog name | path to an HF config.json | inline mapping of HF config keys")
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     hardware: HardwareConfig

@@ -904,6 +904,35 @@ workload: {num_requests: 1, arrival: {process: poisson, rate: 1.0},
 """
 
 
+def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
+    import jsonschema
+    check = jsonschema.Draft202012Validator(scenario_json_schema())
+    model = yaml.safe_load(MODEL_FILE)["model"]
+    for change, loads in (
+            ({}, True), ({"num_key_value_heads": 2, "head_dim": 16}, True),
+            ({"num_key_value_heads": None, "head_dim": None}, True),
+            ({"architecture": "Qwen2", "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+              "rope_scaling": None, "torch_dtype": "bfloat16", "name": "x"}, True),
+            ({"vocab_size": None}, False), ({"vocab_size": 0}, False),
+            ({"hidden_size": "64"}, False), ({"num_hidden_layers": 10**13}, False),
+            ({"architecture": "GPT2"}, False), ({"rope_theta": 0}, False),
+            ({"rope_theta": None}, False), ({"rms_norm_eps": -1}, False),
+            ({"rope_scaling": 3}, False), ({"layers": 2}, False)):
+        d = {**yaml.safe_load(MODEL_FILE), "model": {**model, **change}}
+        if loads:
+            scenario_from_dict(d)
+        else:
+            with pytest.raises(InputError):
+                scenario_from_dict(d)
+        assert check.is_valid(d) == loads, change
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "vocab_size", "max_position_embeddings"):
+        d = {**yaml.safe_load(MODEL_FILE), "model": {k: v for k, v in model.items() if k != key}}
+        with pytest.raises(InputError):
+            scenario_from_dict(d)
+        assert not check.is_valid(d), key
+
+
 @pytest.mark.parametrize("old,new,key,msg", [
     ("num_attention_heads: 4", "num_attention_heads: abc", "num_attention_heads",
      "must be a positive integer (got 'abc')"),

@@ -48,6 +48,27 @@ _INLINE_EXTRA = ("name", "architectures", "model_type", "torch_dtype", "dtype",
                  "max_window_layers", "transformers_version")
 
 
+def inline_model_json_schema() -> dict:
+    """JSON Schema of an inline ``model:`` mapping, from the keys :func:`load_model` reads:
+    the shape's integers (1 to :data:`MAX_SHAPE_INT`; ``num_key_value_heads`` and
+    ``head_dim`` may be left out or null, derived as HF derives them), a supported
+    ``architecture``, RoPE base and RMSNorm epsilon > 0, and no other keys than
+    :data:`_SHAPE_KEYS` and :data:`_INLINE_EXTRA`. Rules across keys (heads that divide)
+    stay the loader's."""
+    derived = ("num_key_value_heads", "head_dim")
+    count = {"type": "integer", "minimum": 1, "maximum": MAX_SHAPE_INT}
+    props = {key: {} for key in _SHAPE_KEYS + _INLINE_EXTRA}
+    props.update({key: {"anyOf": [count, {"type": "null"}]} if key in derived else count
+                  for key in _INT_KEYS})
+    props.update(architecture={"enum": list(_HF_BY_ARCH)},
+                 rope_theta={"type": "number", "exclusiveMinimum": 0},
+                 rms_norm_eps={"type": "number", "exclusiveMinimum": 0},
+                 rope_scaling={"type": ["object", "null"]},
+                 rope_parameters={"type": ["object", "null"]})
+    return {"type": "object", "properties": props, "additionalProperties": False,
+            "required": [key for key in _INT_KEYS if key not in derived]}
+
+
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of ``dtype`` (``float32`` 4, ``bfloat16``/``float16`` 2).
 
@@ -427,4 +448,5 @@ def shape_from_dict(d: dict) -> ModelShape:
 
 
 __all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes", "list_hardware",
-           "list_models", "load_hardware", "load_model", "rope_from_hf", "shape_from_dict"]
+           "inline_model_json_schema", "list_models", "load_hardware", "load_model", "rope_from_hf",
+           "shape_from_dict"]
