@@ -435,13 +435,23 @@ def out_folder(arg: str | None, default: str | Path, flag: str = "--out") -> Pat
     """The output folder given as ``flag`` (``arg``), or ``default`` when it is not given.
 
     Raises:
-        InputError: an empty path (``--out ""`` would mean the current folder).
+        InputError: an empty path (``--out ""`` would mean the current folder), or ``-``
+            (standard output).
     """
     if arg is None:
         return Path(default)
     if not arg.strip():
         raise InputError(f"{flag}: empty path (give a folder, or leave {flag} out)")
+    _not_stdout(arg, flag)
     return through_parents(Path(arg))
+
+
+def _not_stdout(arg: str, flag: str) -> None:
+    """Refuse ``-``, the shell's name for standard output, which would make a folder
+    named ``-``; ``./-`` names such a folder when one is meant."""
+    if arg == "-":
+        raise InputError(f"{flag} -: standard output takes no report: give a folder (./- "
+                         f"names one called -)")
 
 
 def through_parents(p: Path) -> Path:
@@ -465,7 +475,8 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
     (``calibrate --out d/p.yaml`` checks ``d``); messages name it instead of ``path``.
 
     Raises:
-        InputError: ``<flag>: empty path``, ``<flag> <path>: <which> is a file, not a
+        InputError: ``<flag>: empty path``, ``<flag> -: standard output takes no report``
+            (``-``, the shell's name for it), ``<flag> <path>: <which> is a file, not a
             folder``, ``<flag> <path>: cannot write there (<reason>)`` (no permission, a
             name too long for the file system) or ``<flag> <path>: holds a <command>
             report ...``, ``<flag> <path>: holds files that are not a <kind> report
@@ -474,6 +485,8 @@ def check_folder(path: str | Path, flag: str, kind: str | None = None, *,
     """
     if not str(path).strip():   # Path("") would be the current folder
         raise InputError(f"{flag}: empty path (give a folder)")
+    if isinstance(path, str):   # as typed: Path("./-") reads "-" too
+        _not_stdout(path, flag)
     p = through_parents(Path(path))
     shown = path if named is None else named
     if name_too_long(p):   # before mkdir would make the folders above it, then fail

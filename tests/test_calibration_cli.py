@@ -281,6 +281,9 @@ def test_an_out_that_holds_another_yaml_file_is_refused_before_measuring(tiny_gr
 @pytest.mark.parametrize("flags, said", [
     (["--out", ""], "--out: empty path (give the profile's .yaml file)"),   # was ". must end"
     (["--out", "{tmp}/p.yaml", "--report-dir", ""], "--report-dir: empty path (give a folder)"),
+    (["--out", "{tmp}/p.yaml", "--report-dir", "-"], "--report-dir -: standard output takes "
+                                                     "no report: give a folder (./- names one "
+                                                     "called -)"),
 ])
 def test_an_empty_out_or_report_dir_is_refused(tmp_path, capsys, monkeypatch, flags, said):
     # an empty --report-dir used to be taken as none: the calibration ran and wrote its

@@ -755,6 +755,25 @@ workload:
     assert capsys.readouterr().err.startswith(want)
 
 
+@pytest.mark.parametrize("command", [
+    ["run"], ["sweep", "--set", "workload.arrival.rate=1,2"], ["plan", "--target-rate", "1"],
+    ["compare"]])
+def test_out_dash_is_refused_not_made_a_folder_named_dash(scen, tmp_path, capsys,
+                                                          monkeypatch, command):
+    # "-" is the shell's standard output: it made a folder named "-" in the cwd
+    monkeypatch.chdir(tmp_path)
+    other = tmp_path / "other.yaml"
+    other.write_text(scen.read_text().replace("name: small", "name: other"))
+    argv = [command[0], str(scen), *([str(other)] if command == ["compare"] else []),
+            *command[1:], "--out", "-", "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("servesim: error: --out -: standard output takes no "
+                                       "report: give a folder (./- names one called -)\n")
+    assert not (tmp_path / "-").exists()
+    assert main([*argv[:-2], "./-", "--quiet"]) in (0, 1), capsys.readouterr().err
+    assert (tmp_path / "-").is_dir()   # a folder named - when asked for
+
+
 def test_an_out_folder_reached_through_a_new_folder_is_that_folder(scen, tmp_path, capsys):
     # --out new/../r: the report lands in r (no empty `new` left above it), and a report
     # of another command already there is refused before any run, as for --out r
