@@ -254,7 +254,10 @@ def _slo_target(bounds: dict) -> dict:
                          f"p99.9, ...)")
     seen: dict = {}
     for k in bounds:   # p99 and p99.0 would be two bounds on one figure
-        rank = slo_stat_rank(k)
+        try:
+            rank = slo_stat_rank(k)
+        except ValueError as e:   # named at the statistic's own line
+            raise SubkeyError(k, str(e)) from None
         if rank in seen:
             raise SubkeyError(k, f"the same statistic as {seen[rank]}: give it once")
         seen[rank] = k

@@ -103,7 +103,7 @@ def test_brief_error_examples(chat):
     ("cluster.router=random", "Input should be 'round_robin', 'least_outstanding' or "
      "'prefix_affinity'"),
     ("dtype=int8", "--set dtype=int8: Input should be 'float32', 'bfloat16' or 'float16'"),
-    ("slo.ttft_ms.p98x=3", "--set slo.ttft_ms.p98x=3: slo.ttft_ms: unknown statistic 'p98x': "
+    ("slo.ttft_ms.p98x=3", "--set slo.ttft_ms.p98x=3: unknown statistic 'p98x': "
      "use mean or pNN, a percentile in (0, 100]"),
     ("slo.ttft_ms={}", "give at least one statistic (mean, p50, p90, p95, p99, p99.9, ...)"),
     ("slo.goodput_ms={p99: 3}", "unknown key (allowed: ttft_ms, tpot_ms, itl_ms, e2el_ms, "
@@ -336,15 +336,20 @@ def test_an_slo_takes_mean_or_any_percentile(chat):
     assert sc.slo.targets() == [("ttft_ms", "mean", 90.0), ("ttft_ms", "p75", 200.0),
                                 ("ttft_ms", "p99.9", 800.0), ("tpot_ms", "p99.9", 50.0)]
     line = line_of(chat, "ttft_ms:")
-    for bad, said in (("{p42x: 5}", "unknown statistic 'p42x': use mean or pNN, a percentile "
-                                    "in (0, 100]"),
-                      ("{max: 5}", "unknown statistic 'max'"),
-                      ("{}", "give at least one statistic (mean, p50, p90, p95, p99, "
+    for bad, said in (("{p42x: 5}", ".p42x: unknown statistic 'p42x': use mean or pNN, a "
+                                    "percentile in (0, 100]"),
+                      ("{max: 5}", ".max: unknown statistic 'max'"),
+                      ("{}", ": give at least one statistic (mean, p50, p90, p95, p99, "
                              "p99.9, ...)")):
         text = chat.read_text().replace("{p99.9: 800, p75: 200, mean: 90}", bad)
         chat.write_text(text)
-        assert err(load_scenario, chat).startswith(f"chat.yaml:{line}: slo.ttft_ms: {said}")
+        assert err(load_scenario, chat).startswith(f"chat.yaml:{line}: slo.ttft_ms{said}")
         chat.write_text(text.replace(bad, "{p99.9: 800, p75: 200, mean: 90}"))
+    # a statistic on a line of its own is named there, not at its metric's line
+    text = chat.read_text()
+    chat.write_text(text.replace("{p99.9: 800, p75: 200, mean: 90}", "\n    p99: 800\n    p101: 5"))
+    assert err(load_scenario, chat).startswith(
+        f"chat.yaml:{line_of(chat, 'p101:')}: slo.ttft_ms.p101: unknown statistic 'p101'")
 
 
 def test_exponent_numbers_read_as_floats_in_file_and_flags(chat):
