@@ -266,7 +266,8 @@ def test_invalid_requests_are_rejected_and_others_keep_running():
     for bad, i in (([1.5, 2], 0), ([1, 2.0], 1), ([1, True], 1), ([1, "2"], 1),
                    # torch's __index__ reads these as 5 and 1: rows of ids are no ids
                    ([1, torch.tensor([5])], 1), ([torch.tensor([[5]])], 0),
-                   ([1, torch.tensor(True)], 1)):
+                   ([1, torch.tensor(True)], 1),
+                   ([1, torch.tensor(5, device="meta")], 1)):   # holds no value at all
         with pytest.raises(InputError, match=rf"^prompt\[{i}\]: token ids are integers"):
             eng.add_request(bad, GREEDY)
     with pytest.raises(InputError, match=r"^prompt: expected text or a list of token ids"):

@@ -48,7 +48,7 @@ def as_integer(v) -> int:
                          f"{tuple(v.shape)}")
     try:
         return operator.index(v)
-    except TypeError:
+    except (TypeError, RuntimeError):   # RuntimeError: a meta tensor, which holds no value
         raise ValueError("Input should be a valid integer") from None
 
 
