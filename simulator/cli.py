@@ -336,6 +336,8 @@ def main(argv=None, *, noted: list[int] | None = None) -> int:
     from . import files
 
     console = argv is None
+    if console:
+        _hold_closed_descriptors()
     try:
         if sys.stdout is None:   # started with stdout closed (>&-): nothing could be said
             raise OSError(errno.EBADF, "standard output is closed")
@@ -383,6 +385,20 @@ def main(argv=None, *, noted: list[int] | None = None) -> int:
                   file=sys.stderr)
             return 1
         raise
+
+
+def _hold_closed_descriptors() -> None:
+    """Hold standard descriptors closed at start (``2>&-``) on /dev/null: the next file
+    opened would take the number, and worker processes would inherit it as theirs. A
+    closed stderr then keeps silent (``print(file=None)`` wrote its errors and warnings
+    into stdout, among the command's output); a closed stdout is still refused."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)   # the lowest free number: fd
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
 
 
 def _stdout_to_devnull() -> None:

@@ -394,6 +394,29 @@ def test_an_output_that_cannot_be_written_is_one_line():
         assert (proc.returncode, proc.stderr) == (
             1, "servesim: error: cannot write the output: standard output is closed\n"), args
 
+def test_a_closed_stderr_keeps_errors_and_notes_out_of_stdout(tmp_path):
+    # with 2>&- sys.stderr was None and print(file=None) wrote every error and note into
+    # stdout, among the command's output; an input error then still exits 2
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {tmp_path}/none.yaml 2>&-",
+                          shell=True, stdout=subprocess.PIPE, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\n"
+                    "workload: {num_requests: 5, arrival: {process: poisson, rate: 1.0},\n"
+                    "  prompt_tokens: {dist: fixed, value: 10}, output_tokens: {dist: fixed, "
+                    "value: 5}}\n")
+    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {scen} --out "
+                          f"{tmp_path}/r 2>&-", shell=True, stdout=subprocess.PIPE, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "servesim:" not in proc.stdout   # its warning: nowhere
+    assert "TTFT" in proc.stdout and (tmp_path / "r" / "summary.json").is_file()
+    said = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(scen), "--out",
+                           str(tmp_path / "r2")], capture_output=True, text=True, timeout=120)
+    assert "servesim: warning:" in said.stderr   # the same run has one to keep silent
+
 
 @pytest.mark.parametrize("sig, status, said", [(2, 130, "servesim: interrupted\n"),
                                               (15, 143, "servesim: terminated\n")])
