@@ -45,7 +45,10 @@ class Router:
         prefix_affinity: the replica whose prefix cache holds the longest prefix of the
             request, among replicas whose load is at most ``1.25 × mean + 1`` outstanding
             requests (bounded-load affinity, so a hot prefix cannot pile onto one replica);
-            ties go to the least loaded, then in turn as above.
+            ties go to the least loaded, then in turn as above. It reads each replica's
+            cache as it is at that instant (blocks scheduled but not yet computed
+            included): an upper bound on the hits of a production prefix-aware router,
+            which keeps an approximate or lagging copy (a hash trie, KV events).
 
     Raises:
         ValueError: unknown policy.
