@@ -41,7 +41,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from .errors import InputError
-from .policy.request import NS_PER_MS, NS_PER_S, RequestRecord
+from .policy.request import CAPPED_ABOVE_MAX_MODEL_LEN, NS_PER_MS, NS_PER_S, RequestRecord
 
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
 #: How reports and messages name each metric.
@@ -497,7 +497,9 @@ class MetricsCollector:
             :class:`RunResult`. ``summary`` keys: ``num_requests`` (counted, i.e. after
             warm-up), ``warmup_requests``, ``completed``, ``rejected``, ``aborted``,
             ``capped`` (completed requests whose output max_model_len cut short, see
-            :class:`~simulator.policy.request.RequestRecord`),
+            :class:`~simulator.policy.request.RequestRecord`), ``capped_above_max_model_len``
+            (those of them whose max_tokens exceeded max_model_len itself, which vLLM's
+            OpenAI server refuses),
             ``duration_s``, ``request_throughput`` (req/s), ``output_throughput`` and
             ``total_token_throughput`` (tok/s), ``total_prompt_tokens``,
             ``total_output_tokens``, ``total_cached_tokens``, one dict per metric of
@@ -543,6 +545,8 @@ class MetricsCollector:
         s["rejected"] = int((counted & is_rej).sum())
         s["aborted"] = int((counted & is_abort).sum())
         s["capped"] = int((done & (ints["capped"] > 0)).sum())
+        s["capped_above_max_model_len"] = int(
+            (done & (ints["capped"] == CAPPED_ABOVE_MAX_MODEL_LEN)).sum())
         s["duration_s"] = dur_s
         out_tok = int(req["output_tokens"].to_numpy()[done].sum())
         prompt_tok = int(req["prompt_tokens"].to_numpy()[done].sum())

@@ -56,8 +56,22 @@ NOT_SENT_TEXT = ("{n} later turns were not sent: a turn rejected for max_model_l
 CAPPED_TEXT = ("{n} requests asked for more output than max_model_len leaves after their "
                "prompt (prompt + max_tokens > max_model_len): they were served with the "
                "output cut at max_model_len (finish 'length'), as vLLM's engine and its "
-               "OpenAI server (which lowers max_tokens to max_model_len − prompt) do; the "
-               "server refuses a max_tokens above max_model_len itself (HTTP 400).")
+               "OpenAI server (which lowers max_tokens to max_model_len − prompt) do.")
+CAPPED_ABOVE_TEXT = (" {m} of them asked for more than max_model_len itself (max_tokens > "
+                     "max_model_len), which that server refuses (HTTP 400): a `vllm bench "
+                     "serve` run through it counts them as failed requests, and its "
+                     "throughput and goodput leave them out.")
+
+
+def capped_text(s: dict) -> str | None:
+    """What the report and the terminal say of a summary's ``capped`` requests (None when
+    there are none): :data:`CAPPED_TEXT`, and :data:`CAPPED_ABOVE_TEXT` for those vLLM's
+    server would have refused."""
+    if not s.get("capped"):
+        return None
+    m = s.get("capped_above_max_model_len")
+    return CAPPED_TEXT.format(n=_fmt(s["capped"])) + (
+        CAPPED_ABOVE_TEXT.format(m=_fmt(m)) if m else "")
 
 DEFINITIONS = [
     ("TTFT", "time to first token: first token time − arrival time; includes queueing "
@@ -187,6 +201,9 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
         *([["later turns not sent (conversation ended by a rejection)",
             _fmt(s["turns_not_sent"])]] if s.get("turns_not_sent") else []),
         ["output cut at max_model_len", _fmt(s.get("capped"))],
+        *([["of them, max_tokens above max_model_len (vLLM's server refuses)",
+            _fmt(s["capped_above_max_model_len"])]] if s.get("capped_above_max_model_len")
+          else []),
         ["aborted", _fmt(s.get("aborted"))],
         ["duration (s)", _fmt(s.get("duration_s"))],
         ["request throughput (req/s)", _fmt(s.get("request_throughput"))],
@@ -200,7 +217,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     if s.get("turns_not_sent"):
         b.append(("p", NOT_SENT_TEXT.format(n=_fmt(s["turns_not_sent"]))))
     if s.get("capped"):
-        b.append(("p", CAPPED_TEXT.format(n=_fmt(s["capped"]))))
+        b.append(("p", capped_text(s)))
 
     b.append(("h2", f"Latency, ms ({label})"))
     stats = ["mean", "p50", "p90", "p95", "p99", "max"]
@@ -793,7 +810,7 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     if s.get("turns_not_sent"):
         console.print(NOT_SENT_TEXT.format(n=_fmt(s["turns_not_sent"])))
     if s.get("capped"):
-        console.print(CAPPED_TEXT.format(n=_fmt(s["capped"])))
+        console.print(capped_text(s))
     if diagnosis:
         console.print(diagnosis_line(diagnosis), highlight=False, markup=False)
     if replications:

@@ -342,16 +342,21 @@ workload:
   prompt_tokens: {dist: fixed, value: 500}
   output_tokens: {dist: fixed, value: OUT}
 """
-    for out_tokens, capped in ((12, 0), (13, 7)):
+    for out_tokens, capped, above in ((12, 0, 0), (13, 7, 0), (513, 7, 7)):
         y.write_text(text.replace("OUT", str(out_tokens)))
         o = tmp_path / f"o{out_tokens}"
         assert main(["run", str(y), "--out", str(o), "--quiet"]) == 0
         said = " ".join(capsys.readouterr().out.split())
         s = json.loads((o / "summary.json").read_text())
-        assert (s["capped"], s["completed"], s["total_output_tokens"]) == (capped, 7, 7 * 12)
+        assert (s["capped"], s["capped_above_max_model_len"], s["completed"],
+                s["total_output_tokens"]) == (capped, above, 7, 7 * 12)
         line = "7 requests asked for more output than max_model_len leaves after their prompt"
         assert (line in said) == bool(capped)
         assert (line in (o / "report.md").read_text()) == bool(capped)
+        # a max_tokens past max_model_len itself: vLLM's server refuses it (HTTP 400)
+        refused = "7 of them asked for more than max_model_len itself"
+        assert (refused in said) == bool(above)
+        assert (refused in (o / "report.md").read_text()) == bool(above)
 
 
 POISSON_SCENARIO = """name: p

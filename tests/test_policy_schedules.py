@@ -5,7 +5,8 @@ Rows are (request id, num_new_tokens, num_computed_before, samples_token), sorte
 
 import pytest
 
-from simulator.policy import RequestRejected, SchedulerConfig
+from simulator.policy import (CAPPED, CAPPED_ABOVE_MAX_MODEL_LEN, RequestRejected,
+                              SchedulerConfig)
 from policy_helpers import make, req, step
 
 
@@ -338,12 +339,17 @@ def test_prompt_longer_than_max_model_len_is_rejected_and_outputs_are_capped():
     r = req("capped", [("y", 12)], max_tokens=100)
     r1 = req("one", [("z", 15)], max_tokens=100)
     exact = req("exact", [("w", 10)], max_tokens=6)   # 10 + 6 = max_model_len: not cut
-    for x in (r, r1, exact):
+    within = req("within", [("v", 10)], max_tokens=16)   # <= max_model_len, past it with the prompt
+    for x in (r, r1, exact, within):
         s.add_request(x)
     while s.has_unfinished_requests():
         step(s)
-    assert r.num_output_tokens == 4 and r.finish_reason == "length" and r.capped
-    assert r1.num_output_tokens == 1 and r1.finish_reason == "length" and r1.capped
+    # 100 > max_model_len itself: vLLM's server refuses such a max_tokens, its engine cuts it
+    assert (r.num_output_tokens, r.finish_reason, r.capped) == (4, "length",
+                                                                CAPPED_ABOVE_MAX_MODEL_LEN)
+    assert (r1.num_output_tokens, r1.finish_reason, r1.capped) == (1, "length",
+                                                                   CAPPED_ABOVE_MAX_MODEL_LEN)
+    assert (within.num_output_tokens, within.capped) == (6, CAPPED)   # the server lowers it
     assert exact.num_output_tokens == 6 and not exact.capped
 
 

@@ -39,6 +39,11 @@ MAX_TIME_NS = 1 << 62
 #: any model's context, far below int64.
 MAX_COUNT = 10**9
 
+#: ``capped`` codes of a request whose ``max_tokens`` max_model_len cut (see
+#: :class:`RequestRecord`): lowered to ``max_model_len - prompt``, as vLLM's server does; or
+#: asked for more than ``max_model_len`` itself, which vLLM's server refuses (HTTP 400).
+CAPPED, CAPPED_ABOVE_MAX_MODEL_LEN = 1, 2
+
 ContentId = Union[int, str, tuple]
 Segment = tuple  # (content_id, length)
 
@@ -141,11 +146,12 @@ class RequestRecord:
             the simulator keeps ITL as runs instead, see ``simulator.metrics``).
         finish_reason: ``length`` (max_tokens / max_model_len), ``stop`` (stop token),
             ``rejected`` (never served: a prompt of max_model_len tokens or more).
-        capped: its ``max_tokens`` asked for more than ``max_model_len - prompt_tokens``,
-            so its output was cut at max_model_len (finish ``length``), as vLLM's engine
-            and its OpenAI server do (0.32's server lowers max_tokens to
-            ``max_model_len - prompt``; it refuses, HTTP 400, only a max_tokens above
-            max_model_len itself).
+        capped: 0, or its ``max_tokens`` asked for more than ``max_model_len -
+            prompt_tokens``, so its output was cut at max_model_len (finish ``length``), as
+            vLLM's engine and its OpenAI server do (0.32's server lowers max_tokens to
+            ``max_model_len - prompt``): :data:`CAPPED`; :data:`CAPPED_ABOVE_MAX_MODEL_LEN`
+            when it asked for more than max_model_len itself, which that server refuses
+            (HTTP 400) and the engine cuts likewise.
     """
 
     request_id: Union[int, str]
@@ -160,7 +166,7 @@ class RequestRecord:
     replica: int = 0
     token_times_ns: list | None = None
     finish_reason: str | None = None
-    capped: bool = False
+    capped: int = 0
 
 
 def _digest(parent: bytes, key: bytes) -> bytes:
@@ -263,7 +269,7 @@ class Request:
         self._seq = -1
         self.finish_reason: str | None = None
         self.record: RequestRecord | None = None
-        self.capped = False   # max_tokens lowered to fit max_model_len (add_request)
+        self.capped = 0   # max_tokens lowered to fit max_model_len (add_request)
 
     # -- counters (lazy while a steady decode) ---------------------------------------
     @property

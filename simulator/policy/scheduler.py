@@ -46,7 +46,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from .kv_cache import KVCacheManager, cdiv, min_gpu_blocks
-from .request import Request, RequestState
+from .request import CAPPED, CAPPED_ABOVE_MAX_MODEL_LEN, Request, RequestState
 
 _RUNNING = RequestState.RUNNING
 
@@ -292,7 +292,11 @@ class Scheduler:
 
     # -- queue management -----------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        """Queue a request; caps its output at ``max_model_len`` (sets ``req.capped``).
+        """Queue a request; caps its output at ``max_model_len`` (sets ``req.capped``: 1 when
+        its ``max_tokens`` was lowered to ``max_model_len - prompt``, as vLLM's engine and
+        OpenAI server do; 2 when it asked for more than ``max_model_len`` itself, which
+        vLLM 0.32's OpenAI server refuses, HTTP 400, ``renderers/params.py``, and its engine
+        cuts as here).
 
         Raises:
             RequestRejected: a prompt of ``max_model_len`` tokens or more: it leaves no room
@@ -307,8 +311,9 @@ class Scheduler:
                 f"no room for an output token within max_model_len {cfg.max_model_len}")
         room = cfg.max_model_len - req.num_prompt_tokens
         if req.max_tokens > room:
+            req.capped = CAPPED_ABOVE_MAX_MODEL_LEN if req.max_tokens > cfg.max_model_len \
+                else CAPPED
             req.max_tokens = room
-            req.capped = True
         req._clock = self._clock
         req.state = RequestState.WAITING
         self.waiting.append(req)
