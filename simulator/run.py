@@ -195,6 +195,23 @@ def client_warning(summary: dict) -> str | None:
             f"{summary.get('request_throughput') or 0:.3g} req/s")
 
 
+def unstable_warning(diagnosis: dict) -> str | None:
+    """What an unstable run's figures are (None for a stable one): the stability test of
+    a sweep point and of a plan's search (:func:`simulator.executors.job_output`, in
+    ``diagnosis["figures"]`` of :func:`simulator.diagnosis.diagnose`), said because a
+    single run's latencies then grow with its length."""
+    f = diagnosis.get("figures") or {}
+    if f.get("stable") is not False:
+        return None
+    offered, achieved = f.get("offered_rate"), f.get("achieved_rate")
+    rates = (f" (offered {offered:.4g} req/s, served {achieved:.4g} req/s)"
+             if offered and achieved is not None else "")
+    return (f"the run is unstable: requests arrive faster than they are served{rates} and "
+            f"the queue grows over the run, so its latencies grow with its length (a longer "
+            f"run reports higher ones; none is a steady-state figure): sweep the rate, or "
+            f"plan, to find the rate it sustains")
+
+
 def memory_warning(scenario, physical_bytes: int | None = None) -> str | None:
     """Why a run may be killed for memory before it ends (None when it fits): the
     workload's ``num_requests`` × :data:`BYTES_PER_REQUEST` over half the machine's memory
