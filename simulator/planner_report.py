@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import matplotlib
 from matplotlib.figure import Figure
 
 from .report import (DEFINITIONS, _fmt, _png, cost_sources, render_html, render_markdown,
@@ -219,6 +220,9 @@ def pareto_figure(table, best_index: int | None) -> Figure:
     """The figure :func:`plot_pareto` draws (two axes: TTFT, TPOT)."""
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
+    # a colour per candidate: matplotlib's 10-colour cycle repeats past 10 rows, tab20
+    # holds 20 (beyond, the row labels still tell them apart)
+    colours = matplotlib.colormaps["tab10" if len(table) <= 10 else "tab20"]
     for ax, m in zip(axes, ("ttft", "tpot")):
         ok = table[table["cost_per_hour"].notna() & table[f"{m}_p99_ms"].notna()]
         if ok.empty:
@@ -233,7 +237,8 @@ def pareto_figure(table, best_index: int | None) -> Figure:
             kind = r["cost_kind"]
             ax.errorbar([r["cost_per_hour"]], [r[f"{m}_p99_ms"]], yerr=yerr, fmt=marker,
                         ms=12 if i == best_index else 6,
-                        mfc="none" if kind == "projected" else None, color=f"C{i % 10}")
+                        mfc="none" if kind == "projected" else None,
+                        color=colours(i % colours.N))
         _label_points(ax, [(str(i), r["cost_per_hour"], r[f"{m}_p99_ms"])
                            for i, r in ok.iterrows()])
         front = pareto_front(list(ok["cost_per_hour"]), list(ok[f"{m}_p99_ms"]))

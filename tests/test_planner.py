@@ -429,6 +429,22 @@ def test_pareto_plot_labels_coinciding_candidates_once():
     assert sorted(t.get_text() for t in tpot.texts) == ["0", "1", "2"]
 
 
+def test_pareto_plot_gives_twelve_candidates_twelve_colours():
+    # matplotlib's cycle of 10 coloured candidates 0 and 10 alike
+    import pandas as pd
+    from matplotlib.colors import to_hex
+    from simulator.planner_report import pareto_figure
+
+    n = 12
+    table = pd.DataFrame({"cost_per_hour": [1.0 + i for i in range(n)],
+                          "ttft_p99_ms": [100.0 - i for i in range(n)],
+                          "ttft_p99_ci95": [None] * n, "tpot_p99_ms": [20.0] * n,
+                          "tpot_p99_ci95": [None] * n, "cost_kind": ["measured"] * n})
+    ttft, _ = pareto_figure(table, None).axes
+    colours = {to_hex(line.get_color()) for line in ttft.lines if line.get_marker() == "o"}
+    assert len(colours) == n
+
+
 # 10 ms per step, max_num_seqs 4 or 2: a small plan that finds a feasible candidate
 SMALL_PLAN = """name: s
 model: llama-test
