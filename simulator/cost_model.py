@@ -879,8 +879,12 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
 # == projection ============================================================================
 
 def _gpu_efficiency_profile(gpu_name: str) -> Profile | None:
-    """A measured GPU profile to borrow efficiencies from: same GPU first, then any GPU,
-    newest first. CPU profiles never qualify (DESIGN.md §4)."""
+    """A measured GPU profile of vLLM to borrow efficiencies (and fixed step costs) from:
+    same GPU first, then any GPU, newest first. CPU profiles never qualify (DESIGN.md §4),
+    nor do profiles of servesim's own engine: on a GPU it runs eagerly, without CUDA
+    graphs, so its steps are launch-bound (a fitted 11 ms a step and MBU 0.28 for
+    Llama-3.1-8B on an H200, benchmarks/results/gpu_h200.md), which a projection of vLLM
+    would inherit (3.7× its batch-1 TPOT on an H100)."""
     cands = []
     for name, path in list_profiles().items():
         try:
@@ -888,7 +892,8 @@ def _gpu_efficiency_profile(gpu_name: str) -> Profile | None:
         except InputError:
             continue
         if (p.measured and p.device.kind == "gpu" and p.cost.form == "roofline"
-                and p.efficiencies.mbu and p.efficiencies.mfu):
+                and p.engine.startswith("vllm") and p.efficiencies.mbu
+                and p.efficiencies.mfu):
             cands.append(p)
     cands.sort(key=lambda p: (p.device.name == gpu_name, p.provenance.date), reverse=True)
     return cands[0] if cands else None

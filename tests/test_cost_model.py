@@ -690,13 +690,36 @@ def test_cpu_efficiencies_never_carried_to_gpu(tmp_path, monkeypatch):
     gpu = make_profile(name="h100-measured",
                        device={"name": "h100-sxm", "kind": "gpu", "peak_flops": 989.4e12,
                                "memory_bandwidth": 3.35e12, "memory_bytes": 81559 * 2**20},
-                       efficiencies={"mbu": 0.6, "mfu": 0.4})
+                       efficiencies={"mbu": 0.6, "mfu": 0.4}, engine="vllm 0.32.0")
     save_profile(gpu, tmp_path / "local" / "h100-measured.yaml")
     cm = build_cost_model(sc)
     assert cm.label == ("projected: roofline h100-sxm, tensor_parallel=1, efficiencies of "
                         "measured profile h100-measured (MBU 0.6, MFU 0.4)")
     assert cm.profile.cost.coefficients["w_eff_bytes_per_s"] == pytest.approx(0.6 * 3.35e12)
     assert cm.profile.cost.coefficients["a0_s"] == COEF["a0_s"]
+
+
+def test_a_gpu_profile_of_servesims_own_engine_is_never_borrowed(tmp_path, monkeypatch):
+    # on a GPU servesim's engine runs eagerly (no CUDA graphs): its launch-bound steps
+    # (a0 11 ms, MBU 0.28 on an H200) made every catalog projection of vLLM as slow
+    monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
+    eager = make_profile(name="h200-eager",
+                         device={"name": "h200", "kind": "gpu", "peak_flops": 989.4e12,
+                                 "memory_bandwidth": 4.8e12, "memory_bytes": 141 * 2**30},
+                         efficiencies={"mbu": 0.28, "mfu": 0.66},
+                         engine="servesim-torch 0.1.0")
+    save_profile(eager, tmp_path / "local" / "h200-eager.yaml")
+    sc = scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"})
+    cm = build_cost_model(sc)
+    assert cm.label == ("projected: roofline h100-sxm, tensor_parallel=1, default "
+                        "efficiencies (MBU 0.7, MFU 0.5)")
+    c = cm.profile.cost.coefficients
+    assert (c["w_eff_bytes_per_s"], c["a0_s"]) == (pytest.approx(0.7 * 3.35e12),
+                                                   cmod.DEFAULT_STEP_OVERHEAD_S)
+    # the profile itself still serves a scenario that names it, labelled measured
+    mine = scenario(hardware={"profile": "h200-eager"})
+    assert build_cost_model(mine).label.startswith("measured: profile h200-eager")
 
 
 @pytest.mark.parametrize("name, gib, want", [
@@ -729,7 +752,7 @@ def test_projection_borrows_the_newest_gpu_profile_by_date(tmp_path, monkeypatch
     for name, date, mbu, quoted in (("newer", "2026-12-01", 0.6, False),
                                     ("older", "2026-09-30", 0.5, True)):
         p = make_profile(name=name, device=device, efficiencies={"mbu": mbu, "mfu": 0.4},
-                         provenance={"kind": "measured", "date": date})
+                         provenance={"kind": "measured", "date": date}, engine="vllm 0.32.0")
         path = save_profile(p, tmp_path / "local" / f"{name}.yaml")
         assert f"date: '{date}'" in path.read_text()
         if not quoted:
@@ -937,7 +960,8 @@ def test_attention_path_costs_load_and_carry_to_projections(tmp_path, monkeypatc
               "memory_bandwidth": 2.0e12, "memory_bytes": 81920 * 2**20}
     paths = {"prefill_step_s": 2e-3, "decode_step_s": 5e-4}
     p = make_profile(device=device, cost={"form": "roofline",
-                                          "coefficients": {**COEF, **paths}})
+                                          "coefficients": {**COEF, **paths}},
+                     engine="vllm 0.32.0")
     assert load_profile(save_profile(p, tmp_path / "local" / "a.yaml")).cost.coefficients \
         == {**COEF, **paths}
     cm = build_cost_model(scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"}))

@@ -19,7 +19,8 @@ def test_measured_h100_efficiencies_carried_to_other_gpus(tmp_path, monkeypatch)
         name="h100-measured",
         device={"name": "h100-sxm", "kind": "gpu", "peak_flops": 989.4e12,
                 "memory_bandwidth": 3.35e12, "memory_bytes": 81559 * 2**20},
-        efficiencies={"mbu": 0.6, "mfu": 0.4}), tmp_path / "local" / "h100-measured.yaml")
+        efficiencies={"mbu": 0.6, "mfu": 0.4}, engine="vllm 0.32.0"),
+        tmp_path / "local" / "h100-measured.yaml")
     sc = scenario_from_dict({
         "name": "p", "model": "llama-3.1-8b", "hardware": {"profile": "a100-80gb"},
         "workload": {"num_requests": 10, "arrival": {"process": "poisson", "rate": 1},
