@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -343,6 +344,8 @@ def main(argv=None, *, noted: list[int] | None = None) -> int:
     try:
         if sys.stdout is None:   # started with stdout closed (>&-): nothing could be said
             raise OSError(errno.EBADF, "standard output is closed")
+        if _read_only(sys.stdout):   # 1</dev/null: found only once the report was written
+            raise OSError(errno.EBADF, "standard output is open for reading only")
         if console:
             _signalled = None
             _stop_on_signals(noted)
@@ -399,8 +402,17 @@ def _hold_closed_descriptors() -> None:
             os.fstat(fd)
         except OSError:
             os.open(os.devnull, os.O_RDWR)   # the lowest free number: fd
-    if sys.stderr is None:
+    if sys.stderr is None or _read_only(sys.stderr):   # 2</dev/null: every print failed
         sys.stderr = open(os.devnull, "w")
+
+
+def _read_only(stream) -> bool:
+    """Whether ``stream``'s file descriptor is open for reading only (``1</dev/null``);
+    False for one without a descriptor (a test's captured stream)."""
+    try:
+        return fcntl.fcntl(stream.fileno(), fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+    except (AttributeError, OSError, ValueError):   # io.UnsupportedOperation: a ValueError
+        return False
 
 
 def _stdout_to_devnull() -> None:

@@ -416,6 +416,25 @@ def test_a_closed_stderr_keeps_errors_and_notes_out_of_stdout(tmp_path):
     said = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(scen), "--out",
                            str(tmp_path / "r2")], capture_output=True, text=True, timeout=120)
     assert "servesim: warning:" in said.stderr   # the same run has one to keep silent
+    # stderr open for reading only: each print failed, and an input error exited 1
+    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {tmp_path}/none.yaml "
+                          f"2</dev/null", shell=True, stdout=subprocess.PIPE, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, "")
+
+
+def test_a_read_only_stdout_is_refused_before_the_run(tmp_path):
+    # 1</dev/null: the run wrote its whole report, then failed printing its table (exit 1)
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {tmp_path}/none.yaml "
+                          f"--out {tmp_path}/r 1</dev/null", shell=True,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (
+        1, "servesim: error: cannot write the output: standard output is open for reading "
+           "only\n")
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("sig, status, said", [(2, 130, "servesim: interrupted\n"),
