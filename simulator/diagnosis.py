@@ -783,9 +783,12 @@ def find_limits(scenario, result) -> dict:
                        f"Poisson ({cv_text}) but at {busy:.0%} busy random arrivals "
                        f"still collide")
         else:
+            # busy is not full: a busy engine of small batches has throughput to spare
+            # (its steps' fixed cost keeps it busy), which the batch size shows
             compute = (f"the TTFT tail is waiting: {tail}"
-                       + (f", with the engine busy {busy:.0%} of the time" if busy is not None
-                          else ""))
+                       + (f", with the engine busy {busy:.0%} of the time on batches of "
+                          f"{running:.3g} requests on average (max_num_seqs "
+                          f"{scenario.max_num_seqs})" if busy is not None else ""))
     if compute:
         found.append(_finding("compute", compute, *more))
     itl = s.get("itl_ms") or {}

@@ -706,6 +706,11 @@ def test_a_waiting_ttft_tail_on_a_busy_engine_is_not_called_bursts():
     assert not d["queued"] and d["figures"]["busy_fraction"] >= 0.85
     assert d["binding"] == "compute" and ev.startswith("the TTFT tail is waiting: the p99 wait")
     assert "in bursts" not in ev
+    # busy is not full: the batch size says how far below max_num_seqs it steps
+    f = d["figures"]
+    assert ev.endswith(f"with the engine busy {f['busy_fraction']:.0%} of the time on batches "
+                       f"of {f['running_per_replica_mean']:.3g} requests on average "
+                       f"(max_num_seqs {f['max_num_seqs']})")
 
 
 def test_slots_that_fill_in_bursts_are_max_num_seqs():
