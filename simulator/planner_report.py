@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
+import matplotlib
 import numpy as np
 import pandas as pd
-import matplotlib
 from matplotlib.figure import Figure
 
 from .report import (DEFINITIONS, _fmt, _png, cost_sources, render_html, render_markdown,

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, WithJsonSchema, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
+                      ValidationError, WithJsonSchema, field_validator, model_validator)
 
 from .catalog import ModelShape, inline_model_json_schema, load_model
 from .errors import (STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, Refused,

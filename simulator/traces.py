@@ -109,7 +109,8 @@ class TraceConfig(BaseModel):
     model_config = ConfigDict(**STRICT_SCHEMA, json_schema_extra={
         "if": {"properties": {"format": {"enum": ["csv", "jsonl"]}}},
         "then": {"required": ["columns"], "properties": {"columns": {"type": "object"}}},
-        "else": {"properties": {"columns": {"type": "null"}, "arrival_unit": {"type": "null"}}}})
+        "else": {"properties": {"columns": {"type": "null"},
+                                "arrival_unit": {"type": "null"}}}})
 
     path: str = Field(json_schema_extra={"pattern": NONBLANK})
     format: Literal["azure", "mooncake", "csv", "jsonl"]

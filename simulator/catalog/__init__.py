@@ -447,6 +447,6 @@ def shape_from_dict(d: dict) -> ModelShape:
     return _shape_from_hf(d, name, "model.shape")
 
 
-__all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes", "list_hardware",
-           "inline_model_json_schema", "list_models", "load_hardware", "load_model", "rope_from_hf",
-           "shape_from_dict"]
+__all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes",
+           "inline_model_json_schema", "list_hardware", "list_models", "load_hardware",
+           "load_model", "rope_from_hf", "shape_from_dict"]

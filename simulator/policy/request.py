@@ -269,7 +269,7 @@ class Request:
         self._seq = -1
         self.finish_reason: str | None = None
         self.record: RequestRecord | None = None
-        self.capped = 0   # max_tokens lowered to fit max_model_len (add_request)
+        self.capped = 0   # CAPPED...: max_tokens lowered to fit max_model_len (add_request)
 
     # -- counters (lazy while a steady decode) ---------------------------------------
     @property
