@@ -182,6 +182,11 @@ def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
      "config.rope_theta: a finite number > 0, got None"),     # was a TypeError
     (lambda eng: LLMEngine({**CFG, "rms_norm_eps": None}, dict(num_gpu_blocks=64)),
      "config.rms_norm_eps: a finite number > 0, got None"),   # was a TypeError
+    (lambda eng: LLMEngine({**CFG, "rope_parameters": {"rope_theta": None}},
+                           dict(num_gpu_blocks=64)),
+     "config.rope_parameters.rope_theta: a finite number > 0, got None"),   # a TypeError
+    (lambda eng: LLMEngine({**CFG, "model_type": ["llama"]}, dict(num_gpu_blocks=64)),
+     "config.model_type: ['llama'] not supported (allowed: llama, qwen2, mistral)"),
     (lambda eng: LLMEngine({**CFG, "eos_token_id": 999}, dict(num_gpu_blocks=64)),
      "config.eos_token_id: a token id in [0, 128) or a list of them, got 999"),
     (lambda eng: LLMEngine({**CFG, "hidden_size": 30}, dict(num_gpu_blocks=64)),

@@ -921,6 +921,9 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
             ({"vocab_size": None}, False), ({"vocab_size": 0}, False),
             ({"hidden_size": "64"}, False), ({"num_hidden_layers": 10**13}, False),
             ({"architecture": "GPT2"}, False), ({"rope_theta": 0}, False),
+            ({"architecture": None, "architectures": ["Qwen2ForCausalLM"]}, True),
+            ({"architecture": None, "model_type": "mistral"}, True),
+            ({"architectures": "LlamaForCausalLM"}, False), ({"model_type": ["llama"]}, False),
             ({"rope_theta": None}, False), ({"rms_norm_eps": -1}, False),
             ({"rope_scaling": 3}, False), ({"layers": 2}, False)):
         d = {**yaml.safe_load(MODEL_FILE), "model": {**model, **change}}
@@ -953,6 +956,15 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "must be a finite number > 0 (got null)"),    # was a TypeError traceback
     ("vocab_size: 100", "vocab_size: 100\n  rms_norm_eps: null", "rms_norm_eps",
      "must be a finite number > 0 (got null)"),    # was float()'s own words
+    # tracebacks: a KeyError, an unhashable list; a string was read letter by letter
+    ("vocab_size: 100", "vocab_size: 100\n  architectures: {x: 1}", "architectures",
+     "must be a list of class names such as [LlamaForCausalLM] (got {x: 1})"),
+    ("vocab_size: 100", "vocab_size: 100\n  architectures: LlamaForCausalLM", "architectures",
+     "must be a list of class names such as [LlamaForCausalLM] (got 'LlamaForCausalLM')"),
+    ("vocab_size: 100", "vocab_size: 100\n  model_type: [llama]", "model_type",
+     "must be a name such as llama (got [llama])"),
+    ("vocab_size: 100", "vocab_size: 100\n  architecture: [Llama]", "architecture",
+     "must be a name such as Llama (got [Llama])"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: 3", "rope_scaling",
      "must be a mapping or null"),
 ])
@@ -960,6 +972,16 @@ def test_inline_model_errors_name_the_key_line(tmp_path, old, new, key, msg):
     p = tmp_path / "m.yaml"
     p.write_text(MODEL_FILE.replace(old, new))
     assert err(load_scenario, p) == f"m.yaml:{line_of(p, key + ':')}: model.{key}: {msg}"
+
+
+def test_a_null_rope_base_inside_rope_parameters_is_one_line(tmp_path):
+    # transformers 5's place for it: null was a TypeError traceback (float(None))
+    p = tmp_path / "m.yaml"
+    p.write_text(MODEL_FILE.replace("vocab_size: 100", "vocab_size: 100\n  rope_parameters: "
+                                                      "{rope_theta: null}"))
+    assert err(load_scenario, p) == (f"m.yaml:{line_of(p, 'rope_parameters:')}: model."
+                                     f"rope_parameters.rope_theta: must be a finite number > 0 "
+                                     f"(got null)")
 
 
 def test_model_errors_after_the_schema_name_the_line_or_the_flag(tmp_path):

@@ -143,7 +143,7 @@ class ModelConfig:
                 raise InputError(f"{source}.{key}: required positive integer, got "
                                  f"{d.get(key)!r}")
         model_type = d.get("model_type", "llama")
-        if model_type not in _ARCHITECTURES:
+        if not isinstance(model_type, str) or model_type not in _ARCHITECTURES:
             raise InputError(f"{source}.model_type: {model_type!r} not supported "
                              f"(allowed: {', '.join(_ARCHITECTURES)})")
         arch = d.get("architectures")
@@ -185,10 +185,12 @@ class ModelConfig:
                                  f"null, got {d[key]!r}")
         # transformers 5 writes rope_theta inside rope_parameters (and reads it first)
         rope = d.get("rope_parameters") or {}
-        given = {k: v for k, v in (("rms_norm_eps", d.get("rms_norm_eps", 1e-6)),
-                                   ("rope_theta", d.get("rope_theta", 10000.0)),
-                                   ("rope_parameters.rope_theta", rope.get("rope_theta")))
-                 if v is not None or k in d}   # a null rope_theta is no RoPE base (HF's too)
+        # each as given, null included (a null RoPE base is none, in HF's too)
+        given = {k: v for k, v, present in (
+            ("rms_norm_eps", d.get("rms_norm_eps", 1e-6), True),
+            ("rope_theta", d.get("rope_theta", 10000.0), True),
+            ("rope_parameters.rope_theta", rope.get("rope_theta"), "rope_theta" in rope))
+            if present}
         for key, v in given.items():   # NaN or a negative theta loaded and ran NaN logits
             if not _positive(v):
                 raise InputError(f"{source}.{key}: a finite number > 0, got {v!r}")

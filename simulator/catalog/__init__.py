@@ -52,7 +52,8 @@ def inline_model_json_schema() -> dict:
     """JSON Schema of an inline ``model:`` mapping, from the keys :func:`load_model` reads:
     the shape's integers (1 to :data:`MAX_SHAPE_INT`; ``num_key_value_heads`` and
     ``head_dim`` may be left out or null, derived as HF derives them), a supported
-    ``architecture``, RoPE base and RMSNorm epsilon > 0, and no other keys than
+    ``architecture`` (``architectures`` a list of names, ``model_type`` a name), RoPE base
+    and RMSNorm epsilon > 0, and no other keys than
     :data:`_SHAPE_KEYS` and :data:`_INLINE_EXTRA`. Rules across keys (heads that divide)
     stay the loader's."""
     derived = ("num_key_value_heads", "head_dim")
@@ -60,7 +61,9 @@ def inline_model_json_schema() -> dict:
     props = {key: {} for key in _SHAPE_KEYS + _INLINE_EXTRA}
     props.update({key: {"anyOf": [count, {"type": "null"}]} if key in derived else count
                   for key in _INT_KEYS})
-    props.update(architecture={"enum": list(_HF_BY_ARCH)},
+    props.update(architecture={"enum": [*_HF_BY_ARCH, None]},   # null: from the next two
+                 architectures={"type": ["array", "null"], "items": {"type": "string"}},
+                 model_type={"type": ["string", "null"]},
                  rope_theta={"type": "number", "exclusiveMinimum": 0},
                  rms_norm_eps={"type": "number", "exclusiveMinimum": 0},
                  rope_scaling={"type": ["object", "null"]},
@@ -371,6 +374,20 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
         place = where.removeprefix("model").strip().strip("()")
         return KeyedInputError("model", f"{place}: {msg}" if place else msg, message=text)
 
+    for key, what in (("architecture", "a name such as Llama"),
+                      ("model_type", "a name such as llama")):
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, str):   # a list was an unhashable TypeError
+            raise fail(key, f"{key} must be {what} (got {echo(v)})",
+                       f"must be {what} (got {echo(v)})")
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list)
+                                  and all(isinstance(a, str) for a in archs)):
+        # a string was read letter by letter ("architecture 'L'"), a mapping a KeyError
+        raise fail("architectures", f"architectures must be a list of class names such as "
+                                    f"[LlamaForCausalLM] (got {echo(archs)})",
+                   f"must be a list of class names such as [LlamaForCausalLM] (got "
+                   f"{echo(archs)})")
     arch, arch_key = cfg.get("architecture"), "architecture"
     if arch is None and cfg.get("architectures"):
         arch, arch_key = _ARCH_BY_HF.get(cfg["architectures"][0], cfg["architectures"][0]), \
@@ -411,8 +428,8 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
     for key, holder in (("rope_theta", cfg), ("rope_theta", rope or {}),
                         ("rms_norm_eps", cfg)):
         v = holder.get(key)
-        # null at the top level is no value (transformers would build a NaN or fail)
-        if (v is not None or (holder is cfg and key in cfg)) and (
+        # null is no value (transformers would build a NaN or fail)
+        if key in holder and (
                 isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
             where_key = key if holder is cfg else f"rope_parameters.{key}"
             raise fail(where_key, f"{where_key} must be a finite number > 0 (got {echo(v)})",
