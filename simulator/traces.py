@@ -129,6 +129,8 @@ class TraceConfig(BaseModel):
     @classmethod
     def _yaml_list(cls, v):
         # Said here: pydantic's tuple errors read "window_s.1: required key missing".
+        if v is None:   # no window, as when absent (--set workload.trace.window_s=null)
+            return None
         if not isinstance(v, (list, tuple)) or len(v) != 2:
             raise ValueError(f"must be a [start, end] pair of seconds (arrivals kept "
                              f"in [start, end)), got {v!r}")

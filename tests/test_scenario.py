@@ -658,6 +658,7 @@ def test_the_json_schema_states_which_trace_formats_take_columns(tmp_path):
             ({"path": "a.csv", "format": "azure", "columns": cols}, False),   # csv/jsonl's
             ({"path": "a.csv", "format": "azure", "arrival_unit": "s"}, False),
             ({"path": "a.csv", "format": "azure", "window_s": [0, 5]}, True),
+            ({"path": "a.csv", "format": "azure", "window_s": None}, True),   # was refused
             ({"path": "a.csv", "format": "azure", "window_s": [-1, 5]}, False),
             ({"path": "a.csv", "format": "azure", "window_s": [0, 0]}, False)):
         d = {**BASE, "workload": {"trace": trace}}
