@@ -95,7 +95,7 @@ def _cmd_run(args) -> int:
     ramp = ramp_warning(results[0].summary)   # says the count itself: the tail's would repeat it
     warnings = [w.removeprefix(prefix) for w in [
         profile_warning(cost), cost.setup_warning, ramp, client_warning(results[0].summary),
-        None if ramp else unstable_warning(diagnosis),
+        None if ramp else unstable_warning(results[0], diagnosis),
         *workload_warnings(scenario.workload, scenario.base_dir),
         None if ramp else tail_warning(scenario, results[0].summary)] if w]
     paths = write_run_outputs(out, results[0], title=scenario.name,

@@ -195,18 +195,30 @@ def client_warning(summary: dict) -> str | None:
             f"{summary.get('request_throughput') or 0:.3g} req/s")
 
 
-def unstable_warning(diagnosis: dict) -> str | None:
+def unstable_warning(result: RunResult, diagnosis: dict) -> str | None:
     """What an unstable run's figures are (None for a stable one): the stability test of
     a sweep point and of a plan's search (:func:`simulator.executors.job_output`, in
     ``diagnosis["figures"]`` of :func:`simulator.diagnosis.diagnose`), said because a
-    single run's latencies then grow with its length."""
-    f = diagnosis.get("figures") or {}
-    if f.get("stable") is not False:
+    single run's latencies then grow with its length. The rates are the test's: arrivals
+    and finishes from the first finish to the last arrival
+    (:func:`simulator.executors.window_rates`). A run of fewer than
+    :data:`MIN_TAIL_REQUESTS` counted requests may end while its batch still fills up
+    (answers of many seconds), which the test cannot tell from a queue that grows: said."""
+    from .executors import window_rates
+
+    if (diagnosis.get("figures") or {}).get("stable") is not False:
         return None
-    offered, achieved = f.get("offered_rate"), f.get("achieved_rate")
-    rates = (f" (offered {offered:.4g} req/s, served {achieved:.4g} req/s)"
-             if offered and achieved is not None else "")
-    return (f"the run is unstable: requests arrive faster than they are served{rates} and "
+    rates = window_rates(result)
+    said = (f" ({rates[0]:.4g} req/s arrived and {rates[1]:.4g} req/s finished from the "
+            f"first finish to the last arrival)" if rates else "")
+    n = result.summary.get("num_requests") or 0
+    if n < MIN_TAIL_REQUESTS:
+        return (f"the run reads as unstable{said}, as a sweep would flag it, but at {n} "
+                f"requests it may have ended while its batch still filled up (answers of "
+                f"many seconds), which reads the same: a longer run (workload.num_requests) "
+                f"tells them apart; if it is overloaded, its latencies grow with the run's "
+                f"length")
+    return (f"the run is unstable: requests arrive faster than they are served{said} and "
             f"the queue grows over the run, so its latencies grow with its length (a longer "
             f"run reports higher ones; none is a steady-state figure): sweep the rate, or "
             f"plan, to find the rate it sustains")

@@ -763,22 +763,28 @@ workload:
 def test_a_run_says_when_it_is_unstable(tmp_path, capsys):
     # one request at a time, each a prefill step and 4 decode steps of 20 ms: 10 req/s
     # served, against 20 offered (gaps of 1/20 s from 0.05 s): the sweep flags the point,
-    # and a run said nothing of it
+    # and a run said nothing of it. From the first finish (0.15 s) to the last arrival
+    # (50 s): arrivals 3..1000 (998), and a finish every 0.1 s from 0.15 s (499)
     y = tmp_path / "ov.yaml"
     y.write_text("name: ov\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.02}}\n"
-                 "engine: {max_num_seqs: 1}\nworkload:\n  num_requests: 300\n"
+                 "engine: {max_num_seqs: 1}\nworkload:\n  num_requests: 1000\n"
                  "  arrival: {process: constant, rate: 20}\n"
                  "  prompt_tokens: {dist: fixed, value: 10}\n"
                  "  output_tokens: {dist: fixed, value: 5}\n")
     assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
-    served = 300 / (0.05 + 300 * 5 * 0.02)
+    window = 50.0 - 0.15
     said = (f"servesim: warning: the run is unstable: requests arrive faster than they are "
-            f"served (offered 20 req/s, served {served:.4g} req/s) and the queue grows")
+            f"served ({998 / window:.4g} req/s arrived and {499 / window:.4g} req/s finished "
+            f"from the first finish to the last arrival) and the queue grows")
     assert said in capsys.readouterr().err
     assert said.removeprefix("servesim: warning: ") in (tmp_path / "o" / "report.md").read_text()
     assert main(["run", str(y), "--set", "workload.arrival.rate=8", "--out",
                  str(tmp_path / "s"), "--quiet"]) == 0   # 8 of 10 req/s: stable
     assert "unstable" not in capsys.readouterr().err
+    # a short run may only be filling its batch: it says so rather than call it overload
+    assert main(["run", str(y), "--set", "workload.num_requests=300", "--out",
+                 str(tmp_path / "short"), "--quiet"]) == 0
+    assert "the run reads as unstable (" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [
