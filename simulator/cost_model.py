@@ -892,7 +892,7 @@ def _gpu_efficiency_profile(gpu_name: str) -> Profile | None:
         except InputError:
             continue
         if (p.measured and p.device.kind == "gpu" and p.cost.form == "roofline"
-                and p.engine.startswith("vllm") and p.efficiencies.mbu
+                and p.engine.lower().startswith("vllm") and p.efficiencies.mbu
                 and p.efficiencies.mfu):
             cands.append(p)
     cands.sort(key=lambda p: (p.device.name == gpu_name, p.provenance.date), reverse=True)

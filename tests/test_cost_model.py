@@ -720,6 +720,12 @@ def test_a_gpu_profile_of_servesims_own_engine_is_never_borrowed(tmp_path, monke
     # the profile itself still serves a scenario that names it, labelled measured
     mine = scenario(hardware={"profile": "h200-eager"})
     assert build_cost_model(mine).label.startswith("measured: profile h200-eager")
+    # one of vLLM (however its name is cased) is borrowed
+    save_profile(make_profile(name="h200-vllm", device=eager.device.model_dump(),
+                              efficiencies={"mbu": 0.8, "mfu": 0.6}, engine="VLLM 0.32.0"),
+                 tmp_path / "local" / "h200-vllm.yaml")
+    assert build_cost_model(sc).label.endswith("efficiencies of measured profile h200-vllm "
+                                               "(MBU 0.8, MFU 0.6)")
 
 
 @pytest.mark.parametrize("name, gib, want", [
