@@ -404,6 +404,31 @@ def _hold_closed_descriptors() -> None:
             os.open(os.devnull, os.O_RDWR)   # the lowest free number: fd
     if sys.stderr is None or _read_only(sys.stderr):   # 2</dev/null: every print failed
         sys.stderr = open(os.devnull, "w")
+    sys.stderr = _Lossy(sys.stderr)
+
+
+class _Lossy:
+    """stderr that drops what it cannot write (``2>/dev/full``) rather than raise: a
+    warning that cannot be said stopped a run after its report (exit 1), and an input
+    error that cannot be said exited 1, not 2."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name):   # fileno, isatty, encoding, ... as the stream's
+        return getattr(self._stream, name)
 
 
 def _read_only(stream) -> bool:

@@ -423,6 +423,28 @@ def test_a_closed_stderr_keeps_errors_and_notes_out_of_stdout(tmp_path):
     assert (proc.returncode, proc.stdout) == (2, "")
 
 
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stderr_loses_messages_not_exit_statuses(tmp_path):
+    # 2>/dev/full: an input error exited 1 (its line could not be said), and a run's
+    # warning stopped it after its report, exit 1, without its "report:" line
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {tmp_path}/none.yaml "
+                          f"2>/dev/full", shell=True, stdout=subprocess.PIPE, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    scen = tmp_path / "s.yaml"   # 5 requests: a warning that its p99s rest on them
+    scen.write_text("name: s\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\n"
+                    "workload: {num_requests: 5, arrival: {process: poisson, rate: 1.0},\n"
+                    "  prompt_tokens: {dist: fixed, value: 10}, output_tokens: {dist: fixed, "
+                    "value: 5}}\n")
+    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {scen} --out {tmp_path}/r "
+                          f"2>/dev/full", shell=True, stdout=subprocess.PIPE, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.endswith(f"report: {tmp_path}/r/report.html\n")
+
+
 def test_a_read_only_stdout_is_refused_before_the_run(tmp_path):
     # 1</dev/null: the run wrote its whole report, then failed printing its table (exit 1)
     import subprocess
