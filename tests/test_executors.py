@@ -394,65 +394,50 @@ def test_an_output_that_cannot_be_written_is_one_line():
         assert (proc.returncode, proc.stderr) == (
             1, "servesim: error: cannot write the output: standard output is closed\n"), args
 
-def test_a_closed_stderr_keeps_errors_and_notes_out_of_stdout(tmp_path):
-    # with 2>&- sys.stderr was None and print(file=None) wrote every error and note into
-    # stdout, among the command's output; an input error then still exits 2
+# 5 requests on a projected H100: a run that warns (its p99s rest on them)
+FIVE_REQUESTS = ("name: s\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\n"
+                 "workload: {num_requests: 5, arrival: {process: poisson, rate: 1.0},\n"
+                 "  prompt_tokens: {dist: fixed, value: 10}, output_tokens: {dist: fixed, "
+                 "value: 5}}\n")
+
+
+def _servesim(args: str, **kw):
+    """``python -m simulator.cli <args>`` through the shell, for its redirections (text)."""
     import subprocess
     import sys
 
-    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {tmp_path}/none.yaml 2>&-",
-                          shell=True, stdout=subprocess.PIPE, text=True, timeout=120)
+    return subprocess.run(f"{sys.executable} -m simulator.cli {args}", shell=True, text=True,
+                          timeout=120, **kw)
+
+
+@pytest.mark.parametrize("redirect", ["2>&-", "2</dev/null", "2>/dev/full"])
+def test_a_stderr_that_takes_nothing_loses_messages_not_exit_statuses(tmp_path, redirect):
+    # closed: sys.stderr was None and print(file=None) wrote every error and warning into
+    # stdout, among the command's output; read-only or full: each print failed, so an
+    # input error exited 1, and a run's warning stopped it after its report (exit 1,
+    # without its "report:" line)
+    import os
+    import subprocess
+
+    if redirect.endswith("/dev/full") and not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    proc = _servesim(f"run {tmp_path}/none.yaml {redirect}", stdout=subprocess.PIPE)
     assert (proc.returncode, proc.stdout) == (2, "")
     scen = tmp_path / "s.yaml"
-    scen.write_text("name: s\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\n"
-                    "workload: {num_requests: 5, arrival: {process: poisson, rate: 1.0},\n"
-                    "  prompt_tokens: {dist: fixed, value: 10}, output_tokens: {dist: fixed, "
-                    "value: 5}}\n")
-    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {scen} --out "
-                          f"{tmp_path}/r 2>&-", shell=True, stdout=subprocess.PIPE, text=True,
-                          timeout=120)
-    assert proc.returncode == 0 and "servesim:" not in proc.stdout   # its warning: nowhere
-    assert "TTFT" in proc.stdout and (tmp_path / "r" / "summary.json").is_file()
-    said = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(scen), "--out",
-                           str(tmp_path / "r2")], capture_output=True, text=True, timeout=120)
-    assert "servesim: warning:" in said.stderr   # the same run has one to keep silent
-    # stderr open for reading only: each print failed, and an input error exited 1
-    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {tmp_path}/none.yaml "
-                          f"2</dev/null", shell=True, stdout=subprocess.PIPE, text=True,
-                          timeout=120)
-    assert (proc.returncode, proc.stdout) == (2, "")
-
-
-@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
-def test_a_full_stderr_loses_messages_not_exit_statuses(tmp_path):
-    # 2>/dev/full: an input error exited 1 (its line could not be said), and a run's
-    # warning stopped it after its report, exit 1, without its "report:" line
-    import subprocess
-    import sys
-
-    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {tmp_path}/none.yaml "
-                          f"2>/dev/full", shell=True, stdout=subprocess.PIPE, text=True,
-                          timeout=120)
-    assert (proc.returncode, proc.stdout) == (2, "")
-    scen = tmp_path / "s.yaml"   # 5 requests: a warning that its p99s rest on them
-    scen.write_text("name: s\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\n"
-                    "workload: {num_requests: 5, arrival: {process: poisson, rate: 1.0},\n"
-                    "  prompt_tokens: {dist: fixed, value: 10}, output_tokens: {dist: fixed, "
-                    "value: 5}}\n")
-    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {scen} --out {tmp_path}/r "
-                          f"2>/dev/full", shell=True, stdout=subprocess.PIPE, text=True,
-                          timeout=120)
-    assert proc.returncode == 0 and proc.stdout.endswith(f"report: {tmp_path}/r/report.html\n")
+    scen.write_text(FIVE_REQUESTS)
+    said = _servesim(f"run {scen} --out {tmp_path}/said", capture_output=True)
+    assert "servesim: warning:" in said.stderr   # the run has a warning to lose
+    proc = _servesim(f"run {scen} --out {tmp_path}/r {redirect}", stdout=subprocess.PIPE)
+    assert proc.returncode == 0 and "servesim:" not in proc.stdout
+    assert proc.stdout.endswith(f"report: {tmp_path}/r/report.html\n")
 
 
 def test_a_read_only_stdout_is_refused_before_the_run(tmp_path):
     # 1</dev/null: the run wrote its whole report, then failed printing its table (exit 1)
     import subprocess
-    import sys
 
-    proc = subprocess.run(f"{sys.executable} -m simulator.cli run {tmp_path}/none.yaml "
-                          f"--out {tmp_path}/r 1</dev/null", shell=True,
-                          stderr=subprocess.PIPE, text=True, timeout=120)
+    proc = _servesim(f"run {tmp_path}/none.yaml --out {tmp_path}/r 1</dev/null",
+                     stderr=subprocess.PIPE)
     assert (proc.returncode, proc.stderr) == (
         1, "servesim: error: cannot write the output: standard output is open for reading "
            "only\n")
