@@ -966,6 +966,13 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "must be a name such as llama (got [llama])"),
     ("vocab_size: 100", "vocab_size: 100\n  architecture: [Llama]", "architecture",
      "must be a name such as Llama (got [Llama])"),
+    # layers the engine refuses and the cost model does not price: they ran as if absent
+    ("vocab_size: 100", "vocab_size: 100\n  hidden_act: gelu", "hidden_act",
+     "'gelu' not supported (the MLP is SwiGLU: silu)"),
+    ("vocab_size: 100", "vocab_size: 100\n  mlp_bias: true", "mlp_bias",
+     "true not supported (the MLP has no bias)"),
+    ("vocab_size: 100", "vocab_size: 100\n  architecture: Mistral\n  sliding_window: 64",
+     "sliding_window", "64 not supported (full attention only; set it to null)"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: 3", "rope_scaling",
      "must be a mapping or null"),
 ])

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simulator.catalog import rope_from_hf
+from simulator.catalog import rope_from_hf, unsupported_layers
 from simulator.errors import InputError
 
 from .attention import (AttentionMetadata, Padding, causal_chunk, context_chunk,
@@ -55,32 +55,6 @@ def token_ids(v, vocab_size: int, where: str) -> list[int]:
         raise InputError(f"{where}: a token id in [0, {vocab_size}) or a list of them, "
                          f"got {v!r}")
     return ids
-
-
-def _sliding_key(d: dict, model_type: str, source: str) -> str | None:
-    """The key that gives some layer sliding-window attention in an HF config, if any: a
-    ``layer_types`` entry (transformers 5) other than ``full_attention``; Mistral's
-    ``sliding_window`` below ``max_position_embeddings``; Qwen2's with
-    ``use_sliding_window`` on layers from ``max_window_layers``.
-
-    Raises:
-        InputError: a ``sliding_window`` that is neither a positive integer nor null.
-    """
-    if any(t != "full_attention" for t in d.get("layer_types") or ()):
-        return "layer_types"
-    window, mpe = d.get("sliding_window"), d.get("max_position_embeddings", 4096)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                               or window < 1):
-        raise InputError(f"{source}.sliding_window: a positive integer or null, got "
-                         f"{window!r}")
-    if window is None or window >= mpe:
-        return None
-    if model_type == "qwen2":   # max_window_layers: Qwen2Config's default when absent
-        slides = bool(d.get("use_sliding_window")) and (
-            d.get("max_window_layers", 28) < d["num_hidden_layers"])
-    else:
-        slides = model_type == "mistral"
-    return "sliding_window" if slides else None
 
 
 @dataclass(frozen=True)
@@ -158,18 +132,12 @@ class ModelConfig:
             if not isinstance(d.get(key, False), bool):   # "false" read as true
                 raise InputError(f"{source}.{key}: true or false, got {d[key]!r}")
         # what the layers do not do is refused, not run as if absent (HF would differ)
-        if d.get("hidden_act", "silu") != "silu":
-            raise InputError(f"{source}.hidden_act: {d['hidden_act']!r} not supported (the "
-                             f"MLP is SwiGLU: silu)")
-        if d.get("mlp_bias"):
-            raise InputError(f"{source}.mlp_bias: true not supported (the MLP has no bias)")
-        sliding = _sliding_key(d, model_type, source)
-        if sliding is not None:
-            fix = ("list full_attention only" if sliding == "layer_types" else
-                   "set it to null" + (" or use_sliding_window to false"
-                                       if model_type == "qwen2" else ""))
-            raise InputError(f"{source}.{sliding}: {d[sliding]!r} not supported (full "
-                             f"attention only; {fix})")
+        try:
+            unsupported = unsupported_layers(d, model_type)
+        except ValueError as e:
+            raise InputError(f"{source}.sliding_window: {e}") from None
+        if unsupported is not None:
+            raise InputError(f"{source}.{unsupported[0]}: {unsupported[1]}")
         heads = d["num_attention_heads"]
         kv_heads = d.get("num_key_value_heads") or heads
         if heads % kv_heads:

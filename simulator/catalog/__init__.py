@@ -48,6 +48,48 @@ _INLINE_EXTRA = ("name", "architectures", "model_type", "torch_dtype", "dtype",
                  "max_window_layers", "transformers_version")
 
 
+def unsupported_layers(cfg: dict, model_type: str) -> tuple[str, str] | None:
+    """The first HF config key whose layers servesim neither runs (its engine) nor prices
+    (its cost model: a SwiGLU MLP without bias, full attention over the whole context),
+    and why, as ``(key, detail)``; None when there is none. Refused rather than run as if
+    absent: HF and vLLM would compute (and size the KV cache) otherwise.
+
+    Sliding windows: a ``layer_types`` entry (transformers 5) other than
+    ``full_attention``; Mistral's ``sliding_window`` below ``max_position_embeddings``;
+    Qwen2's with ``use_sliding_window`` on layers from ``max_window_layers`` (its default
+    28 when absent).
+
+    Raises:
+        ValueError: a ``sliding_window`` that is neither a positive integer nor null (the
+            detail, to be prefixed with the key).
+    """
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        return "hidden_act", f"{act!r} not supported (the MLP is SwiGLU: silu)"
+    if cfg.get("mlp_bias"):
+        return "mlp_bias", "true not supported (the MLP has no bias)"
+    types = cfg.get("layer_types") or ()
+    if any(t != "full_attention" for t in types):
+        return "layer_types", f"{types!r} not supported (full attention only; list " \
+                              f"full_attention only)"
+    window, mpe = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 4096)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):
+        raise ValueError(f"a positive integer or null, got {window!r}")
+    if window is None or not isinstance(mpe, int) or window >= mpe:
+        return None
+    if model_type == "qwen2":
+        slides = bool(cfg.get("use_sliding_window")) and (
+            cfg.get("max_window_layers", 28) < cfg.get("num_hidden_layers", 0))
+    else:
+        slides = model_type == "mistral"
+    if not slides:
+        return None
+    fix = "set it to null" + (" or use_sliding_window to false" if model_type == "qwen2"
+                              else "")
+    return "sliding_window", f"{window!r} not supported (full attention only; {fix})"
+
+
 def inline_model_json_schema() -> dict:
     """JSON Schema of an inline ``model:`` mapping, from the keys :func:`load_model` reads:
     the shape's integers (1 to :data:`MAX_SHAPE_INT`; ``num_key_value_heads`` and
@@ -271,8 +313,10 @@ def load_model(spec, base_dir=".") -> ModelShape:
         base_dir: folder that relative paths are resolved against (the scenario's folder).
 
     Raises:
-        KeyedInputError: unknown name, unreadable file, missing/invalid/unknown key, or an
-            unsupported architecture; the message starts with ``model``, and ``key`` is
+        KeyedInputError: unknown name, unreadable file, missing/invalid/unknown key, an
+            unsupported architecture, or layers servesim does not model
+            (:func:`unsupported_layers`: a GELU or biased MLP, sliding-window attention);
+            the message starts with ``model``, and ``key`` is
             ``model`` or, in an inline mapping, ``model.<the key at fault>``.
     """
     if isinstance(spec, ModelShape):
@@ -417,6 +461,13 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
             raise fail(key, f"{key} must be at most {MAX_SHAPE_INT:.0e} (got {big})",
                        f"must be at most {MAX_SHAPE_INT:.0e} (got {big})")
         vals[key] = v
+    try:   # layers the cost model does not price (a sliding window sizes the KV otherwise)
+        unsupported = unsupported_layers(cfg, _TYPE_BY_ARCH[arch])
+    except ValueError as e:
+        raise fail("sliding_window", f"sliding_window must be {e}", f"must be {e}") from None
+    if unsupported is not None:
+        key, detail = unsupported
+        raise fail(key, f"{key} {detail}", detail)
     if vals["num_attention_heads"] % vals["num_key_value_heads"]:
         raise fail("num_key_value_heads",
                    f"num_attention_heads ({vals['num_attention_heads']}) must be a multiple "
@@ -466,4 +517,4 @@ def shape_from_dict(d: dict) -> ModelShape:
 
 __all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes",
            "inline_model_json_schema", "list_hardware", "list_models", "load_hardware",
-           "load_model", "rope_from_hf", "shape_from_dict"]
+           "load_model", "rope_from_hf", "shape_from_dict", "unsupported_layers"]
