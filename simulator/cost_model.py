@@ -878,25 +878,27 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
 
 # == projection ============================================================================
 
-def _gpu_efficiency_profile(gpu_name: str) -> Profile | None:
+def _gpu_efficiency_profile(gpu_name: str) -> tuple[Profile | None, list[Path]]:
     """A measured GPU profile of vLLM to borrow efficiencies (and fixed step costs) from:
-    same GPU first, then any GPU, newest first. CPU profiles never qualify (DESIGN.md §4),
+    same GPU first, then any GPU, newest first; with the profile files that could not be
+    read (they may have been one). CPU profiles never qualify (DESIGN.md §4),
     nor do profiles of servesim's own engine: on a GPU it runs eagerly, without CUDA
     graphs, so its steps are launch-bound (a fitted 11 ms a step and MBU 0.28 for
     Llama-3.1-8B on an H200, benchmarks/results/gpu_h200.md), which a projection of vLLM
     would inherit (3.7× its batch-1 TPOT on an H100)."""
-    cands = []
+    cands, unreadable = [], []
     for name, path in list_profiles().items():
         try:
             p = load_profile(path)
         except InputError:
+            unreadable.append(path)
             continue
         if (p.measured and p.device.kind == "gpu" and p.cost.form == "roofline"
                 and p.engine.lower().startswith("vllm") and p.efficiencies.mbu
                 and p.efficiencies.mfu):
             cands.append(p)
     cands.sort(key=lambda p: (p.device.name == gpu_name, p.provenance.date), reverse=True)
-    return cands[0] if cands else None
+    return (cands[0] if cands else None), unreadable
 
 
 def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 1, *,
@@ -1147,7 +1149,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
     try:
         if name in list_hardware():
             gpu = load_hardware(name)
-            src = _gpu_efficiency_profile(gpu.name)
+            src, unreadable = _gpu_efficiency_profile(gpu.name)
             prof = project_profile(shape, dtype, gpu, tp, block_size=eng.block_size,
                                    gpu_memory_utilization=eng.gpu_memory_utilization,
                                    max_num_batched_tokens=scenario.max_num_batched_tokens,
@@ -1162,6 +1164,12 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                     memory=(f"that {gpu.name}'s memory holds at gpu_memory_utilization "
                                             f"{eng.gpu_memory_utilization:g} "
                                             f"(tensor_parallel={tp})"))
+            if unreadable:   # one of them may be the vLLM profile the user meant to lend
+                setup_warning = "; ".join(filter(None, (setup_warning, (
+                    f"the projection borrowed no efficiencies from profile "
+                    f"file{'s' if len(unreadable) > 1 else ''} "
+                    f"{', '.join(map(str, unreadable))}: unreadable (servesim profiles "
+                    f"says why)"))))
             eff = prof.efficiencies
             how = (f"efficiencies of measured profile {src.display_name}" if src is not None
                    else "default efficiencies")

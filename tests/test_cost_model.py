@@ -728,6 +728,27 @@ def test_a_gpu_profile_of_servesims_own_engine_is_never_borrowed(tmp_path, monke
                                                "(MBU 0.8, MFU 0.6)")
 
 
+def test_a_projection_names_the_profile_files_it_could_not_read(tmp_path, monkeypatch):
+    # a vLLM GPU profile broken by a hand edit was skipped without a word: the projection
+    # fell back to default efficiencies while the user believed theirs were used
+    monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
+    sc = scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"})
+    assert build_cost_model(sc).setup_warning is None
+    broken = tmp_path / "local" / "h100-vllm.yaml"
+    broken.parent.mkdir()
+    broken.write_text("name: h100-vllm\nengine: vllm 0.32.0\ndevice: [\n")
+    cm = build_cost_model(sc)
+    assert cm.label.endswith("default efficiencies (MBU 0.7, MFU 0.5)")
+    assert cm.setup_warning == (f"the projection borrowed no efficiencies from profile file "
+                                f"{broken}: unreadable (servesim profiles says why)")
+    # a measured profile the scenario names is not a projection: nothing borrowed, no word
+    save_profile(make_profile(name="mine"), tmp_path / "local" / "mine.yaml")
+    mine = build_cost_model(scenario(hardware={"profile": "mine"},
+                                     engine={"block_size": 128}))
+    assert mine.label.startswith("measured: profile mine") and mine.setup_warning is None
+
+
 @pytest.mark.parametrize("name, gib, want", [
     # vLLM 0.32 EngineArgs.get_batch_defaults, OPENAI_API_SERVER: >= 160 GiB, then >= 70 GiB
     # other than an A100, then the rest
