@@ -190,7 +190,11 @@ def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
     (lambda eng: LLMEngine({**CFG, "eos_token_id": 999}, dict(num_gpu_blocks=64)),
      "config.eos_token_id: a token id in [0, 128) or a list of them, got 999"),
     (lambda eng: LLMEngine({**CFG, "hidden_size": 30}, dict(num_gpu_blocks=64)),
-     "config.hidden_size: 30 must be a multiple of num_attention_heads 4 (or give head_dim)"),
+     "config.hidden_size: 30 // num_attention_heads 4 gives head_dim 7, odd: not supported "
+     "(rotary embeddings turn pairs of dimensions; give an even head_dim)"),
+    (lambda eng: LLMEngine({**CFG, "head_dim": 7}, dict(num_gpu_blocks=64)),   # torch's error
+     "config.head_dim: 7 not supported (rotary embeddings turn pairs of dimensions: an even "
+     "head_dim)"),
     (lambda eng: eng.generate(__import__("numpy").array([], dtype="int64"), GREEDY),
      "prompt: empty"),   # one 1-D array is one prompt, empty or not (it was no prompt)
 ])

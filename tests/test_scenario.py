@@ -975,6 +975,12 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "sliding_window", "64 not supported (full attention only; set it to null)"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: 3", "rope_scaling",
      "must be a mapping or null"),
+    # rotary embeddings over an odd head_dim run nowhere (the engine hit torch's error)
+    ("vocab_size: 100", "vocab_size: 100\n  head_dim: 7", "head_dim",
+     "7 not supported (rotary embeddings turn pairs of dimensions: an even head_dim)"),
+    ("hidden_size: 64", "hidden_size: 60", "hidden_size",
+     "60 // num_attention_heads 4 gives head_dim 15, odd: not supported (rotary embeddings "
+     "turn pairs of dimensions; give an even head_dim)"),
 ])
 def test_inline_model_errors_name_the_key_line(tmp_path, old, new, key, msg):
     p = tmp_path / "m.yaml"

@@ -104,8 +104,9 @@ class ModelConfig:
         transformers-5 ``rope_parameters`` dict.
 
         Raises:
-            InputError: a required key missing, a non-positive size, heads that do not
-                divide, a non-finite or non-positive ``rms_norm_eps`` / ``rope_theta``, an
+            InputError: a required key missing, a non-positive size, KV heads that do not
+                divide the heads, an odd head_dim (given or derived), layers not run
+                (:func:`simulator.catalog.unsupported_layers`), a non-finite or non-positive ``rms_norm_eps`` / ``rope_theta``, an
                 EOS/BOS id outside the vocab, or an unsupported ``rope_type`` /
                 ``model_type``; naming the key.
         """
@@ -143,10 +144,7 @@ class ModelConfig:
         if heads % kv_heads:
             raise InputError(f"{source}.num_key_value_heads: {kv_heads} must divide "
                              f"num_attention_heads {heads}")
-        if not d.get("head_dim") and d["hidden_size"] % heads:   # the shapes broke in warm-up
-            raise InputError(f"{source}.hidden_size: {d['hidden_size']} must be a multiple of "
-                             f"num_attention_heads {heads} (or give head_dim)")
-        head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        head_dim = d.get("head_dim") or d["hidden_size"] // heads   # as HF derives it
         for key in ("rope_scaling", "rope_parameters"):
             if d.get(key) is not None and not isinstance(d[key], dict):
                 raise InputError(f"{source}.{key}: a mapping (rope_type, factor, ...) or "

@@ -59,10 +59,25 @@ def unsupported_layers(cfg: dict, model_type: str) -> tuple[str, str] | None:
     Qwen2's with ``use_sliding_window`` on layers from ``max_window_layers`` (its default
     28 when absent).
 
+    Rotary embeddings turn pairs of dimensions: an odd ``head_dim`` (given, or derived as
+    HF derives it, ``hidden_size // num_attention_heads``, which need not divide) runs
+    nowhere, HF included; it is named at ``head_dim`` when given, else at ``hidden_size``.
+    ``cfg``'s shape integers must have been checked (positive integers).
+
     Raises:
         ValueError: a ``sliding_window`` that is neither a positive integer nor null (the
             detail, to be prefixed with the key).
     """
+    heads = cfg["num_attention_heads"]
+    if cfg.get("head_dim"):
+        if cfg["head_dim"] % 2:
+            return "head_dim", f"{cfg['head_dim']} not supported (rotary embeddings turn " \
+                               f"pairs of dimensions: an even head_dim)"
+    elif (cfg["hidden_size"] // heads) % 2:
+        return "hidden_size", (f"{cfg['hidden_size']} // num_attention_heads {heads} gives "
+                               f"head_dim {cfg['hidden_size'] // heads}, odd: not supported "
+                               f"(rotary embeddings turn pairs of dimensions; give an even "
+                               f"head_dim)")
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         return "hidden_act", f"{act!r} not supported (the MLP is SwiGLU: silu)"
