@@ -106,9 +106,9 @@ class ModelConfig:
         Raises:
             InputError: a required key missing, a non-positive size, KV heads that do not
                 divide the heads, an odd head_dim (given or derived), layers not run
-                (:func:`simulator.catalog.unsupported_layers`), a non-finite or non-positive ``rms_norm_eps`` / ``rope_theta``, an
-                EOS/BOS id outside the vocab, or an unsupported ``rope_type`` /
-                ``model_type``; naming the key.
+                (:func:`simulator.catalog.unsupported_layers`), a non-finite or
+                non-positive ``rms_norm_eps`` / ``rope_theta``, an EOS/BOS id outside the
+                vocab, or an unsupported ``rope_type`` / ``model_type``; naming the key.
         """
         if not isinstance(d, dict):
             raise InputError(f"{source}: expected a mapping of HF config keys")
