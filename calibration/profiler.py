@@ -483,19 +483,17 @@ def _repair_tail(path: Path) -> None:
     Raises:
         InputError: as :func:`read_measurements`, naming ``path``.
     """
+    from simulator.files import atomic_write
+
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         read_measurements(path)
         return
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data[:data.rfind(b"\n") + 1])
-        read_measurements(tmp, shown=path)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    whole = data[:data.rfind(b"\n") + 1]
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / path.name).write_bytes(whole)
+        read_measurements(Path(d) / path.name, shown=path)
+    atomic_write(path, whole)
 
 
 class MeasurementLog:

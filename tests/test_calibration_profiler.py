@@ -1,6 +1,7 @@
 """The profiler drives the real engine into each grid cell's step shape, writes every
 repeat to the CSV as it goes, and resumes an interrupted run without re-measuring."""
 
+import os
 import re
 from types import SimpleNamespace
 
@@ -285,6 +286,24 @@ def test_a_refused_csv_is_left_as_it_was(tmp_path):
         check_resumable(path, HEADER)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["m.csv"]   # no copy left behind
+
+
+def test_a_repaired_csv_keeps_ordinary_permissions(tmp_path):
+    # the cut-off line was dropped through a mkstemp copy: the file came back 0600
+    from calibration.profiler import check_resumable
+    path = csv_with_row(tmp_path, ROW_TEXT)
+    whole = path.read_bytes()
+    with open(path, "a") as f:
+        f.write(ROW_TEXT[:20])   # a kill mid-write
+    umask = os.umask(0o022)
+    try:
+        path.chmod(0o644)
+        assert check_resumable(path, HEADER)
+    finally:
+        os.umask(umask)
+    assert path.read_bytes() == whole
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["m.csv"]
 
 
 def test_a_csv_without_its_column_line_names_the_line_it_read_as_one(tmp_path):
