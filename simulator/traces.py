@@ -625,24 +625,32 @@ def mooncake_segments(hash_ids, input_length: int) -> tuple:
 
 def read_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = None
                ) -> list[RequestSpec]:
-    """Read a trace as request specs (see :func:`load_trace` for the processing order).
-
-    Request ids are ``0..N-1`` in file order, which is arrival order. Mooncake prompts
-    are block segments (:func:`mooncake_segments`); other formats get one unique segment
-    ``(("user", request_id), prompt_tokens)`` per request.
-
-    Returns:
-        ``list[RequestSpec]`` sorted by ``(arrival_ns, request_id)``.
+    """Read a trace as request specs (see :func:`load_trace` for the processing order), each
+    prompt as :func:`trace_specs` gives it without a shared prefix.
 
     Raises:
         InputError: as :func:`load_trace`.
     """
-    table = load_trace(trace_cfg, base_dir, num_requests)
+    return trace_specs(load_trace(trace_cfg, base_dir, num_requests))
+
+
+def trace_specs(table: TraceTable, prompt_of=None) -> list[RequestSpec]:
+    """Request specs of a loaded trace, ids ``0..N-1`` in file order (arrival order).
+
+    Mooncake prompts are block segments (:func:`mooncake_segments`); other formats get
+    ``prompt_of(request_id, prompt_tokens)`` (default one unique segment
+    ``(("user", request_id), prompt_tokens)``; a workload's shared prefix passes its own).
+
+    Returns:
+        ``list[RequestSpec]`` sorted by ``(arrival_ns, request_id)``.
+    """
     specs = []
     for rid in range(len(table)):
         p = int(table.prompt_tokens[rid])
         if table.hash_ids is not None:
             prompt = mooncake_segments(table.hash_ids[rid], p)
+        elif prompt_of is not None:
+            prompt = prompt_of(rid, p)
         else:
             prompt = ((("user", rid), p),)
         specs.append(RequestSpec(request_id=rid, arrival_ns=int(table.arrival_ns[rid]),

@@ -45,8 +45,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
 from .files import is_regular_file, missing_file
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
-from .traces import (NONBLANK, TraceConfig, load_trace, mooncake_segments, nonempty_path,
-                     read_csv_table, ties_warning)
+from .traces import (NONBLANK, TraceConfig, load_trace, nonempty_path, read_csv_table,
+                     ties_warning, trace_specs)
 
 #: z-score of the 90th percentile of the standard normal, ``scipy.stats.norm.ppf(0.9)``.
 Z90 = 1.2815515655446004
@@ -825,17 +825,8 @@ def _build_closed_loop(cfg, r, base_dir) -> list[RequestSpec]:
 def _build_trace(cfg, r, base_dir) -> list[RequestSpec]:
     table = load_trace(cfg.trace, base_dir, cfg.num_requests)
     groups = _groups(cfg, len(table), r["prefix"])
-    specs = []
-    for i in range(len(table)):
-        p = int(table.prompt_tokens[i])
-        if table.hash_ids is not None:
-            prompt = mooncake_segments(table.hash_ids[i], p)
-        else:
-            prompt = _first_prompt(i, p, None if groups is None else int(groups[i]),
-                                   cfg.prefix, whole=True)
-        specs.append(RequestSpec(request_id=i, arrival_ns=int(table.arrival_ns[i]),
-                                 prompt=prompt, max_tokens=int(table.output_tokens[i])))
-    return specs
+    return trace_specs(table, lambda i, p: _first_prompt(
+        i, p, None if groups is None else int(groups[i]), cfg.prefix, whole=True))
 
 
 #: Share of single requests whose drawn prompt a shared prefix swallows above which a run
