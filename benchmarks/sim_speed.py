@@ -2,8 +2,8 @@
 
 Finds the replica's saturation throughput for scenarios/chat.yaml (a burst of requests all
 arriving at once), sets the Poisson arrival rate to ~70% of it, and times runs of N
-requests on one replica (default 100,000; the issue's target is 1,000,000 in <= 60 s on
-one core with peak RSS <= 2 GiB). Each run includes building the workload and the final
+requests on one replica (default 100,000; the target is 1,000,000 in <= 60 s on one
+core with peak RSS <= 2 GiB). Each run includes building the workload and the final
 statistics, as ``servesim run`` does. Prints the wall and CPU time of every repetition
 and their medians, simulated requests per wall second, peak RSS, the 1-minute load
 average before and after (the machine may be shared: runs under load are slower) and the

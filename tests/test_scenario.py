@@ -43,8 +43,9 @@ def test_defaults_are_vllms(chat):
     sc = load_scenario(chat)
     e = sc.engine
     assert (e.block_size, e.gpu_memory_utilization, e.enable_prefix_caching) == (16, 0.92, True)
-    # vllm serve's defaults depend on the device (vLLM EngineArgs.get_batch_defaults).
-    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == sc.serving_defaults()
+    # vllm serve's defaults depend on the device (vLLM EngineArgs.get_batch_defaults): an
+    # inline step_time names none and gets the generic GPU's
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == (2048, 256)
     assert sc.dtype == "bfloat16" and sc.cluster.replicas == 1
     assert sc.cluster.router == "round_robin" and sc.hardware.tensor_parallel == 1
     assert sc.max_model_len == 2048  # llama-test's max_position_embeddings
@@ -57,7 +58,7 @@ def line_of(path, needle: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
 
 
-def test_brief_error_examples(chat):
+def test_a_bad_set_value_is_one_line_naming_the_flag(chat):
     assert err(load_scenario, chat, ["engine.max_num_seqs=0"]) == (
         "--set engine.max_num_seqs=0: Input should be greater than or equal to 1 (got 0)")
     chat.write_text(chat.read_text() + "engine: {max_num_seqs: 0}\n")

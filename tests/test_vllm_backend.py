@@ -24,7 +24,7 @@ def _step(prefills, nd, dctx=0, sampled=0, dur=1000):
 
 # -- grid ---------------------------------------------------------------------------------
 
-def test_grid_runs_cover_the_brief_and_respect_limits():
+def test_grid_runs_cover_every_cell_and_respect_limits():
     g = VllmGrid(prefill_lengths=(16, 1000), batches=(1, 4), prefix_contexts=(256,),
                  prefix_chunk=64, decode_batches=(1, 8), decode_contexts=(64,),
                  decode_tokens=32)
