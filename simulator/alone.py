@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .cost_model import build_cost_model
-from .metrics import interval_counts, percentile_from_runs, slo_stat_rank
+from .metrics import interval_counts, slo_stat, slo_stat_rank
 
 #: The simulator's clock resolution (1 ns) in ms: floors priced in floating point within it
 #: of a threshold are at it (a run steps in whole ns).
@@ -112,18 +112,9 @@ class AloneLatency:
         """
         if metric not in FLOOR_METRICS:
             raise ValueError(f"no floor for {metric}; metrics with one: {FLOOR_METRICS}")
-        rank = slo_stat_rank(stat)
         if metric == "itl_ms":
-            v, c = self.itl_values_ms, self.itl_counts
-            if not c.sum():
-                return None
-            if rank < 0:
-                return float((v * c).sum() / c.sum())
-            return float(percentile_from_runs(v, c, rank))
-        x = getattr(self, metric)
-        if not x.size:
-            return None
-        return float(np.mean(x) if rank < 0 else np.percentile(x, rank))
+            return slo_stat(self.itl_values_ms, stat, self.itl_counts)
+        return slo_stat(getattr(self, metric), stat)
 
 
 def slo_floors(scenario, result, stats=(), budget: int | None = None) -> dict:

@@ -83,7 +83,7 @@ from .scenario import MAX_TP
 from .errors import InputError
 from .files import load_yaml
 from .executors import job_output, offered_rate
-from .metrics import METRIC_LABELS, slo_stat_rank
+from .metrics import METRIC_LABELS, slo_stat
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION
 from .run import max_model_len_text
 
@@ -135,11 +135,9 @@ def _missed(summary: dict, metrics) -> bool:
 
 
 def _stats(x: np.ndarray) -> dict:
+    """Mean, p50 and p99 of ``x`` (NaN left out); None each with no samples."""
     x = x[~np.isnan(x)]
-    if x.size == 0:
-        return {"mean": None, "p50": None, "p99": None}
-    return {"mean": float(np.mean(x)), "p50": float(np.percentile(x, 50)),
-            "p99": float(np.percentile(x, 99))}
+    return {st: slo_stat(x, st) for st in ("mean", "p50", "p99")}
 
 
 def ttft_split(result) -> dict:
@@ -509,8 +507,7 @@ def _wake_up(scenario, result, missed, nrep: int):
         if m not in MOVES["wake_up"]:
             continue
         x = r[m].to_numpy(dtype=float)[counted] - extra[counted]
-        rank = slo_stat_rank(st)
-        v = float(np.mean(x) if rank < 0 else np.percentile(x, rank))
+        v = slo_stat(x, st)
         figures["without_ms"].setdefault(m, {})[st] = v
         rows.append((m, st, thr, value, v))
     met = [x for x in rows if x[4] <= x[2] + CLOCK_MS]

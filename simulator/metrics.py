@@ -70,6 +70,31 @@ def slo_stat_rank(stat: str) -> float:
         raise ValueError(f"unknown statistic {stat!r}: use mean or pNN, a percentile in "
                          f"(0, 100] (p50, p90, p99, p99.9, ...)")
     return float(m.group(1))
+
+
+def slo_stat(values: np.ndarray, stat: str, counts: np.ndarray | None = None
+             ) -> float | None:
+    """``stat`` (``mean`` or ``pNN``, :func:`slo_stat_rank`) of ``values``, in their unit;
+    with ``counts``, value ``i`` is taken ``counts[i]`` times (ITL runs,
+    :func:`percentile_from_runs`). Percentiles are numpy's linear ones, as in ``vllm bench
+    serve`` (vllm/benchmarks/serve.py). None with no samples.
+
+    Raises:
+        ValueError: an unknown statistic.
+    """
+    rank = slo_stat_rank(stat)
+    if counts is None:
+        if not values.size:
+            return None
+        return float(np.mean(values) if rank < 0 else np.percentile(values, rank))
+    n = counts.sum()
+    if not n:
+        return None
+    if rank < 0:
+        return float((values * counts).sum() / n)
+    return float(percentile_from_runs(values, counts, rank))
+
+
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
     "prompt_tokens", "cached_tokens", "output_tokens", "preemptions", "replica",
@@ -569,14 +594,11 @@ class MetricsCollector:
         samples["itl_ms"] = s["itl_tokens"]
         for m, entries in slo_spec.items():   # percentiles an SLO asks for beyond STATS
             for st in entries:
-                if st not in s[m]:
-                    q = slo_stat_rank(st)
-                    if m == "itl_ms":
-                        s[m][st] = (float(percentile_from_runs(
-                            itl["gap_ns"].to_numpy(), itl["count"].to_numpy(), q)) / NS_PER_MS
-                            if samples[m] else None)
-                    else:
-                        s[m][st] = float(np.percentile(lat[m], q)) if samples[m] else None
+                if st not in s[m] and m == "itl_ms":   # exact in ns, then ms
+                    v = slo_stat(itl["gap_ns"].to_numpy(), st, itl["count"].to_numpy())
+                    s[m][st] = v / NS_PER_MS if v is not None else None
+                elif st not in s[m]:
+                    s[m][st] = slo_stat(lat[m], st)
         s.update(_evaluate_slo(slo_spec, s, req, done, dur_s, samples))
 
         e2el = req["e2el_ms"].to_numpy()[done]

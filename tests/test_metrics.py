@@ -572,3 +572,17 @@ def test_a_run_spanning_1e9_seconds_keeps_its_per_second_peaks_sparse():
     a = np.array([0, 4 * 10**18, 4 * 10**18 + 5 * 10**8], np.int64)
     f = a + np.array([10**9, 15 * 10**8, 10**9], np.int64)
     assert metrics._peak_per_second(a, f) == 2
+
+
+def test_slo_stat_takes_a_run_of_equal_values_as_that_many_samples():
+    from simulator.metrics import slo_stat
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    assert (slo_stat(x, "mean"), slo_stat(x, "p50"), slo_stat(x, "p90")) == (2.5, 2.5, 3.7)
+    # [10, 20, 20, 20]: p25 lies between the 1st and 2nd samples (linear, rank 0.75)
+    v, c = np.array([10, 20]), np.array([1, 3])
+    assert (slo_stat(v, "mean", c), slo_stat(v, "p50", c), slo_stat(v, "p25", c)) == (
+        17.5, 20.0, 17.5)
+    assert slo_stat(np.array([]), "p99") is None
+    assert slo_stat(v, "p99", np.array([0, 0])) is None
+    with pytest.raises(ValueError, match="unknown statistic 'p0'"):
+        slo_stat(x, "p0")
