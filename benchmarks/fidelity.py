@@ -34,10 +34,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOADS = {
-    "poisson-chat": [],
-    "shared-system-prompt": ["workload.prefix.shared_tokens=128", "workload.prefix.groups=4"],
-}
 
 
 # The shipped profile for CPUs that emulate bfloat16 (host_dtype).
@@ -154,6 +150,8 @@ def host_dtype() -> list[str]:
 def main(argv=None) -> int:
     from calibration.validate import validate
     from calibration.validate_report import markdown_table, write_outputs
+    from calibration.vllm.fidelity import WORKLOADS   # the same two workloads for both engines
+    from simulator.files import atomic_write
     from simulator.scenario import load_scenario
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -223,12 +221,7 @@ def main(argv=None) -> int:
               "geometric mean; "
               "calibration.validate.SpeedProbe): what is left is the cost model's own error.",
               ""]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("\n".join(parts))
-    tmp.replace(out)
-    print(out)
+    print(atomic_write(args.out, "\n".join(parts)))
     return 0
 
 

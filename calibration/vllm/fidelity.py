@@ -18,12 +18,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The workloads of benchmarks/fidelity.py (scenario overrides).
+#: The fidelity workloads (scenario overrides), for vLLM here and servesim's engine
+#: in benchmarks/fidelity.py.
 WORKLOADS = {
     "poisson-chat": [],
     "shared-system-prompt": ["workload.prefix.shared_tokens=128", "workload.prefix.groups=4"],
 }
-#: Targets of the fidelity issue: |error| of saturation throughput, p50s and p99s.
+#: Targets against vLLM: |error| of saturation throughput, p50s and p99s (loads 0.3, 0.6).
 TARGETS = {"saturation": 0.10, "p50": 0.15, "p99": 0.25}
 
 
@@ -105,6 +106,7 @@ def profile_section(path) -> list[str]:
 
 def main(argv=None) -> int:
     from calibration.validate_report import write_outputs
+    from simulator.files import atomic_write
     from simulator.scenario import load_scenario
 
     from . import commands
@@ -144,11 +146,8 @@ def main(argv=None) -> int:
         engine = res.pop("engine_object")
         write_outputs(res, ROOT / "reports" / "fidelity-vllm" / name)
         parts += section(name, overrides, res)
-        out = Path(args.out)  # written after each workload, so a partial run leaves a file
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text("\n".join(parts))
-        tmp.replace(out)
+        # written after each workload, so a partial run leaves a file
+        atomic_write(args.out, "\n".join(parts))
     print(args.out)
     return 0
 
