@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.metrics import MetricsCollector, RunResult
-
-NS_PER_MS = 1_000_000
+from simulator.policy.request import NS_PER_MS
 
 
 # == the engine side ========================================================================

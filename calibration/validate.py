@@ -32,6 +32,7 @@ import numpy as np
 
 from simulator.errors import InputError
 from simulator.files import check_folder, through_parents
+from simulator.metrics import summary_at
 
 from .timing_replay import (ScaledCost, compare_timing, engine_config, engine_result,
                             run_engine, simulate_specs, simulate_timing)
@@ -271,15 +272,6 @@ class SpeedProbe:
 
 # == the comparison =========================================================================
 
-def figure(summary: dict, path: tuple):
-    v = summary
-    for k in path:
-        if not isinstance(v, dict) or k not in v:
-            return None
-        v = v[k]
-    return v
-
-
 def signed_error(pred, meas):
     """(predicted − measured) / measured, None when undefined."""
     if pred is None or meas is None or meas == 0:
@@ -323,17 +315,17 @@ class LoadResult:
         host speed)."""
         rows = []
         for label, path in FIGURES:
-            m = [figure(s, path) for s in self.measured]
-            p = [figure(s, path) for s in self.predicted]
+            m = [summary_at(s, path) for s in self.measured]
+            p = [summary_at(s, path) for s in self.predicted]
             e = [signed_error(b, a) for a, b in zip(m, p)]
             row = {"figure": label, "measured": _spread(m), "predicted": _spread(p),
                    "error": _spread(e)}
             if self.adjusted:
-                a = [figure(s, path) for s in self.adjusted]
+                a = [summary_at(s, path) for s in self.adjusted]
                 row["adjusted"] = _spread(a)
                 row["adjusted_error"] = _spread([signed_error(b, x) for x, b in zip(m, a)])
             if self.again:
-                row["again_error"] = _spread([signed_error(figure(s, path), x)
+                row["again_error"] = _spread([signed_error(summary_at(s, path), x)
                                               for x, s in zip(m, self.again)])
             for key, low, high in (("", self.band_low, self.band_high),
                                    ("_adjusted", self.adjusted_low, self.adjusted_high)):
@@ -341,7 +333,7 @@ class LoadResult:
                     row["in_band" + key], row["band" + key] = _in_band(m, low, high, path)
             if label in BAND_FIGURES and self.band_low and self.again:
                 row["again_in_band"] = _again_in_band(
-                    m, p, [figure(s, path) for s in self.again], self.band_low,
+                    m, p, [summary_at(s, path) for s in self.again], self.band_low,
                     self.band_high, path)
             rows.append(row)
         return rows
@@ -352,11 +344,11 @@ def _in_band(measured: list, low: list, high: list, path) -> tuple:
     (None when undefined), and the band's ``[low, high]`` spreads."""
     inside = []
     for mv, lo, hi in zip(measured, low, high):
-        lo_v, hi_v = figure(lo, path), figure(hi, path)
+        lo_v, hi_v = summary_at(lo, path), summary_at(hi, path)
         if None not in (mv, lo_v, hi_v):
             inside.append(min(lo_v, hi_v) <= mv <= max(lo_v, hi_v))
     return (all(inside) if inside else None,
-            [_spread([figure(s, path) for s in low]), _spread([figure(s, path) for s in high])])
+            [_spread([summary_at(s, path) for s in low]), _spread([summary_at(s, path) for s in high])])
 
 
 def _again_in_band(measured: list, predicted: list, again: list, low: list, high: list,
@@ -367,7 +359,7 @@ def _again_in_band(measured: list, predicted: list, again: list, low: list, high
     band's width. None when undefined."""
     inside = []
     for mv, pv, av, lo, hi in zip(measured, predicted, again, low, high):
-        lo_v, hi_v = figure(lo, path), figure(hi, path)
+        lo_v, hi_v = summary_at(lo, path), summary_at(hi, path)
         if None in (mv, pv, av, lo_v, hi_v) or not pv:
             continue
         inside.append(min(lo_v, hi_v) * mv / pv <= av <= max(lo_v, hi_v) * mv / pv)

@@ -996,6 +996,14 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
             "goodput": n_good / dur_s if dur_s else None, "good_requests": n_good}
 
 
+def summary_at(summary: dict, path: tuple):
+    """The value at ``path`` (keys) in a nested summary dict, or None where a key is
+    missing or a value on the way is not a dict (``("ttft_ms", "p99")``)."""
+    for k in path:
+        summary = summary.get(k) if isinstance(summary, dict) else None
+    return summary
+
+
 def jsonable(x):
     """``x`` (nested dicts, lists, NumPy scalars, paths) as plain JSON types with floats
     rounded to 6 significant digits (:func:`round_sig`).

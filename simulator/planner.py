@@ -23,10 +23,10 @@ import pandas as pd
 
 from .errors import InputError, Refused
 from .executors import Job
-from .metrics import combine_replications
+from .metrics import combine_replications, summary_at
 from .search import (SearchResult, _worst_slo, drive, evaluate, max_rate_search,
                      run_generator, with_rate)
-from .sweep import (SweepResult, _fmt_value, _get, _point_overrides, _run, derive, grid,
+from .sweep import (SweepResult, _fmt_value, _point_overrides, _run, derive, grid,
                     knees, split_sets, sweep, unset)
 
 
@@ -559,12 +559,12 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
             "cost_per_million_output_tokens": r.costs.get("cost_per_million_output_tokens"),
             "cost_per_million_output_tokens_ci95":
                 r.costs_ci95.get("cost_per_million_output_tokens"),
-            "ttft_p99_ms": _get(op, ("ttft_ms", "p99", "mean")),
-            "ttft_p99_ci95": _get(op, ("ttft_ms", "p99", "ci95")),
-            "tpot_p99_ms": _get(op, ("tpot_ms", "p99", "mean")),
-            "tpot_p99_ci95": _get(op, ("tpot_ms", "p99", "ci95")),
+            "ttft_p99_ms": summary_at(op, ("ttft_ms", "p99", "mean")),
+            "ttft_p99_ci95": summary_at(op, ("ttft_ms", "p99", "ci95")),
+            "tpot_p99_ms": summary_at(op, ("tpot_ms", "p99", "mean")),
+            "tpot_p99_ci95": summary_at(op, ("tpot_ms", "p99", "ci95")),
             # runs behind the operating figures: with 2, a CI spans ±12.7 standard errors
-            "operating_replications": _get(op, ("ttft_ms", "p99", "n")),
+            "operating_replications": summary_at(op, ("ttft_ms", "p99", "n")),
             "cost_kind": c.cost_kind,
             "status": (c.error or (s.note if s and s.max_rate == 0 else None)
                        or (_beyond_text(r, result.target_rate)

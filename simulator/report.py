@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 
 from .errors import InputError
 from .files import check_folder, commit_outputs
-from .metrics import METRIC_LABELS, METRICS, RunResult
+from .metrics import METRIC_LABELS, METRICS, RunResult, summary_at
 
 FILES = {
     "summary": "summary.json",
@@ -42,7 +42,6 @@ FILES = {
     "report_md": "report.md",
     "report_html": "report.html",
 }
-PLOTS = ("latency_cdf", "timeline", "batch")
 _LABELS = METRIC_LABELS
 _ECDF_POINTS = 2000   # points drawn per CDF; the figures themselves use every value
 # vLLM's engine cuts such an output at max_model_len; its OpenAI server (0.32) does the same
@@ -423,10 +422,10 @@ def _replicated(rep: dict) -> list:
     keys = [("request_throughput",), ("output_throughput",), ("goodput",)]
     keys += [(m, st) for m in METRICS for st in ("mean", "p50", "p99")]
     keys += [("concurrency", "running_mean"), ("kv_usage", "mean")]
-    out = [(".".join(path), _at(rep, path)) for path in keys]
+    out = [(".".join(path), summary_at(rep, path)) for path in keys]
     for m, entries in (rep.get("slo") or {}).items():
         for st, e in (entries.items() if m in METRICS else ()):
-            bound = _at(e, ("threshold", "mean"))
+            bound = summary_at(e, ("threshold", "mean"))
             out.append((f"SLO {m}.{st} (≤ {_fmt(bound)})", e.get("value")))
     return [(label, node) for label, node in out if isinstance(node, dict) and "mean" in node]
 
@@ -850,12 +849,6 @@ _COMPARE_FIGURES = [
 ]
 
 
-def _at(d, path):
-    for k in path:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d
-
-
 def plan_figure(entry: dict, path: tuple):
     """A compared plan's figure at ``path`` (keys into a run summary): with replications
     the mean over them (its 95% CI is ``replications[...]["ci95"]``) and, for ``slo_met``,
@@ -863,10 +856,10 @@ def plan_figure(entry: dict, path: tuple):
     if entry.get("replications"):
         if path == ("slo_met",):
             return entry.get("slo_met")
-        mean = _at(entry["replications"], path + ("mean",))
+        mean = summary_at(entry["replications"], path + ("mean",))
         if mean is not None:
             return mean
-    return _at(entry["result"].summary, path)
+    return summary_at(entry["result"].summary, path)
 
 
 def plot_compare_cdf(entries: list[dict]) -> bytes:
@@ -921,7 +914,7 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
         cells, csv_row = [], {"figure": label}
         for n, e in zip(names, entries):
             v = plan_figure(e, path)
-            ci = _at(e.get("replications") or {}, path + ("ci95",))
+            ci = summary_at(e.get("replications") or {}, path + ("ci95",))
             cells.append(_fmt(v) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
             csv_row[n] = v
             if with_ci:

@@ -21,7 +21,7 @@ from .errors import InputError, Refused
 from .executors import Job
 from .files import load_yaml
 from .scenario import given_twice, split_override
-from .metrics import combine_replications
+from .metrics import combine_replications, summary_at
 
 
 # == deriving scenarios ====================================================================
@@ -258,12 +258,6 @@ def stability_label(stable: bool, rejected: float, steady: bool = True) -> str:
     return "stable" if stable else "unstable"
 
 
-def _get(d, path):
-    for k in path:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d
-
-
 def sweep(scenario, axes: dict[str, list], executor, *,
           progress: Callable[[int, int], None] | None = None) -> SweepResult:
     """Run every point of the cross product of ``axes`` (``sim.replications`` each).
@@ -333,11 +327,11 @@ def sweep(scenario, axes: dict[str, list], executor, *,
             # ttft_p99_ms: the unit last, as plan.csv names its columns
             name = (f"{path[0].removesuffix('_ms')}_{path[1]}_ms" if len(path) > 1
                     else path[0])
-            vals = [_get(s, path) for s in sums]
+            vals = [summary_at(s, path) for s in sums]
             vals = [v for v in vals if v is not None]
             row[name] = float(np.mean(vals)) if vals else None
             if comb is not None:
-                node = _get(comb, path)
+                node = summary_at(comb, path)
                 row[name.removesuffix("_ms") + "_ci95"] = (node.get("ci95")
                                                             if isinstance(node, dict) else None)
         row["slo_met"] = (all(s.get("slo_met") for s in sums)

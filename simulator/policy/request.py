@@ -45,7 +45,6 @@ MAX_COUNT = 10**9
 CAPPED, CAPPED_ABOVE_MAX_MODEL_LEN = 1, 2
 
 ContentId = Union[int, str, tuple]
-Segment = tuple  # (content_id, length)
 
 
 def s_to_ns(seconds: float) -> int:
