@@ -762,7 +762,7 @@ class MetricsCollector:
             agg = {k: reduce(a[k], "sum") for k in _Bins.SUM}
             agg.update({k: reduce(a[k], "max") for k in ("run_max", "wait_max", "kv_max")})
             lo, hi = np.searchsorted(replica, (rep, rep + 1))
-            frames.append(_ts_frame(start, width, out_w, str(rep), agg, 1, waiting(lo, hi)))
+            frames.append(_ts_frame(start, width, str(rep), agg, 1, waiting(lo, hi)))
             if totals is None:
                 totals = {k: v.copy() for k, v in agg.items()}
             else:
@@ -771,7 +771,7 @@ class MetricsCollector:
                 totals["run_max"] = np.maximum(totals["run_max"], agg["run_max"])
                 totals["wait_max"] = np.maximum(totals["wait_max"], agg["wait_max"])
                 totals["kv_max"] = np.maximum(totals["kv_max"], agg["kv_max"])
-        frames.append(_ts_frame(start, width, out_w, "all", totals, self._nrep(), waiting()))
+        frames.append(_ts_frame(start, width, "all", totals, self._nrep(), waiting()))
         ts = pd.concat(frames, ignore_index=True)
         return ts, out_w
 
@@ -804,13 +804,13 @@ def _interval_integral(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) 
     return np.diff(f)
 
 
-def _ts_frame(start, width, out_w, replica, agg, nrep, waiting) -> pd.DataFrame:
+def _ts_frame(start, width, replica, agg, nrep, waiting) -> pd.DataFrame:
     wd = width.astype(np.float64)
     maxes = {k: np.where(np.isfinite(agg[k]), agg[k], 0.0)
              for k in ("run_max", "wait_max", "kv_max")}
     return pd.DataFrame({
         "time_s": start / NS_PER_S,
-        "bin_s": np.full(len(start), out_w / NS_PER_S),
+        "bin_s": wd / NS_PER_S,   # the last bin ends with the window
         "replica": replica,
         "running": agg["run"] / wd,
         "waiting": waiting,

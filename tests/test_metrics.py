@@ -432,6 +432,19 @@ def test_timeseries_bins_per_replica_and_total():
     assert col("all", "running_max") == [3, 3, 2, 0]
 
 
+def test_the_last_bin_states_the_width_its_averages_cover():
+    # 70 ms bins over the 200 ms window: the last covers [140, 200), 60 ms; its averages
+    # were over 60 ms but bin_s said 70, so sums of value x bin_s overcounted it
+    ts = steps_case(timeseries_bin_ns=70 * MS).finalize(slo=None).timeseries
+    every = ts[ts["replica"] == "all"]
+    assert every["bin_s"].tolist() == approx([0.07, 0.07, 0.06])
+    # replica 0 runs 2 over [140, 150): 20 ms-requests in a 60 ms bin
+    assert every["running"].iloc[-1] == approx(2 * 10 / 60)
+    # (1*40 + 2*100 + 3*80) ms-requests over the window, as the summary's running_mean
+    assert (every["running"] * every["bin_s"]).sum() == approx(0.48)
+    assert (every["decode_tok_s"] * every["bin_s"]).sum() == approx(5)   # 2 + 3 decodes
+
+
 def test_fine_bins_coarsen_without_losing_time(monkeypatch):
     monkeypatch.setattr(metrics, "_MAX_FINE_BINS", 4)   # 10 ms bins double past 40 ms
     c = steps_case()
