@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -47,8 +46,8 @@ class CpuWatch:
 
     ``servesim validate`` reports progress once before each timed engine run (saturation,
     then every load and replication); :meth:`progress` closes the previous segment and opens
-    a new one at each message. Others' CPU in a segment = machine busy time (``/proc/stat``:
-    all but idle and iowait) − this process's CPU time (``os.times``), in % of one core.
+    a new one at each message, each measured by :class:`calibration.vllm.core.LoadMeter`
+    (machine busy time from ``/proc/stat`` − this process's CPU time, in % of one core).
     """
 
     def __init__(self, echo=None):
@@ -56,34 +55,26 @@ class CpuWatch:
         self.runs: list[dict] = []
         self._open = None
 
-    @staticmethod
-    def _sample():
-        from calibration.profiler import cpu_times
-
-        total, idle = cpu_times()
-        busy = (total - idle) / os.sysconf("SC_CLK_TCK")
-        t = os.times()
-        return time.monotonic(), busy, t.user + t.system
-
     def progress(self, msg: str) -> None:
+        from calibration.vllm.core import LoadMeter
+
         if self.echo:
             self.echo(msg)
         if msg.startswith(("saturation:", "load ")):
             self.close()
             rep = re.search(r"replication (\d+)", msg)
             label = msg.split(":")[0] + (f" r{rep.group(1)}" if rep else "")
-            self._open = (label, self._sample())
+            self._open = (label, time.monotonic(), LoadMeter().__enter__())
         elif msg.startswith("  waited") and self._open:  # the quiet wait is not the run
-            self._open = (self._open[0], self._sample())
+            self._open = (self._open[0], time.monotonic(), LoadMeter().__enter__())
 
     def close(self) -> None:
         if self._open is None:
             return
-        label, (t0, b0, s0) = self._open
-        t1, b1, s1 = self._sample()
-        wall = max(t1 - t0, 1e-9)
-        self.runs.append({"run": label, "seconds": wall,
-                          "others_pct": max(0.0, 100.0 * ((b1 - b0) - (s1 - s0)) / wall)})
+        label, t0, meter = self._open
+        meter.__exit__(None, None, None)
+        self.runs.append({"run": label, "seconds": time.monotonic() - t0,
+                          "others_pct": meter.pct})
         self._open = None
 
     def summary(self) -> str:

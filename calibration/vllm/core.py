@@ -335,14 +335,6 @@ def not_modelled(knobs: dict, max_num_batched_tokens: int) -> str:
 
 # == foreign CPU load ===========================================================================
 
-def read_proc_stat(path: str = "/proc/stat") -> tuple[int, int]:
-    """``(busy, total)`` jiffies of the whole machine from the ``cpu`` line."""
-    with open(path) as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return sum(v) - idle, sum(v)
-
-
 def foreign_cpu_pct(busy_jiffies: int, own_cpu_s: float, wall_s: float,
                     hz: int = 100) -> float:
     """CPU used by *other* processes during a run, in % of one core: machine busy time
@@ -354,22 +346,30 @@ def foreign_cpu_pct(busy_jiffies: int, own_cpu_s: float, wall_s: float,
 
 
 class LoadMeter:
-    """Measures :func:`foreign_cpu_pct` over a ``with`` block (``.pct`` afterwards)."""
+    """Measures :func:`foreign_cpu_pct` over a ``with`` block (``.pct`` afterwards; 0.0
+    without ``/proc/stat``)."""
 
     def __enter__(self):
         import time
         self._t = time.perf_counter()
-        self._busy = read_proc_stat()[0]
+        self._busy = _busy_jiffies()
         self._own = _own_cpu_s()
         return self
 
     def __exit__(self, *exc):
         import time
         wall = time.perf_counter() - self._t
-        self.pct = foreign_cpu_pct(read_proc_stat()[0] - self._busy,
-                                   _own_cpu_s() - self._own, wall,
-                                   os.sysconf("SC_CLK_TCK"))
+        busy = _busy_jiffies()
+        self.pct = (foreign_cpu_pct(busy - self._busy, _own_cpu_s() - self._own, wall,
+                                    os.sysconf("SC_CLK_TCK"))
+                    if busy is not None and self._busy is not None else 0.0)
         return False
+
+
+def _busy_jiffies() -> int | None:
+    from calibration.profiler import cpu_times   # the one /proc/stat reader
+    t = cpu_times()
+    return None if t is None else t[0] - t[1]
 
 
 def _own_cpu_s() -> float:
@@ -379,5 +379,5 @@ def _own_cpu_s() -> float:
 
 __all__ = ["KNOB_ENV", "KNOB_PATHS", "LoadMeter", "RecordBook", "Run", "Scheduled",
            "VllmGrid", "default_vllm_grid", "engine_knobs", "external_id", "foreign_cpu_pct",
-           "label_steps", "measurement_rows", "not_modelled", "read_proc_stat", "schedule_passes",
+           "label_steps", "measurement_rows", "not_modelled", "schedule_passes",
            "step_kind", "summarise"]
