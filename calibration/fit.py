@@ -202,7 +202,11 @@ def fit_form(form: str, X, y, k: RooflineConstants, peaks: tuple = (None, None),
              paths: bool = True) -> dict:
     """Coefficients of ``form`` (``roofline`` or ``linear``) for cell features ``X`` and
     mean seconds ``y``; ``peaks`` = (FLOP/s, bytes/s) ceilings for the roofline bounds;
-    ``paths``: whether the roofline may fit its path costs (:func:`fit_roofline`)."""
+    ``paths``: whether the roofline may fit its path costs (:func:`fit_roofline`).
+
+    Raises:
+        ValueError: an unknown ``form``.
+    """
     if form == "roofline":
         return fit_roofline(X, y, k, *peaks, paths=paths)
     if form == "linear":

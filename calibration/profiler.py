@@ -528,12 +528,15 @@ class MeasurementLog:
         self._w = csv.writer(self._f)
 
     def append(self, row: dict) -> None:
+        """Write one measurement (a dict keyed by :data:`CSV_COLUMNS`) and sync it to disk,
+        so a kill loses at most the row being written."""
         self._w.writerow([row[c] for c in CSV_COLUMNS])
         self._f.flush()
         os.fsync(self._f.fileno())
         self.counts[row["cell"]] = self.counts.get(row["cell"], 0) + 1
 
     def close(self) -> None:
+        """Close the file (and release its lock)."""
         self._f.close()
 
 
@@ -627,7 +630,11 @@ class _Driver:
 
     def step(self):
         """One real step; its :class:`StepRecord` (its run-queue wait in
-        :attr:`last_wait_ns`)."""
+        :attr:`last_wait_ns`).
+
+        Raises:
+            RuntimeError: the engine scheduled nothing (the set-up is broken).
+        """
         n0 = len(self.engine.step_records)
         w0 = run_queue_wait_ns()
         self.engine.step()
@@ -716,6 +723,11 @@ def measure_grid(engine, grid: Grid, log: MeasurementLog, *, seed: int = 0,
 
     Returns:
         :class:`GridRun`.
+
+    Raises:
+        InputError: no cell of the grid fits the engine's max_model_len and KV cache.
+        ValueError: the engine's max_num_batched_tokens / max_num_seqs admit no step of the
+            grid's largest shape.
     """
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn,
                                TimeRemainingColumn)

@@ -73,7 +73,12 @@ def replication_seed(seed: int, key) -> int:
 
 def saturation_throughput(finish_ns) -> float:
     """Requests/s of a burst run between its 10th and 90th percentile finishes (the ramp-up
-    and the drain left out, so the figure is the engine's steady capacity)."""
+    and the drain left out, so the figure is the engine's steady capacity). ``finish_ns``:
+    finish times in ns, None for a request that did not finish.
+
+    Raises:
+        ValueError: fewer than 5 finished requests.
+    """
     f = np.sort(np.asarray([x for x in finish_ns if x is not None], dtype=np.int64))
     if f.size < 5:
         raise ValueError("saturation run needs at least 5 finished requests")

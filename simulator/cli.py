@@ -197,6 +197,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``servesim`` argument parser: run and schema, sweep, plan and compare
+    (:mod:`.planner_cli`), calibrate, profiles and validate (:mod:`calibration.cli`). Its
+    usage errors exit 2."""
     ap = _Parser(
         prog="servesim",
         description="Capacity planning for LLM inference: simulate a vLLM-style serving "

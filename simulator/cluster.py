@@ -63,6 +63,8 @@ class Router:
         self._next = 0
 
     def choose(self, req: Request, replicas: list[Replica]) -> Replica:
+        """The replica that takes ``req`` under this router's policy (class docstring);
+        advances the turn that round_robin and ties follow."""
         if len(replicas) == 1:
             return replicas[0]
         if self.policy == "round_robin":

@@ -60,7 +60,11 @@ NONBLANK = r"\S"
 
 
 def nonempty_path(v: str) -> str:
-    """``v`` unless blank: ``''`` resolved to the scenario's own folder ("is a folder")."""
+    """``v`` unless blank: ``''`` resolved to the scenario's own folder ("is a folder").
+
+    Raises:
+        ValueError: ``v`` is blank (pydantic names the field).
+    """
     if not v.strip():
         raise ValueError("empty: give the file, relative to the scenario's folder")
     return v

@@ -330,7 +330,11 @@ class LLMEngine:
         return time.perf_counter_ns() - self._t0
 
     def reset_clock(self) -> None:
-        """Start the run's clock at 0 now (the engine must be idle)."""
+        """Start the run's clock at 0 now.
+
+        Raises:
+            RuntimeError: the engine has unfinished requests.
+        """
         if self.scheduler.has_unfinished_requests():
             raise RuntimeError("reset_clock needs an idle engine")
         self._t0 = time.perf_counter_ns()

@@ -331,6 +331,7 @@ class Scheduler:
 
     @property
     def kv_cache_usage(self) -> float:
+        """Fraction of the usable KV blocks in use, 0 to 1 (vLLM's ``kv_cache_usage``)."""
         return self.kv.usage
 
     # -- one step -------------------------------------------------------------------
