@@ -395,6 +395,13 @@ def read_small_text(path: Path, limit: int, what: str) -> str:
         raise InputError(utf8_problem(path, raw)) from None
 
 
+def scenario_path(path: str | Path, base_dir: str | Path) -> Path:
+    """A path a scenario gives (a trace, a model, a profile, an empirical distribution):
+    ``~`` expanded, then relative to ``base_dir`` (the scenario file's folder) unless
+    absolute."""
+    return Path(base_dir) / Path(path).expanduser()
+
+
 def is_regular_file(path: Path) -> bool:
     """``path.is_file()``, False for a path the kernel refuses (a name too long)."""
     try:

@@ -524,11 +524,6 @@ class Scenario(_Strict):
         sc._workload_of = other.workload_owner
         return sc
 
-    def resolve_path(self, p: str | Path) -> Path:
-        """``p`` if absolute, else ``base_dir / p``."""
-        p = Path(p).expanduser()
-        return p if p.is_absolute() else self._base_dir / p
-
     @property
     def max_model_len(self) -> int:
         """``engine.max_model_len``, or the model's ``max_position_embeddings`` (vLLM default)."""

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .errors import STRICT_SCHEMA, InputError, KeyedInputError
 from .files import (DuplicateKeyError, is_regular_file, load_json, missing_file,
-                    utf8_problem)
+                    scenario_path, utf8_problem)
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 
 #: Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README).
@@ -195,8 +195,7 @@ class TraceTable:
 def _resolve(path: str, base_dir) -> Path:
     """``path`` (relative to ``base_dir``), relative to the current folder when it lies
     below it: errors then name it as the user would type it (``bad.csv:3``)."""
-    p = Path(path)
-    p = p if p.is_absolute() else Path(base_dir) / p
+    p = scenario_path(path, base_dir)
     try:
         return p.relative_to(Path.cwd()) if p.is_absolute() else p
     except (ValueError, OSError):   # outside the current folder, or that folder is gone

@@ -43,7 +43,7 @@ import pandas as pd
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from .errors import STRICT_SCHEMA, InputError, KeyedInputError, SubkeyError
-from .files import is_regular_file, missing_file
+from .files import is_regular_file, missing_file, scenario_path
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 from .traces import (NONBLANK, TraceConfig, load_trace, nonempty_path, read_csv_table,
                      ties_warning, trace_specs)
@@ -218,9 +218,7 @@ def _empirical_values(cfg: EmpiricalDist, base_dir, key: str, count: bool) -> np
         InputError: a malformed file or value (file:line).
         KeyedInputError: ``<key>.path``, the file is missing.
     """
-    path = Path(cfg.path)
-    if not path.is_absolute():
-        path = Path(base_dir) / path
+    path = scenario_path(cfg.path, base_dir)
     if not is_regular_file(path):   # keyed: the scenario gives the line of <key>.path
         raise KeyedInputError(f"{key}.path", f"{path}: {missing_file(path)} (empirical "
                               f"distribution)")

@@ -431,7 +431,31 @@ def test_relative_model_path_resolves_against_scenario_folder(tmp_path):
     p.write_text(yaml.safe_dump({**BASE, "model": "../models"}))
     sc = load_scenario(p)
     assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
-    assert sc.resolve_path("trace.csv") == tmp_path / "sub" / "trace.csv"
+
+
+def test_every_path_in_a_scenario_may_start_with_home(tmp_path, monkeypatch):
+    # a profile path expanded ~, while a model, a trace or an empirical distribution was
+    # looked for in a folder named "~" beside the scenario
+    from simulator.catalog import load_model
+    from simulator.workload import build_workload
+    home = tmp_path / "home"
+    (home / "m").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    (home / "m" / "config.json").write_text(json.dumps(load_model("llama-tiny-56m").hf_config()))
+    (home / "t.csv").write_text("t,p,o\n0.0,5,3\n0.5,7,4\n")
+    (home / "lens.csv").write_text("n\n9\n")
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({**BASE, "model": "~/m", "workload": {
+        "trace": {"path": "~/t.csv", "format": "csv",
+                  "columns": {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}}}}))
+    sc = load_scenario(p)
+    assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
+    specs = build_workload(sc.workload, base_dir=sc.base_dir)
+    assert [(x.prompt_tokens, x.max_tokens) for x in specs] == [(5, 3), (7, 4)]
+    p.write_text(yaml.safe_dump({**BASE, "workload": {**BASE["workload"], "prompt_tokens": {
+        "dist": "empirical", "path": "~/lens.csv", "column": "n"}}}))
+    sc = load_scenario(p)
+    assert {x.prompt_tokens for x in build_workload(sc.workload, base_dir=sc.base_dir)} == {9}
 
 
 def test_a_path_typed_in_a_flag_is_relative_to_the_current_directory(tmp_path, monkeypatch):

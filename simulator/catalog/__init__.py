@@ -20,7 +20,7 @@ import yaml
 
 from ..errors import InputError, KeyedInputError
 from ..files import (DuplicateKeyError, echo, is_regular_file, load_json, load_yaml,
-                     name_too_long, utf8_problem, yaml_error_text)
+                     name_too_long, scenario_path, utf8_problem, yaml_error_text)
 
 _HERE = Path(__file__).resolve().parent
 
@@ -351,9 +351,7 @@ def load_model(spec, base_dir=".") -> ModelShape:
                                        f"an HF config.json or a folder holding one")
     if isinstance(spec, str) and spec in models:
         return _shape_from_hf(models[spec], spec, f"model {spec}")
-    path = Path(spec)
-    if not path.is_absolute():
-        path = Path(base_dir) / path
+    path = scenario_path(spec, base_dir)
     folder = not name_too_long(path) and path.is_dir()
     if folder:
         path = path / "config.json"
