@@ -547,10 +547,11 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                          f"max_position_embeddings ({shape.max_position_embeddings})")
     max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
     if args.kv_cache_memory is not None:   # the engine would refuse it after the ceilings
-        from simulator.policy.kv_cache import min_gpu_blocks
+        from simulator.policy.kv_cache import blocks_in_budget, min_gpu_blocks
 
         per_block = args.block_size * shape.kv_bytes_per_token(dtype)
-        blocks, need = args.kv_cache_memory // per_block, min_gpu_blocks(max_len, args.block_size)
+        blocks = blocks_in_budget(args.kv_cache_memory, per_block)
+        need = min_gpu_blocks(max_len, args.block_size)
         if blocks < need:
             raise InputError(
                 f"--kv-cache-memory ({args.kv_cache_memory:,} bytes): {blocks} KV blocks of "

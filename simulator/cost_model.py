@@ -46,8 +46,8 @@ from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load
                       shape_from_dict)
 from .errors import STRICT_SCHEMA, InputError, KeyedDoesNotFit, KeyedInputError, SubkeyError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
-                    utf8_problem, yaml_error_text)
-from .policy.kv_cache import GPU_MEMORY_UTILIZATION, min_gpu_blocks
+                    scenario_path, utf8_problem, yaml_error_text)
+from .policy.kv_cache import GPU_MEMORY_UTILIZATION, blocks_in_budget, cdiv, min_gpu_blocks
 from .scenario import Scenario, format_validation_error, vllm_block_size
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -371,10 +371,11 @@ class Profile(_P):
                 f"{kv.num_gpu_blocks} blocks of {block} bytes per GPU are more than the device "
                 f"holds ({self.device.memory_bytes} bytes)"))
         if budget is not None and kv.num_gpu_blocks is not None:
-            if kv.num_gpu_blocks != budget // tp // block:
+            held = blocks_in_budget(budget // tp, block)   # one GPU's share of the budget
+            if kv.num_gpu_blocks != held:
                 raise SubkeyError(("kv", "num_gpu_blocks"), (
                     f"{kv.num_gpu_blocks}, but memory_budget_bytes {budget} holds "
-                    f"{budget // tp // block} blocks of {kv.block_size} tokens"
+                    f"{held} blocks of {kv.block_size} tokens"
                     + (f" ({block} bytes per GPU)" if tp > 1 else "")
                     + "; the KV capacity is read from memory_budget_bytes: give both as "
                     "calibrate wrote them, or num_gpu_blocks alone"))
@@ -516,9 +517,7 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
             path).
     """
     s = str(name_or_path)
-    path = Path(s).expanduser()
-    if not path.is_absolute():
-        path = Path(base_dir) / path
+    path = scenario_path(s, base_dir)
     if not is_regular_file(path):
         known = list_profiles()
         if s in known:
@@ -823,14 +822,14 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
             ``max_model_len`` (tokens) besides the null block, as vLLM requires at start-up.
     """
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = -(-shape.weight_bytes(dtype) // tp)
+    weights = cdiv(shape.weight_bytes(dtype), tp)
     forward, sampler = _activation_terms(shape, dtype, max_num_batched_tokens, max_num_seqs,
                                          tp)
     act = int(max(forward, sampler))
     other = non_torch_bytes(tp)
     budget = usable - weights - act - other
     block_bytes = block_size * RooflineConstants.of(shape, dtype, tp).kv_bytes_per_token
-    blocks = int(budget // block_bytes) if budget > 0 else 0
+    blocks = blocks_in_budget(budget, block_bytes)
     if blocks < 2:
         # Named by the key the user can change, as vLLM's "No available memory for the
         # cache blocks. Try increasing gpu_memory_utilization" (vllm/v1/core/kv_cache_utils.py).
@@ -1307,7 +1306,8 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
     if kv.num_gpu_blocks is None and kv.memory_budget_bytes is None:
         return None, f"unlimited (profile {prof.display_name} records no KV capacity)"
     if kv.memory_budget_bytes is not None:
-        blocks = kv.memory_budget_bytes // (block_size * kv.bytes_per_token)
+        # group-wide: the budget and bytes per token of the whole tensor-parallel group
+        blocks = blocks_in_budget(kv.memory_budget_bytes, block_size * kv.bytes_per_token)
         src = f"{kv.memory_budget_bytes / GiB:.2f} GiB budget"
     else:
         blocks = kv.num_gpu_blocks * kv.block_size // block_size

@@ -84,7 +84,7 @@ from .errors import InputError
 from .files import load_yaml
 from .executors import job_output, offered_rate
 from .metrics import METRIC_LABELS, slo_stat
-from .policy.kv_cache import GPU_MEMORY_UTILIZATION
+from .policy.kv_cache import GPU_MEMORY_UTILIZATION, cdiv
 from .run import max_model_len_text
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
@@ -214,8 +214,8 @@ def slots_gain(scenario, result) -> tuple[float, int] | None:
     n = scenario.max_num_seqs
     n2 = _slots_to_try(n, slots_needed(scenario, result))
     blocks = result.summary.get("num_gpu_blocks")
-    if blocks:   # sequences the cache holds at the mean context (less vLLM's null block)
-        n2 = min(n2, (blocks - 1) // -(-ctx // scenario.engine.block_size))
+    if blocks:   # sequences the cache holds at the mean context
+        n2 = min(n2, _seqs_held(blocks, ctx, scenario.engine.block_size))
     if n2 <= n:
         return 1.0, n2
     cost = build_cost_model(scenario).step_seconds
@@ -232,7 +232,13 @@ def _kv_holds(scenario, result) -> int | None:
     if not blocks or not len(req):
         return None
     tokens = float((req["prompt_tokens"] + req["output_tokens"]).mean())
-    return int((blocks - 1) // math.ceil(tokens / scenario.engine.block_size))
+    return int(_seqs_held(blocks, math.ceil(tokens), scenario.engine.block_size))
+
+
+def _seqs_held(blocks: int, tokens: int, block_size: int) -> int:
+    """Sequences of ``tokens`` tokens that ``blocks`` KV blocks hold at once, less vLLM's
+    null block."""
+    return (blocks - 1) // cdiv(tokens, block_size)
 
 
 def _slots_to_try(n: int, need: float | None) -> int:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from simulator.policy.kv_cache import cdiv
+
 
 @dataclass
 class DecodeBatch:
@@ -125,7 +127,7 @@ def decode_batch(contexts, block_size: int, pad: Padding = Padding()) -> DecodeB
     bs = block_size
     tables, piece_req, first, length = [], [], [], []
     for j, (block_ids, ctx) in enumerate(contexts):
-        nb = -(-ctx // bs)
+        nb = cdiv(ctx, bs)
         tables.extend(block_ids[:nb])
         piece_req.extend([j] * nb)
         first.extend(range(0, nb * bs, bs))
@@ -149,7 +151,7 @@ def causal_chunk(start: int, n: int, pad: Padding = Padding()) -> PrefillChunk:
     attention): with causal masking a real query never sees a padded key, which all lie
     after it."""
     return PrefillChunk(start, n, 0, None, None,
-                        rows=-(-n // pad.causal_rows) * pad.causal_rows)
+                        rows=cdiv(n, pad.causal_rows) * pad.causal_rows)
 
 
 def context_chunk(start: int, n: int, c0: int, block_ids, block_size: int,
@@ -164,10 +166,10 @@ def context_chunk(start: int, n: int, c0: int, block_ids, block_size: int,
     iff ``j <= c0+i`` and ``j < c0+n``.
     """
     ctx = c0 + n
-    nq = -(-n // pad.query_rows) * pad.query_rows
-    nk = -(-ctx // pad.keys) * pad.keys
-    ids = list(block_ids[:-(-ctx // block_size)])
-    ids += ids[-1:] * (-(-nk // block_size) - len(ids))
+    nq = cdiv(n, pad.query_rows) * pad.query_rows
+    nk = cdiv(ctx, pad.keys) * pad.keys
+    ids = list(block_ids[:cdiv(ctx, block_size)])
+    ids += ids[-1:] * (cdiv(nk, block_size) - len(ids))
     keys = torch.arange(nk)[None, :]
     mask = (keys <= torch.arange(c0, c0 + nq)[:, None]) & (keys < ctx)
     return PrefillChunk(start, n, c0, torch.tensor(ids, dtype=torch.int64), mask)

@@ -6,7 +6,8 @@
   outside torch's allocator during that forward).
 * cpu: an explicit ``kv_cache_memory_bytes`` (vLLM's ``VLLM_CPU_KVCACHE_SPACE``).
 
-blocks = budget // (block_size × 2 × layers × kv_heads × head_dim × dtype bytes).
+blocks = budget // (block_size × 2 × layers × kv_heads × head_dim × dtype bytes)
+(:func:`simulator.policy.kv_cache.blocks_in_budget`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import logging
 
 import torch
+
+from simulator.policy.kv_cache import blocks_in_budget, cdiv
 
 from .attention import AttentionMetadata, PrefillChunk
 from .kv_store import kv_bytes_per_block
@@ -63,7 +66,7 @@ def blocks_for_budget(budget_bytes: int, model_config, block_size: int, dtype) -
     per_block = kv_bytes_per_block(model_config.num_hidden_layers, block_size,
                                    model_config.num_key_value_heads, model_config.head_dim,
                                    dtype)
-    return max(0, budget_bytes // per_block)
+    return blocks_in_budget(budget_bytes, per_block)
 
 
 def report_kv_cache(num_blocks: int, block_size: int, max_model_len: int,
@@ -71,7 +74,7 @@ def report_kv_cache(num_blocks: int, block_size: int, max_model_len: int,
     """Log the KV cache size and the maximum concurrency for ``max_model_len`` tokens per
     request (vLLM's ``_report_kv_cache_config`` lines); returns the concurrency."""
     tokens = num_blocks * block_size
-    concurrency = num_blocks / -(-max_model_len // block_size)
+    concurrency = num_blocks / cdiv(max_model_len, block_size)
     log.info("%s KV cache size: %s tokens (%d blocks of %d)", device.upper(),
              f"{tokens:,}", num_blocks, block_size)
     log.info("Maximum concurrency for %s tokens per request: %.2fx", f"{max_model_len:,}",

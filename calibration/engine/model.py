@@ -26,6 +26,7 @@ from torch import nn
 
 from simulator.catalog import rope_from_hf, unsupported_layers
 from simulator.errors import InputError
+from simulator.policy.kv_cache import cdiv
 
 from .attention import (AttentionMetadata, Padding, causal_chunk, context_chunk,
                         decode_batch, paged_attention, padding)
@@ -557,7 +558,7 @@ class Transformer(nn.Module):
         done = _warmed_shapes.setdefault(key, set())
         keys = min(max_context, WARMUP_MAX_CONTEXT)
         qp, kp, pp = pad.query_rows, pad.keys, pad.pieces
-        pieces = min(max(1, max_seqs) * -(-max_context // block_size), WARMUP_MAX_PIECES)
+        pieces = min(max(1, max_seqs) * cdiv(max_context, block_size), WARMUP_MAX_PIECES)
         shapes = [("decode", b) for b in range(pp, pieces + pp, pp)]
         shapes += [("chunk", nq, nk) for nq in range(qp, rows + qp, qp)
                    for nk in range(kp, keys + kp, kp) if nk > nq - qp + 1]
@@ -565,7 +566,7 @@ class Transformer(nn.Module):
         if not shapes:
             return
         chunk_keys = [x[2] for x in shapes if x[0] == "chunk"]
-        blocks = -(-max(chunk_keys, default=block_size) // block_size)
+        blocks = cdiv(max(chunk_keys, default=block_size), block_size)
         scratch = KVStore(1, blocks + 1, block_size, attn.n_kv, attn.head_dim, self.dtype,
                           self.device)
         with torch.inference_mode():

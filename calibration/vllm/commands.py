@@ -109,6 +109,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     from calibration.profiler import (IDLE_STEP_TOKENS, GridRun, cpu_name, measure_ceilings,
                                       memory_bytes, read_measurements)
     from simulator.files import check_writable
+    from simulator.policy.kv_cache import blocks_in_budget
     from calibration.report import write_calibration
 
     from .core import default_vllm_grid, measurement_rows, schedule_passes
@@ -213,8 +214,8 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
                            attn_mfu=roof["f_attn_flops_per_s"] / flops)
     kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     budget = int(float(kv_space) * (1 << 30)) if kv_space else None
-    if budget is not None and eng.num_gpu_blocks != budget // (
-            eng.block_size * shape.kv_bytes_per_token(dtype)):
+    if budget is not None and eng.num_gpu_blocks != blocks_in_budget(
+            budget, eng.block_size * shape.kv_bytes_per_token(dtype)):
         budget = None   # vLLM sized it otherwise: its block count is the fact to keep
     source = (f"servesim calibrate --backend vllm: {ver} in-process LLMEngine on cpu (torch "
               f"{torch.__version__}, {threads_label(threads)}); {len(df)} steps in "

@@ -40,6 +40,16 @@ def min_gpu_blocks(max_model_len: int, block_size: int) -> int:
     return cdiv(max_model_len, block_size) + 1
 
 
+def blocks_in_budget(budget_bytes: int, block_bytes: int) -> int:
+    """KV blocks that fit ``budget_bytes`` bytes, each block ``block_bytes`` bytes
+    (``block_size`` tokens × KV bytes per token); 0 for a budget of 0 or less.
+
+    vLLM's ``num_gpu_blocks = available_kv_cache_memory // page_size_bytes``
+    (``vllm/v1/core/kv_cache_utils.py``). The block count includes the null block.
+    """
+    return max(0, int(budget_bytes // block_bytes))
+
+
 class BlockPool:
     """Block ids, reference counts, the LRU free queue and the prefix-cache hash map.
 
