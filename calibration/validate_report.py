@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.report import DEFINITIONS
+from simulator.report import DEFINITIONS, render_html, render_markdown
 
 from .timing_replay import STEP_KINDS
 from .validate import BAND_FIGURES
@@ -68,33 +68,40 @@ def probe_disagreements(result: dict) -> list[tuple[str, float]]:
 
 
 def markdown_table(result: dict) -> str:
-    """The validation as markdown: saturation line, then per load one row per figure
-    (measured, predicted, signed error as mean [min, max] over replications; with a host
-    speed probe also the prediction at the probed speed and its error)."""
+    """The validation as markdown (:func:`validation_blocks`)."""
+    return render_markdown(validation_blocks(result))
+
+
+def validation_blocks(result: dict) -> list:
+    """The validation as report blocks (:func:`simulator.report.render_markdown` /
+    ``render_html``): saturation line, then per load one row per figure (measured,
+    predicted, signed error as mean [min, max] over replications; with a host speed probe
+    also the prediction at the probed speed and its error), notes and definitions."""
     sat = result["saturation"]
     adj = sat.get("host_speed") is not None
-    lines = [f"saturation throughput: measured {sat['measured_rps']:.3f} req/s, predicted "
-             f"{sat['predicted_rps']:.3f} req/s, error {sat['error']:+.1%}" + (
-                 f"; probed steps took ×{sat['host_speed']:.3f} their calibration time, "
-                 f"predicted at that host speed {sat['adjusted_rps']:.3f} req/s, error "
-                 f"{sat['adjusted_error']:+.1%}"
-                 if adj else ""), ""]
+    blocks = []
+
+    def say(text: str) -> None:
+        blocks.append(("p", text))
+
+    say(f"saturation throughput: measured {sat['measured_rps']:.3f} req/s, predicted "
+        f"{sat['predicted_rps']:.3f} req/s, error {sat['error']:+.1%}" + (
+            f"; probed steps took ×{sat['host_speed']:.3f} their calibration time, "
+            f"predicted at that host speed {sat['adjusted_rps']:.3f} req/s, error "
+            f"{sat['adjusted_error']:+.1%}" if adj else ""))
     if adj:
-        lines.append("host speed per replication (probe cells' step times / their "
-                     "calibration means, geometric mean; > 1: slower than at calibration): "
-                     + "; ".join(
-                         f"load {ld['load']:g}: " + ", ".join(f"×{v:.3f}" for v in
-                                                              ld["host_speed"])
-                         for ld in result["loads"]))
-        lines.append("")
+        say("host speed per replication (probe cells' step times / their calibration means, "
+            "geometric mean; > 1: slower than at calibration): " + "; ".join(
+                f"load {ld['load']:g}: " + ", ".join(f"×{v:.3f}" for v in ld["host_speed"])
+                for ld in result["loads"]))
     ratios = [("saturation", [(sat.get("timing") or {}).get("step_cost_ratio")])] + [
         (f"load {ld['load']:g}", [t.get("step_cost_ratio") for t in ld["timing"]])
         for ld in result["loads"]]
     if any(v is not None for _, vs in ratios for v in vs):
-        lines += ["cost model on the engine's own steps (Σ priced / Σ measured step time; "
-                  "< 1: priced too fast): " + "; ".join(
-                      f"{label}: " + ", ".join("–" if v is None else f"×{v:.3f}" for v in vs)
-                      for label, vs in ratios), ""]
+        say("cost model on the engine's own steps (Σ priced / Σ measured step time; < 1: "
+            "priced too fast): " + "; ".join(
+                f"{label}: " + ", ".join("–" if v is None else f"×{v:.3f}" for v in vs)
+                for label, vs in ratios))
     by_kind = []
     for label, timings in [("saturation", [sat.get("timing") or {}])] + [
             (f"load {ld['load']:g}", ld["timing"]) for ld in result["loads"]]:
@@ -106,18 +113,17 @@ def markdown_table(result: dict) -> str:
             by_kind.append(f"{label}: " + " / ".join(
                 f"×{p / m:.3f} ({n})" if n and m else "–" for p, m, n in sums.values()))
     if by_kind:
-        lines += ["the same by step kind, prefill-only / mixed / decode-only (steps), over "
-                  "each load's replications: " + "; ".join(by_kind), ""]
-    if adj:
-        apart = probe_disagreements(result)
-        if apart:
-            lines += [f"probe and served steps disagree by more than {PROBE_AGREEMENT:.0%} "
-                      "(priced/measured × probe, 1 when the probe's host speed explains the "
-                      "mispricing) in " + "; ".join(f"{label}: ×{v:.3f}" for label, v in apart)
-                      + ": the prediction at host speed is not reliable there.", ""]
+        say("the same by step kind, prefill-only / mixed / decode-only (steps), over each "
+            "load's replications: " + "; ".join(by_kind))
+    apart = probe_disagreements(result) if adj else []
+    if apart:
+        say(f"probe and served steps disagree by more than {PROBE_AGREEMENT:.0%} "
+            "(priced/measured × probe, 1 when the probe's host speed explains the "
+            "mispricing) in " + "; ".join(f"{label}: ×{v:.3f}" for label, v in apart)
+            + ": the prediction at host speed is not reliable there.")
     again = any("again_error" in row for ld in result["loads"] for row in ld["table"])
-    head = ["load", "figure", "measured", "predicted", "error"]
     again_band = any("again_in_band" in row for ld in result["loads"] for row in ld["table"])
+    head = ["load", "figure", "measured", "predicted", "error"]
     if again:
         head.append("served again: difference")
     head.append("in MAPE band")
@@ -125,11 +131,11 @@ def markdown_table(result: dict) -> str:
         head.append("served again in MAPE band")
     if adj:
         head += ["predicted at host speed", "error at host speed", "in MAPE band around it"]
-    lines += ["TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − "
-              "measured) / measured; cells: mean [min, max] over replications. Below "
-              "saturation both sides serve what arrives, so their throughputs agree by "
-              "construction: the saturation line above is the throughput test.", "",
-              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    say("TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − "
+        "measured) / measured; cells: mean [min, max] over replications. Below saturation "
+        "both sides serve what arrives, so their throughputs agree by construction: the "
+        "saturation line above is the throughput test.")
+
     def band(row, key):   # the verdict, and the band's edges where they are known
         if key not in row:
             return ""
@@ -140,6 +146,7 @@ def markdown_table(result: dict) -> str:
             word += f" ({_fmt(lo, False)}–{_fmt(hi, False)})"
         return word
 
+    rows = []
     for ld in result["loads"]:
         for row in ld["table"]:
             cells = [f"{ld['load']:g}", row["figure"], _cell(row["measured"]),
@@ -152,34 +159,31 @@ def markdown_table(result: dict) -> str:
             if adj:
                 cells += [_cell(row.get("adjusted")), _cell(row.get("adjusted_error"), True),
                           band(row, "in_band_adjusted")]
-            lines.append("| " + " | ".join(cells) + " |")
+            rows.append(cells)
+    blocks.append(("table", None, head, rows))
     if again:
-        lines += ["", "'served again': every replication's request list served a second "
-                  "time on a fresh engine; the difference of its figure from the first "
-                  "serving's, (again − first) / first: the engine's own run-to-run spread on "
-                  "this machine, a floor under any prediction's error."]
-    lines += ["", "'in MAPE band' is judged for " + ", ".join(BAND_FIGURES) + " (blank for "
-              "the other figures): whether the measured value lies between simulations with "
-              "every step cost scaled by (1 − held-out MAPE) and (1 + held-out MAPE), "
-              "judged per replication; in parentheses the band's edges (means over "
-              "replications)"
-              + ("; 'around it': the same around the prediction at host speed." if adj
-                 else ".")]
+        say("'served again': every replication's request list served a second time on a "
+            "fresh engine; the difference of its figure from the first serving's, (again − "
+            "first) / first: the engine's own run-to-run spread on this machine, a floor "
+            "under any prediction's error.")
+    say("'in MAPE band' is judged for " + ", ".join(BAND_FIGURES) + " (blank for the other "
+        "figures): whether the measured value lies between simulations with every step cost "
+        "scaled by (1 − held-out MAPE) and (1 + held-out MAPE), judged per replication; in "
+        "parentheses the band's edges (means over replications)"
+        + ("; 'around it': the same around the prediction at host speed." if adj else "."))
     if again_band:
-        lines += ["", "'served again in MAPE band': whether the second serving lies in the "
-                  "band moved onto the first serving (band × first / predicted), i.e. how a "
-                  "prediction that hit the first serving exactly would fare against the "
-                  "engine's own second serving: where it says no, the engine's own run-to-run "
-                  "spread is wider than the band."]
+        say("'served again in MAPE band': whether the second serving lies in the band moved "
+            "onto the first serving (band × first / predicted), i.e. how a prediction that "
+            "hit the first serving exactly would fare against the engine's own second "
+            "serving: where it says no, the engine's own run-to-run spread is wider than the "
+            "band.")
     sat_t = sat.get("timing")
-    lines += ["", "timing replay (engine step durations): "
-              + "; ".join(([f"saturation: {_timing_verdict(sat_t)}"] if sat_t else [])
-                          + [f"load {ld['load']:g}: " + ", ".join(
-                              _timing_verdict(t) for t in ld["timing"])
-                             for ld in result["loads"]])]
+    say("timing replay (engine step durations): " + "; ".join(
+        ([f"saturation: {_timing_verdict(sat_t)}"] if sat_t else [])
+        + [f"load {ld['load']:g}: " + ", ".join(_timing_verdict(t) for t in ld["timing"])
+           for ld in result["loads"]]))
     # the same definitions every servesim report carries (both sides are timed alike)
-    lines += ["", "Definitions:"] + [f"- {k}: {v}" for k, v in DEFINITIONS]
-    return "\n".join(lines)
+    return blocks + [("p", "Definitions:"), ("list", [f"{k}: {v}" for k, v in DEFINITIONS])]
 
 
 def write_outputs(result: dict, out_dir) -> dict:
@@ -190,8 +194,6 @@ def write_outputs(result: dict, out_dir) -> dict:
     Raises:
         InputError: ``out_dir`` cannot be written (``--out ...``).
     """
-    import base64
-    import html as html_lib
     import io
     import json
 
@@ -201,15 +203,9 @@ def write_outputs(result: dict, out_dir) -> dict:
 
     from simulator.report import write_files
 
-    files = {}
+    files, images, captions = {}, {}, {}
     body = {k: v for k, v in result.items() if k != "cdf"}
     files["validation.json"] = json.dumps(body, indent=1).encode()
-    md = markdown_table(result)
-    # the run's facts first, as the HTML gives them: a table alone does not say what it is
-    head = [f"# Validation: {result['meta']['scenario']}", ""] + [
-        f"- {k}: {v}" for k, v in result["meta"].items()] + [""]
-    files["validation.md"] = ("\n".join(head) + "\n" + md).encode()
-    imgs = []
     for c in result.get("cdf", []):
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
         for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "e2el_ms")):
@@ -227,24 +223,14 @@ def write_outputs(result: dict, out_dir) -> dict:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=90)
         plt.close(fig)
-        files[f"cdf_load_{c['load']:g}.png"] = buf.getvalue()
-        imgs.append(base64.b64encode(buf.getvalue()).decode())
-    esc = html_lib.escape
-    meta = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>"
-                   for k, v in result["meta"].items())
-    rows = []
-    for line in md.splitlines():
-        if line.startswith("|") and not line.startswith("|---"):
-            cells = [x.strip() for x in line.strip("|").split("|")]
-            tag = "th" if cells[0] == "load" else "td"
-            rows.append("<tr>" + "".join(f"<{tag}>{esc(x)}</{tag}>" for x in cells) + "</tr>")
-    other = [x for x in md.splitlines() if x and not x.startswith("|")]
-    html = ("<!doctype html><meta charset='utf-8'><title>servesim validation</title>"
-            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
-            "border-bottom:1px solid #ddd;text-align:left}</style>"
-            f"<h1>Validation: {esc(str(result['meta']['scenario']))}</h1><table>{meta}</table>"
-            + "".join(f"<p>{esc(x)}</p>" for x in other)
-            + f"<table>{''.join(rows)}</table>"
-            + "".join(f"<p><img src='data:image/png;base64,{b}'></p>" for b in imgs))
-    files["validation.html"] = html.encode()
+        name = f"cdf_load_{c['load']:g}.png"
+        images[name] = files[name] = buf.getvalue()
+        captions[name] = f"load {c['load']:g}: TTFT, TPOT and E2EL CDFs, measured vs predicted"
+    title = f"Validation: {result['meta']['scenario']}"
+    # the run's facts first: a table alone does not say what it is
+    blocks = [("h1", title), ("list", [f"{k}: {v}" for k, v in result["meta"].items()]),
+              *validation_blocks(result),
+              *(("img", name, caption) for name, caption in captions.items())]
+    files["validation.md"] = render_markdown(blocks).encode()
+    files["validation.html"] = render_html(blocks, title, images).encode()
     return write_files(out_dir, files)
