@@ -5,19 +5,19 @@ by kind) and replay steps, on log axes with the y = x line and ±20 % band; (2) 
 time vs batch size at each measured context length, measured means against the fitted
 model and the device roofline ``max(weights / bandwidth, FLOPs / peak)`` from the measured
 ceilings (the floor no engine beats); (3) relative residuals of every grid repeat and
-replay step. The page adds the error table, the coefficients and the per-cell table.
+replay step. The page adds the error table, the coefficients and the per-cell table, as
+report blocks rendered by :func:`simulator.report.render_html` (the run report's renderer).
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 from pathlib import Path
 
 import numpy as np
 
 from simulator.files import atomic_write, commit_outputs
+from simulator.report import render_html
 
 from .fit import (WITH_PATHS, error_stats, pass_speeds, pass_spread, predict,
                   replay_predictions)
@@ -131,79 +131,79 @@ def report_files(profile, result, df, replay_df, k, peaks, html_path) -> dict[Pa
     import matplotlib.pyplot as plt
     plt.close(fig)
     png = buf.getvalue()
+    png_name = html_path.with_suffix(".png").name
 
-    e = html.escape
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
     err_rows = [("held-out grid cells", result.heldout)]
     if profile.error and profile.error.replay:
         err_rows.append(("replay steps (never fitted)", profile.error.replay.model_dump()))
     for form, s in result.candidates.items():
         err_rows.append((f"held-out cells, {form} form", s))
-    err_html = "".join(f"<tr><td>{e(n)}</td><td>{s['n']}</td><td>{pct(s['mape'])}</td>"
-                       f"<td>{pct(s['p90'])}</td><td>{pct(s['max'])}</td></tr>"
-                       for n, s in err_rows)
-    coef_html = "".join(f"<tr><td>{e(n)}</td><td>{v:.4g}</td></tr>"
-                        for n, v in profile.cost.coefficients.items())
     kept = (WITH_PATHS if "prefill_step_s" in profile.cost.coefficients
             else profile.cost.form)
-    idle = profile.idle
-    idle_html = "" if idle is None else (
-        "<h2>First step after idle</h2><p>Extra time of a step that ends a wait for work, "
-        "over the same step back to back (" + (f"{idle.reference_s * 1e3:.3g} ms" if
-        idle.reference_s else "") + "): per idle time the median over passes, raised to "
-        "the largest at any shorter idle time (a longer wait never costs less); the "
-        "simulator adds it, linear between these points, to the first step after an idle "
-        "replica wakes.</p><table><tr><th>idle "
-        "s</th><th>extra ms</th></tr>" + "".join(
-            f"<tr><td>{g:g}</td><td>{x * 1e3:.3g}</td></tr>"
-            for g, x in zip(idle.gaps_s, idle.extra_s)) + "</table>")
-    eff_html = "".join(f"<tr><td>{e(n)}</td><td>{e(v)}</td></tr>"
-                       for n, v in efficiency_cells(profile.efficiencies.model_dump()))
     cells = result.cells
-    cell_html = "".join(
-        f"<tr><td>{e(str(idx))}</td><td>{int(r['n'])}</td><td>{r['seconds'] * 1e3:.3f}</td>"
-        f"<td>{pct(r['cv'])}</td><td>{r['predicted'] * 1e3:.3f}</td>"
-        f"<td>{pct(r['predicted'] / r['seconds'] - 1)}</td>"
-        f"<td>{pct(r['heldout'] / r['seconds'] - 1)}</td></tr>"
-        for idx, r in cells.iterrows())
     fit_all = error_stats(cells["seconds"], cells["predicted"])
     speeds = pass_speeds(df)
-    speed_html = ", ".join(f"{p + 1}: ×{v:.3f}" for p, v in speeds.items())
     flops, bw = peaks
-    page = f"""<!doctype html><html><head><meta charset="utf-8">
-<title>calibration {e(profile.name)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1500px}}
-table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;
-text-align:right}}td:first-child{{text-align:left}}</style></head><body>
-<h1>Calibration {e(profile.name)}</h1>
-<p><b>measured</b> on {e(profile.device.name)} with {e(profile.engine)}:
-{e(profile.model.name)} ({e(profile.dtype)}), {profile.provenance.date}.
-Device ceilings measured: matmul {flops:.3g} FLOP/s, copy {bw:.3g} B/s.
-Kept form: <b>{e(kept)}</b>. Command: <code>{e(profile.provenance.command)}</code></p>
-<img src="data:image/png;base64,{base64.b64encode(png).decode()}" style="width:100%">
-<h2>Step-time error</h2>
-<p>Absolute relative error |predicted / measured − 1|. Held-out: each grid cell (all its
-repeats) predicted by a fit that left it out. Replay: single steps of an engine replay of a
-Poisson workload that the fit never saw. In-sample (all cells fitted): MAPE
-{pct(fit_all['mape'])}, max {pct(fit_all['max'])}.</p>
-<table><tr><th>error set</th><th>n</th><th>MAPE</th><th>p90</th><th>max</th></tr>
-{err_html}</table>
-<p>Speed of each interleaved pass over the grid (median over its steps of step time / the
-cell's median; 1 on a steady device; slowest over fastest {pct(pass_spread(speeds))}):
-{speed_html}. A slow phase of a shared host moves every cell of a pass alike, so the
-held-out error does not show it; the profile prices the average over the passes.</p>
-<h2>Coefficients</h2><table>{coef_html}</table>{idle_html}
-<h2>Efficiencies (achieved / peak)</h2><table>{eff_html}</table>
-<p>Achieved rates of the fitted cost model over the ceilings measured above (mbu: weight
-bytes per second over the copy ceiling; mfu: FLOP/s over the matmul ceiling; attn_*: the
-same for attention). Above 1 means the fit's rate beats the measured ceiling: on a CPU the
-weights of a small model partly stay in cache between steps, which a streaming copy
-ceiling does not see. They are fitted figures, not device limits.</p>
-<h2>Grid cells</h2>
-<table><tr><th>cell</th><th>repeats</th><th>mean ms</th><th>cv</th><th>fitted ms</th>
-<th>fit error</th><th>held-out error</th></tr>{cell_html}</table>
-<p>{e(profile.provenance.source)}</p>
-</body></html>"""
+    title = f"Calibration {profile.name}"
+    blocks = [
+        ("h1", title),
+        ("p", f"**measured** on {profile.device.name} with {profile.engine}: "
+              f"{profile.model.name} ({profile.dtype}), {profile.provenance.date}. Device "
+              f"ceilings measured: matmul {flops:.3g} FLOP/s, copy {bw:.3g} B/s. Kept form: "
+              f"**{kept}**. Command: `{profile.provenance.command}`"),
+        ("img", png_name, "measured vs predicted step time; decode step time vs batch; "
+                          "residuals"),
+        ("h2", "Step-time error"),
+        ("p", "Absolute relative error |predicted / measured − 1|. Held-out: each grid cell "
+              "(all its repeats) predicted by a fit that left it out. Replay: single steps of "
+              "an engine replay of a Poisson workload that the fit never saw. In-sample (all "
+              f"cells fitted): MAPE {pct(fit_all['mape'])}, max {pct(fit_all['max'])}."),
+        ("table", None, ["error set", "n", "MAPE", "p90", "max"],
+         [[n, str(s["n"]), pct(s["mape"]), pct(s["p90"]), pct(s["max"])]
+          for n, s in err_rows]),
+        ("p", "Speed of each interleaved pass over the grid (median over its steps of step "
+              "time / the cell's median; 1 on a steady device; slowest over fastest "
+              f"{pct(pass_spread(speeds))}): "
+              + ", ".join(f"{p + 1}: ×{v:.3f}" for p, v in speeds.items())
+              + ". A slow phase of a shared host moves every cell of a pass alike, so the "
+                "held-out error does not show it; the profile prices the average over the "
+                "passes."),
+        ("h2", "Coefficients"),
+        ("table", None, ["coefficient", "value"],
+         [[n, f"{v:.4g}"] for n, v in profile.cost.coefficients.items()]),
+    ]
+    idle = profile.idle
+    if idle is not None:
+        blocks += [
+            ("h2", "First step after idle"),
+            ("p", "Extra time of a step that ends a wait for work, over the same step back "
+                  "to back (" + (f"{idle.reference_s * 1e3:.3g} ms" if idle.reference_s
+                                 else "") + "): per idle time the median over passes, "
+                  "raised to the largest at any shorter idle time (a longer wait never costs "
+                  "less); the simulator adds it, linear between these points, to the first "
+                  "step after an idle replica wakes."),
+            ("table", None, ["idle s", "extra ms"],
+             [[f"{g:g}", f"{x * 1e3:.3g}"] for g, x in zip(idle.gaps_s, idle.extra_s)])]
+    blocks += [
+        ("h2", "Efficiencies (achieved / peak)"),
+        ("table", None, ["efficiency", "value"],
+         [list(c) for c in efficiency_cells(profile.efficiencies.model_dump())]),
+        ("p", "Achieved rates of the fitted cost model over the ceilings measured above "
+              "(mbu: weight bytes per second over the copy ceiling; mfu: FLOP/s over the "
+              "matmul ceiling; attn_*: the same for attention). Above 1 means the fit's rate "
+              "beats the measured ceiling: on a CPU the weights of a small model partly stay "
+              "in cache between steps, which a streaming copy ceiling does not see. They are "
+              "fitted figures, not device limits."),
+        ("h2", "Grid cells"),
+        ("table", None, ["cell", "repeats", "mean ms", "cv", "fitted ms", "fit error",
+                         "held-out error"],
+         [[str(idx), str(int(r["n"])), f"{r['seconds'] * 1e3:.3f}", pct(r["cv"]),
+           f"{r['predicted'] * 1e3:.3f}", pct(r["predicted"] / r["seconds"] - 1),
+           pct(r["heldout"] / r["seconds"] - 1)] for idx, r in cells.iterrows()]),
+        ("p", profile.provenance.source),
+    ]
+    page = render_html(blocks, title, {png_name: png})
     return {html_path: page.encode("utf-8"), html_path.with_suffix(".png"): png}
 
 

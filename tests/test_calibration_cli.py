@@ -87,7 +87,11 @@ def test_calibrate_writes_a_profile_the_simulator_reproduces(tmp_path, tiny_grid
     assert prof.error.replay is not None and prof.error.replay.n > 0
     assert (tmp_path / "tiny.measurements.csv").is_file()
     assert (tmp_path / "tiny.replay.csv").is_file()
-    assert (tmp_path / "tiny.calibration-report.html").is_file()
+    page = (tmp_path / "tiny.calibration-report.html").read_text()
+    # the report's error table states the profile's held-out error, its plot inline
+    h = prof.error.heldout
+    assert (f"<tr><td>held-out grid cells</td><td>{h.n}</td><td>{100 * h.mape:.1f}%</td>"
+            in page) and page.count("data:image/png;base64,") == 1
     assert (tmp_path / "tiny.calibration-report.png").stat().st_size > 10_000
     assert "held-out grid cells" in capsys.readouterr().out
 
