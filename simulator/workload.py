@@ -35,7 +35,6 @@ the others' draws.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
 import numpy as np

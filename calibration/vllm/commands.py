@@ -8,10 +8,8 @@ output of :mod:`calibration.validate` with vLLM serving the requests.
 
 from __future__ import annotations
 
-import datetime
 import os
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -97,15 +95,14 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from simulator.cost_model import (CostSpec, DeviceInfo, Efficiencies, ErrorInfo, ErrorStats,
-                                      KVInfo, ModelInfo, NoiseInfo, Profile, Provenance,
-                                      RooflineConstants)
+    from simulator.cost_model import DeviceInfo, KVInfo, RooflineConstants
     from simulator.workload import build_workload
 
     from calibration import fit as fitmod
-    from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic, model_arg,
-                                 output_files, profile_out, replay_workload, threads_label,
-                                 time_first_step_after_idle, warn_if_busy)
+    from calibration.cli import (_print_summary, _steps_table, _write_csv_atomic,
+                                 measured_profile, model_arg, output_files, profile_out,
+                                 replay_workload, threads_label, time_first_step_after_idle,
+                                 warn_if_busy)
     from calibration.profiler import (IDLE_STEP_TOKENS, GridRun, cpu_name, measure_ceilings,
                                       memory_bytes, read_measurements)
     from simulator.files import check_writable
@@ -206,12 +203,6 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 
     dev = DeviceInfo(name=f"cpu {cpu_name()} ({threads_label(threads)})", kind="cpu",
                      peak_flops=flops, memory_bandwidth=bw, memory_bytes=memory_bytes("cpu"))
-    roof = result.roofline
-    eff = Efficiencies()
-    if roof:
-        eff = Efficiencies(mbu=roof["w_eff_bytes_per_s"] / bw, mfu=roof["f_eff_flops_per_s"] / flops,
-                           attn_mbu=roof["w_attn_bytes_per_s"] / bw,
-                           attn_mfu=roof["f_attn_flops_per_s"] / flops)
     kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     budget = int(float(kv_space) * (1 << 30)) if kv_space else None
     if budget is not None and eng.num_gpu_blocks != blocks_in_budget(
@@ -228,21 +219,11 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     source += idle_source
     if replay_df is not None:
         source += f"; replay: {len(replay_df)} steps of a Poisson workload ({replay_path.name})"
-    profile = Profile(
-        name=name, device=dev, engine=ver,
-        model=ModelInfo(name=shape.name, shape={a: b for a, b in shape.to_dict().items()
-                                                if a != "name"}),
-        dtype=dtype, tensor_parallel=1,
-        kv=KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=eng.block_size,
-                  num_gpu_blocks=eng.num_gpu_blocks, memory_budget_bytes=budget),
-        cost=CostSpec(form=result.form, coefficients=result.coefficients),
-        efficiencies=eff, noise=NoiseInfo(relative_residuals=result.residuals), idle=idle,
-        error=ErrorInfo(heldout=ErrorStats(**result.heldout),
-                        replay=ErrorStats(**rep_err) if rep_err else None),
-        provenance=Provenance(kind="measured", date=datetime.date.today().isoformat(),
-                              command=" ".join(["servesim", *map(shlex.quote, argv)])
-                              if argv else "servesim calibrate --backend vllm",
-                              source=source, measurements_csv=csv_path.name))
+    profile = measured_profile(
+        name, dev, ver, shape, dtype,
+        KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=eng.block_size,
+               num_gpu_blocks=eng.num_gpu_blocks, memory_budget_bytes=budget),
+        result, rep_err, idle, source, argv, csv_path.name)
     paths = write_calibration(profile, out, result, df, replay_df, k, (flops, bw),
                               files["report"])
     _print_summary(profile, result, rep_err, GridRun(measured=len(df)),
