@@ -42,8 +42,8 @@ import numpy as np
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .catalog import (HardwareSpec, ModelShape, dtype_bytes, list_hardware, load_hardware,
-                      shape_from_dict)
+from .catalog import (HardwareSpec, ModelShape, dtype_bytes, kv_bytes_per_token,
+                      list_hardware, load_hardware, shape_from_dict)
 from .errors import STRICT_SCHEMA, InputError, KeyedDoesNotFit, KeyedInputError, SubkeyError
 from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
                     scenario_path, utf8_problem, yaml_error_text)
@@ -646,7 +646,8 @@ class RooflineConstants:
         return cls(
             weight_bytes=(shape.num_nonembedding_params + shape.lm_head_params) * b / tp,
             dense_flops_per_token=2 * shape.num_nonembedding_params / tp,
-            kv_bytes_per_token=2 * shape.num_hidden_layers * kv_heads * shape.head_dim * b,
+            kv_bytes_per_token=kv_bytes_per_token(shape.num_hidden_layers, kv_heads,
+                                                  shape.head_dim, b),
             attn_flops_per_pair=(4 * shape.num_hidden_layers * shape.num_attention_heads
                                  * shape.head_dim / tp),
             lm_head_flops_per_sample=2 * shape.lm_head_params / tp,

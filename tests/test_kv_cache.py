@@ -34,3 +34,14 @@ def test_cdiv_and_min_gpu_blocks():
     # 8192 tokens of blocks of 16: 512 blocks plus the null block
     assert min_gpu_blocks(8192, 16) == 513
     assert min_gpu_blocks(8193, 16) == 514
+
+
+def test_the_engine_and_the_catalog_size_a_kv_block_alike():
+    import torch
+
+    from calibration.engine.kv_store import kv_bytes_per_block
+    from simulator.catalog import kv_bytes_per_token
+    assert kv_bytes_per_token(32, 8, 128, 2) == LLAMA_8B_KV_BYTES_PER_TOKEN
+    # 16 tokens of Llama-3.1-8B in bfloat16: 2 MiB, as the catalog's shape prices it
+    assert kv_bytes_per_block(32, 16, 8, 128, torch.bfloat16) == 2 * MiB
+    assert kv_bytes_per_block(32, 16, 8, 128, torch.float32) == 4 * MiB

@@ -20,13 +20,16 @@ import math
 
 import torch
 
+from simulator.catalog import kv_bytes_per_token
+
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                        dtype: torch.dtype) -> int:
-    """Bytes of one KV block over all layers: ``block_size × 2 × layers × kv_heads ×
-    head_dim × dtype bytes`` (vLLM ``AttentionSpec.page_size_bytes`` × layers)."""
+    """Bytes of one KV block over all layers: ``block_size ×``
+    :func:`simulator.catalog.kv_bytes_per_token` (vLLM ``AttentionSpec.page_size_bytes`` ×
+    layers)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return block_size * 2 * num_layers * num_kv_heads * head_dim * elem
+    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, elem)
 
 
 class KVStore:

@@ -48,6 +48,13 @@ _INLINE_EXTRA = ("name", "architectures", "model_type", "torch_dtype", "dtype",
                  "max_window_layers", "transformers_version")
 
 
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_bytes: int) -> int:
+    """KV-cache bytes one token takes: ``2 (K, V) × layers × kv_heads × head_dim × element
+    bytes`` (vLLM's ``AttentionSpec.page_size_bytes`` / ``block_size``, summed over the
+    layers); ``kv_heads`` of one GPU under tensor parallelism."""
+    return 2 * layers * kv_heads * head_dim * element_bytes
+
+
 def unsupported_layers(cfg: dict, model_type: str) -> tuple[str, str] | None:
     """The first HF config key whose layers servesim neither runs (its engine) nor prices
     (its cost model: a SwiGLU MLP without bias, full attention over the whole context),
@@ -206,9 +213,9 @@ class ModelShape:
         return self.num_params * dtype_bytes(dtype)
 
     def kv_bytes_per_token(self, dtype: str) -> int:
-        """KV-cache bytes per token: ``2 (K,V) x layers x kv_heads x head_dim x dtype bytes``."""
-        return (2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
-                * dtype_bytes(dtype))
+        """KV-cache bytes per token of the whole model (:func:`kv_bytes_per_token`)."""
+        return kv_bytes_per_token(self.num_hidden_layers, self.num_key_value_heads,
+                                  self.head_dim, dtype_bytes(dtype))
 
     # -- conversions --------------------------------------------------------------------
     def to_dict(self) -> dict:
