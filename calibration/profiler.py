@@ -46,6 +46,7 @@ import numpy as np
 
 from simulator.errors import InputError
 from simulator.files import utf8_problem
+from simulator.policy.kv_cache import cdiv
 
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
                "num_decodes", "decode_context_tokens", "num_sampled", "tokens", "requests",
@@ -169,7 +170,7 @@ class Grid:
         output token, as vLLM requires); decodes need ``B · (L + headroom) ≤ kv_tokens``
         (KV capacity in tokens)."""
         bs = block_size
-        rc = lambda c: -(-c // bs) * bs  # noqa: E731
+        rc = lambda c: cdiv(c, bs) * bs  # noqa: E731
         out = []
         for c in self.prefill_contexts:
             for n in self.prefill_chunks:

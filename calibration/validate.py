@@ -33,6 +33,7 @@ import numpy as np
 from simulator.errors import InputError
 from simulator.files import check_folder, through_parents
 from simulator.metrics import summary_at
+from simulator.policy.kv_cache import cdiv
 
 from .timing_replay import (ScaledCost, compare_timing, engine_config, engine_result,
                             run_engine, simulate_specs, simulate_timing)
@@ -233,7 +234,7 @@ class SpeedProbe:
     def __init__(self, model, config: dict, cells: list):
         self.model, self.cells = model, cells
         bs = config["block_size"]
-        blocks = max(c.B * -(-(4 * c.L + 64) // bs) + -(-(c.n + c.c) // bs) for c, _ in cells)
+        blocks = max(c.B * cdiv(4 * c.L + 64, bs) + cdiv(c.n + c.c, bs) for c, _ in cells)
         # Only the shapes matter: knobs large enough that every cell runs as one step.
         self.config = {
             **config, "num_gpu_blocks": blocks + 16,

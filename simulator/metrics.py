@@ -41,6 +41,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from .errors import InputError
+from .policy.kv_cache import cdiv
 from .policy.request import CAPPED_ABOVE_MAX_MODEL_LEN, NS_PER_MS, NS_PER_S, RequestRecord
 
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "queue_ms")
@@ -724,11 +725,11 @@ class MetricsCollector:
         w = self._w
         span = max(self._last_step_end, int(max(self._ns["finish"], default=0)))
         if self._given_bin:
-            factor = max(1, -(-int(self._given_bin) // w))
+            factor = max(1, cdiv(int(self._given_bin), w))
         else:
             factor = max(1, round(span / DEFAULT_OUTPUT_BINS / w))
         out_w = w * factor
-        nbins = max(1, -(-span // out_w)) if span > 0 else 0
+        nbins = max(1, cdiv(span, out_w)) if span > 0 else 0
         if not self._bins or nbins == 0:
             return pd.DataFrame(columns=list(TIMESERIES_COLUMNS)), out_w
         start = np.arange(nbins, dtype=np.int64) * out_w

@@ -16,6 +16,7 @@ from .cost_model import build_cost_model
 from .errors import InputError, KeyedInputError
 from .metrics import MetricsCollector, RunResult, combine_replications, round_sig
 from .policy import NS_PER_S
+from .policy.kv_cache import cdiv
 from .session_ramp import session_ramp
 from .workload import build_workload
 
@@ -261,7 +262,7 @@ def tail_warning(scenario, summary: dict) -> str | None:
     if (scenario.sim.replications > 1 and not trace) or n == 0 or n >= MIN_TAIL_REQUESTS:
         return None
     who = ("one request sets them" if n == 1 else
-           f"their {-(-n // 100) + 1} slowest set them")
+           f"their {cdiv(n, 100) + 1} slowest set them")
     head = (f"the p99 figures rest on {n} request{'s' if n > 1 else ''} ({who}), and a run "
             f"this short may end before queues reach their steady length")
     if trace:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from simulator.policy.kv_cache import cdiv
+
 from .attention import (AttentionMetadata, causal_chunk, context_chunk, decode_batch,
                         padding)
 
@@ -75,7 +77,7 @@ class ModelRunner:
                 ids.extend(r.all_token_ids()[c0:c0 + n])
             p = torch.arange(c0, c0 + n)
             pos.append(p)
-            blocks = torch.tensor(r.block_ids[:-(-(c0 + n) // bs)])
+            blocks = torch.tensor(r.block_ids[:cdiv(c0 + n, bs)])
             slots.append(blocks[p // bs] * bs + p % bs)
             if c0 > 0:
                 c = context_chunk(start, n, c0, r.block_ids, bs, pad)
