@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .cost_model import build_cost_model
-from .metrics import interval_counts, slo_stat, slo_stat_rank
+from .metrics import interval_counts, served_rows, slo_stat, slo_stat_rank
 
 #: The simulator's clock resolution (1 ns) in ms: floors priced in floating point within it
 #: of a threshold are at it (a run steps in whole ns).
@@ -60,9 +60,7 @@ class AloneLatency:
     def __init__(self, scenario, requests, budget: int | None = None):
         cost = build_cost_model(scenario).step_seconds
         budget = budget or scenario.max_num_batched_tokens
-        served = requests[requests["finish_s"].notna() & requests["first_token_s"].notna()
-                          & ~requests["finish_reason"].isin(["rejected", "abort"])] \
-            if len(requests) else requests
+        served = served_rows(requests)
 
         def column(rows, name):
             return rows[name].to_numpy(dtype=np.int64) if len(rows) else np.zeros(0, np.int64)

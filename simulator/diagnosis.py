@@ -83,7 +83,7 @@ from .scenario import MAX_TP
 from .errors import InputError
 from .files import load_yaml
 from .executors import job_output, offered_rate
-from .metrics import METRIC_LABELS, slo_stat
+from .metrics import METRIC_LABELS, served_rows, slo_stat
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION, cdiv
 from .run import max_model_len_text
 
@@ -251,11 +251,8 @@ def _slots_to_try(n: int, need: float | None) -> int:
 
 def _served_requests(result):
     """The counted requests that completed (not warm-up, rejected or aborted)."""
-    req = result.requests
-    if len(req):
-        req = req[~req["warmup"] & req["finish_s"].notna()
-                  & ~req["finish_reason"].isin(["rejected", "abort"])]
-    return req
+    req = served_rows(result.requests)
+    return req[~req["warmup"]] if len(req) else req
 
 
 def slots_needed(scenario, result) -> float | None:

@@ -997,6 +997,16 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
             "goodput": n_good / dur_s if dur_s else None, "good_requests": n_good}
 
 
+def served_rows(requests: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a run's request table (:data:`REQUEST_COLUMNS`) served to the end: a
+    first token and a finish, neither rejected nor aborted; warm-up rows included (the
+    figures leave them out, as :meth:`MetricsCollector.finalize` counts ``completed``)."""
+    if not len(requests):
+        return requests
+    return requests[requests["finish_s"].notna() & requests["first_token_s"].notna()
+                    & ~requests["finish_reason"].isin(["rejected", "abort"])]
+
+
 def summary_at(summary: dict, path: tuple):
     """The value at ``path`` (keys) in a nested summary dict, or None where a key is
     missing or a value on the way is not a dict (``("ttft_ms", "p99")``)."""

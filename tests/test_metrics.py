@@ -599,3 +599,17 @@ def test_slo_stat_takes_a_run_of_equal_values_as_that_many_samples():
     assert slo_stat(v, "p99", np.array([0, 0])) is None
     with pytest.raises(ValueError, match="unknown statistic 'p0'"):
         slo_stat(x, "p0")
+
+
+def test_served_rows_are_the_completed_requests_warm_up_included():
+    from simulator.metrics import served_rows
+    c = MetricsCollector(warmup_requests=1)
+    c.record_request(RequestRecord(0, 0, 0, 5 * MS, 9 * MS, 4, 0, 2, finish_reason="length"))
+    c.record_request(RequestRecord(1, MS, None, None, None, 9, finish_reason="rejected"))
+    c.record_request(RequestRecord(2, 2 * MS, 2 * MS, 6 * MS, 10 * MS, 4, 0, 2,
+                                   finish_reason="stop"))
+    res = c.finalize(slo=None)
+    rows = served_rows(res.requests)
+    assert rows["request_id"].tolist() == [0, 2] and rows["warmup"].tolist() == [True, False]
+    # the summary's completed is the same set less warm-up
+    assert res.summary["completed"] == int((~rows["warmup"]).sum()) == 1
