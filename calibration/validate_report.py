@@ -228,7 +228,13 @@ def write_outputs(result: dict, out_dir) -> dict:
         captions[name] = f"load {c['load']:g}: TTFT, TPOT and E2EL CDFs, measured vs predicted"
     title = f"Validation: {result['meta']['scenario']}"
     # the run's facts first: a table alone does not say what it is
-    blocks = [("h1", title), ("list", [f"{k}: {v}" for k, v in result["meta"].items()]),
+    def fact(v) -> str:   # knobs as k=v, fractions to 4 figures
+        if isinstance(v, dict):
+            return ", ".join(f"{a}={fact(b)}" for a, b in v.items())
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    facts = [f"{k}: {fact(v)}" for k, v in result["meta"].items()]
+    blocks = [("h1", title), ("list", facts),
               *validation_blocks(result),
               *(("img", name, caption) for name, caption in captions.items())]
     files["validation.md"] = render_markdown(blocks).encode()

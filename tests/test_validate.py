@@ -676,3 +676,17 @@ def test_a_saturation_burst_under_twice_max_num_seqs_is_warned_of():
     said = V.saturation_warning(sc, 15)
     assert said.startswith("--saturation-requests 15 is under twice max_num_seqs (8)")
     assert "(default 32, 4 × max_num_seqs)" in said
+
+
+def test_the_reports_facts_read_as_knobs_and_rounded_figures(tmp_path):
+    # engine knobs printed as a Python dict, fractions to 17 digits
+    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
+              "loads": [], "meta": {"scenario": "s", "engine_knobs": {"block_size": 128,
+                                                                      "watermark": 0.0123456},
+                                    "heldout_mape": 0.09369114258886693}}
+    VR.write_outputs(result, tmp_path / "v")
+    md = (tmp_path / "v" / "validation.md").read_text()
+    assert "- engine_knobs: block_size=128, watermark=0.01235\n" in md
+    assert "- heldout_mape: 0.09369\n" in md
+    assert "<li>engine_knobs: block_size=128, watermark=0.01235</li>" in (
+        tmp_path / "v" / "validation.html").read_text()
