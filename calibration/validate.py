@@ -32,7 +32,7 @@ import numpy as np
 
 from simulator.errors import InputError
 from simulator.files import check_folder, through_parents
-from simulator.metrics import summary_at
+from simulator.metrics import saturation_throughput, summary_at
 from simulator.policy.kv_cache import cdiv
 
 from .timing_replay import (ScaledCost, compare_timing, engine_config, engine_result,
@@ -70,21 +70,6 @@ def load_specs(scenario, rate: float | None, num_requests: int, seed: int, burst
 def replication_seed(seed: int, key) -> int:
     """Seed of one validation run, from ``numpy.random.SeedSequence([seed, *key])``."""
     return int(np.random.SeedSequence([int(seed), *key]).generate_state(1)[0])
-
-
-def saturation_throughput(finish_ns) -> float:
-    """Requests/s of a burst run between its 10th and 90th percentile finishes (the ramp-up
-    and the drain left out, so the figure is the engine's steady capacity). ``finish_ns``:
-    finish times in ns, None for a request that did not finish.
-
-    Raises:
-        ValueError: fewer than 5 finished requests.
-    """
-    f = np.sort(np.asarray([x for x in finish_ns if x is not None], dtype=np.int64))
-    if f.size < 5:
-        raise ValueError("saturation run needs at least 5 finished requests")
-    i0, i1 = f.size // 10, f.size - 1 - f.size // 10
-    return (i1 - i0) / ((f[i1] - f[i0]) / 1e9)
 
 
 def other_host(profile, host: tuple[str, str] | None = None) -> str | None:

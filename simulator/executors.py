@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .errors import InputError
+from .metrics import saturation_throughput, served_rows
 
 EXECUTORS = ("local", "serial", "ray")
 #: A run is stable when its achieved request throughput is at least this fraction of the
@@ -210,7 +211,10 @@ def job_output(result) -> dict:
     (req/s, :func:`offered_rate`) and ``stable``: achieved >= :data:`STABLE_FRACTION` ×
     offered over the window of :func:`window_rates` (whole-run figures when that window
     is too short), or else no growing backlog (:func:`backlog_grows`); True when the rates
-    are unknown (e.g. a closed loop). For open-loop conversations (``summary["sessions"]``,
+    are unknown (e.g. a closed loop). With them ``served_fraction``, achieved / offered over
+    that window (None when unknown), and ``steady_throughput``, req/s between the 10th and
+    90th percentile finishes (:func:`simulator.metrics.saturation_throughput`; None under 5
+    finishes): of a burst, the engine's capacity without its ramp-up and drain. For open-loop conversations (``summary["sessions"]``,
     :func:`simulator.session_ramp.session_ramp`): their steady request rate, their
     stability (True while the run is too short to judge) and ``steady``, whether it was
     long enough to judge."""
@@ -224,15 +228,20 @@ def job_output(result) -> dict:
     if rates is None:   # whole run: what was served against what the engine took
         taken = _arrival_rate(_served(result.requests)) if len(result.requests) else None
         rates = (taken, s.get("request_throughput") or 0.0) if taken else None
-    stable = rates is None or rates[1] >= STABLE_FRACTION * rates[0] \
-        or not backlog_grows(result)
+    served = rates[1] / rates[0] if rates is not None and rates[0] else None
+    stable = served is None or served >= STABLE_FRACTION or not backlog_grows(result)
     client = s.get("client") or {}
     if client.get("offered_rate") and len(result.requests) > 1:
         # a client limit keeps the engine's queue short however far behind it falls: the
         # requests then go out slower than they reach the client
         sent = _arrival_rate(result.requests)
         stable = stable and sent is not None and sent >= STABLE_FRACTION * offered
-    return {"summary": s, "offered_rate": offered, "stable": bool(stable)}
+    finish = served_rows(result.requests)["finish_s"].to_numpy() if len(result.requests) \
+        else []
+    return {"summary": s, "offered_rate": offered, "stable": bool(stable),
+            "served_fraction": served,
+            "steady_throughput": saturation_throughput(finish * 1e9)
+            if len(finish) >= 5 else None}
 
 
 def run_job(job: Job):

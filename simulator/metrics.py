@@ -997,6 +997,21 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
             "goodput": n_good / dur_s if dur_s else None, "good_requests": n_good}
 
 
+def saturation_throughput(finish_ns) -> float:
+    """Requests/s of a burst run between its 10th and 90th percentile finishes (the ramp-up
+    and the drain left out, so the figure is the engine's steady capacity). ``finish_ns``:
+    finish times in ns, None for a request that did not finish.
+
+    Raises:
+        ValueError: fewer than 5 finished requests.
+    """
+    f = np.sort(np.asarray([x for x in finish_ns if x is not None], dtype=np.int64))
+    if f.size < 5:
+        raise ValueError("saturation run needs at least 5 finished requests")
+    i0, i1 = f.size // 10, f.size - 1 - f.size // 10
+    return (i1 - i0) / ((f[i1] - f[i0]) / 1e9)
+
+
 def served_rows(requests: pd.DataFrame) -> pd.DataFrame:
     """The rows of a run's request table (:data:`REQUEST_COLUMNS`) served to the end: a
     first token and a finish, neither rejected nor aborted; warm-up rows included (the

@@ -14,8 +14,8 @@ Statistics (all per rate tried):
   offered, :data:`~simulator.executors.STABLE_FRACTION`, over the window of
   :func:`~simulator.executors.window_rates`, and a backlog that rises significantly over
   the run, :func:`~simulator.executors.backlog_grows`) is flagged *unstable* and the rate
-  fails;
-  its latencies are not averaged.
+  fails; its latencies are not averaged. Above the saturation probe's steady throughput
+  (by more than ``tolerance``) the achieved throughput alone decides it.
 * With ``n`` stable replications the mean ratio has a Student t 95% interval. A rate is
   decided *confidently* when that interval lies below 1 (feasible) or above it
   (infeasible). Otherwise replications are added up to ``max_replications``; when the mean
@@ -34,7 +34,7 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
-from .executors import Job
+from .executors import STABLE_FRACTION, Job
 from .metrics import t_interval
 
 #: Arrival rate of the saturation probe, requests/s: effectively all requests at once.
@@ -145,19 +145,32 @@ def _interval(x: list[float]) -> tuple[float, float] | None:
 
 
 def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,
-             tolerance: float = 0.02) -> Generator[list[Job], list, RateEval]:
+             tolerance: float = 0.02, capacity: float | None = None
+             ) -> Generator[list[Job], list, RateEval]:
     """Replicate ``scenario`` (at its own rate) until feasibility is decided.
+
+    ``capacity`` (req/s, the saturation probe's steady throughput): above it by more than
+    ``tolerance``, a run that served less than :data:`STABLE_FRACTION` of its arrivals is
+    unstable whatever its backlog's trend (:func:`simulator.executors.backlog_grows` cannot
+    tell a queue growing a few % a second from noise in a few thousand requests: M/D/1 at
+    1.03 × capacity passed it, 2000 requests).
 
     Yields lists of jobs, receives their outputs; returns a :class:`RateEval`.
     """
     rate = float(scenario.workload.arrival.rate)
+    over = capacity is not None and rate > capacity * (1 + tolerance)
+
+    def stable(o: dict) -> bool:
+        short = o.get("served_fraction") is not None and o["served_fraction"] < STABLE_FRACTION
+        return o["stable"] and not (over and short)
+
     outs: list[dict] = []
     n = min_replications
     while True:
         new = yield [Job(scenario, k) for k in range(len(outs), n)]
         outs.extend(new)
-        if not all(o["stable"] for o in outs):
-            ratios = [slo_ratio(o["summary"]) for o in outs if o["stable"]]
+        if not all(stable(o) for o in outs):
+            ratios = [slo_ratio(o["summary"]) for o in outs if stable(o)]
             return RateEval(rate, False, True, True, ratios,
                             float(np.mean(ratios)) if ratios else math.inf, None, outs)
         ratios = [slo_ratio(o["summary"]) for o in outs]
@@ -207,17 +220,18 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
     """Bisection for the maximum arrival rate of ``scenario`` meeting every SLO.
 
     A saturation probe (one replication at :data:`PROBE_RATE`) gives the capacity, the
-    first upper guess; the bracket is then widened (doubling / halving) until one rate is
+    first upper guess, and its steady throughput, above which a run that falls behind its
+    arrivals is unstable (:func:`evaluate`); the bracket is then widened (doubling / halving) until one rate is
     feasible and one is not, and bisected to ``hi / lo <= 1 + tolerance``. Yields lists of
     jobs, receives their outputs; returns a :class:`SearchResult`.
 
     Raises:
         InputError: the workload has no arrival rate (:func:`with_rate`).
     """
-    kw = dict(min_replications=min_replications, max_replications=max_replications,
-              tolerance=tolerance)
     probe = (yield [Job(with_rate(scenario, PROBE_RATE), 0)])[0]
     cap = probe["summary"].get("request_throughput")
+    kw = dict(min_replications=min_replications, max_replications=max_replications,
+              tolerance=tolerance, capacity=probe.get("steady_throughput"))
     evals: list[RateEval] = []
 
     def ev(rate):

@@ -59,6 +59,20 @@ def test_max_rate_matches_pollaczek_khinchine():
     assert res.capacity == pytest.approx(1 / s, rel=0.02)   # saturation probe: 1 / S
 
 
+def test_a_throughput_plan_stops_at_the_capacity_of_an_md1_queue():
+    # no SLO: the highest rate kept up with. M/D/1 with S = 10 steps: capacity 1 / S. At
+    # 1.03 / S the queue grows 3% of the rate, too slowly for the backlog's trend test over
+    # 2000 requests: it passed, and the search answered 1.033 / S (above capacity)
+    out = 10
+    s = out * STEP
+    with make_executor("serial") as ex:
+        res = run_generator(max_rate_search(scenario(out=out, n=2000),
+                                            min_replications=2, max_replications=2), ex)
+    assert res.capacity == pytest.approx(1 / s, rel=1e-6)
+    # within the search's own tolerance (2%) of capacity, never past it
+    assert 0.98 / s <= res.max_rate <= 1.02 / s
+
+
 def test_unservable_slo_gives_zero_rate():
     # TPOT is one step (10 ms) at any load: a 5 ms TPOT SLO is out of reach.
     sc = scenario(out=4, n=300, slo={"tpot_ms": {"p99": 5}})
