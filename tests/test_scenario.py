@@ -1000,6 +1000,16 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "sliding_window", "64 not supported (full attention only; set it to null)"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: 3", "rope_scaling",
      "must be a mapping or null"),
+    # a flag as text ("false" is truthy) was read as true: a tied model, another KV size
+    ("vocab_size: 100", "vocab_size: 100\n  tie_word_embeddings: 'false'",
+     "tie_word_embeddings", "must be true or false, got 'false'"),
+    ("vocab_size: 100", "vocab_size: 100\n  attention_bias: 5", "attention_bias",
+     "must be true or false, got 5"),
+    # RoPE scalings the engine refuses as unrunnable by any model (any rope_type)
+    ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: {rope_type: llama3, factor: 0}",
+     "rope_scaling", "factor: a finite number > 0, got 0"),
+    ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: {type: yarn, factor: -1}",
+     "rope_scaling", "factor: a finite number > 0, got -1"),
     # rotary embeddings over an odd head_dim run nowhere (the engine hit torch's error)
     ("vocab_size: 100", "vocab_size: 100\n  head_dim: 7", "head_dim",
      "7 not supported (rotary embeddings turn pairs of dimensions: an even head_dim)"),
@@ -1227,3 +1237,13 @@ def test_one_slo_statistic_given_twice_is_refused(tmp_path):
     p.write_text(yaml.safe_dump(BASE, sort_keys=False)
                  + "slo:\n  ttft_ms:\n    p99: 2000\n    p50: 1000\n    p99.9: 3000\n")
     assert list(load_scenario(p).slo.ttft_ms) == ["p50", "p99", "p99.9"]
+
+
+def test_a_rope_scaling_the_engine_does_not_run_is_still_priced(tmp_path):
+    # YaRN (Qwen2.5's long-context configs) changes no step cost: planned, not refused
+    p = tmp_path / "m.yaml"
+    p.write_text(MODEL_FILE.replace("vocab_size: 100", "vocab_size: 100\n  rope_scaling: "
+                                    "{rope_type: yarn, factor: 4.0, "
+                                    "original_max_position_embeddings: 128}"))
+    assert load_scenario(p).model_shape.rope_scaling == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}

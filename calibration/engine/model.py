@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simulator.catalog import rope_from_hf, unsupported_layers
+from simulator.catalog import (LLAMA3_ROPE_KEYS, flag_problem, rope_from_hf,
+                               rope_scaling_problem, unsupported_layers)
 from simulator.errors import InputError
 from simulator.policy.kv_cache import cdiv
 
@@ -130,9 +131,9 @@ class ModelConfig:
             v = d.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"{source}.{key}: a positive integer or null, got {v!r}")
-        for key in ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"):
-            if not isinstance(d.get(key, False), bool):   # "false" read as true
-                raise InputError(f"{source}.{key}: true or false, got {d[key]!r}")
+        flag = flag_problem(d)   # "false" read as true
+        if flag is not None:
+            raise InputError(f"{source}.{flag[0]}: {flag[1]}")
         # what the layers do not do is refused, not run as if absent (HF would differ)
         try:
             unsupported = unsupported_layers(d, model_type)
@@ -173,29 +174,16 @@ class ModelConfig:
         for key in ("eos_token_id", "bos_token_id"):
             token_ids(d.get(key), d["vocab_size"], f"{source}.{key}")
         theta, scaling = rope_from_hf(d)
-        if scaling is not None:
-            rtype = scaling.get("rope_type", scaling.get("type"))
-            if rtype == "default":
-                scaling = None
-            elif rtype != "llama3":
-                raise InputError(f"{source}.rope_scaling.rope_type: {rtype!r} not supported "
-                                 f"(allowed: llama3, default)")
-            else:
-                for key in ("factor", "low_freq_factor", "high_freq_factor",
-                            "original_max_position_embeddings"):
-                    if key not in scaling:
-                        raise InputError(f"{source}.rope_scaling.{key}: required for llama3")
-                    if not _positive(scaling[key]):   # 0 ran NaN logits, "8" a TypeError
-                        raise InputError(f"{source}.rope_scaling.{key}: a finite number > 0, "
-                                         f"got {scaling[key]!r}")
-                if not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
-                    raise InputError(f"{source}.rope_scaling.high_freq_factor: "
-                                     f"{scaling['high_freq_factor']!r} must be above "
-                                     f"low_freq_factor {scaling['low_freq_factor']!r} (the "
-                                     f"band between them is interpolated)")
-                scaling = {"rope_type": "llama3", **{k: scaling[k] for k in (
-                    "factor", "low_freq_factor", "high_freq_factor",
-                    "original_max_position_embeddings")}}
+        bad = rope_scaling_problem(scaling)
+        if bad is not None:
+            raise InputError(f"{source}.rope_scaling.{bad[0]}: {bad[1]}")
+        rtype = "default" if scaling is None else scaling.get("rope_type",
+                                                               scaling.get("type"))
+        if rtype not in ("default", "llama3"):   # the only scalings the layers run
+            raise InputError(f"{source}.rope_scaling.rope_type: {rtype!r} not supported "
+                             f"(allowed: llama3, default)")
+        scaling = ({"rope_type": "llama3", **{k: scaling[k] for k in LLAMA3_ROPE_KEYS}}
+                   if rtype == "llama3" else None)
         attn_bias = d.get("attention_bias", False)
         return cls(
             vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],

@@ -55,6 +55,50 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_bytes:
     return 2 * layers * kv_heads * head_dim * element_bytes
 
 
+#: HF config flags read as booleans: text such as "false" (truthy) is refused, not read.
+BOOL_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
+
+
+def flag_problem(cfg: dict) -> tuple[str, str] | None:
+    """The first of :data:`BOOL_FLAGS` in ``cfg`` that is not true or false, as ``(key,
+    detail)``; None when each is a bool or absent."""
+    for key in BOOL_FLAGS:
+        v = cfg.get(key, False)
+        if not isinstance(v, bool):
+            return key, f"true or false, got {v!r}"
+    return None
+
+
+def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
+    """The first figure of an HF ``rope_scaling`` mapping that no RoPE scaling takes, as
+    ``(key, detail)``, ``key`` under ``rope_scaling``; None when there is none. Any
+    rope_type: ``factor`` and ``original_max_position_embeddings``, when given, are finite
+    numbers > 0 (a factor of 0 ran NaN logits). ``llama3`` (Llama 3.1) needs all four of
+    its figures, ``low_freq_factor`` below ``high_freq_factor``. Which rope_types run is
+    the engine's own rule (the cost model prices every one alike)."""
+    if scaling is None:
+        return None
+    llama3 = scaling.get("rope_type", scaling.get("type")) == "llama3"
+    for key in LLAMA3_ROPE_KEYS if llama3 else ("factor", "original_max_position_embeddings"):
+        if key not in scaling:
+            if llama3:
+                return key, "required for llama3"
+            continue
+        v = scaling[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            return key, f"a finite number > 0, got {v!r}"
+    if llama3 and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+        return "high_freq_factor", (
+            f"{scaling['high_freq_factor']!r} must be above low_freq_factor "
+            f"{scaling['low_freq_factor']!r} (the band between them is interpolated)")
+    return None
+
+
+#: The figures of a ``llama3`` RoPE scaling (Llama 3.1's config.json).
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+
+
 def unsupported_layers(cfg: dict, model_type: str) -> tuple[str, str] | None:
     """The first HF config key whose layers servesim neither runs (its engine) nor prices
     (its cost model: a SwiGLU MLP without bias, full attention over the whole context),
@@ -481,6 +525,9 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
             raise fail(key, f"{key} must be at most {MAX_SHAPE_INT:.0e} (got {big})",
                        f"must be at most {MAX_SHAPE_INT:.0e} (got {big})")
         vals[key] = v
+    flag = flag_problem(cfg)
+    if flag is not None:
+        raise fail(flag[0], f"{flag[0]} must be {flag[1]}", f"must be {flag[1]}")
     try:   # layers the cost model does not price (a sliding window sizes the KV otherwise)
         unsupported = unsupported_layers(cfg, _TYPE_BY_ARCH[arch])
     except ValueError as e:
@@ -509,12 +556,16 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise fail("rope_scaling", "rope_scaling must be a mapping or null",
                    "must be a mapping or null")
+    bad = rope_scaling_problem(rope_scaling)
+    if bad is not None:   # as the engine refuses it
+        raise fail("rope_scaling", f"rope_scaling.{bad[0]}: {bad[1]}",
+                   f"{bad[0]}: {bad[1]}")
     try:
         return ModelShape(
             name=name, architecture=arch, **vals, rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2")),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", arch == "Qwen2"),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)))
     except (TypeError, ValueError) as e:
         raise fail(None, str(e)) from None
@@ -537,4 +588,6 @@ def shape_from_dict(d: dict) -> ModelShape:
 
 __all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes",
            "inline_model_json_schema", "list_hardware", "list_models", "load_hardware",
-           "load_model", "rope_from_hf", "shape_from_dict", "unsupported_layers"]
+           "load_model", "rope_from_hf", "shape_from_dict", "unsupported_layers",
+           "BOOL_FLAGS", "LLAMA3_ROPE_KEYS", "flag_problem", "kv_bytes_per_token",
+           "rope_scaling_problem"]
