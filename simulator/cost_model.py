@@ -354,10 +354,12 @@ class Profile(_P):
         kv, tp = self.kv, self.tensor_parallel
         want = self.model_shape.kv_bytes_per_token(self.dtype)
         if kv.bytes_per_token != want:
+            m = self.model_shape   # as the profile states it, whatever its name
             raise SubkeyError(("kv", "bytes_per_token"), (
                 f"{kv.bytes_per_token}, but {self.model.name} in {self.dtype} holds {want} "
-                f"bytes of KV per token (2 x layers x kv heads x head_dim x "
-                f"{dtype_bytes(self.dtype)} bytes)"))
+                f"bytes of KV per token (2 x {m.num_hidden_layers} layers x "
+                f"{m.num_key_value_heads} kv heads x {m.head_dim} head_dim x "
+                f"{dtype_bytes(self.dtype)} bytes, its model.shape)"))
         budget = kv.memory_budget_bytes
         if budget is not None and budget > self.device.memory_bytes * tp:
             raise SubkeyError(("kv", "memory_budget_bytes"), (

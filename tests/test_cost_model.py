@@ -436,7 +436,8 @@ def test_a_profile_file_says_its_schema_version(tmp_path):
 @pytest.mark.parametrize("kv, message", [
     # llama-test in bfloat16: 2 x 2 layers x 2 kv heads x 16 head_dim x 2 bytes = 256
     ({"bytes_per_token": 1, "num_gpu_blocks": 2048},
-     "kv.bytes_per_token: 1, but llama-test in bfloat16 holds 256 bytes of KV per token"),
+     "kv.bytes_per_token: 1, but llama-test in bfloat16 holds 256 bytes of KV per token (2 "
+     "x 2 layers x 2 kv heads x 16 head_dim x 2 bytes, its model.shape)"),
     ({"bytes_per_token": 256, "memory_budget_bytes": 2**34 + 1},
      "kv.memory_budget_bytes: 17179869185 bytes is more than the device holds (17179869184 "
      "bytes x tensor_parallel 1)"),
