@@ -40,6 +40,7 @@ import numpy as np
 
 from .errors import InputError
 from .metrics import saturation_throughput, served_rows
+from .policy.request import NS_PER_S
 
 EXECUTORS = ("local", "serial", "ray")
 #: A run is stable when its achieved request throughput is at least this fraction of the
@@ -214,7 +215,8 @@ def job_output(result) -> dict:
     are unknown (e.g. a closed loop). With them ``served_fraction``, achieved / offered over
     that window (None when unknown), and ``steady_throughput``, req/s between the 10th and
     90th percentile finishes (:func:`simulator.metrics.saturation_throughput`; None under 5
-    finishes): of a burst, the engine's capacity without its ramp-up and drain. For open-loop conversations (``summary["sessions"]``,
+    finishes): of a burst, the engine's capacity without its ramp-up and drain. For
+    open-loop conversations (``summary["sessions"]``,
     :func:`simulator.session_ramp.session_ramp`): their steady request rate, their
     stability (True while the run is too short to judge) and ``steady``, whether it was
     long enough to judge."""
@@ -237,10 +239,10 @@ def job_output(result) -> dict:
         sent = _arrival_rate(result.requests)
         stable = stable and sent is not None and sent >= STABLE_FRACTION * offered
     finish = served_rows(result.requests)["finish_s"].to_numpy() if len(result.requests) \
-        else []
+        else np.zeros(0)
     return {"summary": s, "offered_rate": offered, "stable": bool(stable),
             "served_fraction": served,
-            "steady_throughput": saturation_throughput(finish * 1e9)
+            "steady_throughput": saturation_throughput(finish * NS_PER_S)
             if len(finish) >= 5 else None}
 
 
