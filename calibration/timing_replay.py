@@ -162,7 +162,12 @@ def engine_result(run: EngineRun, slo: dict | None = None) -> RunResult:
         m.record_request(rec)
         if rec.token_times_ns:
             m.record_token_times(rec.token_times_ns)
+    preempted_at = {}   # request id -> start of the step that preempted it
     for s in run.steps:
+        for rid, *_ in s.prefills:   # a preempted request's next chunk: rescheduled
+            if rid in preempted_at:
+                m.record_rewait(0, preempted_at.pop(rid), s.start_ns)
+        preempted_at.update((rid, s.start_ns) for rid in s.preempted)
         m.record_step(0, s.start_ns, s.start_ns + s.duration_ns,
                       s.num_scheduled_tokens - s.num_decodes, s.num_decodes,
                       s.num_decodes + len(s.prefills), s.num_waiting, s.kv_cache_usage,

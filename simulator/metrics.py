@@ -301,6 +301,9 @@ class MetricsCollector:
         self._ints = {k: array("q") for k in ("prompt", "cached", "output", "preempt",
                                               "replica", "reason", "capped")}
         self._reasons: dict = {}
+        # Preempted requests' waits (preemption -> rescheduled): the queue-length series
+        # counts them as vLLM's num_requests_waiting gauge does (preempted go back there).
+        self._rewaits = {k: array("q") for k in ("replica", "start", "end")}
 
     # -- hot paths ------------------------------------------------------------------
     def record_request(self, rec: RequestRecord) -> None:
@@ -327,6 +330,16 @@ class MetricsCollector:
         ints["capped"].append(rec.capped)
         if len(self._itl_gap) > _ITL_FOLD:
             self._fold_itl()
+
+    def record_rewait(self, replica: int, start_ns: int, end_ns: int) -> None:
+        """A preempted request waited again on ``replica`` from its preemption
+        (``start_ns``, the start of the step that preempted it) until it was scheduled
+        again (``end_ns``): part of the ``waiting`` time series, not of ``queue_ms``
+        (arrival to first scheduled, vLLM's ``request_queue_time_seconds``)."""
+        w = self._rewaits
+        w["replica"].append(replica)
+        w["start"].append(start_ns)
+        w["end"].append(end_ns)
 
     def itl_appenders(self) -> tuple:
         """``(append_gap, append_count)`` for hot loops: appending ``gap_ns`` and a count
@@ -735,19 +748,23 @@ class MetricsCollector:
         start = np.arange(nbins, dtype=np.int64) * out_w
         width = np.minimum(start + out_w, span) - start
         frames, totals = [], None
-        # Queue length from the requests themselves (arrival -> first scheduled), exact at
-        # any instant: the steps only see the queue at their start, which misses requests
-        # that arrive and are admitted between two step starts.
-        admitted = np.asarray(self._ns["sched"], dtype=np.int64) >= 0
-        replica = np.asarray(self._ints["replica"], dtype=np.int64)[admitted]
-        order = np.argsort(replica, kind="stable")   # each replica's requests: one slice
+        # Queue length from the requests' own waits (arrival -> first scheduled, and
+        # preemption -> rescheduled), exact at any instant: the steps only see the queue at
+        # their start, which misses requests that arrive and are admitted between two.
+        sched = np.asarray(self._ns["sched"], dtype=np.int64)
+        admitted = sched >= 0
+        rw = {k: np.asarray(v, dtype=np.int64) for k, v in self._rewaits.items()}
+        replica = np.concatenate([np.asarray(self._ints["replica"], np.int64)[admitted],
+                                  rw["replica"]])
+        order = np.argsort(replica, kind="stable")   # each replica's waits: one slice
         replica = replica[order]
-        arrival = np.asarray(self._ns["arrival"], dtype=np.int64)[admitted][order]
-        sched = np.asarray(self._ns["sched"], dtype=np.int64)[admitted][order]
+        since = np.concatenate([np.asarray(self._ns["arrival"], np.int64)[admitted],
+                                rw["start"]])[order]
+        until = np.concatenate([sched[admitted], rw["end"]])[order]
         edges = np.append(start, start[-1] + width[-1])
 
         def waiting(lo=0, hi=None):
-            return (_interval_integral(arrival[lo:hi], sched[lo:hi], edges)
+            return (_interval_integral(since[lo:hi], until[lo:hi], edges)
                     / width.astype(np.float64))
 
         def reduce(x, how):

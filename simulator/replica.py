@@ -61,6 +61,7 @@ class Replica:
         self.on_finish = on_finish
         self._wake: simpy.Event | None = None
         self._last_token_ns: dict[Request, int] = {}  # preempted requests' last token
+        self._preempted_ns: dict[Request, int] = {}   # waiting again since (preemption)
         self.busy_ns = 0
         self.exact_steps = exact_steps
         self.next_event_ns = next_event_ns or (lambda _rep: _NEVER)
@@ -255,8 +256,10 @@ class Replica:
             t0 = t1
 
     def _note_scheduled(self, plan, t0: int) -> None:
-        """First-scheduled times (``t0`` plus the cost model's intake, if it has one) and
-        preempted requests' last token times of a step that starts at ``t0``.
+        """First-scheduled times (``t0`` plus the cost model's intake, if it has one),
+        preempted requests' last token times and their waits again (preemption at ``t0``
+        to rescheduled, :meth:`MetricsCollector.record_rewait`) of a step that starts at
+        ``t0``.
 
         Raises:
             RuntimeError: an empty step while requests are unfinished (a scheduler bug).
@@ -271,7 +274,11 @@ class Replica:
                 rec = e.request.record
                 if rec.first_scheduled_ns is None:
                     rec.first_scheduled_ns = ts
+                else:   # resumed after preemption
+                    self.metrics.record_rewait(self.index,
+                                               self._preempted_ns.pop(e.request), ts)
         for r in plan.preempted:
+            self._preempted_ns[r] = t0
             if r.num_output_tokens:
                 # Its last token came out of the previous step, which ended at t0, unless
                 # it was preempted again while recomputing: its last token is older then.

@@ -613,3 +613,61 @@ def test_served_rows_are_the_completed_requests_warm_up_included():
     assert rows["request_id"].tolist() == [0, 2] and rows["warmup"].tolist() == [True, False]
     # the summary's completed is the same set less warm-up
     assert res.summary["completed"] == int((~rows["warmup"]).sum()) == 1
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_queue_length_series_counts_preempted_requests_waiting_again(monkeypatch, replicas):
+    """``waiting`` integrates the scheduler's waiting queue as vLLM's
+    ``num_requests_waiting`` gauge counts it: preempted requests go back there until they
+    are scheduled again. Reference: the queue itself, watched at every change (arrivals
+    enter it on the clock; each scheduling decision admits and preempts at its step's
+    start, the clock's time with exact steps)."""
+    import simpy
+
+    from simulator.policy.scheduler import Scheduler
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+
+    envs, since, waited = [], {}, []
+
+    class Env(simpy.Environment):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            envs.append(self)
+
+    add, schedule = Scheduler.add_request, Scheduler.schedule
+
+    def watched_add(self, req):
+        add(self, req)
+        since[req] = envs[-1].now
+
+    def watched_schedule(self):
+        before = set(self.waiting)
+        plan = schedule(self)
+        after, now = set(self.waiting), envs[-1].now
+        waited.extend(now - since.pop(r) for r in before - after)
+        since.update((r, now) for r in after - before)
+        return plan
+
+    monkeypatch.setattr(simpy, "Environment", Env)
+    monkeypatch.setattr(Scheduler, "add_request", watched_add)
+    monkeypatch.setattr(Scheduler, "schedule", watched_schedule)
+    res = simulate(scenario_from_dict({
+        "name": "p", "model": "llama-3.1-8b", "cluster": {"replicas": replicas},
+        "sim": {"exact_steps": True},
+        "hardware": {"step_time": {"base_s": 0.01, "per_prefill_token_s": 1e-5,
+                                   "per_decode_seq_s": 1e-4}},
+        "engine": {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 128,
+                   "num_gpu_blocks": 401, "max_model_len": 4800,
+                   "scheduler_reserve_full_isl": False},
+        "workload": {"seed": 2, "num_requests": 60,
+                     "arrival": {"process": "poisson", "rate": 4.0},
+                     "prompt_tokens": {"dist": "uniform", "min": 600, "max": 3000},
+                     "output_tokens": {"dist": "uniform", "min": 200, "max": 1500}}}))
+    assert res.summary["preemptions"] > 0 and not since
+    rq, ts = res.requests, res.timeseries
+    first_waits = ((rq["first_scheduled_s"] - rq["arrival_s"]) * 1e9).sum()
+    assert sum(waited) > first_waits * 1.02   # the re-waits are a visible share here
+    area = (ts["waiting"] * ts["bin_s"] * 1e9).groupby(ts["replica"]).sum()
+    assert area["all"] == pytest.approx(sum(waited), rel=1e-9)
+    assert area.drop("all").sum() == pytest.approx(sum(waited), rel=1e-9)

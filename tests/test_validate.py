@@ -65,8 +65,21 @@ def test_timing_replay_is_exact(timing_run):
     # bounds the difference by the hand-back time the run had.)
     worst = max(cmp["max_abs_diff_ms"].values())
     assert worst <= cmp["handback_max_ms"] + 1e-6
+    # Same queue-length series through both metric paths, preempted requests' waits again
+    # included on both sides (each wait's ends within the hand-back time).
+    def waited_s(result):
+        ts = result.timeseries
+        ts = ts[ts["replica"] == "all"]
+        return float((ts["waiting"] * ts["bin_s"]).sum())
+    eng_run = TR.engine_result(run)
+    rewaits = sum(r.preemptions for r in run.records)
+    first = sum(r.first_scheduled_ns - r.arrival_ns for r in run.records) / 1e9
+    assert waited_s(eng_run) > first   # the preempted requests' second waits count
+    assert waited_s(res) == pytest.approx(
+        waited_s(eng_run), abs=2 * (len(run.records) + rewaits) * cmp["handback_max_ms"] / 1e3
+        + 1e-9)
     # Same totals through both metric paths.
-    eng = TR.engine_result(run).summary
+    eng = eng_run.summary
     assert eng["preemptions"] == res.summary["preemptions"]
     assert eng["prefix_cache_hit_tokens"] == res.summary["prefix_cache_hit_tokens"]
     assert eng["total_output_tokens"] == res.summary["total_output_tokens"] == sum(
