@@ -949,6 +949,8 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
             ({"architecture": "GPT2"}, False), ({"rope_theta": 0}, False),
             ({"architecture": None, "architectures": ["Qwen2ForCausalLM"]}, True),
             ({"architecture": None, "model_type": "mistral"}, True),
+            ({"architecture": "Mistral", "architectures": ["MistralForCausalLM"],
+              "model_type": "mistral"}, True),
             ({"architectures": "LlamaForCausalLM"}, False), ({"model_type": ["llama"]}, False),
             ({"rope_theta": None}, False), ({"rms_norm_eps": -1}, False),
             ({"rope_scaling": 3}, False), ({"layers": 2}, False)):
@@ -991,6 +993,15 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "must be a name such as llama (got [llama])"),
     ("vocab_size: 100", "vocab_size: 100\n  architecture: [Llama]", "architecture",
      "must be a name such as Llama (got [Llama])"),
+    # keys naming two architectures: the first present was taken without a word
+    ("vocab_size: 100", "vocab_size: 100\n  architecture: Llama\n  architectures: "
+                        "[MistralForCausalLM]", "architectures",
+     "[MistralForCausalLM] (Mistral) contradicts architecture Llama (Llama): they must name "
+     "one architecture"),
+    ("vocab_size: 100", "vocab_size: 100\n  architectures: [Qwen2ForCausalLM]\n  "
+                        "model_type: llama", "model_type",
+     "llama (Llama) contradicts architectures [Qwen2ForCausalLM] (Qwen2): they must name "
+     "one architecture"),
     # layers the engine refuses and the cost model does not price: they ran as if absent
     ("vocab_size: 100", "vocab_size: 100\n  hidden_act: gelu", "hidden_act",
      "'gelu' not supported (the MLP is SwiGLU: silu)"),

@@ -496,17 +496,28 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
                                     f"[LlamaForCausalLM] (got {echo(archs)})",
                    f"must be a list of class names such as [LlamaForCausalLM] (got "
                    f"{echo(archs)})")
-    arch, arch_key = cfg.get("architecture"), "architecture"
-    if arch is None and cfg.get("architectures"):
-        arch, arch_key = _ARCH_BY_HF.get(cfg["architectures"][0], cfg["architectures"][0]), \
-            "architectures"
-    if arch is None and "model_type" in cfg:
-        arch, arch_key = _ARCH_BY_TYPE.get(cfg["model_type"], cfg["model_type"]), "model_type"
-    if arch is None:
-        arch = "Llama"
-    if arch not in _HF_BY_ARCH:
-        raise fail(arch_key, f"architecture {arch!r} is not supported (supported: "
-                             f"{', '.join(_HF_BY_ARCH)})")
+    # Each key that names the architecture (servesim's, HF's class, HF's model_type) must
+    # name the same one: a contradiction was settled silently by the first present.
+    named = []
+    if cfg.get("architecture") is not None:
+        named.append(("architecture", cfg["architecture"], cfg["architecture"]))
+    if cfg.get("architectures"):
+        a = cfg["architectures"][0]
+        named.append(("architectures", _ARCH_BY_HF.get(a, a), f"[{a}]"))
+    if cfg.get("model_type") is not None:
+        t = cfg["model_type"]
+        named.append(("model_type", _ARCH_BY_TYPE.get(t, t), t))
+    for key, arch, _ in named:
+        if arch not in _HF_BY_ARCH:
+            raise fail(key, f"architecture {arch!r} is not supported (supported: "
+                            f"{', '.join(_HF_BY_ARCH)})")
+    arch_key, arch, given = named[0] if named else (None, "Llama", None)
+    for key, other, said in named[1:]:
+        if other != arch:
+            raise fail(key, f"{key} {said} ({other}) contradicts {arch_key} {given} ({arch}): "
+                            f"they must name one architecture",
+                       f"{said} ({other}) contradicts {arch_key} {given} ({arch}): they must "
+                       f"name one architecture")
     vals = {}
     for key in _INT_KEYS:
         v = cfg.get(key)
