@@ -540,10 +540,10 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     threads = torch.get_num_threads()
     shape = model_arg(args.model)
     out, name = profile_out(args)
-    if args.max_model_len and args.max_model_len > shape.max_position_embeddings:
+    if args.max_model_len and args.max_model_len > shape.derived_max_model_len:
         raise InputError(f"--max-model-len {args.max_model_len}: above {shape.name}'s "
-                         f"max_position_embeddings ({shape.max_position_embeddings})")
-    max_len = args.max_model_len or min(shape.max_position_embeddings, 8192)
+                         f"{shape.max_len_text()}")
+    max_len = args.max_model_len or min(shape.derived_max_model_len, 8192)
     if args.kv_cache_memory is not None:   # the engine would refuse it after the ceilings
         from simulator.policy.kv_cache import blocks_in_budget, min_gpu_blocks
 
@@ -976,7 +976,7 @@ def add_parsers(subparsers) -> None:
                         "compiles for it, and step costs depend on it: use the serving value")
     p.add_argument("--max-num-seqs", type=positive_int, help="--backend vllm: default 128")
     p.add_argument("--max-model-len", type=positive_int,
-                   help="default min(max_position_embeddings, 8192)")
+                   help="default min(the model's longest context, 8192)")
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (default torch's)")
     p.add_argument("--repeats", type=repeats_arg,
                    help=f"passes over the grid (default 3 quick, 4; at most {MAX_REPEATS})")

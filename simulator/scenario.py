@@ -19,7 +19,8 @@ enable_prefix_caching true, scheduler_reserve_full_isl true, enable_chunked_pref
 (off: max_num_batched_tokens defaults to at least max_model_len); max_num_seqs and
 max_num_batched_tokens by device as ``vllm serve`` sets them
 (``EngineArgs.get_batch_defaults``, :meth:`Scenario.serving_defaults`). ``max_model_len``
-defaults, as in vLLM, to the model's ``max_position_embeddings``; where vLLM would then
+defaults, as in vLLM, to the model's ``max_position_embeddings`` (times a linear or dynamic
+RoPE scaling's factor); where vLLM would then
 refuse to start because the KV cache cannot hold one such request, servesim instead caps
 the default to what the cache holds, as ``--max-model-len auto`` makes vLLM do (vLLM PR
 #29431; reports say so), and an explicit ``max_model_len`` that does not fit is an error,
@@ -210,7 +211,8 @@ class EngineConfig(_Strict):
     enable_prefix_caching: bool = True
     max_model_len: Optional[int] = Field(
         None, ge=1, le=MAX_COUNT,
-        description="default: the model's max_position_embeddings")
+        description="default: the model's max_position_embeddings (times a linear or "
+                    "dynamic rope_scaling factor)")
     num_gpu_blocks: Optional[int] = Field(
         None, ge=2, le=MAX_COUNT,
         description="KV blocks incl. the null block; overrides the computed count")
@@ -526,8 +528,9 @@ class Scenario(_Strict):
 
     @property
     def max_model_len(self) -> int:
-        """``engine.max_model_len``, or the model's ``max_position_embeddings`` (vLLM default)."""
-        return self.engine.max_model_len or self.model_shape.max_position_embeddings
+        """``engine.max_model_len``, or the longest context the model allows (vLLM's
+        default: :attr:`simulator.catalog.ModelShape.derived_max_model_len`)."""
+        return self.engine.max_model_len or self.model_shape.derived_max_model_len
 
     def serving_defaults(self) -> tuple[int, int]:
         """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` picks when they
@@ -815,10 +818,10 @@ def _check_semantics(sc: Scenario, origins: dict, text: str | None) -> None:
                f"vLLM requires max_num_batched_tokens >= max_model_len (raise it, lower "
                f"max_model_len, or leave max_num_batched_tokens unset)",
                also=("engine.enable_chunked_prefill", "engine.max_model_len", "model"))
-    if sc.engine.max_model_len and sc.engine.max_model_len > shape.max_position_embeddings:
+    if sc.engine.max_model_len and sc.engine.max_model_len > shape.derived_max_model_len:
         refuse(("engine", "max_model_len"),
                f"{sc.engine.max_model_len} is longer than the model's "
-               f"max_position_embeddings ({shape.max_position_embeddings})", also=("model",))
+               f"{shape.max_len_text()}", also=("model",))
     lpt = sc.engine.long_prefill_token_threshold
     if lpt > sc.max_model_len:   # vLLM's check, against the length before any KV cap
         refuse(("engine", "long_prefill_token_threshold"),

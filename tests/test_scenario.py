@@ -1258,3 +1258,25 @@ def test_a_rope_scaling_the_engine_does_not_run_is_still_priced(tmp_path):
                                     "original_max_position_embeddings: 128}"))
     assert load_scenario(p).model_shape.rope_scaling == {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+
+
+@pytest.mark.parametrize("scaling, longest", [
+    (None, 4096),
+    ({"type": "linear", "factor": 4.0}, 16384),            # vicuna-7b-v1.5-16k's shape
+    ({"rope_type": "dynamic", "factor": 2.5}, 10240),
+    ({"rope_type": "yarn", "factor": 4.0}, 4096),            # given already scaled
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 512}, 4096),
+])
+def test_max_model_len_defaults_to_the_longest_context_vllm_derives(scaling, longest):
+    # vLLM _get_and_verify_max_len: max_position_embeddings × the rope_scaling factor,
+    # except for rope types whose max_position_embeddings is the scaled length already
+    d = yaml.safe_load(MODEL_FILE)
+    d["model"].update(max_position_embeddings=4096, rope_scaling=scaling)
+    assert scenario_from_dict(d).max_model_len == longest
+    d["engine"] = {"max_model_len": longest}
+    assert scenario_from_dict(d).max_model_len == longest
+    d["engine"] = {"max_model_len": longest + 1}
+    with pytest.raises(InputError, match=f"{longest + 1} is longer than the model's "
+                                         f"max_position_embeddings \\(4096\\)"):
+        scenario_from_dict(d)

@@ -94,6 +94,11 @@ def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
     return None
 
 
+#: RoPE scalings whose ``max_position_embeddings`` is already the scaled length: vLLM
+#: does not multiply it by their ``factor`` (vllm/config/model.py).
+PRESCALED_ROPE_TYPES = ("su", "longrope", "llama3", "yarn", "deepseek_yarn",
+                        "deepseek_llama_scaling")
+
 #: The figures of a ``llama3`` RoPE scaling (Llama 3.1's config.json).
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                     "original_max_position_embeddings")
@@ -218,6 +223,32 @@ class ModelShape:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     rms_norm_eps: float = 1e-5
+
+    @property
+    def rope_factor(self) -> float:
+        """What the RoPE scaling multiplies ``max_position_embeddings`` by for the longest
+        context (vLLM ``_get_and_verify_max_len``, vllm/config/model.py): its ``factor``,
+        except for rope types whose ``max_position_embeddings`` is already the scaled length
+        (:data:`PRESCALED_ROPE_TYPES`); 1 without one."""
+        rs = self.rope_scaling or {}
+        if rs.get("rope_type", rs.get("type")) in PRESCALED_ROPE_TYPES:
+            return 1.0
+        return float(rs.get("factor", 1.0))
+
+    @property
+    def derived_max_model_len(self) -> int:
+        """Longest context the model allows (tokens), vLLM's default ``max_model_len``:
+        ``max_position_embeddings`` × :attr:`rope_factor` (a linear or dynamic scaling of
+        4 makes a 4096-position model a 16384-token one)."""
+        return int(self.max_position_embeddings * self.rope_factor)
+
+    def max_len_text(self) -> str:
+        """Where :attr:`derived_max_model_len` comes from, for messages."""
+        mpe = self.max_position_embeddings
+        if self.rope_factor == 1.0:
+            return f"max_position_embeddings ({mpe})"
+        return (f"max_position_embeddings ({mpe}) × its rope_scaling factor "
+                f"({self.rope_factor:g}): {self.derived_max_model_len}")
 
     # -- parameter counts ---------------------------------------------------------------
     @property
