@@ -906,7 +906,7 @@ def _gpu_efficiency_profile(gpu_name: str) -> tuple[Profile | None, list[Path]]:
 def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 1, *,
                     block_size: int = 16,
                     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                    max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                    max_num_batched_tokens: int, max_num_seqs: int,
                     max_model_len: int | None = None,
                     source: Profile | None = None) -> Profile:
     """A roofline :class:`Profile` for ``shape`` on ``tp`` × ``gpu``, labelled *projected*.
@@ -915,6 +915,8 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
     (:data:`DEFAULT_MBU`, :data:`DEFAULT_MFU`); attention runs at the same efficiencies
     unless ``source`` measured its own.
 
+    ``max_num_batched_tokens`` and ``max_num_seqs`` size vLLM's activation reserve (no
+    default: ``vllm serve``'s depend on the device, :meth:`Scenario.serving_defaults`).
     ``max_model_len`` (tokens, explicit only) sets the least utilization the no-room error
     suggests (:func:`kv_capacity`).
 
@@ -1309,8 +1311,11 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
     if kv.num_gpu_blocks is None and kv.memory_budget_bytes is None:
         return None, f"unlimited (profile {prof.display_name} records no KV capacity)"
     if kv.memory_budget_bytes is not None:
-        # group-wide: the budget and bytes per token of the whole tensor-parallel group
-        blocks = blocks_in_budget(kv.memory_budget_bytes, block_size * kv.bytes_per_token)
+        # per GPU, as vLLM sizes each worker's cache: one GPU's share of the group's budget
+        # over its own KV heads (a KV head is replicated where there are fewer than GPUs)
+        tp = prof.tensor_parallel
+        per_gpu = RooflineConstants.of(prof.model_shape, prof.dtype, tp).kv_bytes_per_token
+        blocks = blocks_in_budget(kv.memory_budget_bytes // tp, block_size * per_gpu)
         src = f"{kv.memory_budget_bytes / GiB:.2f} GiB budget"
     else:
         blocks = kv.num_gpu_blocks * kv.block_size // block_size

@@ -1049,3 +1049,24 @@ def test_a_bad_model_shape_in_a_profile_names_model_shape_once(tmp_path):
     assert str(e.value).endswith(": model.shape: hidden_size must be a positive integer "
                                  "(got -512)")
     assert str(e.value).count("model.shape") == 1
+
+
+def test_a_tensor_parallel_profiles_budget_holds_each_gpus_own_kv_heads(tmp_path):
+    """A saved profile at tensor_parallel 4 of llama-test (2 KV heads): vLLM keeps
+    max(1, 2 // 4) = 1 KV head per GPU (vllm/config/model.py get_num_kv_heads), so each GPU
+    holds a quarter of the budget in blocks of 2 layers × 2 (K, V) × 1 head × 16 head_dim ×
+    2 bytes × 16 tokens = 2048 bytes; read group-wide, twice as many blocks."""
+    from simulator.catalog import load_hardware, load_model
+    from simulator.cost_model import project_profile
+
+    prof = project_profile(load_model("llama-test"), "bfloat16", load_hardware("h100-sxm"), 4,
+                           max_num_batched_tokens=8192, max_num_seqs=1024)
+    budget = prof.kv.memory_budget_bytes
+    want = (budget // 4) // (2 * 2 * 1 * 16 * 2 * 16)
+    assert prof.kv.num_gpu_blocks == want
+    save_profile(prof, tmp_path / "p.yaml")
+    direct = scenario(model="llama-test", hardware={"profile": "h100-sxm", "tensor_parallel": 4})
+    saved = scenario(model="llama-test",
+                     hardware={"profile": str(tmp_path / "p.yaml"), "tensor_parallel": 4})
+    assert build_cost_model(direct).num_gpu_blocks == want
+    assert build_cost_model(saved).num_gpu_blocks == want
