@@ -674,7 +674,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         name, dev_info, f"servesim-torch {__version__}", shape, dtype,
         KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=args.block_size,
                num_gpu_blocks=engine.num_gpu_blocks, memory_budget_bytes=int(kv_budget),
-               activation_reserve_bytes=int(act)),
+               activation_reserve_bytes=int(act), gpu_memory_utilization=(
+                   args.gpu_memory_utilization or GPU_MEMORY_UTILIZATION
+                   if device != "cpu" and args.kv_cache_memory is None else None)),
         result, rep_err, idle, source, argv, csv_path.name)
     paths = write_calibration(profile, out, result, df, replay_df, k, (flops, bw),
                               files["report"])

@@ -160,6 +160,8 @@ class KVInfo(_P):
     memory_budget_bytes: Optional[int] = Field(
         None, ge=0, description="KV memory of the whole tensor-parallel group")
     activation_reserve_bytes: Optional[int] = Field(None, ge=0, description="per GPU")
+    gpu_memory_utilization: Optional[float] = Field(
+        None, gt=0, le=1, description="that sized memory_budget_bytes (a GPU's, measured)")
 
 
 def _coefficient(v: float) -> float:
@@ -1225,6 +1227,15 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                          f"{eng.block_size}, but the step costs stay those measured (attention "
                          f"over blocks of another size may cost otherwise; vLLM's CPU backend "
                          f"uses 128 unless set)")
+    util, at = eng.gpu_memory_utilization, prof.kv.gpu_memory_utilization
+    default_util = type(eng).model_fields["gpu_memory_utilization"].default
+    if kv_blocks is not None and eng.num_gpu_blocks is None and util != (at or default_util):
+        # the measured KV cache is the profile's: said, since a sweep over it reads flat
+        setup_warning = "; ".join(filter(None, (setup_warning, (
+            f"engine.gpu_memory_utilization {util:g} does not resize the KV cache measured "
+            f"in profile {prof.display_name} ({kv_blocks} blocks"
+            + (f", at gpu_memory_utilization {at:g}" if at else "")
+            + "): set engine.num_gpu_blocks for another size, or calibrate at it"))))
     gpu_budget = prof.device.kind == "gpu" and prof.kv.memory_budget_bytes is not None
     blocks, note = override(kv_blocks, kv_note, memory=(
         f"that the KV memory measured in profile {prof.display_name} holds"

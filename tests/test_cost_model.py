@@ -1070,3 +1070,33 @@ def test_a_tensor_parallel_profiles_budget_holds_each_gpus_own_kv_heads(tmp_path
                      hardware={"profile": str(tmp_path / "p.yaml"), "tensor_parallel": 4})
     assert build_cost_model(direct).num_gpu_blocks == want
     assert build_cost_model(saved).num_gpu_blocks == want
+
+
+def test_a_measured_kv_cache_says_gpu_memory_utilization_does_not_resize_it(tmp_path):
+    """A profile's KV cache is the one measured (DESIGN: the simulator uses the profile's
+    number): a scenario's gpu_memory_utilization other than the one it was measured at
+    (recorded, else vLLM's default 0.92) leaves it as it is, and says so."""
+    dev = {"name": "h100-sxm", "kind": "gpu", "peak_flops": 1e15, "memory_bandwidth": 3e12,
+           "memory_bytes": 80 * 2**30}
+    kv = {"bytes_per_token": 256, "block_size": 16, "memory_budget_bytes": 2**31}
+    save_profile(make_profile(device=dev, kv=kv), tmp_path / "g.yaml")
+    save_profile(make_profile(device=dev, kv={**kv, "gpu_memory_utilization": 0.8}),
+                 tmp_path / "g8.yaml")
+    save_profile(make_profile(), tmp_path / "c.yaml")   # a CPU's: 2048 blocks of 128
+
+    def cm(profile, **engine):
+        return build_cost_model(scenario(tmp_path, hardware={"profile": profile},
+                                         engine=engine))
+    assert cm("g.yaml").setup_warning is None and cm("g8.yaml", gpu_memory_utilization=0.8
+                                                     ).setup_warning is None
+    for got, util, blocks, at in (
+            (cm("g.yaml", gpu_memory_utilization=0.8), 0.8, 524288, ""),
+            (cm("g8.yaml"), 0.92, 524288, ", at gpu_memory_utilization 0.8"),
+            (cm("c.yaml", gpu_memory_utilization=0.5, block_size=128), 0.5, 2048, "")):
+        assert got.num_gpu_blocks == blocks
+        assert got.setup_warning.endswith(
+            f"engine.gpu_memory_utilization {util:g} does not resize the KV cache measured in "
+            f"profile {got.profile.display_name} ({blocks} blocks{at}): set "
+            f"engine.num_gpu_blocks for another size, or calibrate at it")
+    # a count set in the scenario is the cache: nothing measured to leave as it is
+    assert cm("g.yaml", gpu_memory_utilization=0.8, num_gpu_blocks=1000).setup_warning is None
