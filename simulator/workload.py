@@ -440,8 +440,9 @@ class _OpenLoop(BaseModel):
     rate: float = Field(gt=0, le=MAX_RATE, allow_inf_nan=False,
                         description="mean request rate, requests/s (at most 1e9)")
     normalize_duration: bool = Field(
-        False, description="scale all arrivals so the last one lands at num_requests/rate, "
-                           "as `vllm bench serve` does when it has no ramp-up")
+        False, description="scale all arrivals so the last one lands at num_requests/rate "
+                           "(conversations/rate with sessions), as `vllm bench serve` does "
+                           "when it has no ramp-up")
 
 
 class PoissonArrival(_OpenLoop):
@@ -529,7 +530,11 @@ def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarra
             gaps = rng.exponential(1.0 / rate, size=n)
         elif isinstance(arrival_cfg, GammaArrival):
             k = arrival_cfg.burstiness
-            gaps = rng.gamma(shape=k, scale=1.0 / (rate * k), size=n)
+            scale = (1.0 / rate) / k   # not 1 / (rate × k): a huge k overflowed that to 0
+            if not math.isfinite(scale):
+                raise KeyedInputError("workload.arrival.burstiness", (
+                    f"{k:g} is too small: the gaps' scale 1 / (rate × burstiness) overflows"))
+            gaps = rng.gamma(shape=k, scale=scale, size=n)
         elif isinstance(arrival_cfg, ConstantArrival):
             gaps = np.full(n, 1.0 / rate)
         else:
@@ -914,20 +919,26 @@ def arrival_warning(cfg: WorkloadConfig) -> str | None:
             or isinstance(arr, ClosedLoopArrival) or (cfg.num_requests or 0) < 10):
         return None
     n = cfg.num_requests
-    t = arrival_times_ns(arr, n, _rngs(cfg.seed)["arrival"])   # the run's own draws
+    # the run's own draws, before normalize_duration forces their span to n / rate
+    raw = arr.model_copy(update={"normalize_duration": False})
+    t = arrival_times_ns(raw, n, _rngs(cfg.seed)["arrival"])
     want = n / arr.rate
     span = float(t[-1]) / NS_PER_S
     if want / SPAN_FACTOR <= span <= want * SPAN_FACTOR:
         return None
     why = (f" (gamma burstiness {arr.burstiness:g}: its gaps' coefficient of variation is "
            f"{1 / math.sqrt(arr.burstiness):.3g})" if isinstance(arr, GammaArrival) else "")
-    fix = ("raise burstiness" if arr.normalize_duration or span == 0
+    drawn = f"workload.arrival: the {n} arrivals drawn span {span:.3g} s against " \
+            f"num_requests / rate = {want:.3g} s{why}"
+    if arr.normalize_duration and span > 0:   # a few long gaps make the span: bursts remain
+        return (f"{drawn}; normalize_duration stretches them to {want:.3g} s, but a few gaps "
+                f"make up most of it, so the requests come in a few bursts (raise burstiness)")
+    fix = ("raise burstiness" if span == 0
            else "set normalize_duration: true to rescale them as vllm bench serve does, or "
                 "raise burstiness")
     offers = (f"{want / span:.3g} × its rate ({n / span:.3g} req/s at {arr.rate:g})"
               if span > 0 else "every request at once")
-    return (f"workload.arrival: the {n} arrivals drawn span {span:.3g} s against "
-            f"num_requests / rate = {want:.3g} s{why}, so the run offers {offers} ({fix})")
+    return f"{drawn}, so the run offers {offers} ({fix})"
 
 
 def workload_warnings(cfg: WorkloadConfig, base_dir=".") -> list[str]:

@@ -644,6 +644,22 @@ def test_a_rate_so_low_that_the_arrivals_overflow_the_clock_names_the_rate():
                                                            "rate": 1e-300}))
 
 
+def test_gamma_burstiness_at_its_extremes():
+    from simulator.errors import KeyedInputError
+    # shape 1e308: gaps of CV 1e-154, 1/rate each (1 / (rate × k) overflowed to a scale of 0:
+    # every arrival at 0 s)
+    t = [r.arrival_ns for r in build_workload(cfg(num_requests=5, arrival={
+        "process": "gamma", "rate": 10.0, "burstiness": 1e308}))]
+    assert t == [NS // 10 * (i + 1) for i in range(5)]
+    # a subnormal shape: the scale itself overflows; the key at fault is burstiness
+    with pytest.raises(KeyedInputError) as e:
+        build_workload(cfg(num_requests=5, arrival={"process": "gamma", "rate": 8.0,
+                                                     "burstiness": 1e-310}))
+    assert (e.value.key, e.value.detail) == (
+        "workload.arrival.burstiness",
+        "1e-310 is too small: the gaps' scale 1 / (rate × burstiness) overflows")
+
+
 @pytest.mark.parametrize("key", ["min", "max"])
 def test_negative_clip_bounds_are_refused_as_negative(key):
     # counts and seconds are never negative: not "below the median" or "holds no integer"
@@ -785,7 +801,14 @@ def test_arrivals_that_do_not_offer_their_rate_are_warned_of():
     assert re.search(r"offers (\S+) × its rate", arrival_warning(gamma(1e-3, rate=400)))[1] \
         == factor
     assert "set normalize_duration: true" in said
-    assert arrival_warning(gamma(1e-3, normalize_duration=True)) is None  # span = n / rate
+    # rescaled to 200 / rate, the same draws still come in bursts: a few gaps hold the span
+    bursts = arrival_warning(gamma(1e-3, normalize_duration=True))
+    assert bursts.startswith(said.split(", so the run")[0] + "; normalize_duration stretches "
+                             "them to 50 s, but a few gaps make up most of it")
+    t = np.array([r.arrival_ns for r in build_workload(gamma(1e-3, normalize_duration=True))])
+    gaps = np.sort(np.diff(t, prepend=0))[::-1]
+    assert t[-1] == 50 * NS and gaps[:5].sum() > 0.9 * t[-1]
+    assert arrival_warning(gamma(0.5, normalize_duration=True)) is None
     # shape 1e-10: every gap underflows to 0 s, and normalizing cannot spread them
     zero = arrival_warning(gamma(1e-10, normalize_duration=True))
     assert "span 0 s" in zero and "every request at once (raise burstiness)" in zero
