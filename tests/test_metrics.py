@@ -260,6 +260,25 @@ def test_itl_runs_and_summary():
     assert itl["max"] == 20.0
 
 
+def preempting_run(num_requests: int, replicas: int, **sim):
+    """A run whose small KV cache and admission on a first chunk preempt requests, some
+    again while they recompute."""
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+
+    return simulate(scenario_from_dict({
+        "name": "p", "model": "llama-3.1-8b", "cluster": {"replicas": replicas}, "sim": sim,
+        "hardware": {"step_time": {"base_s": 0.01, "per_prefill_token_s": 1e-5,
+                                   "per_decode_seq_s": 1e-4}},
+        "engine": {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 128,
+                   "num_gpu_blocks": 401, "max_model_len": 4800,
+                   "scheduler_reserve_full_isl": False},
+        "workload": {"seed": 2, "num_requests": num_requests,
+                     "arrival": {"process": "poisson", "rate": 4.0},
+                     "prompt_tokens": {"dist": "uniform", "min": 600, "max": 3000},
+                     "output_tokens": {"dist": "uniform", "min": 200, "max": 1500}}}))
+
+
 @pytest.mark.parametrize("exact", [False, True])
 @pytest.mark.parametrize("warmup, replicas", [(0, 1), (20, 1), (20, 2)])
 def test_every_token_gap_counts_once_under_repeated_preemption(exact, warmup, replicas):
@@ -267,22 +286,7 @@ def test_every_token_gap_counts_once_under_repeated_preemption(exact, warmup, re
     preempted again while recomputing its context, before any new token, keeps its last
     token's time (the second preemption is not a token). With warm-up, exactly the
     counted requests' gaps are pooled (vllm bench serve's warm-ups are not in its run)."""
-    from simulator.run import simulate
-    from simulator.scenario import scenario_from_dict
-
-    res = simulate(scenario_from_dict({
-        "name": "p", "model": "llama-3.1-8b", "cluster": {"replicas": replicas},
-        "sim": {"exact_steps": exact, "warmup_requests": warmup},
-        "hardware": {"step_time": {"base_s": 0.01, "per_prefill_token_s": 1e-5,
-                                   "per_decode_seq_s": 1e-4}},
-        # a small cache and admission on a first chunk: preempted while recomputing
-        "engine": {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 128,
-                   "num_gpu_blocks": 401, "max_model_len": 4800,
-                   "scheduler_reserve_full_isl": False},
-        "workload": {"seed": 2, "num_requests": 80,
-                     "arrival": {"process": "poisson", "rate": 4.0},
-                     "prompt_tokens": {"dist": "uniform", "min": 600, "max": 3000},
-                     "output_tokens": {"dist": "uniform", "min": 200, "max": 1500}}}))
+    res = preempting_run(80, replicas, exact_steps=exact, warmup_requests=warmup)
     rq = res.requests
     assert (rq["preemptions"] >= 2).any()
     assert rq["warmup"].sum() == warmup
@@ -625,8 +629,6 @@ def test_queue_length_series_counts_preempted_requests_waiting_again(monkeypatch
     import simpy
 
     from simulator.policy.scheduler import Scheduler
-    from simulator.run import simulate
-    from simulator.scenario import scenario_from_dict
 
     envs, since, waited = [], {}, []
 
@@ -652,18 +654,7 @@ def test_queue_length_series_counts_preempted_requests_waiting_again(monkeypatch
     monkeypatch.setattr(simpy, "Environment", Env)
     monkeypatch.setattr(Scheduler, "add_request", watched_add)
     monkeypatch.setattr(Scheduler, "schedule", watched_schedule)
-    res = simulate(scenario_from_dict({
-        "name": "p", "model": "llama-3.1-8b", "cluster": {"replicas": replicas},
-        "sim": {"exact_steps": True},
-        "hardware": {"step_time": {"base_s": 0.01, "per_prefill_token_s": 1e-5,
-                                   "per_decode_seq_s": 1e-4}},
-        "engine": {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 128,
-                   "num_gpu_blocks": 401, "max_model_len": 4800,
-                   "scheduler_reserve_full_isl": False},
-        "workload": {"seed": 2, "num_requests": 60,
-                     "arrival": {"process": "poisson", "rate": 4.0},
-                     "prompt_tokens": {"dist": "uniform", "min": 600, "max": 3000},
-                     "output_tokens": {"dist": "uniform", "min": 200, "max": 1500}}}))
+    res = preempting_run(60, replicas, exact_steps=True)
     assert res.summary["preemptions"] > 0 and not since
     rq, ts = res.requests, res.timeseries
     first_waits = ((rq["first_scheduled_s"] - rq["arrival_s"]) * 1e9).sum()
