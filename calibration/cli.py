@@ -22,6 +22,7 @@ from simulator.catalog import list_hardware
 from simulator.errors import InputError
 from simulator.files import REPORT_MARKERS, check_folder, check_writable, name_too_long
 from simulator.policy.kv_cache import GPU_MEMORY_UTILIZATION
+from simulator.scenario import serve_batch_defaults
 
 DEFAULT_CPU_KV_BYTES = 2 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE is set explicitly on CPU
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*"
@@ -601,14 +602,18 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         from calibration.engine.memory import profile_cuda_kv_budget
         model = random_model(shape.hf_config(), seed=args.seed, dtype=dtype, device=device)
         torch.cuda.reset_peak_memory_stats()
+        # vllm serve profiles memory at its batch defaults for this GPU (scenarios use them)
+        prof_tokens, prof_seqs = serve_batch_defaults("gpu", dev_info.memory_bytes,
+                                                      dev_info.name)
         if args.kv_cache_memory is not None:
             kv_budget = args.kv_cache_memory
-        else:  # vLLM's defaults for the memory profiling run
-            kv_budget = profile_cuda_kv_budget(model, 8192, max_len, 256,
+        else:
+            kv_budget = profile_cuda_kv_budget(model, prof_tokens, max_len, prof_seqs,
                                                args.gpu_memory_utilization
                                                or GPU_MEMORY_UTILIZATION)
         act = max(0, torch.cuda.max_memory_allocated() - shape.weight_bytes(dtype))
-        act_note = "activation reserve measured (peak of an 8192-token profiling forward)"
+        act_note = (f"activation reserve measured (peak of a {prof_tokens}-token profiling "
+                    f"forward, the LM head on {prof_seqs} rows: vllm serve's defaults here)")
     engine = LLMEngine(model, {**eng_cfg, "kv_cache_memory_bytes": kv_budget})
 
     # -- the grid --------------------------------------------------------------------------

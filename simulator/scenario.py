@@ -413,6 +413,22 @@ class PlanConfig(_Strict):
         return self
 
 
+def serve_batch_defaults(kind: str, memory_bytes: int, name: str = "",
+                         tensor_parallel: int = 1) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` picks on a device of
+    ``kind`` ("gpu" or "cpu") with ``memory_bytes`` of memory named ``name`` (vLLM
+    ``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER context): 16384 / 1024 on GPUs
+    with >= 160 GiB; 8192 / 1024 on GPUs with >= 70 GiB other than A100; 2048 / 256 on other
+    GPUs; 2048 / 128 per tensor-parallel rank on CPU."""
+    if kind == "cpu":
+        return 2048 * tensor_parallel, 128 * tensor_parallel
+    if memory_bytes >= 160 * 2**30:
+        return 16384, 1024
+    if memory_bytes >= 70 * 2**30 and "a100" not in name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
 class Scenario(_Strict):
     """A validated scenario. ``base_dir`` (folder of the scenario file) resolves relative
     paths; ``source`` names the file in error messages."""
@@ -541,7 +557,7 @@ class Scenario(_Strict):
         generic GPU defaults, 2048 / 256.
         """
         if self._defaults is None:
-            hw, tp = self.hardware, self.hardware.tensor_parallel
+            hw = self.hardware
             kind, mem, name = "gpu", 0, ""
             if hw.profile is not None:
                 from .catalog import list_hardware, load_hardware
@@ -554,14 +570,7 @@ class Scenario(_Strict):
                         kind, mem, name = dev.kind, dev.memory_bytes, dev.name
                     except InputError:
                         pass  # the cost model reports a bad profile with its own message
-            if kind == "cpu":
-                self._defaults = (2048 * tp, 128 * tp)
-            elif mem >= 160 * 2**30:
-                self._defaults = (16384, 1024)
-            elif mem >= 70 * 2**30 and "a100" not in name.lower():
-                self._defaults = (8192, 1024)
-            else:
-                self._defaults = (2048, 256)
+            self._defaults = serve_batch_defaults(kind, mem, name, hw.tensor_parallel)
         return self._defaults
 
     @property
@@ -1348,4 +1357,5 @@ def scenario_json_schema() -> dict:
 
 __all__ = ["ClusterConfig", "EngineConfig", "HardwareConfig", "PlanConfig", "SLO_METRICS", "SLO_STATS",
            "SLOConfig", "SLOTarget", "Scenario", "SimConfig", "StepTimeConfig",
-           "apply_overrides", "format_validation_error", "load_scenario", "scenario_from_dict", "scenario_json_schema"]
+           "apply_overrides", "format_validation_error", "load_scenario", "scenario_from_dict",
+           "scenario_json_schema", "serve_batch_defaults"]
