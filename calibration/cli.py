@@ -595,8 +595,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if device == "cpu":
         kv_budget = args.kv_cache_memory if args.kv_cache_memory is not None \
             else DEFAULT_CPU_KV_BYTES
-        act = activation_reserve_bytes(shape, dtype, 8192, 256)
-        act_note = "activation reserve estimated (cost_model.activation_reserve_bytes)"
+        act = activation_reserve_bytes(shape, dtype, *serve_batch_defaults("cpu", 0))
+        act_note = ("activation reserve estimated at vllm serve's CPU batch defaults "
+                    "(cost_model.activation_reserve_bytes)")
         model = shape.hf_config()
     else:
         from calibration.engine.memory import profile_cuda_kv_budget
