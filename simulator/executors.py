@@ -46,6 +46,9 @@ EXECUTORS = ("local", "serial", "ray")
 #: A run is stable when its achieved request throughput is at least this fraction of the
 #: offered rate; a slower run is an overloaded queue and is flagged, not averaged.
 STABLE_FRACTION = 0.98
+#: Share above the saturation probe's steady throughput within which a run that falls behind
+#: its arrivals may still be noise (a plan's default indifference zone).
+CAPACITY_TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,18 @@ def piles_up(req, rate: float, start: float | None = None, *, swell: bool = True
         if slope >= share * rate and t >= TREND_T:
             return True
     return False
+
+
+def over_capacity(out: dict, rate: float, capacity: float | None,
+                  tolerance: float = CAPACITY_TOLERANCE) -> bool:
+    """Whether a run at ``rate`` req/s (``out``: its :func:`job_output`) is unstable by the
+    saturation probe's bound: ``rate`` more than ``tolerance`` above ``capacity`` (req/s,
+    the probe's ``steady_throughput``; None: unknown) and less than
+    :data:`STABLE_FRACTION` of its arrivals served, whatever its backlog's trend
+    (:func:`backlog_grows` cannot tell a queue growing a few % a second from noise in a few
+    thousand requests: M/D/1 at 1.03 × capacity passed it, 2000 requests)."""
+    short = out.get("served_fraction") is not None and out["served_fraction"] < STABLE_FRACTION
+    return capacity is not None and rate > capacity * (1 + tolerance) and short
 
 
 def job_output(result) -> dict:

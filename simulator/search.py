@@ -34,7 +34,7 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
-from .executors import STABLE_FRACTION, Job
+from .executors import Job, over_capacity
 from .metrics import t_interval
 
 #: Arrival rate of the saturation probe, requests/s: effectively all requests at once.
@@ -150,19 +150,15 @@ def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,
     """Replicate ``scenario`` (at its own rate) until feasibility is decided.
 
     ``capacity`` (req/s, the saturation probe's steady throughput): above it by more than
-    ``tolerance``, a run that served less than :data:`STABLE_FRACTION` of its arrivals is
-    unstable whatever its backlog's trend (:func:`simulator.executors.backlog_grows` cannot
-    tell a queue growing a few % a second from noise in a few thousand requests: M/D/1 at
-    1.03 × capacity passed it, 2000 requests).
+    ``tolerance``, a run that falls behind its arrivals is unstable
+    (:func:`simulator.executors.over_capacity`).
 
     Yields lists of jobs, receives their outputs; returns a :class:`RateEval`.
     """
     rate = float(scenario.workload.arrival.rate)
-    over = capacity is not None and rate > capacity * (1 + tolerance)
 
     def stable(o: dict) -> bool:
-        short = o.get("served_fraction") is not None and o["served_fraction"] < STABLE_FRACTION
-        return o["stable"] and not (over and short)
+        return o["stable"] and not over_capacity(o, rate, capacity, tolerance)
 
     outs: list[dict] = []
     n = min_replications

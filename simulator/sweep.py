@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 
 from .errors import InputError, Refused
-from .executors import Job
+from .executors import Job, over_capacity
 from .files import load_yaml
 from .scenario import given_twice, split_override
 from .metrics import combine_replications, summary_at
@@ -189,7 +189,8 @@ class SweepResult:
         table: one row per point: the swept values, ``offered_rate`` (for open-loop
             conversations the request rate they build up to) and
             ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``
-            (every replication passed the throughput test; None where requests were
+            (every replication passed the throughput test, and the saturation probe's
+            bound where there is one, :func:`saturation_probes`; None where requests were
             rejected or conversations ended in their ramp, which it cannot judge),
             ``rejected`` (requests rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
@@ -296,9 +297,12 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     runs = [sc for sc, m in zip(scs, misfits) if m is None]
     # the binding limit of each point, from its first replication (as compare's)
     jobs = [Job(sc, k, diagnose=k == 0) for sc in runs for k in range(sc.sim.replications)]
-    outs = _run(jobs, executor, progress)
+    keys, probes = saturation_probes(runs)
+    outs = _run(jobs + list(probes.values()), executor, progress)
+    capacity = dict(zip(probes, (o.get("steady_throughput") for o in outs[len(jobs):])))
+    capacity[None] = None
     rows, per_point = [], []
-    i = 0
+    i = j = 0
     for p, sc, misfit in zip(points, scs, misfits):
         if misfit is not None:
             rows.append({**p, "stability": INVALID if isinstance(misfit, Refused)
@@ -308,13 +312,17 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         n = sc.sim.replications
         group = outs[i:i + n]
         i += n
+        cap = capacity[keys[j]]
+        j += 1
         sums = [o["summary"] for o in group]
         per_point.append(sums)
         comb = combine_replications(sums) if n > 1 else None
         row = dict(p)
         offered = [o["offered_rate"] for o in group if o["offered_rate"]]
         row["offered_rate"] = float(np.mean(offered)) if offered else None
-        stable = row["stable"] = all(o["stable"] for o in group)
+        stable = row["stable"] = all(o["stable"] for o in group) and not (
+            cap is not None
+            and any(over_capacity(o, sc.workload.arrival.rate, cap) for o in group))
         steady = all(o.get("steady", True) for o in group)
         rejected = float(np.mean([s.get("rejected") or 0 for s in sums]))
         row["rejected"] = int(rejected) if rejected.is_integer() else rejected   # a count
@@ -352,6 +360,31 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     return SweepResult(dict(axes), table, knees(table, keys), per_point,
                        setup_warnings(runs) + point_warnings(ran, runs),
                        slo_met_at(table, keys))
+
+
+def _probe_key(scenario) -> str | None:
+    """The saturation probe of ``scenario`` (all its requests at once), as JSON: the same
+    for points that differ only in their arrival rate; None without an open-loop request
+    rate (a trace, a closed loop, sessions, a client-side max_concurrency)."""
+    from .search import PROBE_RATE, with_rate
+    try:
+        return with_rate(scenario, PROBE_RATE).model_dump_json()
+    except InputError:
+        return None
+
+
+def saturation_probes(scenarios) -> tuple[list, dict]:
+    """``(keys, {key: Job})``: each scenario's :func:`_probe_key`, and one saturation probe
+    (:data:`simulator.search.PROBE_RATE`, one replication) per distinct key, whose steady
+    throughput bounds the rates a point keeps up with
+    (:func:`simulator.executors.over_capacity`), as in a plan: near capacity the backlog's
+    trend cannot tell a queue growing a few % from noise."""
+    from .search import PROBE_RATE, with_rate
+    keys, probes = [_probe_key(sc) for sc in scenarios], {}
+    for sc, key in zip(scenarios, keys):
+        if key is not None and key not in probes:
+            probes[key] = Job(with_rate(sc, PROBE_RATE), 0)
+    return keys, probes
 
 
 def point_warnings(points: list[dict], scenarios) -> list[str]:

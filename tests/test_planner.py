@@ -73,6 +73,21 @@ def test_a_throughput_plan_stops_at_the_capacity_of_an_md1_queue():
     assert 0.98 / s <= res.max_rate <= 1.02 / s
 
 
+def test_a_sweep_reads_a_rate_past_an_md1_queues_capacity_as_unstable():
+    # the same queue swept: at 1.03 / S its backlog's trend passed over 2000 requests and
+    # the point read stable (the knee past capacity); the saturation probe's bound (one
+    # probe per line of the other axes) makes it unstable, as in a plan
+    from simulator.sweep import sweep
+    s = 10 * STEP
+    rates = [0.95 / s, 1.03 / s, 1.05 / s]
+    with make_executor("serial") as ex:
+        res = sweep(scenario(out=10, n=2000), {"workload.arrival.rate": rates,
+                                               "workload.seed": [0, 1]}, ex)
+    t = res.table
+    assert list(t["stability"]) == ["stable"] * 2 + ["unstable"] * 4   # rate, then seed
+    assert [k["knee"] for k in res.knees] == [rates[0]] * 2
+
+
 def test_unservable_slo_gives_zero_rate():
     # TPOT is one step (10 ms) at any load: a 5 ms TPOT SLO is out of reach.
     sc = scenario(out=4, n=300, slo={"tpot_ms": {"p99": 5}})
