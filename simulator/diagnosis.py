@@ -38,7 +38,8 @@ limits a vLLM operator can turn, in this order:
   slots the offered load needs (Little's law, :func:`slots_needed`; at least twice as many,
   at most what the KV cache holds) would raise decode throughput by :data:`SLOTS_GAIN` or
   more (else the steps are full: ``compute``). The change tried is that many slots: twice
-  them can fall short of the load where more replicas (all resources at once) do not.
+  them can fall short of the load where more replicas (all resources at once) do not;
+  where the cache holds fewer, with the blocks to hold them at their mean context.
 * ``max_num_batched_tokens``: queueing while steps carry their whole token budget, where
   twice the budget would raise token throughput by :data:`SLOTS_GAIN` or more.
 * ``compute``: queueing (or an unstable run): every step is full of work; only faster or
@@ -207,10 +208,9 @@ def slots_gain(scenario, result) -> tuple[float, int] | None:
     """
     from .cost_model import build_cost_model
 
-    req = _served_requests(result)
-    if not len(req):
+    if not len(_served_requests(result)):
         return None
-    ctx = max(1, round(float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())))
+    ctx = _mean_context(result)
     n = scenario.max_num_seqs
     n2 = _slots_to_try(n, slots_needed(scenario, result))
     blocks = result.summary.get("num_gpu_blocks")
@@ -233,6 +233,13 @@ def _kv_holds(scenario, result) -> int | None:
         return None
     tokens = float((req["prompt_tokens"] + req["output_tokens"]).mean())
     return int(_seqs_held(blocks, math.ceil(tokens), scenario.engine.block_size))
+
+
+def _mean_context(result) -> int:
+    """Mean context of the counted, completed requests while they decode: prompt + half
+    the output, tokens (at least 1)."""
+    req = _served_requests(result)
+    return max(1, round(float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())))
 
 
 def _seqs_held(blocks: int, tokens: int, block_size: int) -> int:
@@ -727,9 +734,18 @@ def find_limits(scenario, result) -> dict:
             f"×{n2 / n / gain:.2f} as long (decode throughput ×{gain:.2f}): each step is "
             f"full of work", *more))
     elif gain is not None:
-        change = f"engine.max_num_seqs={n2}"
-        if scenario.max_num_batched_tokens < n2:
-            change += f",engine.max_num_batched_tokens={n2}"
+        # The slots the load wants; where the cache holds fewer, with the KV change (the
+        # slots it holds alone fall short of the load: 41 of 56 left a 10x miss that 64
+        # slots with a cache to hold them met)
+        want = _slots_to_try(n, need)
+        capped = n2 < want
+        slots = want if capped else n2
+        change = f"engine.max_num_seqs={slots}"
+        if scenario.max_num_batched_tokens < slots:
+            change += f",engine.max_num_batched_tokens={slots}"
+        if capped:   # blocks for that many at the mean context, and vLLM's null block
+            per_seq = cdiv(_mean_context(result), scenario.engine.block_size)
+            change += f",engine.num_gpu_blocks={slots * per_seq + 1}"
         found.append(_finding(
             "max_num_seqs", f"{all_slots} (max_num_seqs): "
             + (f"{at_cap:.0%} of the waiting happens with every slot taken, "
@@ -738,8 +754,13 @@ def find_limits(scenario, result) -> dict:
             + (f"; the offered load needs about {need:.0f} slots (Little's law, with "
                f"three standard deviations for the peaks)" if need is not None else "")
             + (f"; the KV cache holds about {n2} at their mean context"
-               if n2 < _slots_to_try(n, need) else ""),
-            "raise max_num_seqs (as long as the KV cache holds the extra requests)", change))
+               if n2 < want else ""),
+            "raise max_num_seqs" + (
+                ", with a KV cache that holds them ("
+                + ("raise engine.num_gpu_blocks" if scenario.engine.num_gpu_blocks is not None
+                   else "gpu_memory_utilization, a higher tensor_parallel or a GPU with "
+                        "more memory") + ")" if capped
+                else " (as long as the KV cache holds the extra requests)"), change))
     # Steps that carry their whole token budget while requests wait: a larger budget
     # serves more tokens per second where a step's cost is mostly fixed (weight reads).
     tokens = None

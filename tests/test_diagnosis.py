@@ -909,8 +909,8 @@ def test_the_kv_change_tried_moves_the_cache_alone():
     assert _kv_change(sc({}, {"constant_s": 0.01}, 1), None) is None   # unlimited
 
 
-def test_more_slots_than_the_kv_cache_holds_are_not_offered():
-    from simulator.diagnosis import slots_gain
+def test_more_slots_than_the_kv_cache_holds_come_with_the_cache_to_hold_them():
+    from simulator.diagnosis import slots_gain, slots_needed
 
     # 100-token prompts, 200 output tokens: 200 tokens of context on average, 13 blocks of
     # 16; 8 slots, steps of 5 ms + 1 ms per decode.
@@ -923,8 +923,13 @@ def test_more_slots_than_the_kv_cache_holds_are_not_offered():
     assert slots_gain(s, r) == pytest.approx((15 * 13 / (8 * 20), 15))   # n2·t(8)/(8·t(n2))
     d = diagnose(s, r, counterfactual=False)
     f = next(f for f in d["findings"] if f["limit"] == "max_num_seqs")
-    assert f["change"] == "engine.max_num_seqs=15"
+    # the load wants 8 · 2^k slots at or above its need, 32 here; the cache holds 15: the
+    # slots it holds alone fall short, so the change brings 32 × 13 blocks + the null block
+    assert 16 < slots_needed(s, r) <= 32
+    assert f["change"] == "engine.max_num_seqs=32,engine.num_gpu_blocks=417"
     assert "the KV cache holds about 15 at their mean context" in f["evidence"]
+    assert f["knob"] == "raise max_num_seqs, with a KV cache that holds them (raise " \
+                        "engine.num_gpu_blocks)"
     s, r = run(101)    # 100 // 13 = 7 fit: no more slots help without more KV cache
     assert slots_gain(s, r) == (1.0, 7)
     d = diagnose(s, r, counterfactual=False)
@@ -1118,6 +1123,20 @@ def test_a_free_knob_is_tried_far_enough_to_beat_more_replicas():
     assert d["binding"] == "kv_capacity"
     cf = d["counterfactual"]
     assert cf["change"] == f"engine.num_gpu_blocks={held}" and cf["slo_met_after"]
+
+
+def test_slots_and_a_cache_too_small_for_more_bind_max_num_seqs_with_the_cache():
+    # 32 slots and 2600 blocks (an override) at 10 req/s on one H100: every slot is taken
+    # and the cache holds about 41 at the mean context. 41 slots alone left the SLOs missed
+    # 10x and two replicas were named; the slots the load needs with a cache that holds
+    # them meet the SLOs on one GPU.
+    s = _h100({"max_num_seqs": 32, "num_gpu_blocks": 2600}, 10.0, (800, 1200, 4000),
+              (300, 500, 1000), {"ttft_ms": {"p99": 2000}, "tpot_ms": {"p99": 100}})
+    d = diagnose(s, simulate(s))
+    assert d["binding"] == "max_num_seqs"
+    cf = d["counterfactual"]
+    assert cf["change"].startswith("engine.max_num_seqs=64,engine.num_gpu_blocks=")
+    assert cf["slo_met_after"]
 
 
 def test_a_cache_full_of_a_few_long_requests_is_found_below_the_nearly_full_mark():
