@@ -18,7 +18,8 @@ limits a vLLM operator can turn, in this order:
   an observation); a cache too small to keep the prefixes comes with the other findings.
 * ``router``: waiting (or a waiting SLO missed) behind ``round_robin``, most of it on a
   replica while another kept nobody waiting (:func:`waiting_while_another_admits`): a
-  router that looks at load (``least_outstanding``) is a free setting.
+  router that looks at load (``least_outstanding``) is a free setting (an observation
+  with every SLO met).
 * ``max_num_batched_tokens`` / ``latency_floor``: a latency SLO that requests served alone
   would already miss (with the run's prefix-cache hits): no number of replicas meets it.
   When longer prefill chunks would meet it (each step reads the weights once), the step
@@ -646,7 +647,8 @@ def find_limits(scenario, result) -> dict:
     waiting = queued or (_missed(s, WAIT_METRICS) and q_p99 >= QUEUE_STEPS * step_ms)
     if scenario.cluster.router == "round_robin" and waiting \
             and (elsewhere or 0.0) >= IDLE_ELSEWHERE:
-        head.append(_finding(
+        # with every SLO met, a free setting is an observation, not what binds
+        (head if s.get("slo_met") is not True else found).append(_finding(
             "router", f"{elsewhere:.0%} of the waiting happens on a replica while another "
             f"keeps nobody waiting: round_robin sends requests in turn, whatever each "
             f"replica holds", "router least_outstanding (each request to the replica with "
