@@ -817,8 +817,10 @@ def find_limits(scenario, result) -> dict:
     itl = s.get("itl_ms") or {}
     if itl.get("p50") and itl.get("p99") and itl["p99"] > ITL_SPIKE * itl["p50"] \
             and (s.get("total_prompt_tokens") or 0) > 0:
-        # 512-token chunks: a common vLLM setting when ITL matters more than prefill speed.
-        chunk = max(min(scenario.max_num_batched_tokens // 2, 512), scenario.max_num_seqs)
+        # 512-token chunks: a common vLLM setting when ITL matters more than prefill speed
+        # (at least max_num_seqs where it is set; vLLM's default caps itself at the budget)
+        chunk = max(min(scenario.max_num_batched_tokens // 2, 512),
+                    scenario.engine.max_num_seqs or 1)
         whole = not scenario.engine.enable_chunked_prefill   # prompts run whole: chunk them
         change = (f"engine.max_num_batched_tokens={chunk}"
                   if chunk < scenario.max_num_batched_tokens else None)

@@ -1150,6 +1150,22 @@ def test_slots_and_a_cache_too_small_for_more_bind_max_num_seqs_with_the_cache()
     assert cf["slo_met_after"]
 
 
+def test_whole_prompts_stalling_decodes_try_512_token_chunks_whatever_the_default_slots():
+    # chunked prefill off on an H100 (vllm serve's default max_num_seqs 1024): 512-token
+    # chunks are a valid try (the default slots cap themselves at the budget); the chunk
+    # was floored at 1024, which still missed where 512 met
+    s = _h100({"enable_chunked_prefill": False}, 4.0, (3000, 6000, 8000), (300, 600, 1000),
+              {"itl_ms": {"p99": 60}, "tpot_ms": {"p99": 40}})
+    d = diagnose(s, simulate(s), counterfactual=False)
+    f = next(f for f in d["findings"] if f["limit"] == "prefill_interference")
+    assert f["change"] == "engine.enable_chunked_prefill=true,engine.max_num_batched_tokens=512"
+    s = _h100({"enable_chunked_prefill": False, "max_num_seqs": 768}, 4.0, (3000, 6000, 8000),
+              (300, 600, 1000), {"itl_ms": {"p99": 60}, "tpot_ms": {"p99": 40}})
+    f = next(f for f in diagnose(s, simulate(s), counterfactual=False)["findings"]
+             if f["limit"] == "prefill_interference")
+    assert f["change"].endswith("engine.max_num_batched_tokens=768")   # slots set: at least
+
+
 def test_a_cache_full_of_a_few_long_requests_is_found_below_the_nearly_full_mark():
     # 16 users of 2000-token prompts and 10 output tokens, 1000 blocks of 16: a request
     # holds ceil(2010 / 16) = 126 blocks, so 999 // 126 = 7 fit at once and 117 blocks
