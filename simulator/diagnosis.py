@@ -47,8 +47,9 @@ limits a vLLM operator can turn, in this order:
   more GPUs help (beside a KV, slot or budget limit too: more replicas share the load).
   Also without queueing, when a TTFT, queue or E2EL SLO is missed and the TTFT tail is
   mostly waiting (queue p99 at least half the TTFT p99): bursts of arrivals the engine
-  drains only after a while (inter-arrival CV of at least :data:`BURSTY_CV`), or
-  Poisson-like arrivals colliding by chance; or, last, when a latency SLO that requests
+  drains only after a while (inter-arrival CV of at least :data:`BURSTY_CV`, said so
+  however busy the engine: decodes keep a step running nearly all the time at any load),
+  or Poisson-like arrivals colliding by chance; or, last, when a latency SLO that requests
   alone would meet is missed and nothing else was found: sharing steps with other
   requests (each added request lengthens the batch) makes the difference. Where requests
   alone already take :data:`NEAR_FLOOR` of the SLO or more, the tail is their own length
@@ -785,9 +786,18 @@ def find_limits(scenario, result) -> dict:
             "their steps: ITL)", f"engine.max_num_batched_tokens={2 * budget}"))
     compute = None
     busy_text = f"the engine is busy {busy:.0%} of the time" if busy is not None else ""
+    cv = figures["arrival_cv"]
+    cv_text = f"inter-arrival CV {cv:.2f}, Poisson 1" if cv is not None else ""
+    # bursts are the arrivals' (a stable run's): decodes keep a step running nearly all
+    # the time at any load, so a busy engine says nothing of them
+    bursty = stable and cv is not None and cv >= BURSTY_CV
     if queued and not found and (busy is None or busy >= BUSY or not stable):
-        compute = (f"{held} although sequence slots and KV blocks are free"
-                   + (f": {busy_text}" if busy_text else ""))
+        if bursty:
+            compute = (f"requests queue in bursts ({cv_text}) although sequence slots and KV "
+                       f"blocks are free: the engine drains a burst only after a while")
+        else:
+            compute = (f"{held} although sequence slots and KV blocks are free"
+                       + (f": {busy_text}" if busy_text else ""))
     elif not found and not near and _missed(s, WAIT_METRICS) \
             and q_p99 >= QUEUE_STEPS * step_ms \
             and q_p99 >= TAIL_QUEUE * (split["ttft_ms"]["p99"] or math.inf):
@@ -796,11 +806,10 @@ def find_limits(scenario, result) -> dict:
         # Poisson arrivals collide by chance (an M/G/1 wait grows as 1 / (1 - busy)).
         tail = (f"the p99 wait for the engine is {q_p99:.0f} ms, most of the p99 TTFT "
                 f"({split['ttft_ms']['p99']:.0f} ms)")
-        cv = figures["arrival_cv"]
-        cv_text = f"inter-arrival CV {cv:.2f}, Poisson 1" if cv is not None else ""
-        if busy is not None and busy < BUSY and cv is not None and cv >= BURSTY_CV:
-            compute = (f"requests queue in bursts: {tail}, while it is busy {busy:.0%} of "
-                       f"the time on average ({cv_text})")
+        if bursty:
+            compute = (f"requests queue in bursts: {tail}"
+                       + (f", while it is busy {busy:.0%} of the time on average"
+                          if busy is not None and busy < BUSY else "") + f" ({cv_text})")
         elif busy is not None and busy < BUSY:
             compute = (f"the TTFT tail is waiting: {tail}; arrivals are no burstier than "
                        f"Poisson ({cv_text}) but at {busy:.0%} busy random arrivals "

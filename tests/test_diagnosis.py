@@ -270,6 +270,32 @@ def test_bursts_that_queue_the_ttft_tail_are_compute_at_the_peaks():
     assert 0.85 < busy["figures"]["arrival_cv"] < 1.15
 
 
+def test_bursts_on_an_engine_that_decodes_all_the_time_are_called_bursts():
+    # gamma arrivals of burstiness 0.05 (CV 4.5) at about half an H100's capacity: decodes
+    # keep a step running nearly all the time, and the evidence read "the engine is busy
+    # 100% of the time" as if it were full; Poisson arrivals at that rate meet the SLO
+    def run(arrival):
+        s = scenario_from_dict({
+            "name": "d", "model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"},
+            "engine": {"max_model_len": 16384},
+            "workload": {"seed": 0, "num_requests": 1500, "arrival": arrival,
+                         "prompt_tokens": {"dist": "lognormal", "median": 1020, "p90": 2735,
+                                           "max": 14050},
+                         "output_tokens": {"dist": "lognormal", "median": 129, "p90": 424,
+                                           "max": 1000}},
+            "slo": {"ttft_ms": {"p99": 1000}}})
+        return diagnose(s, simulate(s), counterfactual=False)
+
+    d = run({"process": "gamma", "rate": 8.0, "burstiness": 0.05})
+    f = d["figures"]
+    assert f["stable"] and f["busy_fraction"] > 0.85 and f["arrival_cv"] > 3
+    compute = next(x for x in d["findings"] if x["limit"] == "compute")
+    assert "in bursts" in compute["evidence"] and "busy 100%" not in compute["evidence"]
+    assert f"(inter-arrival CV {f['arrival_cv']:.2f}, Poisson 1)" in compute["evidence"]
+    calm = run({"process": "poisson", "rate": 8.0})
+    assert calm["binding"] == "none"
+
+
 def test_arrival_cv():
     from types import SimpleNamespace
 
