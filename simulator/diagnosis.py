@@ -1070,6 +1070,16 @@ def _worst_entry(summary: dict) -> dict | None:
     return None if w is None else {k: w[k] for k in ("metric", "stat", "value", "threshold")}
 
 
+#: Keys whose change costs no hardware: a finding that sets only these is a free setting.
+FREE_KEYS = ("engine.enable_prefix_caching", "cluster.router", "workload.max_concurrency")
+
+
+def _free(finding: dict) -> bool:
+    """Whether ``finding``'s change sets only :data:`FREE_KEYS`."""
+    change = finding.get("change")
+    return bool(change) and all(c.split("=", 1)[0] in FREE_KEYS for c in change.split(","))
+
+
 #: Most counterfactual runs per diagnosis: the binding finding's, then the next candidates'.
 MAX_COUNTERFACTUALS = 3
 #: Findings that nothing after them can get past: rejected prompts, a latency floor, a run
@@ -1085,7 +1095,9 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     :data:`FACTS`; a change already tried is not run again), until one meets every SLO:
     that one binds, else the one that moves the figure most (by more than 10%) where all
     share one figure (the worst SLO ratio; without SLOs, an unstable run's throughput),
-    else the first that moves its own. An SLO that was met and a run misses is reported
+    else the first that moves its own. A free setting (:func:`_free`: a router, prefix
+    caching, the client's concurrency) that moves the figure binds before any other knob,
+    even one that meets every SLO (listed after it). An SLO that was met and a run misses is reported
     with it (``breaks``). When none moves it, the first stays binding.
 
     Args:
@@ -1143,8 +1155,11 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
                 break
         if f["limit"] in FACTS:
             break
-    best = max((helps(cf) for _, cf in tried), default=0)
-    won = max(((f, cf) for f, cf in tried if best and helps(cf) == best),
+    # a free setting that moves the figure binds before hardware that meets the SLOs
+    # (which is listed after it): settings before any GPU
+    pool = [(f, cf) for f, cf in tried if _free(f) and helps(cf)] or tried
+    best = max((helps(cf) for _, cf in pool), default=0)
+    won = max(((f, cf) for f, cf in pool if best and helps(cf) == best),
               key=lambda x: gain(x[1]), default=None)   # the first of equals
     if won is not None:   # the knob that moves it binds (first in the list)
         d["findings"].remove(won[0])

@@ -979,6 +979,30 @@ def test_when_no_knob_meets_the_slos_the_one_that_moves_them_most_binds():
     assert d["binding"] == "compute" and other["limit"] == "max_num_seqs"
 
 
+def test_a_free_router_that_moves_the_slos_binds_before_more_replicas_that_meet_them():
+    # 1000 prefix groups of 3500 tokens behind 4 round-robin A100s at 12 req/s: the router
+    # scatters the groups (hits well below the share that repeats). prefix_affinity moves
+    # the worst SLO ratio from 7.5 to 3.2; twice the replicas meet the SLOs. The free
+    # setting binds (settings before any hardware), the replicas are listed after it.
+    s = scenario_from_dict({
+        "name": "d", "model": "qwen2.5-7b", "hardware": {"profile": "a100-80gb"},
+        "engine": {"max_num_seqs": 128, "max_num_batched_tokens": 8192,
+                   "max_model_len": 8192},
+        "cluster": {"replicas": 4, "router": "round_robin"},
+        "workload": {"seed": 0, "num_requests": 2000,
+                     "arrival": {"process": "poisson", "rate": 12.0},
+                     "prompt_tokens": {"dist": "lognormal", "median": 4000, "p90": 4500},
+                     "output_tokens": {"dist": "lognormal", "median": 100, "p90": 250},
+                     "prefix": {"shared_tokens": 3500, "groups": 1000,
+                                "popularity": "uniform"}},
+        "slo": {"ttft_ms": {"p90": 1500}, "tpot_ms": {"p90": 60}}})
+    d = diagnose(s, simulate(s))
+    cf, (other,) = d["counterfactual"], d["other_counterfactuals"]
+    assert d["binding"] == "prefix_cache" and cf["change"] == "cluster.router=prefix_affinity"
+    assert cf["moved"] and not cf["slo_met_after"]
+    assert other["change"] == "cluster.replicas=8" and other["slo_met_after"]
+
+
 def test_shareable_share_of_prefixes_and_conversations():
     from simulator.diagnosis import shareable_share
     from simulator.policy.request import RequestSpec
