@@ -480,6 +480,21 @@ def test_stop_token_and_eos():
     assert out.output_token_ids == free[:free.index(3) + 1] and out.finish_reason == "stop"
 
 
+def test_a_stop_token_that_is_also_the_last_allowed_one_finishes_as_stop():
+    # vLLM's check_stop tests the stop tokens before max_tokens / max_model_len: a request
+    # whose last allowed token is a stop token finished "stop" there, "length" here before
+    free = engine().generate([ids(3, 12)], SamplingParams(
+        temperature=0.0, max_tokens=8, ignore_eos=True))[0].output_token_ids
+    k = next(i for i, t in enumerate(free) if t not in free[:i] and i >= 1)
+    for n in (k + 1, 1):   # the stop token at the last decode, and as the first token
+        out = engine().generate([ids(3, 12)], SamplingParams(
+            temperature=0.0, max_tokens=n, ignore_eos=True, stop_token_ids=[free[n - 1]]))[0]
+        assert out.output_token_ids == free[:n] and out.finish_reason == "stop"
+    out = engine().generate([ids(3, 12)], SamplingParams(
+        temperature=0.0, max_tokens=k + 1, ignore_eos=True))[0]
+    assert out.output_token_ids == free[:k + 1] and out.finish_reason == "length"
+
+
 def test_seeded_sampling_is_reproducible():
     p = ids(4, 10)
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=123, max_tokens=12,

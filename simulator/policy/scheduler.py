@@ -549,11 +549,14 @@ class Scheduler:
             for r in steady:
                 r.output_token_ids.append(sampled[r])
         done = []   # (request, reason); freed below in admission order, as vLLM frees them
+        # A stop token ends a request as "stop" even at its last allowed token: vLLM's
+        # check_stop tests the stop tokens before the length (vllm/v1/core/sched/utils.py).
         events = self._finish_events.pop(clock.update_tick, None)
         if events:
             for r, epoch in events:
                 if r._epoch == epoch:
-                    done.append((r, "length"))
+                    stop = sampled is not None and self._is_stop(r, r.output_token_ids[-1])
+                    done.append((r, "stop" if stop else "length"))
         if sampled is not None:
             ending = {r for r, _ in done}
             for r in steady:
@@ -566,10 +569,10 @@ class Scheduler:
             tok = sampled.get(r) if sampled is not None else None
             r.append_output_token(tok)
             del self._prefilling[r]
-            if r.num_output_tokens >= r.max_tokens:
-                done.append((r, "length"))
-            elif tok is not None and self._is_stop(r, tok):
+            if tok is not None and self._is_stop(r, tok):
                 done.append((r, "stop"))
+            elif r.num_output_tokens >= r.max_tokens:
+                done.append((r, "length"))
             else:
                 self._enter_steady(r)
         if len(done) > 1:
