@@ -495,6 +495,15 @@ def test_a_stop_token_that_is_also_the_last_allowed_one_finishes_as_stop():
     assert out.output_token_ids == free[:k + 1] and out.finish_reason == "length"
 
 
+def test_max_tokens_none_generates_up_to_max_model_len():
+    # vLLM SamplingParams(max_tokens=None): max_model_len − the prompt's length
+    eng = LLMEngine(CFG, dict(num_gpu_blocks=64, max_model_len=40))
+    out = eng.generate([ids(3, 12)], SamplingParams(temperature=0.0, max_tokens=None,
+                                                     ignore_eos=True))[0]
+    assert len(out.output_token_ids) == 40 - 12 and out.finish_reason == "length"
+    assert out.record.capped == 0
+
+
 def test_seeded_sampling_is_reproducible():
     p = ids(4, 10)
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=123, max_tokens=12,

@@ -413,7 +413,11 @@ class LLMEngine:
                 raise InputError(f"sampling.stop_token_ids: {t} outside the vocab "
                                  f"[0, {self.model_config.vocab_size})")
         rid = self._new_id() if request_id is None else request_id
-        req = Request(request_id=rid, prompt_token_ids=ids, max_tokens=params.max_tokens,
+        # None: up to max_model_len, as vLLM's input processor (a prompt of max_model_len
+        # tokens or more is rejected whatever its max_tokens)
+        max_tokens = params.max_tokens if params.max_tokens is not None else max(
+            1, self.max_model_len - len(ids))
+        req = Request(request_id=rid, prompt_token_ids=ids, max_tokens=max_tokens,
                       arrival_ns=self.now_ns() if arrival_ns is None else arrival_ns,
                       stop_token_ids=tuple(params.stop_token_ids) + (
                           () if params.ignore_eos else self._extra_stops),

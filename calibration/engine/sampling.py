@@ -90,7 +90,9 @@ class SamplingParams(BaseModel):
     """How to sample one request's output (names and defaults as vLLM ``SamplingParams``).
 
     Attributes:
-        max_tokens: output tokens at most (vLLM default 16).
+        max_tokens: output tokens at most (vLLM default 16); ``None``: up to
+            ``max_model_len`` (the engine gives it ``max_model_len`` − the prompt's length,
+            as vLLM's input processor does).
         temperature: below 1e-5 (:data:`SAMPLING_EPS`) greedy, as vLLM; else logits are
             divided by it (vLLM default 1.0).
         top_p: nucleus sampling mass in (0, 1]. top_k: keep the k most likely tokens;
@@ -110,7 +112,7 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    max_tokens: Integer = Field(16, ge=1)
+    max_tokens: Integer | None = Field(16, ge=1)
     temperature: Real = Field(1.0, ge=0.0)
     top_p: Real = Field(1.0, gt=0.0, le=1.0)
     top_k: Integer = Field(0, ge=-1)
