@@ -1017,7 +1017,8 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
 def saturation_throughput(finish_ns) -> float:
     """Requests/s of a burst run between its 10th and 90th percentile finishes (the ramp-up
     and the drain left out, so the figure is the engine's steady capacity). ``finish_ns``:
-    finish times in ns, None or NaN for a request that did not finish.
+    finish times in ns, None or NaN for a request that did not finish; inf when those
+    finishes fall in one instant (a step that ends most of the burst: no rate to bound).
 
     Raises:
         ValueError: fewer than 5 finished requests.
@@ -1027,7 +1028,8 @@ def saturation_throughput(finish_ns) -> float:
     if f.size < 5:
         raise ValueError("saturation run needs at least 5 finished requests")
     i0, i1 = f.size // 10, f.size - 1 - f.size // 10
-    return (i1 - i0) / ((f[i1] - f[i0]) / 1e9)
+    span = int(f[i1] - f[i0])
+    return (i1 - i0) / (span / 1e9) if span > 0 else math.inf
 
 
 def served_rows(requests: pd.DataFrame) -> pd.DataFrame:

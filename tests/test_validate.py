@@ -160,6 +160,10 @@ def test_saturation_throughput_excludes_ramp_and_drain():
     assert V.saturation_throughput(f[::-1]) == pytest.approx(20.0)
     with pytest.raises(ValueError):
         V.saturation_throughput([1, 2, 3])
+    import warnings
+    with warnings.catch_warnings():   # most of a burst ending in one step: no rate, no 1/0
+        warnings.simplefilter("error")
+        assert V.saturation_throughput([0] + [10**9] * 18 + [2 * 10**9]) == float("inf")
 
 
 def test_signed_error_and_band_table():
