@@ -210,16 +210,31 @@ def piles_up(req, rate: float, start: float | None = None, *, swell: bool = True
     return False
 
 
-def over_capacity(out: dict, rate: float, capacity: float | None,
+def over_capacity(out: dict, capacity: float | None,
                   tolerance: float = CAPACITY_TOLERANCE) -> bool:
-    """Whether a run at ``rate`` req/s (``out``: its :func:`job_output`) is unstable by the
-    saturation probe's bound: ``rate`` more than ``tolerance`` above ``capacity`` (req/s,
-    the probe's ``steady_throughput``; None: unknown) and less than
-    :data:`STABLE_FRACTION` of its arrivals served, whatever its backlog's trend
+    """Whether a run (``out``: its :func:`job_output`) is unstable by the saturation
+    probe's bound: its requests arrived more than ``tolerance`` faster than ``capacity``
+    (req/s, the probe's ``steady_throughput``; None: unknown) — at the rate they arrived,
+    ``offered_rate``, not the nominal one, which a short run's draws can miss by several %
+    — and it served less than :data:`STABLE_FRACTION` of them, whatever its backlog's trend
     (:func:`backlog_grows` cannot tell a queue growing a few % a second from noise in a few
     thousand requests: M/D/1 at 1.03 × capacity passed it, 2000 requests)."""
+    rate = out.get("offered_rate")
     short = out.get("served_fraction") is not None and out["served_fraction"] < STABLE_FRACTION
-    return capacity is not None and rate > capacity * (1 + tolerance) and short
+    return (capacity is not None and rate is not None and rate > capacity * (1 + tolerance)
+            and short)
+
+
+def saturated_until(requests, t_s: float) -> bool:
+    """Whether every replica that served ``requests`` (a run's request table) still had a
+    request waiting at ``t_s`` (s): one first scheduled then or later. A burst's finishes
+    measure its capacity only while that holds: a burst no larger than its slots (256
+    slots, 200 requests: 0.31 × capacity), or replicas that ran dry at different times,
+    finish as their requests run out."""
+    req = served_rows(requests)
+    if not len(req):
+        return False
+    return bool((req.groupby("replica")["first_scheduled_s"].max() >= t_s).all())
 
 
 def job_output(result) -> dict:
@@ -230,7 +245,9 @@ def job_output(result) -> dict:
     are unknown (e.g. a closed loop). With them ``served_fraction``, achieved / offered over
     that window (None when unknown), and ``steady_throughput``, req/s between the 10th and
     90th percentile finishes (:func:`simulator.metrics.saturation_throughput`; None under 5
-    finishes): of a burst, the engine's capacity without its ramp-up and drain. For
+    finishes, or when a replica had nobody waiting by the 90th percentile finish,
+    :func:`saturated_until`): of a burst, the engine's capacity without its ramp-up and
+    drain. For
     open-loop conversations (``summary["sessions"]``,
     :func:`simulator.session_ramp.session_ramp`): their steady request rate, their
     stability (True while the run is too short to judge) and ``steady``, whether it was
@@ -253,12 +270,14 @@ def job_output(result) -> dict:
         # requests then go out slower than they reach the client
         sent = _arrival_rate(result.requests)
         stable = stable and sent is not None and sent >= STABLE_FRACTION * offered
-    finish = served_rows(result.requests)["finish_s"].to_numpy() if len(result.requests) \
-        else np.zeros(0)
+    finish = np.sort(served_rows(result.requests)["finish_s"].to_numpy()) \
+        if len(result.requests) else np.zeros(0)
+    steady = None
+    if len(finish) >= 5 and saturated_until(result.requests,
+                                            finish[len(finish) - 1 - len(finish) // 10]):
+        steady = saturation_throughput(finish * NS_PER_S)
     return {"summary": s, "offered_rate": offered, "stable": bool(stable),
-            "served_fraction": served,
-            "steady_throughput": saturation_throughput(finish * NS_PER_S)
-            if len(finish) >= 5 else None}
+            "served_fraction": served, "steady_throughput": steady}
 
 
 def run_job(job: Job):

@@ -158,7 +158,7 @@ def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,
     rate = float(scenario.workload.arrival.rate)
 
     def stable(o: dict) -> bool:
-        return o["stable"] and not over_capacity(o, rate, capacity, tolerance)
+        return o["stable"] and not over_capacity(o, capacity, tolerance)
 
     outs: list[dict] = []
     n = min_replications

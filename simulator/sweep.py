@@ -320,9 +320,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         row = dict(p)
         offered = [o["offered_rate"] for o in group if o["offered_rate"]]
         row["offered_rate"] = float(np.mean(offered)) if offered else None
-        stable = row["stable"] = all(o["stable"] for o in group) and not (
-            cap is not None
-            and any(over_capacity(o, sc.workload.arrival.rate, cap) for o in group))
+        stable = row["stable"] = all(o["stable"] and not over_capacity(o, cap)
+                                     for o in group)
         steady = all(o.get("steady", True) for o in group)
         rejected = float(np.mean([s.get("rejected") or 0 for s in sums]))
         row["rejected"] = int(rejected) if rejected.is_integer() else rejected   # a count

@@ -88,6 +88,47 @@ def test_a_sweep_reads_a_rate_past_an_md1_queues_capacity_as_unstable():
     assert [k["knee"] for k in res.knees] == [rates[0]] * 2
 
 
+def test_a_burst_that_never_saturates_its_slots_bounds_no_rate():
+    # 256 slots, 200 requests of ~108 output tokens at 10 ms a step: capacity ≈ 256 / 1.08 s
+    # ≈ 237 req/s, but a burst of 200 is admitted at once and finishes as its outputs end
+    # (its 10th-90th percentile finishes read 73 req/s); points at 100-200 req/s, which
+    # never queue, read unstable by that bound. No replica had anyone waiting by the
+    # 90th percentile finish: the probe bounds nothing, and the points are stable.
+    from simulator.executors import job_output
+    from simulator.search import PROBE_RATE, with_rate
+    from simulator.sweep import sweep
+    d = {"name": "t", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+         "engine": {"max_model_len": 2048, "max_num_seqs": 256},
+         "workload": {"seed": 1, "num_requests": 200,
+                      "arrival": {"process": "poisson", "rate": 100.0},
+                      "prompt_tokens": {"dist": "fixed", "value": 10},
+                      "output_tokens": {"dist": "lognormal", "median": 60, "p90": 240}}}
+    sc = scenario_from_dict(d)
+    from simulator.run import simulate
+    assert job_output(simulate(with_rate(sc, PROBE_RATE)))["steady_throughput"] is None
+    with make_executor("serial") as ex:
+        res = sweep(sc, {"workload.arrival.rate": [100.0, 150.0, 200.0]}, ex)
+    assert list(res.table["stability"]) == ["stable"] * 3
+
+
+def test_the_capacity_bound_by_hand():
+    import pandas as pd
+
+    from simulator.executors import over_capacity, saturated_until
+    # the rate the requests arrived at, not the nominal one: a short run of nominal 3.45
+    # req/s that drew 2.95 is below a capacity of 3.33 (1.02 × 3.33 = 3.40)
+    assert not over_capacity({"offered_rate": 2.95, "served_fraction": 0.9}, 3.33)
+    assert over_capacity({"offered_rate": 3.41, "served_fraction": 0.9}, 3.33)
+    assert not over_capacity({"offered_rate": 3.41, "served_fraction": 0.98}, 3.33)
+    assert not over_capacity({"offered_rate": 3.41, "served_fraction": 0.9}, None)
+    # replica 1 admits its last request at 3 s, replica 0 at 5 s: both still had someone
+    # waiting at 3 s, not at 4 s
+    req = pd.DataFrame({"replica": [0, 0, 1, 1], "first_scheduled_s": [0.0, 5.0, 0.0, 3.0],
+                        "first_token_s": [1.0, 6.0, 1.0, 4.0], "finish_s": [2.0, 7.0, 2.0, 5.0],
+                        "finish_reason": ["length"] * 4, "warmup": [False] * 4})
+    assert saturated_until(req, 3.0) and not saturated_until(req, 4.0)
+
+
 def test_unservable_slo_gives_zero_rate():
     # TPOT is one step (10 ms) at any load: a 5 ms TPOT SLO is out of reach.
     sc = scenario(out=4, n=300, slo={"tpot_ms": {"p99": 5}})
