@@ -680,6 +680,18 @@ def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
         LLMEngine(tmp_path, knobs)
     assert str(e.value) == (f"{tmp_path}: unexpected tensor {bias!r} (1 in all): the engine's "
                             f"llama layers have no such parameter")   # the RoPE cache is not
+    # a config whose attention_bias asks for biases the weights lack says so
+    import json
+    cfg_path = tmp_path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "attention_bias": True}))
+    save_file(tensors, str(weights))
+    with pytest.raises(InputError) as e:
+        LLMEngine(tmp_path, knobs)
+    assert str(e.value).startswith(f"{tmp_path}: missing tensor 'model.layers.0.self_attn.")
+    assert str(e.value).endswith("missing in all) (the config's attention_bias: true asks for "
+                                 "attention biases)")
+    cfg_path.write_text(json.dumps(cfg))
     # one NaN: greedy chose token 0 at every step
     name = "model.layers.1.mlp.down_proj.weight"
     tensors[name][0, 0] = float("nan")

@@ -96,8 +96,13 @@ def load_hf_state_dict(model: Transformer, tensors: dict[str, torch.Tensor],
     want = to_hf_state_dict(model)
     missing = [n for n in want if n not in tensors]
     if missing:
+        why = ""
+        if missing[0].endswith(".bias"):   # the config asks for biases the weights lack
+            why = (" (Qwen2's q/k/v projections have biases)"
+                   if model.config.model_type == "qwen2" else
+                   " (the config's attention_bias: true asks for attention biases)")
         raise InputError(f"{source}: missing tensor {missing[0]!r} "
-                         f"({len(missing)} missing in all)")
+                         f"({len(missing)} missing in all){why}")
     # a tensor the layers have no place for (an MLP bias, say) was dropped and the model
     # ran without it; RoPE caches some checkpoints keep are skipped, as vLLM's loaders do
     extra = [n for n in tensors if n not in want and not _ROPE_CACHE.search(n)]
