@@ -225,16 +225,28 @@ def over_capacity(out: dict, capacity: float | None,
             and short)
 
 
-def saturated_until(requests, t_s: float) -> bool:
-    """Whether every replica that served ``requests`` (a run's request table) still had a
-    request waiting at ``t_s`` (s): one first scheduled then or later. A burst's finishes
-    measure its capacity only while that holds: a burst no larger than its slots (256
-    slots, 200 requests: 0.31 × capacity), or replicas that ran dry at different times,
-    finish as their requests run out."""
+def steady_throughput(requests) -> float | None:
+    """Requests/s of a burst (a run's request table) while it kept every replica saturated:
+    :func:`simulator.metrics.saturation_throughput` up to the last moment every replica
+    still had a request waiting (the earliest of the replicas' last first-scheduled times),
+    None when under a quarter of the requests (or 5) finish before it: a burst no larger
+    than its slots (256 slots, 200 requests read 0.31 × capacity) or replicas that ran dry
+    at different times finish as their requests run out, not at the engine's capacity."""
     req = served_rows(requests)
-    if not len(req):
-        return False
-    return bool((req.groupby("replica")["first_scheduled_s"].max() >= t_s).all())
+    if len(req) < 5:
+        return None
+    last_wait = float(req.groupby("replica")["first_scheduled_s"].max().min())
+    return saturation_throughput(req["finish_s"].to_numpy() * NS_PER_S,
+                                 until_ns=last_wait * NS_PER_S)
+
+
+def unbounded_warning(what: str) -> str:
+    """The warning for ``what`` (a plan candidate, a sweep's lines) whose saturation probe
+    bounds nothing (:func:`steady_throughput` None)."""
+    return (f"{what}: the saturation probe (all requests at once) did not keep every "
+            f"replica's queue busy while a quarter of its requests finished, so no capacity "
+            f"bound applies: a rate past capacity can read stable, more so in a short run; "
+            f"raise workload.num_requests (to about 10 × the requests running at once)")
 
 
 def job_output(result) -> dict:
@@ -244,10 +256,9 @@ def job_output(result) -> dict:
     is too short), or else no growing backlog (:func:`backlog_grows`); True when the rates
     are unknown (e.g. a closed loop). With them ``served_fraction``, achieved / offered over
     that window (None when unknown), and ``steady_throughput``, req/s between the 10th and
-    90th percentile finishes (:func:`simulator.metrics.saturation_throughput`; None under 5
-    finishes, or when a replica had nobody waiting by the 90th percentile finish,
-    :func:`saturated_until`): of a burst, the engine's capacity without its ramp-up and
-    drain. For
+    90th percentile finishes while every replica had requests waiting
+    (:func:`steady_throughput`; None when too few finished then): of a burst, the engine's
+    capacity without its ramp-up and drain. For
     open-loop conversations (``summary["sessions"]``,
     :func:`simulator.session_ramp.session_ramp`): their steady request rate, their
     stability (True while the run is too short to judge) and ``steady``, whether it was
@@ -270,14 +281,10 @@ def job_output(result) -> dict:
         # requests then go out slower than they reach the client
         sent = _arrival_rate(result.requests)
         stable = stable and sent is not None and sent >= STABLE_FRACTION * offered
-    finish = np.sort(served_rows(result.requests)["finish_s"].to_numpy()) \
-        if len(result.requests) else np.zeros(0)
-    steady = None
-    if len(finish) >= 5 and saturated_until(result.requests,
-                                            finish[len(finish) - 1 - len(finish) // 10]):
-        steady = saturation_throughput(finish * NS_PER_S)
     return {"summary": s, "offered_rate": offered, "stable": bool(stable),
-            "served_fraction": served, "steady_throughput": steady}
+            "served_fraction": served,
+            "steady_throughput": steady_throughput(result.requests)
+            if len(result.requests) else None}
 
 
 def run_job(job: Job):

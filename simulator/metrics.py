@@ -1014,11 +1014,13 @@ def _evaluate_slo(spec: dict, s: dict, req: pd.DataFrame, done: np.ndarray,
             "goodput": n_good / dur_s if dur_s else None, "good_requests": n_good}
 
 
-def saturation_throughput(finish_ns) -> float:
+def saturation_throughput(finish_ns, until_ns: float | None = None) -> float | None:
     """Requests/s of a burst run between its 10th and 90th percentile finishes (the ramp-up
     and the drain left out, so the figure is the engine's steady capacity). ``finish_ns``:
     finish times in ns, None or NaN for a request that did not finish; inf when those
     finishes fall in one instant (a step that ends most of the burst: no rate to bound).
+    ``until_ns``: the window ends there if that is sooner (the engine stopped being
+    saturated), and None is returned when fewer than a quarter of the finishes fall in it.
 
     Raises:
         ValueError: fewer than 5 finished requests.
@@ -1028,6 +1030,10 @@ def saturation_throughput(finish_ns) -> float:
     if f.size < 5:
         raise ValueError("saturation run needs at least 5 finished requests")
     i0, i1 = f.size // 10, f.size - 1 - f.size // 10
+    if until_ns is not None:
+        i1 = min(i1, int(np.searchsorted(f, until_ns, side="right")) - 1)
+        if i1 - i0 < max(5, f.size // 4):
+            return None
     span = int(f[i1] - f[i0])
     return (i1 - i0) / (span / 1e9) if span > 0 else math.inf
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import InputError, Refused
 from .files import check_folder, out_folder
-from .executors import EXECUTORS
+from .executors import EXECUTORS, unbounded_warning
 from .session_ramp import RAMP_TEXT
 from .sweep import _fmt_value, knee_title, unset
 from .workload import MAX_RATE
@@ -388,7 +388,9 @@ def _cmd_plan(args) -> int:
     paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
                                                       f"{res.target_rate:g} req/s")
     _warn(list(dict.fromkeys(r.candidate.setup_warning for r in res.rows
-                             if r.candidate.setup_warning)) + _workload_warnings(scenario))
+                             if r.candidate.setup_warning)) + _workload_warnings(scenario)
+          + [unbounded_warning(f"candidate {r.candidate.label}") for r in res.rows
+             if r.search is not None and r.search.capacity and r.search.steady is None])
     n = scenario.workload.num_requests   # None for a whole trace
     _few_requests_note([] if n is None else [n - scenario.sim.warmup_requests],
                        "each rate tried", "a maximum rate")

@@ -192,6 +192,9 @@ class SearchResult:
         ci95: ``(highest confidently feasible, lowest confidently infeasible)`` rate;
             either end None when no such rate was tried.
         capacity: achieved throughput of the saturation probe (all requests at once).
+        steady: the probe's steady throughput, the bound on the rates a run keeps up with
+            (:func:`simulator.executors.steady_throughput`; None: the burst did not keep
+            every replica saturated long enough to bound anything).
         evaluations: every :class:`RateEval`, in the order tried.
         at_max: the :class:`RateEval` at ``max_rate`` (None when infeasible).
         note: why the search ended early, if it did.
@@ -204,6 +207,7 @@ class SearchResult:
     evaluations: list[RateEval]
     at_max: RateEval | None
     note: str = ""
+    steady: float | None = None
 
 
 #: Why vLLM rejects a request, and what to do (the plan's notes on rejecting candidates).
@@ -241,7 +245,7 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
         at = next((e for e in evals if e.rate == lo and e.feasible), None)
         return SearchResult(lo, (lo, hi), (max(feas) if feas else None,
                                            min(infeas) if infeas else None),
-                            cap, evals, at, note)
+                            cap, evals, at, note, probe.get("steady_throughput"))
 
     if not cap:
         why = (f": every request is rejected {REJECTED_WHY}"

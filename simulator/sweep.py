@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 
 from .errors import InputError, Refused
-from .executors import Job, over_capacity
+from .executors import Job, over_capacity, unbounded_warning
 from .files import load_yaml
 from .scenario import given_twice, split_override
 from .metrics import combine_replications, summary_at
@@ -300,6 +300,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     keys, probes = saturation_probes(runs)
     outs = _run(jobs + list(probes.values()), executor, progress)
     capacity = dict(zip(probes, (o.get("steady_throughput") for o in outs[len(jobs):])))
+    unbounded = sum(v is None for v in capacity.values())
     capacity[None] = None
     rows, per_point = [], []
     i = j = 0
@@ -357,7 +358,11 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     keys = list(axes)
     ran = [p for p, m in zip(typed, misfits) if m is None]
     return SweepResult(dict(axes), table, knees(table, keys), per_point,
-                       setup_warnings(runs) + point_warnings(ran, runs),
+                       setup_warnings(runs) + point_warnings(ran, runs) + (
+                           [unbounded_warning(
+                               "the sweep" if len(probes) == 1 else
+                               f"{unbounded} of its {len(probes)} lines (points that differ "
+                               f"only in their rate)")] if unbounded else []),
                        slo_met_at(table, keys))
 
 

@@ -109,24 +109,40 @@ def test_a_burst_that_never_saturates_its_slots_bounds_no_rate():
     with make_executor("serial") as ex:
         res = sweep(sc, {"workload.arrival.rate": [100.0, 150.0, 200.0]}, ex)
     assert list(res.table["stability"]) == ["stable"] * 3
+    said = "the sweep: the saturation probe (all requests at once) did not keep every " \
+           "replica's queue busy while a quarter of its requests finished, so no capacity " \
+           "bound applies"
+    assert any(w.startswith(said) for w in res.warnings)
 
 
 def test_the_capacity_bound_by_hand():
+    import numpy as np
     import pandas as pd
 
-    from simulator.executors import over_capacity, saturated_until
+    from simulator.executors import over_capacity, steady_throughput
     # the rate the requests arrived at, not the nominal one: a short run of nominal 3.45
     # req/s that drew 2.95 is below a capacity of 3.33 (1.02 × 3.33 = 3.40)
     assert not over_capacity({"offered_rate": 2.95, "served_fraction": 0.9}, 3.33)
     assert over_capacity({"offered_rate": 3.41, "served_fraction": 0.9}, 3.33)
     assert not over_capacity({"offered_rate": 3.41, "served_fraction": 0.98}, 3.33)
     assert not over_capacity({"offered_rate": 3.41, "served_fraction": 0.9}, None)
-    # replica 1 admits its last request at 3 s, replica 0 at 5 s: both still had someone
-    # waiting at 3 s, not at 4 s
-    req = pd.DataFrame({"replica": [0, 0, 1, 1], "first_scheduled_s": [0.0, 5.0, 0.0, 3.0],
-                        "first_token_s": [1.0, 6.0, 1.0, 4.0], "finish_s": [2.0, 7.0, 2.0, 5.0],
-                        "finish_reason": ["length"] * 4, "warmup": [False] * 4})
-    assert saturated_until(req, 3.0) and not saturated_until(req, 4.0)
+    # 2 replicas, 40 requests each finishing 1 s apart from 1 s to 40 s; replica 1 admits
+    # its last at 20.5 s, replica 0 at 30.5 s: both had someone waiting until 20.5 s, so
+    # the window runs from the 10th percentile finish (index 8 of the 80) to the last
+    # finish at or before 20.5 s
+    rows = []
+    for rep, last in ((0, 30.5), (1, 20.5)):
+        for k in range(40):
+            rows.append({"replica": rep, "first_scheduled_s": min(k * 1.0, last),
+                         "first_token_s": k + 0.5, "finish_s": k + 1.0 + rep * 0.25,
+                         "finish_reason": "length", "warmup": False})
+    req = pd.DataFrame(rows)
+    f = np.sort(req["finish_s"].to_numpy())
+    i0, i1 = 80 // 10, int(np.searchsorted(f, 20.5, side="right")) - 1
+    assert i1 - i0 >= 80 // 4
+    assert steady_throughput(req) == pytest.approx((i1 - i0) / (f[i1] - f[i0]))
+    req.loc[req["replica"] == 1, "first_scheduled_s"] = 0.0   # replica 1 never waited
+    assert steady_throughput(req) is None
 
 
 def test_unservable_slo_gives_zero_rate():

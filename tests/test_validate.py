@@ -158,6 +158,10 @@ def test_saturation_throughput_excludes_ramp_and_drain():
     # 79 requests in 3.95 s = 20 req/s, the steady rate; the ramp is left out.
     f = [int(i * 1e8) for i in range(10)] + [int(1e9 + i * 5e7) for i in range(90)]
     assert V.saturation_throughput(f[::-1]) == pytest.approx(20.0)
+    # saturated until 3.0 s: index 10 (1.0 s) to index 50 (3.0 s), 40 in 2 s; until 1.5 s
+    # only 10 of the 100 finish in the window, under a quarter: no figure
+    assert V.saturation_throughput(f, until_ns=3e9) == pytest.approx(20.0)
+    assert V.saturation_throughput(f, until_ns=1.5e9) is None
     with pytest.raises(ValueError):
         V.saturation_throughput([1, 2, 3])
     import warnings
