@@ -1021,6 +1021,11 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "rope_scaling", "factor: a finite number > 0, got 0"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: {type: yarn, factor: -1}",
      "rope_scaling", "factor: a finite number > 0, got -1"),
+    # a RoPE scaling vLLM does not run was read as a linear factor (a 4x longer context)
+    ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: {rope_type: banana, factor: 4}",
+     "rope_scaling", "rope_type: 'banana' is not a RoPE scaling vLLM runs "
+     "(allowed: default, linear, ntk, dynamic, yarn, deepseek_yarn, deepseek_llama_scaling, "
+     "longrope, su, llama3, proportional)"),
     # rotary embeddings over an odd head_dim run nowhere (the engine hit torch's error)
     ("vocab_size: 100", "vocab_size: 100\n  head_dim: 7", "head_dim",
      "7 not supported (rotary embeddings turn pairs of dimensions: an even head_dim)"),
@@ -1258,6 +1263,28 @@ def test_a_rope_scaling_the_engine_does_not_run_is_still_priced(tmp_path):
                                     "original_max_position_embeddings: 128}"))
     assert load_scenario(p).model_shape.rope_scaling == {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+
+
+@pytest.mark.parametrize("extra, key, detail", [
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config",
+     "('fp8') not supported: quantized weights are not modelled (weights and KV cache in "
+     "bfloat16, float16 or float32)"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config",
+     "('awq') not supported"),
+    ({"torch_dtype": "float8_e4m3fn"}, "torch_dtype",
+     "'float8_e4m3fn' not supported: quantized weights are not modelled"),
+])
+def test_a_quantized_config_json_is_refused(tmp_path, extra, key, detail):
+    # priced at the scenario's 16-bit dtype, its weights read 2-4x too large, its KV cache
+    # and steps with them; refused as the README says
+    import json
+    model = {**yaml.safe_load(MODEL_FILE)["model"], **extra}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(model))
+    d = {**yaml.safe_load(MODEL_FILE), "model": str(tmp_path / "m")}
+    with pytest.raises(InputError) as e:
+        scenario_from_dict(d)
+    assert f"config.json: {key} {detail}" in str(e.value)
 
 
 @pytest.mark.parametrize("scaling, longest", [

@@ -69,6 +69,23 @@ def flag_problem(cfg: dict) -> tuple[str, str] | None:
     return None
 
 
+def quantization_problem(cfg: dict) -> tuple[str, str] | None:
+    """``(key, detail)`` when an HF config describes quantized weights (a
+    ``quantization_config``, or a ``torch_dtype`` of 8 bits or fewer), which the cost model
+    would price at the scenario's 16- or 32-bit dtype; None otherwise."""
+    q = cfg.get("quantization_config")
+    if q is not None:
+        method = q.get("quant_method") if isinstance(q, dict) else None
+        return "quantization_config", (
+            f"{'(' + repr(method) + ') ' if method else ''}not supported: quantized weights "
+            f"are not modelled (weights and KV cache in bfloat16, float16 or float32)")
+    td = cfg.get("torch_dtype")
+    if isinstance(td, str) and td.startswith(("float8", "int", "uint", "fp8", "float4")):
+        return "torch_dtype", (f"{td!r} not supported: quantized weights are not modelled "
+                               f"(bfloat16, float16 or float32)")
+    return None
+
+
 def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
     """The first figure of an HF ``rope_scaling`` mapping that no RoPE scaling takes, as
     ``(key, detail)``, ``key`` under ``rope_scaling``; None when there is none. Any
@@ -78,7 +95,11 @@ def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
     the engine's own rule (the cost model prices every one alike)."""
     if scaling is None:
         return None
-    llama3 = scaling.get("rope_type", scaling.get("type")) == "llama3"
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is not None and kind not in ROPE_TYPES:   # vLLM's get_rope refuses it too
+        return ("rope_type" if "rope_type" in scaling else "type",
+                f"{kind!r} is not a RoPE scaling vLLM runs (allowed: {', '.join(ROPE_TYPES)})")
+    llama3 = kind == "llama3"
     for key in LLAMA3_ROPE_KEYS if llama3 else ("factor", "original_max_position_embeddings"):
         if key not in scaling:
             if llama3:
@@ -93,6 +114,11 @@ def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
             f"{scaling['low_freq_factor']!r} (the band between them is interpolated)")
     return None
 
+
+#: RoPE scalings of a decoder-only text model that vLLM runs
+#: (vllm/model_executor/layers/rotary_embedding/__init__.py get_rope; "su" is longrope).
+ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "deepseek_yarn",
+              "deepseek_llama_scaling", "longrope", "su", "llama3", "proportional")
 
 #: RoPE scalings whose ``max_position_embeddings`` is already the scaled length: vLLM
 #: does not multiply it by their ``factor`` (vllm/config/model.py).
@@ -570,6 +596,9 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
     flag = flag_problem(cfg)
     if flag is not None:
         raise fail(flag[0], f"{flag[0]} must be {flag[1]}", f"must be {flag[1]}")
+    quantized = quantization_problem(cfg)
+    if quantized is not None:
+        raise fail(quantized[0], f"{quantized[0]} {quantized[1]}", quantized[1])
     try:   # layers the cost model does not price (a sliding window sizes the KV otherwise)
         unsupported = unsupported_layers(cfg, _TYPE_BY_ARCH[arch])
     except ValueError as e:
@@ -632,4 +661,4 @@ __all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes",
            "inline_model_json_schema", "list_hardware", "list_models", "load_hardware",
            "load_model", "rope_from_hf", "shape_from_dict", "unsupported_layers",
            "BOOL_FLAGS", "LLAMA3_ROPE_KEYS", "flag_problem", "kv_bytes_per_token",
-           "rope_scaling_problem"]
+           "rope_scaling_problem", "quantization_problem", "ROPE_TYPES"]
