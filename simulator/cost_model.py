@@ -1228,8 +1228,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                          f"over blocks of another size may cost otherwise; vLLM's CPU backend "
                          f"uses 128 unless set)")
     util, at = eng.gpu_memory_utilization, prof.kv.gpu_memory_utilization
-    default_util = type(eng).model_fields["gpu_memory_utilization"].default
-    if kv_blocks is not None and eng.num_gpu_blocks is None and util != (at or default_util):
+    if kv_blocks is not None and eng.num_gpu_blocks is None \
+            and util != (at or GPU_MEMORY_UTILIZATION):
         # the measured KV cache is the profile's: said, since a sweep over it reads flat
         setup_warning = "; ".join(filter(None, (setup_warning, (
             f"engine.gpu_memory_utilization {util:g} does not resize the KV cache measured "

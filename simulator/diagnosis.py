@@ -210,9 +210,10 @@ def slots_gain(scenario, result) -> tuple[float, int] | None:
     """
     from .cost_model import build_cost_model
 
-    if not len(_served_requests(result)):
+    req = _served_requests(result)
+    if not len(req):
         return None
-    ctx = _mean_context(result)
+    ctx = _mean_context(req)
     n = scenario.max_num_seqs
     n2 = _slots_to_try(n, slots_needed(scenario, result))
     blocks = result.summary.get("num_gpu_blocks")
@@ -237,10 +238,10 @@ def _kv_holds(scenario, result) -> int | None:
     return int(_seqs_held(blocks, math.ceil(tokens), scenario.engine.block_size))
 
 
-def _mean_context(result) -> int:
-    """Mean context of the counted, completed requests while they decode: prompt + half
-    the output, tokens (at least 1)."""
-    req = _served_requests(result)
+def _mean_context(req) -> int:
+    """Mean context of requests ``req`` (the counted, completed ones,
+    :func:`_served_requests`) while they decode: prompt + half the output, tokens (at
+    least 1)."""
     return max(1, round(float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())))
 
 
@@ -747,7 +748,8 @@ def find_limits(scenario, result) -> dict:
         if scenario.max_num_batched_tokens < slots:
             change += f",engine.max_num_batched_tokens={slots}"
         if capped:   # blocks for that many at the mean context, and vLLM's null block
-            per_seq = cdiv(_mean_context(result), scenario.engine.block_size)
+            per_seq = cdiv(_mean_context(_served_requests(result)),
+                           scenario.engine.block_size)
             change += f",engine.num_gpu_blocks={slots * per_seq + 1}"
         found.append(_finding(
             "max_num_seqs", f"{all_slots} (max_num_seqs): "

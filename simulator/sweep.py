@@ -301,9 +301,9 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     outs = _run(jobs + list(probes.values()), executor, progress)
     capacity = dict(zip(probes, (o.get("steady_throughput") for o in outs[len(jobs):])))
     unbounded = sum(v is None for v in capacity.values())
-    capacity[None] = None
+    key_of = iter(keys)   # each run's probe key, in run order
     rows, per_point = [], []
-    i = j = 0
+    i = 0
     for p, sc, misfit in zip(points, scs, misfits):
         if misfit is not None:
             rows.append({**p, "stability": INVALID if isinstance(misfit, Refused)
@@ -313,8 +313,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         n = sc.sim.replications
         group = outs[i:i + n]
         i += n
-        cap = capacity[keys[j]]
-        j += 1
+        cap = capacity.get(next(key_of))
         sums = [o["summary"] for o in group]
         per_point.append(sums)
         comb = combine_replications(sums) if n > 1 else None
@@ -366,28 +365,25 @@ def sweep(scenario, axes: dict[str, list], executor, *,
                        slo_met_at(table, keys))
 
 
-def _probe_key(scenario) -> str | None:
-    """The saturation probe of ``scenario`` (all its requests at once), as JSON: the same
-    for points that differ only in their arrival rate; None without an open-loop request
-    rate (a trace, a closed loop, sessions, a client-side max_concurrency)."""
-    from .search import PROBE_RATE, with_rate
-    try:
-        return with_rate(scenario, PROBE_RATE).model_dump_json()
-    except InputError:
-        return None
-
-
 def saturation_probes(scenarios) -> tuple[list, dict]:
-    """``(keys, {key: Job})``: each scenario's :func:`_probe_key`, and one saturation probe
-    (:data:`simulator.search.PROBE_RATE`, one replication) per distinct key, whose steady
-    throughput bounds the rates a point keeps up with
+    """``(keys, {key: Job})``: each scenario's saturation probe as JSON (all its requests
+    at once, :data:`simulator.search.PROBE_RATE`; the same for points that differ only in
+    their rate; None without an open-loop request rate: a trace, a closed loop, sessions,
+    a client-side max_concurrency), and one probe job (one replication) per distinct key.
+    Its steady throughput bounds the rates a point keeps up with
     (:func:`simulator.executors.over_capacity`), as in a plan: near capacity the backlog's
     trend cannot tell a queue growing a few % from noise."""
     from .search import PROBE_RATE, with_rate
-    keys, probes = [_probe_key(sc) for sc in scenarios], {}
-    for sc, key in zip(scenarios, keys):
-        if key is not None and key not in probes:
-            probes[key] = Job(with_rate(sc, PROBE_RATE), 0)
+    keys, probes = [], {}
+    for sc in scenarios:
+        try:
+            probe = with_rate(sc, PROBE_RATE)
+        except InputError:
+            keys.append(None)
+            continue
+        key = probe.model_dump_json()
+        keys.append(key)
+        probes.setdefault(key, Job(probe, 0))
     return keys, probes
 
 

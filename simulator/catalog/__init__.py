@@ -86,6 +86,11 @@ def quantization_problem(cfg: dict) -> tuple[str, str] | None:
     return None
 
 
+def rope_type(scaling: dict | None) -> str | None:
+    """An HF ``rope_scaling`` mapping's type: ``rope_type``, or the older ``type``."""
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+
+
 def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
     """The first figure of an HF ``rope_scaling`` mapping that no RoPE scaling takes, as
     ``(key, detail)``, ``key`` under ``rope_scaling``; None when there is none. Any
@@ -95,7 +100,7 @@ def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
     the engine's own rule (the cost model prices every one alike)."""
     if scaling is None:
         return None
-    kind = scaling.get("rope_type", scaling.get("type"))
+    kind = rope_type(scaling)
     if kind is not None and kind not in ROPE_TYPES:   # vLLM's get_rope refuses it too
         return ("rope_type" if "rope_type" in scaling else "type",
                 f"{kind!r} is not a RoPE scaling vLLM runs (allowed: {', '.join(ROPE_TYPES)})")
@@ -256,10 +261,9 @@ class ModelShape:
         context (vLLM ``_get_and_verify_max_len``, vllm/config/model.py): its ``factor``,
         except for rope types whose ``max_position_embeddings`` is already the scaled length
         (:data:`PRESCALED_ROPE_TYPES`); 1 without one."""
-        rs = self.rope_scaling or {}
-        if rs.get("rope_type", rs.get("type")) in PRESCALED_ROPE_TYPES:
+        if rope_type(self.rope_scaling) in PRESCALED_ROPE_TYPES:
             return 1.0
-        return float(rs.get("factor", 1.0))
+        return float((self.rope_scaling or {}).get("factor", 1.0))
 
     @property
     def derived_max_model_len(self) -> int:
@@ -661,4 +665,4 @@ __all__ = ["DTYPE_BYTES", "HardwareSpec", "ModelShape", "dtype_bytes",
            "inline_model_json_schema", "list_hardware", "list_models", "load_hardware",
            "load_model", "rope_from_hf", "shape_from_dict", "unsupported_layers",
            "BOOL_FLAGS", "LLAMA3_ROPE_KEYS", "flag_problem", "kv_bytes_per_token",
-           "rope_scaling_problem", "quantization_problem", "ROPE_TYPES"]
+           "rope_scaling_problem", "rope_type", "quantization_problem", "ROPE_TYPES"]
