@@ -1026,6 +1026,9 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "rope_scaling", "rope_type: 'banana' is not a RoPE scaling vLLM runs "
      "(allowed: default, linear, ntk, dynamic, yarn, deepseek_yarn, deepseek_llama_scaling, "
      "longrope, su, llama3, proportional)"),
+    # a linear scaling without its factor ran as unscaled (HF and vLLM refuse it)
+    ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: {rope_type: linear}",
+     "rope_scaling", "factor: required for linear"),
     # rotary embeddings over an odd head_dim run nowhere (the engine hit torch's error)
     ("vocab_size: 100", "vocab_size: 100\n  head_dim: 7", "head_dim",
      "7 not supported (rotary embeddings turn pairs of dimensions: an even head_dim)"),

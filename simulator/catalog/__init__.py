@@ -109,6 +109,8 @@ def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
         if key not in scaling:
             if llama3:
                 return key, "required for llama3"
+            if key == "factor" and kind in FACTOR_ROPE_TYPES:   # HF and vLLM need it
+                return key, f"required for {kind}"
             continue
         v = scaling[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
@@ -124,6 +126,9 @@ def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
 #: (vllm/model_executor/layers/rotary_embedding/__init__.py get_rope; "su" is longrope).
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "deepseek_yarn",
               "deepseek_llama_scaling", "longrope", "su", "llama3", "proportional")
+
+#: RoPE scalings that scale by their ``factor`` (HF's and vLLM's refuse them without one).
+FACTOR_ROPE_TYPES = ("linear", "dynamic", "ntk", "yarn", "deepseek_yarn")
 
 #: RoPE scalings whose ``max_position_embeddings`` is already the scaled length: vLLM
 #: does not multiply it by their ``factor`` (vllm/config/model.py).
