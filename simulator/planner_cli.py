@@ -12,7 +12,7 @@ from .errors import InputError, Refused
 from .files import check_folder, out_folder
 from .executors import EXECUTORS, unbounded_warning
 from .session_ramp import RAMP_TEXT
-from .sweep import _fmt_value, knee_title, unset
+from .sweep import _fmt_value, answer_title, knee_title, unset
 from .workload import MAX_RATE
 
 #: Most local worker processes: each holds a simulator (hundreds of MB); past this a
@@ -292,13 +292,19 @@ def _cmd_sweep(args) -> int:
         print(f"{knee_title(first)}: {_knee_text(res.table, k, first)}"
               + (f" (with {others})" if others else ""))
     for m in res.met_at:   # the answer for a capacity axis
-        others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in m.items() if a != "met_at")
+        others = ", ".join(f"{a}={_fmt_value(v)}" for a, v in m.items()
+                           if a not in ("met_at", "answer"))
         print(f"every SLO met (stable) at {first}: "
-              + (", ".join("null (unset)" if unset(v) else _fmt_value(v) for v in m["met_at"])
-                 or "none")
-              + (f" (with {others})" if others else ""))
+              + (", ".join(_met_value(v) for v in m["met_at"]) or "none")
+              + (f" (with {others})" if others else "")
+              + (f"; {answer_title(first)}: {_met_value(m['answer'])}"
+                 if len(m["met_at"]) > 1 and m["answer"] is not None else ""))
     print(f"report: {paths['report.html']}")
     return 0
+
+
+def _met_value(v) -> str:
+    return "null (unset)" if unset(v) else _fmt_value(v)
 
 
 def _few_requests_note(counted: list[int], each: str, needs: str) -> None:

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from .report import (DEFINITIONS, _fmt, _png, cost_sources, render_html, render_markdown,
                      write_files)
 from .session_ramp import RAMP_TEXT
-from .sweep import _fmt_value, knee_title, unset
+from .sweep import _fmt_value, answer_title, knee_title, unset
 
 #: How the reports state :func:`simulator.executors.job_output`'s stability test.
 UNSTABLE_RULE = (
@@ -177,8 +177,10 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
     met = result.met_at
     if met:
         b.append(("h2", f"Every SLO met (and stable) at {first}"))
-        b.append(("table", None, list(met[0]),
+        b.append(("table", None,
+                  [f"answer ({answer_title(first)})" if k == "answer" else k for k in met[0]],
                   [[", ".join(cell(first, x) for x in v) or "none" if k == "met_at"
+                    else ("" if v is None else cell(first, v)) if k == "answer"
                     else cell(k, v) for k, v in m.items()] for m in met]))
     b.append(("img", "curves.png", "Latency vs achieved throughput"))
     b.append(("h2", "Definitions"))

@@ -185,7 +185,8 @@ class SweepResult:
     """Result of :func:`sweep`.
 
     Attributes:
-        axes: ``{key: [values]}`` swept (first axis = the x of each curve).
+        axes: ``{key: [values]}`` swept (first axis = the x of each curve), each value
+            as YAML reads it (the number 4 for ``--set key=4``).
         table: one row per point: the swept values, ``offered_rate`` (for open-loop
             conversations the request rate they build up to) and
             ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``
@@ -356,7 +357,9 @@ def sweep(scenario, axes: dict[str, list], executor, *,
                                   dtype=object)   # a count beside a point not run: 7, not 7.0
     keys = list(axes)
     ran = [p for p, m in zip(typed, misfits) if m is None]
-    return SweepResult(dict(axes), table, knees(table, keys), per_point,
+    # the values as the points hold them (4, not the "4" typed on the command line)
+    return SweepResult({k: [_parse(v) for v in vs] for k, vs in axes.items()}, table,
+                       knees(table, keys), per_point,
                        setup_warnings(runs) + point_warnings(ran, runs) + (
                            [unbounded_warning(
                                "the sweep" if len(probes) == 1 else
@@ -462,6 +465,13 @@ def knee_title(key: str) -> str:
     return f"{'highest' if key == RATE else 'lowest'} stable {key}"
 
 
+def answer_title(key: str) -> str:
+    """Which of the values meeting every SLO answers a sweep over ``key``
+    (:func:`slo_met_at`): ``the highest``, ``the most`` users, or ``the fewest``."""
+    return ("the highest" if key == RATE else "the most" if key in SATURATING
+            else "the fewest")
+
+
 def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     """Per line (other axes' values), the knee of the first axis (see :data:`RATE`): for
     the arrival rate the highest value whose ``stability`` is ``stable`` (``stable`` alone
@@ -474,10 +484,7 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     if not keys or table.empty:
         return []
     x, others = keys[0], keys[1:]
-    if any(x == k or (k.endswith(".") and x.startswith(k)) for k in NO_KNEE):
-        return []
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-               for v in table[x].dropna().tolist()):
+    if not _ordered(table, x):
         return []
     out = []
     for line, df in _lines(table, others):
@@ -493,6 +500,15 @@ def knees(table: pd.DataFrame, keys: list[str]) -> list[dict]:
                 stable[x].loc[rank.idxmax() if x == RATE else rank.idxmin()])
         out.append({**line, "knee": "null" if len(stable) and unset(knee) else _plain(knee)})
     return out
+
+
+def _ordered(table: pd.DataFrame, x: str) -> bool:
+    """Whether the axis ``x`` has an answer: numeric values (not a router, a GPU: "highest"
+    means nothing there) of a key outside :data:`NO_KNEE`."""
+    if any(x == k or (k.endswith(".") and x.startswith(k)) for k in NO_KNEE):
+        return False
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool)
+               for v in table[x].dropna().tolist())
 
 
 def _lines(table: pd.DataFrame, others: list[str]):
@@ -515,20 +531,30 @@ def _plain(v):
 
 def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
     """Per line (other axes' values), the values of the first axis whose point is stable
-    and meets every SLO, in the table's order: ``[{...other axis values, "met_at":
-    [values]}]``; empty for a table without SLOs. For an axis that adds capacity (replicas,
-    max_num_seqs, a GPU) the first of them is the answer: the fewest that do."""
+    and meets every SLO, in the table's order, and the one that answers the sweep:
+    ``[{...other axis values, "met_at": [values], "answer": value}]``; empty for a table
+    without SLOs. The answer is the highest rate, the most users of a closed loop or client
+    limit (:data:`SATURATING`), and for any other numeric key (replicas, max_num_seqs,
+    blocks: capacity) the fewest (null, unset, ranking above every number); None where no
+    value meets them, and for a key with no order (a router, a GPU) or one of
+    :data:`NO_KNEE` (seeds, SLO thresholds)."""
     if not keys or table.empty or "slo_met" not in table or table["slo_met"].isna().all():
         return []
     x, others = keys[0], keys[1:]
+    ordered = _ordered(table, x)
     out = []
     for line, df in _lines(table, others):
         ok = (df["stability"] == "stable") & (df["slo_met"] == True)  # noqa: E712 (None)
-        out.append({**line, "met_at": [_plain(v) for v in df.loc[ok, x]]})
+        met = [_plain(v) for v in df.loc[ok, x]]
+        answer = None
+        if met and ordered:
+            most = x == RATE or x in SATURATING
+            answer = (max if most else min)(met, key=lambda v: math.inf if unset(v) else v)
+        out.append({**line, "met_at": met, "answer": answer})
     return out
 
 
 __all__ = ["CONCURRENCY", "DOES_NOT_FIT", "INVALID", "NOT_RUN", "RAMP_ONLY", "RATE",
-           "SATURATION_SHARE", "SATURATING", "STABILITY", "SweepResult", "derive", "grid",
-           "knee_title", "knees", "point_warnings", "setup_warnings", "slo_met_at", "split_sets",
-           "stability_label", "sweep", "unset"]
+           "SATURATION_SHARE", "SATURATING", "STABILITY", "SweepResult", "answer_title",
+           "derive", "grid", "knee_title", "knees", "point_warnings", "setup_warnings",
+           "slo_met_at", "split_sets", "stability_label", "sweep", "unset"]

@@ -242,9 +242,33 @@ def test_slo_met_at_lists_the_stable_points_that_meet_every_slo_per_line():
                       "slo_met": [False, False, True, False, True, False]})
     # l4 × 2 meets the SLOs on an unstable run: not counted
     assert slo_met_at(t, ["cluster.replicas", "hardware.profile"]) == [
-        {"hardware.profile": "h100-sxm", "met_at": [3]},
-        {"hardware.profile": "l4", "met_at": []}]
+        {"hardware.profile": "h100-sxm", "met_at": [3], "answer": 3},
+        {"hardware.profile": "l4", "met_at": [], "answer": None}]
     assert slo_met_at(t.assign(slo_met=None), ["cluster.replicas"]) == []   # no SLO
+
+
+def test_the_answer_among_the_values_meeting_every_slo_is_the_fewest_replicas_the_highest_rate():
+    import pandas as pd
+
+    from simulator.sweep import slo_met_at
+
+    # swept in descending order: the answer is the value, not the first listed
+    met = {"stability": ["stable"] * 4, "slo_met": [True, True, True, False]}
+    assert slo_met_at(pd.DataFrame({"cluster.replicas": [4, 3, 2, 1], **met}),
+                      ["cluster.replicas"])[0]["answer"] == 2
+    # the most work that still meets them: the highest rate, the most closed-loop users
+    assert slo_met_at(pd.DataFrame({"workload.arrival.rate": [8, 4, 2, 16], **met}),
+                      ["workload.arrival.rate"])[0]["answer"] == 8
+    assert slo_met_at(pd.DataFrame({"workload.arrival.concurrency": [1, 8, 4, 16], **met}),
+                      ["workload.arrival.concurrency"])[0]["answer"] == 8
+    # null (unset: vLLM sizes the cache) ranks above every number
+    assert slo_met_at(pd.DataFrame({"engine.num_gpu_blocks": [None, 4000, 8000, 100],
+                                    **met}), ["engine.num_gpu_blocks"])[0]["answer"] == 4000
+    # no order: a router, a seed
+    assert slo_met_at(pd.DataFrame({"cluster.router": ["a", "b", "c", "d"], **met}),
+                      ["cluster.router"])[0]["answer"] is None
+    assert slo_met_at(pd.DataFrame({"workload.seed": [1, 2, 3, 4], **met}),
+                      ["workload.seed"])[0]["answer"] is None
 
 
 def test_a_knee_is_only_for_a_numeric_first_axis_and_reads_back_as_set(tmp_path, capsys):
@@ -568,8 +592,14 @@ def test_a_null_swept_value_reads_null_unset_in_the_knee_and_met_lines(tmp_path,
                  str(tmp_path / "sw"), "--executor", "serial", "--quiet"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "lowest stable engine.max_num_batched_tokens: 64" in lines
-    assert ("every SLO met (stable) at engine.max_num_batched_tokens: null (unset), 64"
-            in lines)
+    assert ("every SLO met (stable) at engine.max_num_batched_tokens: null (unset), 64; "
+            "the fewest: 64" in lines)
+    # sweep.json: the axis values as the points hold them (the number 64, not "64")
+    import json
+    doc = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert doc["axes"] == {"engine.max_num_batched_tokens": [None, 64]}
+    assert [p["engine.max_num_batched_tokens"] for p in doc["points"]] == [None, 64]
+    assert doc["slo_met_at"] == [{"met_at": [None, 64], "answer": 64}]
 
 
 def test_a_plan_whose_every_prompt_is_rejected_says_why_nothing_completed(tmp_path, capsys):
