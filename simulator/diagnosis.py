@@ -23,8 +23,9 @@ limits a vLLM operator can turn, in this order:
 * ``max_num_batched_tokens`` / ``latency_floor``: a latency SLO that requests served alone
   would already miss (with the run's prefix-cache hits): no number of replicas meets it.
   When longer prefill chunks would meet it (each step reads the weights once), the step
-  budget binds; else only faster steps (a faster GPU, a higher tensor_parallel). Also a
-  miss although no two requests were ever in the system at once (step-cost noise,
+  budget binds; else only faster steps (a faster GPU, a higher tensor_parallel: the
+  smallest whose requests alone meet it, doubled while its run under the load misses).
+  Also a miss although no two requests were ever in the system at once (step-cost noise,
   ``cost_noise: empirical``).
 * ``kv_capacity``: queueing while ``engine.watermark`` holds admission back (the cache's
   peak within :data:`WATERMARK_NEAR` of the share the watermark leaves), preemptions
@@ -1084,6 +1085,67 @@ def _free(finding: dict) -> bool:
 
 #: Most counterfactual runs per diagnosis: the binding finding's, then the next candidates'.
 MAX_COUNTERFACTUALS = 3
+#: Most extra runs, each at twice the tensor_parallel of one that still missed an SLO
+#: (:func:`_raise_tensor_parallel`; the floor of requests alone leaves out what the load adds).
+MAX_TP_STEPS = 2
+
+
+def _helps(cf: dict) -> int:
+    """2 when counterfactual ``cf`` meets every SLO, 1 when it moves its figure, else 0."""
+    return 2 if cf["slo_met_after"] else 1 if cf["moved"] else 0
+
+
+def _gain(cf: dict) -> float:
+    """How far counterfactual ``cf`` moves its figure: before / after where lower is
+    better, else after / before (0 without both)."""
+    b, a = cf["before"], cf["after"]
+    return (b / a if cf["lower_better"] else a / b) if a and b else 0.0
+
+
+def _raise_tensor_parallel(scenario, result, finding: dict, cf: dict,
+                           unstable: bool) -> tuple[dict, list[dict]]:
+    """Where ``finding``'s change is a higher tensor_parallel k (:func:`_faster`; with a
+    floor, the smallest whose requests alone meet the SLOs) and its run ``cf`` still misses
+    one (the load adds to that floor: TPOT p99 6.2 ms at tensor_parallel 2, whose requests
+    alone took 4.7, against 6), runs at 2k, 4k, ... (at most :data:`MAX_TP_STEPS` more,
+    within :data:`MAX_TP` and what the model splits into, :func:`_valid_change`) until one
+    meets every SLO. ``finding`` then tries the first that does, else the one that moves
+    the figure most (its change and flags updated), and its knob says which missed under
+    the load. Returns the counterfactual of the change kept and those of the others run."""
+    key, _, value = (finding["change"] or "").partition("=")
+    if cf["slo_met_after"] or key != "hardware.tensor_parallel":
+        return cf, []
+    runs, k = [(int(value), cf)], int(value)
+    while len(runs) <= MAX_TP_STEPS and not runs[-1][1]["slo_met_after"]:
+        k *= 2
+        if k > MAX_TP or _valid_change(scenario, f"hardware.tensor_parallel={k}") is None:
+            break
+        runs.append((k, _counterfactual(scenario, result, {
+            **finding, "change": f"hardware.tensor_parallel={k}"}, unstable)))
+    kept = next((x for x in runs if x[1]["slo_met_after"]), None) \
+        or max(runs, key=lambda x: _gain(x[1]))   # the first of equals
+    met = kept[1]["slo_met_after"]
+    short = [k for k, c in runs if not c["slo_met_after"]]
+    k_shown, shown = runs[runs.index(kept) - 1] if met else kept   # the miss nearest it
+    finding["knob"] += (f"; under this load tensor_parallel {' and '.join(map(str, short))} "
+                        f"still miss{'es' if len(short) == 1 else ''} the SLOs ("
+                        + (f"at {k_shown}: " if len(short) > 1 else "") + _short_of(shown)
+                        + (f"): {kept[0]} meets them" if met else "): none tried meets them"))
+    finding["change"] = f"hardware.tensor_parallel={kept[0]}"
+    finding.update(suggested_flags(scenario, finding["change"]))
+    return kept[1], [c for _, c in runs if c is not kept[1]]
+
+
+def _short_of(cf: dict) -> str:
+    """Counterfactual ``cf``'s worst SLO entry after, as text: ``"TPOT p99 6.185 ms against
+    6 ms"``; its figure (``"requests/s served 9.5"``) where it records no latency entry."""
+    w = cf.get("worst_after")
+    if w and w["metric"] in METRIC_LABELS and w["value"] is not None:
+        return (f"{METRIC_LABELS[w['metric']]} {w['stat']} {w['value']:.4g} ms against "
+                f"{w['threshold']:g} ms")
+    return f"{cf['figure']} {cf['after']:.4g}" if cf.get("after") is not None else "no figure"
+
+
 #: Findings that nothing after them can get past: rejected prompts, a latency floor, a run
 #: of conversations too short to judge.
 FACTS = ("max_model_len", "latency_floor", "session_ramp")
@@ -1094,7 +1156,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
     The findings that could bind are tried in order, each by one counterfactual run with
     its knob turned (at most :data:`MAX_COUNTERFACTUALS`, none past a finding in
-    :data:`FACTS`; a change already tried is not run again), until one meets every SLO:
+    :data:`FACTS`; a change already tried is not run again; a higher tensor_parallel whose
+    run still misses is doubled, :func:`_raise_tensor_parallel`), until one meets every SLO:
     that one binds, else the one that moves the figure most (by more than 10%) where all
     share one figure (the worst SLO ratio; without SLOs, an unstable run's throughput),
     else the first that moves its own. A free setting (:func:`_free`: a router, prefix
@@ -1136,33 +1199,29 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     if not counterfactual or n > MAX_COUNTERFACTUAL_REQUESTS:
         return jsonable(d)
 
-    def helps(cf):   # 2: meets every SLO; 1: moves the figure; 0: neither
-        return 2 if cf["slo_met_after"] else 1 if cf["moved"] else 0
-
-    def gain(cf):    # how far it moves the figure (before / after where lower is better)
-        b, a = cf["before"], cf["after"]
-        return (b / a if cf["lower_better"] else a / b) if a and b else 0.0
-
     unstable = not d["figures"]["stable"]
     # one figure for every knob (SLO ratio, or an unstable run's throughput): the one that
     # moves it most binds; else each its own, and the first that moves binds
     common = bool(result.summary.get("slo")) or unstable
-    tried = []
+    tried, stepped = [], []   # stepped: lower tensor_parallels that missed under the load
     for f in d["findings"][:eligible]:
         if len(tried) == MAX_COUNTERFACTUALS:
             break
         if f["change"] and all(f["change"] != g["change"] for g, _ in tried):
-            tried.append((f, _counterfactual(scenario, result, f, unstable)))
-            if helps(tried[-1][1]) == 2 or (not common and helps(tried[-1][1])):
+            cf, missed = _raise_tensor_parallel(
+                scenario, result, f, _counterfactual(scenario, result, f, unstable), unstable)
+            tried.append((f, cf))
+            stepped += missed
+            if _helps(cf) == 2 or (not common and _helps(cf)):
                 break
         if f["limit"] in FACTS:
             break
     # a free setting that moves the figure binds before hardware that meets the SLOs
     # (which is listed after it): settings before any GPU
-    pool = [(f, cf) for f, cf in tried if _free(f) and helps(cf)] or tried
-    best = max((helps(cf) for _, cf in pool), default=0)
-    won = max(((f, cf) for f, cf in pool if best and helps(cf) == best),
-              key=lambda x: gain(x[1]), default=None)   # the first of equals
+    pool = [(f, cf) for f, cf in tried if _free(f) and _helps(cf)] or tried
+    best = max((_helps(cf) for _, cf in pool), default=0)
+    won = max(((f, cf) for f, cf in pool if best and _helps(cf) == best),
+              key=lambda x: _gain(x[1]), default=None)   # the first of equals
     if won is not None:   # the knob that moves it binds (first in the list)
         d["findings"].remove(won[0])
         d["findings"].insert(0, won[0])
@@ -1173,6 +1232,7 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
             d["counterfactual"] = cf
         else:
             d["other_counterfactuals"].append(cf)
+    d["other_counterfactuals"] += stepped
     return jsonable(d)   # figures as summary.json has them (6 significant digits)
 
 
