@@ -34,7 +34,9 @@ limits a vLLM operator can turn, in this order:
   queueing while running requests are below ``max_num_seqs`` and the KV cache is nearly
   full, or as many ran at once as it holds at their mean length (a few long requests fill
   it, leaving fewer blocks free than one needs): admission waits for free blocks. The
-  change tried is one the GPUs can hold (:func:`_kv_change`).
+  change tried is the cache the GPUs hold where a setting keeps it smaller, else twice it:
+  a test of the cache alone, which the knob says the GPUs cannot hold and what would
+  (:func:`_kv_change`, :func:`_beyond_memory`).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time,
   or while most of the waiting happens with every sequence slot taken (bursts), and the
   slots the offered load needs (Little's law, :func:`slots_needed`; at least twice as many,
@@ -343,6 +345,28 @@ def _kv_change(scenario, blocks: int | None) -> str | None:
     return f"engine.num_gpu_blocks={2 * blocks}" if blocks else None
 
 
+def _beyond_memory(scenario, change: str | None) -> str:
+    """What the knob text says of a KV ``change`` (:func:`_kv_change`) that sets more
+    ``engine.num_gpu_blocks`` than the scenario's GPUs hold at its gpu_memory_utilization
+    (:func:`_memory_blocks`): a test of twice the cache, which vLLM would fail to allocate
+    on them, and what would hold it (twice the tensor_parallel, with its blocks, where the
+    model splits that far and they hold as many; or a GPU with more memory). "" where the
+    GPUs hold it, or no memory sizes the cache (an inline step time)."""
+    key, _, value = (change or "").partition("=")
+    held = _memory_blocks(scenario) if key == "engine.num_gpu_blocks" else None
+    if held is None or int(value) <= held:
+        return ""
+    tp = 2 * scenario.hardware.tensor_parallel
+    sc = _valid_change(scenario, f"hardware.tensor_parallel={tp}") if tp <= MAX_TP else None
+    more = _memory_blocks(sc) if sc is not None else None
+    return (f"the try, {value} blocks, is a test of twice the cache that this replica's "
+            f"GPUs cannot hold ({held} at gpu_memory_utilization "
+            f"{scenario.engine.gpu_memory_utilization:g}: vLLM would fail to allocate it); "
+            + (f"tensor_parallel {tp} ({more} blocks) or a GPU with more memory holds it"
+               if more is not None and more >= int(value) else
+               "a GPU with more memory holds it"))
+
+
 def _memory_blocks(scenario) -> int | None:
     """KV blocks the scenario's GPUs hold at its gpu_memory_utilization, without its
     ``engine.num_gpu_blocks`` (None where no memory sizes the cache: an inline step time,
@@ -603,6 +627,9 @@ def find_limits(scenario, result) -> dict:
             f"cluster.replicas={2 * nrep}")
     blocks = s.get("num_gpu_blocks")
     kv_change = _kv_change(scenario, blocks)
+    # twice a cache the memory already sizes tests the cache alone: said, with what holds it
+    kv_test = _beyond_memory(scenario, kv_change)
+    kv_test = f"; {kv_test}" if kv_test else ""
     wl = scenario.workload
     if (wl.prefix is not None or wl.sessions is not None or wl.trace is not None) \
             and s.get("total_prompt_tokens"):
@@ -622,7 +649,8 @@ def find_limits(scenario, result) -> dict:
             elif nrep > 1 and scenario.cluster.router != "prefix_affinity":
                 knob, change = "router prefix_affinity", "cluster.router=prefix_affinity"
             else:
-                knob, change, free = "more KV cache to keep prefixes resident", kv_change, False
+                knob, change, free = ("more KV cache to keep prefixes resident" + kv_test,
+                                      kv_change, False)
             # with every SLO met, a free setting is an observation, not what binds
             (head if free and s.get("slo_met") is not True else found).append(_finding(
                 "prefix_cache", f"prefix-cache hit rate {hit:.0%} while {expected:.0%} of the "
@@ -669,8 +697,7 @@ def find_limits(scenario, result) -> dict:
                "from gpu_memory_utilization); or lower max_num_seqs so fewer requests share "
                "it" if scenario.engine.num_gpu_blocks is not None else
                "more KV cache: raise gpu_memory_utilization, or a higher tensor_parallel or "
-               "a GPU with more memory (more compute too; a run with twice the blocks, "
-               "engine.num_gpu_blocks, tries the cache alone); or lower max_num_seqs so "
+               "a GPU with more memory (more compute too); or lower max_num_seqs so "
                "fewer requests share it")
     # Requests of the mean length (prompt + output) the cache holds at once: a cache of a few
     # long requests is full at their count, though blocks (less than one request's) are free.
@@ -696,7 +723,7 @@ def find_limits(scenario, result) -> dict:
                         "kept free when admitting while others run, so they grow without "
                         "preemption; fewer run at once)")
         found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "
-                              f"mean KV usage {kv_mean:.0%})", kv_knob, kv_change))
+                              f"mean KV usage {kv_mean:.0%})", kv_knob + kv_test, kv_change))
     elif queued and running_max < scenario.max_num_seqs and (
             kv_mean >= KV_FULL or (holds is not None and running_max >= holds)):
         found.append(_finding("kv_capacity", f"{held} while the KV cache is "
@@ -705,7 +732,7 @@ def find_limits(scenario, result) -> dict:
                                  f"and {running_max} ran at once)" if holds is not None
                                  and running_max >= holds else "")
                               + f" and {running:.1f} of {scenario.max_num_seqs} "
-                              f"sequence slots are used", kv_knob, kv_change))
+                              f"sequence slots are used", kv_knob + kv_test, kv_change))
     # The share of the waiting (request-seconds) that happens while every sequence slot of
     # the replica is taken: bursts fill the slots although the mean running count is low.
     at_cap = None
@@ -730,7 +757,7 @@ def find_limits(scenario, result) -> dict:
         # more KV cache first.
         found.append(_finding(
             "kv_capacity", f"{all_slots}, and its KV cache holds about {n2} at their mean "
-            f"context: more sequence slots need more KV cache", kv_knob, kv_change))
+            f"context: more sequence slots need more KV cache", kv_knob + kv_test, kv_change))
     elif gain is not None and gain < SLOTS_GAIN:
         # The slots are taken, but steps of more sequences would take nearly as much
         # longer: the replica's compute, not its slot count, holds requests back.

@@ -984,6 +984,50 @@ def test_the_kv_change_tried_moves_the_cache_alone():
     assert _kv_change(sc({}, {"constant_s": 0.01}, 1), None) is None   # unlimited
 
 
+def test_a_kv_try_beyond_the_gpus_memory_is_labelled_a_test_with_what_holds_it():
+    # Llama-3.1-8B on one H100, 6000-token prompts at 20 req/s: the cache the memory sizes
+    # runs out (preemptions). Twice its blocks is a test of the cache alone that vLLM could
+    # not allocate on that GPU: the knob says so, and what holds it (tensor_parallel 2,
+    # which halves the weights per GPU and splits the KV heads: more than twice the blocks)
+    from simulator.cost_model import build_cost_model
+    from simulator.diagnosis import _beyond_memory
+
+    def gpu(tp=1, n=200, **engine):
+        return scenario_from_dict({
+            "name": "d", "model": "llama-3.1-8b",
+            "hardware": {"profile": "h100-sxm", "tensor_parallel": tp},
+            "engine": {"max_model_len": 8192, **engine},
+            "workload": {"seed": 0, "num_requests": n,
+                         "arrival": {"process": "poisson", "rate": 20},
+                         "prompt_tokens": {"dist": "fixed", "value": 6000},
+                         "output_tokens": {"dist": "fixed", "value": 300}}})
+
+    held, held2 = (build_cost_model(gpu(tp)).num_gpu_blocks for tp in (1, 2))
+    # 128 KiB of KV per token (32 layers x 8 KV heads x 128 x K,V x 2 bytes): 2 MiB a block;
+    # 0.92 of 80 GB less 16 GB of weights and the activations leave 50-60 GiB
+    assert 50 * 2**30 < held * 2**21 < 60 * 2**30 and held2 > 2 * held
+    s = gpu()
+    r = simulate(s)
+    assert r.summary["preemptions"] > 0 and r.summary["num_gpu_blocks"] == held
+    f = next(f for f in find_limits(s, r)["findings"] if f["limit"] == "kv_capacity")
+    assert f["change"] == f"engine.num_gpu_blocks={2 * held}"
+    assert f["knob"].endswith(
+        f"; the try, {2 * held} blocks, is a test of twice the cache that this replica's GPUs "
+        f"cannot hold ({held} at gpu_memory_utilization 0.92: vLLM would fail to allocate "
+        f"it); tensor_parallel 2 ({held2} blocks) or a GPU with more memory holds it")
+    # at tensor_parallel 8 (the most on one node) only a GPU with more memory holds it
+    held8 = build_cost_model(gpu(8)).num_gpu_blocks
+    assert _beyond_memory(gpu(8), f"engine.num_gpu_blocks={2 * held8}").endswith(
+        "vLLM would fail to allocate it); a GPU with more memory holds it")
+    # tries the GPUs hold are not labelled: a higher gpu_memory_utilization, the blocks the
+    # memory holds in place of a smaller override; nor a cache no memory sizes
+    assert _beyond_memory(s, "engine.gpu_memory_utilization=0.92") == ""
+    assert _beyond_memory(s, f"engine.num_gpu_blocks={held}") == ""
+    assert _beyond_memory(gpu(num_gpu_blocks=held), f"engine.num_gpu_blocks={held + 1}") != ""
+    assert _beyond_memory(sc({"num_gpu_blocks": 64}, {"constant_s": 0.01}, 1),
+                          "engine.num_gpu_blocks=128") == ""
+
+
 def test_more_slots_than_the_kv_cache_holds_come_with_the_cache_to_hold_them():
     from simulator.diagnosis import slots_gain, slots_needed
 
