@@ -70,7 +70,8 @@ limits a vLLM operator can turn, in this order:
 
 Rejections, free prefix-cache settings, the floor and the router come first; then the findings whose
 knob moves a missed SLO (:data:`MOVES`: more slots or a larger budget shorten waits but
-lengthen steps, so not TPOT or ITL; shorter chunks lengthen prefills, so not TTFT); with
+lengthen steps, so not TPOT or ITL; shorter chunks lengthen prefills, so not TTFT, and
+with TTFT missed they come after compute); with
 every SLO met, the queueing limits; with none given, every finding. The first of these
 binds (``none`` when there is none; findings are still listed). A latency SLO missed that
 no finding explains is the load's (``compute`` above). Where cheap, counterfactual runs
@@ -957,6 +958,13 @@ def find_limits(scenario, result) -> dict:
             "tensor_parallel) or cap prompts upstream" if capped else
             "raise max_model_len (the KV cache must hold one such request) or cap prompts "
             "upstream", None))
+    chunks = next((f for f in found if f["limit"] == "prefill_interference"), None)
+    last = max((i for i, f in enumerate(found) if f["limit"] == "compute"), default=-1)
+    if "ttft_ms" in missed_metrics and chunks is not None and found.index(chunks) < last:
+        # shorter chunks lengthen every prefill: with TTFT missed, more replicas (which move
+        # TTFT too) are tried first (512-token chunks made a TTFT miss 6x worse)
+        found.remove(chunks)
+        found.insert(last, chunks)
     found = head + found
     # Rejections and the floor bind first; then the first finding whose knob moves a
     # missed SLO (:data:`MOVES`); with every SLO met, a queueing limit (what caps the rate);

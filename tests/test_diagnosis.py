@@ -738,11 +738,42 @@ def test_a_ttft_miss_is_not_blamed_on_prefill_chunks_stalling_decodes():
     assert "and 43 ms for requests served alone" in d["findings"][0]["evidence"]
     cf = d["counterfactual"]
     assert cf["change"] == "cluster.replicas=2" and cf["moved"] and cf["slo_met_after"]
-    # with an ITL SLO missed too, the chunks bind (their knob moves ITL), listed first
+    # with an ITL SLO missed too, the chunks can bind (their knob moves ITL), but TTFT is
+    # missed as well, which they lengthen: they come after more replicas (which meet both;
+    # the chunks bound here by the rules, and their run left TTFT p99 at 115 ms)
     s = _with_slo(s, {"ttft_ms": {"p99": 60}, "itl_ms": {"p99": 20}})
+    lim = find_limits(s, simulate(s))
+    assert [f["limit"] for f in lim["findings"]] == ["compute", "prefill_interference"]
+    assert lim["eligible"] == 2
+    # with only the ITL SLO missed, the chunks bind, listed first
+    s = _with_slo(s, {"itl_ms": {"p99": 20}})
     d = diagnose(s, simulate(s), counterfactual=False)
     assert d["binding"] == "prefill_interference"
     assert d["findings"][0]["limit"] == "prefill_interference"
+
+
+def test_with_ttft_missed_shorter_prefill_chunks_are_tried_after_more_replicas():
+    # The same 1900-token prompts, TTFT p99 <= 60 ms and TPOT p99 <= 7 ms both missed at
+    # 2 req/s (requests alone: 43 ms and 5 ms). Shorter chunks may move TPOT, so they can
+    # bind, but they lengthen every prefill: they were tried first and spent a run making
+    # TTFT worse, where the tries can run out before more replicas. Now more replicas are
+    # tried first; they meet both SLOs, so the chunks are not run at all.
+    s = _with_slo(sc({"max_num_seqs": 64}, {"base_s": 0.005, "per_prefill_token_s": 2e-5},
+                     2, prompt=1900, out=64, n=300), {"ttft_ms": {"p99": 60},
+                                                      "tpot_ms": {"p99": 7}})
+    r = simulate(s)
+    assert r.summary["slo"]["ttft_ms"]["p99"]["value"] > 60
+    assert r.summary["slo"]["tpot_ms"]["p99"]["value"] > 7
+    lim = find_limits(s, r)
+    assert [f["limit"] for f in lim["findings"]] == ["compute", "prefill_interference"]
+    assert lim["eligible"] == 2   # both knobs move a missed SLO (TPOT)
+    d = diagnose(s, r)
+    assert d["binding"] == "compute" and d["counterfactual"]["change"] == "cluster.replicas=2"
+    assert d["counterfactual"]["slo_met_after"] and d["other_counterfactuals"] == []
+    # without a TTFT SLO the chunks keep their place before the load's compute finding
+    s = _with_slo(s, {"tpot_ms": {"p99": 7}})
+    lim = find_limits(s, simulate(s))
+    assert [f["limit"] for f in lim["findings"]][:2] == ["prefill_interference", "compute"]
 
 
 def test_a_counterfactual_that_makes_the_figure_worse_says_so():
