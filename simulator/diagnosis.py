@@ -994,19 +994,20 @@ SLO_FIGURE = "worst SLO value / threshold"
 
 def _headline(scenario, summary: dict, limit: str,
               unstable: bool = False) -> tuple[str, float | None, bool]:
-    """The figure a counterfactual should move, and whether lower is better: the worst SLO
-    ratio when SLOs are given (one scale for every knob tried); else, for an ``unstable``
-    run, the request throughput (one scale too; its TTFT tail grows with the run's length);
-    else the hit rate for prefix-cache findings, TTFT p99 for queueing limits and ITL p99
-    for interference."""
+    """The figure a counterfactual should move, and whether lower is better: for an
+    ``unstable`` run (arrivals outpace service), the request throughput, SLOs given or not
+    (one scale for every knob tried; its waits, and so its TTFT tail and SLO ratio, grow
+    with the run's length, so two such runs' ratios compare arbitrarily); else the worst
+    SLO ratio when SLOs are given (one scale too); else the hit rate for prefix-cache
+    findings, TTFT p99 for queueing limits and ITL p99 for interference."""
     from .search import slo_ratio
 
+    if unstable:
+        return "requests/s served", summary.get("request_throughput"), False
     if summary.get("slo"):
         # Rejected requests make the ratio infinite: no finite figure to compare then.
         ratio = slo_ratio(summary)
         return SLO_FIGURE, (ratio if math.isfinite(ratio) else None), True
-    if unstable:
-        return "requests/s served", summary.get("request_throughput"), False
     if limit == "prefix_cache":
         return "prefix-cache hit rate", summary.get("prefix_cache_hit_rate"), False
     key = "itl_ms" if limit == "prefill_interference" else "ttft_ms"
@@ -1194,7 +1195,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     :data:`FACTS`; a change already tried is not run again; a higher tensor_parallel whose
     run still misses is doubled, :func:`_raise_tensor_parallel`), until one meets every SLO:
     that one binds, else the one that moves the figure most (by more than 10%) where all
-    share one figure (the worst SLO ratio; without SLOs, an unstable run's throughput),
+    share one figure (an unstable run's throughput, SLOs given or not; else the worst SLO
+    ratio),
     else the first that moves its own. A free setting (:func:`_free`: a router, prefix
     caching, the client's concurrency) that moves the figure binds before any other knob,
     even one that meets every SLO (listed after it). An SLO that was met and a run misses is reported
@@ -1235,8 +1237,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         return jsonable(d)
 
     unstable = not d["figures"]["stable"]
-    # one figure for every knob (SLO ratio, or an unstable run's throughput): the one that
-    # moves it most binds; else each its own, and the first that moves binds
+    # one figure for every knob (an unstable run's throughput, else the SLO ratio): the one
+    # that moves it most binds; else each its own, and the first that moves binds
     common = bool(result.summary.get("slo")) or unstable
     tried, stepped = [], []   # stepped: lower tensor_parallels that missed under the load
     for f in d["findings"][:eligible]:
