@@ -12,6 +12,7 @@ from .errors import InputError, Refused
 from .files import check_folder, out_folder
 from .executors import EXECUTORS, unbounded_warning
 from .session_ramp import RAMP_TEXT
+from .planner import MIN_PLAN_REQUESTS
 from .sweep import _fmt_value, answer_title, knee_title, unset
 from .workload import MAX_RATE
 
@@ -72,7 +73,7 @@ _LABELS = {"max_rate_per_replica": "req/s per replica", "replicas": "replicas",
            "tpot_p50_ms": "TPOT p50 ms", "tpot_p99_ms": "TPOT p99 ms",
            "slo_met": "SLO met", "tensor_parallel": "TP", "max_num_seqs": "max seqs",
            "max_num_batched_tokens": "max batched tokens", "goodput": "goodput req/s",
-           "binding": "binding (rules)"}
+           "binding": "binding (rules)", "gpus": "GPUs"}
 
 #: Said under a sweep's or compare's binding column: a run of the same scenario also tries
 #: the knobs and can name another limit.
@@ -368,8 +369,6 @@ def _knee_text(table, knee: dict, first: str) -> str:
 # 2 stays reserved for bad input, as argparse and every other command use it.
 NO_PLAN_STATUS = 1
 
-#: Fewest counted requests per run below which ``plan`` says its rates are unreliable.
-MIN_PLAN_REQUESTS = 100
 
 
 def _cmd_plan(args) -> int:
@@ -397,9 +396,6 @@ def _cmd_plan(args) -> int:
                              if r.candidate.setup_warning)) + _workload_warnings(scenario)
           + [unbounded_warning(f"candidate {r.candidate.label}") for r in res.rows
              if r.search is not None and r.search.capacity and r.search.steady is None])
-    n = scenario.workload.num_requests   # None for a whole trace
-    _few_requests_note([] if n is None else [n - scenario.sim.warmup_requests],
-                       "each rate tried", "a maximum rate")
     ranked = default_efficiency_note([r.candidate for r in res.rows])
     if ranked:
         print(f"servesim: note: {ranked}", file=sys.stderr)
@@ -577,7 +573,8 @@ def compare_table(entries: list[dict]):
     ``ttft_p99_ms`` and ``tpot_p99_ms``, ``request_throughput`` and ``goodput`` (req/s),
     ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt does not fit
     max_model_len), ``stability`` (as sweep's), ``binding`` (the diagnosis's binding
-    limit, of replication 0) and ``cost_per_hour`` (USD, where some plan has a price)."""
+    limit, of replication 0), ``gpus`` (replicas × tensor_parallel: what the price pays
+    for) and ``cost_per_hour`` (USD, where some plan has a price)."""
     import pandas as pd
 
     from .report import plan_figure
@@ -591,11 +588,16 @@ def compare_table(entries: list[dict]):
                      "slo_met": plan_figure(e, ("slo_met",)),
                      "rejected": plan_figure(e, ("rejected",)),
                      "stability": e.get("stability"), "binding": e.get("binding"),
-                     "cost_per_hour": e.get("cost_per_hour")})
+                     "gpus": _gpus(e["scenario"]), "cost_per_hour": e.get("cost_per_hour")})
     table = pd.DataFrame(rows)
     # a price column only where some plan has a price (an inline step time has none)
     return table if table["cost_per_hour"].notna().any() else \
         table.drop(columns="cost_per_hour")
+
+
+def _gpus(scenario) -> int:
+    """GPUs (devices) a scenario's deployment takes: replicas × tensor_parallel."""
+    return scenario.cluster.replicas * scenario.hardware.tensor_parallel
 
 
 def add_parsers(sub) -> None:

@@ -897,7 +897,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
     Args:
         entries: per plan ``{"name", "result": RunResult, "replications": combined or
             None, "binding": limit name (optional), "stability" (optional),
-            "cost_per_hour": USD for its replicas (optional)}``.
+            "cost_per_hour": USD for its replicas (optional), "scenario" (optional: its
+            replicas and tensor_parallel are shown, as ``deployment``)}``.
         note: a paragraph under the title (e.g. where the shared workload comes from).
 
     Figures are :func:`plan_figure`'s (means over replications where a plan ran several).
@@ -927,6 +928,14 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
                                          for e in entries])
         csv_rows.append({"figure": "binding limit",   # the diagnosis's name, as in sweep.csv
                          **{n: e.get("binding") for n, e in zip(names, entries)}})
+    if all("scenario" in e for e in entries):   # what each plan's cost pays for
+        deployed = [(e["scenario"].cluster.replicas, e["scenario"].hardware.tensor_parallel,
+                     e["scenario"].hardware.profile) for e in entries]
+        rows.append(["deployment"] + [f"{r} replica{'s' if r > 1 else ''} × {tp} "
+                                      + (hw or f"GPU{'s' if tp > 1 else ''} (inline step time)")
+                                      for r, tp, hw in deployed])
+        for i, figure in enumerate(("replicas", "tensor_parallel")):
+            csv_rows.append({"figure": figure, **{n: d[i] for n, d in zip(names, deployed)}})
     if any(e.get("cost_per_hour") is not None for e in entries):
         rows.append(["cost (USD/h)"] + [_fmt(e.get("cost_per_hour")) for e in entries])
         csv_rows.append({"figure": "cost_per_hour",

@@ -871,7 +871,9 @@ def test_compare_prints_a_formatted_table_and_needs_two_scenarios(tmp_path, caps
     assert any(line.startswith("rejected requests,0,0") for line in csv)
     # the binding limit of each plan, as the terminal and report.md give it
     binding = next(line for line in csv if line.startswith("binding limit,"))
-    assert binding.split(",")[1:] == [rows["fast"][-1], rows["slow"][-1]]
+    # (before the GPUs column: no price here, so the last)
+    assert binding.split(",")[1:] == [rows["fast"][-2], rows["slow"][-2]]
+    assert rows["fast"][-1] == rows["slow"][-1] == "1"   # 1 replica × tensor_parallel 1
     assert main(["compare", str(a)] + args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"servesim: error: compare needs two or more scenario files, got 1 ({a}); "
@@ -1326,18 +1328,22 @@ def test_a_sweep_plot_of_many_lines_keeps_its_axes(n_seqs):
     assert png.startswith(b"\x89PNG")
 
 
-def test_plan_says_when_too_few_requests_judge_each_rate(tmp_path, capsys):
-    # 2 requests per run planned 53.8 req/s per H100 for chat (about 12 from long runs)
+def test_plan_refuses_too_few_requests_to_judge_a_rate(tmp_path, capsys):
+    # 10 requests per run planned 0.76 req/s per H100 for chat, 30 gave 5.3, 100 gave 17.5
+    # and 400 give 11.8: a handful never fills the queue, so a plan from it is no plan
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN.replace("num_requests: 200", "num_requests: 60")
                  + "sim: {warmup_requests: 10}\n")
     args = ["--executor", "serial", "--quiet", "--no-confirm"]
-    main(["plan", str(y), "--out", str(tmp_path / "a")] + args)
-    err = capsys.readouterr().err
-    assert ("servesim: note: each rate tried is judged from 50 requests (workload."
-            "num_requests less sim.warmup_requests); a maximum rate needs at least 100") in err
-    y.write_text(SMALL_PLAN)   # 200 requests: no note
-    main(["plan", str(y), "--out", str(tmp_path / "b")] + args)
+    assert main(["plan", str(y), "--out", str(tmp_path / "a")] + args) == 2
+    line = y.read_text().splitlines().index("  num_requests: 60") + 1
+    assert capsys.readouterr().err == (
+        f"servesim: error: s.yaml:{line}: workload.num_requests: plan judges each rate it "
+        "tries from 50 requests (60 less sim.warmup_requests 10); a maximum rate needs at "
+        "least 100, and a few hundred give steadier figures\n")
+    assert not (tmp_path / "a").exists()
+    y.write_text(SMALL_PLAN)   # 200 requests: planned, no note
+    assert main(["plan", str(y), "--out", str(tmp_path / "b")] + args) == 0
     assert "note" not in capsys.readouterr().err
 
 
@@ -1651,7 +1657,7 @@ def test_sweep_plan_and_compare_warn_of_more_kv_blocks_than_the_gpu_holds(tmp_pa
     # once per distinct cache (compare's two plans, max_num_batched_tokens 8192 and 4096,
     # reserve different activation memory, so their counts differ)
     y = tmp_path / "s.yaml"
-    y.write_text(small_scenario("s", 60) + "slo: {ttft_ms: {p99: 500}}\n"
+    y.write_text(small_scenario("s", 100) + "slo: {ttft_ms: {p99: 500}}\n"
                  "plan: {target_rate: 5, candidates: {engine.max_num_seqs: [4]}}\n")
     z = tmp_path / "z.yaml"
     z.write_text(small_scenario("z", 60).replace(
@@ -1807,7 +1813,7 @@ def test_sweep_and_plan_show_settings_vllm_refuses_together_as_rows(tmp_path, ca
     assert err.startswith("servesim: error: p.yaml:4 ")   # the engine: line, as run names it
     assert not (tmp_path / "c").exists()
     # plan: the refused candidate is kept with its reason, the other is planned
-    y.write_text(small_scenario("p", 40) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
+    y.write_text(small_scenario("p", 100) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
                  "  target_rate: 10\n  candidates: {engine.max_num_batched_tokens: [2, 16]}\n")
     cands = expand_candidates(load_scenario(y))
     assert [c.error for c in cands] == [
@@ -1848,7 +1854,7 @@ def test_a_plan_that_rejects_prompts_names_the_rejections(tmp_path, capsys):
     # at any rate (an SLO entry that no lower load meets); the note named the TPOT p99,
     # which met its bound
     y = tmp_path / "p.yaml"
-    y.write_text(small_scenario("p", 40).replace("max_model_len: 512", "max_model_len: 64")
+    y.write_text(small_scenario("p", 100).replace("max_model_len: 512", "max_model_len: 64")
                  .replace("{dist: fixed, value: 8}", "{dist: uniform, min: 8, max: 80}")
                  + "slo: {tpot_ms: {p99: 500}}\nplan: {target_rate: 10}\n")
     assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out",
@@ -1885,7 +1891,7 @@ def test_plan_shows_candidate_values_as_written_and_not_as_flags(tmp_path, capsy
     # null and 1024 as plan.candidates gives them (the table showed "-", n/a and 1,024),
     # and a note on a candidate's value does not call it a --set flag the user never gave
     y = tmp_path / "p.yaml"
-    y.write_text(small_scenario("p", 40) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
+    y.write_text(small_scenario("p", 100) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
                  "  target_rate: 10\n  candidates: {engine.num_gpu_blocks: [null, 1024]}\n")
     cands = expand_candidates(load_scenario(y))
     assert cands[1].scenario.set_by("engine.num_gpu_blocks") is None
@@ -2123,7 +2129,7 @@ def test_a_report_that_cannot_be_written_is_the_one_line_plan_and_compare_print(
     monkeypatch.setattr(planner_report, "write_files", full)
     y = tmp_path / "s.yaml"   # no SLO: plan notes that it plans for stability alone
     y.write_text(SMALL_PLAN.replace("slo: {ttft_ms: {p99: 200}}\n", "")
-                 .replace("num_requests: 200", "num_requests: 20"))
+                 .replace("num_requests: 200", "num_requests: 100"))
     args = ["--executor", "serial", "--quiet"]
     assert main(["plan", str(y), "--out", str(tmp_path / "pl")] + args) == 2
     assert capsys.readouterr().err == (f"servesim: error: --out {tmp_path / 'pl'}: cannot "
@@ -2173,3 +2179,26 @@ def test_empirical_noise_on_a_projection_is_one_invalid_point_of_a_sweep(tmp_pat
     assert list(t["stability"]) == ["stable", "invalid config"]
     assert t["note"][1] == ("hardware.cost_noise: empirical needs a measured profile's "
                             "residuals; a projection has none")
+
+
+def test_compare_shows_the_gpus_each_plans_price_pays_for(tmp_path, capsys):
+    # 3 replicas of TP 2 at 1 USD per GPU-hour: 6 GPUs, 6 USD/h (beside 1 GPU, 1 USD/h)
+    import pandas as pd
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(SMALL_PLAN.replace("name: s\n", "name: a\n"))
+    b.write_text(SMALL_PLAN.replace("name: s\n", "name: b\n").replace(
+        "price_per_gpu_hour: 1.0}", "price_per_gpu_hour: 1.0, tensor_parallel: 2}")
+        + "cluster: {replicas: 3}\n")
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c"), "--executor",
+                 "serial", "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(out) if line.startswith("plan"))
+    assert out[header].split()[-2:] == ["GPUs", "USD/h"]
+    assert [line.split()[-2:] for line in out[header + 2:header + 4]] == [["1", "1.00"],
+                                                                         ["6", "6.00"]]
+    csv = pd.read_csv(tmp_path / "c" / "compare.csv").set_index("figure")
+    assert csv.loc[["replicas", "tensor_parallel", "cost_per_hour"]].astype(float).values \
+        .tolist() == [[1, 3], [1, 2], [1, 6]]
+    assert ("| deployment | 1 replica × 1 GPU (inline step time) | 3 replicas × 2 GPUs (inline "
+            "step time) |"
+            in (tmp_path / "c" / "report.md").read_text())
