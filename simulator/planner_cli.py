@@ -570,7 +570,8 @@ def _served_workload(sc):
 def compare_table(entries: list[dict]):
     """One row per plan of :func:`simulator.planner.compare`, figures as the report shows
     them (:func:`simulator.report.plan_figure`: means over replications): ``plan``,
-    ``ttft_p99_ms`` and ``tpot_p99_ms``, ``request_throughput`` and ``goodput`` (req/s),
+    ``ttft_p99_ms`` and ``tpot_p99_ms`` and each statistic the SLOs name
+    (``queue_p95_ms``), ``request_throughput`` and ``goodput`` (req/s),
     ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt does not fit
     max_model_len), ``stability`` (as sweep's), ``binding`` (the diagnosis's binding
     limit, of replication 0), ``gpus`` (replicas × tensor_parallel: what the price pays
@@ -579,10 +580,15 @@ def compare_table(entries: list[dict]):
 
     from .report import plan_figure
 
+    slo = entries[0]["scenario"].slo   # every plan serves the first's: its statistics too
+    named = {f"{m.removesuffix('_ms')}_{st}_ms": (m, st) for m, st, _ in
+             (slo.targets() if slo else []) if (m, st) not in (("ttft_ms", "p99"),
+                                                               ("tpot_ms", "p99"))}
     rows = []
     for e in entries:
         rows.append({"plan": e["name"], "ttft_p99_ms": plan_figure(e, ("ttft_ms", "p99")),
                      "tpot_p99_ms": plan_figure(e, ("tpot_ms", "p99")),
+                     **{c: plan_figure(e, path) for c, path in named.items()},
                      "request_throughput": plan_figure(e, ("request_throughput",)),
                      "goodput": plan_figure(e, ("goodput",)),
                      "slo_met": plan_figure(e, ("slo_met",)),

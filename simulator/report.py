@@ -898,7 +898,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
         entries: per plan ``{"name", "result": RunResult, "replications": combined or
             None, "binding": limit name (optional), "stability" (optional),
             "cost_per_hour": USD for its replicas (optional), "scenario" (optional: its
-            replicas and tensor_parallel are shown, as ``deployment``)}``.
+            replicas and tensor_parallel are shown, as ``deployment``, and the first's SLOs
+            add each statistic they name)}``.
         note: a paragraph under the title (e.g. where the shared workload comes from).
 
     Figures are :func:`plan_figure`'s (means over replications where a plan ran several).
@@ -911,7 +912,10 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
     names = [e["name"] for e in entries]
     with_ci = any(e.get("replications") for e in entries)
     rows, csv_rows = [], []
-    for label, path in _COMPARE_FIGURES:
+    # and each statistic the SLOs name (TTFT p90, Queue p95): what "SLO met" rests on
+    slo = entries[0]["scenario"].slo if "scenario" in entries[0] else None
+    named = [(f"{_LABELS[m]} {st} (ms)", (m, st)) for m, st, _ in (slo.targets() if slo else [])]
+    for label, path in _COMPARE_FIGURES + [f for f in named if f not in _COMPARE_FIGURES]:
         cells, csv_row = [], {"figure": label}
         for n, e in zip(names, entries):
             v = plan_figure(e, path)

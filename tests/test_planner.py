@@ -2202,3 +2202,32 @@ def test_compare_shows_the_gpus_each_plans_price_pays_for(tmp_path, capsys):
     assert ("| deployment | 1 replica × 1 GPU (inline step time) | 3 replicas × 2 GPUs (inline "
             "step time) |"
             in (tmp_path / "c" / "report.md").read_text())
+
+
+def test_compare_shows_each_statistic_the_slos_name(tmp_path, capsys):
+    # "SLO met: no" rests on TTFT p90 and queue p95: the table, compare.csv and report show
+    # them (numpy's linear percentile of the requests' own figures, as vllm bench serve)
+    import numpy as np
+    import pandas as pd
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    slo = "slo: {ttft_ms: {p90: 25}, queue_ms: {p95: 5}}\n"
+    a.write_text(SMALL_PLAN.replace("name: s\n", "name: a\n").replace(
+        "slo: {ttft_ms: {p99: 200}}\n", slo).replace("rate: 10", "rate: 300"))
+    b.write_text(SMALL_PLAN.replace("name: s\n", "name: b\n").replace(
+        "max_num_seqs: 4", "max_num_seqs: 2").replace("slo: {ttft_ms: {p99: 200}}\n", ""))
+    args = ["--executor", "serial", "--quiet"]
+    assert main(["run", str(a), "--out", str(tmp_path / "r")] + args[2:]) in (0, 1)
+    req = pd.read_csv(tmp_path / "r" / "requests.csv")
+    want = [np.percentile(req["ttft_ms"], 90), np.percentile(req["queue_ms"], 95)]
+    assert want[0] > 25   # the SLO is missed: what the figure explains
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c")] + args) == 0
+    out = capsys.readouterr().out.splitlines()
+    row = next(line.split() for line in out if line.startswith("a "))
+    # plan, TTFT p99, TPOT p99, then the SLOs' own statistics
+    assert [float(x) for x in row[3:5]] == pytest.approx(want, rel=5e-3)   # 3 figures shown
+    csv = pd.read_csv(tmp_path / "c" / "compare.csv").set_index("figure")
+    assert csv.loc[["TTFT p90 (ms)", "Queue p95 (ms)"], "a"].astype(float).tolist() == \
+        pytest.approx(want, rel=1e-5)
+    md = (tmp_path / "c" / "report.md").read_text()
+    assert "| TTFT p90 (ms) |" in md and "| Queue p95 (ms) |" in md
