@@ -202,16 +202,24 @@ def unstable_warning(result: RunResult, diagnosis: dict) -> str | None:
     ``diagnosis["figures"]`` of :func:`simulator.diagnosis.diagnose`), said because a
     single run's latencies then grow with its length. The rates are the test's: arrivals
     and finishes from the first finish to the last arrival
-    (:func:`simulator.executors.window_rates`). A run of fewer than
+    (:func:`simulator.executors.window_rates`); with a client limit
+    (workload.max_concurrency), the rate requests reached the client and the rate they
+    went out (the engine's own rates are equal there by construction). A run of fewer than
     :data:`MIN_TAIL_REQUESTS` counted requests may end while its batch still fills up
     (answers of many seconds), which the test cannot tell from a queue that grows: said."""
-    from .executors import window_rates
+    from .executors import _arrival_rate, window_rates
 
     if (diagnosis.get("figures") or {}).get("stable") is not False:
         return None
+    client = (result.summary.get("client") or {}).get("offered_rate")
+    sent = _arrival_rate(result.requests) if client and len(result.requests) else None
     rates = window_rates(result)
-    said = (f" ({rates[0]:.4g} req/s arrived and {rates[1]:.4g} req/s finished from the "
-            f"first finish to the last arrival)" if rates else "")
+    if sent:   # a client limit sends no faster than answers come back: the queue is its own
+        said = (f" ({client:.4g} req/s reached the client and {sent:.4g} req/s went out "
+                f"past workload.max_concurrency)")
+    else:
+        said = (f" ({rates[0]:.4g} req/s arrived and {rates[1]:.4g} req/s finished from the "
+                f"first finish to the last arrival)" if rates else "")
     n = result.summary.get("num_requests") or 0
     if n < MIN_TAIL_REQUESTS:
         return (f"the run reads as unstable{said}, as a sweep would flag it, but at {n} "

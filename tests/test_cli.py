@@ -785,6 +785,14 @@ def test_a_run_says_when_it_is_unstable(tmp_path, capsys):
     assert main(["run", str(y), "--set", "workload.num_requests=300", "--out",
                  str(tmp_path / "short"), "--quiet"]) == 0
     assert "the run reads as unstable (" in capsys.readouterr().err
+    # a client limit sends a request only when one comes back: the engine's rates are equal
+    # by construction (they read 10 and 10 beside "unstable"); the queue is at the client,
+    # where 20 req/s arrive (999 gaps of 1/20 s) and one goes out per 0.1 s answer
+    assert main(["run", str(y), "--set", "workload.max_concurrency=1", "--out",
+                 str(tmp_path / "c"), "--quiet"]) == 0
+    assert ("the run is unstable: requests arrive faster than they are served (20 req/s "
+            "reached the client and 10 req/s went out past workload.max_concurrency)"
+            in capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("command", [
