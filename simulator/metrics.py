@@ -736,7 +736,10 @@ class MetricsCollector:
     def _timeseries(self) -> tuple[pd.DataFrame, int]:
         """Time series at the output bin width (a multiple of the fine width)."""
         w = self._w
-        span = max(self._last_step_end, int(max(self._ns["finish"], default=0)))
+        # to the end of the run's window: its last finish, or a later arrival (a request
+        # rejected after the others finished), as duration_s
+        span = max(self._last_step_end, int(max(self._ns["finish"], default=0)),
+                   int(max(self._ns["arrival"], default=0)))
         if self._given_bin:
             factor = max(1, cdiv(int(self._given_bin), w))
         else:

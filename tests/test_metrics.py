@@ -97,10 +97,17 @@ def test_a_request_rejected_after_the_last_finish_ends_the_window():
     # (returned at its arrival, 300 ms, with no finish time) too: [0, 300 ms]
     late = RequestRecord("r4", 300 * MS, None, None, None, prompt_tokens=400,
                          finish_reason="rejected")
-    s = collect(timeline() + [late]).finalize(slo=None).summary
+    c = collect(timeline() + [late], timeseries_bin_ns=50 * MS)
+    c.record_step(0, 30 * MS, 60 * MS, 10, 0, 1, 0, 0.1, 0)
+    res = c.finalize(slo=None)
+    s = res.summary
     assert (s["completed"], s["rejected"]) == (3, 2)
     assert s["duration_s"] == approx(0.3)
     assert s["request_throughput"] == approx(3 / 0.3)
+    # the time series covers the same window (it stopped at the last finish, 230 ms)
+    ts = res.timeseries[res.timeseries["replica"] == "all"]
+    assert ts["time_s"].tolist() == approx([0, 0.05, 0.1, 0.15, 0.2, 0.25])
+    assert ts["time_s"].iloc[-1] + ts["bin_s"].iloc[-1] == approx(0.3)
 
 
 def test_the_window_starts_at_the_run_start_as_vllm_bench_serve_duration():
