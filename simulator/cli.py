@@ -57,8 +57,8 @@ def _cmd_run(args) -> int:
     from .cost_model import build_cost_model, profile_warning
     from .report import print_summary, write_run_outputs
     from .run import (client_warning, max_model_len_text, memory_warning, report_meta,
-                      simulate_replications, tail_warning, trace_shortfall,
-                      unstable_warning)
+                      simulate_replications, start_burst_warning, tail_warning,
+                      trace_shortfall, unstable_warning)
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
     from .session_ramp import ramp_warning
@@ -96,6 +96,7 @@ def _cmd_run(args) -> int:
     warnings = [w.removeprefix(prefix) for w in [
         profile_warning(cost), cost.setup_warning, ramp, client_warning(results[0].summary),
         None if ramp else unstable_warning(results[0], diagnosis),
+        start_burst_warning(scenario, results[0]),
         *workload_warnings(scenario.workload, scenario.base_dir),
         None if ramp else tail_warning(scenario, results[0].summary)] if w]
     paths = write_run_outputs(out, results[0], title=scenario.name,

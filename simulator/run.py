@@ -259,6 +259,33 @@ def memory_warning(scenario, physical_bytes: int | None = None) -> str | None:
 MIN_TAIL_REQUESTS = 1000
 
 
+def start_burst_warning(scenario, result: RunResult) -> str | None:
+    """What a closed loop's start does to its TTFT p99 (None when nothing): its
+    ``concurrency`` users all send their first request at 0 s, a burst no steady state
+    has; said when the counted requests of that burst (those ``sim.warmup_requests`` does
+    not leave out) are at least half of those at or above the TTFT p99, which the burst's
+    queue then sets."""
+    arrival = scenario.workload.arrival
+    users = getattr(arrival, "concurrency", 0) if arrival is not None else 0
+    if getattr(arrival, "process", None) != "closed_loop" or users < 2 \
+            or scenario.sim.warmup_requests >= users:
+        return None
+    req = result.requests
+    req = req[~req["warmup"] & req["ttft_ms"].notna()]
+    if len(req) < 2:
+        return None
+    ttft = req["ttft_ms"].to_numpy(dtype=float)
+    burst = req["arrival_s"].to_numpy(dtype=float) == 0.0
+    p99 = float(np.percentile(ttft, 99))
+    top = ttft >= p99
+    if burst.all() or (top & burst).sum() * 2 < top.sum():
+        return None
+    rest = float(np.percentile(ttft[~burst], 99))
+    return (f"the closed loop's {users} users all send their first request at 0 s, and that "
+            f"burst's waits set the TTFT p99 ({p99:.4g} ms; {rest:.4g} ms without it): "
+            f"sim.warmup_requests: {users} leaves it out of the figures, as a steady state")
+
+
 def tail_warning(scenario, summary: dict) -> str | None:
     """Why a single run's p99 figures are not to be trusted (None when they are): fewer
     than :data:`MIN_TAIL_REQUESTS` counted requests (``summary["completed"]``, warm-up

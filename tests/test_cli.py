@@ -844,3 +844,28 @@ def test_a_run_too_large_for_the_machine_says_so_before_it_starts():
     assert memory_warning(sc, physical_bytes=64 * 2**30) is None
     assert memory_warning(load_scenario(Path(__file__).parents[1] / "scenarios" / "chat.yaml")) \
         is None
+
+
+def test_a_closed_loop_says_when_its_start_burst_sets_the_ttft_p99(tmp_path, capsys):
+    # 8 users, 2 slots, one-token answers in 10 ms steps: at 0 s the burst is served two by
+    # two (TTFTs 10, 10, 20, 20, 30, 30, 40, 40 ms); then each user returns 100 ms after
+    # its answer to an idle engine (TTFT 10 ms). Of 400, the p99 (index 395.01 of the
+    # sorted TTFTs: 394 of 10 ms, then 20, 20, 30, ...) is 20.1 ms, set by the burst; 10
+    # without it
+    y = tmp_path / "cl.yaml"
+    y.write_text("name: cl\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                 "engine: {max_num_seqs: 2}\nworkload:\n  num_requests: 400\n"
+                 "  arrival: {process: closed_loop, concurrency: 8, think_time_s: 0.1}\n"
+                 "  prompt_tokens: {dist: fixed, value: 8}\n"
+                 "  output_tokens: {dist: fixed, value: 1}\n")
+    assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    said = ("the closed loop's 8 users all send their first request at 0 s, and that burst's "
+            "waits set the TTFT p99 (20.1 ms; 10 ms without it): sim.warmup_requests: 8 leaves "
+            "it out of the figures, as a steady state")
+    assert f"servesim: warning: {said}" in capsys.readouterr().err
+    assert said in (tmp_path / "o" / "report.md").read_text()
+    # with the burst left out (or one user: no burst), nothing to say
+    for flag in ("sim.warmup_requests=8", "workload.arrival.concurrency=1"):
+        assert main(["run", str(y), "--set", flag, "--out", str(tmp_path / flag),
+                     "--quiet"]) == 0
+        assert "closed loop" not in capsys.readouterr().err
