@@ -933,7 +933,8 @@ def arrival_warning(cfg: WorkloadConfig) -> str | None:
     if arr.normalize_duration and span > 0:   # a few long gaps make the span: bursts remain
         return (f"{drawn}; normalize_duration stretches them to {want:.3g} s, but a few gaps "
                 f"make up most of it, so the requests come in a few bursts (raise burstiness)")
-    fix = ("raise burstiness" if span == 0
+    fix = ("normalize_duration cannot stretch a span of 0 s: raise burstiness"
+           if span == 0 and arr.normalize_duration else "raise burstiness" if span == 0
            else "set normalize_duration: true to rescale them as vllm bench serve does, or "
                 "raise burstiness")
     offers = (f"{want / span:.3g} × its rate ({n / span:.3g} req/s at {arr.rate:g})"
