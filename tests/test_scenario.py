@@ -949,6 +949,8 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
             ({"architecture": "GPT2"}, False), ({"rope_theta": 0}, False),
             ({"architecture": None, "architectures": ["Qwen2ForCausalLM"]}, True),
             ({"architecture": None, "model_type": "mistral"}, True),
+            # HF's class name or model_type in servesim's key (it read "not supported")
+            ({"architecture": "Qwen2ForCausalLM"}, True), ({"architecture": "qwen2"}, True),
             ({"architecture": "Mistral", "architectures": ["MistralForCausalLM"],
               "model_type": "mistral"}, True),
             ({"architectures": "LlamaForCausalLM"}, False), ({"model_type": ["llama"]}, False),
@@ -1001,6 +1003,10 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
     ("vocab_size: 100", "vocab_size: 100\n  architectures: [Qwen2ForCausalLM]\n  "
                         "model_type: llama", "model_type",
      "llama (Llama) contradicts architectures [Qwen2ForCausalLM] (Qwen2): they must name "
+     "one architecture"),
+    ("vocab_size: 100", "vocab_size: 100\n  architecture: Qwen2ForCausalLM\n  "
+                        "model_type: llama", "model_type",
+     "llama (Llama) contradicts architecture Qwen2ForCausalLM (Qwen2): they must name "
      "one architecture"),
     # layers the engine refuses and the cost model does not price: they ran as if absent
     ("vocab_size: 100", "vocab_size: 100\n  hidden_act: gelu", "hidden_act",
@@ -1310,3 +1316,16 @@ def test_max_model_len_defaults_to_the_longest_context_vllm_derives(scaling, lon
     with pytest.raises(InputError, match=f"{longest + 1} is longer than the model's "
                                          f"max_position_embeddings \\(4096\\)"):
         scenario_from_dict(d)
+
+
+def test_architecture_takes_hf_s_class_name_or_model_type_for_the_same_shape():
+    # "LlamaForCausalLM" in `architecture` read "not supported"; it names Llama, as HF's
+    # architectures list does: the same model (a Qwen2 one adds the q/k/v bias)
+    base = yaml.safe_load(MODEL_FILE)
+    shapes = {a: scenario_from_dict({**base, "model": {**base["model"], "architecture": a}})
+              .model_shape for a in ("Llama", "LlamaForCausalLM", "llama", "Qwen2",
+                               "Qwen2ForCausalLM", "qwen2")}
+    assert shapes["LlamaForCausalLM"] == shapes["llama"] == shapes["Llama"]
+    assert shapes["Qwen2ForCausalLM"] == shapes["qwen2"] == shapes["Qwen2"]
+    assert shapes["Qwen2"].architecture == "Qwen2" and shapes["llama"].architecture == "Llama"
+    assert shapes["Qwen2"].num_params > shapes["Llama"].num_params   # q/k/v bias

@@ -201,7 +201,8 @@ def inline_model_json_schema() -> dict:
     """JSON Schema of an inline ``model:`` mapping, from the keys :func:`load_model` reads:
     the shape's integers (1 to :data:`MAX_SHAPE_INT`; ``num_key_value_heads`` and
     ``head_dim`` may be left out or null, derived as HF derives them), a supported
-    ``architecture`` (``architectures`` a list of names, ``model_type`` a name), RoPE base
+    ``architecture`` (Llama, or HF's LlamaForCausalLM or llama; null: from
+    ``architectures``, a list of names, or ``model_type``, a name), RoPE base
     and RMSNorm epsilon > 0, and no other keys than
     :data:`_SHAPE_KEYS` and :data:`_INLINE_EXTRA`. Rules across keys (heads that divide)
     stay the loader's."""
@@ -210,7 +211,7 @@ def inline_model_json_schema() -> dict:
     props = {key: {} for key in _SHAPE_KEYS + _INLINE_EXTRA}
     props.update({key: {"anyOf": [count, {"type": "null"}]} if key in derived else count
                   for key in _INT_KEYS})
-    props.update(architecture={"enum": [*_HF_BY_ARCH, None]},   # null: from the next two
+    props.update(architecture={"enum": [*_HF_BY_ARCH, *_ARCH_BY_HF, *_ARCH_BY_TYPE, None]},
                  architectures={"type": ["array", "null"], "items": {"type": "string"}},
                  model_type={"type": ["string", "null"]},
                  rope_theta={"type": "number", "exclusiveMinimum": 0},
@@ -565,8 +566,9 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
     # Each key that names the architecture (servesim's, HF's class, HF's model_type) must
     # name the same one: a contradiction was settled silently by the first present.
     named = []
-    if cfg.get("architecture") is not None:
-        named.append(("architecture", cfg["architecture"], cfg["architecture"]))
+    if cfg.get("architecture") is not None:   # servesim's name, or either of HF's
+        a = cfg["architecture"]
+        named.append(("architecture", _ARCH_BY_HF.get(a, _ARCH_BY_TYPE.get(a, a)), a))
     if cfg.get("architectures"):
         a = cfg["architectures"][0]
         named.append(("architectures", _ARCH_BY_HF.get(a, a), f"[{a}]"))
