@@ -111,6 +111,10 @@ def _cmd_run(args) -> int:
     short = trace_shortfall(scenario, results[0].summary)
     if short:
         print(f"servesim: note: {short}", file=sys.stderr)
+    if scenario.plan is not None:   # as compare says it: its candidates were never tried
+        print(f"servesim: note: the plan: section of {scenario.source} is not used: run "
+              f"serves the settings as written (servesim plan searches its candidates)",
+              file=sys.stderr)
     for w in warnings:   # after the runs, so that an error in them stays the one line
         print(prefix + w, file=sys.stderr)
     print(f"report: {paths['report.html']}")

@@ -653,6 +653,11 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     # compare serves each file as written: their candidates were silently not compared
     assert ("servesim: note: the plan: sections of s.yaml, s2.yaml are not used: compare "
             "serves each file's settings as written") in capsys.readouterr().err
+    # and so does run (it said nothing)
+    assert main(["run", str(y), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert ("servesim: note: the plan: section of s.yaml is not used: run serves the "
+            "settings as written (servesim plan searches its candidates)"
+            in capsys.readouterr().err)
     # each report holds only files its command writes: a rerun replaces them all
     from fnmatch import fnmatch
 
