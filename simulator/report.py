@@ -294,7 +294,9 @@ _LIMITS = {"max_model_len": "prompts too long for max_model_len (rejected)",
 
 def diagnosis_line(diag: dict) -> str:
     """The diagnosis in one line for the terminal: the binding limit, the knob the
-    counterfactual run turned and what it did (or the knob to try)."""
+    counterfactual run turned and what it did (or the knob to try); with nothing binding,
+    the first observation's evidence (a finding the report lists, such as prefill chunks
+    stalling decodes)."""
     binding = diag.get("binding")
     line = f"Binding limit: {_LIMITS.get(binding, binding)}"
     cf = diag.get("counterfactual")
@@ -310,6 +312,11 @@ def diagnosis_line(diag: dict) -> str:
                     and cf.get("limit") != "wake_up" else ""))
     elif binding != "none" and found and found[0].get("change"):
         line += f"; try {set_flags(found[0])}"
+    elif binding == "none" and found:   # observations: the report lists them, say the first
+        noted = [f["evidence"] for f in found if f.get("evidence")]
+        if noted:
+            line += f"; observed: {noted[0]}" + (f" (and {len(noted) - 1} more)"
+                                                 if len(noted) > 1 else "")
     others = [f"{set_flags(o)}: {_side(o, 'before')} → {_side(o, 'after')}"
               + _breaks_text(o) for o in diag.get("other_counterfactuals") or []]
     if others:

@@ -241,3 +241,19 @@ def test_a_folder_that_takes_no_file_is_refused_before_any_work(tmp_path, result
     with pytest.raises(InputError, match="cannot write there"):
         write_run_outputs(tmp_path / "new", result, title="t", meta={})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_diagnosis_line_names_an_observation_when_nothing_binds():
+    # chat.yaml: "none: headroom at this load" while diagnosis.json and the report noted
+    # prefill chunks stalling decodes; the terminal said nothing of it
+    from simulator.report import diagnosis_line
+    stall = {"limit": "prefill_interference", "change": "engine.max_num_batched_tokens=512",
+             "evidence": "ITL p99 149 ms is 13.6× its median: prefill chunks stall decodes"}
+    bias = {"limit": "router", "evidence": "replica 1 served 60% of the requests"}
+    assert diagnosis_line({"binding": "none", "findings": [stall]}) == (
+        "Binding limit: none: headroom at this load; observed: ITL p99 149 ms is 13.6× its "
+        "median: prefill chunks stall decodes (details: the report's Diagnosis).")
+    assert diagnosis_line({"binding": "none", "findings": [stall, bias]}).endswith(
+        "prefill chunks stall decodes (and 1 more) (details: the report's Diagnosis).")
+    assert diagnosis_line({"binding": "none", "findings": []}) == (
+        "Binding limit: none: headroom at this load (details: the report's Diagnosis).")
