@@ -274,7 +274,8 @@ def _cmd_sweep(args) -> int:
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
         "offered_rate", "request_throughput", "stability", "rejected", *shown,
         *(c for c in slo if c not in shown), "slo_met", "binding"] if c in res.table
-        and (c != "rejected" or res.table[c].any())], exact=tuple(axes))
+        and (c != "rejected" or res.table[c].any())
+        and (c != "offered_rate" or res.table[c].notna().any())], exact=tuple(axes))
     _warn(res.warnings)   # its points' own, and their workloads
     if scenario.workload.trace is None:   # a trace's rows are what they are
         _few_requests_note([s["num_requests"] for sums in res.summaries for s in sums],

@@ -141,7 +141,7 @@ def write_sweep_report(out_dir, result, *, title: str) -> dict:
                                  "rejected", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
                                  "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "goodput",
                                  "slo_met", "binding", "note"]
-    shown = [c for c in shown if c in t]
+    shown = [c for c in shown if c in t and (c != "offered_rate" or t[c].notna().any())]
     b: list = [("h1", title),
                ("p", "Step costs: " + ("; ".join(f"**{k}**" for k in kinds) or "n/a")
                      + (" (each point's: `cost_model` in sweep.csv)" if len(kinds) > 1

@@ -188,7 +188,8 @@ class SweepResult:
         axes: ``{key: [values]}`` swept (first axis = the x of each curve), each value
             as YAML reads it (the number 4 for ``--set key=4``).
         table: one row per point: the swept values, ``offered_rate`` (for open-loop
-            conversations the request rate they build up to) and
+            conversations the request rate they build up to; None for a closed loop, which
+            sends as answers come back) and
             ``request_throughput`` (req/s), ``output_throughput`` (tok/s), ``stable``
             (every replication passed the throughput test, and the saturation probe's
             bound where there is one, :func:`saturation_probes`; None where requests were
@@ -320,7 +321,9 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         comb = combine_replications(sums) if n > 1 else None
         row = dict(p)
         offered = [o["offered_rate"] for o in group if o["offered_rate"]]
-        row["offered_rate"] = float(np.mean(offered)) if offered else None
+        # a closed loop sends as answers come back: its "offered" rate is the served one
+        closed = getattr(sc.workload.arrival, "process", None) == "closed_loop"
+        row["offered_rate"] = float(np.mean(offered)) if offered and not closed else None
         stable = row["stable"] = all(o["stable"] and not over_capacity(o, cap)
                                      for o in group)
         steady = all(o.get("steady", True) for o in group)

@@ -2236,3 +2236,24 @@ def test_compare_shows_each_statistic_the_slos_name(tmp_path, capsys):
         pytest.approx(want, rel=1e-5)
     md = (tmp_path / "c" / "report.md").read_text()
     assert "| TTFT p90 (ms) |" in md and "| Queue p95 (ms) |" in md
+
+
+def test_a_closed_loop_sweep_has_no_offered_rate(tmp_path, capsys):
+    # each user sends when its answer is back: 4 tokens of 10 ms steps, 25 req/s per user
+    # up to the 4 slots (100 req/s); an "offered" rate would only repeat the served one
+    import pandas as pd
+    y = tmp_path / "c.yaml"
+    y.write_text("name: c\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                 "engine: {max_num_seqs: 4}\nworkload:\n  num_requests: 200\n"
+                 "  arrival: {process: closed_loop, concurrency: 2}\n"
+                 "  prompt_tokens: {dist: fixed, value: 8}\n"
+                 "  output_tokens: {dist: fixed, value: 4}\n")
+    assert main(["sweep", str(y), "--set", "workload.arrival.concurrency=1,2,8", "--out",
+                 str(tmp_path / "s"), "--executor", "serial", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "offered" not in out
+    t = pd.read_csv(tmp_path / "s" / "sweep.csv")
+    assert t["offered_rate"].isna().all()
+    assert t["request_throughput"].tolist() == pytest.approx([25, 50, 100], rel=0.02)
+    assert "offered_rate" not in (tmp_path / "s" / "report.md").read_text().split(
+        "| workload.arrival.concurrency |")[1].split("\n")[0]
