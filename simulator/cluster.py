@@ -47,8 +47,10 @@ class Router:
             requests (bounded-load affinity, so a hot prefix cannot pile onto one replica);
             ties go to the least loaded, then in turn as above. It reads each replica's
             cache as it is at that instant (blocks scheduled but not yet computed
-            included): an upper bound on the hits of a production prefix-aware router,
-            which keeps an approximate or lagging copy (a hash trie, KV events).
+            included), where a production router keeps an approximate or lagging copy (a
+            hash trie, KV events); a router matching prefixes with no load bound (vLLM
+            production-stack's prefix-aware one) keeps more turns of a conversation on
+            its replica, so its hit rate can be higher.
 
     Raises:
         ValueError: unknown policy.
