@@ -778,8 +778,9 @@ class MetricsCollector:
             x = x[:need].reshape(nbins, factor)
             return x.sum(axis=1) if how == "sum" else x.max(axis=1)
 
-        for rep in sorted(self._bins):
-            a = self._bins[rep].as_arrays()
+        # every replica's rows, one that never ran a step (fewer requests than replicas) too
+        for rep in range(self._nrep()):
+            a = self._bins.get(rep, _Bins()).as_arrays()
             agg = {k: reduce(a[k], "sum") for k in _Bins.SUM}
             agg.update({k: reduce(a[k], "max") for k in ("run_max", "wait_max", "kv_max")})
             lo, hi = np.searchsorted(replica, (rep, rep + 1))

@@ -669,3 +669,20 @@ def test_queue_length_series_counts_preempted_requests_waiting_again(monkeypatch
     area = (ts["waiting"] * ts["bin_s"] * 1e9).groupby(ts["replica"]).sum()
     assert area["all"] == pytest.approx(sum(waited), rel=1e-9)
     assert area.drop("all").sum() == pytest.approx(sum(waited), rel=1e-9)
+
+
+def test_a_replica_that_never_ran_a_step_still_has_its_rows():
+    # 3 replicas, one 40 ms step on replica 0 only (the run's window: one bin of 40 ms):
+    # rows for 0, 1 and 2 (replicas 1 and 2 idle: zeros), and the cluster's mean busy
+    # share is 1/3 of replica 0's
+    c = MetricsCollector(timeseries_bin_ns=50 * MS, num_replicas=3)
+    c.record_request(RequestRecord("A", 0, 0, 40 * MS, 40 * MS, 10, 0, 1, replica=0,
+                                   finish_reason="length"))
+    c.record_step(0, 0, 40 * MS, 10, 0, 1, 0, 0.1, 0)
+    ts = c.finalize(slo=None).timeseries
+    assert ts["replica"].unique().tolist() == ["0", "1", "2", "all"]
+    busy = ts.set_index("replica")["busy"]
+    assert busy["0"] == 1 and busy["1"] == busy["2"] == 0
+    assert busy["all"] == approx(1 / 3)
+    idle = ts[ts["replica"] == "2"]
+    assert (idle[["running", "running_max", "steps", "kv_usage_max"]] == 0).all().all()
