@@ -347,21 +347,23 @@ def _kv_change(scenario, blocks: int | None) -> str | None:
 
 
 def _beyond_memory(scenario, change: str | None) -> str:
-    """What the knob text says of a KV ``change`` (:func:`_kv_change`) that sets more
-    ``engine.num_gpu_blocks`` than the scenario's GPUs hold at its gpu_memory_utilization
-    (:func:`_memory_blocks`): a test of twice the cache, which vLLM would fail to allocate
-    on them, and what would hold it (twice the tensor_parallel, with its blocks, where the
+    """What the knob text says of a ``change`` (settings joined by commas: twice the
+    blocks of :func:`_kv_change`, or more slots with the blocks to hold them) that sets
+    more ``engine.num_gpu_blocks`` than the scenario's GPUs hold at its
+    gpu_memory_utilization (:func:`_memory_blocks`): a test of more cache than they hold,
+    which vLLM would fail to allocate on them, and what would hold it (twice the tensor_parallel, with its blocks, where the
     model splits that far and they hold as many; or a GPU with more memory). "" where the
     GPUs hold it, or no memory sizes the cache (an inline step time)."""
-    key, _, value = (change or "").partition("=")
-    held = _memory_blocks(scenario) if key == "engine.num_gpu_blocks" else None
+    value = dict(c.partition("=")[::2] for c in (change or "").split(",")).get(
+        "engine.num_gpu_blocks")
+    held = _memory_blocks(scenario) if value is not None else None
     if held is None or int(value) <= held:
         return ""
     tp = 2 * scenario.hardware.tensor_parallel
     sc = _valid_change(scenario, f"hardware.tensor_parallel={tp}") if tp <= MAX_TP else None
     more = _memory_blocks(sc) if sc is not None else None
-    return (f"the try, {value} blocks, is a test of twice the cache that this replica's "
-            f"GPUs cannot hold ({held} at gpu_memory_utilization "
+    return (f"the try, {value} blocks, is a test of more cache than this replica's "
+            f"GPUs hold ({held} at gpu_memory_utilization "
             f"{scenario.engine.gpu_memory_utilization:g}: vLLM would fail to allocate it); "
             + (f"tensor_parallel {tp} ({more} blocks) or a GPU with more memory holds it"
                if more is not None and more >= int(value) else
@@ -628,9 +630,6 @@ def find_limits(scenario, result) -> dict:
             f"cluster.replicas={2 * nrep}")
     blocks = s.get("num_gpu_blocks")
     kv_change = _kv_change(scenario, blocks)
-    # twice a cache the memory already sizes tests the cache alone: said, with what holds it
-    kv_test = _beyond_memory(scenario, kv_change)
-    kv_test = f"; {kv_test}" if kv_test else ""
     wl = scenario.workload
     if (wl.prefix is not None or wl.sessions is not None or wl.trace is not None) \
             and s.get("total_prompt_tokens"):
@@ -650,8 +649,7 @@ def find_limits(scenario, result) -> dict:
             elif nrep > 1 and scenario.cluster.router != "prefix_affinity":
                 knob, change = "router prefix_affinity", "cluster.router=prefix_affinity"
             else:
-                knob, change, free = ("more KV cache to keep prefixes resident" + kv_test,
-                                      kv_change, False)
+                knob, change, free = "more KV cache to keep prefixes resident", kv_change, False
             # with every SLO met, a free setting is an observation, not what binds
             (head if free and s.get("slo_met") is not True else found).append(_finding(
                 "prefix_cache", f"prefix-cache hit rate {hit:.0%} while {expected:.0%} of the "
@@ -724,7 +722,7 @@ def find_limits(scenario, result) -> dict:
                         "kept free when admitting while others run, so they grow without "
                         "preemption; fewer run at once)")
         found.append(_finding("kv_capacity", f"{pre} preemptions (KV blocks ran out; "
-                              f"mean KV usage {kv_mean:.0%})", kv_knob + kv_test, kv_change))
+                              f"mean KV usage {kv_mean:.0%})", kv_knob, kv_change))
     elif queued and running_max < scenario.max_num_seqs and (
             kv_mean >= KV_FULL or (holds is not None and running_max >= holds)):
         found.append(_finding("kv_capacity", f"{held} while the KV cache is "
@@ -733,7 +731,7 @@ def find_limits(scenario, result) -> dict:
                                  f"and {running_max} ran at once)" if holds is not None
                                  and running_max >= holds else "")
                               + f" and {running:.1f} of {scenario.max_num_seqs} "
-                              f"sequence slots are used", kv_knob + kv_test, kv_change))
+                              f"sequence slots are used", kv_knob, kv_change))
     # The share of the waiting (request-seconds) that happens while every sequence slot of
     # the replica is taken: bursts fill the slots although the mean running count is low.
     at_cap = None
@@ -758,7 +756,7 @@ def find_limits(scenario, result) -> dict:
         # more KV cache first.
         found.append(_finding(
             "kv_capacity", f"{all_slots}, and its KV cache holds about {n2} at their mean "
-            f"context: more sequence slots need more KV cache", kv_knob + kv_test, kv_change))
+            f"context: more sequence slots need more KV cache", kv_knob, kv_change))
     elif gain is not None and gain < SLOTS_GAIN:
         # The slots are taken, but steps of more sequences would take nearly as much
         # longer: the replica's compute, not its slot count, holds requests back.
@@ -966,6 +964,11 @@ def find_limits(scenario, result) -> dict:
         found.remove(chunks)
         found.insert(last, chunks)
     found = head + found
+    for f in found:   # a cache the memory already sizes, tried larger, tests the cache
+        test = _beyond_memory(scenario, f["change"])   # alone: said, with what holds it
+        if test:
+            f["knob"] += f"; {test}"
+            f["beyond_memory"] = True   # said beside the try wherever shown (the terminal)
     # Rejections and the floor bind first; then the first finding whose knob moves a
     # missed SLO (:data:`MOVES`); with every SLO met, a queueing limit (what caps the rate);
     # with none given, the first finding. Those that could bind lead the list, the binding
@@ -1042,7 +1045,8 @@ def _breaks(before: dict, after: dict) -> list[dict]:
 def _counterfactual(scenario, result, finding: dict, unstable: bool = False) -> dict:
     """Replication ``result`` ran again with ``finding``'s change: ``{limit, change, figure,
     before, after, slo_met_before, slo_met_after, moved, worse, breaks}`` (the figure:
-    :func:`_headline`)."""
+    :func:`_headline`), and ``beyond_memory`` (True) where the finding's is a KV cache its
+    GPUs cannot hold (:func:`_beyond_memory`)."""
     from .run import simulate
     from .scenario import scenario_from_dict
 
@@ -1057,7 +1061,8 @@ def _counterfactual(scenario, result, finding: dict, unstable: bool = False) -> 
            "slo_met_before": result.summary.get("slo_met"),
            "slo_met_after": alt.get("slo_met"), "moved": _moved(before, after, lower),
            "worse": _worse(before, after, lower), "breaks": _breaks(result.summary, alt),
-           **suggested_flags(scenario, finding["change"])}
+           **suggested_flags(scenario, finding["change"]),
+           **({"beyond_memory": True} if finding.get("beyond_memory") else {})}
     if name == SLO_FIGURE:   # which SLO is worst, before and after: the ratio alone is abstract
         out["worst_before"], out["worst_after"] = (_worst_entry(result.summary),
                                                    _worst_entry(alt))

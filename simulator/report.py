@@ -302,7 +302,8 @@ def diagnosis_line(diag: dict) -> str:
     cf = diag.get("counterfactual")
     found = diag.get("findings") or []
     if binding != "none" and cf:
-        line += (f"; with {set_flags(cf)}: {cf['figure']} {_side(cf, 'before')} → "
+        line += (f"; with {set_flags(cf)}{_beyond(cf)}: {cf['figure']} "
+                 f"{_side(cf, 'before')} → "
                  f"{_side(cf, 'after')}" + _effect(cf)
                  + f", SLOs met {_fmt(cf.get('slo_met_before'))} → "
                  f"{_fmt(cf.get('slo_met_after'))}" + _breaks_text(cf)
@@ -311,17 +312,23 @@ def diagnosis_line(diag: dict) -> str:
                     if str(cf["change"]).startswith("cluster.replicas=")
                     and cf.get("limit") != "wake_up" else ""))
     elif binding != "none" and found and found[0].get("change"):
-        line += f"; try {set_flags(found[0])}"
+        line += f"; try {set_flags(found[0])}{_beyond(found[0])}"
     elif binding == "none" and found:   # observations: the report lists them, say the first
         noted = [f["evidence"] for f in found if f.get("evidence")]
         if noted:
             line += f"; observed: {noted[0]}" + (f" (and {len(noted) - 1} more)"
                                                  if len(noted) > 1 else "")
-    others = [f"{set_flags(o)}: {_side(o, 'before')} → {_side(o, 'after')}"
+    others = [f"{set_flags(o)}{_beyond(o)}: {_side(o, 'before')} → {_side(o, 'after')}"
               + _breaks_text(o) for o in diag.get("other_counterfactuals") or []]
     if others:
         line += f" (also tried {'; '.join(others)})"
     return line + " (details: the report's Diagnosis)."
+
+
+def _beyond(item: dict) -> str:
+    """Said after a KV-cache try its GPUs cannot hold (``beyond_memory``): a test."""
+    return (" (a test: more KV cache than the GPUs hold; see the report)"
+            if item.get("beyond_memory") else "")
 
 
 def set_flags(item: dict, code: bool = False) -> str:

@@ -1071,15 +1071,25 @@ def test_a_kv_try_beyond_the_gpus_memory_is_labelled_a_test_with_what_holds_it()
     f = next(f for f in find_limits(s, r)["findings"] if f["limit"] == "kv_capacity")
     assert f["change"] == f"engine.num_gpu_blocks={2 * held}"
     assert f["knob"].endswith(
-        f"; the try, {2 * held} blocks, is a test of twice the cache that this replica's GPUs "
-        f"cannot hold ({held} at gpu_memory_utilization 0.92: vLLM would fail to allocate "
+        f"; the try, {2 * held} blocks, is a test of more cache than this replica's GPUs "
+        f"hold ({held} at gpu_memory_utilization 0.92: vLLM would fail to allocate "
         f"it); tensor_parallel 2 ({held2} blocks) or a GPU with more memory holds it")
+    # and the terminal line, which gives only the flags, says it is a test
+    from simulator.report import diagnosis_line
+    assert f["beyond_memory"] is True
+    assert (f"try --set engine.num_gpu_blocks={2 * held} (a test: more KV cache than the "
+            f"GPUs hold; see the report)" in diagnosis_line({"binding": "kv_capacity",
+                                                           "findings": [f]}))
     # at tensor_parallel 8 (the most on one node) only a GPU with more memory holds it
     held8 = build_cost_model(gpu(8)).num_gpu_blocks
     assert _beyond_memory(gpu(8), f"engine.num_gpu_blocks={2 * held8}").endswith(
         "vLLM would fail to allocate it); a GPU with more memory holds it")
     # tries the GPUs hold are not labelled: a higher gpu_memory_utilization, the blocks the
     # memory holds in place of a smaller override; nor a cache no memory sizes
+    # more slots with the blocks to hold them: the blocks are what the GPUs may not hold
+    assert _beyond_memory(s, f"engine.max_num_seqs=512,engine.num_gpu_blocks={held + 1}") \
+        .startswith(f"the try, {held + 1} blocks, is a test of more cache")
+    assert _beyond_memory(s, f"engine.max_num_seqs=512,engine.num_gpu_blocks={held}") == ""
     assert _beyond_memory(s, "engine.gpu_memory_utilization=0.92") == ""
     assert _beyond_memory(s, f"engine.num_gpu_blocks={held}") == ""
     assert _beyond_memory(gpu(num_gpu_blocks=held), f"engine.num_gpu_blocks={held + 1}") != ""
