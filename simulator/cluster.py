@@ -20,7 +20,7 @@ from .policy import Request
 from .policy.request import first_content_key
 from .replica import _NEVER, Replica, new_request
 
-ROUTERS = ("round_robin", "least_outstanding", "prefix_affinity")
+ROUTERS = ("round_robin", "least_outstanding", "prefix_affinity", "session_affinity")
 
 
 class _ArrivalTimer(simpy.Event):
@@ -51,6 +51,11 @@ class Router:
             hash trie, KV events); a router matching prefixes with no load bound (vLLM
             production-stack's prefix-aware one) keeps more turns of a conversation on
             its replica, so its hit rate can be higher.
+        session_affinity: every turn of a conversation to the replica that took its
+            first turn, chosen as least_outstanding chooses (as a load balancer's sticky
+            sessions do; vLLM production-stack's session router hashes the session id
+            instead, which spreads conversations as a random split does); a request of
+            no conversation as least_outstanding.
 
     Raises:
         ValueError: unknown policy.
@@ -63,21 +68,29 @@ class Router:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {policy!r}")
         self.policy = policy
         self._next = 0
+        self._home: dict = {}   # session_affinity: conversation -> replica of its first turn
 
-    def choose(self, req: Request, replicas: list[Replica]) -> Replica:
+    def choose(self, req: Request, replicas: list[Replica], session_id=None) -> Replica:
         """The replica that takes ``req`` under this router's policy (class docstring);
-        advances the turn that round_robin and ties follow."""
+        advances the turn that round_robin and ties follow. ``session_id``: the
+        conversation ``req`` is a turn of (None: a single request)."""
         if len(replicas) == 1:
             return replicas[0]
         if self.policy == "round_robin":
             rep = replicas[self._next % len(replicas)]
             self._next += 1
             return rep
+        sticky = self.policy == "session_affinity" and session_id is not None
+        home = self._home.get(session_id) if sticky else None
+        if home is not None:   # a later turn: where its history is (the turn is not advanced)
+            return replicas[home]
         n = len(replicas)
         order = [(self._next + k) % n for k in range(n)]   # ties go in turn
         loads = [r.num_outstanding for r in replicas]
-        if self.policy == "least_outstanding":
+        if self.policy in ("least_outstanding", "session_affinity"):
             best = min(order, key=lambda i: loads[i])
+            if sticky:
+                self._home[session_id] = best
         else:
             bound = self.LOAD_FACTOR * sum(loads) / n + 1
             best, best_key = None, None
@@ -225,7 +238,7 @@ class Cluster:
         req = new_request(spec, t)
         req.cache_private = first_content_key(spec.prompt) not in self._shared_first
         req.output_private = hash(req.output_content_id) not in self._quoted
-        self.router.choose(req, self.replicas).submit(
+        self.router.choose(req, self.replicas, spec.session_id).submit(
             req, self.metrics.delivered(req.arrival_ns))
 
     def _release(self) -> None:

@@ -239,7 +239,8 @@ class ClusterConfig(_Strict):
     """Replicas of the engine behind a router."""
 
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
-    router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "prefix_affinity",
+                    "session_affinity"] = "round_robin"
 
 
 SLO_METRICS = METRICS   # every metric the summary reports can carry an SLO

@@ -138,7 +138,8 @@ workload:
     assert w["max_output_tokens_per_s"] is None
 
 
-@pytest.mark.parametrize("router", ["least_outstanding", "prefix_affinity"])
+@pytest.mark.parametrize("router", ["least_outstanding", "prefix_affinity",
+                                    "session_affinity"])
 def test_load_aware_routers_take_turns_when_replicas_tie(router):
     # one request a second, each served in 30 ms: every replica is empty at each arrival,
     # so every choice ties and the requests go round the 4 replicas in turn (the lowest
@@ -156,6 +157,35 @@ def test_load_aware_routers_take_turns_when_replicas_tie(router):
                      "output_tokens": {"dist": "fixed", "value": 3}}})
     req = simulate(s).requests.sort_values("arrival_s")
     assert req["replica"].astype(int).tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+
+
+@pytest.mark.parametrize("router,replicas,cached", [
+    # a later turn goes where its first went, and hits its history there
+    ("session_affinity", [0, 0, 1, 1, 2, 2, 3, 3, 0, 0], [0, 32] * 5),
+    # least_outstanding finds every replica empty and goes on in turn: no history hit
+    ("least_outstanding", [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], [0] * 10)])
+def test_session_affinity_keeps_a_conversation_on_its_first_replica(router, replicas, cached):
+    # a conversation a second (first turns at 1, 2, ... s), 2 turns: 16 new tokens and a
+    # 32-token answer each, 10 ms steps: turn 1 ends at +0.32 s (1 prefill + 31 decode
+    # steps), turn 2 arrives 0.5 s later with a 64-token prompt (16 + 32 + 16). Its history
+    # holds 47 computed tokens (the last answer token is never fed back): 2 full blocks of 16
+    from simulator.run import simulate
+    from simulator.scenario import scenario_from_dict
+
+    s = scenario_from_dict({
+        "name": "r", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
+        "engine": {"max_num_seqs": 8, "max_model_len": 256},
+        "cluster": {"replicas": 4, "router": router},
+        "workload": {"seed": 0, "num_requests": 10,
+                     "arrival": {"process": "constant", "rate": 1.0},
+                     "prompt_tokens": {"dist": "fixed", "value": 16},
+                     "output_tokens": {"dist": "fixed", "value": 32},
+                     "sessions": {"turns": 2, "think_time_s": 0.5}}})
+    req = simulate(s).requests.sort_values("arrival_s")
+    assert req["arrival_s"].tolist()[:4] == pytest.approx([1.0, 1.82, 2.0, 2.82])
+    assert req["prompt_tokens"].tolist()[:2] == [16, 64]
+    assert req["replica"].astype(int).tolist() == replicas
+    assert req["cached_tokens"].tolist() == cached
 
 
 def test_max_concurrency_holds_arrivals_until_a_request_finishes(tmp_path):
