@@ -1216,8 +1216,15 @@ def test_conversations_scattered_by_round_robin_bind_the_router():
     share = d["figures"]["shareable_prompt_share"]
     assert share == pytest.approx(3750 / 4950, rel=1e-6)
     assert r.summary["prefix_cache_hit_rate"] < 0.5 * share
-    assert d["binding"] == "prefix_cache" and f["change"] == "cluster.router=prefix_affinity"
+    # a conversation's history is on its last turn's replica: sticky sessions keep it there
+    assert d["binding"] == "prefix_cache" and f["change"] == "cluster.router=session_affinity"
     assert d["counterfactual"]["slo_met_after"]
+    # every later turn then hits its whole history (its full blocks): the share but for the
+    # partial last block of each history and the answers' last tokens
+    alt = simulate(scenario_from_dict({**s.model_dump(mode="python", exclude_none=True),
+                                       "cluster": {"replicas": 4,
+                                                   "router": "session_affinity"}}))
+    assert 0.9 * share < alt.summary["prefix_cache_hit_rate"] <= share
 
 
 def test_findings_of_a_run_that_meets_its_slos_read_as_observations():
