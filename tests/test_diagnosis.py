@@ -1478,18 +1478,21 @@ def test_a_router_that_scatters_conversations_over_replicas_is_found():
     share = r.summary["prefix_cache_hit_rate"] / d["figures"]["shareable_prompt_share"]
     assert 0.5 < share < 0.8   # more than a single cache's suspicion, less than affinity's
     assert d["binding"] == "prefix_cache"
-    assert d["findings"][0]["change"] == "cluster.router=prefix_affinity"
-    aff = _conversations("prefix_affinity", 5)
-    ra = simulate(aff)
-    da = find_limits(aff, ra)
-    assert ra.summary["prefix_cache_hit_rate"] >= 0.8 * da["figures"]["shareable_prompt_share"]
-    assert "prefix_cache" not in [f["limit"] for f in da["findings"]]
+    # conversations: sticky sessions keep each history's replica
+    assert d["findings"][0]["change"] == "cluster.router=session_affinity"
+    for router in ("session_affinity", "prefix_affinity"):   # neither scatters them
+        aff = _conversations(router, 5)
+        ra = simulate(aff)
+        da = find_limits(aff, ra)
+        assert ra.summary["prefix_cache_hit_rate"] >= \
+            0.8 * da["figures"]["shareable_prompt_share"]
+        assert "prefix_cache" not in [f["limit"] for f in da["findings"]]
     # with every SLO met the free setting is listed, and does not bind
     met = _conversations("round_robin", 10_000)
     dm = find_limits(met, simulate(met))
     assert dm["binding"] == "none"
     assert [f["change"] for f in dm["findings"] if f["limit"] == "prefix_cache"] == \
-        ["cluster.router=prefix_affinity"]
+        ["cluster.router=session_affinity"]
 
 
 def test_the_fewest_replicas_are_found_by_plan_or_for_what_plan_refuses_by_a_sweep():

@@ -101,8 +101,8 @@ def test_a_bad_set_value_is_one_line_naming_the_flag(chat):
      "should be less than or equal to 9223372036854775807"),   # 2**63, past int64
     ("workload.arrival={process: closed_loop, concurrency: 1000000000000}", "workload."
      "arrival.concurrency: Input should be less than or equal to 100000000"),
-    ("cluster.router=random", "Input should be 'round_robin', 'least_outstanding' or "
-     "'prefix_affinity'"),
+    ("cluster.router=random", "Input should be 'round_robin', 'least_outstanding', "
+     "'prefix_affinity' or 'session_affinity'"),
     ("dtype=int8", "--set dtype=int8: Input should be 'float32', 'bfloat16' or 'float16'"),
     ("slo.ttft_ms.p98x=3", "--set slo.ttft_ms.p98x=3: unknown statistic 'p98x': "
      "use mean or pNN, a percentile in (0, 100]"),
