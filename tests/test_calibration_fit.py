@@ -231,3 +231,47 @@ def test_replay_steps_are_priced_with_the_wake_up_after_idle():
     from calibration.fit import replay_errors
     assert replay_errors("constant", {"constant_s": 0.01}, None, steps, idle)["mape"] == \
         pytest.approx((0 + 2 / 22) / 2)
+
+
+def _cpu_grid_cells(coef):
+    """Cell means of calibrate's default CPU grid priced by the roofline ``coef`` (bf16
+    llama-tiny-56m), each step's features worked out from its cell: a prefill chunk of n
+    tokens after c computed, and (decode, mixed cells) B decodes of the lengths the
+    profiler gives them, each one token longer per step of a visit."""
+    from calibration.profiler import decode_lengths, default_grid
+
+    k = RooflineConstants.of(load_model("llama-tiny-56m"), "bfloat16")
+    grid = default_grid("cpu", False, 4096)
+    rows = []
+    for cell in grid.cells(16, 4096, 1 << 40):
+        chunks = [(cell.n, cell.c)] if cell.kind in ("prefill", "mixed") else []
+        lengths = decode_lengths(cell.B, cell.L) if cell.kind in ("decode", "mixed") else []
+        for s in range(grid.rows_per_visit(cell)):
+            dl = [x + s for x in lengths]
+            pt = sum(n for n, _ in chunks)
+            f = dict(tokens=pt + len(dl), requests=len(dl) + len(chunks), prefill_tokens=pt,
+                     decodes=len(dl), context_tokens=sum(n + c for n, c in chunks) + sum(dl),
+                     attn_pairs=sum(n * (c + (n + 1) / 2) for n, c in chunks) + sum(dl),
+                     sampled=len(dl) + len(chunks))
+            t = float(roofline_seconds(coef, k, f["tokens"], f["requests"],
+                                       f["context_tokens"], f["attn_pairs"], f["sampled"],
+                                       pt, len(dl)))
+            rows.append({"cell": cell.key, "kind": cell.kind, "duration_ns": t * 1e9, **f})
+    return cell_means(pd.DataFrame(rows)), k
+
+
+@pytest.mark.parametrize("paths", [{}, {"prefill_step_s": 4e-3, "decode_step_s": 2e-3}])
+def test_the_fit_with_path_costs_is_never_worse_than_the_fit_it_contains(paths):
+    # A weight-bound tiny model on calibrate's CPU grid: every start of the fit with path
+    # costs stopped at the kink of the dense term's max(), above the fit without them
+    # (a0 5.1 ms for 7 with true path costs of 4 and 2 ms; 1-5% off where it should be
+    # exact). The model holds that fit (path costs 0): both recover the truth exactly.
+    true = {"a0_s": 7e-3, "per_request_s": 2e-5, "w_eff_bytes_per_s": 2.8e10,
+            "f_eff_flops_per_s": 1.5e11, "w_attn_bytes_per_s": 5e9,
+            "f_attn_flops_per_s": 6e10, **paths}
+    cells, k = _cpu_grid_cells(true)
+    got = fit_roofline(cells, cells["seconds"], k, peak_flops=1e11, peak_bandwidth=2e10)
+    for name, want in true.items():
+        assert got[name] == pytest.approx(want, rel=1e-3), name
+    if not paths:   # the path costs it may add are nil
+        assert got["prefill_step_s"] < 1e-6 and got["decode_step_s"] < 1e-6
