@@ -905,6 +905,24 @@ def _gpu_efficiency_profile(gpu_name: str) -> tuple[Profile | None, list[Path]]:
     return (cands[0] if cands else None), unreadable
 
 
+def borrowed_past_peak(source: Profile | None) -> str | None:
+    """The setup warning for a measured ``source`` whose efficiencies a projection borrows
+    but caps at 1 (:func:`project_profile`), None when none is past the spec sheet: a fit
+    pinned at its bound, 4 (:data:`calibration.fit.MAX_EFFICIENCY`), where the term was too
+    small to fit, would price steps faster than the GPU's peak allows."""
+    if source is None:
+        return None
+    e = source.efficiencies
+    past = [f"{name} {v:g}" for name, v in (("MBU", e.mbu), ("MFU", e.mfu),
+                                            ("attention MBU", e.attn_mbu),
+                                            ("attention MFU", e.attn_mfu)) if v and v > 1]
+    if not past:
+        return None
+    return (f"measured profile {source.display_name} has {', '.join(past)}, past its GPU's "
+            f"peak (its fit's bound: the term was too small to fit); the projection borrows "
+            f"{'them' if len(past) > 1 else 'it'} capped at 1")
+
+
 def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 1, *,
                     block_size: int = 16,
                     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
@@ -915,7 +933,8 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
 
     Efficiencies come from ``source`` (a measured GPU profile) or the documented defaults
     (:data:`DEFAULT_MBU`, :data:`DEFAULT_MFU`); attention runs at the same efficiencies
-    unless ``source`` measured its own.
+    unless ``source`` measured its own. Each is capped at 1 (the spec sheet's peak):
+    :func:`borrowed_past_peak` says which a source had above it.
 
     ``max_num_batched_tokens`` and ``max_num_seqs`` size vLLM's activation reserve (no
     default: ``vllm serve``'s depend on the device, :meth:`Scenario.serving_defaults`).
@@ -929,8 +948,10 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
         raise ValueError("a CPU profile's efficiencies are never carried to a GPU")
     eff = source.efficiencies if source is not None else Efficiencies(mbu=DEFAULT_MBU,
                                                                       mfu=DEFAULT_MFU)
-    mbu, mfu = eff.mbu, eff.mfu
-    amb, amf = eff.attn_mbu or mbu, eff.attn_mfu or mfu
+    # a projection never beats the spec sheet: a borrowed rate past it (a fit pinned at
+    # its bound, MAX_EFFICIENCY: the term too small to fit) is capped (borrowed_past_peak)
+    mbu, mfu = min(eff.mbu, 1.0), min(eff.mfu, 1.0)
+    amb, amf = min(eff.attn_mbu or eff.mbu, 1.0), min(eff.attn_mfu or eff.mfu, 1.0)
     bw, peak = gpu.memory_bandwidth, gpu.peak_flops(dtype)
     a0, per_req = DEFAULT_STEP_OVERHEAD_S, DEFAULT_PER_REQUEST_S
     paths = {}   # fixed costs in seconds, carried as a0 and per_req are
@@ -1170,6 +1191,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
                                     memory=(f"that {gpu.name}'s memory holds at gpu_memory_utilization "
                                             f"{eng.gpu_memory_utilization:g} "
                                             f"(tensor_parallel={tp})"))
+            setup_warning = "; ".join(filter(None, (setup_warning, borrowed_past_peak(src)))) \
+                or None
             if unreadable:   # one of them may be the vLLM profile the user meant to lend
                 setup_warning = "; ".join(filter(None, (setup_warning, (
                     f"the projection borrowed no efficiencies from profile "

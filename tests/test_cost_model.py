@@ -729,6 +729,34 @@ def test_a_gpu_profile_of_servesims_own_engine_is_never_borrowed(tmp_path, monke
                                                "(MBU 0.8, MFU 0.6)")
 
 
+def test_a_borrowed_efficiency_past_the_spec_sheet_is_capped_and_said(tmp_path, monkeypatch):
+    # a vLLM profile whose weights term pinned at the fit's bound (MBU 4): an A100 decode
+    # of Llama-3.1-8B was priced at 3.97 ms where reading its 15 GB of weights at the spec
+    # sheet's full 2.039 TB/s takes 7.36 ms
+    monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
+    monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
+    save_profile(make_profile(name="h100-vllm",
+                              device={"name": "h100-sxm", "kind": "gpu", "peak_flops": 989.4e12,
+                                      "memory_bandwidth": 3.35e12,
+                                      "memory_bytes": 81559 * 2**20},
+                              efficiencies={"mbu": 4.0, "mfu": 0.55}, engine="vllm 0.32.0"),
+                 tmp_path / "local" / "h100-vllm.yaml")
+    sc = scenario(model="llama-3.1-8b", hardware={"profile": "a100-80gb"})
+    cm = build_cost_model(sc)
+    c = cm.profile.cost.coefficients
+    assert c["w_eff_bytes_per_s"] == pytest.approx(2.039e12)   # MBU 1 of the A100's peak
+    assert c["f_eff_flops_per_s"] == pytest.approx(0.55 * cm.profile.device.peak_flops)
+    assert cm.label.endswith("efficiencies of measured profile h100-vllm (MBU 1, MFU 0.55)")
+    assert cm.setup_warning == (
+        "measured profile h100-vllm has MBU 4, past its GPU's peak (its fit's bound: the "
+        "term was too small to fit); the projection borrows it capped at 1")
+    # a batch-1 decode is no faster than its weights read at the full bandwidth
+    weights = cm.profile.model_shape.weight_bytes("bfloat16")
+    step = cm.step_time_ns(SimpleNamespace(prefills=[], num_decodes=1,
+                                           decode_context_tokens=1000)) / 1e9
+    assert step > weights / 2.039e12
+
+
 def test_a_projection_names_the_profile_files_it_could_not_read(tmp_path, monkeypatch):
     # a vLLM GPU profile broken by a hand edit was skipped without a word: the projection
     # fell back to default efficiencies while the user believed theirs were used
