@@ -54,7 +54,7 @@ def with_replications(scenario, n: int | None):
 def _cmd_run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from .cost_model import build_cost_model, profile_warning
+    from .cost_model import build_cost_model, extrapolation_warning, profile_warning
     from .report import print_summary, write_run_outputs
     from .run import (client_warning, max_model_len_text, memory_warning, report_meta,
                       simulate_replications, start_burst_warning, tail_warning,
@@ -93,8 +93,13 @@ def _cmd_run(args) -> int:
     # the report says them too: a shared report is read without the terminal
     prefix = "servesim: warning: "
     ramp = ramp_warning(results[0].summary)   # says the count itself: the tail's would repeat it
+    req = results[0].requests
+    served = req.loc[req["finish_reason"] != "rejected", "prompt_tokens"]
     warnings = [w.removeprefix(prefix) for w in [
-        profile_warning(cost), cost.setup_warning, ramp, client_warning(results[0].summary),
+        profile_warning(cost), cost.setup_warning,
+        extrapolation_warning(cost, scenario, results[0].summary,
+                              int(served.max()) if len(served) else 0),
+        ramp, client_warning(results[0].summary),
         None if ramp else unstable_warning(results[0], diagnosis),
         start_burst_warning(scenario, results[0]),
         *workload_warnings(scenario.workload, scenario.base_dir),

@@ -1308,6 +1308,53 @@ def error_warning(heldout_mape: float | None, replay_mape: float | None) -> str 
             f"before trusting its predictions")
 
 
+@functools.lru_cache(maxsize=16)
+def _measured_reach(csv_path: str, mtime_ns: int) -> tuple[int, int] | None:
+    """(the largest decode batch, the largest prefill tokens) of one measured step in a
+    measurements CSV; None where it cannot be read (its profile still serves)."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(csv_path, comment="#", usecols=["num_decodes", "prefill_tokens"])
+        return int(df["num_decodes"].max()), int(df["prefill_tokens"].max())
+    except (OSError, ValueError, KeyError, pd.errors.ParserError):
+        return None
+
+
+def extrapolation_warning(cost: "CostModel", scenario, summary: dict,
+                          longest_prompt: int) -> str | None:
+    """What a run on a measured profile priced past the steps its calibration measured
+    (None when nothing, or no measurements CSV to tell): a replica that ran more
+    sequences at once (``summary`` running_max_per_replica, each a decode at most) than the
+    largest decode batch measured, or prefill chunks that could exceed the largest measured
+    (up to max_num_batched_tokens, and the ``longest_prompt``, tokens). The fitted form
+    prices them as it stands: an extrapolation no held-out cell checked."""
+    prof = cost.profile
+    rel = prof.provenance.measurements_csv if prof is not None and prof.measured else None
+    if not rel or prof.path is None:
+        return None
+    path = prof.path.parent / rel
+    try:
+        reach = _measured_reach(str(path), path.stat().st_mtime_ns)
+    except OSError:
+        return None
+    if reach is None:
+        return None
+    batch, chunk = reach
+    running = (summary.get("concurrency") or {}).get("running_max_per_replica") or 0
+    chunks = min(scenario.max_num_batched_tokens, longest_prompt)
+    past = ([f"{running} sequences running at once (decode batches up to {batch} were "
+             f"measured)"] if running > batch else []) + (
+        [f"prefill chunks of up to {chunks} tokens (up to {chunk} were measured)"]
+        if chunks > chunk else [])
+    if not past:
+        return None
+    return (f"profile {prof.display_name} prices steps past its calibration grid: "
+            f"{' and '.join(past)}, by extrapolating its fitted form, which no held-out cell "
+            f"checked; calibrate on a grid that reaches them (or lower engine.max_num_seqs / "
+            f"max_num_batched_tokens) to trust those steps")
+
+
 def profile_warning(cost: "CostModel") -> str | None:
     """:func:`error_warning` for the measured profile behind ``cost`` (None for projections
     and inline step times), naming the profile."""

@@ -869,3 +869,37 @@ def test_a_closed_loop_says_when_its_start_burst_sets_the_ttft_p99(tmp_path, cap
         assert main(["run", str(y), "--set", flag, "--out", str(tmp_path / flag),
                      "--quiet"]) == 0
         assert "closed loop" not in capsys.readouterr().err
+
+
+def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_path, capsys):
+    # the shipped CPU profile measured decode batches up to 32 and chunks up to 768 tokens:
+    # 64 sequences at once (or 1024-token chunks) were priced by extrapolation, unsaid
+    import json
+
+    import pandas as pd
+    root = Path(__file__).resolve().parents[1]
+    scenario = root / "scenarios" / "cpu_tiny.yaml"
+    csv = pd.read_csv(root / "simulator" / "profiles"
+                      / "cpu-llama-tiny-56m-bfloat16.measurements.csv", comment="#")
+    batch, chunk = int(csv["num_decodes"].max()), int(csv["prefill_tokens"].max())
+    assert (batch, chunk) == (32, 768)
+    fast = ["--set", "workload.num_requests=200", "--set", "workload.arrival.rate=40"]
+    assert main(["run", str(scenario), *fast, "--set", "engine.max_num_seqs=64",
+                 "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    running = json.loads((tmp_path / "a" / "summary.json").read_text())[
+        "concurrency"]["running_max_per_replica"]
+    assert running > batch
+    assert (f"servesim: warning: profile cpu-llama-tiny-56m-bfloat16 prices steps past its "
+            f"calibration grid: {running} sequences running at once (decode batches up to "
+            f"{batch} were measured), by extrapolating its fitted form") in err
+    # its own limits (32 sequences, 512-token chunks) stay inside it
+    assert main(["run", str(scenario), *fast, "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert "calibration grid" not in capsys.readouterr().err
+    # chunks: up to max_num_batched_tokens, no longer than the longest prompt
+    assert main(["run", str(scenario), *fast, "--set", "engine.max_num_batched_tokens=4096",
+                 "--out", str(tmp_path / "c"), "--quiet"]) == 0
+    longest = int(pd.read_csv(tmp_path / "c" / "requests.csv")["prompt_tokens"].max())
+    err = capsys.readouterr().err
+    assert (f"prefill chunks of up to {min(4096, longest)} tokens (up to {chunk} were "
+            f"measured)" in err) == (longest > chunk)
