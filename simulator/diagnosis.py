@@ -352,9 +352,10 @@ def _beyond_memory(scenario, change: str | None) -> str:
     blocks of :func:`_kv_change`, or more slots with the blocks to hold them) that sets
     more ``engine.num_gpu_blocks`` than the scenario's GPUs hold at its
     gpu_memory_utilization (:func:`_memory_blocks`): a test of more cache than they hold,
-    which vLLM would fail to allocate on them, and what would hold it (twice the tensor_parallel, with its blocks, where the
-    model splits that far and they hold as many; or a GPU with more memory). "" where the
-    GPUs hold it, or no memory sizes the cache (an inline step time)."""
+    which vLLM would fail to allocate on them, and what would hold it (twice the
+    tensor_parallel, with its blocks, where the model splits that far and they hold as
+    many; or a GPU with more memory). "" where the GPUs hold it, or no memory sizes the
+    cache (an inline step time)."""
     value = dict(c.partition("=")[::2] for c in (change or "").split(",")).get(
         "engine.num_gpu_blocks")
     held = _memory_blocks(scenario) if value is not None else None
