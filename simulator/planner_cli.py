@@ -371,7 +371,6 @@ def _knee_text(table, knee: dict, first: str) -> str:
 NO_PLAN_STATUS = 1
 
 
-
 def _cmd_plan(args) -> int:
     from .planner import closest_miss, closest_text, default_efficiency_note, plan, plan_table
     from .planner_report import write_plan_report
