@@ -144,6 +144,13 @@ def test_load_aware_routers_take_turns_when_replicas_tie(router):
     # one request a second, each served in 30 ms: every replica is empty at each arrival,
     # so every choice ties and the requests go round the 4 replicas in turn (the lowest
     # index took them all)
+    req = _one_a_second(router, prompt=8, output=3)
+    assert req["replica"].astype(int).tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+
+
+def _one_a_second(router: str, prompt: int, output: int, **workload):
+    """The requests of 10 arrivals a second apart (from 1 s) on 4 replicas of 10 ms steps
+    behind ``router``, by arrival."""
     from simulator.run import simulate
     from simulator.scenario import scenario_from_dict
 
@@ -153,10 +160,9 @@ def test_load_aware_routers_take_turns_when_replicas_tie(router):
         "cluster": {"replicas": 4, "router": router},
         "workload": {"seed": 0, "num_requests": 10,
                      "arrival": {"process": "constant", "rate": 1.0},
-                     "prompt_tokens": {"dist": "fixed", "value": 8},
-                     "output_tokens": {"dist": "fixed", "value": 3}}})
-    req = simulate(s).requests.sort_values("arrival_s")
-    assert req["replica"].astype(int).tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+                     "prompt_tokens": {"dist": "fixed", "value": prompt},
+                     "output_tokens": {"dist": "fixed", "value": output}, **workload}})
+    return simulate(s).requests.sort_values("arrival_s")
 
 
 @pytest.mark.parametrize("router,replicas,cached", [
@@ -169,19 +175,8 @@ def test_session_affinity_keeps_a_conversation_on_its_first_replica(router, repl
     # 32-token answer each, 10 ms steps: turn 1 ends at +0.32 s (1 prefill + 31 decode
     # steps), turn 2 arrives 0.5 s later with a 64-token prompt (16 + 32 + 16). Its history
     # holds 47 computed tokens (the last answer token is never fed back): 2 full blocks of 16
-    from simulator.run import simulate
-    from simulator.scenario import scenario_from_dict
-
-    s = scenario_from_dict({
-        "name": "r", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
-        "engine": {"max_num_seqs": 8, "max_model_len": 256},
-        "cluster": {"replicas": 4, "router": router},
-        "workload": {"seed": 0, "num_requests": 10,
-                     "arrival": {"process": "constant", "rate": 1.0},
-                     "prompt_tokens": {"dist": "fixed", "value": 16},
-                     "output_tokens": {"dist": "fixed", "value": 32},
-                     "sessions": {"turns": 2, "think_time_s": 0.5}}})
-    req = simulate(s).requests.sort_values("arrival_s")
+    req = _one_a_second(router, prompt=16, output=32,
+                        sessions={"turns": 2, "think_time_s": 0.5})
     assert req["arrival_s"].tolist()[:4] == pytest.approx([1.0, 1.82, 2.0, 2.82])
     assert req["prompt_tokens"].tolist()[:2] == [16, 64]
     assert req["replica"].astype(int).tolist() == replicas
