@@ -1324,7 +1324,8 @@ def _measured_reach(csv_path: str, mtime_ns: int) -> tuple[int, int] | None:
 def extrapolation_warning(cost: "CostModel", scenario, summary: dict,
                           longest_prompt: int) -> str | None:
     """What a run on a measured profile priced past the steps its calibration measured
-    (None when nothing, or no measurements CSV to tell): a replica that ran more
+    (None when nothing, or the profile names no measurements CSV; that its CSV cannot be
+    read, when it names one): a replica that ran more
     sequences at once (``summary`` running_max_per_replica, each a decode at most) than the
     largest decode batch measured, or prefill chunks that could exceed the largest measured
     (up to max_num_batched_tokens, and the ``longest_prompt``, tokens). The fitted form
@@ -1337,9 +1338,10 @@ def extrapolation_warning(cost: "CostModel", scenario, summary: dict,
     try:
         reach = _measured_reach(str(path), path.stat().st_mtime_ns)
     except OSError:
-        return None
-    if reach is None:
-        return None
+        reach = None
+    if reach is None:   # moved or broken: the steps it measured are not known
+        return (f"profile {prof.display_name} names measurements CSV {rel}, which cannot be "
+                f"read beside it: whether steps went past its calibration grid cannot be told")
     batch, chunk = reach
     running = (summary.get("concurrency") or {}).get("running_max_per_replica") or 0
     chunks = min(scenario.max_num_batched_tokens, longest_prompt)

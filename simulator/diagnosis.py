@@ -641,8 +641,8 @@ def find_limits(scenario, result) -> dict:
         figures["shareable_prompt_share"] = expected
         hit = s.get("prefix_cache_hit_rate") or 0.0
         # a conversation's history is on the replica of its last turn: sticky sessions
-        # keep every turn there (multi_turn at 4 replicas: 0.82 of the repeated tokens hit,
-        # 0.78 with prefix_affinity, whose load bound sends some away)
+        # keep every turn there (multi_turn at 4 replicas, 8000 requests: 0.81 of the prompt
+        # tokens hit, 0.80 with prefix_affinity, whose load bound sends some away)
         affine = "session_affinity" if wl.sessions is not None else "prefix_affinity"
         scatters = nrep > 1 and scenario.cluster.router not in (affine, "prefix_affinity") \
             and e.enable_prefix_caching

@@ -283,7 +283,8 @@ def start_burst_warning(scenario, result: RunResult) -> str | None:
     rest = float(np.percentile(ttft[~burst], 99))
     return (f"the closed loop's {users} users all send their first request at 0 s, and that "
             f"burst's waits set the TTFT p99 ({p99:.4g} ms; {rest:.4g} ms without it): "
-            f"sim.warmup_requests: {users} leaves it out of the figures, as a steady state")
+            f"sim.warmup_requests: {users} leaves it out of the figures, as a steady state "
+            f"(the SLO verdict and the binding limit count it too)")
 
 
 def tail_warning(scenario, summary: dict) -> str | None:

@@ -861,7 +861,8 @@ def test_a_closed_loop_says_when_its_start_burst_sets_the_ttft_p99(tmp_path, cap
     assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     said = ("the closed loop's 8 users all send their first request at 0 s, and that burst's "
             "waits set the TTFT p99 (20.1 ms; 10 ms without it): sim.warmup_requests: 8 leaves "
-            "it out of the figures, as a steady state")
+            "it out of the figures, as a steady state (the SLO verdict and the binding limit "
+            "count it too)")
     assert f"servesim: warning: {said}" in capsys.readouterr().err
     assert said in (tmp_path / "o" / "report.md").read_text()
     # with the burst left out (or one user: no burst), nothing to say
@@ -903,3 +904,13 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
     err = capsys.readouterr().err
     assert (f"prefill chunks of up to {min(4096, longest)} tokens (up to {chunk} were "
             f"measured)" in err) == (longest > chunk)
+    # a profile whose measurements CSV is gone cannot tell: it says so (it said nothing)
+    moved = tmp_path / "p.yaml"
+    moved.write_text((root / "simulator" / "profiles" / "cpu-llama-tiny-56m-bfloat16.yaml")
+                     .read_text().replace("measurements_csv: cpu-llama-tiny-56m-bfloat16.",
+                                          "measurements_csv: gone."))
+    assert main(["run", str(scenario), *fast, "--set", f"hardware.profile={moved}",
+                 "--out", str(tmp_path / "d"), "--quiet"]) == 0
+    assert ("names measurements CSV gone.measurements.csv, which cannot be read beside it: "
+            "whether steps went past its calibration grid cannot be told"
+            in capsys.readouterr().err)

@@ -825,7 +825,11 @@ sim: {{replications: 3}}
     out = tmp_path / "cmp"
     assert main(["compare", str(a), str(b), "--executor", "serial", "--quiet", "--out",
                  str(out)]) == 0
-    assert "(means over 3 replications)" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "(means over 3 replications)" in shown
+    # "SLO met: no" beside means that meet the SLO read as a contradiction: said what it is
+    assert ("SLO met: yes only where every one of the 3 replications met every SLO (the "
+            "figures are their means)") in shown
     # the three runs of plan "fast", one by one, as servesim run --replications writes them
     assert main(["run", str(a), "--quiet", "--out", str(tmp_path / "r")]) == 0
     reps = json.loads((tmp_path / "r" / "replications.json").read_text())
