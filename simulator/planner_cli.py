@@ -415,7 +415,8 @@ def _cmd_plan(args) -> int:
         exact=tuple(res.rows[0].candidate.values))
     if any(str(v).startswith("≈") for v in shown["replicas"]):
         print("≈ replicas: estimated from one replica's max rate, not simulated as a "
-              "deployment (a router's pooling often needs fewer; plan.csv: confirmed)")
+              "deployment (a router's pooling often needs fewer; plan.csv's confirmed is "
+              "False where fewer were simulated and fell short)")
     pooled = [r for r in res.rows if r.confirmed and r.feasible
               and r.replicas * r.search.max_rate < res.target_rate]
     if pooled:   # 4.84 req/s per replica and 3 replicas for 23 req/s reads as a typo
