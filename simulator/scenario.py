@@ -443,12 +443,20 @@ class Scenario(_Strict):
         description="catalog name | path to an HF config.json | inline mapping of HF config keys")
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     hardware: HardwareConfig
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    # engine, cluster, slo and sim may be left out, or null (--set slo=null: no SLOs):
+    # their defaults either way (_defaults_for_null)
+    engine: Optional[EngineConfig] = Field(default_factory=EngineConfig)
+    cluster: Optional[ClusterConfig] = Field(default_factory=ClusterConfig)
     workload: WorkloadConfig
-    slo: SLOConfig = Field(default_factory=SLOConfig)
-    sim: SimConfig = Field(default_factory=SimConfig)
+    slo: Optional[SLOConfig] = Field(default_factory=SLOConfig)
+    sim: Optional[SimConfig] = Field(default_factory=SimConfig)
     plan: Optional[PlanConfig] = None
+
+    @field_validator("engine", "cluster", "slo", "sim")
+    @classmethod
+    def _defaults_for_null(cls, v, info):
+        # null unsets a key that may be unset: the section's defaults, as when left out
+        return cls.model_fields[info.field_name].default_factory() if v is None else v
 
     @field_validator("name")
     @classmethod

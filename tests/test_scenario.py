@@ -1329,3 +1329,23 @@ def test_architecture_takes_hf_s_class_name_or_model_type_for_the_same_shape():
     assert shapes["Qwen2ForCausalLM"] == shapes["qwen2"] == shapes["Qwen2"]
     assert shapes["Qwen2"].architecture == "Qwen2" and shapes["llama"].architecture == "Llama"
     assert shapes["Qwen2"].num_params > shapes["Llama"].num_params   # q/k/v bias
+
+
+@pytest.mark.parametrize("section", ["engine", "cluster", "slo", "sim"])
+def test_a_null_section_that_may_be_left_out_is_its_defaults(tmp_path, section):
+    # "null unsets a key that may be unset": --set slo=null was refused ("must be a mapping
+    # of keys") while leaving slo out, or slo={}, ran without SLOs
+    import jsonschema
+    d = yaml.safe_load(MODEL_FILE)
+    d[section] = {"engine": {"max_num_seqs": 4}, "cluster": {"replicas": 2},
+                  "slo": {"ttft_ms": {"p99": 100}}, "sim": {"replications": 2}}[section]
+    given = scenario_from_dict(d)
+    d.pop(section)
+    left_out = scenario_from_dict(d)
+    nulled = scenario_from_dict({**d, section: None})
+    assert getattr(nulled, section) == getattr(left_out, section) != getattr(given, section)
+    jsonschema.validate({**d, section: None}, scenario_json_schema())
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(d))
+    flagged = load_scenario(p, [f"{section}=null"])
+    assert getattr(flagged, section) == getattr(left_out, section)
