@@ -324,7 +324,10 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
         decode count, decode context or preemptions differ), ``first_mismatch`` (step
         index or None), ``prefix_hits_equal`` (per request), ``preemptions_equal``
         (per request), ``max_abs_diff_ms`` per timestamp kind (arrival, first_scheduled,
-        first_token, finish, token: every output token), ``handback_max_ms`` (the
+        first_token, finish: the simulator's request table against the engine's records,
+        an event on one side only counting as ``inf``; token: every output token, where the
+        simulator's steps end by the replayed durations; itl: the simulator's pooled
+        inter-token gaps, its own clock, against the engine's, sorted), ``handback_max_ms`` (the
         engine's longest time from a step's end to its next queue check, tokens being
         handed back: the most a token or finish time can differ by construction, since the
         simulator's step ends at that check; a disturbed run shows here; first-scheduled
@@ -367,9 +370,12 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
         pre_eq &= int(row["preemptions"]) == rec.preemptions
         for kind, val in (("arrival", rec.arrival_ns), ("first_scheduled", rec.first_scheduled_ns),
                           ("first_token", rec.first_token_ns), ("finish", rec.finish_ns)):
-            if val is None:
+            sim = float(row[f"{kind}_s"])
+            if val is None and math.isnan(sim):
                 continue
-            d = abs(float(row[f"{kind}_s"]) * 1e3 - val / NS_PER_MS)
+            # an event one side has and the other not is no match (max(0, nan) was 0)
+            d = (math.inf if val is None or math.isnan(sim)
+                 else abs(sim * 1e3 - val / NS_PER_MS))
             diffs[kind] = max(diffs[kind], d)
         et, st = rec.token_times_ns or [], sim_tokens.get(rec.request_id, [])
         if len(et) == len(st) and et:
@@ -382,6 +388,20 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
         elif et:
             d = np.max(np.abs(np.asarray(et, dtype=np.int64) - np.asarray(st, dtype=np.int64)))
             diffs["token"] = max(diffs["token"], float(d) / NS_PER_MS)
+    # The simulator's own clock between tokens: its pooled inter-token gaps against the
+    # engine's, sorted (the closest pairing of two sets of gaps; each gap's two ends lie
+    # within the hand-back time, so each pair does too). The token times above are where
+    # the simulator's steps end by the replayed durations: the engine's next queue checks.
+    eng_gaps = np.sort(np.concatenate(
+        [np.diff(np.asarray(r.token_times_ns or [], dtype=np.int64)) for r in run.records]
+        or [np.empty(0, np.int64)]))
+    itl = result.itl_runs
+    sim_gaps = (np.repeat(itl["gap_ns"].to_numpy(dtype=np.int64),
+                          itl["count"].to_numpy(dtype=np.int64)) if len(itl)
+                else np.empty(0, np.int64))
+    diffs["itl"] = (math.inf if len(eng_gaps) != len(sim_gaps) else
+                    float(np.max(np.abs(eng_gaps - np.sort(sim_gaps)))) / NS_PER_MS
+                    if len(eng_gaps) else 0.0)
     ok = (mism == 0 and hits_eq and pre_eq and max(diffs.values()) <= 1.0)
     priced = bool(cost.priced_ns) and mism == 0 and bool(run.steps)
     # The engine handing tokens back between step k's end and its next queue check.

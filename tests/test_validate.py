@@ -2,6 +2,8 @@
 batches, prefix hits, preemptions; timestamps within 1 ms), and the pieces of the
 predicted mode (saturation figure, signed error, band check) compute what they claim."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -65,6 +67,26 @@ def test_timing_replay_is_exact(timing_run):
     # bounds the difference by the hand-back time the run had.)
     worst = max(cmp["max_abs_diff_ms"].values())
     assert worst <= cmp["handback_max_ms"] + 1e-6
+    # the simulator's own clock between tokens: each gap within the hand-back time too
+    assert len(res.itl_runs) > 0
+    assert cmp["max_abs_diff_ms"]["itl"] <= cmp["handback_max_ms"] + 1e-6
+    if cmp["handback_max_ms"] < 1.0:   # a quiet run: the issue's 1 ms bound itself
+        assert cmp["ok"]
+    # ... and the check fails where the simulator's times do not match: a finish 50 ms late,
+    # a first token never recorded (max(0, nan) passed it as a match)
+    late = res.requests.copy()
+    late.loc[late.index[0], "finish_s"] += 0.05
+    bad = TR.compare_timing(run, dataclasses.replace(res, requests=late), cost)
+    assert not bad["ok"] and bad["max_abs_diff_ms"]["finish"] >= 50 - 1e-6
+    lost = res.requests.copy()
+    lost.loc[lost.index[0], "first_token_s"] = float("nan")
+    bad = TR.compare_timing(run, dataclasses.replace(res, requests=lost), cost)
+    assert not bad["ok"] and bad["max_abs_diff_ms"]["first_token"] == float("inf")
+    # a simulator clock whose gaps differ (one gap 5 ms longer) fails the ITL check
+    itl = res.itl_runs.copy()
+    itl.loc[itl.index[-1], "gap_ns"] += 5_000_000
+    bad = TR.compare_timing(run, dataclasses.replace(res, itl_runs=itl), cost)
+    assert not bad["ok"] and bad["max_abs_diff_ms"]["itl"] >= 5 - 1e-6
     # Same queue-length series through both metric paths, preempted requests' waits again
     # included on both sides (each wait's ends within the hand-back time).
     def waited_s(result):
