@@ -460,10 +460,11 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
         sim = simulate_specs(sc1, sat_specs, cost)
         return saturation_throughput((sim.requests["finish_s"] * 1e9).tolist())
 
-    sat_pred = sat_predicted(base)
-    sat_adj = sat_predicted(ScaledCost(base, sat_speed)) if sat_speed else None
     gaps = sat_run.front_end_gaps_ns()
     fe_ns = int(gaps.mean()) if gaps.size else 0
+    fe = fe_ns if front_end else 0   # in the prediction, as at the loads (--front-end)
+    sat_pred = sat_predicted(ScaledCost(base, 1.0, fe))
+    sat_adj = sat_predicted(ScaledCost(base, sat_speed, fe)) if sat_speed else None
     steps_ns = np.asarray([s.duration_ns for s in sat_run.steps])
     progress(f"  measured {sat_meas:.3f} req/s, predicted {sat_pred:.3f} "
              f"({signed_error(sat_pred, sat_meas):+.1%})" + (
@@ -491,11 +492,10 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
             meas = engine_result(run, slo)
             tres, tcost = simulate_timing(sc1, specs, run, price=base)
             lr.timing.append(compare_timing(run, tres, tcost))
-            pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe_ns if front_end else 0))
+            pred = simulate_specs(sc1, specs, ScaledCost(base, 1.0, fe))
             if sp:
                 lr.speed.append(sp)
-                lr.adjusted.append(simulate_specs(sc1, specs, ScaledCost(
-                    base, sp, fe_ns if front_end else 0)).summary)
+                lr.adjusted.append(simulate_specs(sc1, specs, ScaledCost(base, sp, fe)).summary)
             lr.measured.append(meas.summary)
             lr.predicted.append(pred.summary)
             if again:
@@ -507,7 +507,7 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                         ((sp, lr.adjusted_low, lr.adjusted_high),) if sp else ()):
                     for f, dest in ((1 - mape, low), (1 + mape, high)):
                         dest.append(simulate_specs(sc1, specs, ScaledCost(
-                            base, f * speed_f, fe_ns if front_end else 0)).summary)
+                            base, f * speed_f, fe)).summary)
             if r == 0:
                 cdf.append({"load": x, **{
                     f"{side}_{m}": [v for v in res.requests[m].tolist() if v == v]

@@ -733,3 +733,30 @@ def test_the_reports_facts_read_as_knobs_and_rounded_figures(tmp_path):
     assert "- heldout_mape: 0.09369\n" in md
     assert "<li>engine_knobs: block_size=128, watermark=0.01235</li>" in (
         tmp_path / "v" / "validation.html").read_text()
+
+
+def test_a_measured_front_end_enters_the_saturation_prediction_too(monkeypatch):
+    # --front-end: the loads' predictions added the engine's measured time between steps,
+    # the saturation's did not (its simulation got the bare cost model)
+    sc = scenario_from_dict(SCENARIO)
+    base = build_cost_model(sc)
+    cfg = TR.engine_config(sc, base.num_gpu_blocks)
+    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
+    front, simulated = [], V.simulate_specs
+
+    def spy(scenario, specs, cost):
+        front.append(getattr(cost, "front_end_ns", 0))
+        return simulated(scenario, specs, cost)
+    monkeypatch.setattr(V, "simulate_specs", spy)
+    runs = []
+
+    def timed(specs, label):
+        runs.append(TR.run_engine(model, cfg, specs))
+        return runs[-1]
+    V.measure_fidelity(sc, base, timed, loads=[0.5], replications=1, seconds_per_load=0.5,
+                       saturation_requests=8, front_end=True, progress=lambda m: None,
+                       engine_name="the engine")
+    gaps = runs[0].front_end_gaps_ns()   # the saturation run's, as validate measures it
+    assert gaps.size and int(gaps.mean()) > 0
+    # the saturation's simulation first, then the load's: both with the same front end
+    assert front[0] == front[-1] == int(gaps.mean())
