@@ -141,9 +141,8 @@ def validation_blocks(result: dict) -> list:
             return ""
         word = {True: "yes", False: "no", None: "–"}[row[key]]
         edges = row.get(key.replace("in_band", "band"))
-        if edges and None not in edges:
-            lo, hi = sorted((edges[0]["mean"], edges[1]["mean"]))
-            word += f" ({_fmt(lo, False)}–{_fmt(hi, False)})"
+        if edges and None not in edges:   # every replication's band inside (each has its own)
+            word += f" ({_fmt(edges[0]['min'], False)}–{_fmt(edges[1]['max'], False)})"
         return word
 
     rows = []
@@ -167,9 +166,12 @@ def validation_blocks(result: dict) -> list:
             "first) / first: the engine's own run-to-run spread on this machine, a floor "
             "under any prediction's error.")
     say("'in MAPE band' is judged for " + ", ".join(BAND_FIGURES) + " (blank for the other "
-        "figures): whether the measured value lies between simulations with every step cost "
-        "scaled by (1 − held-out MAPE) and (1 + held-out MAPE), judged per replication; in "
-        "parentheses the band's edges (means over replications)"
+        "figures): whether the measured value lies in the band of the prediction and the "
+        "simulations with every step cost scaled by (1 − held-out MAPE) and (1 + held-out "
+        "MAPE) (a short run's percentile need not move steadily with the step cost: the "
+        "band holds its prediction), judged per replication against its own band; in "
+        "parentheses the extent of the replications' bands (the lowest low end to the "
+        "highest high end)"
         + ("; 'around it': the same around the prediction at host speed." if adj else "."))
     if again_band:
         say("'served again in MAPE band': whether the second serving lies in the band moved "

@@ -760,3 +760,20 @@ def test_a_measured_front_end_enters_the_saturation_prediction_too(monkeypatch):
     assert gaps.size and int(gaps.mean()) > 0
     # the saturation's simulation first, then the load's: both with the same front end
     assert front[0] == front[-1] == int(gaps.mean())
+
+
+def test_the_mape_band_holds_its_own_prediction():
+    # TPOT p99 188 ms predicted, 182.7 at x(1 - MAPE), 178.9 at x(1 + MAPE): the two
+    # simulations alone made a band [178.9, 182.7] that a perfect prediction missed
+    lr = V.LoadResult(load=0.9, rate=1.0, num_requests=10)
+    lr.measured = [{"tpot_ms": {"p99": 188.0}}, {"tpot_ms": {"p99": 100.0}}]
+    lr.predicted = [{"tpot_ms": {"p99": 188.0}}, {"tpot_ms": {"p99": 104.0}}]
+    lr.band_low = [{"tpot_ms": {"p99": 182.7}}, {"tpot_ms": {"p99": 101.0}}]
+    lr.band_high = [{"tpot_ms": {"p99": 178.9}}, {"tpot_ms": {"p99": 107.0}}]
+    row = {r["figure"]: r for r in lr.table()}["TPOT p99"]
+    assert row["in_band"] is False   # replication 2: 100 below its band [101, 107]
+    lr.measured[1] = {"tpot_ms": {"p99": 101.5}}
+    row = {r["figure"]: r for r in lr.table()}["TPOT p99"]
+    assert row["in_band"] is True    # 188 in [178.9, 188]; 101.5 in [101, 107]
+    # the report gives the extent of the replications' bands: 101 to 188
+    assert [row["band"][0]["min"], row["band"][1]["max"]] == [101.0, 188.0]
