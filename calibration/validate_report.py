@@ -90,8 +90,9 @@ def validation_blocks(result: dict) -> list:
             f"predicted at that host speed {sat['adjusted_rps']:.3f} req/s, error "
             f"{sat['adjusted_error']:+.1%}" if adj else ""))
     if adj:
-        say("host speed per replication (probe cells' step times / their calibration means, "
-            "geometric mean; > 1: slower than at calibration): " + "; ".join(
+        say("host speed per replication (probe cells' median step times now / their "
+            "calibration means, geometric mean over the cells; > 1: slower than at "
+            "calibration): " + "; ".join(
                 f"load {ld['load']:g}: " + ", ".join(f"×{v:.3f}" for v in ld["host_speed"])
                 for ld in result["loads"]))
     ratios = [("saturation", [(sat.get("timing") or {}).get("step_cost_ratio")])] + [
