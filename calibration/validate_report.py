@@ -190,9 +190,10 @@ def validation_blocks(result: dict) -> list:
 
 
 def write_outputs(result: dict, out_dir) -> dict:
-    """Write ``validation.json``, ``validation.md``, one CDF PNG per load and
-    ``validation.html`` into ``out_dir`` atomically (:func:`simulator.report.write_files`);
-    returns file name -> path.
+    """Write ``validation.json`` (the whole result, the first replication's per-request
+    TTFT/TPOT/E2EL samples of each load under ``cdf`` too), ``validation.md``, one CDF PNG
+    per load and ``validation.html`` into ``out_dir`` atomically
+    (:func:`simulator.report.write_files`); returns file name -> path.
 
     Raises:
         InputError: ``out_dir`` cannot be written (``--out ...``).
@@ -207,8 +208,9 @@ def write_outputs(result: dict, out_dir) -> dict:
     from simulator.report import write_files
 
     files, images, captions = {}, {}, {}
-    body = {k: v for k, v in result.items() if k != "cdf"}
-    files["validation.json"] = json.dumps(body, indent=1).encode()
+    # with the first replication's per-request figures behind the CDF plots ("cdf"), so
+    # that they can be checked without running again
+    files["validation.json"] = json.dumps(result, indent=1).encode()
     for c in result.get("cdf", []):
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
         for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "e2el_ms")):

@@ -456,6 +456,11 @@ def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
     assert "\n- TTFT: time to first token: first token time − arrival time" in md
     html = (tmp_path / "v" / "validation.html")
     VR.write_outputs({**res, "meta": {"scenario": "a<b&c"}}, tmp_path / "v")
+    # the JSON holds the per-request figures behind the plots: the first serving's TTFTs
+    import json
+    written = json.loads((tmp_path / "v" / "validation.json").read_text())
+    ttft = TR.engine_result(runs[1][1]).requests["ttft_ms"].tolist()
+    assert written["cdf"][0]["measured_ttft_ms"] == pytest.approx(ttft)
     text = html.read_text()
     assert "&lt; 1: priced too fast" in text and "< 1: priced" not in text
     assert "Validation: a&lt;b&amp;c</h1>" in text
