@@ -321,7 +321,8 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
 
     Returns:
         ``steps_engine``, ``steps_sim``, ``step_mismatches`` (steps whose prefill chunks,
-        decode count, decode context or preemptions differ), ``first_mismatch`` (step
+        decode count, decode context, sampled count or preemptions differ),
+        ``first_mismatch`` (step
         index or None), ``prefix_hits_equal`` (per request), ``preemptions_equal``
         (per request), ``max_abs_diff_ms`` per timestamp kind (arrival, first_scheduled,
         first_token, finish: the simulator's request table against the engine's records,
@@ -349,6 +350,7 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
         same = ([tuple(p) for p in e.prefills] == [tuple(p) for p in s.prefills]
                 and e.num_decodes == s.num_decodes
                 and e.decode_context_tokens == s.decode_context_tokens
+                and e.num_sampled == len(s.sampled)
                 and list(e.preempted) == list(s.preempted))
         if not same:
             mism += 1
