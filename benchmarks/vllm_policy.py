@@ -8,8 +8,9 @@ For each variant of ``scenarios/cpu_tiny.yaml`` (vLLM's defaults; chunked prefil
 count read back from the engine), serves a burst and a Poisson run of requests with
 shared 256-token system prompts, and replays each through the simulator with vLLM's own
 step durations (:func:`calibration.timing_replay.simulate_timing`). A variant agrees when
-every step has the same prefill chunks, decode count, decode context and preemptions, every
-request the same prefix-cache hits, and every timestamp lies within 1 ms
+every step has the same prefill chunks, decode count, decode context, sampled count and
+preemptions, every request the same prefix-cache hits, and every timestamp (and the
+simulator's inter-token gaps) lies within 1 ms
 (:func:`calibration.timing_replay.compare_timing`). The table also counts the prefill
 entries (chunks) per request: 1 means every prompt ran whole.
 
@@ -142,9 +143,10 @@ def main(argv=None) -> int:
         f"{' '.join(BASE)}; {args.requests} requests per run, seed {args.seed}.", "",
         "Each run is served by vLLM in real time, then simulated on the identical request "
         "list with vLLM's recorded step durations. *same batches*: every step the same "
-        "prefill chunks, decode count, decode context and preemptions, every request the "
-        "same prefix-cache hits and preemptions (the scheduler's decisions). *timestamps*: "
-        "every request's and token's time within 1 ms of vLLM's. *handback*: vLLM's longest "
+        "prefill chunks, decode count, decode context, sampled count and preemptions, every "
+        "request the same prefix-cache hits and preemptions (the scheduler's decisions). "
+        "*timestamps*: every request's and token's time within 1 ms of vLLM's, and the "
+        "simulator's inter-token gaps (sorted) within 1 ms of vLLM's. *handback*: vLLM's longest "
         "time from a step's end to its next queue check (detokenising, handing tokens "
         "back); the simulator's step ends at that check, so a token's time can differ by up "
         "to it, and a run with a handback over 1 ms cannot meet the 1 ms bound.", "",
