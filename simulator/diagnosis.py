@@ -1096,6 +1096,8 @@ def suggested_flags(scenario, change: str | None) -> dict:
         tree = merged.get(flag)
         if tree is None and top != key:
             tree = load_yaml(given)   # as the scenario read it (YAML 1.2 numbers)
+            if tree is None:   # --set engine=null: the section's defaults, set inside
+                tree = {}
             if isinstance(tree, dict):
                 merged[flag] = tree
                 flags.append(flag)   # its place in the list; rewritten below

@@ -483,7 +483,8 @@ def plan(scenario, executor, *, target_rate: float | None = None,
         # a handful never fills the queue: a rate far past capacity "keeps up" (10 requests
         # planned 0.76 req/s per H100 replica for chat, where 400 plan 11.8)
         raise scenario.error(
-            "workload.num_requests", f"plan judges each rate it tries from {n - warm} requests"
+            "workload.num_requests", f"plan judges each rate it tries from {n - warm} "
+            f"request{'s' if n - warm != 1 else ''}"
             + (f" ({n} less sim.warmup_requests {warm})" if warm else "")
             + f"; a maximum rate needs at least {MIN_PLAN_REQUESTS}, and a few hundred give "
             "steadier figures", depends=("sim.warmup_requests",) if warm else ())

@@ -88,6 +88,11 @@ def test_suggested_flags_merge_settings_below_one_mapping_flag():
     s = scenario_from_dict(base, overrides=["engine={max_num_batched_tokens: 010000}"])
     assert suggested_flags(s, "engine.max_num_seqs=8")["flags"] == [
         "engine={max_num_batched_tokens: 10000, max_num_seqs: 8}"]
+    # a section a flag unset (engine=null: its defaults) takes the setting inside it (in
+    # place of the null, the file's engine block came back)
+    s = scenario_from_dict(base, overrides=["engine=null"])
+    assert suggested_flags(s, "engine.max_num_batched_tokens=512") == {
+        "flags": ["engine={max_num_batched_tokens: 512}"], "replaces": ["engine=null"]}
 
 
 def test_kv_capacity_binds():
