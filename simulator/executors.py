@@ -291,9 +291,10 @@ def run_job(job: Job):
     """Run one job (in whatever process): ``RunResult`` if ``job.full``, else
     :func:`job_output` with ``alone_ms``: the SLO statistics of requests served alone
     (:func:`simulator.alone.slo_floors`) of a run that missed an SLO, which tell a rate
-    search when no rate can meet it (``{}`` otherwise)."""
+    search when no rate can meet it (``{}`` otherwise), and ``start_burst``: whether a
+    closed loop's start burst set its TTFT p99 (:func:`simulator.run.start_burst_warning`)."""
     from .alone import slo_floors
-    from .run import simulate
+    from .run import simulate, start_burst_warning
 
     res = simulate(job.scenario, replication=job.replication)
     if job.full:
@@ -302,6 +303,8 @@ def run_job(job: Job):
     # floors only where an SLO was missed: the only place the search reads them
     out["alone_ms"] = slo_floors(job.scenario, res) if res.summary.get("slo_met") is False \
         else {}
+    # a closed loop's users all sending at 0 s set its TTFT p99 (a sweep says where)
+    out["start_burst"] = start_burst_warning(job.scenario, res) is not None
     if job.diagnose:
         from .diagnosis import find_limits
         out["binding"] = find_limits(job.scenario, res)["binding"]

@@ -304,7 +304,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     capacity = dict(zip(probes, (o.get("steady_throughput") for o in outs[len(jobs):])))
     unbounded = sum(v is None for v in capacity.values())
     key_of = iter(keys)   # each run's probe key, in run order
-    rows, per_point = [], []
+    rows, per_point, burst = [], [], []
     i = 0
     for p, sc, misfit in zip(points, scs, misfits):
         if misfit is not None:
@@ -316,6 +316,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         group = outs[i:i + n]
         i += n
         cap = capacity.get(next(key_of))
+        if any(o.get("start_burst") for o in group):
+            burst.append(p)
         sums = [o["summary"] for o in group]
         per_point.append(sums)
         comb = combine_replications(sums) if n > 1 else None
@@ -363,7 +365,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     # the values as the points hold them (4, not the "4" typed on the command line)
     return SweepResult({k: [_parse(v) for v in vs] for k, vs in axes.items()}, table,
                        knees(table, keys), per_point,
-                       setup_warnings(runs) + point_warnings(ran, runs) + (
+                       setup_warnings(runs) + point_warnings(ran, runs)
+                       + _burst_warning(burst, len(runs)) + (
                            [unbounded_warning(
                                "the sweep" if len(probes) == 1 else
                                f"{unbounded} of its {len(probes)} lines (points that differ "
@@ -410,6 +413,18 @@ def point_warnings(points: list[dict], scenarios) -> list[str]:
     return [w if len(at) == len(points) else
             "at " + "; ".join(" ".join(typed_overrides(p)) for p in at) + f": {w}"
             for w, at in said.items()]
+
+
+def _burst_warning(points: list[dict], ran: int) -> list[str]:
+    """The warning for the ``points`` (of ``ran`` run) whose closed loop's start burst set
+    the TTFT p99 (:func:`simulator.run.start_burst_warning`, as ``run`` says it)."""
+    if not points:
+        return []
+    where = "" if len(points) == ran else \
+        "at " + "; ".join(" ".join(typed_overrides(p)) for p in points) + ": "
+    return [f"{where}the closed loop's users all send their first request at 0 s, and that "
+            f"burst's waits set the TTFT p99: sim.warmup_requests of at least "
+            f"workload.arrival.concurrency leaves it out of the figures, as a steady state"]
 
 
 def _does_not_fit(sc):
