@@ -846,18 +846,25 @@ def test_a_run_too_large_for_the_machine_says_so_before_it_starts():
         is None
 
 
+#: 8 users, 2 slots, one-token answers in 10 ms steps: at 0 s the burst is served two by
+#: two (TTFTs 10, 10, 20, 20, 30, 30, 40, 40 ms); then each user returns 100 ms after its
+#: answer to an idle engine (TTFT 10 ms). Of 400, the p99 (index 395.01 of the sorted
+#: TTFTs: 394 of 10 ms, then 20, 20, 30, ...) is 20.1 ms, set by the burst; 10 without it.
+START_BURST_LOOP = """name: cl
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 2}
+workload:
+  num_requests: 400
+  arrival: {process: closed_loop, concurrency: 8, think_time_s: 0.1}
+  prompt_tokens: {dist: fixed, value: 8}
+  output_tokens: {dist: fixed, value: 1}
+"""
+
+
 def test_a_closed_loop_says_when_its_start_burst_sets_the_ttft_p99(tmp_path, capsys):
-    # 8 users, 2 slots, one-token answers in 10 ms steps: at 0 s the burst is served two by
-    # two (TTFTs 10, 10, 20, 20, 30, 30, 40, 40 ms); then each user returns 100 ms after
-    # its answer to an idle engine (TTFT 10 ms). Of 400, the p99 (index 395.01 of the
-    # sorted TTFTs: 394 of 10 ms, then 20, 20, 30, ...) is 20.1 ms, set by the burst; 10
-    # without it
-    y = tmp_path / "cl.yaml"
-    y.write_text("name: cl\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
-                 "engine: {max_num_seqs: 2}\nworkload:\n  num_requests: 400\n"
-                 "  arrival: {process: closed_loop, concurrency: 8, think_time_s: 0.1}\n"
-                 "  prompt_tokens: {dist: fixed, value: 8}\n"
-                 "  output_tokens: {dist: fixed, value: 1}\n")
+    y = tmp_path / "cl.yaml"   # START_BURST_LOOP: its figures worked out above it
+    y.write_text(START_BURST_LOOP)
     assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     said = ("the closed loop's 8 users all send their first request at 0 s, and that burst's "
             "waits set the TTFT p99 (20.1 ms; 10 ms without it): sim.warmup_requests: 8 leaves "

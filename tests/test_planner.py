@@ -2264,14 +2264,12 @@ def test_a_closed_loop_sweep_has_no_offered_rate(tmp_path, capsys):
 
 
 def test_a_closed_loop_sweep_says_where_its_start_burst_sets_the_ttft_p99(tmp_path, capsys):
-    # as run says it (tests/test_cli.py: 8 users, 2 slots, the burst's TTFTs 10-40 ms
-    # against 10 ms after it): one user has no burst; 8 do, which a sweep left unsaid
+    # as run says it (test_cli.START_BURST_LOOP: 8 users, 2 slots, the burst's TTFTs
+    # 10-40 ms against 10 ms after it): one user has no burst; 8 do, which a sweep left
+    # unsaid
+    from test_cli import START_BURST_LOOP
     y = tmp_path / "cl.yaml"
-    y.write_text("name: cl\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
-                 "engine: {max_num_seqs: 2}\nworkload:\n  num_requests: 400\n"
-                 "  arrival: {process: closed_loop, concurrency: 8, think_time_s: 0.1}\n"
-                 "  prompt_tokens: {dist: fixed, value: 8}\n"
-                 "  output_tokens: {dist: fixed, value: 1}\n")
+    y.write_text(START_BURST_LOOP)
     args = ["--executor", "serial", "--quiet"]
     assert main(["sweep", str(y), "--set", "workload.arrival.concurrency=1,8", "--out",
                  str(tmp_path / "a")] + args) == 0
