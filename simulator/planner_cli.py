@@ -13,7 +13,7 @@ from .files import check_folder, out_folder
 from .executors import EXECUTORS, unbounded_warning
 from .session_ramp import RAMP_TEXT
 from .planner import MIN_PLAN_REQUESTS
-from .sweep import _fmt_value, answer_title, knee_title, unset
+from .sweep import _fmt_value, answer_title, knee_title, stat_column, unset
 from .workload import MAX_RATE
 
 #: Most local worker processes: each holds a simulator (hundreds of MB); past this a
@@ -268,8 +268,7 @@ def _cmd_sweep(args) -> int:
         res = sweep(scenario, axes, ex, progress=prog)
     paths = write_sweep_report(out, res, title=f"{scenario.name}: sweep")
     # rejected only when a point rejects (sweep.csv keeps the column): 80 columns hold the rest
-    slo = [f"{m.removesuffix('_ms')}_{st}_ms"
-           for m, st, _ in (scenario.slo.targets() if scenario.slo else [])]
+    slo = [stat_column(m, st) for m, st, _ in (scenario.slo.targets() if scenario.slo else [])]
     shown = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"]
     _print_table(res.table, "Sweep", [c for c in list(axes) + [
         "offered_rate", "request_throughput", "stability", "rejected", *shown,
@@ -585,9 +584,8 @@ def compare_table(entries: list[dict]):
     from .report import plan_figure
 
     slo = entries[0]["scenario"].slo   # every plan serves the first's: its statistics too
-    named = {f"{m.removesuffix('_ms')}_{st}_ms": (m, st) for m, st, _ in
-             (slo.targets() if slo else []) if (m, st) not in (("ttft_ms", "p99"),
-                                                               ("tpot_ms", "p99"))}
+    named = {stat_column(m, st): (m, st) for m, st, _ in (slo.targets() if slo else [])
+             if (m, st) not in (("ttft_ms", "p99"), ("tpot_ms", "p99"))}
     rows = []
     for e in entries:
         rows.append({"plan": e["name"], "ttft_p99_ms": plan_figure(e, ("ttft_ms", "p99")),

@@ -337,9 +337,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         # and the statistics the SLOs name (ITL p99.9, E2EL p50, TTFT mean), as plan shows
         slo = [(m, st) for m, st, _ in (sc.slo.targets() if sc.slo else [])]
         for path in _SWEEP_FIGURES + [p for p in slo if p not in _SWEEP_FIGURES]:
-            # ttft_p99_ms: the unit last, as plan.csv names its columns
-            name = (f"{path[0].removesuffix('_ms')}_{path[1]}_ms" if len(path) > 1
-                    else path[0])
+            name = stat_column(*path) if len(path) > 1 else path[0]
             vals = [summary_at(s, path) for s in sums]
             vals = [v for v in vals if v is not None]
             row[name] = float(np.mean(vals)) if vals else None
@@ -474,6 +472,12 @@ SATURATION_SHARE = 0.95
 NO_KNEE = ("workload.seed", "workload.num_requests", "slo.", "sim.")
 
 
+def stat_column(metric: str, stat: str) -> str:
+    """The table column of a latency statistic, the unit last as plan.csv names its
+    columns: ``stat_column("ttft_ms", "p99")`` is ``ttft_p99_ms``."""
+    return f"{metric.removesuffix('_ms')}_{stat}_ms"
+
+
 def knee_title(key: str) -> str:
     """What a sweep's knee over ``key`` is, as printed before its value: ``highest stable
     workload.arrival.rate``, ``throughput saturates (>= 95% of the highest) at
@@ -575,4 +579,4 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
 __all__ = ["CONCURRENCY", "DOES_NOT_FIT", "INVALID", "NOT_RUN", "RAMP_ONLY", "RATE",
            "SATURATION_SHARE", "SATURATING", "STABILITY", "SweepResult", "answer_title",
            "derive", "grid", "knee_title", "knees", "point_warnings", "setup_warnings",
-           "slo_met_at", "split_sets", "stability_label", "sweep", "unset"]
+           "slo_met_at", "split_sets", "stability_label", "stat_column", "sweep", "unset"]
