@@ -271,12 +271,16 @@ def signed_error(pred, meas):
 
 
 def _spread(values):
-    v = [x for x in values if x is not None and math.isfinite(x)]
+    """``{mean, min, max, n}`` of the finite ``values`` (one per replication) and ``each``:
+    every replication's, in order (None where undefined), so that validation.json can be
+    judged again; None when none is finite."""
+    each = [float(x) if x is not None and math.isfinite(x) else None for x in values]
+    v = [x for x in each if x is not None]
     if not v:
         return None
     a = np.asarray(v, dtype=float)
     return {"mean": float(a.mean()), "min": float(a.min()), "max": float(a.max()),
-            "n": int(a.size)}
+            "n": int(a.size), "each": each}
 
 
 @dataclass
@@ -303,7 +307,8 @@ class LoadResult:
         with repeat servings the second serving's signed difference from the first
         (``again_error``) and, for the band figures, whether the measured value lies in the
         MAPE band (``in_band``; ``in_band_adjusted``: in the band around the prediction at
-        host speed)."""
+        host speed; ``in_band_count*``: ``[inside, judged, replications]``, a replication
+        being judged where its band and measured figure are defined)."""
         rows = []
         for label, path in FIGURES:
             m = [summary_at(s, path) for s in self.measured]
@@ -322,10 +327,10 @@ class LoadResult:
                     ("", self.predicted, self.band_low, self.band_high),
                     ("_adjusted", self.adjusted, self.adjusted_low, self.adjusted_high)):
                 if label in BAND_FIGURES and low:
-                    row["in_band" + key], row["band" + key] = _in_band(m, center, low, high,
-                                                                       path)
+                    (row["in_band" + key], row["band" + key],
+                     row["in_band_count" + key]) = _in_band(m, center, low, high, path)
             if label in BAND_FIGURES and self.band_low and self.again:
-                row["again_in_band"] = _again_in_band(
+                row["again_in_band"], row["again_in_band_count"] = _again_in_band(
                     m, p, [summary_at(s, path) for s in self.again], self.band_low,
                     self.band_high, path)
             rows.append(row)
@@ -343,25 +348,27 @@ def _edges(center, lo, hi) -> tuple:
 
 def _in_band(measured: list, center: list, low: list, high: list, path) -> tuple:
     """Whether every replication's measured figure lies in its band (:func:`_edges`: its
-    prediction ``center`` and its two band simulations; None when undefined), and the
-    bands' ``[low, high]`` edge spreads over the replications."""
+    prediction ``center`` and its two band simulations; None when undefined), the bands'
+    ``[low, high]`` edge spreads over the replications, and ``[inside, judged,
+    replications]``: a verdict from some replications says how many."""
     inside, ends = [], []
     for mv, c, lo, hi in zip(measured, center, low, high):
         lo_v, hi_v = summary_at(lo, path), summary_at(hi, path)
-        if None not in (lo_v, hi_v):
-            ends.append(_edges(summary_at(c, path), lo_v, hi_v))
-            if mv is not None:
-                inside.append(ends[-1][0] <= mv <= ends[-1][1])
+        ends.append((None, None) if None in (lo_v, hi_v) else
+                    _edges(summary_at(c, path), lo_v, hi_v))
+        if None not in (mv, *ends[-1]):
+            inside.append(ends[-1][0] <= mv <= ends[-1][1])
     return (all(inside) if inside else None,
-            [_spread([e[0] for e in ends]), _spread([e[1] for e in ends])])
+            [_spread([e[0] for e in ends]), _spread([e[1] for e in ends])],
+            [sum(inside), len(inside), len(measured)])
 
 
 def _again_in_band(measured: list, predicted: list, again: list, low: list, high: list,
-                   path) -> bool | None:
+                   path) -> tuple:
     """Whether every replication's second serving lies in its MAPE band moved onto the
     first serving (band × first / predicted): the band check as a predictor that hit the
     first serving exactly would fare, so the engine's own run-to-run spread against the
-    band's width. None when undefined."""
+    band's width (None when undefined); and ``[inside, judged, replications]``."""
     inside = []
     for mv, pv, av, lo, hi in zip(measured, predicted, again, low, high):
         lo_v, hi_v = summary_at(lo, path), summary_at(hi, path)
@@ -369,7 +376,7 @@ def _again_in_band(measured: list, predicted: list, again: list, low: list, high
             continue
         a, b = _edges(pv, lo_v, hi_v)
         inside.append(a * mv / pv <= av <= b * mv / pv)
-    return all(inside) if inside else None
+    return (all(inside) if inside else None), [sum(inside), len(inside), len(measured)]
 
 
 # == the whole validation ===================================================================

@@ -141,6 +141,11 @@ def validation_blocks(result: dict) -> list:
         if key not in row:
             return ""
         word = {True: "yes", False: "no", None: "–"}[row[key]]
+        count = row.get(key.replace("in_band", "in_band_count"))
+        if count and (count[2] > 1 or count[1] < count[2]):   # how many replications say so
+            inside, judged, total = count
+            word += f", {inside} of {judged}" + (f" judged of {total}" if judged < total
+                                                 else "")
         edges = row.get(key.replace("in_band", "band"))
         if edges and None not in edges:   # every replication's band inside (each has its own)
             word += f" ({_fmt(edges[0]['min'], False)}–{_fmt(edges[1]['max'], False)})"
@@ -170,7 +175,9 @@ def validation_blocks(result: dict) -> list:
         "figures): whether the measured value lies in the band of the prediction and the "
         "simulations with every step cost scaled by (1 − held-out MAPE) and (1 + held-out "
         "MAPE) (a short run's percentile need not move steadily with the step cost: the "
-        "band holds its prediction), judged per replication against its own band; in "
+        "band holds its prediction), judged per replication against its own band: 'yes' "
+        "when every judged replication lies in its band, after it how many of those judged "
+        "do ('no, 2 of 3'; a replication whose figure or band is undefined is not judged); in "
         "parentheses the extent of the replications' bands (the lowest low end to the "
         "highest high end)"
         + ("; 'around it': the same around the prediction at host speed." if adj else "."))

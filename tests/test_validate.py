@@ -783,3 +783,41 @@ def test_the_mape_band_holds_its_own_prediction():
     assert row["in_band"] is True    # 188 in [178.9, 188]; 101.5 in [101, 107]
     # the report gives the extent of the replications' bands: 101 to 188
     assert [row["band"][0]["min"], row["band"][1]["max"]] == [101.0, 188.0]
+
+
+def test_a_band_verdict_says_how_many_replications_it_judged():
+    # three replications: 188 in [178.9, 188]; 100 below [101, 107]; the third's band
+    # simulations have no p99 (too few tokens), so it is not judged
+    lr = V.LoadResult(load=0.9, rate=1.0, num_requests=10)
+    lr.measured = [{"tpot_ms": {"p99": 188.0}}, {"tpot_ms": {"p99": 100.0}},
+                   {"tpot_ms": {"p99": 50.0}}]
+    lr.predicted = [{"tpot_ms": {"p99": 188.0}}, {"tpot_ms": {"p99": 104.0}},
+                    {"tpot_ms": {"p99": 50.0}}]
+    lr.band_low = [{"tpot_ms": {"p99": 182.7}}, {"tpot_ms": {"p99": 101.0}}, {}]
+    lr.band_high = [{"tpot_ms": {"p99": 178.9}}, {"tpot_ms": {"p99": 107.0}}, {}]
+    lr.again = [{"tpot_ms": {"p99": 190.0}}, {"tpot_ms": {"p99": 90.0}},
+                {"tpot_ms": {"p99": 50.0}}]
+    row = {r["figure"]: r for r in lr.table()}["TPOT p99"]
+    assert row["in_band"] is False and row["in_band_count"] == [1, 2, 3]
+    # every replication's figures and band edges are kept, in order, to be judged again
+    assert row["measured"]["each"] == [188.0, 100.0, 50.0]
+    assert row["band"][0]["each"] == [178.9, 101.0, None]
+    assert row["band"][1]["each"] == [188.0, 107.0, None]
+    # served again: 190 above [178.9, 188] x 188/188; 90 below [101, 107] x 100/104
+    assert row["again_in_band"] is False and row["again_in_band_count"] == [0, 2, 3]
+    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
+              "loads": [{"load": 0.9, "table": [row], "timing": []}]}
+    line = next(x for x in VR.markdown_table(result).splitlines()
+                if x.startswith("| 0.9 | TPOT p99"))
+    assert "| no, 1 of 2 judged of 3 (101–188) |" in line
+    assert "| no, 0 of 2 judged of 3 |" in line
+    # one replication: the bare word, as before
+    one = V.LoadResult(load=0.9, rate=1.0, num_requests=10)
+    one.measured, one.predicted = lr.measured[:1], lr.predicted[:1]
+    one.band_low, one.band_high = lr.band_low[:1], lr.band_high[:1]
+    row = {r["figure"]: r for r in one.table()}["TPOT p99"]
+    assert row["in_band_count"] == [1, 1, 1]
+    result["loads"][0]["table"] = [row]
+    line = next(x for x in VR.markdown_table(result).splitlines()
+                if x.startswith("| 0.9 | TPOT p99"))
+    assert "| yes (178.9–188) |" in line
