@@ -63,7 +63,8 @@ class CpuWatch:
         if msg.startswith(("saturation:", "load ")):
             self.close()
             rep = re.search(r"replication (\d+)", msg)
-            label = msg.split(":")[0] + (f" r{rep.group(1)}" if rep else "")
+            label = (msg.split(":")[0] + (f" r{rep.group(1)}" if rep else "")
+                     + (" again" if "served again" in msg else ""))
             self._open = (label, time.monotonic(), LoadMeter().__enter__())
         elif msg.startswith("  waited") and self._open:  # the quiet wait is not the run
             self._open = (self._open[0], time.monotonic(), LoadMeter().__enter__())
