@@ -1072,6 +1072,9 @@ def _counterfactual(scenario, result, finding: dict, unstable: bool = False) -> 
     if name == SLO_FIGURE:   # which SLO is worst, before and after: the ratio alone is abstract
         out["worst_before"], out["worst_after"] = (_worst_entry(result.summary),
                                                    _worst_entry(alt))
+    elif unstable and alt.get("slo"):   # tries that each keep up tie on throughput (_winner)
+        from .search import slo_ratio
+        out["slo_ratio_after"] = slo_ratio(alt)
     return out
 
 
@@ -1151,6 +1154,26 @@ def _gain(cf: dict) -> float:
     return (b / a if cf["lower_better"] else a / b) if a and b else 0.0
 
 
+def _winner(pool: list, unstable: bool):
+    """The ``(finding, counterfactual)`` of ``pool`` that binds, or None: among those that
+    help most (:func:`_helps`), the one that moves its figure most (:func:`_gain`), the
+    first of equals. An ``unstable`` run's figure is its throughput, and every try that
+    makes it keep up serves about the offered rate: those within
+    :data:`~simulator.executors.CAPACITY_TOLERANCE` of the most tie, and of them the one
+    nearest its SLOs binds (``slo_ratio_after``; without SLOs the first)."""
+    from .executors import CAPACITY_TOLERANCE
+
+    best = max((_helps(cf) for _, cf in pool), default=0)
+    top = [(f, cf) for f, cf in pool if best and _helps(cf) == best]
+    if not top:
+        return None
+    most = max(_gain(cf) for _, cf in top)
+    if unstable:
+        ties = [x for x in top if _gain(x[1]) >= most * (1 - CAPACITY_TOLERANCE)]
+        return min(ties, key=lambda x: x[1].get("slo_ratio_after", 0.0))
+    return next(x for x in top if _gain(x[1]) == most)
+
+
 def _raise_tensor_parallel(scenario, result, finding: dict, cf: dict,
                            unstable: bool) -> tuple[dict, list[dict]]:
     """Where ``finding``'s change is a higher tensor_parallel k (:func:`_faster`; with a
@@ -1208,9 +1231,9 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     :data:`FACTS`; a change already tried is not run again; a higher tensor_parallel whose
     run still misses is doubled, :func:`_raise_tensor_parallel`), until one meets every SLO:
     that one binds, else the one that moves the figure most (by more than 10%) where all
-    share one figure (an unstable run's throughput, SLOs given or not; else the worst SLO
-    ratio),
-    else the first that moves its own. A free setting (:func:`_free`: a router, prefix
+    share one figure (an unstable run's throughput, SLOs given or not, where the tries
+    that keep up tie and the one nearest its SLOs binds, :func:`_winner`; else the worst
+    SLO ratio), else the first that moves its own. A free setting (:func:`_free`: a router, prefix
     caching, the client's concurrency) that moves the figure binds before any other knob,
     even one that meets every SLO (listed after it). An SLO that was met and a run misses is reported
     with it (``breaks``). When none moves it, the first stays binding.
@@ -1232,7 +1255,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         (``moved``: better by more than 10%, ``worse``: worse by as much, ``breaks``:
         SLOs met before and missed after, ``[{metric, stat, threshold, before, after}]``;
         with SLOs also ``worst_before`` / ``worst_after``: the worst entry of each run,
-        ``{metric, stat, value, threshold}`` or None),
+        ``{metric, stat, value, threshold}`` or None, or for an unstable run
+        ``slo_ratio_after``: the worst SLO value / threshold of the run with the change),
         floats to 6 significant digits. ``change`` is a ``--set`` override
         (comma-separated when it needs two); ``flags`` the ``--set`` flags that make it in
         the run's command and ``replaces`` the run's own flags they take the place of
@@ -1269,9 +1293,7 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     # a free setting that moves the figure binds before hardware that meets the SLOs
     # (which is listed after it): settings before any GPU
     pool = [(f, cf) for f, cf in tried if _free(f) and _helps(cf)] or tried
-    best = max((_helps(cf) for _, cf in pool), default=0)
-    won = max(((f, cf) for f, cf in pool if best and _helps(cf) == best),
-              key=lambda x: _gain(x[1]), default=None)   # the first of equals
+    won = _winner(pool, unstable)
     if won is not None:   # the knob that moves it binds (first in the list)
         d["findings"].remove(won[0])
         d["findings"].insert(0, won[0])

@@ -1661,3 +1661,27 @@ def test_a_miss_the_wake_up_explains_only_in_part_is_listed_after_the_load(tmp_p
     without = d["figures"]["wake_up"]["without_ms"]["ttft_ms"]["p50"]
     assert without > (floor + t0) / 2
     assert without == pytest.approx(t0, rel=0.05)   # an estimate: own wake-ups taken off
+
+
+def test_an_unstable_runs_tries_that_keep_up_tie_and_the_nearest_its_slos_binds():
+    from simulator.diagnosis import _winner
+
+    def cf(after, ratio=None):   # a try of an unstable run serving 5 req/s of the 10 offered
+        return {"before": 5.0, "after": after, "lower_better": False, "moved": True,
+                "slo_met_after": False, **({} if ratio is None else {"slo_ratio_after": ratio})}
+    # A and B both keep up (10.0 and 9.9 req/s: within 2%, Poisson noise); C serves 9 req/s.
+    # B is nearer its SLOs (worst value 1.1 x its threshold against 1.4): B binds, not the
+    # 1% more throughput of A
+    a, b, c = ("A", cf(10.0, 1.4)), ("B", cf(9.9, 1.1)), ("C", cf(9.0, 0.5))
+    assert _winner([a, b, c], unstable=True)[0] == "B"
+    assert _winner([c, a], unstable=True)[0] == "A"   # C does not keep up: 9 < 0.98 x 10
+    # without SLOs the tries that keep up tie and the first binds, whichever served more
+    assert _winner([("A", cf(9.9)), ("B", cf(10.0))], unstable=True)[0] == "A"
+    # a stable run's figure is compared as it is: the most gain, the first of equals
+    assert _winner([("A", cf(9.9)), ("B", cf(10.0))], unstable=False)[0] == "B"
+    assert _winner([("A", cf(10.0)), ("B", cf(10.0))], unstable=False)[0] == "A"
+    # a try that meets every SLO beats any that only moves the figure
+    met = dict(cf(9.0), slo_met_after=True)
+    assert _winner([a, ("M", met)], unstable=True)[0] == "M"
+    # nothing helps: no winner
+    assert _winner([("N", dict(cf(5.0), moved=False))], unstable=True) is None
