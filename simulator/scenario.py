@@ -34,6 +34,7 @@ import math
 import operator
 import re
 import typing
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -1196,6 +1197,15 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             n = float(inp)   # the number it reads as unquoted (an integer key's as an int)
             plain = str(int(n)) if typ == "int_type" and n.is_integer() else inp.strip()
             msg += f" (got {echo(inp)}: quoted, a number is text; write {plain}, unquoted)"
+        elif (typ in ("int_type", "int_parsing", "float_type", "float_parsing")
+                and isinstance(inp, str)
+                and _NUMBER.fullmatch(plain := unicodedata.normalize("NFKC", inp))):
+            # YAML reads only 0-9 as digits: full-width ６４ is text
+            msg += f" (got {echo(inp)}: YAML reads only the digits 0-9 as a number; write " \
+                   f"{plain.strip()})"
+        elif typ == "finite_number" and isinstance(inp, float) and math.isinf(inp):
+            msg += (f" (got {echo(inp)}: .inf, or a number past the largest float, 1.8e308)"
+                    if inp > 0 else f" (got {echo(inp)}: -.inf, or a number below -1.8e308)")
         elif (typ == "int_type" and isinstance(inp, float) and inp.is_integer()
                 and _in_bounds(parent, str(loc[-1]) if loc else "", inp)):
             msg += f" (got {echo(inp)}: write {int(inp)}, without a point or exponent)"
@@ -1205,7 +1215,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
 
 
 #: A number as YAML reads one unquoted (``64``, ``-2.5``, ``1e4``): its quoted form is text.
-_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*", re.ASCII)
 
 
 def _read_as_bool(value: bool) -> str:

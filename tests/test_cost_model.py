@@ -836,7 +836,8 @@ def test_a_provenance_date_is_an_iso_date(tmp_path, value, got):
 @pytest.mark.parametrize("value, said", [
     ("-1.0", "a0_s: a coefficient is a finite number >= 0, got -1"),
     (".nan", "a0_s: Input should be a finite number (got nan)"),
-    ("1e400", "a0_s: Input should be a finite number (got inf)"),
+    ("1e400", "a0_s: Input should be a finite number (got inf: .inf, or a number past the "
+              "largest float, 1.8e308)"),
     ('"1.0"', "a0_s: Input should be a valid number (got '1.0': quoted, a number is text; "
               "write 1.0, unquoted)"),
 ])

@@ -318,7 +318,9 @@ def test_an_error_names_every_flag_among_the_keys_it_depends_on(chat):
                           f"tokens need 128 KV blocks")
 
 
-@pytest.mark.parametrize("bound, got", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"),
+@pytest.mark.parametrize("bound, got", [
+    (".inf", "inf: .inf, or a number past the largest float, 1.8e308"),
+    ("-.inf", "-inf: -.inf, or a number below -1.8e308"), (".nan", "nan"),
                                         ("-5", "-5"), ("0", "0"), ("1e300", "1e+300"),
                                         ("1000000001", "1000000001")])
 def test_slo_bound_errors_name_the_file_like_other_keys(chat, bound, got):
@@ -1349,3 +1351,21 @@ def test_a_null_section_that_may_be_left_out_is_its_defaults(tmp_path, section):
     p.write_text(yaml.safe_dump(d))
     flagged = load_scenario(p, [f"{section}=null"])
     assert getattr(flagged, section) == getattr(left_out, section)
+
+
+def test_full_width_digits_and_a_number_past_the_largest_float_are_said_as_such(chat):
+    # YAML reads only 0-9 as digits: "６４" is text, not quoted text (nothing was quoted)
+    msg = err(load_scenario, chat, ["engine.max_num_seqs=６４"])
+    assert msg.startswith("--set engine.max_num_seqs=６４: ") and "valid integer" in msg
+    assert msg.endswith("(got '６４': YAML reads only the digits 0-9 as a number; write 64)")
+    assert "quoted" not in msg
+    msg = err(load_scenario, chat, ["workload.arrival.rate=１.５"])
+    assert msg.endswith("(got '１.５': YAML reads only the digits 0-9 as a number; write 1.5)")
+    # quoted ASCII digits are still quoted text
+    assert err(load_scenario, chat, ["engine.max_num_seqs='64'"]).endswith(
+        "(got '64': quoted, a number is text; write 64, unquoted)")
+    # 1e400 is read as infinity: say how the inf came about
+    msg = err(load_scenario, chat, ["workload.arrival.rate=1e400"])
+    assert msg.startswith("--set workload.arrival.rate=1e400: ") and msg.endswith(
+        "Input should be a finite number (got inf: .inf, or a number past the largest "
+        "float, 1.8e308)")
