@@ -93,12 +93,9 @@ def _cmd_run(args) -> int:
     # the report says them too: a shared report is read without the terminal
     prefix = "servesim: warning: "
     ramp = ramp_warning(results[0].summary)   # says the count itself: the tail's would repeat it
-    req = results[0].requests
-    served = req.loc[req["finish_reason"] != "rejected", "prompt_tokens"]
     warnings = [w.removeprefix(prefix) for w in [
         profile_warning(cost), cost.setup_warning,
-        extrapolation_warning(cost, scenario, results[0].summary,
-                              int(served.max()) if len(served) else 0),
+        extrapolation_warning(cost, scenario, results[0]),
         ramp, client_warning(results[0].summary),
         None if ramp else unstable_warning(results[0], diagnosis),
         start_burst_warning(scenario, results[0]),

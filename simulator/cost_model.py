@@ -1321,15 +1321,17 @@ def _measured_reach(csv_path: str, mtime_ns: int) -> tuple[int, int] | None:
         return None
 
 
-def extrapolation_warning(cost: "CostModel", scenario, summary: dict,
-                          longest_prompt: int) -> str | None:
-    """What a run on a measured profile priced past the steps its calibration measured
-    (None when nothing, or the profile names no measurements CSV; that its CSV cannot be
-    read, when it names one): a replica that ran more
-    sequences at once (``summary`` running_max_per_replica, each a decode at most) than the
-    largest decode batch measured, or prefill chunks that could exceed the largest measured
-    (up to max_num_batched_tokens, and the ``longest_prompt``, tokens). The fitted form
-    prices them as it stands: an extrapolation no held-out cell checked."""
+def grid_excess(cost: "CostModel", scenario, result) -> dict | None:
+    """How far ``result`` (a :class:`~simulator.metrics.RunResult` of ``scenario``) on a
+    measured profile went past the steps its calibration measured: None when the profile
+    names no measurements CSV (nothing to compare with), else ``{"profile", "csv",
+    "reach"}`` with ``reach`` None when the CSV cannot be read beside it, else also
+    ``running`` (the most sequences one replica ran at once, summary
+    running_max_per_replica, each a decode at most; None when within the largest decode
+    batch measured, ``batch``) and ``chunks`` (the longest prefill chunk it could schedule:
+    max_num_batched_tokens, or its longest prompt served; None when within the largest
+    measured, ``chunk``). The fitted form prices such steps as it stands: an extrapolation
+    no held-out cell checked."""
     prof = cost.profile
     rel = prof.provenance.measurements_csv if prof is not None and prof.measured else None
     if not rel or prof.path is None:
@@ -1339,22 +1341,56 @@ def extrapolation_warning(cost: "CostModel", scenario, summary: dict,
         reach = _measured_reach(str(path), path.stat().st_mtime_ns)
     except OSError:
         reach = None
-    if reach is None:   # moved or broken: the steps it measured are not known
-        return (f"profile {prof.display_name} names measurements CSV {rel}, which cannot be "
-                f"read beside it: whether steps went past its calibration grid cannot be told")
-    batch, chunk = reach
-    running = (summary.get("concurrency") or {}).get("running_max_per_replica") or 0
-    chunks = min(scenario.max_num_batched_tokens, longest_prompt)
-    past = ([f"{running} sequences running at once (decode batches up to {batch} were "
-             f"measured)"] if running > batch else []) + (
-        [f"prefill chunks of up to {chunks} tokens (up to {chunk} were measured)"]
-        if chunks > chunk else [])
+    out = {"profile": prof.display_name, "csv": rel, "reach": reach}
+    if reach is not None:
+        req = result.requests
+        served = req.loc[req["finish_reason"] != "rejected", "prompt_tokens"]
+        running = (result.summary.get("concurrency") or {}).get("running_max_per_replica") or 0
+        chunks = min(scenario.max_num_batched_tokens, int(served.max()) if len(served) else 0)
+        out.update(batch=reach[0], chunk=reach[1],
+                   running=running if running > reach[0] else None,
+                   chunks=chunks if chunks > reach[1] else None)
+    return out
+
+
+def merged_excess(excesses: list) -> dict | None:
+    """One :func:`grid_excess` for several runs on one profile: the most sequences and the
+    longest chunks of those that went past (its CSV unreadable when one says so); None
+    when none went past."""
+    past = [e for e in excesses if grid_text(e)]
     if not past:
         return None
-    return (f"profile {prof.display_name} prices steps past its calibration grid: "
+    return next((e for e in past if e["reach"] is None), None) or dict(
+        past[0], **{k: max(e[k] or 0 for e in past) or None for k in ("running", "chunks")})
+
+
+def grid_text(excess: dict | None, several: bool = False) -> str | None:
+    """The warning for :func:`grid_excess`'s ``excess`` (None when nothing went past);
+    ``several``: its figures are the most of several runs ("up to 64 sequences")."""
+    if excess is None:
+        return None
+    if excess["reach"] is None:   # moved or broken: the steps it measured are not known
+        return (f"profile {excess['profile']} names measurements CSV {excess['csv']}, which "
+                f"cannot be read beside it: whether steps went past its calibration grid "
+                f"cannot be told")
+    most = "up to " if several else ""
+    past = ([f"{most}{excess['running']} sequences running at once (decode batches up to "
+             f"{excess['batch']} were measured)"] if excess["running"] else []) + (
+        [f"prefill chunks of up to {excess['chunks']} tokens (up to {excess['chunk']} were "
+         f"measured)"] if excess["chunks"] else [])
+    if not past:
+        return None
+    return (f"profile {excess['profile']} prices steps past its calibration grid: "
             f"{' and '.join(past)}, by extrapolating its fitted form, which no held-out cell "
             f"checked; calibrate on a grid that reaches them (or lower engine.max_num_seqs / "
             f"max_num_batched_tokens) to trust those steps")
+
+
+def extrapolation_warning(cost: "CostModel", scenario, result) -> str | None:
+    """What ``result`` on a measured profile priced past the steps its calibration
+    measured (None when nothing, or the profile names no measurements CSV; that its CSV
+    cannot be read, when it names one): :func:`grid_text` of :func:`grid_excess`."""
+    return grid_text(grid_excess(cost, scenario, result))
 
 
 def profile_warning(cost: "CostModel") -> str | None:

@@ -291,9 +291,12 @@ def run_job(job: Job):
     """Run one job (in whatever process): ``RunResult`` if ``job.full``, else
     :func:`job_output` with ``alone_ms``: the SLO statistics of requests served alone
     (:func:`simulator.alone.slo_floors`) of a run that missed an SLO, which tell a rate
-    search when no rate can meet it (``{}`` otherwise), and ``start_burst``: whether a
-    closed loop's start burst set its TTFT p99 (:func:`simulator.run.start_burst_warning`)."""
+    search when no rate can meet it (``{}`` otherwise), ``start_burst``: whether a
+    closed loop's start burst set its TTFT p99 (:func:`simulator.run.start_burst_warning`),
+    and ``grid``: how far its steps went past its measured profile's calibration grid
+    (:func:`simulator.cost_model.grid_excess`; None without a measurements CSV)."""
     from .alone import slo_floors
+    from .cost_model import build_cost_model, grid_excess
     from .run import simulate, start_burst_warning
 
     res = simulate(job.scenario, replication=job.replication)
@@ -305,6 +308,7 @@ def run_job(job: Job):
         else {}
     # a closed loop's users all sending at 0 s set its TTFT p99 (a sweep says where)
     out["start_burst"] = start_burst_warning(job.scenario, res) is not None
+    out["grid"] = grid_excess(build_cost_model(job.scenario), job.scenario, res)
     if job.diagnose:
         from .diagnosis import find_limits
         out["binding"] = find_limits(job.scenario, res)["binding"]

@@ -391,10 +391,17 @@ def _cmd_plan(args) -> int:
     table = plan_table(res)   # written before any note: a failed write stays one line
     paths = write_plan_report(out, res, table, title=f"{scenario.name}: plan for "
                                                       f"{res.target_rate:g} req/s")
+    from .cost_model import grid_text, merged_excess
+    at_max = [(r.candidate.label, r.search.at_max.outputs) for r in res.rows
+              if r.search is not None and r.search.at_max is not None]
+    grid = [(label, merged_excess([o.get("grid") for o in outs])) for label, outs in at_max]
     _warn(list(dict.fromkeys(r.candidate.setup_warning for r in res.rows
                              if r.candidate.setup_warning)) + _workload_warnings(scenario)
           + [unbounded_warning(f"candidate {r.candidate.label}") for r in res.rows
-             if r.search is not None and r.search.capacity and r.search.steady is None])
+             if r.search is not None and r.search.capacity and r.search.steady is None]
+          # as run says it, of the runs at each candidate's max rate
+          + [f"candidate {label} at its max rate: {grid_text(m, several=True)}"
+             for label, m in grid if m])
     ranked = default_efficiency_note([r.candidate for r in res.rows])
     if ranked:
         print(f"servesim: note: {ranked}", file=sys.stderr)
@@ -514,8 +521,12 @@ def _cmd_compare(args) -> int:
         out, entries, title="Plan comparison",
         note=f"Every plan serves the workload and SLO of {scenarios[0].source}, measured "
              f"with its sim settings (replications, warm-up).")
+    from .cost_model import build_cost_model, extrapolation_warning
     from .sweep import setup_warnings
-    _warn(setup_warnings(scenarios) + _workload_warnings(scenarios[0]))
+    grid = [(e["name"], extrapolation_warning(build_cost_model(e["scenario"]), e["scenario"],
+                                              e["result"])) for e in entries]
+    _warn(setup_warnings(scenarios) + _workload_warnings(scenarios[0])
+          + [f"{name}: {w}" for name, w in grid if w])   # as run says it, per plan
     ignored = [sc.source for sc in scenarios[1:]
                if _served_workload(sc) != _served_workload(scenarios[0])]
     if ignored:  # a comparison holds the traffic fixed: say whose is used (after the runs,

@@ -304,7 +304,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     capacity = dict(zip(probes, (o.get("steady_throughput") for o in outs[len(jobs):])))
     unbounded = sum(v is None for v in capacity.values())
     key_of = iter(keys)   # each run's probe key, in run order
-    rows, per_point, burst = [], [], []
+    rows, per_point, burst, grids = [], [], [], []
     i = 0
     for p, sc, misfit in zip(points, scs, misfits):
         if misfit is not None:
@@ -318,6 +318,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         cap = capacity.get(next(key_of))
         if any(o.get("start_burst") for o in group):
             burst.append(p)
+        grids.append((p, [o.get("grid") for o in group]))
         sums = [o["summary"] for o in group]
         per_point.append(sums)
         comb = combine_replications(sums) if n > 1 else None
@@ -364,7 +365,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
     return SweepResult({k: [_parse(v) for v in vs] for k, vs in axes.items()}, table,
                        knees(table, keys), per_point,
                        setup_warnings(runs) + point_warnings(ran, runs)
-                       + _burst_warning(burst, len(runs)) + (
+                       + _burst_warning(burst, len(runs)) + grid_warnings(grids) + (
                            [unbounded_warning(
                                "the sweep" if len(probes) == 1 else
                                f"{unbounded} of its {len(probes)} lines (points that differ "
@@ -423,6 +424,27 @@ def _burst_warning(points: list[dict], ran: int) -> list[str]:
     return [f"{where}the closed loop's users all send their first request at 0 s, and that "
             f"burst's waits set the TTFT p99: sim.warmup_requests of at least "
             f"workload.arrival.concurrency leaves it out of the figures, as a steady state"]
+
+
+def grid_warnings(points: list[tuple[dict, list]]) -> list[str]:
+    """The past-the-grid warning of ``points`` run (``(point, [each replication's
+    grid_excess])``), one per profile, as ``run`` says it
+    (:func:`simulator.cost_model.grid_text`) with the most sequences and the longest chunks
+    of the runs that went past, after those points when not every point did."""
+    from .cost_model import grid_text, merged_excess
+
+    past: dict[str, list[tuple[dict, dict]]] = {}   # profile -> (point, excess)
+    for p, excesses in points:
+        for e in (e for e in excesses if grid_text(e)):
+            past.setdefault(e["profile"], []).append((p, e))
+    out = []
+    for hits in past.values():
+        at = [p for i, (p, _) in enumerate(hits) if all(p is not q for q, _ in hits[:i])]
+        where = "" if len(at) == len(points) else \
+            "at " + "; ".join(" ".join(typed_overrides(p)) for p in at) + ": "
+        out.append(where + grid_text(merged_excess([e for _, e in hits]),
+                                     several=len(hits) > 1))
+    return out
 
 
 def _does_not_fit(sc):
@@ -578,5 +600,6 @@ def slo_met_at(table: pd.DataFrame, keys: list[str]) -> list[dict]:
 
 __all__ = ["CONCURRENCY", "DOES_NOT_FIT", "INVALID", "NOT_RUN", "RAMP_ONLY", "RATE",
            "SATURATION_SHARE", "SATURATING", "STABILITY", "SweepResult", "answer_title",
-           "derive", "grid", "knee_title", "knees", "point_warnings", "setup_warnings",
-           "slo_met_at", "split_sets", "stability_label", "stat_column", "sweep", "unset"]
+           "derive", "grid", "grid_warnings", "knee_title", "knees", "point_warnings",
+           "setup_warnings", "slo_met_at", "split_sets", "stability_label", "stat_column",
+           "sweep", "unset"]

@@ -2280,3 +2280,72 @@ def test_a_closed_loop_sweep_says_where_its_start_burst_sets_the_ttft_p99(tmp_pa
     assert main(["sweep", str(y), "--set", "workload.arrival.concurrency=1,8", "--set",
                  "sim.warmup_requests=8", "--out", str(tmp_path / "b")] + args) == 0
     assert "burst" not in capsys.readouterr().err
+
+
+def test_a_sweep_says_where_its_steps_go_past_the_profiles_calibration_grid(tmp_path, capsys):
+    # the shipped CPU profile measured decode batches up to 32 (test_cli's run test): 64
+    # or 128 sequences at once are priced by extrapolation. A sweep says so as run does,
+    # for the points that went past, with the most sequences of them
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    scenario = str(root / "scenarios" / "cpu_tiny.yaml")
+    fast = ["--set", "workload.num_requests=200", "--set", "workload.arrival.rate=40"]
+
+    def run_says(seqs):   # what run says at that point, and its most sequences at once
+        out = tmp_path / f"run{seqs}"
+        assert main(["run", scenario, *fast, "--set", f"engine.max_num_seqs={seqs}",
+                     "--out", str(out), "--quiet"]) == 0
+        line = next(x for x in capsys.readouterr().err.splitlines()
+                    if "calibration grid" in x)
+        return line.removeprefix("servesim: warning: "), json.loads(
+            (out / "summary.json").read_text())["concurrency"]["running_max_per_replica"]
+
+    said64, running64 = run_says(64)
+    said128, running128 = run_says(128)
+    assert running64 > 32 and running128 > running64
+    args = [*fast, "--executor", "serial", "--quiet"]
+    assert main(["sweep", scenario, "--set", "engine.max_num_seqs=32,64", "--out",
+                 str(tmp_path / "a"), *args]) == 0
+    err = capsys.readouterr().err
+    assert f"servesim: warning: at engine.max_num_seqs=64: {said64}\n" in err
+    assert err.count("calibration grid") == 1   # 32 stays inside it
+    # every point past it: no points named, the most sequences of them ("up to")
+    assert main(["sweep", scenario, "--set", "engine.max_num_seqs=64,128", "--out",
+                 str(tmp_path / "b"), *args]) == 0
+    err = capsys.readouterr().err
+    most = said128.replace(f": {running128} sequences", f": up to {running128} sequences")
+    assert most != said128 and f"servesim: warning: {most}\n" in err
+    assert "at engine.max_num_seqs" not in err
+    # compare says it of each plan whose run went past, by the plan's name
+    tiny = (root / "scenarios" / "cpu_tiny.yaml").read_text()
+    plans = []
+    for seqs in (32, 64):
+        y = tmp_path / f"p{seqs}.yaml"
+        y.write_text(tiny.replace("name: cpu-tiny", f"name: seqs{seqs}")
+                     .replace("max_num_seqs: 32", f"max_num_seqs: {seqs}"))
+        plans.append(str(y))
+    assert main(["compare", *plans, *fast, "--out", str(tmp_path / "c"), "--executor",
+                 "serial", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"servesim: warning: seqs64: {said64}\n" in err
+    assert err.count("calibration grid") == 1
+
+
+def test_a_plan_says_which_candidates_max_rate_runs_go_past_the_calibration_grid(
+        tmp_path, capsys):
+    # max_num_seqs 64 on the shipped CPU profile (decode batches measured up to 32): at its
+    # max rate under a loose TTFT SLO more than 32 sequences run at once; 32 cannot
+    import re
+    from pathlib import Path
+    scenario = str(Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml")
+    assert main(["plan", scenario, "--set", "workload.num_requests=200", "--set",
+                 "slo={ttft_ms: {p99: 2000}}", "--set",
+                 "plan={candidates: {engine.max_num_seqs: [32, 64]}}", "--target-rate", "50",
+                 "--out", str(tmp_path / "p"), "--executor", "serial", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    said = re.findall(r"servesim: warning: candidate (.*) at its max rate: profile "
+                      r"cpu-llama-tiny-56m-bfloat16 prices steps past its calibration grid: "
+                      r"up to (\d+) sequences running at once \(decode batches up to 32 were "
+                      r"measured\)", err)
+    assert len(said) == 1 and said[0][0] == "max_num_seqs=64" and int(said[0][1]) > 32
