@@ -120,7 +120,7 @@ def _short(v, cents: bool = False) -> str:
     return _cell(v)
 
 
-_STATUS = {"cheapest feasible": "best", "feasible": "ok", "infeasible": "fails SLO"}
+_STATUS = {"cheapest feasible": "cheapest", "feasible": "ok", "infeasible": "fails SLO"}
 # Terminal words for the sweep's stability column; sweep.csv keeps the full label.
 _STABILITY = {"rejects requests": "rejects", "does not fit": "no fit",
               "ramp-up only": "ramp-up", "invalid config": "invalid"}

@@ -920,7 +920,7 @@ def test_terminal_plan_table_fits_80_columns_and_spells_out_long_statuses(capsys
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80
     # costs to the cent: 17.93 and 17.9 must not read alike
-    assert "8.31" in out and "17.90" in out and "17.93–25.14" in out and "best" in out \
+    assert "8.31" in out and "17.90" in out and "17.93–25.14" in out and "cheapest" in out \
         and "note 1" in out
     assert "note 1: model does not fit: 16.1 GB of weights" in out.replace("\n", " ")
 
@@ -986,7 +986,7 @@ def test_terminal_tables_fit_80_columns_without_exponents_or_lost_cells(monkeypa
                      if line.split()[:1] in (["16,384"], ["2,048"]))
     assert first == ["16,384", "13.1", "≥11.6", "4", "11.96", "≤11.96", "12346", "-3.5–1380",
                      "ok"]
-    assert second == ["2,048", "1234", "–", "1", "2.99", "–", "0.5", "–", "best"]
+    assert second == ["2,048", "1234", "–", "1", "2.99", "–", "0.5", "–", "cheapest"]
     assert "– in a 95% CI column: no interval" in out
     assert "only one end of the 95% CI is known" in out.replace("\n", " ")
     head = out[:out.index("─")]

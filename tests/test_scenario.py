@@ -1196,7 +1196,7 @@ def test_a_later_flag_may_add_a_key_to_a_mapping_an_earlier_flag_set(chat):
 
 
 def test_a_candidate_value_given_twice_is_refused(chat):
-    # two identical rows in the plan table, one "best" and one "ok", before
+    # two identical rows in the plan table, one "cheapest" and one "ok", before
     msg = err(load_scenario, chat, ["plan.candidates={engine.max_num_seqs: [64, 128, 64.0]}"])
     assert msg.endswith("engine.max_num_seqs: 64.0 is given twice (as 64: one value); each "
                         "value is one candidate, give it once")
