@@ -439,7 +439,7 @@ def grid_warnings(points: list[tuple[dict, list]]) -> list[str]:
             past.setdefault(e["profile"], []).append((p, e))
     out = []
     for hits in past.values():
-        at = [p for i, (p, _) in enumerate(hits) if all(p is not q for q, _ in hits[:i])]
+        at = list({id(p): p for p, _ in hits}.values())   # each point once, in order
         where = "" if len(at) == len(points) else \
             "at " + "; ".join(" ".join(typed_overrides(p)) for p in at) + ": "
         out.append(where + grid_text(merged_excess([e for _, e in hits]),
