@@ -383,19 +383,24 @@ def _needs_more_than(row: PlanRow, limit: int, target: float) -> None:
 
 def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int = 64,
                      min_replications: int = 2, max_replications: int = 5,
-                     tolerance: float = 0.02):
+                     tolerance: float = 0.02, capacity: float | None = None):
     """Generator: the fewest replicas meeting every SLO at ``target`` req/s behind the
     scenario's router, starting from the estimate ``start``: up while infeasible, down
     while N − 1 is feasible; None past ``max_replicas`` (an estimate beyond it is not
-    simulated). Returns ``(N or None, [{replicas, feasible, confident, unstable,
-    mean_ratio, ci95}], RateEval at N or None)``."""
+    simulated). ``capacity``: one replica's saturation-probe steady throughput (req/s),
+    N times which bounds the rates N replicas keep up with, as it bounds one replica's
+    in the search (:func:`~simulator.search.evaluate`: 3 replicas of capacity 10 req/s
+    passed at 31 req/s on a run whose draws came slow). Returns ``(N or None,
+    [{replicas, feasible, confident, unstable, mean_ratio, ci95}], RateEval at N or
+    None)``."""
     kw = dict(min_replications=min_replications, max_replications=max_replications,
               tolerance=tolerance)
     tried: dict[int, Any] = {}
 
     def ok(n):
         if n not in tried:
-            tried[n] = yield from evaluate(_cluster(scenario, n, target), **kw)
+            tried[n] = yield from evaluate(_cluster(scenario, n, target), **kw,
+                                           capacity=n * capacity if capacity else None)
         return tried[n].feasible
 
     n = start
@@ -522,7 +527,7 @@ def plan(scenario, executor, *, target_rate: float | None = None,
                     continue
             n, trail, at_n = run_generator(confirm_replicas(
                 r.candidate.scenario, target, min(r.replicas, limit), max_replicas=limit,
-                **kw), executor)
+                capacity=r.search.steady, **kw), executor)
             r.confirmation = trail
             if n is None:
                 if best is None:   # no deployment up to max_replicas meets the SLOs

@@ -149,16 +149,16 @@ def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,
              ) -> Generator[list[Job], list, RateEval]:
     """Replicate ``scenario`` (at its own rate) until feasibility is decided.
 
-    ``capacity`` (req/s, the saturation probe's steady throughput): above it by more than
-    ``tolerance``, a run that falls behind its arrivals is unstable
-    (:func:`simulator.executors.over_capacity`).
+    ``capacity`` (req/s, the saturation probe's steady throughput): a run whose arrivals,
+    as drawn or as asked for (the scenario's rate), exceed it by more than ``tolerance``
+    and that falls behind them is unstable (:func:`simulator.executors.over_capacity`).
 
     Yields lists of jobs, receives their outputs; returns a :class:`RateEval`.
     """
     rate = float(scenario.workload.arrival.rate)
 
     def stable(o: dict) -> bool:
-        return o["stable"] and not over_capacity(o, capacity, tolerance)
+        return o["stable"] and not over_capacity(o, capacity, tolerance, nominal=rate)
 
     outs: list[dict] = []
     n = min_replications

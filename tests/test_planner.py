@@ -2,6 +2,8 @@
 simulation, hand-computed costs, sweep knee against max_num_seqs / (O × step), CLI."""
 
 
+import json
+
 import pytest
 
 from simulator.cli import main
@@ -2349,3 +2351,33 @@ def test_a_plan_says_which_candidates_max_rate_runs_go_past_the_calibration_grid
                       r"up to (\d+) sequences running at once \(decode batches up to 32 were "
                       r"measured\)", err)
     assert len(said) == 1 and said[0][0] == "max_num_seqs=64" and int(said[0][1]) > 32
+
+
+MD1 = """name: md1
+model: llama-test
+hardware: {step_time: {constant_s: 0.01}}
+engine: {max_num_seqs: 1, max_model_len: 512}
+workload:
+  seed: 0
+  num_requests: 400
+  arrival: {process: poisson, rate: 5}
+  prompt_tokens: {dist: fixed, value: 10}
+  output_tokens: {dist: fixed, value: 10}
+"""
+
+
+def test_a_plan_states_no_rate_past_capacity_where_its_draws_came_slow(tmp_path):
+    # One slot, 10 steps of 10 ms a request: an M/D/1 queue of capacity exactly 10 req/s.
+    # Seed 7's draws arrive up to 14% slower than their nominal rate, so runs at a nominal
+    # 10.4 req/s keep up: judged by its draws alone, the plan would state 10.44 req/s per
+    # replica and confirm 3 replicas for 31 req/s, which serve at most 30. Past capacity by
+    # more than 2% (the probe's bound) a nominal rate is unstable, and a deployment of N is
+    # bounded by N x it.
+    y = tmp_path / "md1.yaml"
+    y.write_text(MD1)
+    assert main(["plan", str(y), "--set", "workload.seed=7", "--target-rate", "31",
+                 "--out", str(tmp_path / "p"), "--executor", "serial", "--quiet"]) == 0
+    row = json.loads((tmp_path / "p" / "plan.json").read_text())["candidates"][0]
+    assert row["max_rate_per_replica"] <= 10 * 1.02
+    assert row["confirmed"] and row["replicas"] == 4   # ceil(31 / 10); 4 at rho 0.78 keep up
+
