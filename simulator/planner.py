@@ -506,11 +506,20 @@ def plan(scenario, executor, *, target_rate: float | None = None,
         return (r.costs.get("cost_per_hour") if r.costs.get("cost_per_hour") is not None
                 else math.inf, -capacity, r.replicas or 0)
 
-    for r in rows:   # an estimate beyond the largest deployment considered is no plan
-        if r.replicas is not None and r.replicas > cfg.max_replicas:
-            r.beyond_max_replicas = r.replicas
-            r.replicas = r.replicas_ci95 = None
-            r.costs, r.costs_ci95 = {}, {}
+    def beyond(r):   # an estimate beyond the largest deployment considered is no plan
+        r.beyond_max_replicas = r.replicas
+        r.replicas = r.replicas_ci95 = None
+        r.costs, r.costs_ci95 = {}, {}
+
+    for r in rows:
+        # One replica's estimate past plan.max_replicas is still a deployment to simulate
+        # at plan.max_replicas (a router pools replicas: M/D/1 at 12 req/s, estimated 3 of
+        # 4.7 req/s each, met its SLO at 2), unless even replicas at the probe's capacity
+        # would need more.
+        if r.replicas is not None and r.replicas > cfg.max_replicas and (
+                not confirm or (replicas_needed(target, r.search.steady or r.search.capacity)
+                                or math.inf) > cfg.max_replicas):
+            beyond(r)
     feasible = sorted((r for r in rows if r.feasible), key=cost)
     best = None
     if confirm:
@@ -530,7 +539,9 @@ def plan(scenario, executor, *, target_rate: float | None = None,
                 capacity=r.search.steady, **kw), executor)
             r.confirmation = trail
             if n is None:
-                if best is None:   # no deployment up to max_replicas meets the SLOs
+                if best is None and r.replicas > cfg.max_replicas:
+                    beyond(r)   # neither the estimate nor max_replicas deployed meets them
+                elif best is None:   # no deployment up to max_replicas meets the SLOs
                     r.replicas = None
                 else:              # not cheaper than the best: it needs more than `limit`
                     _needs_more_than(r, limit, target)
@@ -541,6 +552,9 @@ def plan(scenario, executor, *, target_rate: float | None = None,
             _set_costs(r, target)
             if best is None or cost(r) < cost(best):
                 best = r
+        for r in feasible:   # left unsimulated (dearer than the plan) past the cap
+            if not r.confirmed and r.replicas is not None and r.replicas > cfg.max_replicas:
+                beyond(r)
     elif feasible:
         best = feasible[0]
     return PlanResult(target, rows, best)

@@ -2381,3 +2381,24 @@ def test_a_plan_states_no_rate_past_capacity_where_its_draws_came_slow(tmp_path)
     assert row["max_rate_per_replica"] <= 10 * 1.02
     assert row["confirmed"] and row["replicas"] == 4   # ceil(31 / 10); 4 at rho 0.78 keep up
 
+
+def test_an_estimate_past_max_replicas_is_still_deployed_at_the_cap(tmp_path):
+    # M/D/1 with mean TTFT <= 60 ms (W + 10 ms): one replica meets it up to about 5 req/s
+    # (Pollaczek-Khinchine: W = rho S / (2 (1 - rho)) = 50 ms at rho 0.5), so 12 req/s is
+    # estimated at 3 replicas. Behind round_robin each of 2 replicas gets every other
+    # arrival (Erlang-2 gaps at 6 req/s, rho 0.6), whose waits are far shorter than
+    # M/D/1's 75 ms (a Lindley recursion gives a mean TTFT of about 39 ms): 2 replicas meet
+    # it, and plan.max_replicas 2 must not refuse what its deployment of 2 meets
+    y = tmp_path / "md1.yaml"
+    y.write_text(MD1 + "slo: {ttft_ms: {mean: 60}}\n")
+    base = ["--target-rate", "12", "--executor", "serial", "--quiet"]
+    assert main(["plan", str(y), *base, "--out", str(tmp_path / "free")]) == 0
+    free = json.loads((tmp_path / "free" / "plan.json").read_text())["candidates"][0]
+    assert free["confirmed"] and free["replicas"] == 2
+    assert main(["plan", str(y), *base, "--set", "plan.max_replicas=2",
+                 "--out", str(tmp_path / "cap")]) == 0
+    capped = json.loads((tmp_path / "cap" / "plan.json").read_text())["candidates"][0]
+    assert capped["confirmed"] and capped["replicas"] == 2
+    # 40 req/s needs 4 replicas even at capacity (10 req/s each): past a cap of 3, not run
+    assert main(["plan", str(y), "--target-rate", "40", "--set", "plan.max_replicas=3",
+                 "--executor", "serial", "--quiet", "--out", str(tmp_path / "far")]) == 1
