@@ -388,6 +388,9 @@ class PlanConfig(_Strict):
     def _what_varies(cls, v):
         seen: dict[str, tuple] = {}   # key -> its parts
         for key in v:
+            if not all(p.strip() for p in str(key).split(".")):   # "", "engine..x", " "
+                raise ValueError(f"a candidate key is a setting's dotted path, e.g. "
+                                 f"engine.max_num_seqs (got {echo(key)})")
             # Two keys for one setting (spaced apart, or a mapping and a key inside it):
             # the later would silently replace the other's values in every candidate.
             parts = tuple(p.strip() for p in key.split("."))

@@ -1369,3 +1369,12 @@ def test_full_width_digits_and_a_number_past_the_largest_float_are_said_as_such(
     assert msg.startswith("--set workload.arrival.rate=1e400: ") and msg.endswith(
         "Input should be a finite number (got inf: .inf, or a number past the largest "
         "float, 1.8e308)")
+
+
+def test_an_empty_candidate_key_is_said_to_be_one(chat):
+    # an empty part of a key is named as such, not as a --set syntax slip
+    for key, got in (('""', "''"), ('" "', "' '"), ("engine..max_num_seqs",
+                                                    "'engine..max_num_seqs'")):
+        msg = err(load_scenario, chat, [f"plan={{target_rate: 5, candidates: {{{key}: [1]}}}}"])
+        assert msg.endswith(f"plan.candidates: a candidate key is a setting's dotted path, "
+                            f"e.g. engine.max_num_seqs (got {got})"), msg
