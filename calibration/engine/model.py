@@ -304,33 +304,33 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        """``x [..., dim]`` over its root mean square (float32), back in ``x``'s dtype and
+        then scaled by the weight."""
+        x32 = x.float()
+        rms = torch.sqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * (x32 / rms).to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """Inverse frequencies ``[head_dim/2]`` (float32), with Llama-3 scaling if configured.
 
-    Default RoPE: ``theta^(-2i/d)`` (Su et al. 2021). Llama-3 (Meta's llama3 reference,
-    HF ``_compute_llama3_parameters``): wavelengths longer than ``orig/low_freq_factor``
-    are divided by ``factor``, shorter than ``orig/high_freq_factor`` kept, and the band
-    between interpolated smoothly.
+    Default RoPE: ``theta^(-2i/d)`` (Su et al. 2021). Llama-3 scaling (Meta's Llama 3.1
+    release; ``rope_scaling`` of its config.json): with ``r`` the rotations a frequency
+    makes over the original context (``original_max_position_embeddings`` / wavelength),
+    a frequency is divided by ``factor`` where ``r <= low_freq_factor``, kept where
+    ``r >= high_freq_factor``, and in between scaled by the linear blend
+    ``(1 - t) / factor + t``, ``t = (r - low) / (high - low)``: one clamped ``t`` covers
+    the three bands.
     """
     d = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = cfg.rope_scaling
     if not s:
         return inv
-    factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    orig = s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > orig / lo, inv / factor, inv)
-    smooth = (orig / wavelen - lo) / (hi - lo)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= orig / hi) & (wavelen <= orig / lo)
-    return torch.where(medium, smoothed, scaled)
+    lo, hi = s["low_freq_factor"], s["high_freq_factor"]
+    rotations = s["original_max_position_embeddings"] * inv / (2 * math.pi)
+    t = ((rotations - lo) / (hi - lo)).clamp(0.0, 1.0)
+    return inv * ((1 - t) / s["factor"] + t)
 
 
 class Rotary:
