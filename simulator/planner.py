@@ -272,14 +272,16 @@ def cost_figures(replicas: int, price_per_replica_hour: float | None, target_rat
 
 
 def _cluster(scenario, replicas: int, rate: float):
-    """``replicas`` replicas at total ``rate``, with requests scaled so that each replica
-    sees as many requests as the one-replica search did."""
+    """``replicas`` replicas at total ``rate``, with requests and warm-up requests scaled
+    so that each replica sees as many of both as the one-replica search did."""
     wl = scenario.workload
     n = (wl.num_requests or 0) * replicas
     sc = with_rate(scenario, rate)
     sc = sc.model_copy(update={
         "cluster": sc.cluster.model_copy(update={"replicas": replicas}),
-        "workload": sc.workload.model_copy(update={"num_requests": n or None})})
+        "workload": sc.workload.model_copy(update={"num_requests": n or None}),
+        "sim": sc.sim.model_copy(update={
+            "warmup_requests": sc.sim.warmup_requests * replicas})})
     return sc
 
 

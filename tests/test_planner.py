@@ -2402,3 +2402,14 @@ def test_an_estimate_past_max_replicas_is_still_deployed_at_the_cap(tmp_path):
     # 40 req/s needs 4 replicas even at capacity (10 req/s each): past a cap of 3, not run
     assert main(["plan", str(y), "--target-rate", "40", "--set", "plan.max_replicas=3",
                  "--executor", "serial", "--quiet", "--out", str(tmp_path / "far")]) == 1
+
+
+def test_a_deployment_of_n_leaves_out_n_times_the_warm_up_as_n_times_the_requests():
+    # each replica of a confirmation run sees as many requests, and leaves out as many
+    # warm-up requests, as the one replica of the search did
+    from simulator.planner import _cluster
+    import yaml
+    sc = scenario_from_dict({**yaml.safe_load(MD1), "sim": {"warmup_requests": 40}})
+    dep = _cluster(sc, 3, 12.0)
+    assert (dep.cluster.replicas, dep.workload.num_requests, dep.sim.warmup_requests,
+            dep.workload.arrival.rate) == (3, 1200, 120, 12.0)
