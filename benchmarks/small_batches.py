@@ -1,10 +1,10 @@
 """Decode step time at small batch sizes, with and without the engine's row padding.
 
 ``calibration.engine.model.PAD_ROWS`` runs a two-row matmul as three (oneDNN picks a
-slower kernel for exactly two rows here). One engine, decode batches of ``B = 1..6`` at
-context 256, interleaved over ``--rounds`` passes (3 steps per visit), with padding on and
-off in alternate passes; the medians per B show whether ``t(B)`` rises with B, as the cost
-model's smooth form assumes.
+slower kernel for exactly two rows on an AVX512-BF16 CPU). One engine, decode batches of
+``B = 1..6`` at context 256, interleaved over ``--rounds`` passes (3 steps per visit), with
+padding on and off in alternate passes; the medians per B show whether ``t(B)`` rises with
+B, as the cost model's smooth form assumes.
 
     python benchmarks/small_batches.py [--rounds 8] [--out PATH]
 """

@@ -365,7 +365,7 @@ def model_arg(spec: str):
     from simulator.catalog import load_model
     from simulator.errors import KeyedInputError
 
-    if not str(spec).strip():   # "" read as the current folder
+    if not str(spec).strip():   # Path("") would be the current folder
         raise InputError("--model: empty: give a catalog model name or the path to an HF "
                          "config.json (or its folder)")
     try:
@@ -387,7 +387,7 @@ def require_torch() -> None:
 
 #: Cores' worth of other work above which ``calibrate`` on the cpu device warns: half a
 #: core already shares caches, memory bandwidth and, on a small machine, the measuring
-#: cores themselves (a run beside a test suite gave 40 % held-out error against 5 % on a
+#: cores themselves (a run beside a test suite gives 40 % held-out error against 5 % on a
 #: quiet machine).
 BUSY_OTHER_LOAD = 0.5
 
@@ -436,8 +436,8 @@ def warn_if_emulated(device: str, dtype: str,
     :func:`calibration.engine.model.prepack_supported`), its matmuls are emulated, so a
     calibration takes tens of minutes and describes a dtype nobody serves there: bfloat16
     without AVX512 (about 23x slower than float32 on an AVX2-only AMD EPYC, 1.4 against 32
-    GFLOP/s on one core, n = 512), float16 without AVX512-FP16 (about 100x slower on this
-    repository's AVX512-BF16 EPYC: 0.9 against 100 GFLOP/s). Prints one warning line to
+    GFLOP/s on one core, n = 512), float16 without AVX512-FP16 (about 100x slower on an
+    AVX512-BF16 AMD EPYC: 0.9 against 100 GFLOP/s). Prints one warning line to
     stderr ending in ``fix``, what to do instead, and returns it, else None."""
     if device != "cpu" or dtype not in ("bfloat16", "float16"):
         return None
@@ -558,7 +558,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                 f"max_model_len {max_len} needs {need - 1} besides the null block: give at "
                 f"least {need * per_block:,} bytes, or a lower --max-model-len")
     least = least_max_model_len(device, args.quick, args.block_size, fitmod.MIN_CELLS)
-    if max_len < least:   # it failed minutes in, in the engine or the fit
+    if max_len < least:   # refused up front, not minutes in (in the engine or the fit)
         raise InputError(f"--max-model-len {max_len}: calibration needs at least {least} "
                          f"({fitmod.MIN_CELLS} grid shapes to fit and hold out, and the "
                          f"{IDLE_STEP_TOKENS}-token step timed after idle)")
@@ -861,7 +861,7 @@ def _profile_headers() -> list[str]:
 
 def profile_column_widths(rows, terminal: int) -> list[int]:
     """Text widths of the ``servesim profiles`` columns for a terminal ``terminal`` wide
-    (at least 160 is used, as before). A name is never wrapped or cut (it is what
+    (at least 160). A name is never wrapped or cut (it is what
     ``hardware.profile`` takes) and no other column is narrower than its longest word, so
     cells wrap only between words; the room left over goes to the columns that would wrap
     in proportion to what they lack. When even that does not fit, lines run past the

@@ -37,7 +37,7 @@ WITH_PATHS = "roofline + path costs"
 PASS_SPREAD_WARN = 0.10
 MAX_RESIDUALS = 4000
 # A step this many times its cell's fastest step was disturbed, not a cost of the engine:
-# another process took a core its threads needed (10-40x seen on the 2-core CPU, 2 threads
+# another process took a core its threads needed (10-40x seen on a 2-core CPU, 2 threads
 # beside a busy core, in two of a cell's three passes at times, so not the median), which
 # the run-queue check of a step can miss; a quiet host's steps stay within 1.8x of the
 # fastest. Left out of the fit and its residuals (the CSV keeps every step).
@@ -54,7 +54,7 @@ def outlier_steps(df) -> np.ndarray:
 def pass_speeds(df) -> dict[int, float]:
     """Per grid pass (the ``pass`` column), the median over its steps of step time / that
     cell's median step time over all passes: 1 everywhere on a steady device; ×1.12 for a
-    pass that ran 12% slow. A shared host's slow phase moves every cell measured in it
+    pass that runs 12% slow. A shared host's slow phase moves every cell measured in it
     alike, so the held-out error never shows it; this does (:data:`PASS_SPREAD_WARN`)."""
     med = df.groupby("cell")["duration_ns"].transform("median")
     r = (df["duration_ns"] / med).groupby(df["pass"]).median()
@@ -288,7 +288,7 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
     The roofline is tried without and, given ``paths`` and mixed cells, with its path costs
     (:func:`fit_roofline`; candidate :data:`WITH_PATHS`); they are kept only if they lower
     its held-out MAPE (more coefficients fit the cells better, not always the cells left
-    out). ``paths=False``: never (as profiles measured before them were fitted).
+    out). ``paths=False``: never (the roofline without path costs).
 
     Raises:
         ValueError: fewer than 4 cells (nothing to hold out).
@@ -335,7 +335,7 @@ def replay_predictions(form: str, coef: dict, k: RooflineConstants, steps,
     """Seconds of single replay steps (a table with :data:`FEATURES`) as the simulator
     prices them: :func:`predict`, plus ``idle``'s wake-up cost
     (:class:`simulator.cost_model.IdleInfo`) for the ``idle_ns`` the engine waited before
-    a step (a column of replay tables written since the wake-up was measured)."""
+    a step (a column a replay table may lack: then no wake-up cost)."""
     t = predict(form, coef, k, steps)
     if idle is not None and "idle_ns" in steps:
         t = t + idle.seconds(steps["idle_ns"].to_numpy() / 1e9)

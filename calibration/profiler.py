@@ -59,7 +59,7 @@ IDENTITY_KEYS = ("model", "shape", "dtype", "device", "block_size", "threads", "
 # == disturbed steps ==========================================================================
 
 # A step is disturbed when its threads waited for a CPU longer than this share of the step
-# (or 1 ms). Undisturbed steps of the 2-core CPU wait 0.2-0.4 ms per 20 ms step (thread
+# (or 1 ms). Undisturbed steps on a 2-core CPU wait 0.2-0.4 ms per 20 ms step (thread
 # wake-ups); a step that lost a core for one scheduler slice waits several ms.
 MAX_WAIT_SHARE = 0.05
 MAX_RETRIES = 8
@@ -322,7 +322,7 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
         if c in _TEXT_COLUMNS:
             continue
         num = pd.to_numeric(df[c], errors="coerce")
-        # inf, 1e400 and a zero step time passed, then broke the fit's least squares
+        # inf, 1e400 or a zero step time would break the fit's least squares
         ok = np.isfinite(num) & (num > 0 if c == "duration_ns" else num >= 0)
         if c in _COUNT_COLUMNS:
             ok &= num == np.floor(num)

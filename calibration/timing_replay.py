@@ -375,7 +375,7 @@ def compare_timing(run: EngineRun, result: RunResult, cost: StepReplayCost) -> d
             sim = float(row[f"{kind}_s"])
             if val is None and math.isnan(sim):
                 continue
-            # an event one side has and the other not is no match (max(0, nan) was 0)
+            # an event one side has and the other not is no match (max(0, nan) is 0)
             d = (math.inf if val is None or math.isnan(sim)
                  else abs(sim * 1e3 - val / NS_PER_MS))
             diffs[kind] = max(diffs[kind], d)

@@ -96,7 +96,7 @@ def other_host(profile, host: tuple[str, str] | None = None) -> str | None:
     if m is None:
         return None
     name_here, isa_here = host or (cpu_name(), cpu_isa())
-    # a profile may name its CPU shorter ("AMD EPYC") and leave out the ISA (older ones)
+    # a profile may name its CPU shorter ("AMD EPYC") and leave out the ISA
     if name_here.startswith(m[1]) and m[2] in (None, isa_here):
         return None
     return m[1] + (f" ({m[2]})" if m[2] else "")
@@ -163,7 +163,7 @@ def wait_quiet(max_wait_s: float = 120.0, busy_pct: float = 15.0, need_s: int = 
 # The probe re-measures four of the profile's grid cells, as the grid measured them: the
 # cells nearest a small, a mid-sized and a full decode batch (memory-bound steps; a full
 # batch streams the most KV, and a shared host's slowdowns hit it hardest: a saturation
-# run ran 20% slow while the two smaller batches timed at their calibration speed) and a
+# run can run 20% slow while the two smaller batches timed at their calibration speed) and a
 # 256-token prefill (a compute-bound one).
 PROBE_TARGETS = (("decode", 2, 256), ("decode", 8, 256), ("decode", 32, 256),
                  ("prefill", 256, 0))
@@ -203,17 +203,17 @@ class SpeedProbe:
     as the grid measured them, after one untimed visit) over its mean in the profile's CSV;
     the factor is the geometric mean over the cells (> 1: the host is slower now).
 
-    A GPU keeps its speed; a shared CPU host does not (on this project's 2-core machine,
-    the same step's time moved by 10-50 % between minutes with no other process running),
+    A GPU keeps its speed; a shared CPU host does not (on a shared 2-core host,
+    the same step's time moves by 10-50 % between minutes with no other process running),
     and a cost model measured minutes earlier then errs by that factor whatever its form.
     :func:`validate` probes before and after every timed run and reports the predictions
     both as they are and with every step cost scaled by the probe's factor.
 
     Every probe runs on a fresh engine (the timed runs do too): an engine that has served
     a while hands out KV blocks in the order its requests freed them, and on a CPU a decode
-    batch reading scattered blocks ran ~10% slower than one reading the consecutive blocks
+    batch reading scattered blocks runs ~10% slower than one reading the consecutive blocks
     of a fresh engine (``benchmarks/results/fidelity_runs.md``), which a reused probe engine
-    read as the host slowing down.
+    would read as the host slowing down.
     """
 
     def __init__(self, model, config: dict, cells: list):
@@ -403,8 +403,8 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
         raise scenario.error("cluster.replicas", f"validation serves one engine, so it must "
                                                  f"be 1 (got {scenario.cluster.replicas})")
     # Each load is a fixed list of arrival times at a rate set from the saturation; closed
-    # loops, sessions and traces time arrivals by finishes or by the file (a closed loop's
-    # list was all at 0: a burst at every load).
+    # loops, sessions and traces time arrivals by finishes or by the file (a list would put a
+    # closed loop's requests all at 0: a burst at every load).
     wl = scenario.workload
     key = ("workload.trace" if wl.trace is not None else
            "workload.sessions" if wl.sessions is not None else
@@ -753,7 +753,7 @@ def _validate_command(args) -> int:
     out = through_parents(Path(args.out))   # as checked: no folder left above a ".."
     overrides = list(args.set)
     if args.profile is not None:
-        if not args.profile.strip():   # it ran with the scenario's own profile
+        if not args.profile.strip():   # empty would fall back to the scenario's profile
             raise InputError(f"--profile {args.profile!r}: empty: give a profile name or the "
                              f"path to one (servesim profiles lists them)")
         overrides.append(f"hardware.profile={args.profile}")

@@ -163,7 +163,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"servesim: error: {one_line(self._with_allowed(message))}{hint}\n")
 
     def _print_message(self, message, file=None):
-        # argparse drops an OSError here: --help into a full disk exited 0, unsaid
+        # argparse drops an OSError here, so --help into a full disk would exit 0 silently
         if message:
             (file or sys.stderr).write(message)
 
@@ -412,15 +412,15 @@ def _hold_closed_descriptors() -> None:
             os.fstat(fd)
         except OSError:
             os.open(os.devnull, os.O_RDWR)   # the lowest free number: fd
-    if sys.stderr is None or _read_only(sys.stderr):   # 2</dev/null: every print failed
+    if sys.stderr is None or _read_only(sys.stderr):   # 2</dev/null: every print would fail
         sys.stderr = open(os.devnull, "w")
     sys.stderr = _Lossy(sys.stderr)
 
 
 class _Lossy:
-    """stderr that drops what it cannot write (``2>/dev/full``) rather than raise: a
-    warning that cannot be said stopped a run after its report (exit 1), and an input
-    error that cannot be said exited 1, not 2."""
+    """stderr that drops what it cannot write (``2>/dev/full``) rather than raise, so
+    that a warning that cannot be written does not fail a run whose report is written,
+    and an input error still exits 2."""
 
     def __init__(self, stream):
         self._stream = stream

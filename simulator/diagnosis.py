@@ -772,8 +772,8 @@ def find_limits(scenario, result) -> dict:
             f"full of work", *more))
     elif gain is not None:
         # The slots the load wants; where the cache holds fewer, with the KV change (the
-        # slots it holds alone fall short of the load: 41 of 56 left a 10x miss that 64
-        # slots with a cache to hold them met)
+        # slots it holds alone fall short of the load: 41 of 56 leave a 10x miss that 64
+        # slots with a cache to hold them meet)
         want = _slots_to_try(n, need)
         capped = n2 < want
         slots = want if capped else n2
@@ -966,7 +966,7 @@ def find_limits(scenario, result) -> dict:
     last = max((i for i, f in enumerate(found) if f["limit"] == "compute"), default=-1)
     if "ttft_ms" in missed_metrics and chunks is not None and found.index(chunks) < last:
         # shorter chunks lengthen every prefill: with TTFT missed, more replicas (which move
-        # TTFT too) are tried first (512-token chunks made a TTFT miss 6x worse)
+        # TTFT too) are tried first (512-token chunks make a TTFT miss 6x worse)
         found.remove(chunks)
         found.insert(last, chunks)
     found = head + found
@@ -1179,7 +1179,7 @@ def _raise_tensor_parallel(scenario, result, finding: dict, cf: dict,
     """Where ``finding``'s change is a higher tensor_parallel k (:func:`_faster`; with a
     floor, the smallest whose requests alone meet the SLOs) and its run ``cf`` still misses
     one (the load adds to that floor: TPOT p99 6.2 ms at tensor_parallel 2, whose requests
-    alone took 4.7, against 6), runs at 2k, 4k, ... (at most :data:`MAX_TP_STEPS` more,
+    alone take 4.7, against 6), runs at 2k, 4k, ... (at most :data:`MAX_TP_STEPS` more,
     within :data:`MAX_TP` and what the model splits into, :func:`_valid_change`) until one
     meets every SLO. ``finding`` then tries the first that does, else the one that moves
     the figure most (its change and flags updated), and its knob says which missed under

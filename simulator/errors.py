@@ -102,7 +102,7 @@ class SubkeyError(ValueError):
 def one_line(message: str) -> str:
     """``message`` as the one line the CLI prints (``"invalid input"`` when blank): control
     characters escaped (``\\n``, ``\\t``, ``\\x1b``: a value echoed from a flag may hold
-    them, and its first line alone lost the reason), with every run of more than
+    them, and its first line alone would lose the reason), with every run of more than
     :data:`MAX_WORD` non-space characters (a 10,000-digit value echoed from a flag or a
     file) cut to its first 60 characters and its length (and its closing ``:``, ``,``,
     ``;`` or ``)``), so that the error stays readable."""

@@ -217,11 +217,11 @@ def over_capacity(out: dict, capacity: float | None,
     its requests arrived more than ``tolerance`` faster than it, at the rate they arrived
     (``offered_rate``), and it served less than :data:`STABLE_FRACTION` of them, whatever
     its backlog's trend (:func:`backlog_grows` cannot tell a queue growing a few % a second
-    from noise in a few thousand requests: M/D/1 at 1.03 × capacity passed it, 2000
+    from noise in a few thousand requests: M/D/1 at 1.03 × capacity passes it, 2000
     requests); or the ``nominal`` rate asked for (req/s) is past it so, however the run's
     draws came: a short run's arrivals miss their nominal rate by several % (±5% in 400
     Poisson requests), and a search that states nominal rates would state one past capacity
-    where its draws came slow (M/D/1 of capacity 10 req/s planned 10.4)."""
+    where its draws came slow (M/D/1 of capacity 10 req/s would plan 10.4)."""
     if capacity is None:
         return False
     bound = capacity * (1 + tolerance)

@@ -71,7 +71,7 @@ def echo(value) -> str:
     """``value`` as an error line shows what was given: text quoted (the string '4' is
     not the number 4), numbers as Python writes them (1e+30, nan), anything else as YAML
     writes it (null, true, [1, 2], {a: 1}); a long text, list or mapping by its size and
-    start, so that the line stays one line (a list of a million values was echoed whole)."""
+    start, so that the line stays one line (a list of a million values is not echoed whole)."""
     if isinstance(value, str) and len(value) > 80:
         return f"a text of {len(value):,} characters, {value[:40]!r}..."
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -203,7 +203,7 @@ _UniqueKeyLoader.add_constructor(   # base 60 floats (1:30.5) are text too, as i
     lambda loader, node: loader.construct_scalar(node) if ":" in node.value
     else loader.construct_yaml_float(node))
 # YAML 1.2's core schema has no timestamps: an unquoted 2026-12-01 stays the text it is
-# (PyYAML made it a date, and 2026-13-01 a ValueError traceback from inside the parser).
+# (PyYAML's YAML 1.1 resolver makes it a date, and 2026-13-01 a ValueError in the parser).
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp",
                                  lambda loader, node: loader.construct_scalar(node))
 

@@ -285,7 +285,7 @@ class MetricsCollector:
         # peak output token throughput); None until a request is admitted.
         self._first_admitted_ns: int | None = None
         # sparse (second -> tokens): a run may span 1e9 s of think times, one slot per
-        # second of it took GBs
+        # second of it would take GBs
         self._tokens_per_s: dict[int, int] = {}
         # Pooled ITL: runs (gap, count) appended as steps end, folded into sorted distinct
         # gaps (exact counts) when the buffers grow long and at the end.

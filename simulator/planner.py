@@ -223,7 +223,7 @@ def _candidate_error(scenario, point: dict, err: str) -> str:
             msg = err[len(head):]
             if msg.startswith("unknown key"):   # wrong in itself, whichever its values
                 return f"{_candidate_where(scenario, key)}: {msg}"
-            if "(got " not in msg:   # the flag showed the value; the file's line does not
+            if "(got " not in msg:   # a flag shows the value; the file's line does not
                 msg += f" (got {point[key]!r})"
             return f"{_candidate_where(scenario, key, point)}: {msg}"
     # a combination (e.g. max_num_batched_tokens < max_num_seqs): no one value is at fault
@@ -392,7 +392,7 @@ def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int =
     simulated). ``capacity``: one replica's saturation-probe steady throughput (req/s),
     N times which bounds the rates N replicas keep up with, as it bounds one replica's
     in the search (:func:`~simulator.search.evaluate`: 3 replicas of capacity 10 req/s
-    passed at 31 req/s on a run whose draws came slow). Returns ``(N or None,
+    pass at 31 req/s on a run whose draws come slow). Returns ``(N or None,
     [{replicas, feasible, confident, unstable, mean_ratio, ci95}], RateEval at N or
     None)``."""
     kw = dict(min_replications=min_replications, max_replications=max_replications,
@@ -488,7 +488,7 @@ def plan(scenario, executor, *, target_rate: float | None = None,
     n, warm = scenario.workload.num_requests, scenario.sim.warmup_requests   # n: None, a trace
     if n is not None and n - warm < MIN_PLAN_REQUESTS:
         # a handful never fills the queue: a rate far past capacity "keeps up" (10 requests
-        # planned 0.76 req/s per H100 replica for chat, where 400 plan 11.8)
+        # plan 0.76 req/s per H100 replica for chat, where 400 plan 11.8)
         raise scenario.error(
             "workload.num_requests", f"plan judges each rate it tries from {n - warm} "
             f"request{'s' if n - warm != 1 else ''}"

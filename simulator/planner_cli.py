@@ -547,7 +547,7 @@ def _cmd_compare(args) -> int:
                                          f"{scenarios[0].source}" + (
                                              f" (means over {reps} replications)"
                                              if reps > 1 else ""))
-    if reps > 1:   # means beside a verdict of every replication read as a contradiction
+    if reps > 1:   # means beside a verdict of every replication would read as a contradiction
         print(f"SLO met: yes only where every one of the {reps} replications met every SLO "
               f"(the figures are their means)")
     print(RULES_NOTE)

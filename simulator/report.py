@@ -173,7 +173,7 @@ def cost_sources(summaries) -> list[str]:
 
 
 #: How the section titles name figures simulated from measured step costs: "(measured)"
-#: read as if the latencies themselves had been measured.
+#: alone would suggest that the latencies themselves were measured.
 _SIMULATED = {"measured": "measured costs"}
 
 

@@ -61,7 +61,7 @@ def with_rate(scenario, rate: float):
     if getattr(wl, "sessions", None) is not None:
         # The rate starts conversations whose later turns wait for think times: with a fixed
         # number of requests, a higher rate only packs the starts closer, and the run's
-        # request rate stops following it (195 "req/s" served 3).
+        # request rate stops following it (195 "req/s" serves 3).
         raise scenario.error("workload.sessions", "a rate search sets the arrival rate of "
                              "single requests; with sessions it starts conversations whose "
                              "turns follow think times, so the requests per second do not "

@@ -81,8 +81,8 @@ class TraceColumns(BaseModel):
 
     @model_validator(mode="after")
     def _distinct(self):
-        # one column read as arrival and as lengths ran each request with its arrival's
-        # seconds as its token counts
+        # one column used as both arrival and a length would serve each request with its
+        # arrival time as its token count
         named: dict[str, str] = {}
         for field, column in self:
             if column in named:

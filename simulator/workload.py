@@ -414,8 +414,8 @@ def sample_durations_ns(dist_cfg, n: int, rng: np.random.Generator, base_dir="."
     Raises:
         InputError: empirical file malformed (naming the file and line).
         KeyedInputError: ``<key>.path``, the empirical file is missing; ``<key>``, a draw at
-            or past :data:`MAX_TIME_NS` (4.6e9 s: past int64 once in ns, it came back as
-            garbage, a negative think time among them).
+            or past :data:`MAX_TIME_NS` (4.6e9 s: past it the value in ns overflows int64,
+            into garbage such as a negative think time).
     """
     x = _raw_samples(dist_cfg, n, rng, base_dir, integer=False, key=key)
     lo = max(0.0, dist_cfg.min) if dist_cfg.min is not None else 0.0
@@ -530,7 +530,7 @@ def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarra
             gaps = rng.exponential(1.0 / rate, size=n)
         elif isinstance(arrival_cfg, GammaArrival):
             k = arrival_cfg.burstiness
-            scale = (1.0 / rate) / k   # not 1 / (rate × k): a huge k overflowed that to 0
+            scale = (1.0 / rate) / k   # not 1 / (rate × k), which overflows to 0 for a huge k
             if not math.isfinite(scale):
                 raise KeyedInputError("workload.arrival.burstiness", (
                     f"{k:g} is too small: the gaps' scale 1 / (rate × burstiness) overflows"))
@@ -561,7 +561,7 @@ class PrefixConfig(BaseModel):
     model_config = STRICT_SCHEMA
 
     shared_tokens: int = Field(ge=1, le=MAX_COUNT)
-    # each group's probability is tabulated (8 bytes each): 1e9 groups took minutes and GBs
+    # each group's probability is tabulated (8 bytes each): 1e9 groups take minutes and GBs
     groups: int = Field(1, ge=1, le=1_000_000)
     popularity: Literal["zipf", "uniform"] = "zipf"
     zipf_s: float = Field(1.1, gt=0)

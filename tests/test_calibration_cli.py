@@ -160,8 +160,8 @@ def test_killed_calibration_resumes_from_the_csv(tmp_path, tiny_grid, monkeypatc
 
 def test_an_interrupt_while_the_report_is_drawn_leaves_no_profile(tmp_path, tiny_grid,
                                                                   monkeypatch):
-    # The profile and its report go in place together, after commit_outputs: a profile
-    # without its report was left when Ctrl-C or SIGTERM came while the plot was drawn.
+    # The profile and its report go in place together, after commit_outputs, so Ctrl-C or
+    # SIGTERM while the plot is drawn leaves neither.
     import calibration.report
     from simulator import files
 
@@ -191,7 +191,7 @@ def test_resuming_with_another_thread_count_is_refused(tmp_path, tiny_grid, monk
     out = tmp_path / "r.yaml"
     killed_calibration(out, 3, monkeypatch)
     before = (tmp_path / "r.measurements.csv").read_bytes()
-    # refused before anything is measured (the ceilings took 30 s, a bfloat16 grid minutes)
+    # refused before anything is measured (before the ceilings' 30 s and a grid's minutes)
     monkeypatch.setattr(profiler, "measure_ceilings",
                         lambda *a, **k: pytest.fail("measured before the CSV was checked"))
     with pytest.raises(InputError, match=r"r\.measurements\.csv: measured with threads = 1, "
@@ -210,7 +210,7 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_measuring(tiny_g
 
 
 def test_an_out_that_is_a_folder_is_refused_before_measuring(tiny_grid, tmp_path):
-    # it once failed only when the profile was saved, after the whole grid
+    # refused before the grid, not when the profile is saved
     (tmp_path / "p.yaml").mkdir()
     measured = []
     with pytest.raises(InputError, match=r"^--out: .*p\.yaml is a folder; give the "
@@ -225,7 +225,7 @@ def test_an_out_that_is_a_folder_is_refused_before_measuring(tiny_grid, tmp_path
 ])
 def test_a_folder_where_an_output_goes_is_refused_before_measuring(tiny_grid, tmp_path, name,
                                                                    what, report):
-    # a folder named as the measurements CSV was an IsADirectoryError traceback
+    # a folder where the measurements CSV goes is one error line
     folder = tmp_path / "rep" if report else tmp_path
     (folder / name).mkdir(parents=True)
     measured = []
@@ -251,7 +251,7 @@ def test_least_max_model_len_is_where_the_grid_first_holds_enough_cells():
 
 def test_a_max_model_len_too_short_for_the_grid_is_refused_before_measuring(tmp_path, capsys,
                                                                           monkeypatch):
-    # 65-100 measured for 20 s then failed in the fit (a traceback); 17-64 in the engine
+    # lengths 17-100 are refused before measuring (the engine or the fit cannot take them)
     monkeypatch.setattr(profiler, "measure_ceilings",
                         lambda *a, **k: pytest.fail("measured despite the bad flag"))
     from calibration.profiler import least_max_model_len
@@ -267,8 +267,7 @@ def test_a_max_model_len_too_short_for_the_grid_is_refused_before_measuring(tmp_
 
 def test_an_out_that_holds_another_yaml_file_is_refused_before_measuring(tiny_grid,
                                                                         tmp_path):
-    # a scenario named as --out was overwritten by the profile; a profile (stale or not)
-    # is still overwritten, as before
+    # a scenario named as --out is refused; a profile (stale or not) is overwritten
     scen = tmp_path / "s.yaml"
     scen.write_text("name: s\nmodel: llama-test\n")
     measured = []
@@ -283,15 +282,14 @@ def test_an_out_that_holds_another_yaml_file_is_refused_before_measuring(tiny_gr
 
 
 @pytest.mark.parametrize("flags, said", [
-    (["--out", ""], "--out: empty path (give the profile's .yaml file)"),   # was ". must end"
+    (["--out", ""], "--out: empty path (give the profile's .yaml file)"),
     (["--out", "{tmp}/p.yaml", "--report-dir", ""], "--report-dir: empty path (give a folder)"),
     (["--out", "{tmp}/p.yaml", "--report-dir", "-"], "--report-dir -: standard output takes "
                                                      "no report: give a folder (./- names one "
                                                      "called -)"),
 ])
 def test_an_empty_out_or_report_dir_is_refused(tmp_path, capsys, monkeypatch, flags, said):
-    # an empty --report-dir used to be taken as none: the calibration ran and wrote its
-    # report beside --out
+    # an empty --report-dir is refused, not taken as none (a report beside --out)
     monkeypatch.setattr(profiler, "measure_ceilings",
                         lambda *a, **k: pytest.fail("measured despite the bad flag"))
     argv = ["calibrate", "--model", "llama-test", *[f.format(tmp=tmp_path) for f in flags]]
@@ -303,7 +301,7 @@ def test_an_empty_out_or_report_dir_is_refused(tmp_path, capsys, monkeypatch, fl
 @pytest.mark.parametrize("flag", ["--out", "--report-dir"])
 def test_a_folder_holding_another_report_is_refused_before_measuring(tmp_path, capsys,
                                                                      monkeypatch, flag):
-    # the profile's CSV left in a run's folder made `run --out` refuse that folder after
+    # a profile's CSV in a run's folder would make `run --out` refuse it later: refused here
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "summary.json").write_text("{}")
     monkeypatch.setattr(profiler, "measure_ceilings",
@@ -319,8 +317,8 @@ def test_a_folder_holding_another_report_is_refused_before_measuring(tmp_path, c
 
 
 def test_a_model_or_out_the_file_system_cannot_take_is_refused(tmp_path, capsys, monkeypatch):
-    # --model's error names the flag (it read "model: ..."); a profile name too long for the
-    # file system was a traceback when the CSV beside it was looked for
+    # --model's error names the flag; a profile name too long for the file system is one
+    # error line
     monkeypatch.setattr(profiler, "measure_ceilings",
                         lambda *a, **k: pytest.fail("measured despite the bad flag"))
     assert main(["calibrate", "--model", str(tmp_path / "config.json"), "--out",
@@ -503,7 +501,7 @@ def test_parse_bytes():
     for bad in ("lots", "-1", "0", "0.5"):
         with pytest.raises(InputError, match=rf"^--kv-cache-memory: '{bad}' is "):
             parse_bytes(bad)
-    # 1e400 reads as inf, whose int() was an OverflowError traceback
+    # 1e400 reads as inf: refused with the flag
     for big in ("1e400", "1e308GiB"):
         with pytest.raises(InputError, match=rf"^--kv-cache-memory: '{big}' is past the "
                                              rf"largest number of bytes this reads"):
@@ -567,7 +565,7 @@ def test_a_model_too_big_for_the_device_is_refused_before_allocating(tmp_path, c
 @pytest.mark.parametrize("flags,fragment", [
     (["--block-size", "7"], "--block-size 7"),
     (["--gpu-memory-utilization", "2"], "--gpu-memory-utilization"),
-    # ignored on a CPU, or beside the KV size it would set (the run went ahead)
+    # ignored on a CPU, or beside the KV size it would set
     (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization 0.5: sizes the KV cache "
      "on --device cuda without --kv-cache-memory only; a CPU's KV cache is --kv-cache-memory"),
     (["--device", "cuda", "--gpu-memory-utilization", "0.5", "--kv-cache-memory", "1GiB"],
@@ -592,7 +590,7 @@ def test_engine_commands_without_torch_say_how_to_install(tmp_path, capsys, monk
                         lambda name, *a: None if name == "torch" else real(name, *a))
     assert main(["calibrate", "--model", "llama-test", "--out", str(tmp_path / "p.yaml")]) == 2
     assert "pip install torch==2.13.0" in capsys.readouterr().err
-    # a bad flag is said first, as validate does (the torch line hid it)
+    # a bad flag is said first, as validate does (before the torch line)
     assert main(["calibrate", "--model", "llama-test", "--block-size", "0", "--out",
                  str(tmp_path / "p.yaml")]) == 2
     assert capsys.readouterr().err.startswith("servesim: error: --block-size 0: allowed 1,")
@@ -601,7 +599,7 @@ def test_engine_commands_without_torch_say_how_to_install(tmp_path, capsys, monk
     assert "pip install torch==2.13.0" in capsys.readouterr().err
 
 
-# 1e12 s used to pass the flag and fail after the whole grid, in the replay's num_requests
+# 1e12 s is refused at the flag, not after the grid
 @pytest.mark.parametrize("value", ["-1", "0", "inf", "soon", "1e12", "3601"])
 def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
     from simulator.cli import main
@@ -618,7 +616,7 @@ def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
 
 def test_a_kv_cache_larger_than_the_host_names_the_flag_and_readable_sizes(tmp_path, capsys,
                                                                           monkeypatch):
-    # 1e99 bytes printed 90 digits of GB; the host's memory is fixed at 25 GB here
+    # 1e99 bytes prints as 1e+90 GB, not 90 digits; the host's memory is fixed at 25 GB here
     from calibration import profiler
     from simulator.cli import main
     monkeypatch.setattr(profiler, "memory_bytes", lambda device: 25 * 10**9)
@@ -633,7 +631,7 @@ def test_a_kv_cache_larger_than_the_host_names_the_flag_and_readable_sizes(tmp_p
 
 
 def test_folders_made_for_an_interrupted_calibration_go_again_unless_written(tmp_path):
-    # Ctrl-C before the first measurement left the --out folder it had made, empty
+    # Ctrl-C before the first measurement removes the --out folder it made
     from simulator.files import removed_if_left_empty
     keep = tmp_path / "kept"
     keep.mkdir()
@@ -698,10 +696,10 @@ def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys
 @pytest.mark.parametrize("flags, message", [
     (["--max-num-batched-tokens", "512"], "--max-num-batched-tokens: only for --backend vllm"),
     (["--out", "{f}/x/p.yaml"], "--out {f}/x/p.yaml: {f} is a file, not a folder"),
-    # the folder of the profile file is a file: named by the path given (said "--out {f}: it")
+    # the folder of the profile file is a file: named by the path given
     (["--out", "{f}/p.yaml"], "--out {f}/p.yaml: {f} is a file, not a folder"),
     (["--report-dir", "{f}/x"], "--report-dir {f}/x: {f} is a file, not a folder"),
-    # the engine refused these after the device ceilings were measured, in a folder made
+    # refused before the device ceilings are measured, and no folder is made
     (["--kv-cache-memory", "10"], "--kv-cache-memory (10 bytes): 0 KV blocks of"),
     # the bytes it read, as a fraction of a byte is dropped
     (["--kv-cache-memory", "1.5kb"], "--kv-cache-memory (1,500 bytes): 0 KV blocks of"),
@@ -765,7 +763,7 @@ def test_an_emulated_dtype_on_the_cpu_gets_one_warning(monkeypatch, capsys):
     monkeypatch.setitem(M._prepack_ok, torch.bfloat16, True)
     assert warn_if_emulated("cpu", "bfloat16") is None
     assert capsys.readouterr().err == ""
-    # float16 likewise, where oneDNN has no float16 kernels (this repository's EPYC)
+    # float16 likewise, where oneDNN has no float16 kernels (an AMD EPYC without float16 kernels)
     monkeypatch.setitem(M._prepack_ok, torch.float16, False)
     line = warn_if_emulated("cpu", "float16")
     assert line.startswith("servesim: warning: this CPU has no float16 matmul kernels "
@@ -778,10 +776,10 @@ def test_an_emulated_dtype_on_the_cpu_gets_one_warning(monkeypatch, capsys):
     (None, "p"),            # the file's stem
     ("h100-llama8b", "h100-llama8b"),
     ("", "--name: '': use letters, digits, '.', '_' and '-', starting with a letter or "
-         "digit"),   # was the stem, silently
+         "digit"),
     ("my profile", "--name: 'my profile': use letters, digits, '.', '_' and '-', starting "
                    "with a letter or digit"),
-    # only those characters, yet refused: the message said nothing of the first one
+    # only those characters, yet refused, naming the first one
     ("..", "--name: '..': use letters, digits, '.', '_' and '-', starting with a letter or "
            "digit"),
 ])
@@ -843,7 +841,7 @@ def test_calibrate_names_a_bad_model_before_a_missing_torch(tmp_path, capsys, mo
     assert main(["calibrate", "--model", "llama-tiny-56n", *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("servesim: error: --model llama-tiny-56n") and "torch" not in err
-    # an empty one read as the current folder ("'' is a folder without a config.json")
+    # an empty one is refused as empty, not taken as the current folder
     assert main(["calibrate", "--model", "", *out]) == 2
     assert capsys.readouterr().err == ("servesim: error: --model: empty: give a catalog model "
                                        "name or the path to an HF config.json (or its "

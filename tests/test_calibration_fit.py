@@ -218,7 +218,7 @@ def test_an_efficiency_at_the_fits_bound_says_so():
 
 def test_replay_steps_are_priced_with_the_wake_up_after_idle():
     # constant 10 ms steps; the second step followed 0.5 s idle: + 0.5 x 20 ms (IdleInfo
-    # linear from 0 to 20 ms at 1 s); a table without idle_ns (older replays) gets none
+    # linear from 0 to 20 ms at 1 s); a table without idle_ns gets none
     from calibration.fit import replay_predictions
     from simulator.cost_model import IdleInfo
     idle = IdleInfo(gaps_s=[1.0], extra_s=[0.020])
@@ -262,10 +262,10 @@ def _cpu_grid_cells(coef):
 
 @pytest.mark.parametrize("paths", [{}, {"prefill_step_s": 4e-3, "decode_step_s": 2e-3}])
 def test_the_fit_with_path_costs_is_never_worse_than_the_fit_it_contains(paths):
-    # A weight-bound tiny model on calibrate's CPU grid: every start of the fit with path
-    # costs stopped at the kink of the dense term's max(), above the fit without them
-    # (a0 5.1 ms for 7 with true path costs of 4 and 2 ms; 1-5% off where it should be
-    # exact). The model holds that fit (path costs 0): both recover the truth exactly.
+    # A weight-bound tiny model on calibrate's CPU grid: the fit with path costs must not
+    # stop at the kink of the dense term's max(), above the fit without them (a0 5.1 ms for
+    # 7 with true path costs of 4 and 2 ms), since it holds that fit (path costs 0): both
+    # recover the truth exactly.
     true = {"a0_s": 7e-3, "per_request_s": 2e-5, "w_eff_bytes_per_s": 2.8e10,
             "f_eff_flops_per_s": 1.5e11, "w_attn_bytes_per_s": 5e9,
             "f_attn_flops_per_s": 6e10, **paths}

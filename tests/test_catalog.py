@@ -23,7 +23,7 @@ def test_llama_3_1_8b_counts_by_hand():
 
 
 def test_tiny_matches_vllm_peer_model():
-    # shared/peers/vllm/README.md: 56.4 M parameters, 8 KiB of KV per token in bf16.
+    # llama-tiny-56m: 56.4 M parameters, 8 KiB of KV per token in bf16.
     m = load_model("llama-tiny-56m")
     assert round(m.num_params / 1e6, 1) == 56.4
     assert m.kv_bytes_per_token("bfloat16") == 8 * 1024
@@ -97,11 +97,11 @@ def test_model_errors_name_the_problem(tmp_path):
         load_model({"architectures": ["MixtralForCausalLM"]})
     with pytest.raises(InputError, match=r"num_hidden_layers must be a positive integer"):
         load_model({**load_model("llama-test").hf_config(), "num_hidden_layers": 0})
-    # 10**400 layers overflowed the cost model's floats (an OverflowError traceback)
+    # 10**400 layers are refused (they would overflow the cost model's floats)
     with pytest.raises(InputError, match=r"num_hidden_layers must be at most 1e\+12 \(got "
                                          r"an integer of 401 digits\)$"):
         load_model({**load_model("llama-test").hf_config(), "num_hidden_layers": 10**400})
-    # nested past json's parser: a RecursionError traceback
+    # nested past json's recursion limit: one error line
     (tmp_path / "deep.json").write_text("[" * 3000 + "]" * 3000)
     with pytest.raises(InputError, match=r"deep.json:1: not valid JSON: arrays or objects "
                                          r"nested too deeply$"):

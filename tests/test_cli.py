@@ -109,7 +109,7 @@ BAD_CASES = [
      "(a profile is the YAML mapping servesim calibrate writes: schema_version, name, "
      "device, engine, model, dtype, tensor_parallel, kv, cost"),
     (None, ["--replications", "100000"], "--replications: 1 to 1000, got 100000"),
-    # nested past PyYAML's recursion (a RecursionError traceback, exit 1)
+    # nested past PyYAML's recursion: one error line
     ("name: x\nmodel: " + "[" * 600 + "]" * 600 + "\n", [],
      "s.yaml: YAML syntax error: collections nested too deeply"),
     # a scalar or list where a section goes: its keys, or how an arrival is written
@@ -126,8 +126,8 @@ BAD_CASES = [
                                       "the file must hold one (one per file)"),
     (None, ["--set", "name=" + "[" * 600 + "]" * 600], "value is not valid YAML: collections "
                                                        "nested too deeply"),
-    # a newline or escape in a flag: its first line alone was shown ("--set
-    # workload.num_requests=2", no reason), and YAML folded a newline in a name to a space
+    # a newline or escape in a flag is shown escaped, on one line with its reason; in a
+    # name it is refused (YAML would fold a newline to a space)
     (None, ["--set", "workload.num_requests=2\n0"],
      "--set workload.num_requests=2\\n0: a control character (newline, tab, escape) in the "
      "flag; give the key and value on one line, printable characters only"),
@@ -169,8 +169,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize("where", ["scenario", "out"])
 def test_an_argument_that_is_not_utf8_is_refused_before_the_run(scen, tmp_path, where):
-    # a Latin-1 byte in a file name: the run went ahead, then its report could not be
-    # written (a traceback after the whole simulation; validate lost its measurements)
+    # a Latin-1 byte in a file name is refused before the run, since the report could not
+    # be written after it
     bad = os.fsencode(tmp_path) + b"/bad\xffname"
     if where == "scenario":
         Path(os.fsdecode(bad + b".yaml")).write_text(SCENARIO)
@@ -204,7 +204,7 @@ def test_missing_scenario_file_and_bad_flag(tmp_path):
      "servesim: error: unrecognized arguments: --bogus 1 (see servesim run --help)"),
     (["plan", "s.yaml", "--nope"],
      "servesim: error: unrecognized arguments: --nope (see servesim plan --help)"),
-    # a space for the = of --set: the value went astray
+    # a space for the = of --set: said with how --set takes its value
     (["run", "s.yaml", "--set", "engine.max_num_seqs", "64"],
      "servesim: error: --set engine.max_num_seqs 64: --set takes KEY=VALUE "
      "(--set engine.max_num_seqs=64) (see servesim run --help)"),
@@ -248,9 +248,9 @@ def test_schema_prints_json_schema():
 
 @pytest.mark.parametrize("command", ["run", "schema"])
 def test_a_reader_gone_ends_the_command_with_status_0(scen, tmp_path, command):
-    # `servesim run ... | head -1`: rich's console exited 1 where plain prints exit 0, and
-    # the warnings printed after the tables were lost. The pipe's read end is closed before
-    # the command writes, so its first line meets EPIPE.
+    # `servesim run ... | head -1`: the command exits 0 and keeps the warnings after the
+    # tables, as plain prints do (rich's console alone would exit 1). The pipe's read end
+    # is closed before the command writes, so its first line meets EPIPE.
     read, write = os.pipe()
     os.close(read)
     args = ["run", scen, "--out", tmp_path / "o"] if command == "run" else ["schema"]
@@ -666,7 +666,7 @@ def test_an_absurd_step_time_is_one_error(scen, tmp_path, capsys, step_time, wor
     ["run", "{s}"], ["sweep", "{s}", "--set", "workload.num_requests=10,20"], ["plan", "{s}"],
     ["compare", "{s}", "{t}"], ["validate", "{s}"]])
 def test_an_empty_out_is_refused_by_every_command(scen, tmp_path, capsys, monkeypatch, argv):
-    # "" would be the current folder (validate wrote its report there; plan took its default)
+    # "" would be the current folder: every command refuses it
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.yaml").write_text(scen.read_text().replace("name: small", "name: other"))
     assert main([a.format(s=scen, t=tmp_path / "t.yaml") for a in argv] + ["--out", " "]) == 2
@@ -676,7 +676,7 @@ def test_an_empty_out_is_refused_by_every_command(scen, tmp_path, capsys, monkey
 
 
 def test_compare_with_a_bad_step_time_is_one_line_without_its_note(scen, tmp_path, capsys):
-    # the note that the first plan's workload is used came before the runs' error
+    # the runs' error is the one line: no note of the first plan's workload before it
     other = tmp_path / "t.yaml"
     other.write_text(scen.read_text().replace("name: small", "name: other")
                      .replace("num_requests: 300", "num_requests: 30"))
@@ -763,7 +763,7 @@ workload:
 def test_a_run_says_when_it_is_unstable(tmp_path, capsys):
     # one request at a time, each a prefill step and 4 decode steps of 20 ms: 10 req/s
     # served, against 20 offered (gaps of 1/20 s from 0.05 s): the sweep flags the point,
-    # and a run said nothing of it. From the first finish (0.15 s) to the last arrival
+    # and run says so too. From the first finish (0.15 s) to the last arrival
     # (50 s): arrivals 3..1000 (998), and a finish every 0.1 s from 0.15 s (499)
     y = tmp_path / "ov.yaml"
     y.write_text("name: ov\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.02}}\n"
@@ -786,8 +786,8 @@ def test_a_run_says_when_it_is_unstable(tmp_path, capsys):
                  str(tmp_path / "short"), "--quiet"]) == 0
     assert "the run reads as unstable (" in capsys.readouterr().err
     # a client limit sends a request only when one comes back: the engine's rates are equal
-    # by construction (they read 10 and 10 beside "unstable"); the queue is at the client,
-    # where 20 req/s arrive (999 gaps of 1/20 s) and one goes out per 0.1 s answer
+    # by construction; the queue is at the client, where 20 req/s arrive (999 gaps of 1/20 s)
+    # and one goes out per 0.1 s answer
     assert main(["run", str(y), "--set", "workload.max_concurrency=1", "--out",
                  str(tmp_path / "c"), "--quiet"]) == 0
     assert ("the run is unstable: requests arrive faster than they are served (20 req/s "
@@ -800,7 +800,7 @@ def test_a_run_says_when_it_is_unstable(tmp_path, capsys):
     ["compare"]])
 def test_out_dash_is_refused_not_made_a_folder_named_dash(scen, tmp_path, capsys,
                                                           monkeypatch, command):
-    # "-" is the shell's standard output: it made a folder named "-" in the cwd
+    # "-" reads as standard output: refused, not made a folder named "-"
     monkeypatch.chdir(tmp_path)
     other = tmp_path / "other.yaml"
     other.write_text(scen.read_text().replace("name: small", "name: other"))
@@ -881,7 +881,7 @@ def test_a_closed_loop_says_when_its_start_burst_sets_the_ttft_p99(tmp_path, cap
 
 def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_path, capsys):
     # the shipped CPU profile measured decode batches up to 32 and chunks up to 768 tokens:
-    # 64 sequences at once (or 1024-token chunks) were priced by extrapolation, unsaid
+    # 64 sequences at once (or 1024-token chunks) are priced by extrapolation: said
     import json
 
     import pandas as pd
@@ -911,7 +911,7 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
     err = capsys.readouterr().err
     assert (f"prefill chunks of up to {min(4096, longest)} tokens (up to {chunk} were "
             f"measured)" in err) == (longest > chunk)
-    # a profile whose measurements CSV is gone cannot tell: it says so (it said nothing)
+    # a profile whose measurements CSV is gone cannot tell: it says so
     moved = tmp_path / "p.yaml"
     moved.write_text((root / "simulator" / "profiles" / "cpu-llama-tiny-56m-bfloat16.yaml")
                      .read_text().replace("measurements_csv: cpu-llama-tiny-56m-bfloat16.",

@@ -109,7 +109,7 @@ def test_an_unchunked_default_budget_too_big_for_the_gpu_names_max_model_len():
                         "engine.enable_chunked_prefill true")
     assert build_cost_model(scenario(engine={"enable_chunked_prefill": False,
                                              "max_model_len": 8192}, **kw)).num_gpu_blocks
-    # a budget given is named as before
+    # a max_num_batched_tokens given is the key named
     with pytest.raises(InputError, match="engine.max_num_batched_tokens: .*lower "
                                          "engine.max_num_batched_tokens$"):
         build_cost_model(scenario(engine={"max_num_batched_tokens": 131072}, **kw))
@@ -282,7 +282,7 @@ def test_no_room_for_a_kv_cache_names_what_the_user_can_change(tmp_path):
                  "workload: {num_requests: 2, arrival: {process: poisson, rate: 1.0},\n"
                  "  prompt_tokens: {dist: fixed, value: 4}, output_tokens: {dist: fixed, "
                  "value: 2}}\n")
-    with pytest.raises(InputError) as e:   # it named 'hardware' at line 3
+    with pytest.raises(InputError) as e:
         build_cost_model(load_scenario(y))
     msg = str(e.value)
     assert msg.startswith("k.yaml:6: engine.gpu_memory_utilization: llama-3.1-8b in bfloat16 ")
@@ -377,7 +377,7 @@ def test_a_profile_with_an_efficiency_above_one_says_what_it_means(tmp_path):
             "ceilings);\n# mbu 2.50 > 1: faster than that peak, as when a small model's "
             "weights stay in cache, not a bound on the hardware\nefficiencies:") in text
     assert load_profile(tmp_path / "p.yaml").efficiencies.mbu == 2.5
-    # at the fit's bound (4x the ceiling) the rate was not fitted, only capped: said too
+    # at the fit's bound (4x the ceiling) the rate is not fitted, only capped: said too
     save_profile(make_profile(efficiencies={"mbu": 4.0, "mfu": 0.5}), tmp_path / "p.yaml")
     text = (tmp_path / "p.yaml").read_text()
     assert ("# mbu 4.00 (the fit's bound: too small a term to fit) > 1: faster than that "
@@ -410,7 +410,7 @@ def test_a_profile_file_says_its_schema_version(tmp_path):
     p = tmp_path / "p.yaml"
     p.write_text(yaml.safe_dump(d))
     assert load_profile(p).schema_version == 1
-    d.pop("schema_version")   # read as version 1, while 2 (or '1') was refused
+    d.pop("schema_version")   # refused, as 2 or '1' are
     p.write_text(yaml.safe_dump(d))
     with pytest.raises(InputError, match=rf"^{re.escape(str(p))}: schema_version: required key "
                                          r"missing \(this servesim reads profiles of "
@@ -450,8 +450,8 @@ def test_a_profile_file_says_its_schema_version(tmp_path):
      "holds (17179869184 bytes)"),
 ])
 def test_a_profile_whose_kv_facts_contradict_its_model_is_refused(tmp_path, kv, message):
-    # each ran: 1 byte per token gave 256x the blocks, the budget past the device's memory
-    # gave trillions, and a num_gpu_blocks beside a budget was ignored
+    # each is refused: it would give 256x the blocks (1 byte per token), trillions (a budget
+    # past the device's memory), or an ignored num_gpu_blocks (beside a budget)
     assert load_model("llama-test").kv_bytes_per_token("bfloat16") == 256
     p = tmp_path / "p.yaml"
     d = make_profile().model_dump(mode="json") | {"kv": {**kv, "block_size": 128}}
@@ -552,7 +552,7 @@ def test_profile_round_trip_and_lookup(tmp_path, monkeypatch):
 
 
 def test_a_profile_name_is_at_most_200_characters(tmp_path):
-    # a 1 MB name was printed in the run's table and written twice into every report
+    # a name is printed in the run's table and twice in every report: at most 200 characters
     d = make_profile().model_dump(mode="json")
     d["name"] = "p" * 201
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(d))
@@ -636,7 +636,7 @@ def test_empirical_noise(tmp_path):
     a = draws(1)
     assert set(a) == {round(0.5 * t * 1e9), round(1.5 * t * 1e9)}
     assert a == draws(1) and a != draws(2)
-    # the source says the steps are noisy: a sweep over cost_noise had one label for both
+    # the source says the steps are noisy, so a sweep over cost_noise tells its points apart
     assert build_cost_model(sc).label.endswith(
         "; each step × (1 + one of its 2 fit residuals, drawn at random: cost_noise empirical)")
     assert "cost_noise" not in base.label
@@ -658,7 +658,7 @@ def test_empirical_noise_on_a_projection_names_cost_noise_once(tmp_path):
                  "  prompt_tokens: {dist: fixed, value: 4}, output_tokens: {dist: fixed, "
                  "value: 2}}\n")
     msg = ("empirical needs a measured profile's residuals; a projection has none")
-    with pytest.raises(InputError) as e:   # it read 'e.yaml:5: hardware: e.yaml:5: ...'
+    with pytest.raises(InputError) as e:   # the file and line once
         build_cost_model(load_scenario(y))
     assert str(e.value) == f"e.yaml:5: hardware.cost_noise: {msg}"
     y.write_text(y.read_text().replace("  cost_noise: empirical\n", ""))
@@ -702,7 +702,7 @@ def test_cpu_efficiencies_never_carried_to_gpu(tmp_path, monkeypatch):
 
 def test_a_gpu_profile_of_servesims_own_engine_is_never_borrowed(tmp_path, monkeypatch):
     # on a GPU servesim's engine runs eagerly (no CUDA graphs): its launch-bound steps
-    # (a0 11 ms, MBU 0.28 on an H200) made every catalog projection of vLLM as slow
+    # (a0 11 ms, MBU 0.28 on an H200) would make every catalog projection of vLLM as slow
     monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
     monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
     eager = make_profile(name="h200-eager",
@@ -730,9 +730,9 @@ def test_a_gpu_profile_of_servesims_own_engine_is_never_borrowed(tmp_path, monke
 
 
 def test_a_borrowed_efficiency_past_the_spec_sheet_is_capped_and_said(tmp_path, monkeypatch):
-    # a vLLM profile whose weights term pinned at the fit's bound (MBU 4): an A100 decode
-    # of Llama-3.1-8B was priced at 3.97 ms where reading its 15 GB of weights at the spec
-    # sheet's full 2.039 TB/s takes 7.36 ms
+    # a vLLM profile whose weights term pinned at the fit's bound (MBU 4): uncapped, an A100
+    # decode of Llama-3.1-8B would be priced at 3.97 ms where reading its 15 GB of weights
+    # at the spec sheet's full 2.039 TB/s takes 7.36 ms
     monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
     monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
     save_profile(make_profile(name="h100-vllm",
@@ -758,8 +758,8 @@ def test_a_borrowed_efficiency_past_the_spec_sheet_is_capped_and_said(tmp_path, 
 
 
 def test_a_projection_names_the_profile_files_it_could_not_read(tmp_path, monkeypatch):
-    # a vLLM GPU profile broken by a hand edit was skipped without a word: the projection
-    # fell back to default efficiencies while the user believed theirs were used
+    # a vLLM GPU profile broken by a hand edit is named in a warning, since the projection
+    # then uses default efficiencies where the user expects theirs
     monkeypatch.setattr(cmod, "PROFILES_DIR", tmp_path / "shipped")
     monkeypatch.setenv("SERVESIM_PROFILES", str(tmp_path / "local"))
     sc = scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"})
@@ -820,7 +820,7 @@ def test_projection_borrows_the_newest_gpu_profile_by_date(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("value, got", [("yesterday", "'yesterday'"),
                                         ("'2026-13-01'", "'2026-13-01'"),
-                                        # unquoted: PyYAML's own date parser raised
+                                        # unquoted: text, not a date
                                         ("2026-13-01", "'2026-13-01'"),
                                         ("2026-12-01 10:00:00", "'2026-12-01 10:00:00'")])
 def test_a_provenance_date_is_an_iso_date(tmp_path, value, got):
@@ -856,7 +856,7 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.f_eff_flops_per_s: a "
                                          r"rate: it must be > 0 \(got 0\)$"):
         load_profile(tmp_path / "p.yaml")
-    # a rate below 1 byte or FLOP per second likewise (1e-300 priced a step at 1e308 s)
+    # a rate below 1 byte or FLOP per second likewise (1e-300 would price a step at 1e308 s)
     (tmp_path / "p.yaml").write_text(re.sub(r"w_attn_bytes_per_s: [^,}]+",
                                             "w_attn_bytes_per_s: 1e-300", text))
     at = next(i for i, t in enumerate(text.splitlines(), 1) if "w_attn_bytes_per_s" in t)
@@ -1102,7 +1102,7 @@ def test_a_tensor_parallel_profiles_budget_holds_each_gpus_own_kv_heads(tmp_path
 
 
 def test_a_measured_kv_cache_says_gpu_memory_utilization_does_not_resize_it(tmp_path):
-    """A profile's KV cache is the one measured (DESIGN: the simulator uses the profile's
+    """A profile's KV cache is the one measured (the simulator uses the profile's
     number): a scenario's gpu_memory_utilization other than the one it was measured at
     (recorded, else vLLM's default 0.92) leaves it as it is, and says so."""
     dev = {"name": "h100-sxm", "kind": "gpu", "peak_flops": 1e15, "memory_bandwidth": 3e12,

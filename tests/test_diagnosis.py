@@ -88,8 +88,8 @@ def test_suggested_flags_merge_settings_below_one_mapping_flag():
     s = scenario_from_dict(base, overrides=["engine={max_num_batched_tokens: 010000}"])
     assert suggested_flags(s, "engine.max_num_seqs=8")["flags"] == [
         "engine={max_num_batched_tokens: 10000, max_num_seqs: 8}"]
-    # a section a flag unset (engine=null: its defaults) takes the setting inside it (in
-    # place of the null, the file's engine block came back)
+    # a section a flag unset (engine=null: its defaults) takes the setting inside it (not
+    # the file's engine block)
     s = scenario_from_dict(base, overrides=["engine=null"])
     assert suggested_flags(s, "engine.max_num_batched_tokens=512") == {
         "flags": ["engine={max_num_batched_tokens: 512}"], "replaces": ["engine=null"]}
@@ -298,8 +298,9 @@ def test_bursts_that_queue_the_ttft_tail_are_compute_at_the_peaks():
 
 def test_bursts_on_an_engine_that_decodes_all_the_time_are_called_bursts():
     # gamma arrivals of burstiness 0.05 (CV 4.5) at about half an H100's capacity: decodes
-    # keep a step running nearly all the time, and the evidence read "the engine is busy
-    # 100% of the time" as if it were full; Poisson arrivals at that rate meet the SLO
+    # keep a step running nearly all the time; the evidence gives the batch size, since
+    # "the engine is busy 100% of the time" is not full; Poisson arrivals at that rate meet
+    # the SLO
     def run(arrival):
         s = scenario_from_dict({
             "name": "d", "model": "llama-3.1-8b", "hardware": {"profile": "h100-sxm"},
@@ -474,8 +475,8 @@ workload:
 def test_rejections_alone_are_neither_instability_nor_compute():
     # Prompts uniform in [16, 2000] over max_model_len 1024: about half are rejected. The
     # rest (32 tokens at 10 ms a step, 20 req/s) keep the engine busy ~94% of the time but
-    # never queue: rejected requests, never scheduled, read as a backlog that never
-    # drained (unstable) and their SLO failure as saturation.
+    # never queue: the rejections are the finding, not a backlog that never drains
+    # (rejected requests are never scheduled) or saturation.
     s = scenario_from_dict({
         "name": "d", "model": "llama-test", "hardware": {"step_time": {"constant_s": 0.01}},
         "engine": {"max_model_len": 1024, "max_num_seqs": 64},
@@ -549,8 +550,8 @@ def _with_slo(s, slo):
 def test_an_slo_that_requests_alone_meet_but_this_load_misses_is_compute():
     # Decode steps: 5 ms + 1 ms per decoding request, so a request alone decodes at 6 ms
     # per token. At 3 req/s the engine is busy about half the time, nothing queues and no
-    # other limit shows, yet TPOT p99 (8.5 ms) misses 7 ms: the load's share. Without
-    # this rule the run read "none: headroom at this load" beside a missed SLO.
+    # other limit shows, yet TPOT p99 (8.5 ms) misses 7 ms: the load's share. The load
+    # binds, not "none: headroom at this load" beside a missed SLO.
     s = _with_slo(sc({"max_num_seqs": 256}, {"base_s": 0.005, "per_decode_seq_s": 0.001},
                      3, n=600), {"tpot_ms": {"p99": 7}})
     d = diagnose(s, simulate(s))
@@ -613,8 +614,8 @@ def test_the_latency_floor_counterfactual_doubles_tensor_parallel():
 def test_a_tensor_parallel_whose_loaded_run_still_misses_is_doubled():
     # Llama-3.1-8B on an H100 at 2 req/s, TPOT p99 <= 6 ms: requests alone decode at 7.7 ms
     # (p99), 4.7 at tensor_parallel 2, so 2 is the smallest whose floor meets the SLO; but
-    # sharing steps under this load lifts TPOT p99 at 2 above 6 ms, and 4 meets it. 2 was
-    # suggested (a run that still missed); now 4 is, with 2 listed as tried.
+    # sharing steps under this load lifts TPOT p99 at 2 above 6 ms, and 4 meets it. 4 is
+    # suggested, with 2 listed as tried (it still misses).
     from simulator.alone import slo_floors
     from simulator.report import diagnosis_line
 
@@ -725,8 +726,7 @@ def test_a_miss_without_any_overlap_is_step_cost_noise_not_load(tmp_path):
 def test_an_itl_slo_with_warm_up_has_a_floor(tmp_path):
     # The warm-up request's 49 gaps stay out of the pooled ITL (as vllm bench serve, whose
     # warm-ups are not in its run): only the counted 3-token request's 2 gaps (10 ms
-    # steps) are pooled, and the ITL floor is found (without it the diagnosis failed
-    # formatting a missing floor).
+    # steps) are pooled, and the ITL floor is found.
     from simulator.scenario import load_scenario
 
     (tmp_path / "t.csv").write_text("t,p,o\n0,100,50\n10,100,3\n20,100,1\n30,100,1\n")
@@ -766,7 +766,7 @@ def test_a_ttft_miss_is_not_blamed_on_prefill_chunks_stalling_decodes():
     assert cf["change"] == "cluster.replicas=2" and cf["moved"] and cf["slo_met_after"]
     # with an ITL SLO missed too, the chunks can bind (their knob moves ITL), but TTFT is
     # missed as well, which they lengthen: they come after more replicas (which meet both;
-    # the chunks bound here by the rules, and their run left TTFT p99 at 115 ms)
+    # by the rules alone the chunks bind here, and their run leaves TTFT p99 at 115 ms)
     s = _with_slo(s, {"ttft_ms": {"p99": 60}, "itl_ms": {"p99": 20}})
     lim = find_limits(s, simulate(s))
     assert [f["limit"] for f in lim["findings"]] == ["compute", "prefill_interference"]
@@ -781,9 +781,9 @@ def test_a_ttft_miss_is_not_blamed_on_prefill_chunks_stalling_decodes():
 def test_with_ttft_missed_shorter_prefill_chunks_are_tried_after_more_replicas():
     # The same 1900-token prompts, TTFT p99 <= 60 ms and TPOT p99 <= 7 ms both missed at
     # 2 req/s (requests alone: 43 ms and 5 ms). Shorter chunks may move TPOT, so they can
-    # bind, but they lengthen every prefill: they were tried first and spent a run making
-    # TTFT worse, where the tries can run out before more replicas. Now more replicas are
-    # tried first; they meet both SLOs, so the chunks are not run at all.
+    # bind, but they lengthen every prefill, so more replicas are tried first (the chunks
+    # would make TTFT worse and use up a try); they meet both SLOs, so the chunks are not
+    # run at all.
     s = _with_slo(sc({"max_num_seqs": 64}, {"base_s": 0.005, "per_prefill_token_s": 2e-5},
                      2, prompt=1900, out=64, n=300), {"ttft_ms": {"p99": 60},
                                                       "tpot_ms": {"p99": 7}})
@@ -816,7 +816,7 @@ def test_a_counterfactual_that_makes_the_figure_worse_says_so():
     assert "1.0671 → 1.6003 (worse), SLOs met no → no" in diagnosis_line(diag)
     text = " ".join(str(b) for b in diagnosis_blocks(diag))
     assert "(makes it worse)" in text
-    # a little worse, or not moved: the terminal says so too (it read as a confirmed limit)
+    # a little worse, or not moved: the terminal says so too
     diag["counterfactual"] = {**cf, "before": 3.18, "after": 3.30, "worse": False}
     assert "3.18 → 3.3 (does not move it much), SLOs met no → no" in diagnosis_line(diag)
     diag["counterfactual"] = {**cf, "after": 0.9, "worse": False, "slo_met_after": True}
@@ -1338,9 +1338,9 @@ def _h100(engine: dict, rate: float, prompt: tuple, out: tuple, slo: dict):
 
 def test_a_free_knob_is_tried_far_enough_to_beat_more_replicas():
     # 8 slots on an H100 decoding 8 sequences in ~8 ms steps: the slots, not the GPU,
-    # hold 6 req/s back. Twice the slots fell short of the load (about 12 running on average,
-    # 22 at its peaks) while two replicas (twice everything) met the SLOs, so more GPUs were
-    # named; the slots the load needs (32) meet them on one GPU.
+    # hold 6 req/s back. Twice the slots fall short of the load (about 12 running on average,
+    # 22 at its peaks) and two replicas (twice everything) meet the SLOs, but the slots the
+    # load needs (32) meet them on one GPU: those are named.
     s = _h100({"max_num_seqs": 8}, 6.0, (500, 1000, 4000), (200, 400, 1000),
               {"ttft_ms": {"p99": 1000}, "tpot_ms": {"p99": 40}})
     d = diagnose(s, simulate(s))
@@ -1348,8 +1348,8 @@ def test_a_free_knob_is_tried_far_enough_to_beat_more_replicas():
     cf = d["counterfactual"]
     assert cf["change"] == "engine.max_num_seqs=32" and cf["slo_met_after"]
     # 1200 blocks (an override) on a GPU whose memory holds ~28,000 preempt 434 times: the
-    # cache tried is what the memory holds (twice the override still missed, 101x -> 27x
-    # the SLO, and two replicas, twice the cache too, were preferred)
+    # cache tried is what the memory holds (twice the override still misses, 101x -> 27x
+    # the SLO)
     s = _h100({"max_num_seqs": 256, "num_gpu_blocks": 1200}, 8.0, (1000, 2000, 6000),
               (300, 600, 1500), {"ttft_ms": {"p99": 2000}, "tpot_ms": {"p99": 60}})
     from simulator.cost_model import build_cost_model
@@ -1367,8 +1367,8 @@ def test_a_free_knob_is_tried_far_enough_to_beat_more_replicas():
 
 def test_slots_and_a_cache_too_small_for_more_bind_max_num_seqs_with_the_cache():
     # 32 slots and 2600 blocks (an override) at 10 req/s on one H100: every slot is taken
-    # and the cache holds about 41 at the mean context. 41 slots alone left the SLOs missed
-    # 10x and two replicas were named; the slots the load needs with a cache that holds
+    # and the cache holds about 41 at the mean context. 41 slots alone leave the SLOs missed
+    # 10x; the slots the load needs with a cache that holds
     # them meet the SLOs on one GPU.
     s = _h100({"max_num_seqs": 32, "num_gpu_blocks": 2600}, 10.0, (800, 1200, 4000),
               (300, 500, 1000), {"ttft_ms": {"p99": 2000}, "tpot_ms": {"p99": 100}})
@@ -1382,7 +1382,7 @@ def test_slots_and_a_cache_too_small_for_more_bind_max_num_seqs_with_the_cache()
 def test_whole_prompts_stalling_decodes_try_512_token_chunks_whatever_the_default_slots():
     # chunked prefill off on an H100 (vllm serve's default max_num_seqs 1024): 512-token
     # chunks are a valid try (the default slots cap themselves at the budget); the chunk
-    # was floored at 1024, which still missed where 512 met
+    # is not floored at 1024, which still misses where 512 meets
     s = _h100({"enable_chunked_prefill": False}, 4.0, (3000, 6000, 8000), (300, 600, 1000),
               {"itl_ms": {"p99": 60}, "tpot_ms": {"p99": 40}})
     d = diagnose(s, simulate(s), counterfactual=False)

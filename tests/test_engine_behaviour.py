@@ -104,7 +104,7 @@ def test_shared_prefix_batch_skips_exactly_the_cached_tokens():
     (dict(max_tokens=0), "sampling.max_tokens"),
     (dict(stop_token_ids=[500]), "sampling.stop_token_ids"),
     (dict(temprature=0.5), "sampling.temprature"),
-    # pydantic's lax mode ran these as 4, 4, 1, True and 0.5
+    # refused: pydantic's lax mode would run them as 4, 4, 1, True and 0.5
     (dict(max_tokens="4"), "sampling.max_tokens: Input should be a valid integer (got '4')"),
     (dict(max_tokens=4.0), "sampling.max_tokens: Input should be a valid integer (got 4.0)"),
     (dict(max_tokens=True), "sampling.max_tokens: Input should be a valid integer, not a bool"),
@@ -133,7 +133,7 @@ def test_sampling_takes_numpy_numbers():
 
 
 def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
-    # the request was scheduled, then its generator failed: the next step raised KeyError
+    # a request whose generator fails is refused before it is scheduled
     eng = engine()
     with pytest.raises(InputError, match=r"^sampling\.seed"):
         eng.add_request(ids(1, 5), {"seed": 2**70})
@@ -179,12 +179,12 @@ def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
     (lambda eng: LLMEngine({**CFG, "rope_theta": -1}, dict(num_gpu_blocks=64)),
      "config.rope_theta: a finite number > 0, got -1"),
     (lambda eng: LLMEngine({**CFG, "rope_theta": None}, dict(num_gpu_blocks=64)),
-     "config.rope_theta: a finite number > 0, got None"),     # was a TypeError
+     "config.rope_theta: a finite number > 0, got None"),
     (lambda eng: LLMEngine({**CFG, "rms_norm_eps": None}, dict(num_gpu_blocks=64)),
-     "config.rms_norm_eps: a finite number > 0, got None"),   # was a TypeError
+     "config.rms_norm_eps: a finite number > 0, got None"),
     (lambda eng: LLMEngine({**CFG, "rope_parameters": {"rope_theta": None}},
                            dict(num_gpu_blocks=64)),
-     "config.rope_parameters.rope_theta: a finite number > 0, got None"),   # a TypeError
+     "config.rope_parameters.rope_theta: a finite number > 0, got None"),
     (lambda eng: LLMEngine({**CFG, "model_type": ["llama"]}, dict(num_gpu_blocks=64)),
      "config.model_type: ['llama'] not supported (allowed: llama, qwen2, mistral)"),
     (lambda eng: LLMEngine({**CFG, "eos_token_id": 999}, dict(num_gpu_blocks=64)),
@@ -196,12 +196,11 @@ def test_a_seed_torch_cannot_take_leaves_the_engine_serving():
      "config.head_dim: 7 not supported (rotary embeddings turn pairs of dimensions: an even "
      "head_dim)"),
     (lambda eng: eng.generate(__import__("numpy").array([], dtype="int64"), GREEDY),
-     "prompt: empty"),   # one 1-D array is one prompt, empty or not (it was no prompt)
+     "prompt: empty"),   # one 1-D array is one prompt, empty or not
 ])
 def test_bad_arguments_are_one_input_error(call, said):
-    # each was a raw TypeError / UnicodeEncodeError / AttributeError / ValueError from
-    # inside the engine, or loaded and ran (NaN logits, token 999 as EOS), or stored a
-    # string as a time
+    # each is one InputError naming the argument, not an error from inside the engine, a
+    # model that runs (NaN logits, token 999 as EOS) or a string stored as a time
     eng = engine()
     with pytest.raises(InputError) as e:
         call(eng)
@@ -219,8 +218,8 @@ def test_generate_takes_one_prompt_of_numpy_token_ids():
 @pytest.mark.parametrize("kw", [dict(temperature=1e-39), dict(top_p=1e-50),
                                 dict(temperature=0.7, top_p=1e-50, top_k=5)])
 def test_a_tiny_temperature_or_top_p_samples_the_most_likely_token(kw):
-    # logits / 1e-39 overflowed to NaN and a top_p below float32's least number dropped
-    # every token: step() raised, and its requests stayed running forever
+    # a temperature of 1e-39 (logits / 1e-39 would overflow to NaN) and a top_p below
+    # float32's least number (it would drop every token) still sample a token
     from calibration.engine.sampling import SAMPLING_EPS
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
     gens = [torch.Generator().manual_seed(i) for i in range(3)]
@@ -343,7 +342,7 @@ def test_bad_engine_and_model_config_name_the_key():
 
 
 @pytest.mark.parametrize("change, message", [
-    # each loaded and ran a model other than the one HF builds from the same config
+    # each is refused: the model would differ from the one HF builds from the same config
     ({"hidden_act": "gelu"}, "config.hidden_act: 'gelu' not supported (the MLP is SwiGLU: "
                              "silu)"),
     ({"mlp_bias": True}, "config.mlp_bias: true not supported (the MLP has no bias)"),
@@ -357,7 +356,7 @@ def test_bad_engine_and_model_config_name_the_key():
      "attention only; list full_attention only)"),
     ({"model_type": "mistral", "sliding_window": "128"}, "config.sliding_window: a positive "
                                                          "integer or null, got '128'"),
-    # both thetas, disagreeing: transformers 5 took the inner one, the engine the outer
+    # both thetas, disagreeing: refused (transformers 5 takes the inner one)
     ({"rope_theta": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
      "config.rope_parameters.rope_theta: 500000.0 disagrees with rope_theta 10000: give one"),
     ({"rope_theta": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": -5}},
@@ -365,12 +364,12 @@ def test_bad_engine_and_model_config_name_the_key():
     ({"architectures": ["GPT2LMHeadModel"]}, "config.architectures: ['GPT2LMHeadModel'] does "
                                              "not run here: model_type llama is "
                                              "['LlamaForCausalLM']"),
-    # a type torch met ten frames down (TypeError, 'negative dimension')
+    # refused at its key, not where torch meets it (TypeError, 'negative dimension')
     ({"num_key_value_heads": "2"}, "config.num_key_value_heads: a positive integer or null, "
                                    "got '2'"),
     ({"head_dim": -8}, "config.head_dim: a positive integer or null, got -8"),
     ({"hidden_size": True}, "config.hidden_size: required positive integer, got True"),
-    # transformers 5 keeps theta in rope_parameters: -5 ran NaN logits, 'abc' a ValueError
+    # transformers 5 keeps theta in rope_parameters: -5 and 'abc' are refused there too
     ({"rope_parameters": {"rope_type": "default", "rope_theta": -5.0}},
      "config.rope_parameters.rope_theta: a finite number > 0, got -5.0"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}},
@@ -424,7 +423,8 @@ def test_kv_store_slot_mapping_layout():
 
 
 def test_generate_leaves_other_requests_outputs_to_step():
-    # a request added before generate() finished inside its loop: its output was dropped
+    # a request added before generate() may finish inside its loop: its output is handed
+    # back by the next step()
     eng = engine()
     a = eng.add_request(ids(1, 5), GREEDY.model_copy(update={"max_tokens": 2}))
     mine = eng.generate([ids(2, 9)], GREEDY)
@@ -438,8 +438,8 @@ def test_generate_leaves_other_requests_outputs_to_step():
 
 
 def test_an_engine_whose_step_failed_says_so_rather_than_stall(monkeypatch):
-    # a sampler error (NaN probabilities) left the request scheduled and never served:
-    # step() returned [] forever while has_unfinished_requests() stayed true
+    # after a sampler error (NaN probabilities) every step raises, rather than returning []
+    # forever while has_unfinished_requests() stays true
     eng = engine()
     eng.add_request(ids(1, 5), GREEDY)
     monkeypatch.setattr(eng, "_execute", lambda entries: (_ for _ in ()).throw(
@@ -482,7 +482,7 @@ def test_stop_token_and_eos():
 
 def test_a_stop_token_that_is_also_the_last_allowed_one_finishes_as_stop():
     # vLLM's check_stop tests the stop tokens before max_tokens / max_model_len: a request
-    # whose last allowed token is a stop token finished "stop" there, "length" here before
+    # whose last allowed token is a stop token finishes "stop" there, and here too
     free = engine().generate([ids(3, 12)], SamplingParams(
         temperature=0.0, max_tokens=8, ignore_eos=True))[0].output_token_ids
     k = next(i for i, t in enumerate(free) if t not in free[:i] and i >= 1)
@@ -627,17 +627,17 @@ def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
     save_pretrained(random_model(CFG), tmp_path)
     weights, = tmp_path.glob("*.safetensors")
     good = weights.read_bytes()
-    weights.write_bytes(good[:-64])   # cut short: a SafetensorError naming no file
+    weights.write_bytes(good[:-64])   # cut short: the file is named
     with pytest.raises(InputError) as e:
         LLMEngine(tmp_path, knobs)
     assert str(e.value).startswith(f"{weights}: not a readable safetensors file (")
     weights.write_bytes(good)
     cfg = tmp_path / "config.json"
-    cfg.write_text("")   # json said "Expecting value"; the CLI's model check says empty
+    cfg.write_text("")   # said empty, as the CLI's model check says
     with pytest.raises(InputError) as e:
         LLMEngine(tmp_path, knobs)
     assert str(e.value) == f"{cfg} is empty: an HF config holds a mapping of config keys"
-    cfg.write_text('{"hidden_size": 32,\n "hidden_size": 64}')   # json kept the last one
+    cfg.write_text('{"hidden_size": 32,\n "hidden_size": 64}')   # refused: json keeps the last
     with pytest.raises(InputError) as e:
         LLMEngine(tmp_path, knobs)
     assert str(e.value) == f"{cfg}:2: duplicate key 'hidden_size' (give each key once)"
@@ -646,31 +646,32 @@ def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
     assert str(e.value) == (f"{tmp_path / 'nowhere'}: not found: give an HF model folder "
                             f"(config.json, *.safetensors)")
     cfg.write_text(__import__("json").dumps(CFG))
-    (tmp_path / "tokenizer.json").write_text("{}")   # tokenizers: a bare Exception
+    (tmp_path / "tokenizer.json").write_text("{}")   # named, not tokenizers' bare Exception
     with pytest.raises(InputError) as e:
         LLMEngine(tmp_path, knobs)
     assert str(e.value).startswith(f"{tmp_path / 'tokenizer.json'}: not a tokenizer.json "
                                    f"the tokenizers library reads (")
     (tmp_path / "tokenizer.json").unlink()
-    (tmp_path / "tokenizer.json").mkdir()   # the byte tokenizer was used silently
+    (tmp_path / "tokenizer.json").mkdir()   # refused, not replaced by the byte tokenizer
     with pytest.raises(InputError) as e:
         LLMEngine(tmp_path, knobs)
     assert str(e.value) == (f"{tmp_path / 'tokenizer.json'}: not a file (a tokenizer.json is "
                             f"a file)")
     (tmp_path / "tokenizer.json").rmdir()
-    (tmp_path / "zz.safetensors").mkdir()   # an OSError "No such device"
+    (tmp_path / "zz.safetensors").mkdir()   # named, not an OSError
     with pytest.raises(InputError) as e:
         LLMEngine(tmp_path, knobs)
     assert str(e.value) == (f"{tmp_path / 'zz.safetensors'}: not a file (a weights file is a "
                             f"safetensors file)")
     (tmp_path / "zz.safetensors").rmdir()
-    (tmp_path / "zz.safetensors").write_bytes(good)   # every tensor twice: merged silently
+    (tmp_path / "zz.safetensors").write_bytes(good)   # every tensor twice: refused, not merged
     with pytest.raises(InputError) as e:
         LLMEngine(tmp_path, knobs)
     assert " is in " + weights.name + " too (each tensor belongs to one shard)" in str(e.value)
     assert str(e.value).startswith(f"{tmp_path / 'zz.safetensors'}: tensor ")
     (tmp_path / "zz.safetensors").unlink()
-    # a tensor the layers have no place for was dropped (an MLP bias: logits off by 3.5)
+    # a tensor the layers have no place for is refused (dropping an MLP bias moves logits
+    # by 3.5)
     from safetensors.torch import load_file, save_file
     tensors = load_file(str(weights))
     bias = "model.layers.0.mlp.down_proj.bias"
@@ -692,7 +693,7 @@ def test_a_broken_model_folder_is_one_input_error_naming_the_file(tmp_path):
     assert str(e.value).endswith("missing in all) (the config's attention_bias: true asks for "
                                  "attention biases)")
     cfg_path.write_text(json.dumps(cfg))
-    # one NaN: greedy chose token 0 at every step
+    # one NaN weight is refused (greedy would pick token 0 at every step)
     name = "model.layers.1.mlp.down_proj.weight"
     tensors[name][0, 0] = float("nan")
     save_file(tensors, str(weights))

@@ -163,8 +163,8 @@ def test_llama3_rope_scaling_head_dim_and_bias(tmp_path_factory):
 
 
 def test_heads_that_do_not_divide_hidden_size_run_as_hf_derives_head_dim(tmp_path_factory):
-    # 66 // 4 = 16: HF's head_dim, projections 66 -> 64 -> 66 (the engine refused it, as
-    # transformers 5 refuses it for Llama alone; vLLM derives it for all three)
+    # 66 // 4 = 16: HF's head_dim, projections 66 -> 64 -> 66 (vLLM derives it for all
+    # three; transformers 5 refuses it for Llama alone)
     path, hf = _model_dir(tmp_path_factory, dict(QWEN2, hidden_size=66), "uneven")
     assert hf.model.layers[0].self_attn.q_proj.weight.shape == (64, 66)
     run_and_compare(path, hf, [_prompt(20, 21)], dict(num_gpu_blocks=64, block_size=16))

@@ -35,8 +35,8 @@ def test_serial_and_local_pool_agree(capsys):
 
 
 def test_a_pool_that_cannot_start_workers_runs_the_jobs_here(monkeypatch, capsys):
-    """A sandbox that refuses the forkserver's socket breaks the pool with BrokenPipeError
-    (it used to end the command silently with status 0): the jobs run in-process."""
+    """A sandbox that refuses the forkserver's socket breaks the pool with BrokenPipeError:
+    the jobs then run in-process rather than end the command silently with status 0."""
     from concurrent.futures import ProcessPoolExecutor
 
     def refuse(self, *a, **k):
@@ -103,7 +103,7 @@ def test_plan_is_identical_on_serial_and_local():
 
 
 def test_ray_address_nobody_listens_at_is_one_error():
-    """A closed port is refused at once (ray.init alone retried for minutes)."""
+    """A closed port is refused at once (ray.init alone retries for minutes)."""
     import socket
 
     from simulator.errors import InputError
@@ -134,7 +134,7 @@ def test_a_malformed_ray_address_is_one_error(address):
     (None, False),                                                  # one that never answers
 ])
 def test_a_ray_address_must_answer_as_grpc(reply, ok):
-    """Something listening that is not Ray is refused at once (ray.init alone retried for
+    """Something listening that is not Ray is refused at once (ray.init alone retries for
     minutes, ~20 lines of its C++ client's retries); a gRPC answer goes on to ray.init."""
     import socket
     import threading
@@ -215,8 +215,8 @@ def _group(pgid: int) -> list[str]:
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="needs /proc")
 @pytest.mark.parametrize("after_s, how", [
     (0.3, "ctrl-c"), (5.0, "ctrl-c"),   # in the server's imports; in jobs
-    (5.0, "sigterm"),   # kill, timeout: servesim alone (its workers were left to run on)
-    (5.0, "sigkill"),   # no handler runs: the workers left ran their jobs to the end
+    (5.0, "sigterm"),   # kill, timeout: servesim alone; its workers stop with it
+    (5.0, "sigkill"),   # no handler runs: the workers still stop once their parent is gone
 ])
 def test_ctrl_c_stops_a_sweep_with_one_line_and_no_worker_left(tmp_path, after_s, how):
     # Ctrl-C in a terminal signals the whole process group: the fork server (importing
@@ -268,7 +268,7 @@ workload:
 
 @pytest.mark.parametrize("sig, status, said", [
     ("SIGINT", 130, "servesim: interrupted\n"),
-    ("SIGTERM", 143, "servesim: terminated\n"),   # it died silently (status -15)
+    ("SIGTERM", 143, "servesim: terminated\n"),   # one line, not a silent -15
 ])
 def test_a_signal_while_servesim_imports_its_commands_is_one_line(sig, status, said):
     # Building the parser imports every command's modules (a second or more): a signal
@@ -286,8 +286,9 @@ def test_a_signal_while_servesim_imports_its_commands_is_one_line(sig, status, s
 
 
 def test_a_sigterm_swallowed_or_turned_into_another_error_is_still_one_line():
-    # raised inside a weakref callback Python printed "Exception ignored in ... Traceback";
-    # raised inside matplotlib's import it became an ImportError traceback, status 1
+    # raised inside a weakref callback (where Python prints "Exception ignored in ...") or
+    # inside matplotlib's import (where it becomes an ImportError), the signal still ends
+    # the command with one line
     import subprocess
     import sys
 
@@ -320,7 +321,7 @@ def _small_scenario(tmp_path):
 def test_ctrl_c_leaves_no_output_and_130_or_the_whole_output_and_0(tmp_path, when):
     # The console script (cli.main() with sys.argv) sends itself SIGINT: as the outputs are
     # staged (nothing written, 130), as they are renamed into place or once main returned
-    # (both ignored: the report is whole, 0; it exited 130 over a whole report)
+    # (both ignored: the report is whole, 0)
     import subprocess
     import sys
 
@@ -348,9 +349,10 @@ def test_ctrl_c_leaves_no_output_and_130_or_the_whole_output_and_0(tmp_path, whe
 @pytest.mark.parametrize("sig, status, said", [(2, 130, "servesim: interrupted\n"),
                                               (15, 143, "servesim: terminated\n")])
 def test_a_signal_before_the_command_line_module_loads_is_one_line(sig, status, said):
-    # Python's own Ctrl-C handler raised KeyboardInterrupt inside the imports of
-    # simulator.cli (a traceback; in matplotlib's, a RuntimeError from a class body), and
-    # SIGTERM killed it silently: the console script notes them until main takes over
+    # the console script notes Ctrl-C and SIGTERM until main takes over, so one that comes
+    # during the imports of simulator.cli is one line (Python's own handler would raise
+    # KeyboardInterrupt there, or a RuntimeError in matplotlib's class bodies, and SIGTERM
+    # would kill it silently)
     import subprocess
     import sys
 
@@ -372,7 +374,7 @@ def test_a_signal_before_the_command_line_module_loads_is_one_line(sig, status, 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
 def test_an_output_that_cannot_be_written_is_one_line():
-    # stdout on a full disk was an OSError traceback (the report itself was written)
+    # stdout on a full disk is one error line (the report itself is written)
     import subprocess
     import sys
 
@@ -381,13 +383,13 @@ def test_an_output_that_cannot_be_written_is_one_line():
                               stderr=subprocess.PIPE, text=True, timeout=120)
     assert (proc.returncode, proc.stderr) == (
         1, "servesim: error: cannot write the output: No space left on device\n")
-    for args in (["--help"], ["run", "--help"]):   # argparse's exit left it unsaid, status 0
+    for args in (["--help"], ["run", "--help"]):   # said, and not status 0
         with open("/dev/full", "w") as full:
             proc = subprocess.run([sys.executable, "-m", "simulator.cli", *args], stdout=full,
                                   stderr=subprocess.PIPE, text=True, timeout=120)
         assert (proc.returncode, proc.stderr) == (
             1, "servesim: error: cannot write the output: No space left on device\n"), args
-    # started with stdout closed (>&-): sys.stdout is None, and flushing it was a traceback
+    # started with stdout closed (>&-): sys.stdout is None: nothing is flushed
     for args in ("schema", "--help"):
         proc = subprocess.run(f"{sys.executable} -m simulator.cli {args} >&-", shell=True,
                               stderr=subprocess.PIPE, text=True, timeout=120)
@@ -412,10 +414,9 @@ def _servesim(args: str, **kw):
 
 @pytest.mark.parametrize("redirect", ["2>&-", "2</dev/null", "2>/dev/full"])
 def test_a_stderr_that_takes_nothing_loses_messages_not_exit_statuses(tmp_path, redirect):
-    # closed: sys.stderr was None and print(file=None) wrote every error and warning into
-    # stdout, among the command's output; read-only or full: each print failed, so an
-    # input error exited 1, and a run's warning stopped it after its report (exit 1,
-    # without its "report:" line)
+    # closed, read-only or full: messages are dropped, not written into stdout among the
+    # command's output (print(file=None) would), and an input error still exits 2 and a
+    # run with warnings 0 with its "report:" line
     import os
     import subprocess
 
@@ -433,7 +434,7 @@ def test_a_stderr_that_takes_nothing_loses_messages_not_exit_statuses(tmp_path, 
 
 
 def test_a_read_only_stdout_is_refused_before_the_run(tmp_path):
-    # 1</dev/null: the run wrote its whole report, then failed printing its table (exit 1)
+    # 1</dev/null: refused before the run, not after its whole report when its table fails
     import subprocess
 
     proc = _servesim(f"run {tmp_path}/none.yaml --out {tmp_path}/r 1</dev/null",
@@ -449,9 +450,9 @@ def test_a_read_only_stdout_is_refused_before_the_run(tmp_path):
 def test_a_signal_whose_exception_was_swallowed_still_commits_nothing(tmp_path, sig, status,
                                                                       said):
     # KeyboardInterrupt or Terminated raised inside a weakref callback is ignored by
-    # Python ("Exception ignored in ..."); the run went on, wrote its whole report and
-    # exited 0 (Ctrl-C "lost" at start-up). The note the handler makes, without the
-    # exception, stands in for that here.
+    # Python ("Exception ignored in ..."), so the run would go on, write its whole report
+    # and exit 0 (Ctrl-C "lost" at start-up); it commits nothing instead. The note the
+    # handler makes, without the exception, stands in for that here.
     import subprocess
     import sys
 
@@ -499,8 +500,9 @@ def test_a_short_stable_run_of_long_outputs_is_stable():
 def test_a_run_whose_arrivals_end_within_one_answer_is_not_judged_by_its_swell():
     # 10 requests in about 1 s of arrivals, each answered in 3 s (300 tokens at 10 ms) on
     # an M/G/inf engine: the requests in the system rise throughout the arrivals, since
-    # none can finish yet. That is the build-up, not a swell: 10 requests on 8 idle
-    # replicas were called unstable, and plan sized for 10 replicas where 2 served 20 req/s.
+    # none can finish yet. That is the build-up, not a swell: read as one, 10 requests on
+    # 8 idle replicas would be unstable, and plan would size 10 replicas where 2 serve 20
+    # req/s.
     from simulator.executors import backlog_grows, job_output, window_rates
     from simulator.run import simulate
 
@@ -554,9 +556,9 @@ def test_a_batch_still_settling_near_capacity_is_stable():
 
 
 def test_an_input_error_raised_in_a_worker_comes_back_as_one_error(tmp_path, capsys):
-    # compare runs each plan in the pool: a plan whose model does not fit its GPU raised
-    # DoesNotFit there, which did not unpickle (its __init__ takes the detail too), broke
-    # the pool and read as a worker crash before the error
+    # compare runs each plan in the pool: DoesNotFit raised there (a plan whose model
+    # does not fit its GPU) comes back whole, since it pickles with its detail: the plan's
+    # own error, not a worker crash
     import pickle
 
     from simulator.cli import main

@@ -41,7 +41,7 @@ def test_duplicate_key_names_its_line():
 
 
 def test_an_integer_too_long_for_python_names_its_line():
-    # int() refuses more than 4300 digits (a ValueError, not a YAML error, before)
+    # int() refuses more than 4300 digits (a YAML error with its line, not int()'s ValueError)
     with pytest.raises(yaml.YAMLError) as e:
         load_yaml("a: 1\nb: " + "9" * 5000 + "\n")
     assert "an integer of 5000 digits" in str(e.value) and e.value.problem_mark.line + 1 == 2
@@ -73,15 +73,15 @@ def test_an_output_folder_holding_another_commands_report_is_refused(tmp_path):
             check_folder(tmp_path, "--out", kind)
         assert str(e.value) == (f"--out {tmp_path}: holds a run report (summary.json); a "
                                 f"{kind} report there would mix with it: give another folder")
-    # through a folder that does not exist yet and back: the same folder, once made (it
-    # was taken for a new folder, the runs ran, and the write failed leaving `ghost`)
+    # through a folder that does not exist yet and back: the same folder, once made, so
+    # it is refused before any run
     with pytest.raises(InputError, match="holds a run report"):
         check_folder(tmp_path / "ghost" / "..", "--out", "sweep")
 
 
 
 def test_an_output_folder_holding_files_of_no_report_is_refused(tmp_path, capsys):
-    # `run --out .` beside a trace named requests.csv replaced the trace with the report's
+    # `run --out .` beside a trace named requests.csv is refused (the report would replace it)
     from pathlib import Path
 
     from simulator.cli import main
@@ -124,7 +124,7 @@ def test_an_output_folder_holding_files_of_no_report_is_refused(tmp_path, capsys
                                         ("validate", "cdf_load_0.5.png")])
 def test_a_subfolder_named_as_a_report_file_is_refused_before_running(tmp_path, capsys,
                                                                      kind, name):
-    # the report's write of that file failed after the run, leaving half a report
+    # refused before the run: the report's write of that file would fail after it
     from pathlib import Path
 
     from simulator.cli import main
@@ -145,7 +145,7 @@ def test_a_subfolder_named_as_a_report_file_is_refused_before_running(tmp_path, 
 @pytest.mark.parametrize("kind", [None, "run"])
 def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, kind):
     # a 300-byte name exceeds NAME_MAX (255 on Linux file systems): Path.is_file() and
-    # Path.exists() raise OSError for it, which came out as a traceback
+    # Path.exists() raise OSError for it, which is said as one error line
     from simulator.errors import InputError
     from simulator.files import check_folder
 
@@ -154,7 +154,7 @@ def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, 
         check_folder(long / "sub", "--out", kind)
     assert str(e.value) == f"--out {long / 'sub'}: cannot write there (File name too long)"
     # below a folder still to be made the kernel stops at the missing folder ("not found"),
-    # so the long name passed, and mkdir made "new" before failing on it
+    # yet the long name is refused, and nothing is made
     deep = tmp_path / "new" / ("a" * 300)
     with pytest.raises(InputError, match=r"cannot write there \(File name too long\)$"):
         check_folder(deep, "--out", kind)
@@ -165,8 +165,8 @@ def test_a_folder_name_too_long_for_the_file_system_is_an_input_error(tmp_path, 
 
 
 def test_an_input_path_too_long_is_named_so(tmp_path):
-    # is_file() raised ENAMETOOLONG: a trace, profile or model path of a 300-byte name (or
-    # one below a missing folder, which the kernel reports as not found) was a traceback
+    # is_file() raises ENAMETOOLONG: a trace, profile or model path of a 300-byte name (or
+    # one below a missing folder, which the kernel reports as not found) is one error line
     from simulator.files import is_regular_file, missing_file, name_too_long
 
     for p in (tmp_path / ("a" * 300), tmp_path / "nope" / ("a" * 300) / "t.csv"):
@@ -177,8 +177,8 @@ def test_an_input_path_too_long_is_named_so(tmp_path):
 
 
 def test_a_broken_symbolic_link_as_the_output_folder_is_refused_before_running(tmp_path):
-    # exists() is False for it, so the check looked further up and passed; writing the
-    # report after the run then failed ("cannot write it (Not a directory)")
+    # exists() is False for it, yet the check refuses it before the run (writing the report
+    # after it would fail: "cannot write it (Not a directory)")
     from simulator.errors import InputError
     from simulator.files import check_folder
 
@@ -195,7 +195,7 @@ def test_a_broken_symbolic_link_as_the_output_folder_is_refused_before_running(t
 
 
 def test_yaml_nested_past_the_parser_is_a_yaml_error():
-    # PyYAML's composer recurses once per level: a RecursionError escaped every loader
+    # PyYAML's composer recurses once per level: one YAML error from every loader
     want: list = []
     for _ in range(99):
         want = [want]
@@ -205,14 +205,14 @@ def test_yaml_nested_past_the_parser_is_a_yaml_error():
 
 
 def test_an_alias_inside_its_own_anchor_is_a_yaml_error():
-    # "&a [1, *a]" built a list holding itself; its echo in an error was "&id001 [1, *id001]"
+    # "&a [1, *a]" (a list holding itself) is refused with its line
     for text, line in (("x: &a [1, *a]\n", 1), ("y: 0\nx: &m\n  k: [2, *m]\n", 3)):
         with pytest.raises(yaml.YAMLError) as e:
             load_yaml(text)
         assert e.value.problem == ("the alias *{0} is inside its own anchor &{0}: the value "
                                    "would contain itself").format(text.split("&")[1][0])
         assert e.value.problem_mark.line + 1 == line
-    # an anchor given twice: PyYAML said only "second occurrence"
+    # an anchor given twice is named with its lines, not PyYAML's bare "second occurrence"
     with pytest.raises(yaml.YAMLError) as e:
         load_yaml("a: &a x\nb: &a y\n")
     assert (e.value.problem, e.value.problem_mark.line + 1) == (
@@ -223,9 +223,9 @@ def test_an_alias_inside_its_own_anchor_is_a_yaml_error():
 
 
 def test_aliases_expanding_past_a_million_characters_are_a_yaml_error():
-    # nine levels of ten aliases are 10**9 values sharing a few nodes: the repr of a plan
-    # candidate's value ran out of memory (a traceback, after 40 s and gigabytes); so did
-    # one 60,000-character text aliased 20,000 times
+    # nine levels of ten aliases are 10**9 values sharing a few nodes: refused at load,
+    # since the repr of a plan candidate's value would exhaust memory; so is one
+    # 60,000-character text aliased 20,000 times
     from simulator.files import MAX_ALIAS_EXPANSION, yaml_error_text
 
     def laughs(levels: int) -> str:
@@ -249,7 +249,7 @@ def test_aliases_expanding_past_a_million_characters_are_a_yaml_error():
 
 
 def test_an_error_echoes_a_long_value_by_its_size():
-    # a list of a million values was echoed whole into the one error line
+    # a list of a million values is cut short in the one error line
     from simulator.files import echo
 
     assert (echo([1, 2]), echo("4"), echo(1e30), echo(None), echo(True)) == (
@@ -262,7 +262,7 @@ def test_an_error_echoes_a_long_value_by_its_size():
 
 
 def test_yaml_timestamps_stay_text_as_in_yaml_1_2():
-    # PyYAML built dates, and raised ValueError (a traceback) for 2026-13-01
+    # dates stay text, 2026-13-01 too (PyYAML's YAML 1.1 resolver makes them dates)
     from simulator.files import load_yaml
 
     assert load_yaml("a: 2026-12-01\nb: 2026-13-01\nc: 2024-02-30 10:00:00\n") == {
@@ -270,7 +270,7 @@ def test_yaml_timestamps_stay_text_as_in_yaml_1_2():
 
 
 def test_merge_keys_merge_and_base_60_numbers_stay_text():
-    # "<<: *base" was "could not determine a constructor for the tag ...merge"; 1:30 was 90
+    # "<<: *base" merges; 1:30 is text, not YAML 1.1's base-60 90
     got = load_yaml("a: &b {x: 1, y: 2}\nm:\n  <<: *b\n  y: 3\nt: 1:30\nf: 1:30.5\n")
     assert got == {"a": {"x": 1, "y": 2}, "m": {"x": 1, "y": 3}, "t": "1:30", "f": "1:30.5"}
     with pytest.raises(yaml.YAMLError, match="duplicate key 'y'"):
@@ -283,6 +283,6 @@ def test_merge_keys_merge_and_base_60_numbers_stay_text():
     ("1_000", 1000), ("0b11", 3),   # YAML 1.1's, kept (readable; no 1.2 meaning to clash)
 ])
 def test_integers_read_as_yaml_1_2_core_reads_them(text, value):
-    # 010 was YAML 1.1's octal 8 (--set engine.max_num_seqs=010 ran 8); 0o10 was text
+    # 010 is ten, not YAML 1.1's octal 8 (--set engine.max_num_seqs=010); 0o10 is eight
     got = load_yaml(f"x: {text}")["x"]
     assert got == value and type(got) is type(value)

@@ -104,7 +104,7 @@ def test_a_request_rejected_after_the_last_finish_ends_the_window():
     assert (s["completed"], s["rejected"]) == (3, 2)
     assert s["duration_s"] == approx(0.3)
     assert s["request_throughput"] == approx(3 / 0.3)
-    # the time series covers the same window (it stopped at the last finish, 230 ms)
+    # the time series covers the same window, not only to the last finish (230 ms)
     ts = res.timeseries[res.timeseries["replica"] == "all"]
     assert ts["time_s"].tolist() == approx([0, 0.05, 0.1, 0.15, 0.2, 0.25])
     assert ts["time_s"].iloc[-1] + ts["bin_s"].iloc[-1] == approx(0.3)
@@ -445,7 +445,7 @@ def test_timeseries_bins_per_replica_and_total():
 
 def test_the_last_bin_states_the_width_its_averages_cover():
     # 70 ms bins over the 200 ms window: the last covers [140, 200), 60 ms; its averages
-    # were over 60 ms but bin_s said 70, so sums of value x bin_s overcounted it
+    # are over 60 ms and so is its bin_s, so sums of value x bin_s are exact
     ts = steps_case(timeseries_bin_ns=70 * MS).finalize(slo=None).timeseries
     every = ts[ts["replica"] == "all"]
     assert every["bin_s"].tolist() == approx([0.07, 0.07, 0.06])
@@ -575,8 +575,8 @@ def test_a_run_spanning_1e9_seconds_keeps_its_per_second_peaks_sparse():
     # One user, two requests of 16 + 4 tokens at 0.01 s a step: the first runs [0, 0.04 s]
     # (a prefill with its first token, three decodes), the second arrives 1e9 s of think
     # time later and runs as long. Per second from the first arrival: 4 tokens and one
-    # request in second 0 and in second 1e9, none between. One slot per second of the run
-    # took ~16 GB here (a MemoryError or the OOM killer).
+    # request in second 0 and in second 1e9, none between. Counted without one slot per
+    # second of the run, which would take ~16 GB.
     from simulator.run import simulate
     from simulator.scenario import scenario_from_dict
 

@@ -64,7 +64,7 @@ def test_max_rate_matches_pollaczek_khinchine():
 def test_a_throughput_plan_stops_at_the_capacity_of_an_md1_queue():
     # no SLO: the highest rate kept up with. M/D/1 with S = 10 steps: capacity 1 / S. At
     # 1.03 / S the queue grows 3% of the rate, too slowly for the backlog's trend test over
-    # 2000 requests: it passed, and the search answered 1.033 / S (above capacity)
+    # 2000 requests alone; the saturation probe keeps the answer at or below capacity
     out = 10
     s = out * STEP
     with make_executor("serial") as ex:
@@ -76,8 +76,8 @@ def test_a_throughput_plan_stops_at_the_capacity_of_an_md1_queue():
 
 
 def test_a_sweep_reads_a_rate_past_an_md1_queues_capacity_as_unstable():
-    # the same queue swept: at 1.03 / S its backlog's trend passed over 2000 requests and
-    # the point read stable (the knee past capacity); the saturation probe's bound (one
+    # the same queue swept: at 1.03 / S the backlog's trend over 2000 requests alone would
+    # read stable (the knee past capacity); the saturation probe's bound (one
     # probe per line of the other axes) makes it unstable, as in a plan
     from simulator.sweep import sweep
     s = 10 * STEP
@@ -94,7 +94,7 @@ def test_a_burst_that_never_saturates_its_slots_bounds_no_rate():
     # 256 slots, 200 requests of ~108 output tokens at 10 ms a step: capacity ≈ 256 / 1.08 s
     # ≈ 237 req/s, but a burst of 200 is admitted at once and finishes as its outputs end
     # (its 10th-90th percentile finishes read 73 req/s); points at 100-200 req/s, which
-    # never queue, read unstable by that bound. No replica had anyone waiting by the
+    # never queue, would read unstable by that bound. No replica has anyone waiting by the
     # 90th percentile finish: the probe bounds nothing, and the points are stable.
     from simulator.executors import job_output
     from simulator.search import PROBE_RATE, with_rate
@@ -437,7 +437,7 @@ def test_split_sets_and_candidates():
         with pytest.raises(InputError, match=rf"^--set {sets[1]}: a\.b is already set by "
                                              rf"--set {sets[0]} \(give each key once"):
             split_sets(sets)
-    # a swept value YAML cannot read is said with its flag (it was a traceback)
+    # a swept value YAML cannot read is said with its flag
     with pytest.raises(InputError, match=r"^--set a\.b=x: y: z,4: value 'x: y: z' is not "
                                          r"valid YAML: mapping values are not allowed here$"):
         split_sets(["a.b=x: y: z,4"])
@@ -573,7 +573,7 @@ plan: {target_rate: 30, candidates: {engine.max_num_seqs: [2, 4]}, max_replicati
 
 
 def test_plan_csv_writes_candidate_values_as_given(tmp_path, capsys):
-    # a null beside 64 made the column float: "64.0" in plan.csv
+    # a null beside 64 keeps the column's integers: "64", not "64.0", in plan.csv
     import csv
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN.replace("candidates: {engine.max_num_seqs: [2, 4]}",
@@ -652,10 +652,10 @@ def test_cli_sweep_plan_compare(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", str(y), str(y2), "--out", str(tmp_path / "cmp")] + args) == 0
     assert (tmp_path / "cmp" / "compare.csv").is_file()
-    # compare serves each file as written: their candidates were silently not compared
+    # compare serves each file as written, and says their candidates are not compared
     assert ("servesim: note: the plan: sections of s.yaml, s2.yaml are not used: compare "
             "serves each file's settings as written") in capsys.readouterr().err
-    # and so does run (it said nothing)
+    # and so does run
     assert main(["run", str(y), "--out", str(tmp_path / "run"), "--quiet"]) == 0
     assert ("servesim: note: the plan: section of s.yaml is not used: run serves the "
             "settings as written (servesim plan searches its candidates)"
@@ -761,8 +761,8 @@ def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys)
 
 
 def test_compare_reads_the_first_plans_trace_from_its_own_folder(tmp_path, capsys):
-    # a relative trace path is the first scenario's: it was read beside each other plan's
-    # file (a different trace there was served silently; none there failed in its name)
+    # a relative trace path is the first scenario's, read beside its file, not beside each
+    # other plan's
     text = """name: {name}
 model: llama-test
 hardware: {{step_time: {{constant_s: {step}}}}}
@@ -805,7 +805,7 @@ workload:
     assert (tmp_path / "c3" / "compare.csv").read_text() == rows
 
 def test_compare_with_replications_shows_the_mean_beside_its_interval(tmp_path, capsys):
-    # replication 0's figure sat beside the 95% CI of the mean (it can lie outside it)
+    # the mean is shown beside its 95% CI, not replication 0's figure (it can lie outside)
     import csv
     import json
 
@@ -829,7 +829,8 @@ sim: {{replications: 3}}
                  str(out)]) == 0
     shown = capsys.readouterr().out
     assert "(means over 3 replications)" in shown
-    # "SLO met: no" beside means that meet the SLO read as a contradiction: said what it is
+    # "SLO met: no" beside means that meet the SLO is explained, not left to read as a
+    # contradiction
     assert ("SLO met: yes only where every one of the 3 replications met every SLO (the "
             "figures are their means)") in shown
     # the three runs of plan "fast", one by one, as servesim run --replications writes them
@@ -1000,7 +1001,7 @@ def test_terminal_tables_fit_80_columns_without_exponents_or_lost_cells(monkeypa
     ("1,2,1", "1 is given twice"), ("1,true,yes", "yes is given twice (as true: one value)")])
 def test_a_value_repeated_in_a_sweep_list_is_refused_before_any_point_runs(
         tmp_path, capsys, values, said):
-    # the same point twice printed two identical rows; 4 and 4.0 are one rate
+    # the same point twice is refused, not two identical rows; 4 and 4.0 are one rate
     y = tmp_path / "s.yaml"
     y.write_text(small_scenario("s", 20))
     out = tmp_path / "sw"
@@ -1130,28 +1131,27 @@ plan: {target_rate: 10, candidates: {hardware.step_time.constant_s: [0.02, 0.01]
      "max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, enable_prefix_caching, "
      "max_model_len, num_gpu_blocks, scheduler_reserve_full_isl, watermark, "
      "long_prefill_token_threshold, enable_chunked_prefill)"),
-    # a quoted number is a string, refused as in engine: {max_num_seqs: '64'} (it was
-    # read as 64 again: two identical candidates planned)
+    # a quoted number is a string, refused as in engine: {max_num_seqs: '64'}
+    # (read as 64 it would plan two identical candidates)
     ("    engine.max_num_seqs: [64, '64']\n",
      "p.yaml:14: plan.candidates.engine.max_num_seqs: Input should be a valid integer >= 1 "
      "and <= 1000000000 (got '64': quoted, a number is text; write 64, unquoted)"),
-    # a key plan may not vary, at its own line (was candidates:'s): the workload, and the
-    # replica count, which plan sizes itself (a candidate list of it planned identical rows)
+    # a key plan may not vary, at its own line: the workload, and the replica count,
+    # which plan sizes itself (a candidate list of it would plan identical rows)
     ("    engine.max_num_seqs: [4]\n    workload.arrival.rate: [5, 10]\n",
      "p.yaml:15: plan.candidates.workload.arrival.rate: candidates vary hardware, model, "
      "dtype, engine or cluster keys, not the workload or the SLO"),
     ("    engine.max_num_seqs: [4]\n    cluster.replicas: [1, 2]\n",
      "p.yaml:15: plan.candidates.cluster.replicas: plan sizes the replica count of every "
      "candidate itself (up to plan.max_replicas): leave it out"),
-    # one setting under two keys: each candidate's later value silently replaced the
-    # other's (the message spoke of --set flags none of which was given)
+    # one setting under two keys is refused, naming plan.candidates (not --set flags)
     ("    engine.max_num_seqs: [4, 8]\n    engine .max_num_seqs: [16]\n",
      "p.yaml:15: plan.candidates.engine .max_num_seqs: names the same key as "
      "engine.max_num_seqs; give each setting once"),
     ("    engine.max_num_seqs: [4, 8]\n    engine: [{max_num_seqs: 16}]\n",
      "p.yaml:15: plan.candidates.engine: engine and engine.max_num_seqs inside it are both "
      "candidates; give each setting once"),
-    # a value given twice, or no value, at its key's line (was plan.candidates' line, 13)
+    # a value given twice, or no value, at its key's line
     ("    engine.max_num_seqs: [4]\n    engine.block_size: [16, 16]\n",
      "p.yaml:15: plan.candidates.engine.block_size: 16 is given twice; each value is one "
      "candidate, give it once"),
@@ -1188,7 +1188,7 @@ def test_a_candidate_list_set_by_its_dotted_key_is_that_flags_in_errors(tmp_path
 
 @pytest.mark.parametrize("where", ["flag", "file"])
 def test_a_target_rate_past_1e9_is_refused(tmp_path, capsys, where):
-    # as every arrival rate (timed in nanoseconds); it planned "2.24e+10 replicas", exit 1
+    # as every arrival rate (timed in nanoseconds), not planned as "2.24e+10 replicas"
     y = tmp_path / "p.yaml"
     y.write_text(SMALL_PLAN.replace("target_rate: 30", "target_rate: 30" if where == "flag"
                                     else "target_rate: 1.0e12"))
@@ -1255,7 +1255,7 @@ def test_a_price_for_a_gpu_no_candidate_runs_on_names_its_key(tmp_path):
     p.write_text(small_scenario("p", 2) + "plan:\n  target_rate: 1\n"
                  "  prices: {h100-sxm: 2.0, l4: 0.5, h100: 1.5}\n"
                  "  candidates: {engine.max_num_seqs: [4]}\n")
-    with pytest.raises(InputError) as e:   # a misspelt name kept the catalog price unseen
+    with pytest.raises(InputError) as e:   # a misspelt name is refused
         expand_candidates(load_scenario(p))
     assert str(e.value) == (f"p.yaml:12: plan.prices.h100: 'h100' is neither a catalog GPU "
                             f"({', '.join(list_hardware())}) nor a profile a candidate runs "
@@ -1316,8 +1316,8 @@ def test_replica_counts_in_statuses_are_grouped_or_in_three_figures():
 
 @pytest.mark.parametrize("n_seqs", [4, 64])
 def test_a_sweep_plot_of_many_lines_keeps_its_axes(n_seqs):
-    # 64 lines once made a 128-entry legend taller than the figure: constrained layout
-    # gave up ("axes sizes collapsed to zero") and the curves were drawn under it
+    # 64 lines: the legend is capped, so constrained layout keeps the axes' size (a
+    # 128-entry legend taller than the figure would collapse them to zero)
     import warnings
 
     import pandas as pd
@@ -1340,7 +1340,7 @@ def test_a_sweep_plot_of_many_lines_keeps_its_axes(n_seqs):
 
 
 def test_plan_refuses_too_few_requests_to_judge_a_rate(tmp_path, capsys):
-    # 10 requests per run planned 0.76 req/s per H100 for chat, 30 gave 5.3, 100 gave 17.5
+    # 10 requests per run plan 0.76 req/s per H100 for chat, 30 give 5.3, 100 give 17.5
     # and 400 give 11.8: a handful never fills the queue, so a plan from it is no plan
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN.replace("num_requests: 200", "num_requests: 60")
@@ -1411,7 +1411,7 @@ def test_plan_says_when_a_pooled_deployment_beats_replicas_times_the_max_rate(tm
 
 def test_sweep_says_when_too_few_requests_judge_a_point(tmp_path, capsys):
     # a handful of requests never fills a queue: said of a sweep as of a plan (10 requests
-    # on 8 replicas read "unstable", with no word of why)
+    # on 8 replicas read "unstable": the run says why)
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN)
     args = ["--executor", "serial", "--quiet"]
@@ -1834,7 +1834,7 @@ def test_sweep_and_plan_show_settings_vllm_refuses_together_as_rows(tmp_path, ca
 
 
 def test_a_swept_int_beside_null_stays_an_int(tmp_path, capsys):
-    # null (no client limit) beside 4: the column kept 4.0 and NaN, printed ".nan"
+    # null (no client limit) beside 4: the column keeps 4 and null, not 4.0 and ".nan"
     y = tmp_path / "p.yaml"
     y.write_text(small_scenario("p", 20))
     assert main(["sweep", str(y), "--executor", "serial", "--quiet", "--set",
@@ -1848,7 +1848,7 @@ def test_a_swept_int_beside_null_stays_an_int(tmp_path, capsys):
     points = strict_json(tmp_path / "s" / "sweep.json")["points"]
     assert [p["workload.max_concurrency"] for p in points] == [4, None]
     assert [p["rejected"] for p in points] == [0, 0]   # a count: 0, not 0.0
-    # as the second key: each knee line named by the value as swept (was .nan and 4.0)
+    # as the second key: each knee line named by the value as swept
     assert main(["sweep", str(y), "--executor", "serial", "--quiet", "--set",
                  "workload.arrival.rate=2,4", "--set", "workload.max_concurrency=4,null",
                  "--out", str(tmp_path / "t")]) == 0
@@ -1862,8 +1862,8 @@ def test_a_swept_int_beside_null_stays_an_int(tmp_path, capsys):
 
 def test_a_plan_that_rejects_prompts_names_the_rejections(tmp_path, capsys):
     # prompts uniform over 8..80 tokens with max_model_len 64: about a fifth are rejected
-    # at any rate (an SLO entry that no lower load meets); the note named the TPOT p99,
-    # which met its bound
+    # at any rate (an SLO entry that no lower load meets); the note names the rejections,
+    # not the TPOT p99, which meets its bound
     y = tmp_path / "p.yaml"
     y.write_text(small_scenario("p", 100).replace("max_model_len: 512", "max_model_len: 64")
                  .replace("{dist: fixed, value: 8}", "{dist: uniform, min: 8, max: 80}")
@@ -1899,7 +1899,7 @@ def test_a_null_swept_value_ranks_above_every_number_in_a_knee():
 
 
 def test_plan_shows_candidate_values_as_written_and_not_as_flags(tmp_path, capsys):
-    # null and 1024 as plan.candidates gives them (the table showed "-", n/a and 1,024),
+    # null and 1024 as plan.candidates gives them,
     # and a note on a candidate's value does not call it a --set flag the user never gave
     y = tmp_path / "p.yaml"
     y.write_text(small_scenario("p", 100) + "slo: {ttft_ms: {p99: 500}}\nplan:\n"
@@ -1933,8 +1933,7 @@ def test_a_refused_combination_does_not_hide_another_error():
 
 
 def test_compare_names_the_step_costs_in_the_plans_column_order(tmp_path, capsys):
-    # a projected GPU first, a constant step second: the line reads in that order (sorted,
-    # the constant came first, beside the other plan's column)
+    # a projected GPU first, a constant step second: the line reads in that order
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(COMPARE_PLAN.format(name="gpu", step=0.01, seqs=4, n=30).replace(
         "{step_time: {constant_s: 0.01}}", "{profile: h100-sxm}"))
@@ -1947,8 +1946,8 @@ def test_compare_names_the_step_costs_in_the_plans_column_order(tmp_path, capsys
 
 
 def test_a_piped_table_wider_than_80_columns_keeps_each_number_whole(capsys, monkeypatch):
-    # piped without COLUMNS, rich took 80 columns and folded "11.96–14.95" into "11.96–14"
-    # over ".95"; in a terminal of 80 columns (COLUMNS) the table still folds to fit
+    # piped without COLUMNS a number is not folded at 80 columns ("11.96–14.95" into
+    # "11.96–14" over ".95"); in a terminal of 80 columns (COLUMNS) the table still folds to fit
     import pandas as pd
 
     from simulator.planner_cli import _print_table
@@ -1964,7 +1963,7 @@ def test_a_piped_table_wider_than_80_columns_keeps_each_number_whole(capsys, mon
 def test_a_plan_of_conversations_is_refused_before_any_run(tmp_path, capsys):
     # with sessions the rate starts conversations: 600 turns of ~4.5 per conversation, their
     # later turns after think times, served about 3 req/s whatever the rate; the search
-    # called 195 "req/s" feasible
+    # is refused (it would call 195 "req/s" feasible)
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "scenarios" / "multi_turn.yaml"
@@ -2032,7 +2031,7 @@ def test_a_plan_count_met_only_in_the_mean_says_so():
         " (95% interval 9–10 replicas: at 9 the worst SLO value is 0.984 × its threshold in "
         "the mean of the replications, 95% CI 0.529–1.44, not confidently met; a "
         "plan.tolerance below 0.02 with more plan.max_replications decides it)")
-    row.candidate.scenario.slo = SLOConfig()   # no SLOs: "the worst SLO value is 0" said
+    row.candidate.scenario.slo = SLOConfig()   # no SLOs: no worst SLO value said
     assert _unsure_text(row, 0.02) == (
         " (95% interval 9–10 replicas: at 9 keeping up was not confidently decided (no SLOs); "
         "a plan.tolerance below 0.02 with more plan.max_replications decides it)")
@@ -2060,7 +2059,7 @@ def test_compare_names_the_cheapest_plan_meeting_every_slo():
 
 
 def test_a_table_header_reads_an_slo_statistic_with_a_dot(tmp_path, capsys):
-    # itl_p99.9_ms was cut at its dot, as a key path is: the header read "9 / ms"
+    # itl_p99.9_ms keeps its dot, not cut as a key path is
     from simulator.planner_cli import _label
     assert _label("itl_p99.9_ms") == "ITL p99.9 ms"
     assert _label("queue_mean_ms") == "QUEUE mean ms"
@@ -2076,7 +2075,7 @@ def test_a_table_header_reads_an_slo_statistic_with_a_dot(tmp_path, capsys):
 
 
 def test_a_sweep_shows_the_statistics_its_slos_name(tmp_path, capsys):
-    # an SLO on ITL p99.9 or E2EL p50 was judged ("SLO met: no") but shown nowhere
+    # an SLO on ITL p99.9 or E2EL p50 is shown where it is judged
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN.replace("slo: {ttft_ms: {p99: 200}}",
                                     "slo: {itl_ms: {p99.9: 20}, e2el_ms: {p50: 100}, "
@@ -2154,8 +2153,8 @@ def test_a_report_that_cannot_be_written_is_the_one_line_plan_and_compare_print(
 
 def test_a_sweep_warns_of_each_points_workload(tmp_path, capsys):
     # normal prompts of mean 10: std 1 draws below 0.5 almost never; std 10 in
-    # Phi(-9.5 / 10) = 17.1% of draws, std 20 in Phi(-9.5 / 20) = 31.7%. Only the first
-    # point was checked: std=1,10,20 warned of none
+    # Phi(-9.5 / 10) = 17.1% of draws, std 20 in Phi(-9.5 / 20) = 31.7%. Every point is
+    # checked: std=10 and std=20 warn
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN.replace("prompt_tokens: {dist: fixed, value: 8}",
                                     "prompt_tokens: {dist: normal, mean: 10, std: 10}")
@@ -2178,7 +2177,7 @@ def test_a_sweep_warns_of_each_points_workload(tmp_path, capsys):
 
 
 def test_empirical_noise_on_a_projection_is_one_invalid_point_of_a_sweep(tmp_path, capsys):
-    # the whole sweep was refused for it, though the point without noise runs
+    # only that point is refused; the point without noise runs
     y = tmp_path / "s.yaml"
     y.write_text(SMALL_PLAN.replace("{step_time: {constant_s: 0.01}, price_per_gpu_hour: 1.0}",
                                     "{profile: h100-sxm}")
@@ -2267,8 +2266,8 @@ def test_a_closed_loop_sweep_has_no_offered_rate(tmp_path, capsys):
 
 def test_a_closed_loop_sweep_says_where_its_start_burst_sets_the_ttft_p99(tmp_path, capsys):
     # as run says it (test_cli.START_BURST_LOOP: 8 users, 2 slots, the burst's TTFTs
-    # 10-40 ms against 10 ms after it): one user has no burst; 8 do, which a sweep left
-    # unsaid
+    # 10-40 ms against 10 ms after it): one user has no burst; 8 do, and the sweep
+    # says so
     from test_cli import START_BURST_LOOP
     y = tmp_path / "cl.yaml"
     y.write_text(START_BURST_LOOP)

@@ -244,8 +244,8 @@ def test_a_folder_that_takes_no_file_is_refused_before_any_work(tmp_path, result
 
 
 def test_the_diagnosis_line_names_an_observation_when_nothing_binds():
-    # chat.yaml: "none: headroom at this load" while diagnosis.json and the report noted
-    # prefill chunks stalling decodes; the terminal said nothing of it
+    # chat.yaml: the terminal names the prefill chunks stalling decodes, as diagnosis.json
+    # and the report do, not "none: headroom at this load"
     from simulator.report import diagnosis_line
     stall = {"limit": "prefill_interference", "change": "engine.max_num_batched_tokens=512",
              "evidence": "ITL p99 149 ms is 13.6× its median: prefill chunks stall decodes"}

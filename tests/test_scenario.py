@@ -92,7 +92,7 @@ def test_a_bad_set_value_is_one_line_naming_the_flag(chat):
     ("engine.block_size=7", "--set engine.block_size=7: must be 1, 8, 16, 32, 64 or 128, as "
      "vLLM's --block-size (got 7)"),
     ("cluster.replicas=0", "--set cluster.replicas=0: Input should be greater than or equal to 1"),
-    # past these a value is a typo: it ran for hours, or was blamed on another key
+    # past these a value is a typo, refused at its own key (it would run for hours)
     ("cluster.replicas=1000000000", "--set cluster.replicas=1000000000: Input should be less "
      "than or equal to 10000"),
     ("engine.max_num_seqs=100000000000000000000000", "--set engine.max_num_seqs="
@@ -155,8 +155,8 @@ def test_a_bad_set_value_is_one_line_naming_the_flag(chat):
     ("engine.max_num_seqs=1e2", "--set engine.max_num_seqs=1e2: Input should be a valid "
      "integer >= 1 and <= 1000000000 (got 100.0: write 100, without a point or exponent)"),
     ("engine", "--set engine: expected key.path=value"),
-    ("", "--set '': expected key.path=value"),   # was "--set : expected"
-    # a blank path or model resolved to the scenario's folder: "is a folder"
+    ("", "--set '': expected key.path=value"),
+    # a blank path or model would resolve to the scenario's folder: refused as empty
     ("model=''", "--set model='': empty: give a catalog model (llama-3.1-8b,"),
     ("hardware.profile=' '", "--set hardware.profile=' ': empty: give a catalog GPU or a "
      "calibration profile's name or path (servesim profiles lists them)"),
@@ -178,8 +178,8 @@ def test_a_bad_set_value_is_one_line_naming_the_flag(chat):
     ("plan.candidates.hardware.profile.0=h200", "hardware.profile.0=h200: 0 is not a key"),
     ("engine.0=3", "--set engine.0=3: 0 is not a key"),
     ("engine.block_size=[1", "--set engine.block_size=[1: value is not valid YAML"),
-    # no float key takes .nan/.inf: nan used to fail as "<= 1 (got nan)", inf burstiness
-    # as an arrival span too long
+    # no float key takes .nan/.inf: refused as not finite, not by a bound check ("<= 1 (got
+    # nan)") or as a later key's error
     ("engine.gpu_memory_utilization=.nan", "engine.gpu_memory_utilization=.nan: Input should "
                                            "be a finite number (got nan)"),
     ("workload.arrival={process: gamma, rate: 1, burstiness: .inf}",
@@ -191,7 +191,7 @@ def test_bad_values_one_line(chat, override, expected):
 
 
 def test_a_key_of_another_union_member_names_the_member_that_takes_it(chat):
-    # swept process=poisson over a gamma scenario: "burstiness: unknown key" and no more
+    # swept process=poisson over a gamma scenario: the error also says how to sweep either
     chat.write_text(yaml.safe_dump({**BASE, "workload": {
         **BASE["workload"], "arrival": {"process": "gamma", "rate": 2, "burstiness": 0.5}}}))
     assert err(load_scenario, chat, ["workload.arrival.process=poisson"]).endswith(
@@ -270,7 +270,7 @@ def test_more_set_flags_than_a_scenario_has_keys_are_refused(chat):
 
 
 def test_a_flag_below_a_mapping_flag_is_named_in_the_error_they_make_together(chat):
-    # only the mapping flag was named, though the key set inside it is half the cause
+    # both the mapping flag and the key set inside it are named: each is half the cause
     assert err(load_scenario, chat, ["workload.prompt_tokens={dist: fixed, value: 100}",
                                      "workload.prompt_tokens.max=50"]) == (
         "--set workload.prompt_tokens={dist: fixed, value: 100} (with --set "
@@ -324,8 +324,8 @@ def test_an_error_names_every_flag_among_the_keys_it_depends_on(chat):
                                         ("-5", "-5"), ("0", "0"), ("1e300", "1e+300"),
                                         ("1000000001", "1000000001")])
 def test_slo_bound_errors_name_the_file_like_other_keys(chat, bound, got):
-    # every bad SLO bound fails at load time with the file prefix (an infinite one used to
-    # pass the schema and fail after the run, as a bare "slo.ttft_ms.p99: ...")
+    # every bad SLO bound, an infinite one included, fails at load time with the file
+    # prefix, not after the run
     chat.write_text(chat.read_text() + f"slo: {{ttft_ms: {{p99: {bound}}}}}\n")
     msg = err(load_scenario, chat)
     assert msg.startswith(f"chat.yaml:{line_of(chat, 'slo:')}: slo.ttft_ms.p99: Input should "
@@ -436,8 +436,7 @@ def test_relative_model_path_resolves_against_scenario_folder(tmp_path):
 
 
 def test_every_path_in_a_scenario_may_start_with_home(tmp_path, monkeypatch):
-    # a profile path expanded ~, while a model, a trace or an empirical distribution was
-    # looked for in a folder named "~" beside the scenario
+    # ~ expands in every path key: profile, model, trace, empirical distribution
     from simulator.catalog import load_model
     from simulator.workload import build_workload
     home = tmp_path / "home"
@@ -474,8 +473,8 @@ def test_a_path_typed_in_a_flag_is_relative_to_the_current_directory(tmp_path, m
     assert sc.model == "llama-tiny-56m"   # no "/": a catalog name, as typed
     sc = load_scenario("sub/s.yaml", ["model=./models"])
     assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
-    # a bare name of a folder here is that folder (it was taken for a catalog name and
-    # refused); a catalog name wins over a folder of that name
+    # a bare name of a folder here is that folder, not a catalog name to refuse; a catalog
+    # name wins over a folder of that name
     sc = load_scenario("sub/s.yaml", ["model=models"])
     assert sc.model_shape.num_params == load_model("llama-tiny-56m").num_params
     (tmp_path / "llama-test").mkdir()
@@ -685,7 +684,7 @@ def test_the_json_schema_states_which_trace_formats_take_columns(tmp_path):
             ({"path": "a.csv", "format": "azure", "columns": cols}, False),   # csv/jsonl's
             ({"path": "a.csv", "format": "azure", "arrival_unit": "s"}, False),
             ({"path": "a.csv", "format": "azure", "window_s": [0, 5]}, True),
-            ({"path": "a.csv", "format": "azure", "window_s": None}, True),   # was refused
+            ({"path": "a.csv", "format": "azure", "window_s": None}, True),   # null: no window
             ({"path": "a.csv", "format": "azure", "window_s": [-1, 5]}, False),
             ({"path": "a.csv", "format": "azure", "window_s": [0, 0]}, False)):
         d = {**BASE, "workload": {"trace": trace}}
@@ -868,7 +867,7 @@ def test_a_bad_tag_is_named_at_its_own_line_and_a_bare_number_says_how_to_write_
     assert err(load_scenario, p) == (
         "s.yaml:9: workload.prompt_tokens.value: fixed value 0 is not a whole number >= 1 (a "
         "count of tokens or turns)")
-    # pydantic said "Input should be a valid dictionary or object to extract fields from"
+    # said with how the section is written, not pydantic's "Input should be a valid dictionary"
     assert err(load_scenario, p, ["workload.prompt_tokens=3"]) == (
         "--set workload.prompt_tokens=3: must be a mapping of keys (got 3); a distribution is "
         "{dist: fixed, value: N} or dist: uniform, normal, lognormal, empirical")
@@ -877,11 +876,11 @@ def test_a_bad_tag_is_named_at_its_own_line_and_a_bare_number_says_how_to_write_
 @pytest.mark.parametrize("name, said", [
     *[(n, "must be one folder name: not empty, '.' or '..', no '/' or '\\\\'")
       for n in ["../../etc/x", "", " ", "..", ".", "a/b", "a\\\\b"]],
-    # a newline or a terminal escape made a folder of that name and a broken report title
+    # a newline or terminal escape in a name is refused (the name is a folder and a title)
     *[(n, r"printable characters only \(it names the default output folder")
       for n in ["a\nb", "x\x1b[31mRED", "tab\there"]],
-    # a folder name past 255 bytes was 'cannot write there (File name too long)' for an
-    # --out the user never gave; 100 two-byte characters are 200 bytes and fit
+    # a name past 200 bytes is refused at name:, before any folder is made; 100 two-byte
+    # characters are 200 bytes and fit
     ("é" * 101, r"at most 200 bytes \(it names the default output folder reports/<name>\), "
                 r"got 202")])
 def test_a_scenario_name_is_one_folder_name(name, said):
@@ -951,7 +950,7 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
             ({"architecture": "GPT2"}, False), ({"rope_theta": 0}, False),
             ({"architecture": None, "architectures": ["Qwen2ForCausalLM"]}, True),
             ({"architecture": None, "model_type": "mistral"}, True),
-            # HF's class name or model_type in servesim's key (it read "not supported")
+            # HF's class name or model_type in servesim's key
             ({"architecture": "Qwen2ForCausalLM"}, True), ({"architecture": "qwen2"}, True),
             ({"architecture": "Mistral", "architectures": ["MistralForCausalLM"],
               "model_type": "mistral"}, True),
@@ -983,12 +982,12 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
     ("vocab_size: 100", "vocab_size: 100\n  model_type: gpt2", "model_type",
      "architecture 'gpt2' is not supported (supported: Llama, Qwen2, Mistral)"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_theta: abc", "rope_theta",
-     "must be a finite number > 0 (got 'abc')"),   # was a ValueError traceback
+     "must be a finite number > 0 (got 'abc')"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_theta: null", "rope_theta",
-     "must be a finite number > 0 (got null)"),    # was a TypeError traceback
+     "must be a finite number > 0 (got null)"),
     ("vocab_size: 100", "vocab_size: 100\n  rms_norm_eps: null", "rms_norm_eps",
-     "must be a finite number > 0 (got null)"),    # was float()'s own words
-    # tracebacks: a KeyError, an unhashable list; a string was read letter by letter
+     "must be a finite number > 0 (got null)"),
+    # a mapping, a string or a list where a name belongs: each one error naming the key
     ("vocab_size: 100", "vocab_size: 100\n  architectures: {x: 1}", "architectures",
      "must be a list of class names such as [LlamaForCausalLM] (got {x: 1})"),
     ("vocab_size: 100", "vocab_size: 100\n  architectures: LlamaForCausalLM", "architectures",
@@ -997,7 +996,7 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "must be a name such as llama (got [llama])"),
     ("vocab_size: 100", "vocab_size: 100\n  architecture: [Llama]", "architecture",
      "must be a name such as Llama (got [Llama])"),
-    # keys naming two architectures: the first present was taken without a word
+    # keys naming two architectures are refused
     ("vocab_size: 100", "vocab_size: 100\n  architecture: Llama\n  architectures: "
                         "[MistralForCausalLM]", "architectures",
      "[MistralForCausalLM] (Mistral) contradicts architecture Llama (Llama): they must name "
@@ -1010,7 +1009,7 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
                         "model_type: llama", "model_type",
      "llama (Llama) contradicts architecture Qwen2ForCausalLM (Qwen2): they must name "
      "one architecture"),
-    # layers the engine refuses and the cost model does not price: they ran as if absent
+    # layers the engine refuses and the cost model does not price: refused, not run as absent
     ("vocab_size: 100", "vocab_size: 100\n  hidden_act: gelu", "hidden_act",
      "'gelu' not supported (the MLP is SwiGLU: silu)"),
     ("vocab_size: 100", "vocab_size: 100\n  mlp_bias: true", "mlp_bias",
@@ -1019,7 +1018,7 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "sliding_window", "64 not supported (full attention only; set it to null)"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: 3", "rope_scaling",
      "must be a mapping or null"),
-    # a flag as text ("false" is truthy) was read as true: a tied model, another KV size
+    # a flag as text ("false", truthy) is refused: read as true it would tie the model
     ("vocab_size: 100", "vocab_size: 100\n  tie_word_embeddings: 'false'",
      "tie_word_embeddings", "must be true or false, got 'false'"),
     ("vocab_size: 100", "vocab_size: 100\n  attention_bias: 5", "attention_bias",
@@ -1029,15 +1028,15 @@ def test_the_json_schema_takes_an_inline_model_as_the_loader_does():
      "rope_scaling", "factor: a finite number > 0, got 0"),
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: {type: yarn, factor: -1}",
      "rope_scaling", "factor: a finite number > 0, got -1"),
-    # a RoPE scaling vLLM does not run was read as a linear factor (a 4x longer context)
+    # a RoPE scaling vLLM does not run is refused, not read as a linear factor
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: {rope_type: banana, factor: 4}",
      "rope_scaling", "rope_type: 'banana' is not a RoPE scaling vLLM runs "
      "(allowed: default, linear, ntk, dynamic, yarn, deepseek_yarn, deepseek_llama_scaling, "
      "longrope, su, llama3, proportional)"),
-    # a linear scaling without its factor ran as unscaled (HF and vLLM refuse it)
+    # a linear scaling without its factor is refused, as HF and vLLM refuse it
     ("vocab_size: 100", "vocab_size: 100\n  rope_scaling: {rope_type: linear}",
      "rope_scaling", "factor: required for linear"),
-    # rotary embeddings over an odd head_dim run nowhere (the engine hit torch's error)
+    # rotary embeddings over an odd head_dim run nowhere
     ("vocab_size: 100", "vocab_size: 100\n  head_dim: 7", "head_dim",
      "7 not supported (rotary embeddings turn pairs of dimensions: an even head_dim)"),
     ("hidden_size: 64", "hidden_size: 60", "hidden_size",
@@ -1051,7 +1050,7 @@ def test_inline_model_errors_name_the_key_line(tmp_path, old, new, key, msg):
 
 
 def test_a_null_rope_base_inside_rope_parameters_is_one_line(tmp_path):
-    # transformers 5's place for it: null was a TypeError traceback (float(None))
+    # transformers 5's place for it: null is refused with its key
     p = tmp_path / "m.yaml"
     p.write_text(MODEL_FILE.replace("vocab_size: 100", "vocab_size: 100\n  rope_parameters: "
                                                       "{rope_theta: null}"))
@@ -1081,8 +1080,8 @@ def test_model_errors_after_the_schema_name_the_line_or_the_flag(tmp_path):
     ("plan.min_replications=1000001", "Input should be less than or equal to 1000"),
 ])
 def test_prices_and_plan_replications_have_upper_bounds(tmp_path, flag, said):
-    # a 1e308 price overflowed plan's replica arithmetic (traceback); a million
-    # replications per rate ran without end
+    # bounded: a 1e308 price would overflow plan's replica arithmetic, and a million
+    # replications per rate would run without end
     p = tmp_path / "p.yaml"
     p.write_text(yaml.safe_dump(BASE, sort_keys=False) + "plan: {target_rate: 1}\n")
     assert said in err(load_scenario, p, [flag])
@@ -1196,7 +1195,7 @@ def test_a_later_flag_may_add_a_key_to_a_mapping_an_earlier_flag_set(chat):
 
 
 def test_a_candidate_value_given_twice_is_refused(chat):
-    # two identical rows in the plan table, one "cheapest" and one "ok", before
+    # refused: they would plan two identical rows, one "cheapest" and one "ok"
     msg = err(load_scenario, chat, ["plan.candidates={engine.max_num_seqs: [64, 128, 64.0]}"])
     assert msg.endswith("engine.max_num_seqs: 64.0 is given twice (as 64: one value); each "
                         "value is one candidate, give it once")
@@ -1216,7 +1215,7 @@ def test_a_candidate_value_given_twice_is_refused(chat):
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
 def test_an_endless_scenario_file_is_read_no_further_than_its_limit():
-    # /dev/zero was read until memory ran out (a MemoryError traceback)
+    # /dev/zero is refused past MAX_SCENARIO_BYTES, not read until memory runs out
     assert err(load_scenario, "/dev/zero") == "/dev/zero: larger than 16 MiB: not a scenario file"
 
 
@@ -1229,7 +1228,7 @@ def test_a_bad_byte_is_placed_by_its_character_column(tmp_path):
 
 
 def test_a_character_yaml_refuses_is_named_by_its_line(tmp_path):
-    # PyYAML's reader gives only a position: the line was missing
+    # PyYAML's reader gives only a position: the line is named too
     p = tmp_path / "s.yaml"
     p.write_text("name: x\nmodel: llama-3.1-8b\nhardware: {profile: h100-sxm}\a\n")
     assert err(load_scenario, p) == ("s.yaml:3: YAML syntax error: unacceptable character "
@@ -1249,7 +1248,7 @@ def test_a_scenario_from_a_pipe_is_read_once(tmp_path):
 
 
 def test_an_empty_scenario_names_its_whole_path():
-    # /dev/null (as a pipe would) read as its name alone: "null: the scenario file is empty"
+    # /dev/null (or a pipe) is named by its whole path, not "null"
     assert err(load_scenario, "/dev/null").startswith(
         "/dev/null: the scenario file is empty (a scenario needs at least model")
 
@@ -1286,8 +1285,8 @@ def test_a_rope_scaling_the_engine_does_not_run_is_still_priced(tmp_path):
      "'float8_e4m3fn' not supported: quantized weights are not modelled"),
 ])
 def test_a_quantized_config_json_is_refused(tmp_path, extra, key, detail):
-    # priced at the scenario's 16-bit dtype, its weights read 2-4x too large, its KV cache
-    # and steps with them; refused as the README says
+    # priced at the scenario's 16-bit dtype, its weights would read 2-4x too large, its KV
+    # cache and steps with them; refused as the README says
     import json
     model = {**yaml.safe_load(MODEL_FILE)["model"], **extra}
     (tmp_path / "m").mkdir()
@@ -1321,8 +1320,8 @@ def test_max_model_len_defaults_to_the_longest_context_vllm_derives(scaling, lon
 
 
 def test_architecture_takes_hf_s_class_name_or_model_type_for_the_same_shape():
-    # "LlamaForCausalLM" in `architecture` read "not supported"; it names Llama, as HF's
-    # architectures list does: the same model (a Qwen2 one adds the q/k/v bias)
+    # "LlamaForCausalLM" in `architecture` names Llama, as HF's architectures list
+    # does: the same model (a Qwen2 one adds the q/k/v bias)
     base = yaml.safe_load(MODEL_FILE)
     shapes = {a: scenario_from_dict({**base, "model": {**base["model"], "architecture": a}})
               .model_shape for a in ("Llama", "LlamaForCausalLM", "llama", "Qwen2",
@@ -1335,8 +1334,8 @@ def test_architecture_takes_hf_s_class_name_or_model_type_for_the_same_shape():
 
 @pytest.mark.parametrize("section", ["engine", "cluster", "slo", "sim"])
 def test_a_null_section_that_may_be_left_out_is_its_defaults(tmp_path, section):
-    # "null unsets a key that may be unset": --set slo=null was refused ("must be a mapping
-    # of keys") while leaving slo out, or slo={}, ran without SLOs
+    # "null unsets a key that may be unset": --set slo=null runs without SLOs, as leaving slo
+    # out or slo={} does
     import jsonschema
     d = yaml.safe_load(MODEL_FILE)
     d[section] = {"engine": {"max_num_seqs": 4}, "cluster": {"replicas": 2},

@@ -75,7 +75,7 @@ def test_worst_slo_names_the_entry_furthest_past_its_threshold():
 
 
 def test_plan_refuses_conversations_before_asking_for_a_target_rate(tmp_path, capsys):
-    # asking for a rate first made the user give one, only to be refused for the workload
+    # the workload is refused before any rate is asked for
     from simulator.cli import main
 
     y = tmp_path / "s.yaml"

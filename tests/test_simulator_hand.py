@@ -142,8 +142,7 @@ workload:
                                     "session_affinity"])
 def test_load_aware_routers_take_turns_when_replicas_tie(router):
     # one request a second, each served in 30 ms: every replica is empty at each arrival,
-    # so every choice ties and the requests go round the 4 replicas in turn (the lowest
-    # index took them all)
+    # so every choice ties and the requests go round the 4 replicas in turn
     req = _one_a_second(router, prompt=8, output=3)
     assert req["replica"].astype(int).tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
 

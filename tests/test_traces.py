@@ -171,7 +171,7 @@ def test_generic_csv_units_ties_and_iso(tmp_path):
 
 
 def test_iso_timestamps_in_several_zones_are_one_clock(tmp_path):
-    # pandas refused to mix zones ("Mixed timezones detected": a traceback)
+    # zones that differ are one clock in UTC (pandas alone refuses to mix them)
     f = tmp_path / "t.csv"
     cols = {"arrival": "ts", "prompt_tokens": "in", "output_tokens": "out"}
     # 23:00:00 UTC, then 23:00:01.5 UTC written in another zone, then Z
@@ -309,7 +309,7 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
     ("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n" + OK_ROW,
      r":1: column 'ContextTokens' appears twice in the header$"),
     (AZ_HEADER + OK_ROW + "\n2023-11-16 18:15:47.0,x,2\n", r":4: ContextTokens"),
-    # a blank line is skipped, a row of empty fields is not (it was dropped silently)
+    # a blank line is skipped, a row of empty fields is refused
     (AZ_HEADER + OK_ROW + "\n,,\n" + OK_ROW, r":4: every field is empty \(give the row's "
                                               r"values, or leave the line blank\)$"),
     # a line of spaces or a tab is blank too; fields of spaces are empty fields
@@ -329,8 +329,8 @@ def test_bad_azure_rows_name_file_and_line(tmp_path, body, match):
 
 
 def test_a_trace_error_names_the_file_as_typed_from_the_current_folder(tmp_path, monkeypatch):
-    # a path given on the command line is made absolute (relative to the shell's folder):
-    # the error showed /tmp/.../data/bad.csv:2 for `--set workload.trace.path=data/bad.csv`
+    # a path given on the command line is made absolute (relative to the shell's folder),
+    # yet the error names it as typed: data/bad.csv:2 for `--set workload.trace.path=...`
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "bad.csv").write_text(AZ_HEADER + "2023-11-16 18:15:46.0,x,2\n")
     monkeypatch.chdir(tmp_path)
@@ -499,6 +499,7 @@ def test_a_window_out_of_order_names_window_s_and_its_line(tmp_path, window):
      "prompt_tokens and output_tokens both name column 'p'"),
 ])
 def test_a_column_named_for_two_fields_is_refused(cols, said):
-    # arrival seconds read as token counts ran each request with prompt = output = its time
+    # one column for arrival and lengths is refused (each request would get its arrival
+    # time as its prompt and output lengths)
     with pytest.raises(ValidationError, match=said + ": each reads a column of its own"):
         TraceConfig.model_validate({"path": "t.csv", "format": "csv", "columns": cols})

@@ -70,10 +70,10 @@ def test_timing_replay_is_exact(timing_run):
     # the simulator's own clock between tokens: each gap within the hand-back time too
     assert len(res.itl_runs) > 0
     assert cmp["max_abs_diff_ms"]["itl"] <= cmp["handback_max_ms"] + 1e-6
-    if cmp["handback_max_ms"] < 1.0:   # a quiet run: the issue's 1 ms bound itself
+    if cmp["handback_max_ms"] < 1.0:   # a quiet run: the 1 ms bound itself
         assert cmp["ok"]
     # ... and the check fails where the simulator's times do not match: a finish 50 ms late,
-    # a first token never recorded (max(0, nan) passed it as a match)
+    # a first token never recorded (NaN is no match)
     late = res.requests.copy()
     late.loc[late.index[0], "finish_s"] += 0.05
     bad = TR.compare_timing(run, dataclasses.replace(res, requests=late), cost)
@@ -159,7 +159,7 @@ def test_priced_timing_replay_adds_the_wake_up_cost_where_the_engine_idled(timin
         pytest.skip("the replay was not exact (machine too busy)")
     ends = [0] + [st.end_ns for st in cost.steps[:-1]]
     gaps = [st.start_ns - e for st, e in zip(cost.steps, ends)]
-    if sum(g > 0 for g in gaps) < 2:   # seen with two other jobs on the 2 cores
+    if sum(g > 0 for g in gaps) < 2:   # a loaded host can leave fewer than two idle gaps
         pytest.skip("the engine never idled between arrivals (machine too busy)")
     assert cost.priced_ns == [1000 * s.num_scheduled_tokens + g // 1000
                               for s, g in zip(run.steps, gaps)]
@@ -237,7 +237,8 @@ def test_bad_input_is_one_line():
         V.parse_loads("0.3,,0.6")
     with pytest.raises(InputError, match=r"--loads: 0\.5 given twice .* --replications"):
         V.parse_loads("0.5,0.9,0.50")
-    # seeds come from a load's thousandths: 0.5004 had 0.5's requests, 1.001 had 1.0's
+    # seeds come from a load's thousandths: 1.001 has requests of its own, and a finer
+    # load (0.5004, which would share 0.5's) is refused
     assert V.load_key(0.5) == 500 and V.load_key(1.001) == 1001 and V.load_key(0.9) == 900
     with pytest.raises(InputError, match=r"^--loads: 0\.5004 is finer than a thousandth "
                                          r"\(each load's workloads are seeded by its "
@@ -255,7 +256,8 @@ def test_bad_input_is_one_line():
 
 
 @pytest.mark.parametrize("workload, key", [
-    # a closed loop's request list was all at 0: every load served as a burst
+    # a closed loop's arrivals follow its finishes, so a list would put them all at 0 (a
+    # burst at every load): refused
     ({"arrival": {"process": "closed_loop", "concurrency": 4}}, "workload.arrival.process"),
     ({"sessions": {"turns": {"dist": "fixed", "value": 2}}}, "workload.sessions"),
     # the engines serve without a client gate: the simulation would hold requests alone
@@ -350,7 +352,7 @@ def test_profile_origin_names_the_device_and_warns_for_another_cpu(capsys, monke
 
 
 def test_what_validate_cannot_serve_names_the_flag_or_the_file_line(tmp_path):
-    # these named the file even when a --set flag was at fault
+    # the --set flag at fault is named, else the file's line
     import yaml
     from simulator.errors import InputError
     from simulator.scenario import load_scenario
@@ -559,7 +561,7 @@ def test_a_bad_profile_flag_is_named_as_typed(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith(
         "servesim: error: --profile no-such: 'no-such' is neither a catalog GPU"), err
     assert not out.exists()
-    # an empty one ran with the scenario's own profile, as if none had been given
+    # an empty --profile is refused, not taken as none given
     assert main(["validate", "--scenario", str(y), "--profile", "", "--no-quiet-wait",
                  "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -578,7 +580,7 @@ def test_the_scenario_is_positional_or_flagged_once(tmp_path, capsys):
     for argv, words in (
             ([str(y), "--scenario", str(y)], "give the scenario once"),
             ([], "a scenario YAML is required"),
-            # an empty path is one, as run says (it read as no scenario given)
+            # an empty path is one, as run says
             ([""], "scenario: empty path (give a scenario YAML file)"),
             (["--scenario", ""], "scenario: empty path"),
             (["", "--scenario", str(y)], "give the scenario once"),
@@ -690,7 +692,8 @@ def test_bad_flags_are_named_before_a_missing_torch(tmp_path, capsys, monkeypatc
 
 
 def test_a_bad_bfloat16_scenario_is_one_line_without_the_emulation_warning(tmp_path, capsys):
-    # the bfloat16 warning (emulated on CPUs without AVX512-BF16) came before the error
+    # the error is the one line, without the bfloat16 warning (emulated on CPUs without
+    # AVX512-BF16) before it
     from simulator.cli import main
     y = tmp_path / "s.yaml"
     y.write_text("model: llama-tiny-56m\ndtype: bfloat16\n"
@@ -728,7 +731,7 @@ def test_a_saturation_burst_under_twice_max_num_seqs_is_warned_of():
 
 
 def test_the_reports_facts_read_as_knobs_and_rounded_figures(tmp_path):
-    # engine knobs printed as a Python dict, fractions to 17 digits
+    # engine knobs as k=v, fractions rounded, not a Python dict to 17 digits
     result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
               "loads": [], "meta": {"scenario": "s", "engine_knobs": {"block_size": 128,
                                                                       "watermark": 0.0123456},
@@ -742,8 +745,8 @@ def test_the_reports_facts_read_as_knobs_and_rounded_figures(tmp_path):
 
 
 def test_a_measured_front_end_enters_the_saturation_prediction_too(monkeypatch):
-    # --front-end: the loads' predictions added the engine's measured time between steps,
-    # the saturation's did not (its simulation got the bare cost model)
+    # --front-end adds the engine's measured time between steps to the saturation's
+    # prediction, as to the loads'
     sc = scenario_from_dict(SCENARIO)
     base = build_cost_model(sc)
     cfg = TR.engine_config(sc, base.num_gpu_blocks)
@@ -769,8 +772,8 @@ def test_a_measured_front_end_enters_the_saturation_prediction_too(monkeypatch):
 
 
 def test_the_mape_band_holds_its_own_prediction():
-    # TPOT p99 188 ms predicted, 182.7 at x(1 - MAPE), 178.9 at x(1 + MAPE): the two
-    # simulations alone made a band [178.9, 182.7] that a perfect prediction missed
+    # TPOT p99 188 ms predicted, 182.7 at x(1 - MAPE), 178.9 at x(1 + MAPE): the band
+    # holds the prediction itself (the two simulations alone span [178.9, 182.7])
     lr = V.LoadResult(load=0.9, rate=1.0, num_requests=10)
     lr.measured = [{"tpot_ms": {"p99": 188.0}}, {"tpot_ms": {"p99": 100.0}}]
     lr.predicted = [{"tpot_ms": {"p99": 188.0}}, {"tpot_ms": {"p99": 104.0}}]
@@ -811,7 +814,7 @@ def test_a_band_verdict_says_how_many_replications_it_judged():
                 if x.startswith("| 0.9 | TPOT p99"))
     assert "| no, 1 of 2 judged of 3 (101–188) |" in line
     assert "| no, 0 of 2 judged of 3 |" in line
-    # one replication: the bare word, as before
+    # one replication: the bare word
     one = V.LoadResult(load=0.9, rate=1.0, num_requests=10)
     one.measured, one.predicted = lr.measured[:1], lr.predicted[:1]
     one.band_low, one.band_high = lr.band_low[:1], lr.band_high[:1]

@@ -74,7 +74,7 @@ def test_lengths_are_clipped_and_at_least_one():
     ({"dist": "lognormal", "median": 100, "p90": 1000, "max": 500},   # 19% of draws at 500
      "max (500) is below p90 (1000): over a tenth of the samples would be clipped"),
     ({"dist": "normal", "mean": 500, "std": 50, "max": 100}, "max (100) is below the mean"),
-    # every request got 50 tokens, silently
+    # refused: every request would get 50 tokens
     ({"dist": "fixed", "value": 100, "max": 50},
      "max (50) is below the value (100): every sample would be clipped to max"),
     ({"dist": "fixed", "value": 100, "min": 200},
@@ -122,7 +122,7 @@ def test_empirical_bad_file_names_the_line(tmp_path):
     with pytest.raises(InputError, match=r"lens\.csv:1: missing column 'zz' \(columns are "
                                          r"'a'; [a-z_.]+\.column names it\)$"):
         sample_lengths(d, 10, rng(), base_dir=tmp_path)
-    # counts are 1 to 1e9, as in traces (0.5 was clipped to 1 silently); seconds may be 0.5
+    # counts are 1 to 1e9, as in traces (0.5 is refused, not clipped to 1); seconds may be 0.5
     (tmp_path / "lens.csv").write_text("a\n10\n0.5\n")
     d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
     with pytest.raises(InputError, match=r"lens\.csv:3: a: expected a whole count from 1 to "
@@ -136,7 +136,7 @@ def test_empirical_bad_file_names_the_line(tmp_path):
 
 
 def test_empirical_counts_are_whole_and_clip_bounds_keep_the_centre(tmp_path):
-    # 1.5 and 2.5 tokens were rounded half to even: every prompt 2 tokens, unsaid
+    # 1.5 and 2.5 tokens are refused: rounded half to even, every prompt would be 2 tokens
     (tmp_path / "lens.csv").write_text("a\n100\n1.5\n2.5\n")
     d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
     with pytest.raises(InputError, match=r"lens\.csv:3: a: expected a whole count from 1 to "
@@ -144,7 +144,7 @@ def test_empirical_counts_are_whole_and_clip_bounds_keep_the_centre(tmp_path):
         sample_lengths(d, 10, rng(), base_dir=tmp_path, key="workload.prompt_tokens")
     assert sorted(set(sample_durations_ns(d, 200, rng(), base_dir=tmp_path))) == [
         1_500_000_000, 2_500_000_000, 100_000_000_000]   # seconds may be fractional
-    # values 100, 200, 300 (median 200) clipped at min 500 or max 50: all one value, unsaid
+    # values 100, 200, 300 (median 200) clipped at min 500 or max 50 would be one value: refused
     (tmp_path / "lens.csv").write_text("a\n100\n200\n300\n")
     for bound, said in (({"min": 500}, "min (500) is above the median of column 'a' (200): "
                                        "most samples would be clipped to min"),
@@ -161,8 +161,8 @@ def test_empirical_counts_are_whole_and_clip_bounds_keep_the_centre(tmp_path):
 
 
 def test_empirical_csv_is_read_as_traces_are(tmp_path):
-    # the trace reader's checks: blank lines keep the file's line numbers (the bad row was
-    # named as line 3), surplus fields are refused, and Latin-1 bytes were a traceback
+    # the trace reader's checks: blank lines keep the file's line numbers, surplus
+    # fields are refused, and Latin-1 bytes are one error line
     d = DIST.validate_python({"dist": "empirical", "path": "lens.csv", "column": "a"})
     for body, said in (("a\n10\n\nx\n", r"lens\.csv:4: a: expected a whole count"),
                        ("a,b\n10,1\n20,2,3\n", r"lens\.csv:3: expected 2 fields, saw 3"),
@@ -461,8 +461,8 @@ def test_a_think_time_that_is_not_a_number_or_a_distribution_says_both_forms(val
 
 
 def test_think_times_past_the_run_clock_are_refused_at_their_key():
-    # One draw past 4.6e9 s overflowed int64 once in ns: uniform [0, 1e300] came back as
-    # negative think times, and a 20-request closed loop "finished" in 3.8 s.
+    # A draw past 4.6e9 s is refused: in ns it would overflow int64, and uniform [0, 1e300]
+    # would give negative think times.
     huge = cfg(num_requests=20, arrival={"process": "closed_loop", "concurrency": 4,
                                           "think_time_s": {"dist": "uniform", "min": 0,
                                                            "max": 1e300}})
@@ -545,7 +545,7 @@ def test_bad_config_is_rejected(bad, where):
     ("output_tokens", {"dist": "fixed", "value": 3.5}, "fixed value 3.5 is not a whole number"),
     # uniform's min is a parameter, not a clip: its 0s would double the share of 1
     ("prompt_tokens", {"dist": "uniform", "min": 0, "max": 3}, "uniform min 0 draws 0"),
-    # drawn as integers: past int64 it was a traceback
+    # drawn as integers: past int64, refused with its key
     ("prompt_tokens", {"dist": "uniform", "min": 1, "max": 1e30}, "1e+30 is above 1e+09"),
     ("output_tokens", {"dist": "normal", "mean": 5.5, "std": 1, "min": 5.2, "max": 5.8},
      "[min, max] = [5.2, 5.8] holds no integer >= 1"),
@@ -609,7 +609,7 @@ def test_no_silent_coercion_of_strings_or_booleans_into_numbers(key, value):
      "workload.arrival.think_time_s.path"),
 ])
 def test_a_missing_empirical_file_names_its_key_and_line(tmp_path, monkeypatch, section, key):
-    # it read 'none.csv: file not found (empirical distribution)': no scenario, no key
+    # the error names the scenario and the key, not only 'none.csv: file not found'
     from simulator.run import simulate
     from simulator.scenario import load_scenario
 
@@ -646,8 +646,8 @@ def test_a_rate_so_low_that_the_arrivals_overflow_the_clock_names_the_rate():
 
 def test_gamma_burstiness_at_its_extremes():
     from simulator.errors import KeyedInputError
-    # shape 1e308: gaps of CV 1e-154, 1/rate each (1 / (rate × k) overflowed to a scale of 0:
-    # every arrival at 0 s)
+    # shape 1e308: gaps of CV 1e-154, 1/rate each (not a scale of 0 from 1 / (rate × k),
+    # which would put every arrival at 0 s)
     t = [r.arrival_ns for r in build_workload(cfg(num_requests=5, arrival={
         "process": "gamma", "rate": 10.0, "burstiness": 1e308}))]
     assert t == [NS // 10 * (i + 1) for i in range(5)]
@@ -675,7 +675,7 @@ def test_negative_clip_bounds_are_refused_as_negative(key):
     ({"dist": "uniform", "min": 1e30, "max": 2e30}, "min", "1e+30 is above 1e+09"),
     # a clip max past any context bounds nothing: refused as the value and min are
     ({"dist": "lognormal", "median": 100, "p90": 200, "max": 1e12}, "max", "1000000000000 is above"),
-    # in full: 1000000001 printed as 1e+09 read "1e+09 is above 1e+09"
+    # in full: "1000000001 is above 1e+09", not "1e+09 is above 1e+09"
     ({"dist": "normal", "mean": 100, "std": 5, "max": 1_000_000_001}, "max",
      "1000000001 is above 1e+09"),
     ({"dist": "normal", "mean": 100, "std": 5, "max": 999_999_999_999}, "max",

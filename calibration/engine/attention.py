@@ -97,14 +97,14 @@ class Padding:
 # On CPU, reduced-precision attention builds (JIT-compiles) kernels per shape on first use:
 # scaled_dot_product_attention per (query rows, keys) of a masked prefill, 1-3 ms for each new
 # pair, and the decodes' batched matmuls per block count, about 0.8 ms for each new count
-# (the AMX host of benchmarks/results/fidelity_runs.md). A served step meets a new shape
-# nearly every time: a burst of new requests was served x0.86 of the cost model, the same
-# requests served again x0.98. Padded to these multiples the shapes are few enough to build
-# at start-up (Transformer.warm_up); padded prefills ran x0.94 of unpadded in steady state,
+# (an Intel Xeon host with AMX). A served step meets a new shape nearly every time: a
+# burst of new requests is served x0.86 of the cost model, the same requests served again
+# x0.98. Padded to these multiples the shapes are few enough to build
+# at start-up (Transformer.warm_up); padded prefills run x0.94 of unpadded in steady state,
 # and 16 blocks pad a decode step by 120 tokens of context on average. The causal attention
 # of a prefill from position 0 runs fastest at a multiple of 32 rows: 8 layers at 254 rows
-# took 10.0 ms, at 256 rows 4.6 ms, at 288 rows 5.2 ms (a length between multiples of 32
-# took up to twice the next multiple's time), so a served prompt of any length costs what the
+# take 10.0 ms, at 256 rows 4.6 ms, at 288 rows 5.2 ms (a length between multiples of 32
+# takes up to twice the next multiple's time), so a served prompt of any length costs what the
 # calibration grid's lengths (multiples of 32) measure.
 CPU_PADDING = Padding(causal_rows=32, query_rows=32, keys=64, pieces=16)
 

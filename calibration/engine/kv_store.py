@@ -8,7 +8,7 @@ p % block_size`` (vLLM's slot mapping).
 Memory is block-major, ``[num_blocks, kv_heads, block_size, head_dim]`` (vLLM's CPU
 attention layout): a block's keys of all heads are one contiguous run, so gathering a step's
 block tables is one row copy per block, and the gathered ``[blocks, kv_heads, block_size,
-head_dim]`` is the batch a per-block matmul wants. On the 2-core CPU this gathers a decode
+head_dim]`` is the batch a per-block matmul wants. On a 2-core CPU this gathers a decode
 batch's context about twice as fast as a head-major cache gathered along its block dimension
 (four short runs per block). :meth:`KVStore.key` / :meth:`KVStore.value` give the logical
 ``[num_blocks, block_size, kv_heads, head_dim]`` view.

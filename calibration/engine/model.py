@@ -159,7 +159,7 @@ class ModelConfig:
             ("rope_theta", d.get("rope_theta", 10000.0), True),
             ("rope_parameters.rope_theta", rope.get("rope_theta"), "rope_theta" in rope))
             if present}
-        for key, v in given.items():   # NaN or a negative theta loaded and ran NaN logits
+        for key, v in given.items():   # NaN or a negative theta would load and give NaN logits
             if not _positive(v):
                 raise InputError(f"{source}.{key}: a finite number > 0, got {v!r}")
         inner = rope.get("rope_theta")
@@ -246,8 +246,8 @@ def prepack_supported(dtype: torch.dtype) -> bool:
 
 
 # oneDNN's kernel for exactly two rows streams a prepacked weight slower than the one for
-# three (bfloat16 on this AVX512-BF16 CPU, in a decode step: 104 against 80 us for q/k/v),
-# so a 2-decode step took longer than a 3-decode one (by 0.35-1.3 ms of ~11;
+# three (bfloat16 on an AVX512-BF16 CPU, in a decode step: 104 against 80 us for q/k/v),
+# so a 2-decode step takes longer than a 3-decode one (by 0.35-1.3 ms of ~11;
 # benchmarks/results/small_batches.md). Two rows run as three, the third zero.
 PAD_ROWS = {2: 3}
 
@@ -264,7 +264,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias=None) -> torch.Ten
 
 
 # oneDNN builds (JIT-compiles) a kernel the first time a weight meets a new row count: ~2 ms
-# per step with a new token count for the 56M model on the 2-core CPU (a 40 ms mixed step
+# per step with a new token count for the 56M model on a 2-core CPU (a 40 ms mixed step
 # pays 5 %). Served steps change their token count nearly every step, so the engine builds
 # them at start-up (:meth:`Transformer.warm_up`) up to this many rows; above it a build is
 # under 2 % of the step. ``calibration/engine/__init__.py`` raises oneDNN's kernel cache

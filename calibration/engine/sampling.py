@@ -33,8 +33,8 @@ SAMPLING_EPS = 1e-5
 
 def as_integer(v) -> int:
     """An integer of any integer type (Python, NumPy, a 0-d tensor) as a Python int. A
-    bool, a float or text is refused: pydantic's lax mode made "4", 4.0 and True the
-    integers 4, 4 and 1, and ``int(1.5)`` would run token 1. So is an array of one element
+    bool, a float or text is refused: pydantic's lax mode would make "4", 4.0 and True
+    the integers 4, 4 and 1, and ``int(1.5)`` would run token 1. So is an array of one element
     and a bool tensor, which torch's ``__index__`` turns into an int (``tensor([[5]])`` is
     5, ``tensor(True)`` is 1): a prompt of such rows would run as a prompt of ids.
 
@@ -129,7 +129,7 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         """Whether the argmax is taken: ``temperature`` below :data:`SAMPLING_EPS`, as vLLM
-        (dividing logits by 1e-39 overflowed them to inf, and the softmax to NaN)."""
+        (dividing logits by 1e-39 overflows them to inf, and the softmax to NaN)."""
         return self.temperature < SAMPLING_EPS
 
 
@@ -180,7 +180,7 @@ def sample(logits: torch.Tensor, params: list, generators: list) -> list[int]:
             # Drop a token when the mass before it already reaches top_p.
             drop = (sorted_p.cumsum(0) - sorted_p) >= p.top_p
             drop[0] = False   # the most likely token stays (a top_p below float32's least
-            #                  positive number, 1e-50, compared as 0 and dropped it too)
+            #                  positive number, 1e-50, compares as 0 and would drop it too)
             probs = probs.scatter(0, idx[drop], 0.0)
         out[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
     return out

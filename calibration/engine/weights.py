@@ -103,8 +103,9 @@ def load_hf_state_dict(model: Transformer, tensors: dict[str, torch.Tensor],
                    " (the config's attention_bias: true asks for attention biases)")
         raise InputError(f"{source}: missing tensor {missing[0]!r} "
                          f"({len(missing)} missing in all){why}")
-    # a tensor the layers have no place for (an MLP bias, say) was dropped and the model
-    # ran without it; RoPE caches some checkpoints keep are skipped, as vLLM's loaders do
+    # a tensor the layers have no place for (an MLP bias, say) is an error: a model run
+    # without it is another model; RoPE caches some checkpoints keep are skipped, as vLLM's
+    # loaders do
     extra = [n for n in tensors if n not in want and not _ROPE_CACHE.search(n)]
     if extra:
         raise InputError(f"{source}: unexpected tensor {extra[0]!r} ({len(extra)} in all): "
@@ -114,7 +115,7 @@ def load_hf_state_dict(model: Transformer, tensors: dict[str, torch.Tensor],
         if tuple(tensors[name].shape) != tuple(t.shape):
             raise InputError(f"{source}: tensor {name!r} has shape "
                              f"{tuple(tensors[name].shape)}, expected {tuple(t.shape)}")
-        if not torch.isfinite(tensors[name]).all():   # greedy then chose token 0 throughout
+        if not torch.isfinite(tensors[name]).all():   # greedy would pick token 0 throughout
             raise InputError(f"{source}: tensor {name!r} holds NaN or infinite values")
     params = dict(model.named_parameters())
     with torch.no_grad():

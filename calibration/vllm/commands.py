@@ -136,7 +136,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     knobs = eng.knobs
     # Ceilings after vLLM has bound its OpenMP thread(s) (auto: one core, one thread): the
     # same threads the worker computes with. Setting torch's threads before vLLM starts
-    # left its worker ~1.9x slower (a 512-token prefill: 158 ms instead of 84 ms).
+    # leaves its worker ~1.9x slower (a 512-token prefill: 158 ms instead of 84 ms).
     threads = torch.get_num_threads()
     flops, bw = measure_ceilings("cpu", dtype, args.quick)
     print(f"vLLM engine: {ver}; knobs {knobs}", file=sys.stderr)

