@@ -232,7 +232,7 @@ class IdleInfo(_P):
     """What the first step after the engine idled costs on top of its price, measured by
     ``servesim calibrate`` (:func:`calibration.profiler.measure_idle`): caches (a GPU's
     clocks) cool while the engine waits for work, and the step that ends the wait reloads
-    them. On a shared 2-core CPU host a step after 1 s idle took 30-50 ms more than the same
+    them. On a shared 2-core CPU host a step after 1 s idle takes 30-50 ms more than the same
     step back to back (×2-3 for a small one), after 0.1 s 6-12 ms, after 10 ms nothing.
 
     Attributes:
@@ -351,8 +351,8 @@ class Profile(_P):
 
     @model_validator(mode="after")
     def _kv_of_the_model(self):
-        # The KV facts follow from the model, dtype and device: a hand edit that broke them
-        # moved the simulated KV capacity by any factor without a word.
+        # The KV facts follow from the model, dtype and device: a hand edit that contradicts
+        # them is refused, since it would move the simulated KV capacity silently.
         kv, tp = self.kv, self.tensor_parallel
         want = self.model_shape.kv_bytes_per_token(self.dtype)
         if kv.bytes_per_token != want:
@@ -908,7 +908,7 @@ def _gpu_efficiency_profile(gpu_name: str) -> tuple[Profile | None, list[Path]]:
 def borrowed_past_peak(source: Profile | None) -> str | None:
     """The setup warning for a measured ``source`` whose efficiencies a projection borrows
     but caps at 1 (:func:`project_profile`), None when none is past the spec sheet: a fit
-    pinned at its bound, 4 (:data:`calibration.fit.MAX_EFFICIENCY`), where the term was too
+    pinned at its bound, 4 (:data:`calibration.fit.MAX_EFFICIENCY`), where the term is too
     small to fit, would price steps faster than the GPU's peak allows."""
     if source is None:
         return None
@@ -943,6 +943,8 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
 
     Raises:
         InputError: no room for a KV cache (:func:`kv_capacity`).
+        ValueError: ``source`` is not a GPU profile (a CPU's efficiencies say nothing of
+            a GPU's; callers pass only GPU profiles).
     """
     if source is not None and source.device.kind != "gpu":
         raise ValueError("a CPU profile's efficiencies are never carried to a GPU")

@@ -68,6 +68,13 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
         The :class:`RunResult` (summary, per-request table, time series, ITL runs); for
         open-loop conversations the summary's ``sessions`` holds their ramp figures
         (:func:`simulator.session_ramp.session_ramp`).
+
+    Raises:
+        InputError: naming the scenario's key: sim.warmup_requests that leaves none of a
+            trace's requests, a step priced past the longest a step may take, a KV cache
+            that holds no request (:meth:`~simulator.scenario.Scenario.scheduler_config`),
+            and the cost model's and workload's own errors.
+        ValueError: ``cost_models`` not one per replica.
     """
     seed = _replication_seed(scenario.workload.seed, replication)
     if specs is None:

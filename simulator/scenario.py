@@ -173,7 +173,7 @@ class HardwareConfig(_Strict):
     @field_validator("profile")
     @classmethod
     def _named(cls, v):
-        if v is not None and not v.strip():   # "" or " " read as a file in the scenario's folder
+        if v is not None and not v.strip():   # "" or " " would be a path in the scenario's folder
             raise ValueError("empty: give a catalog GPU or a calibration profile's name or "
                              "path (servesim profiles lists them)")
         return v
@@ -324,7 +324,7 @@ def _candidate_values(values: list) -> list:
     # A value check (not a dict one), so the error names plan.candidates.<key> and its line.
     if not values:
         raise ValueError("give at least one value")
-    # as YAML writes them: true, 4, 'h100-sxm' (Python's repr said True)
+    # as YAML writes them: true, 4, 'h100-sxm' (not Python's repr, True)
     shown = [str(x).lower() if isinstance(x, bool) else repr(x) for x in values]
     twice = given_twice(shown, values, "candidate")
     if twice is not None:
@@ -338,7 +338,7 @@ def given_twice(written: typing.Sequence[str], values: typing.Sequence,
     one (4 and 4.0 are equal, True and 1 are not), named as written (``written``; the
     earlier spelling too when it differs, as ``yes`` after ``true``), where each value is
     one ``what`` (a sweep point, a plan candidate); None when all differ. Hashable values
-    are looked up (a list of 30,000 took half a minute pair by pair)."""
+    are looked up (a list of 30,000 takes half a minute pair by pair)."""
     first: dict = {}   # (is a bool, value) -> index of its first occurrence
     unhashable: list[int] = []
     for i, x in enumerate(values):
@@ -630,6 +630,8 @@ class Scenario(_Strict):
         Raises:
             DoesNotFit: an explicit ``max_model_len`` needs more KV blocks than the cache
                 holds (vLLM refuses to start then too).
+            InputError: engine settings the scheduler refuses together (its
+                ``SchedulerConfig`` checks), naming ``engine``.
         """
         e = self.engine
         max_len = self.max_model_len
@@ -706,7 +708,7 @@ def load_scenario(path: str | Path, overrides: typing.Sequence[str] = (), *,
     except yaml.YAMLError as e:
         raise InputError(yaml_error_text(name, e, text)) from None
     if raw is None:   # no bytes, or only comments
-        # the whole path: "/dev/null" (or a pipe) read as its name alone said "null: ..."
+        # the whole path, so that /dev/null or a pipe is not named "null"
         raise InputError(f"{path}: the scenario file is empty (a scenario needs at least "
                          f"model, hardware and workload; servesim schema lists every key)")
     if not isinstance(raw, dict):
@@ -982,7 +984,7 @@ def apply_overrides(d: dict, overrides: typing.Sequence[str],
     """
     import copy
 
-    if len(overrides) > MAX_OVERRIDES:   # each is checked against the others: 20,000 took 40 s
+    if len(overrides) > MAX_OVERRIDES:   # each is checked against the others: 20,000 take 40 s
         raise InputError(f"--set is given {len(overrides):,} times; at most {MAX_OVERRIDES:,} "
                          f"(put the settings in the scenario file)")
     raw = copy.deepcopy(d)
@@ -1134,7 +1136,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
                + (f" (allowed: {', '.join(allowed)})" if allowed else ""))
         owners = _owning_members(tuple(err["loc"]), root)
         if owners:   # burstiness left beside a --set process=poisson (median under
-            # normal: "did you mean mean?" alone missed that lognormal takes it)
+            # normal: the close-match hint alone would not say that lognormal takes it)
             msg += "; " + _owners_text([(str(loc[-1]), owners)])
             if (loc[-1], owners[2]) == ("burstiness", "poisson"):   # how to sweep either
                 msg += " (process: gamma with burstiness 1 is a Poisson process)"
