@@ -391,8 +391,8 @@ def confirm_replicas(scenario, target: float, start: int, *, max_replicas: int =
     while N − 1 is feasible; None past ``max_replicas`` (an estimate beyond it is not
     simulated). ``capacity``: one replica's saturation-probe steady throughput (req/s),
     N times which bounds the rates N replicas keep up with, as it bounds one replica's
-    in the search (:func:`~simulator.search.evaluate`: 3 replicas of capacity 10 req/s
-    pass at 31 req/s on a run whose draws come slow). Returns ``(N or None,
+    in the search (:func:`~simulator.search.evaluate`; without it 3 replicas of capacity
+    10 req/s can pass at 31 req/s on runs whose draws come slow). Returns ``(N or None,
     [{replicas, feasible, confident, unstable, mean_ratio, ci95}], RateEval at N or
     None)``."""
     kw = dict(min_replications=min_replications, max_replications=max_replications,
