@@ -46,7 +46,7 @@ SMALL_KV = ["engine.num_gpu_blocks=16",
 VARIANTS = [("vLLM defaults", []),
             ("enable_chunked_prefill=false", ["engine.enable_chunked_prefill=false"]),
             ("long_prefill_token_threshold=128", ["engine.long_prefill_token_threshold=128"]),
-            # 15 usable blocks of 128 tokens for 16 seats and longer answers: decodes
+            # 15 usable blocks of 128 tokens for max_num_seqs 16 and longer answers: decodes
             # outgrow the cache and preempt
             ("num_gpu_blocks=16", SMALL_KV),
             ("num_gpu_blocks=16, watermark=0.1", SMALL_KV + ["engine.watermark=0.1"])]

@@ -13,7 +13,7 @@ Each tool runs in its own fresh process, wrapped by a tiny measuring process tha
 the wall time and peak RSS (``getrusage(RUSAGE_CHILDREN)``) of that one child. Start-up
 (the median wall time of ``--startup-runs`` 1-request runs) is subtracted before dividing:
 ``req/s = N / (wall - startup)``. Vidur runs with ``--no-token-metrics`` (its fastest mode).
-Latencies (TTFT includes queueing; TPOT = (E2E - TTFT) / (output - 1), one-token outputs
+Latencies (TTFT includes queueing; TPOT = (E2EL - TTFT) / (output - 1), one-token outputs
 left out) are shown side by side, not tuned: the two cost models differ. Project target:
 servesim/Vidur ratio >= 20.
 
@@ -259,7 +259,7 @@ def main() -> None:
               "vidur wall s", "vidur req/s", "vidur peak MiB", "ratio servesim/vidur"):
         speed.add_column(c, justify="right")
     lat = Table(title="Latency percentiles, ms (p50 / p90 / p99)")
-    for c in ("requests", "tool", "TTFT", "TPOT", "E2E", "sim req/s", "completed",
+    for c in ("requests", "tool", "TTFT", "TPOT", "E2EL", "sim req/s", "completed",
               "preemptions"):
         lat.add_column(c, justify="right")
     md_speed, md_lat = [], []
@@ -306,7 +306,7 @@ def main() -> None:
         text += ["", "## Speed", "", "req/s = requests / (wall − start-up); target ratio ≥ 20.",
                  "", table([c.header for c in speed.columns], md_speed), "",
                  "## Latency percentiles (ms, p50 / p90 / p99)", "",
-                 "TTFT includes queueing; TPOT = (E2E − TTFT) / (output − 1). The cost models "
+                 "TTFT includes queueing; TPOT = (E2EL − TTFT) / (output − 1). The cost models "
                  "differ (servesim: roofline projection; Vidur: profiled A100 operators), so "
                  "latencies are shown, not tuned. `sim req/s` is achieved throughput in "
                  "simulated time.", "", table([c.header for c in lat.columns], md_lat), ""]

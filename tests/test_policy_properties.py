@@ -175,7 +175,7 @@ def test_lazy_scheduler_matches_naive_reference_and_keeps_invariants(case):
         sched, preempted, hits = naive.schedule()
         assert _rows_lazy(plan) == _rows_naive(sched, None)
         assert [p.request_id for p in plan.preempted] == preempted
-        # Budget, seats, hit-token rules.
+        # max_num_batched_tokens, max_num_seqs and hit-token rules.
         assert plan.num_scheduled_tokens == sum(n for n, _ in sched.values())
         assert plan.num_scheduled_tokens <= cfg.max_num_batched_tokens
         assert lazy.num_running <= cfg.max_num_seqs
