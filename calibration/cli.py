@@ -970,7 +970,7 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--out", required=True, help="profile YAML to write (CSV beside it)")
     p.add_argument("--name", help="profile name (default: the file name without .yaml)")
     p.add_argument("--kv-cache-memory", type=_kv_cache_memory, metavar="BYTES",
-                   help="KV cache budget (cpu default 2GiB; cuda default: profiled from "
+                   help="KV cache memory (cpu default 2GiB; cuda default: profiled from "
                         "--gpu-memory-utilization)")
     p.add_argument("--gpu-memory-utilization", type=float,
                    help=f"--device cuda: share of GPU memory for the engine, in (0, 1] "

@@ -65,7 +65,7 @@ class EngineConfig(BaseModel):
             must be at least ``max_model_len``.
         num_gpu_blocks: KV blocks incl. the null block; overrides the memory-based size
             (vLLM ``num_gpu_blocks_override``).
-        kv_cache_memory_bytes: KV budget on cpu (vLLM ``VLLM_CPU_KVCACHE_SPACE``; also
+        kv_cache_memory_bytes: KV cache memory on cpu (vLLM ``VLLM_CPU_KVCACHE_SPACE``; also
             accepted on cuda, as vLLM's ``kv_cache_memory_bytes``).
         gpu_memory_utilization: fraction of device memory for this engine (cuda; vLLM's
             default, :data:`~simulator.policy.kv_cache.GPU_MEMORY_UTILIZATION`, 0.92).
@@ -320,7 +320,7 @@ class LLMEngine:
                              "engine.num_gpu_blocks)")
         blocks = blocks_for_budget(budget, mcfg, cfg.block_size, dtype)
         if blocks < 2:
-            raise InputError(f"engine: KV budget of {budget} bytes holds {blocks} blocks; "
+            raise InputError(f"engine: KV cache memory of {budget} bytes holds {blocks} blocks; "
                              f"raise kv_cache_memory_bytes / gpu_memory_utilization")
         return blocks
 

@@ -27,7 +27,7 @@ log = logging.getLogger("servesim.engine")
 @torch.inference_mode()
 def profile_cuda_kv_budget(model, max_num_batched_tokens: int, max_model_len: int,
                            max_num_seqs: int, gpu_memory_utilization: float) -> int:
-    """KV budget in bytes on the model's CUDA device (see module docstring).
+    """KV cache memory in bytes on the model's CUDA device (see module docstring).
 
     The profiling forward runs ``max_num_batched_tokens`` tokens as prefills of up to
     ``max_model_len`` tokens from position 0 (no cache needed) and the LM head on
@@ -55,7 +55,7 @@ def profile_cuda_kv_budget(model, max_num_batched_tokens: int, max_model_len: in
     non_torch_growth = max(0, (total - free1) - torch.cuda.memory_reserved(dev) - non_torch0)
     budget = int(total * gpu_memory_utilization) - peak - non_torch_growth
     log.info("memory profiling: total %.2f GiB x %.2f, peak torch %.2f GiB (weights + "
-             "activations), non-torch growth %.2f GiB -> KV budget %.2f GiB",
+             "activations), non-torch growth %.2f GiB -> KV cache memory %.2f GiB",
              total / 2**30, gpu_memory_utilization, peak / 2**30, non_torch_growth / 2**30,
              budget / 2**30)
     return budget
