@@ -814,8 +814,9 @@ def find_limits(scenario, result) -> dict:
         else None
     if tokens_full and bgain >= SLOTS_GAIN:
         found.append(_finding(
-            "max_num_batched_tokens", f"{held} while steps carry their whole budget of "
-            f"{budget} tokens ({tokens:.0f} on average): steps of {2 * budget} would take "
+            "max_num_batched_tokens", f"{held} while steps carry their full "
+            f"max_num_batched_tokens of {budget} ({tokens:.0f} on average): steps of "
+            f"{2 * budget} would take "
             f"×{2 / bgain:.2f} as long (token throughput ×{bgain:.2f})",
             "raise max_num_batched_tokens (longer prefill chunks stall the decodes that share "
             "their steps: ITL)", f"engine.max_num_batched_tokens={2 * budget}"))

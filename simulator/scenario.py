@@ -205,9 +205,10 @@ class EngineConfig(_Strict):
         ">= 70 GiB other than A100 (H100, H200, B200), 256 on other GPUs, 128 per rank on "
         "CPU; at most max_num_batched_tokens")
     max_num_batched_tokens: Optional[int] = Field(
-        None, ge=1, le=MAX_COUNT, description="token budget of one step; default as vllm "
-        "serve: 16384 on GPUs with >= 160 GiB, 8192 on GPUs with >= 70 GiB other than A100, "
-        "2048 on other GPUs, 2048 per rank on CPU; at most max_num_seqs × max_model_len")
+        None, ge=1, le=MAX_COUNT, description="most tokens one step computes; default as "
+        "vllm serve: 16384 on GPUs with >= 160 GiB, 8192 on GPUs with >= 70 GiB other than "
+        "A100, 2048 on other GPUs, 2048 per rank on CPU; at most max_num_seqs × "
+        "max_model_len")
     gpu_memory_utilization: float = Field(GPU_MEMORY_UTILIZATION, gt=0, le=1)
     enable_prefix_caching: bool = True
     max_model_len: Optional[int] = Field(
@@ -226,12 +227,13 @@ class EngineConfig(_Strict):
         "--watermark, default 0)"))
     long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_COUNT, description=(
         "most prompt tokens one request computes per step while others run or wait, so a "
-        "long prompt leaves budget to the rest (vllm serve --long-prefill-token-threshold; "
-        "0, the default: no cap)"))
+        "long prompt leaves room in max_num_batched_tokens to the rest (vllm serve "
+        "--long-prefill-token-threshold; 0, the default: no cap)"))
     enable_chunked_prefill: bool = Field(True, description=(
-        "cut a prompt to the step's token budget (vLLM's default); false: a prompt runs "
-        "whole or waits, and max_num_batched_tokens defaults to at least max_model_len "
-        "and must be at least that (vllm serve --no-enable-chunked-prefill)"))
+        "cut a prompt into chunks of what a step's max_num_batched_tokens leaves (vLLM's "
+        "default); false: a prompt runs whole or waits, and max_num_batched_tokens defaults "
+        "to at least max_model_len and must be at least that (vllm serve "
+        "--no-enable-chunked-prefill)"))
 
     _vllm_block_size = field_validator("block_size")(vllm_block_size)
 
