@@ -736,8 +736,8 @@ def find_limits(scenario, result) -> dict:
                               + (f" (it holds about {holds} requests at their mean length, "
                                  f"and {running_max} ran at once)" if holds is not None
                                  and running_max >= holds else "")
-                              + f" and {running:.1f} of {scenario.max_num_seqs} "
-                              f"sequence slots are used", kv_knob, kv_change))
+                              + f" and {running:.1f} sequences run on average, of "
+                              f"max_num_seqs {scenario.max_num_seqs}", kv_knob, kv_change))
     # The share of the waiting (request-seconds) that happens while every sequence slot of
     # the replica is taken: bursts fill the slots although the mean running count is low.
     at_cap = None
@@ -762,7 +762,7 @@ def find_limits(scenario, result) -> dict:
         # more KV cache first.
         found.append(_finding(
             "kv_capacity", f"{all_slots}, and its KV cache holds about {n2} at their mean "
-            f"context: more sequence slots need more KV cache", kv_knob, kv_change))
+            f"context: a higher max_num_seqs needs more KV cache", kv_knob, kv_change))
     elif gain is not None and gain < SLOTS_GAIN:
         # The slots are taken, but steps of more sequences would take nearly as much
         # longer: the replica's compute, not its slot count, holds requests back.
@@ -786,11 +786,11 @@ def find_limits(scenario, result) -> dict:
             change += f",engine.num_gpu_blocks={slots * per_seq + 1}"
         found.append(_finding(
             "max_num_seqs", f"{all_slots} (max_num_seqs): "
-            + (f"{at_cap:.0%} of the waiting happens with every slot taken, "
+            + (f"{at_cap:.0%} of the waiting happens with all of them running, "
                if at_cap is not None else "")
             + f"{running:.1f} running on average"
-            + (f"; the offered load needs about {need:.0f} slots (Little's law, with "
-               f"three standard deviations for the peaks)" if need is not None else "")
+            + (f"; the offered load needs max_num_seqs of about {need:.0f} (Little's law, "
+               f"with three standard deviations for the peaks)" if need is not None else "")
             + (f"; the KV cache holds about {n2} at their mean context"
                if n2 < want else ""),
             "raise max_num_seqs" + (
@@ -829,10 +829,11 @@ def find_limits(scenario, result) -> dict:
     bursty = stable and cv is not None and cv >= BURSTY_CV
     if queued and not found and (busy is None or busy >= BUSY or not stable):
         if bursty:
-            compute = (f"requests queue in bursts ({cv_text}) although sequence slots and KV "
-                       f"blocks are free: the engine drains a burst only after a while")
+            compute = (f"requests queue in bursts ({cv_text}) although fewer than max_num_seqs "
+                       f"run and KV blocks are free: the engine drains a burst only after a "
+                       f"while")
         else:
-            compute = (f"{held} although sequence slots and KV blocks are free"
+            compute = (f"{held} although fewer than max_num_seqs run and KV blocks are free"
                        + (f": {busy_text}" if busy_text else ""))
     elif not found and not near and _missed(s, WAIT_METRICS) \
             and q_p99 >= QUEUE_STEPS * step_ms \
