@@ -47,6 +47,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
+        """The candidate's values as ``key=value`` pairs (the last part of each key)."""
         return ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in self.values.items()) \
             or "scenario as given"
 
@@ -311,6 +312,7 @@ class PlanRow:
 
     @property
     def feasible(self) -> bool:
+        """Whether the candidate meets every SLO at some rate and has a replica count."""
         return bool(self.search and self.search.max_rate > 0 and self.replicas)
 
 

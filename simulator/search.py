@@ -135,6 +135,7 @@ class RateEval:
 
     @property
     def n(self) -> int:
+        """Replications run at this rate."""
         return len(self.outputs)
 
 

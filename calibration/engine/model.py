@@ -290,6 +290,7 @@ class Linear(nn.Linear):
     packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, in_features] -> [T, out_features]``."""
         if self.packed is None:
             return super().forward(x)
         return packed_linear(x, self.packed, self.bias)
@@ -385,6 +386,10 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_store):
+        """``x [T, hidden_size]`` (the step's tokens, requests concatenated), ``cos`` /
+        ``sin [T, head_dim]`` of their positions -> ``[T, hidden_size]``; writes the
+        tokens' K/V into ``kv_store`` at ``meta``'s slot mapping and attends over each
+        request's cached and new tokens (:func:`paged_attention`)."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rotary(q.view(-1, self.n_heads, self.head_dim), cos, sin)
         k = apply_rotary(k.view(-1, self.n_kv, self.head_dim), cos, sin)
@@ -403,6 +408,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.inter, cfg.hidden_size, bias=False)
 
     def forward(self, x):
+        """``x [T, hidden_size] -> [T, hidden_size]``."""
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -418,6 +424,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, meta, kv_store):
+        """``x [T, hidden_size] -> [T, hidden_size]`` (arguments as :meth:`Attention.forward`)."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_store)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -443,6 +450,8 @@ class Transformer(nn.Module):
         self._tied_head_packed = None
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_store=None):
+        """``input_ids [T]``, ``positions [T]`` (int64) -> ``hidden [T, hidden_size]``, the
+        final norm applied; ``kv_store`` holds the paged K/V ``meta`` addresses."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, meta.max_position, x.dtype)
         for layer in self.layers:
@@ -450,6 +459,8 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [N, hidden_size]`` (the rows that sample) -> logits ``[N, vocab_size]``
+        float32."""
         if self.lm_head is not None:
             return self.lm_head(hidden).float()
         if self._tied_head_packed is not None:
@@ -486,8 +497,8 @@ class Transformer(nn.Module):
         suffices: every layer has the same shapes, and kernels are keyed by shape, not by
         weight. With ``block_size`` and ``max_context`` (tokens), it then runs layer 0's
         attention on every padded shape (:class:`.attention.Padding`) that decodes of up to
-        ``max_samples`` requests (each samples a row) of up to ``max_context`` tokens take (blocks capped at
-        :data:`WARMUP_MAX_PIECES`), and a chunk of at most ``max_rows`` rows after cached
+        ``max_samples`` requests (each samples a row) of up to ``max_context`` tokens take
+        (blocks capped at :data:`WARMUP_MAX_PIECES`), and a chunk of at most ``max_rows`` rows after cached
         tokens (keys capped at :data:`WARMUP_MAX_CONTEXT`),
         on a scratch one-layer cache. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the
         whole call at ``max_seconds``; counts built earlier in the process are skipped.
@@ -583,8 +594,10 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The weights' dtype."""
         return self.embed_tokens.weight.dtype
 
     @property
     def device(self) -> torch.device:
+        """The weights' device."""
         return self.embed_tokens.weight.device

@@ -280,6 +280,7 @@ class Request:
 
     @num_computed_tokens.setter
     def num_computed_tokens(self, value: int) -> None:
+        """Set the tokens whose KV is computed (not while the steady-decode clock runs it)."""
         assert not self._steady
         self._computed = value
 
@@ -297,6 +298,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
+        """Whether it has finished (a stop token, max_tokens or max_model_len, an abort)."""
         return self.state == RequestState.FINISHED
 
     # -- content and block hashes -----------------------------------------------------

@@ -163,6 +163,7 @@ class ScheduledRequest:
 
     @property
     def request_id(self):
+        """The scheduled request's id."""
         return self.request.request_id
 
 
@@ -319,14 +320,17 @@ class Scheduler:
         self.waiting.append(req)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether any request waits or runs (vLLM's ``has_unfinished_requests``)."""
         return bool(self.waiting) or bool(self.running)
 
     @property
     def num_running(self) -> int:
+        """Requests in the running queue (admitted, and neither finished nor preempted)."""
         return len(self.running)
 
     @property
     def num_waiting(self) -> int:
+        """Requests in the waiting queue (new, or preempted and waiting to resume)."""
         return len(self.waiting)
 
     @property
