@@ -95,6 +95,11 @@ from .metrics import METRIC_LABELS, served_rows, slo_stat
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION, cdiv
 from .run import max_model_len_text
 
+# The thresholds below are heuristics, set on the hand-built scenarios of
+# tests/test_diagnosis.py: each picks which findings to list and try, and a counterfactual
+# run with the finding's knob turned then tests it, so a threshold a few % off changes the
+# order knobs are tried in, not whether a knob is shown to move the figure.
+
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
 #: engine makes every arrival wait for the running step, so some queueing is inherent).
 QUEUE_SHARE = 0.5
@@ -108,14 +113,14 @@ KV_FULL = 0.9
 WATERMARK_NEAR = 0.9
 #: Mean running requests per replica / max_num_seqs above which the cap binds.
 SEQS_BUSY = 0.8
-#: Share of the waiting done while every sequence slot is taken above which the slots bind.
+#: Share of the waiting done while max_num_seqs sequences run above which max_num_seqs binds.
 SLOTS_FULL = 0.5
-#: Decode throughput at 2 × max_num_seqs over that at max_num_seqs below which more slots
-#: add too little (10%, as a counterfactual that "moves" a figure): each added sequence
+#: Decode throughput at 2 × max_num_seqs over that at max_num_seqs below which a higher
+#: max_num_seqs adds too little (10%, as a counterfactual that "moves" a figure): each added sequence
 #: lengthens the step nearly as much as it adds work (per-sequence cost, e.g. KV reads,
-#: dominates), so the steps, not the slots, are full.
+#: dominates), so the steps, not max_num_seqs, are full.
 SLOTS_GAIN = 1.1
-#: Mean tokens per step / max_num_batched_tokens above which the steps' budget is full.
+#: Mean tokens per step / max_num_batched_tokens above which the steps are full.
 TOKENS_FULL = 0.9
 #: ITL p99 / p50 above which prefills stall decodes.
 ITL_SPIKE = 3.0
