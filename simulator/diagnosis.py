@@ -113,12 +113,12 @@ KV_FULL = 0.9
 WATERMARK_NEAR = 0.9
 #: Mean running requests per replica / max_num_seqs above which the cap binds.
 SEQS_BUSY = 0.8
-#: Share of the waiting done while max_num_seqs sequences run above which max_num_seqs binds.
+#: Share of the waiting done while max_num_seqs sequences run, above which it binds.
 SLOTS_FULL = 0.5
 #: Decode throughput at 2 × max_num_seqs over that at max_num_seqs below which a higher
-#: Share of the waiting done while max_num_seqs sequences run, above which it binds.
-#: lengthens the step nearly as much as it adds work (per-sequence cost, e.g. KV reads,
-#: dominates), so the steps, not max_num_seqs, are full.
+#: max_num_seqs adds too little (10%, as a counterfactual that "moves" a figure): each
+#: added sequence lengthens the step nearly as much as it adds work (per-sequence cost,
+#: e.g. KV reads, dominates), so the steps, not max_num_seqs, are full.
 SLOTS_GAIN = 1.1
 #: Mean tokens per step / max_num_batched_tokens above which the steps are full.
 TOKENS_FULL = 0.9
