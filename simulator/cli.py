@@ -179,6 +179,19 @@ class _Parser(argparse.ArgumentParser):
         what = "a whole number in digits" if kind == "int" else "a number"
         return f"{flag}: {value} is not {what}" + (f" — {flag}: {allowed}" if allowed else "")
 
+    def _get_value(self, action, arg_string):
+        # Python's int() and float() read ６４ and 4_0; YAML, and so every scenario value,
+        # reads only the digits 0-9: a flag takes a number as a file does
+        import unicodedata
+
+        from .scenario import PLAIN_NUMBER
+        plain = unicodedata.normalize("NFKC", arg_string).replace("_", "")
+        if action.type not in (None, str) and plain != arg_string \
+                and PLAIN_NUMBER.fullmatch(plain):
+            self.error(f"{'/'.join(action.option_strings)}: {arg_string!r} is not a number "
+                       f"in the digits 0-9 (write {plain.strip()})")
+        return super()._get_value(action, arg_string)
+
     def parse_args(self, args=None, namespace=None):
         # argparse reports flags no command knows from the top parser, which cannot name
         # the command's --help; the command's own parser can.

@@ -1200,13 +1200,14 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         inp = err.get("input")
         if isinstance(inp, bool) and typ in ("string_type", "literal_error", "enum"):
             msg += f" ({_read_as_bool(inp)})"
-        elif typ in ("int_type", "float_type") and isinstance(inp, str) and _NUMBER.fullmatch(inp):
+        elif (typ in ("int_type", "float_type") and isinstance(inp, str)
+                and PLAIN_NUMBER.fullmatch(inp)):
             n = float(inp)   # the number it reads as unquoted (an integer key's as an int)
             plain = str(int(n)) if typ == "int_type" and n.is_integer() else inp.strip()
             msg += f" (got {echo(inp)}: quoted, a number is text; write {plain}, unquoted)"
         elif (typ in ("int_type", "int_parsing", "float_type", "float_parsing")
                 and isinstance(inp, str)
-                and _NUMBER.fullmatch(plain := unicodedata.normalize("NFKC", inp))):
+                and PLAIN_NUMBER.fullmatch(plain := unicodedata.normalize("NFKC", inp))):
             # YAML reads only 0-9 as digits: full-width ６４ is text
             msg += f" (got {echo(inp)}: YAML reads only the digits 0-9 as a number; write " \
                    f"{plain.strip()})"
@@ -1222,7 +1223,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
 
 
 #: A number as YAML reads one unquoted (``64``, ``-2.5``, ``1e4``): its quoted form is text.
-_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*", re.ASCII)
+PLAIN_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*", re.ASCII)
 
 
 def _read_as_bool(value: bool) -> str:

@@ -921,3 +921,27 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
     assert ("names measurements CSV gone.measurements.csv, which cannot be read beside it: "
             "whether steps went past its calibration grid cannot be told"
             in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["run", "{scen}", "--replications", "２"], "--replications: '２' is not a number in the "
+                                               "digits 0-9 (write 2)"),
+    (["plan", "{scen}", "--target-rate", "４０"], "--target-rate: '４０' is not a number in "
+                                                "the digits 0-9 (write 40)"),
+    (["plan", "{scen}", "--target-rate", "4_0"], "--target-rate: '4_0' is not a number in "
+                                                "the digits 0-9 (write 40)"),
+    (["sweep", "{scen}", "--workers", "２", "--set", "workload.arrival.rate=1,2"],
+     "--workers: '２' is not a number in the digits 0-9 (write 2)"),
+])
+def test_a_numeric_flag_takes_the_digits_0_9_as_a_scenario_does(scen, tmp_path, capsys, args,
+                                                                 said):
+    # Python's int() and float() read full-width digits and underscores; YAML does not, so
+    # neither does a flag: 40 planned from ４０ would be accepted on the command line only
+    out = tmp_path / "o"
+    argv = [a.replace("{scen}", str(scen)) for a in args] + ["--out", str(out)]
+    with pytest.raises(SystemExit) as e:   # argparse's error, as for any flag
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"servesim: error: {said}"), err
+    assert not out.exists()
