@@ -498,6 +498,9 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if args.block_size is not None and args.block_size not in BLOCK_SIZES:
         raise InputError(f"--block-size {args.block_size}: allowed "
                          f"{', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)")
+    if getattr(args, "no_replay", False) and getattr(args, "replay_seconds", None) is not None:
+        raise InputError(f"--replay-seconds {args.replay_seconds:g}: the replay check's "
+                         f"length, which --no-replay skips; give one of the two")
     util = args.gpu_memory_utilization
     if util is not None:   # given: it must be one that sizes the KV cache
         if not 0 < util <= 1:

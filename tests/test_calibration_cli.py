@@ -695,6 +695,9 @@ def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys
 
 @pytest.mark.parametrize("flags, message", [
     (["--max-num-batched-tokens", "512"], "--max-num-batched-tokens: only for --backend vllm"),
+    # a replay length beside --no-replay would be dropped without a word
+    (["--replay-seconds", "5", "--no-replay"], "--replay-seconds 5: the replay check's "
+                                               "length, which --no-replay skips"),
     (["--out", "{f}/x/p.yaml"], "--out {f}/x/p.yaml: {f} is a file, not a folder"),
     # the folder of the profile file is a file: named by the path given
     (["--out", "{f}/p.yaml"], "--out {f}/p.yaml: {f} is a file, not a folder"),
