@@ -498,6 +498,11 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     if args.block_size is not None and args.block_size not in BLOCK_SIZES:
         raise InputError(f"--block-size {args.block_size}: allowed "
                          f"{', '.join(map(str, BLOCK_SIZES))} (vLLM's --block-size)")
+    name = getattr(args, "device_name", None)
+    if name and args.device == "cpu" and name.strip().lower() in list_hardware():
+        raise InputError(f"--device-name {name}: a catalog GPU's name, and the profile "
+                         f"measures --device cpu: give a label for the CPU (or leave it out "
+                         f"to name the CPU as measured)")
     if getattr(args, "no_replay", False) and getattr(args, "replay_seconds", None) is not None:
         raise InputError(f"--replay-seconds {args.replay_seconds:g}: the replay check's "
                          f"length, which --no-replay skips; give one of the two")

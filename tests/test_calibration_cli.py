@@ -695,6 +695,9 @@ def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys
 
 @pytest.mark.parametrize("flags, message", [
     (["--max-num-batched-tokens", "512"], "--max-num-batched-tokens: only for --backend vllm"),
+    # a CPU profile labelled as a catalog GPU reads as that GPU in every profile table
+    (["--device-name", "h200"], "--device-name h200: a catalog GPU's name, and the profile "
+                                "measures --device cpu"),
     # a replay length beside --no-replay would be dropped without a word
     (["--replay-seconds", "5", "--no-replay"], "--replay-seconds 5: the replay check's "
                                                "length, which --no-replay skips"),
