@@ -150,9 +150,9 @@ def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,
              ) -> Generator[list[Job], list, RateEval]:
     """Replicate ``scenario`` (at its own rate) until feasibility is decided.
 
-    ``capacity`` (req/s, the saturation probe's steady throughput): a run whose arrivals,
-    as drawn or as asked for (the scenario's rate), exceed it by more than ``tolerance``
-    and that falls behind them is unstable (:func:`simulator.executors.over_capacity`).
+    ``capacity`` (req/s, the saturation probe's steady throughput): a run whose arrivals
+    exceed it by more than ``tolerance`` and that falls behind them is unstable, and so is
+    a rate asked for (the scenario's) past it (:func:`simulator.executors.over_capacity`).
 
     Yields lists of jobs, receives their outputs; returns a :class:`RateEval`.
     """
