@@ -1211,7 +1211,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             # YAML reads only 0-9 as digits: full-width ６４ is text
             msg += f" (got {echo(inp)}: YAML reads only the digits 0-9 as a number; write " \
                    f"{plain.strip()})"
-        elif typ == "finite_number" and isinstance(inp, float) and math.isinf(inp):
+        elif typ in ("finite_number", "int_type") and isinstance(inp, float) \
+                and math.isinf(inp):
             msg += (f" (got {echo(inp)}: .inf, or a number past the largest float, 1.8e308)"
                     if inp > 0 else f" (got {echo(inp)}: -.inf, or a number below -1.8e308)")
         elif (typ == "int_type" and isinstance(inp, float) and inp.is_integer()

@@ -1368,6 +1368,9 @@ def test_full_width_digits_and_a_number_past_the_largest_float_are_said_as_such(
     assert msg.startswith("--set workload.arrival.rate=1e400: ") and msg.endswith(
         "Input should be a finite number (got inf: .inf, or a number past the largest "
         "float, 1.8e308)")
+    # an integer key says so too
+    assert err(load_scenario, chat, ["engine.max_num_seqs=1e400"]).endswith(
+        "(got inf: .inf, or a number past the largest float, 1.8e308)")
 
 
 def test_an_empty_candidate_key_is_said_to_be_one(chat):
