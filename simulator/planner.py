@@ -721,7 +721,16 @@ def _beyond_text(row, target: float) -> str:
         return (f"misses at every count up to plan.max_replicas "
                 f"({row.beyond_max_replicas - 1}) although one replica meets the SLOs at "
                 f"{top:.3g} req/s: latency rises as load falls")
-    return f"needs {_count(row.beyond_max_replicas)} replicas (> plan.max_replicas)"
+    return (f"needs {_count(row.beyond_max_replicas)} replicas (> plan.max_replicas"
+            + (", whose deployment was simulated and missed" if _cap_missed(row)
+               else "") + ")")
+
+
+def _cap_missed(row) -> bool:
+    """Whether ``row``'s confirmation simulated a deployment of plan.max_replicas (its
+    largest count tried) and it missed the SLOs."""
+    trail = row.confirmation or []
+    return bool(trail) and not any(t["feasible"] for t in trail)
 
 
 def _count(n: int) -> str:
@@ -753,7 +762,9 @@ def closest_text(miss: dict, max_replicas: int) -> str:
         return (f"closest: {label} meets every SLO on one replica up to "
                 f"{fmt_number(miss['row'].search.max_rate, 3)} req/s, but "
                 f"{miss['rate']:g} req/s needs about {_count(miss['replicas'])} "
-                f"replicas, more than plan.max_replicas ({max_replicas})")
+                f"replicas, more than plan.max_replicas ({max_replicas})"
+                + (f"; a deployment of {max_replicas} was simulated and missed"
+                   if _cap_missed(miss["row"]) else ""))
     if miss["per_replica"]:
         return (f"closest: {label} meets every SLO on one replica, but no deployment of up "
                 f"to {max_replicas} replicas did at {fmt_number(miss['rate'], 3)} req/s "

@@ -2418,3 +2418,23 @@ def test_a_deployment_of_n_leaves_out_n_times_the_warm_up_as_n_times_the_request
     dep = _cluster(sc, 3, 12.0)
     assert (dep.cluster.replicas, dep.workload.num_requests, dep.sim.warmup_requests,
             dep.workload.arrival.rate) == (3, 1200, 120, 12.0)
+
+
+def test_a_plan_past_max_replicas_says_whether_the_cap_was_deployed(tmp_path, capsys):
+    # M/D/1 (capacity 10 req/s per replica), mean TTFT <= 60 ms. 20 req/s on at most 2
+    # replicas: 2 could serve it at capacity (rho 1), so 2 are simulated, and miss; 40 req/s
+    # needs 4 even at capacity, past a cap of 3: nothing simulated, and nothing said of it
+    y = tmp_path / "md1.yaml"
+    y.write_text(MD1 + "slo: {ttft_ms: {mean: 60}}\n")
+    base = ["--executor", "serial", "--quiet"]
+    assert main(["plan", str(y), "--target-rate", "20", "--set", "plan.max_replicas=2",
+                 *base, "--out", str(tmp_path / "a")]) == 1
+    out = capsys.readouterr().out
+    assert "more than plan.max_replicas (2); a deployment of 2 was simulated and missed" \
+        in " ".join(out.split())
+    assert "(> plan.max_replicas, whose deployment was simulated and missed)" in (
+        tmp_path / "a" / "report.md").read_text()
+    assert main(["plan", str(y), "--target-rate", "40", "--set", "plan.max_replicas=3",
+                 *base, "--out", str(tmp_path / "b")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "more than plan.max_replicas (3)" in out and "simulated" not in out
