@@ -2438,3 +2438,16 @@ def test_a_plan_past_max_replicas_says_whether_the_cap_was_deployed(tmp_path, ca
                  *base, "--out", str(tmp_path / "b")]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "more than plan.max_replicas (3)" in out and "simulated" not in out
+
+
+def test_a_throughput_plans_max_rate_interval_reaches_capacity(tmp_path):
+    # M/D/1 of capacity exactly 10 req/s, no SLO, seed 0: a backlog's trend calls 8.88
+    # req/s unstable (noise, in 400 requests) and the max rate is 8.78; that verdict is not
+    # a confident one, so the 95% interval runs up to the rates past capacity, and holds 10
+    y = tmp_path / "md1.yaml"
+    y.write_text(MD1)
+    assert main(["plan", str(y), "--target-rate", "31", "--out", str(tmp_path / "p"),
+                 "--executor", "serial", "--quiet"]) == 0
+    row = json.loads((tmp_path / "p" / "plan.json").read_text())["candidates"][0]
+    lo, hi = row["max_rate_ci95"]
+    assert lo <= row["max_rate_per_replica"] <= 10 <= hi
