@@ -48,6 +48,8 @@ def run_calibrate(out, on_measure=None, *extra):
         else:
             rest.append(extra[i])
             i += 1
+    if "--no-replay" in rest:   # no replay to give a length
+        del opts["--replay-seconds"]
     argv = ["calibrate", *(x for kv in opts.items() for x in kv), "--no-progress", "--quick",
             *rest]
     args = build_parser().parse_args(argv)
