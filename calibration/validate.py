@@ -697,10 +697,18 @@ def parse_loads(text: str) -> list[float]:
     """``"0.3,0.6,0.9"`` → floats, each a whole number of thousandths (:func:`load_key`).
 
     Raises:
-        InputError: not a comma-separated list of numbers, a load finer than a thousandth,
+        InputError: not a comma-separated list of numbers in the digits 0-9, a load finer
+            than a thousandth,
             or a load given twice (its workloads' seeds come from the load, so it would
             serve the same requests again).
     """
+    import unicodedata
+
+    for x in str(text).split(","):   # float() reads ０.５ and 0_5; YAML and every flag do not
+        plain = unicodedata.normalize("NFKC", x).replace("_", "")
+        if plain != x:
+            raise InputError(f"--loads: {x!r} is not a number in the digits 0-9 (write "
+                             f"{plain.strip()})")
     try:
         loads = [float(x) for x in str(text).split(",")]
     except ValueError:

@@ -237,6 +237,12 @@ def test_bad_input_is_one_line():
         V.parse_loads("0.3,,0.6")
     with pytest.raises(InputError, match=r"--loads: 0\.5 given twice .* --replications"):
         V.parse_loads("0.5,0.9,0.50")
+    # float() reads full-width digits and underscores; a flag takes 0-9 as a scenario does
+    with pytest.raises(InputError, match=r"^--loads: '０\.５' is not a number in the digits "
+                                         r"0-9 \(write 0\.5\)$"):
+        V.parse_loads("0.3,０.５")
+    with pytest.raises(InputError, match=r"^--loads: '0_5' is not a number"):
+        V.parse_loads("0_5")
     # seeds come from a load's thousandths: 1.001 has requests of its own, and a finer
     # load (0.5004, which would share 0.5's) is refused
     assert V.load_key(0.5) == 500 and V.load_key(1.001) == 1001 and V.load_key(0.9) == 900
