@@ -564,6 +564,15 @@ def plan(scenario, executor, *, target_rate: float | None = None,
     return PlanResult(target, rows, best)
 
 
+def _best_status(row: PlanRow) -> str:
+    """The chosen row's status: ``cheapest feasible``, or ``best feasible`` where it has no
+    price (an inline step time, a CPU profile): priced rows rank first, so every feasible
+    row is then unpriced and the pick is by capacity (replicas × max rate per replica), then
+    the fewest replicas."""
+    return ("cheapest feasible" if row.candidate.price_per_replica_hour is not None
+            else "best feasible")
+
+
 def plan_table(result: PlanResult) -> pd.DataFrame:
     """One row per candidate: values, max rate per replica (+ 95% CI), replicas (+ CI;
     ``confirmed``: True/False when the deployment was simulated at that count, None when
@@ -612,7 +621,7 @@ def plan_table(result: PlanResult) -> pd.DataFrame:
                        or (f"needs more than {r.refuted} replicas (a deployment of "
                            f"{r.refuted} missed the SLOs; more would cost as much as the "
                            f"plan: not simulated)" if r.refuted else None)
-                       or ("cheapest feasible" if r is result.best else
+                       or (_best_status(r) if r is result.best else
                            "feasible" if r.feasible else "infeasible")),
         })
         rows.append(d)

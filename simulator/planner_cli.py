@@ -120,7 +120,8 @@ def _short(v, cents: bool = False) -> str:
     return _cell(v)
 
 
-_STATUS = {"cheapest feasible": "cheapest", "feasible": "ok", "infeasible": "fails SLO"}
+_STATUS = {"cheapest feasible": "cheapest", "best feasible": "best", "feasible": "ok",
+           "infeasible": "fails SLO"}
 # Terminal words for the sweep's stability column; sweep.csv keeps the full label.
 _STABILITY = {"rejects requests": "rejects", "does not fit": "no fit",
               "ramp-up only": "ramp-up", "invalid config": "invalid"}
@@ -441,11 +442,14 @@ def _cmd_plan(args) -> int:
         cost = res.best.costs.get("cost_per_hour")
         ties = [r for r in res.rows if r is not res.best and r.feasible and cost is not None
                 and not r.refuted and r.costs.get("cost_per_hour") == cost]
-        print(f"cheapest feasible: {res.best.candidate.label}, {res.best.replicas} replica(s)"
+        print(("cheapest feasible: " if cost is not None else
+               "best feasible (no price: the most capacity, replicas × max rate per replica, "
+               "then the fewest replicas): ")
+              + f"{res.best.candidate.label}, {res.best.replicas} replica(s)"
               + (_unsure_text(res.best, (scenario.plan or PlanConfig()).tolerance)
                  if res.best.confirmed else " (estimated from one "
-                 "replica's max rate: not simulated as a deployment)") + ", "
-              + (f"{cost:.2f} USD/h" if cost is not None else "no price for this hardware")
+                 "replica's max rate: not simulated as a deployment)")
+              + (f", {cost:.2f} USD/h" if cost is not None else "")
               + (f" (as cheap: {'; '.join(r.candidate.label for r in ties)}; the most "
                  f"capacity, replicas × max rate per replica, then the fewest replicas, is "
                  f"chosen)" if ties else ""))

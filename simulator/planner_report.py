@@ -309,11 +309,15 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
     b: list = [("h1", title)]
     if best is not None:
         row = table.iloc[best_index]
+        priced = best.candidate.price_per_replica_hour is not None
         b.append(("p", (
-            (f"Cheapest plan meeting every SLO at {_fmt(result.target_rate)} req/s: "
+            ("Cheapest plan" if priced else "Plan") +
+            (f" meeting every SLO at {_fmt(result.target_rate)} req/s"
              if best.candidate.scenario.slo.targets() else
-             f"Cheapest plan keeping up with {_fmt(result.target_rate)} req/s (the scenario "
-             f"sets no SLOs: a replica's max rate is the highest it keeps up with): ") +
+             f" keeping up with {_fmt(result.target_rate)} req/s (the scenario "
+             f"sets no SLOs: a replica's max rate is the highest it keeps up with)") +
+            ("" if priced else " (no candidate has a price: the most capacity, replicas × "
+             "max rate per replica, then the fewest replicas)") + ": " +
             f"**{best.candidate.label}**, {row['replicas']} replica(s)"
             f" ({'confirmed by simulating the deployment' if best.confirmed else 'estimated'}),"
             f" {_cell(row['cost_per_hour'])} USD/h (95% CI {_cell(row['cost_per_hour_ci95'])}),"

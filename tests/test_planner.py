@@ -2,6 +2,7 @@
 simulation, hand-computed costs, sweep knee against max_num_seqs / (O × step), CLI."""
 
 
+import csv
 import json
 
 import pytest
@@ -738,6 +739,24 @@ def test_a_two_axis_sweep_table_fits_80_columns(tmp_path, capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     table = lines[:next(i for i, x in enumerate(lines) if x.startswith("binding (rules):"))]
     assert max(map(len, table)) <= 80 and "E2EL" in " ".join(table).split()
+
+
+def test_a_plan_without_prices_calls_its_pick_best_not_cheapest(tmp_path, capsys):
+    # No price: every feasible row costs "inf", so the pick is by capacity (replicas × max
+    # rate per replica), then the fewest replicas; nothing was cheaper than anything.
+    y = tmp_path / "s.yaml"
+    y.write_text(SMALL_PLAN.replace(", price_per_gpu_hour: 1.0", ""))
+    assert main(["plan", str(y), "--out", str(tmp_path / "pl"), "--executor", "serial",
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "cheapest" not in out
+    assert "best feasible (no price: the most capacity" in out
+    with open(tmp_path / "pl" / "plan.csv", newline="") as f:
+        status = [r["status"] for r in csv.DictReader(f)]
+    assert status.count("best feasible") == 1 and "cheapest feasible" not in status
+    md = (tmp_path / "pl" / "report.md").read_text()
+    assert "Plan meeting every SLO at 30 req/s (no candidate has a price" in md
+    assert "Cheapest plan" not in md
 
 
 def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys):
