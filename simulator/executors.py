@@ -336,6 +336,8 @@ class SerialExecutor:
         return out
 
     def close(self) -> None:
+        """Release nothing: a serial executor holds no processes. Called on leaving a
+        ``with`` block."""
         pass
 
     def __enter__(self):
@@ -371,6 +373,16 @@ class LocalExecutor(SerialExecutor):
         return self._pool
 
     def run(self, jobs, progress=None) -> list:
+        """Outputs of ``jobs`` in job order (:func:`run_job` in the pool's processes);
+        ``progress(done, total)`` as each result is collected in that order. One worker
+        or one job runs in this process. A pool whose workers fail (``BrokenPipeError``,
+        ``BrokenProcessPool``) is closed with a warning on stderr, and the jobs rerun here
+        with ``workers`` set to 1: jobs are deterministic, so the results are the same.
+
+        Raises:
+            Exception: what a job raised (re-raised from its future).
+            KeyboardInterrupt: after the workers are killed and the pool dropped.
+        """
         if self.workers == 1 or len(jobs) <= 1:
             return super().run(jobs, progress)
         try:
@@ -407,6 +419,8 @@ class LocalExecutor(SerialExecutor):
         pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
+        """Shut the process pool down, cancelling the jobs not started and waiting for the
+        running ones; the next :meth:`run` starts a new pool."""
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
@@ -555,6 +569,13 @@ class RayExecutor(SerialExecutor):
         self._task = ray.remote(run_job)
 
     def run(self, jobs, progress=None) -> list:
+        """Outputs of ``jobs`` in job order, one Ray task each; ``progress(done, total)``
+        as tasks finish, in whatever order they finish.
+
+        Raises:
+            ray.exceptions.RayTaskError: a job raised; Ray's error is also an instance of
+                the job's exception class.
+        """
         ray = self._ray
         refs = [self._task.remote(j) for j in jobs]
         index = {r: i for i, r in enumerate(refs)}

@@ -16,5 +16,11 @@ class Terminal(Console):
     """A :class:`rich.console.Console` that outlives a closed reader of stdout."""
 
     def on_broken_pipe(self) -> None:
+        """Called by rich on ``BrokenPipeError`` writing to stdout: print nothing more
+        through this console and point file descriptor 1 at /dev/null, without raising.
+
+        Raises:
+            OSError: /dev/null cannot be opened.
+        """
         self.quiet = True   # as rich's handler, without its SystemExit(1)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
