@@ -392,6 +392,8 @@ class Profile(_P):
 
     @property
     def measured(self) -> bool:
+        """True when ``provenance.kind`` is ``"measured"`` (timed on the engine), False for a
+        ``"projected"`` (roofline) profile."""
         return self.provenance.kind == "measured"
 
     @property
@@ -793,6 +795,18 @@ class KVCapacity:
     block_bytes: int
 
     def note(self, gpu: str, tp: int, util: float, block_size: int) -> str:
+        """One line that derives the KV capacity for a report, with bytes printed in GiB.
+
+        Args:
+            gpu: the GPU's catalog name, printed as given.
+            tp: tensor_parallel (GPUs in the group).
+            util: gpu_memory_utilization, a fraction in (0, 1]; must be the one this
+                capacity was computed with (``usable_bytes / util`` is the GPU's memory).
+            block_size: tokens per block.
+
+        Raises:
+            ZeroDivisionError: ``util`` is 0.
+        """
         g = lambda x: f"{x / GiB:.2f} GiB"  # noqa: E731
         return (f"projected: {gpu} {g(self.usable_bytes / util)} × {util:g} − weights "
                 f"{g(self.weight_bytes)} − activations {g(self.activation_bytes)} − non-torch "

@@ -280,7 +280,11 @@ class Request:
 
     @num_computed_tokens.setter
     def num_computed_tokens(self, value: int) -> None:
-        """Set the tokens whose KV is computed (not while the steady-decode clock runs it)."""
+        """Set the tokens whose KV is computed (not while the steady-decode clock runs it).
+
+        Raises:
+            AssertionError: the steady-decode clock runs this request (assertions on).
+        """
         assert not self._steady
         self._computed = value
 
