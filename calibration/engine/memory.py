@@ -62,7 +62,8 @@ def profile_cuda_kv_budget(model, max_num_batched_tokens: int, max_model_len: in
 
 
 def blocks_for_budget(budget_bytes: int, model_config, block_size: int, dtype) -> int:
-    """KV blocks that fit ``budget_bytes``."""
+    """KV blocks that fit ``budget_bytes`` bytes, a block holding ``block_size`` tokens of
+    every layer's K and V in ``dtype`` (a torch dtype); 0 for a budget of 0 or less."""
     per_block = kv_bytes_per_block(model_config.num_hidden_layers, block_size,
                                    model_config.num_key_value_heads, model_config.head_dim,
                                    dtype)

@@ -26,6 +26,12 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``: one per UTF-8 byte, so a prompt of n bytes is n tokens.
+
+        Raises:
+            InputError: text UTF-8 cannot encode (a lone surrogate), or a byte >=
+                ``vocab_size``.
+        """
         _check_text(text)
         ids = list(text.encode("utf-8"))
         bad = [b for b in ids if b >= self.vocab_size]
@@ -35,6 +41,12 @@ class ByteTokenizer:
         return ids
 
     def decode(self, ids) -> str:
+        """Text of token ids (an iterable of ints): ids 256 and above are dropped (the
+        model may sample any id of its vocab) and invalid UTF-8 becomes U+FFFD.
+
+        Raises:
+            ValueError: a negative id.
+        """
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
@@ -72,6 +84,12 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
+        """Text of token ids (an iterable of ints), as ``tokenizers`` decodes them: special
+        tokens and ids outside the vocab are left out.
+
+        Raises:
+            OverflowError: a negative id.
+        """
         return self._tok.decode(list(ids))
 
 
