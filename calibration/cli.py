@@ -745,6 +745,14 @@ def _identity(header: dict) -> dict:
 
 
 def read_csv_identity(path: Path) -> dict | None:
+    """The identity of a measurements CSV's header (its :data:`calibration.profiler.
+    IDENTITY_KEYS`: model, shape, dtype, device, block_size, threads, torch; ``None`` for
+    a key the header lacks), which says whether two measurements came from the same setup;
+    ``None`` when the file has no JSON header.
+
+    Raises:
+        OSError: ``path`` cannot be opened.
+    """
     from .profiler import read_csv_header
     h = read_csv_header(path)
     return _identity(h) if h is not None else None

@@ -198,12 +198,18 @@ class Grid:
         return 2 + self.decode_steps_per_visit + 2 * n_mixed
 
     def rows_per_visit(self, cell: Cell) -> int:
+        """Measured steps (CSV rows) one visit of ``cell`` adds: ``decode_steps_per_visit``
+        for a decode cell, 1 for a prefill or mixed cell."""
         return self.decode_steps_per_visit if cell.kind == "decode" else 1
 
     def max_batch(self) -> int:
+        """The largest decode batch ``B`` (sequences) of the decode and mixed lists, at
+        least 1; taken over the lists, feasible cells or not."""
         return max((*self.decode_batches, *self.mixed_batches, 1))
 
     def max_chunk(self) -> int:
+        """The largest prefill chunk ``n`` (tokens) of the prefill and mixed lists, at
+        least 1; taken over the lists, feasible cells or not."""
         return max((*self.prefill_chunks, *(n for n, _ in self.mixed_chunks), 1))
 
 

@@ -257,6 +257,11 @@ class StepReplayCost:
         return max(0, self._begin[k] - self._start[k]) if k < len(self._start) else 0
 
     def step_time_ns(self, plan) -> int:
+        """Duration in ns of the next simulated step (the k-th call prices step ``k``):
+        the engine's step ``k`` from its start to its end as laid out above (at least
+        1 ns), or 1 ms for every step past the engine's last (a diverged replay). Records
+        ``plan`` in :attr:`steps`; with ``price``, also appends ``price``'s duration for
+        ``plan`` (plus its wake-up cost after an idle spell) to :attr:`priced_ns`."""
         k = len(self.steps)
         if self.price is not None:
             t = self.price.step_time_ns(plan)
@@ -289,6 +294,8 @@ class ScaledCost:
             f" + front end {front_end_ns / 1e3:.0f} us/step" if front_end_ns else "")
 
     def step_time_ns(self, plan) -> int:
+        """The base model's duration of ``plan`` in ns × ``factor``, rounded, plus
+        ``front_end_ns``; at least 1 ns."""
         t = self.base.step_time_ns(plan)
         return max(1, int(t * self.factor + 0.5) + self.front_end_ns)
 

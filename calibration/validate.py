@@ -230,6 +230,8 @@ class SpeedProbe:
 
     @property
     def label(self) -> str:
+        """The probe cells for a report: each cell's key with its mean step time in the
+        profile's CSV (ms), comma-separated."""
         return ", ".join(f"{c.key} ({ref * 1e3:.2f} ms)" for c, ref in self.cells)
 
     @staticmethod
