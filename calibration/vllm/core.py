@@ -35,6 +35,7 @@ class Run:
 
     @property
     def kind(self) -> str:
+        """The first word of :attr:`key` (``prefill`` for ``prefill b=4 L=256``)."""
         return self.key.split(" ", 1)[0]
 
 
@@ -208,6 +209,8 @@ class RecordBook:
         self.records: dict = {}
 
     def arrive(self, request_id, arrival_ns: int, prompt_tokens: int) -> RequestRecord:
+        """Start the record of ``request_id``, arrived at ``arrival_ns`` (ns) with a prompt
+        of ``prompt_tokens`` tokens, and return it; an id seen before gets a new record."""
         rec = RequestRecord(request_id=request_id, arrival_ns=int(arrival_ns),
                             prompt_tokens=int(prompt_tokens), token_times_ns=[])
         self.records[request_id] = rec
@@ -218,6 +221,8 @@ class RecordBook:
         self.records[request_id].finish_reason = "rejected"
 
     def scheduled(self, request_ids, start_ns: int) -> None:
+        """The step starting at ``start_ns`` (ns) scheduled ``request_ids``: sets the first
+        scheduled time of those not scheduled before; unknown ids are skipped."""
         for rid in request_ids:
             rec = self.records.get(rid)
             if rec is not None and rec.first_scheduled_ns is None:
@@ -241,6 +246,11 @@ class RecordBook:
             rec.preemptions = int(preemptions)
 
     def ordered(self, request_ids) -> list[RequestRecord]:
+        """The records of ``request_ids``, in that order.
+
+        Raises:
+            KeyError: an id that never arrived.
+        """
         return [self.records[r] for r in request_ids]
 
 

@@ -105,6 +105,16 @@ def profile_section(path) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Run the fidelity workloads against vLLM (``argv``: the command's arguments, default
+    ``sys.argv[1:]``), write each workload's outputs under ``reports/fidelity-vllm/`` and the
+    markdown to ``--out`` (rewritten after each workload), print its path, and return 0.
+
+    Raises:
+        SystemExit: bad arguments (argparse, exit status 2).
+        ValueError: a ``--loads`` entry that is not a number.
+        InputError: an unreadable profile or scenario, vLLM missing, or a flag outside
+            :func:`calibration.vllm.commands.validate_vllm`'s bounds.
+    """
     from calibration.validate_report import write_outputs
     from simulator.files import atomic_write
     from simulator.scenario import load_scenario

@@ -145,7 +145,11 @@ class VllmEngine:
         return time.perf_counter_ns() - self._t0
 
     def reset(self) -> None:
-        """Start a new run: clock to 0, no steps or records, an empty prefix cache."""
+        """Start a new run: clock to 0, no steps or records, an empty prefix cache.
+
+        Raises:
+            RuntimeError: a request is still unfinished (``engine is not idle``).
+        """
         if self.has_unfinished():
             raise RuntimeError("engine is not idle")
         self.llm.reset_prefix_cache()
@@ -186,6 +190,7 @@ class VllmEngine:
         return True
 
     def has_unfinished(self) -> bool:
+        """True while vLLM holds a request that has not finished (waiting or running)."""
         return self.llm.has_unfinished_requests()
 
     def step(self) -> list:
@@ -223,6 +228,8 @@ class VllmEngine:
         return finished
 
     def run_until_idle(self) -> None:
+        """Run :meth:`step` until no request is unfinished; what vLLM's step raises
+        propagates."""
         while self.has_unfinished():
             self.step()
 
