@@ -1159,6 +1159,11 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         msg = f"key {shown} is not text: keys are names" + (
             f" (allowed: {', '.join(parent.model_fields)})"
             if typ == "invalid_key" and parent is not None else "")
+        comma = text and isinstance(key, int) and not isinstance(key, bool) and re.search(
+            rf"\d,{re.escape(shown)}\s*[,}}]", text)
+        if comma:   # {rate: 4,0}: YAML reads the decimal comma as a second entry, key 0
+            msg += (f"; in a {{…}} mapping a comma separates entries ({comma[0][:-1]}): a "
+                    f"decimal takes a point")
     elif typ in ("model_type", "model_attributes_type"):   # pydantic: "a valid dictionary
         # or instance of <Model>" / "... or object to extract fields from"
         msg = f"must be a mapping of keys (got {echo(err.get('input'))})"

@@ -396,6 +396,19 @@ def test_a_key_that_is_not_text_is_named_as_written(tmp_path, chat):
                                      f"is not text: keys are names")
 
 
+def test_a_decimal_comma_in_a_flow_mapping_is_named(tmp_path):
+    # {rate: 4,0} is YAML for {rate: 4, 0: null}: the key 0 is the decimal comma's
+    p = tmp_path / "s.yaml"
+    raw = {k: v for k, v in BASE.items() if k != "workload"}
+    p.write_text(yaml.safe_dump(raw, sort_keys=False) + (
+        "workload:\n  num_requests: 10\n  arrival: {process: poisson, rate: 4,0}\n"
+        "  prompt_tokens: {dist: fixed, value: 8}\n  output_tokens: {dist: fixed, value: 4}\n"))
+    assert err(load_scenario, p) == (
+        f"s.yaml:{line_of(p, 'arrival:')}: workload.arrival: key 0 is not text: keys are "
+        "names (allowed: rate, normalize_duration, process); in a {…} mapping a comma "
+        "separates entries (4,0): a decimal takes a point")
+
+
 def test_yaml_syntax_error_names_line(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("name: x\nmodel: llama-test\nengine: {block_size: [16}\n")
