@@ -58,7 +58,11 @@ MAX_REPLAY_SECONDS = 3600.0
 
 def positive_seconds(text: str) -> float:
     """argparse type for ``--replay-seconds``: a finite number of seconds in
-    (0, :data:`MAX_REPLAY_SECONDS`]."""
+    (0, :data:`MAX_REPLAY_SECONDS`].
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or outside that range.
+    """
     import argparse
     import math
 
@@ -74,7 +78,11 @@ def positive_seconds(text: str) -> float:
 
 def seed_arg(text: str) -> int:
     """argparse type for ``--seed``: a whole number in [0, 2**32) (NumPy's and torch's
-    generators refuse negatives)."""
+    generators refuse negatives).
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or outside that range.
+    """
     import argparse
 
     try:
@@ -87,7 +95,11 @@ def seed_arg(text: str) -> int:
 
 
 def positive_int(text: str) -> int:
-    """argparse type for counts and lengths: a whole number >= 1."""
+    """argparse type for counts and lengths: a whole number >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or less than 1.
+    """
     import argparse
 
     try:
@@ -105,7 +117,11 @@ MAX_REPEATS = 100
 
 
 def repeats_arg(text: str) -> int:
-    """argparse type for ``--repeats``: a whole number in [1, :data:`MAX_REPEATS`]."""
+    """argparse type for ``--repeats``: a whole number in [1, :data:`MAX_REPEATS`].
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or outside that range.
+    """
     import argparse
 
     try:
