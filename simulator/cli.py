@@ -357,6 +357,15 @@ def main(argv=None, *, noted: list[int] | None = None) -> int:
     once a command starts renaming its outputs into place and after it returns
     (interpreter shutdown): an interrupt then lets it finish, exit 0, rather than exiting
     130 over a whole report. ``noted``: signals that came before this module was loaded.
+
+    Returns 2 after printing an :class:`InputError` as one line on stderr, 1 when stdout
+    or stderr cannot be written, 0 when the reader of stdout goes away.
+
+    Raises:
+        SystemExit: a usage error, said on stderr by argparse (exit status 2).
+        OSError: one that names a file (``filename`` set), which the commands do not
+            turn into an :class:`InputError`.
+        Exception: any other error of a command (a defect), with its traceback.
     """
     global _signalled
     from . import files
