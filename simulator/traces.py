@@ -561,7 +561,10 @@ def load_trace(trace_cfg: TraceConfig, base_dir=".", num_requests: int | None = 
         InputError: missing/empty file, bad JSON, missing column or key, non-numeric,
             non-integer or negative value, zero tokens, an arrival earlier than the one
             before it, Mooncake ``hash_ids`` of the wrong length (all as
-            ``file:line: ...``), or a window that keeps no request.
+            ``file:line: ...``).
+        KeyedInputError: keyed ``workload.trace.time_scale`` when it scales the last
+            arrival past what a run holds (about 4.6e9 s), ``workload.trace.window_s`` when
+            the window keeps no request; the scenario prefixes the key's line.
     """
     path = _resolve(trace_cfg.path, base_dir)
     fmt = trace_cfg.format

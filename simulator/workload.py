@@ -325,8 +325,9 @@ def length_bounds(dist_cfg) -> tuple[int, int | None]:
             integer inside, or ``max`` below 1), a uniform ``min`` of 0 (its draws of 0
             would become 1), a fixed value that is not a whole number
             >= 1 (it would be rounded silently), a normal mean or lognormal median below 1
-            (most samples clipped to 1), or a centre (value, mean, median), ``min`` or
-            ``max`` above :data:`MAX_COUNT`; the message says which.
+            (most samples clipped to 1); the message says which.
+        SubkeyError: a centre (value, mean, median), ``min`` or ``max`` above
+            :data:`MAX_COUNT` (tokens or turns), keyed by that field.
     """
     centre = {FixedDist: "value", UniformDist: "min", NormalDist: "mean",
               LognormalDist: "median"}.get(type(dist_cfg))
@@ -519,8 +520,10 @@ def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarra
 
     Raises:
         ValueError: a closed-loop config (it has no arrival times; requests follow finishes).
-        KeyedInputError: ``workload.arrival.rate`` so low that the arrivals overflow the
-            int64 ns clock.
+        TypeError: ``arrival_cfg`` of no arrival process above.
+        KeyedInputError: ``workload.arrival.rate`` (req/s) so low that the arrivals pass
+            the int64 ns clock's 4.6e9 s, or a gamma ``workload.arrival.burstiness`` so
+            small that the gaps' scale overflows.
     """
     if isinstance(arrival_cfg, ClosedLoopArrival):
         raise ValueError("closed_loop arrivals follow request finishes; no times to draw")
