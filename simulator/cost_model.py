@@ -956,7 +956,7 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
     suggests (:func:`kv_capacity`).
 
     Raises:
-        InputError: no room for a KV cache (:func:`kv_capacity`).
+        KeyedDoesNotFit: no room for a KV cache (:func:`kv_capacity`); an InputError.
         ValueError: ``source`` is not a GPU profile (a CPU's efficiencies say nothing of
             a GPU's; callers pass only GPU profiles).
     """

@@ -72,8 +72,9 @@ def simulate(scenario, replication: int = 0, specs=None, progress=None,
     Raises:
         InputError: naming the scenario's key: sim.warmup_requests that leaves none of a
             trace's requests, a step priced past the longest a step may take, a KV cache
-            that holds no request (:meth:`~simulator.scenario.Scenario.scheduler_config`),
-            and the cost model's and workload's own errors.
+            that holds no request (:class:`~simulator.errors.DoesNotFit`, from
+            :meth:`~simulator.scenario.Scenario.scheduler_config` or the cost model), and
+            the cost model's and workload's own errors.
         ValueError: ``cost_models`` not one per replica.
     """
     seed = _replication_seed(scenario.workload.seed, replication)
