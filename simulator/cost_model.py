@@ -61,8 +61,10 @@ GiB = 1 << 30
 # range for 7B-70B models on A100/H100 with tuned kernels; we take 0.7.
 DEFAULT_MBU = 0.7
 # Prefill is GEMM-bound: achieved/peak dense FLOP/s (model FLOP utilisation, MFU, as in
-# PaLM, Chowdhery et al. 2022). Large-token bf16 GEMMs in vLLM/SGLang prefill reach about
-# half of the tensor-core peak on H100/A100; we take 0.5.
+# PaLM, Chowdhery et al. 2022). 0.5 is an estimate with no measurement or publication
+# behind it; a projected prefill's compute time scales as 1/MFU (half at 1.0, twice at
+# 0.25). A measured vLLM GPU profile in the profile folders replaces it
+# (:func:`_gpu_efficiency_profile`).
 DEFAULT_MFU = 0.5
 #: The longest one engine step may be priced (seconds): past it a scenario's coefficients are
 #: absurd (an hour-long forward pass), and time would soon leave the integer-ns clock.
@@ -71,17 +73,23 @@ MAX_STEP_S = 3600.0
 MAX_IDLE_S = 86400.0
 # Fixed CPU cost of a step (scheduling, input preparation, launch of a CUDA-graph) and its
 # per-request part (vLLM V1 synchronous scheduling does not overlap them with the GPU).
-# Estimates, not measured here: a calibrated profile replaces them.
+# Estimates, with no measurement or publication behind them. 1 ms is about 15% of a
+# projected batch-1 decode step of Llama-3.1-8B on an H100 (16.06 GB / (0.7 × 3.35 TB/s)
+# = 6.9 ms): 2x would add about 13% to that step's TPOT, 0.5x take about 6% off. 10 us
+# a request adds 2.6 ms to a step of 256 requests. A measured vLLM GPU profile replaces both
+# (its a0_s and per_request_s, :func:`project_profile`'s source), as does hardware.profile.
 DEFAULT_STEP_OVERHEAD_S = 1.0e-3
 DEFAULT_PER_REQUEST_S = 1.0e-5
 # Device memory outside torch's allocator that vLLM's start-up profiling charges to the
 # budget ("non_torch_memory": cuBLAS workspaces and, with tensor_parallel > 1, NCCL and
 # custom all-reduce buffers, created after its baseline snapshot), per GPU. Published
-# start-up logs: 0.05-0.34 GiB on one GPU; with tensor_parallel > 1, 0.7-2.2 GiB (A100-40GB
-# and MI-series TP8: 1.07-2.15 GiB). vLLM PR #10511's early profiler read 1.79 GiB at TP1
-# and 3.58 at TP2 (H100, Llama-3-8B): TP2's buffers added 1.79 GiB. Estimates, at or above
-# most logs (a KV cache too small rather than too large): measure yours in the log line
-# "non_torch_memory takes ..." (or set the cache with engine.num_gpu_blocks).
+# start-up logs: 0.05-0.34 GiB on one GPU (e.g. 0.16 GiB on an H100 in vllm-project/vllm
+# PR #12126); with tensor_parallel > 1, 0.7-2.2 GiB (A100-40GB and MI-series TP8:
+# 1.07-2.15 GiB; no log is cited for these).
+# vLLM PR #10511's early profiler read 1.79 GiB at TP1 and 3.58 at TP2 (H100,
+# Llama-3-8B): TP2's buffers added 1.79 GiB. Estimates, at or above most logs (a KV cache
+# too small rather than too large): measure yours in the log line "non_torch_memory
+# takes ..." (or set the cache with engine.num_gpu_blocks).
 NON_TORCH_BYTES = 512 * (1 << 20)
 NON_TORCH_TP_BYTES = 2 * (1 << 30)
 
