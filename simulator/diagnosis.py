@@ -98,35 +98,55 @@ from .run import max_model_len_text
 # The thresholds below are heuristics, set on the hand-built scenarios of
 # tests/test_diagnosis.py: each picks which findings to list and try, and a counterfactual
 # run with the finding's knob turned then tests it, so a threshold a few % off changes the
-# order knobs are tried in, not whether a knob is shown to move the figure.
+# order knobs are tried in, not whether a knob is shown to move the figure. No published
+# source sets them, and no flag or scenario key changes them (module constants).
 
 #: TTFT share of queueing above which queueing counts as significant (a synchronous
 #: engine makes every arrival wait for the running step, so some queueing is inherent).
+#: Half: waiting then outweighs prefill in the mean TTFT (QUEUE_STEPS rules out the waits
+#: of long steps).
 QUEUE_SHARE = 0.5
-#: Queue p99 in mean step times above which waits exceed the step in flight.
+#: Queue p99 in mean step times above which waits exceed the step in flight. A wait for
+#: the step in flight lasts under one mean step (a few where prefill steps are longer than
+#: the mean); 2 would count those waits as queueing, 8 would miss a queue of a few steps.
 QUEUE_STEPS = 4.0
-#: Busy fraction above which the engine counts as saturated.
+#: Busy fraction above which the engine counts as saturated. An M/G/1 wait grows as
+#: 1 / (1 − busy): ×6.7 at 0.85, ×3.3 at 0.7 (capacity to spare); near 1 it would miss an
+#: engine saturated in bursts with idle gaps between them.
 BUSY = 0.85
-#: Mean KV usage above which the cache counts as nearly full.
+#: Mean KV usage above which the cache counts as nearly full. A cache that holds admission
+#: back keeps free only less than the next request needs, so its mean stays below 1; 0.8
+#: would blame a cache a fifth free. (A few long requests that fill it are caught by their
+#: count, ``kv_holds_requests``.)
 KV_FULL = 0.9
-#: Peak KV usage / (1 − engine.watermark) above which the watermark holds admission back.
+#: Peak KV usage / (1 − engine.watermark) above which the watermark holds admission back
+#: (the margin of :data:`KV_FULL`).
 WATERMARK_NEAR = 0.9
-#: Mean running requests per replica / max_num_seqs above which the cap binds.
+#: Mean running requests per replica / max_num_seqs above which the cap binds. The mean
+#: counts quiet spells too, so a cap that binds shows below 1; :data:`SLOTS_FULL` catches a
+#: cap that binds only in bursts, and the run at more slots (:data:`SLOTS_GAIN`) tests both.
 SEQS_BUSY = 0.8
-#: Share of the waiting done while max_num_seqs sequences run, above which it binds.
+#: Share of the waiting done while max_num_seqs sequences run, above which it binds. Half:
+#: the cap then holds back most of the waiting; lower would run the slot test
+#: (:func:`slots_gain`) on caps that hold back little, higher miss caps that bind in bursts.
 SLOTS_FULL = 0.5
 #: Decode throughput at 2 × max_num_seqs over that at max_num_seqs below which a higher
 #: max_num_seqs adds too little (10%, as a counterfactual that "moves" a figure): each
 #: added sequence lengthens the step nearly as much as it adds work (per-sequence cost,
 #: e.g. KV reads, dominates), so the steps, not max_num_seqs, are full.
 SLOTS_GAIN = 1.1
-#: Mean tokens per step / max_num_batched_tokens above which the steps are full.
+#: Mean tokens per step / max_num_batched_tokens above which the steps are full (the
+#: margin of :data:`KV_FULL`: steps between bursts carry less); the run at twice the
+#: budget (:func:`budget_gain`) then tests it.
 TOKENS_FULL = 0.9
-#: ITL p99 / p50 above which prefills stall decodes.
+#: ITL p99 / p50 above which prefills stall decodes: the slowest 1% of decode steps take
+#: three median steps, more than a changing decode batch size alone explains; lower would
+#: flag that variation, higher miss prefill chunks that stall decodes but less.
 ITL_SPIKE = 3.0
 #: Counterfactual runs only for workloads up to this many requests.
 MAX_COUNTERFACTUAL_REQUESTS = 20_000
-#: Queue p99 / TTFT p99 above which the TTFT tail is waiting (bursts), not prefill.
+#: Queue p99 / TTFT p99 above which the TTFT tail is waiting (bursts), not prefill. Half:
+#: waiting then outweighs prefill in the tail, as :data:`QUEUE_SHARE` in the mean.
 TAIL_QUEUE = 0.5
 #: Inter-arrival coefficient of variation from which arrivals count as bursts (Poisson: 1;
 #: vLLM's gamma arrivals: 1 / sqrt(burstiness), so burstiness 0.5 gives 1.41).
@@ -135,9 +155,13 @@ BURSTY_CV = 1.3
 WAIT_METRICS = ("ttft_ms", "queue_ms", "e2el_ms")
 #: Floor (requests served alone) / SLO threshold from which a missed SLO is near the floor:
 #: more replicas remove only the little that sharing adds, faster steps are tried instead.
+#: At 0.9 more replicas can take at most 10% off (the share of a figure that moves it,
+#: :func:`_moved`); at 0.5 faster steps would be tried where more replicas would do.
 NEAR_FLOOR = 0.9
 #: Share of the waiting that happens while another replica holds nobody waiting above which
 #: a round-robin router's imbalance is a finding (a load-aware router sends it there).
+#: Half: the imbalance then causes most of the waiting; lower would name the router where
+#: most waiting is load that every replica shares.
 IDLE_ELSEWHERE = 0.5
 
 
