@@ -45,9 +45,13 @@ from .policy.request import NS_PER_S
 EXECUTORS = ("local", "serial", "ray")
 #: A run is stable when its achieved request throughput is at least this fraction of the
 #: offered rate; a slower run is an overloaded queue and is flagged, not averaged.
+#: A heuristic (no flag sets it): a run below it is still stable unless its backlog grows
+#: (:func:`backlog_grows`); 0.95 would pass overloads without that test, 0.99 test more runs.
 STABLE_FRACTION = 0.98
 #: Share above the saturation probe's steady throughput within which a run that falls behind
 #: its arrivals may still be noise (a plan's default indifference zone).
+#: The default of ``plan.tolerance``: a plan's rate search passes its own; sweeps and the
+#: diagnosis's ties use this one.
 CAPACITY_TOLERANCE = 0.02
 
 
@@ -131,6 +135,8 @@ def window_rates(result) -> tuple[float, float] | None:
 #: none to their steady number in about one E2EL).
 TREND_SEGMENTS = 6
 #: t statistic (slope / its standard error over the segments) from which a trend counts.
+#: A heuristic: nominally a one-sided p of 0.02 with the 6 segments' 4 degrees of freedom
+#: (2: 0.06, a stable run flagged too often; 6: 0.002, a slow growth missed).
 TREND_T = 3.0
 #: Growth of the requests in the system (running or waiting), as a share of the arrivals,
 #: from which a run that does not keep its queue waiting is still unstable: its batch

@@ -488,6 +488,9 @@ RATE, CONCURRENCY = "workload.arrival.rate", "workload.arrival.concurrency"
 #: Keys whose knee is where throughput saturates: users of a closed loop, and a
 #: client-side limit (each value caps what is in flight, as users do).
 SATURATING = (CONCURRENCY, "workload.max_concurrency")
+#: Share of a line's highest throughput that marks saturation (see :data:`RATE`). A
+#: heuristic (no flag sets it): throughput nears its highest slowly, so 0.99 would put the
+#: knee where noise between replications decides, 0.9 before users stop adding throughput.
 SATURATION_SHARE = 0.95
 #: Keys (and key prefixes, ending in ".") that change neither the load nor the capacity: a
 #: sweep over them has no knee ("lowest stable workload.seed" would mean nothing).
