@@ -446,18 +446,21 @@ def plan(scenario, executor, *, target_rate: float | None = None,
          progress: Callable[[int], None] | None = None, confirm: bool = True) -> PlanResult:
     """Size every candidate of ``scenario.plan`` for ``target_rate`` and pick the cheapest.
 
-    Steps: the max-rate search of all candidates in lock-step (common random numbers: the
-    same seeds for every candidate), replicas = ceil(target / max rate), an operating-point
-    run at target / replicas per replica (latency figures with 95% CIs; one more replica
-    while it misses the SLOs), costs; then, from
-    the cheapest estimate up, the replica count is confirmed by simulating the deployment
-    (:func:`confirm_replicas`) for every candidate, after the first at fewer replicas than
-    would cost as much as the cheapest confirmed plan (a router's pooling can need far
-    fewer than the estimate, below its CI, which is one replica's); one that fails there
-    keeps its estimate
-    (``confirmed`` False), its replica CI starting above the count tried. At equal cost
-    the most capacity (replicas × max rate per replica) is confirmed first, then the fewest
-    replicas; the first confirmed of equal cost is the plan.
+    Steps:
+
+    1. Search every candidate's max rate per replica, all in lock-step with common random
+       numbers (the same seeds for every candidate).
+    2. Estimate replicas = ceil(target / max rate); run the operating point at
+       target / replicas per replica (latency figures with 95% CIs), one more replica
+       while it misses the SLOs; price it.
+    3. With ``confirm``, from the cheapest estimate up, confirm each candidate's replica
+       count by simulating the deployment (:func:`confirm_replicas`): a router's pooling
+       can need far fewer than the estimate, below its CI (which is one replica's). After
+       the first, a candidate is tried only at fewer replicas than would cost as much as
+       the cheapest confirmed plan. One that fails keeps its estimate (``confirmed``
+       False), its replica CI starting above the count tried.
+    4. At equal cost the most capacity (replicas × max rate per replica) is confirmed
+       first, then the fewest replicas; the first confirmed of equal cost is the plan.
 
     Args:
         target_rate: req/s for the whole deployment (default ``plan.target_rate``).
