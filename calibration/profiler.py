@@ -285,16 +285,18 @@ def record_features(rec) -> dict:
 
 def read_csv_header(path: Path) -> dict | None:
     """The JSON header of a measurements CSV, or ``None`` if the file has none (or its
-    first line is not UTF-8 text). A UTF-8 byte order mark before it (an editor's "UTF-8
-    with BOM") is skipped, as pandas skips it."""
+    first line is not UTF-8 text, or its JSON is no object: ``# [1, 2]`` names no key). A
+    UTF-8 byte order mark before it (an editor's "UTF-8 with BOM") is skipped, as pandas
+    skips it."""
     with open(path, "rb") as f:   # text mode would decode a whole buffer, not the line
         first = f.readline().removeprefix(codecs.BOM_UTF8)
     if not first.startswith(b"# "):
         return None
     try:
-        return json.loads(first[2:].decode("utf-8"))
+        header = json.loads(first[2:].decode("utf-8"))
     except ValueError:   # UnicodeDecodeError too
         return None
+    return header if isinstance(header, dict) else None
 
 
 def read_measurements(path: str | Path, shown: str | Path | None = None):

@@ -243,6 +243,20 @@ def test_a_row_that_is_not_utf8_is_named_by_its_line(tmp_path):
                                 f"file as UTF-8)")
 
 
+@pytest.mark.parametrize("first", ["# [1, 2]", "# 5", '# "text"', "# null"])
+def test_a_header_that_is_no_json_object_reads_as_none(tmp_path, first):
+    # callers read keys of it (threads, engine): a list or number is no header at all
+    from calibration.profiler import read_csv_header
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, OWN_HEADER)
+    log.append(ONE_ROW)
+    log.close()
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(first + "\n" + "".join(lines[1:]))
+    assert read_csv_header(path) is None
+    read_measurements(path)   # the rows still read, as a file without a header's do
+
+
 def test_a_csv_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
     # an editor's "UTF-8 with BOM": refused as "not a servesim measurements CSV"
     import codecs
