@@ -185,7 +185,13 @@ def main(argv=None) -> int:
                     help="do not serve each replication's requests a second time (the "
                          "engine's difference from itself, this machine's noise floor)")
     args = ap.parse_args(argv)
-    loads = [float(x) for x in args.loads.split(",")]
+    from calibration.validate import parse_loads
+    from simulator.errors import InputError
+
+    try:   # the loads as servesim validate reads them (digits 0-9, thousandths, once each)
+        loads = parse_loads(args.loads)
+    except InputError as e:
+        ap.error(str(e))
     parts = ["# servesim fidelity against its own engine (predicted mode)", ""]
     results = {}
     scenario, base = args.scenario, []

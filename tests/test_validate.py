@@ -830,3 +830,22 @@ def test_a_band_verdict_says_how_many_replications_it_judged():
     line = next(x for x in VR.markdown_table(result).splitlines()
                 if x.startswith("| 0.9 | TPOT p99"))
     assert "| yes (178.9–188) |" in line
+
+
+@pytest.mark.parametrize("script", [["benchmarks/fidelity.py"],
+                                    ["-m", "calibration.vllm.fidelity", "--profile", "p"]])
+@pytest.mark.parametrize("loads, said", [
+    ("０.３", "--loads: '０.３' is not a number in the digits 0-9 (write 0.3)"),
+    ("0.3,0.3", "--loads: 0.3 given twice"),
+    ("0.3,x", "--loads: '0.3,x' is not a comma-separated list of fractions")])
+def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
+    # float() read ０.３ and served a load given twice again with the same seeds
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, *script, "--loads", loads], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.splitlines()[-1].split(": error: ", 1)[1].startswith(said)

