@@ -1,7 +1,7 @@
 """``servesim calibrate`` and ``servesim profiles``.
 
 ``calibrate`` measures one device with the real engine and writes a profile the simulator
-uses (DESIGN.md §4-5): device ceilings, the step grid (:mod:`.profiler`, resumable CSV), the
+uses: device ceilings, the step grid (:mod:`.profiler`, resumable CSV), the
 fit (:mod:`.fit`), a Poisson replay the fit never saw, the profile YAML and an HTML/PNG
 report (:mod:`.report`). torch is imported only inside the command, so the planner's
 ``servesim`` works without it.

@@ -1,4 +1,4 @@
-"""Fit step-cost coefficients to measured steps and say how accurate they are (DESIGN.md §4).
+"""Fit step-cost coefficients to measured steps and say how accurate they are.
 
 Each grid cell's *mean* step time is fitted (throughput follows the mean; a median would
 flatter the engine). Two forms of :mod:`simulator.cost_model` compete:

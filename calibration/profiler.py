@@ -1,4 +1,4 @@
-"""Measure engine step times over a grid of step shapes (DESIGN.md §4).
+"""Measure engine step times over a grid of step shapes.
 
 The grid covers what the scheduler produces:
 

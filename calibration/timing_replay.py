@@ -1,6 +1,6 @@
 """Timing replay: serve a request list on the real engine in real time, then simulate the
 identical list with every simulated step lasting as the engine's step did, and check that
-the two match exactly (DESIGN.md §2: the simulator differs from the engine only in where a
+the two match exactly (the simulator differs from the engine only in where a
 step's duration comes from).
 
 Timing boundaries are the same on both sides: a request's arrival is when it reaches the

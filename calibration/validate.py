@@ -1,6 +1,6 @@
 """Measured fidelity of the simulator against the real engine, across load.
 
-Two modes (DESIGN.md §2: the simulator differs from the engine only in where a step's
+Two modes (the simulator differs from the engine only in where a step's
 duration comes from):
 
 * **timing replay** — the simulator takes the engine's recorded duration for each step;

@@ -1,4 +1,4 @@
-"""Step-time model, calibration-profile schema and hardware projection (DESIGN.md §4).
+"""Step-time model, calibration-profile schema and hardware projection.
 
 The simulator prices every engine step from its :class:`~simulator.policy.StepPlan`:
 prefill chunks (each ``n`` new tokens after ``c`` computed ones), decodes and the context
@@ -907,11 +907,11 @@ def kv_capacity(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int, block
 def _gpu_efficiency_profile(gpu_name: str) -> tuple[Profile | None, list[Path]]:
     """A measured GPU profile of vLLM to borrow efficiencies (and fixed step costs) from:
     same GPU first, then any GPU, newest first; with the profile files that could not be
-    read (they may have been one). CPU profiles never qualify (DESIGN.md §4),
-    nor do profiles of servesim's own engine: on a GPU it runs eagerly, without CUDA
-    graphs, so its steps are launch-bound (a fitted 11 ms a step and MBU 0.28 for
-    Llama-3.1-8B on an H200, benchmarks/results/gpu_h200.md), which a projection of vLLM
-    would inherit (3.7× its batch-1 TPOT on an H100)."""
+    read (they may have been one). CPU profiles never qualify (a CPU's share of its own
+    peaks says nothing of a GPU's), nor do profiles of servesim's own engine: on a GPU it
+    runs eagerly, without CUDA graphs, so its steps are launch-bound (a fitted 11 ms a step
+    and MBU 0.28 for Llama-3.1-8B on an H200, benchmarks/results/gpu_h200.md), which a
+    projection of vLLM would inherit (3.7× its batch-1 TPOT on an H100)."""
     cands, unreadable = [], []
     for name, path in list_profiles().items():
         try:

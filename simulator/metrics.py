@@ -1,6 +1,6 @@
 """Run metrics: per-request latencies, pooled ITL, step time series and the run summary.
 
-Definitions follow ``vllm bench serve`` (``vllm/benchmarks/serve.py``; DESIGN.md §1):
+Definitions follow ``vllm bench serve`` (``vllm/benchmarks/serve.py``):
 
 * TTFT  = first token time - arrival (queueing and prefill included).
 * TPOT  = (E2EL - TTFT) / (output_tokens - 1) per request; requests with <= 1 output token

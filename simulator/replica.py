@@ -4,7 +4,7 @@ The replica drives the shared policy objects (:class:`simulator.policy.Scheduler
 as the real engine does — ``schedule()``, run the step, ``update()`` — except that a step's
 duration comes from the cost model instead of a forward pass. Time is integer ns.
 
-Timing rules (DESIGN.md §2): steps run back to back while there is work; an arrival at
+Timing rules: steps run back to back while there is work; an arrival at
 time t is seen by a step that starts at t (arrivals are delivered with SimPy's URGENT
 priority, ahead of the step boundary at the same instant); an idle replica starts a step
 at the arrival that wakes it, and that step also pays the cost model's wake-up cost for

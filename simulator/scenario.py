@@ -1,4 +1,4 @@
-"""Scenario schema: what to serve, on what, configured how (DESIGN.md §5).
+"""Scenario schema: what to serve, on what, configured how.
 
 A scenario is a YAML file validated by :class:`Scenario` (pydantic v2, unknown keys
 refused everywhere). :func:`load_scenario` reads it, applies ``--set a.b.c=value``

@@ -1,4 +1,4 @@
-"""Maximum arrival rate at which every SLO is met (DESIGN.md §5), by bisection.
+"""Maximum arrival rate at which every SLO is met, by bisection.
 
 The search is written as generators that *yield* lists of :class:`~simulator.executors.Job`
 and receive their outputs, so a driver (:func:`drive`) can run the searches of many

@@ -1,8 +1,9 @@
 """Property tests: invariants after every step, and the lazy scheduler against a naive one.
 
-The naive reference below re-states DESIGN.md §3 as a plain O(running) loop per step (no
-steady-decode shortcut), sharing only the KV cache manager. On random workloads both must
-produce the same plan, preemptions and finishes at every step.
+The naive reference below re-states the scheduling rules (simulator/policy/scheduler.py's
+docstring) as a plain O(running) loop per step (no steady-decode shortcut), sharing only the
+KV cache manager. On random workloads both must produce the same plan, preemptions and
+finishes at every step.
 """
 
 import math

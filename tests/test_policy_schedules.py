@@ -1,4 +1,4 @@
-"""Hand-derived schedules (DESIGN.md §3): each expected table was worked out on paper.
+"""Hand-derived schedules: each expected table was worked out on paper.
 
 Rows are (request id, num_new_tokens, num_computed_before, samples_token), sorted by id.
 """

@@ -1,4 +1,4 @@
-"""Queueing-theory checks of the simulator (DESIGN.md §7).
+"""Queueing-theory checks of the simulator.
 
 With ``max_num_seqs: 1``, fixed lengths, a constant step time and Poisson arrivals the
 replica is an M/D/1 queue whose service time is (steps per request) × (step time): one

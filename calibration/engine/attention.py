@@ -5,7 +5,7 @@ run of tokens per prefill chunk. Per layer:
 
 1. The K/V of *every* scheduled token are written to the cache first, so a request can
    read blocks that another request of the same step fills (a prefix hit registered in the
-   same scheduling pass, DESIGN.md §3).
+   same scheduling pass).
 2. Decodes, all at once, split-K (vLLM ``paged_attention_v2``'s partitions; "flash
    decoding") with one block per partition: one gather of every decode's blocks gives
    ``[blocks, kv_heads, block_size, head_dim]`` (the cache's own layout, so no transpose);

@@ -1,7 +1,7 @@
 """vLLM as the measured engine: ``servesim calibrate --backend vllm`` and ``servesim
 validate --backend vllm``.
 
-The same loop as for servesim's own engine (DESIGN.md §2, §4) with vLLM's in-process
+The same loop as for servesim's own engine with vLLM's in-process
 ``LLMEngine`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: scheduler, worker and output processing
 run serially in this process, so a step's wall time is what the simulator prices) in place
 of :mod:`calibration.engine`:

@@ -9,7 +9,8 @@ tuple of those). Two requests that share a segment share those tokens, so prefix
 follows from content (a shared system prompt, the earlier turns of a conversation) and block
 hashes can be derived for any ``block_size`` (see :meth:`Request.block_hash`).
 
-The types here are the contracts of DESIGN.md §2:
+The types here are the contracts between the workload, the scheduler, the engine and
+the simulator:
 
 * :class:`RequestSpec` — what to serve; consumed by the simulator and by the engine's replay.
 * :class:`Request` — the live state the scheduler and KV cache manager work on.

@@ -3,8 +3,8 @@
 One :meth:`Scheduler.schedule` call per engine step returns a :class:`StepPlan`; the
 executor (the real engine's model runner, or the simulator's cost model) runs it and hands
 the sampled tokens back through :meth:`Scheduler.update`. Semantics mirror vLLM V1's
-``vllm/v1/core/sched/scheduler.py`` with synchronous scheduling (``async_scheduling=False``,
-DESIGN.md §3):
+``vllm/v1/core/sched/scheduler.py`` with synchronous scheduling
+(``async_scheduling=False``):
 
 1. Running requests first, in admission order. Each asks for ``num_tokens -
    num_computed_tokens`` tokens (1 for a decode, the rest of the prompt for a partial
@@ -168,7 +168,8 @@ class ScheduledRequest:
 
 
 class StepPlan:
-    """What the scheduler decided for one step (DESIGN.md §2 contract).
+    """What the scheduler decided for one step: the contract between the scheduler and
+    whatever executes the step (the engine runs it, the simulator prices it).
 
     Attributes:
         step: 1-based step index of this scheduler.
@@ -660,7 +661,11 @@ class Scheduler:
 
     # -- checks ---------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Assert DESIGN.md §3 invariants (O(blocks); for tests).
+        """Assert the KV and queue invariants (O(blocks); for tests): the free-block count
+        matches the free queue, free + used blocks = ``num_gpu_blocks`` − 1 (the null
+        block), at most ``max_num_seqs`` run, a running request holds exactly
+        ceil(num_computed_tokens / block_size) blocks, a waiting one none and no computed
+        tokens.
 
         Raises:
             AssertionError: naming the broken invariant.
