@@ -9,7 +9,8 @@ limits a vLLM operator can turn, in this order:
 * ``session_ramp``: conversations that ended before they built up their load
   (:mod:`simulator.session_ramp`): nothing can be said of that load, so this comes first.
 * ``client_concurrency``: a client-side ``workload.max_concurrency`` whose sends fall
-  behind the arrivals while the engine has free slots: the client, not the engine, binds.
+  behind the arrivals while the engine runs fewer than max_num_seqs: the client, not the
+  engine, binds.
 * ``prefix_cache``: a workload with shared prefixes whose hit rate is well below the
   shared share of the prompts (under half; under :data:`SCATTERED_HITS` of it behind a
   router that ignores prefixes, which scatters prefix groups and conversations' histories
@@ -39,16 +40,18 @@ limits a vLLM operator can turn, in this order:
   a test of the cache alone, which the knob says the GPUs cannot hold and what would
   (:func:`_kv_change`, :func:`_beyond_memory`).
 * ``max_num_seqs``: queueing while a replica runs ``max_num_seqs`` requests most of the time,
-  or while most of the waiting happens with every sequence slot taken (bursts), and the
-  slots the offered load needs (Little's law, :func:`slots_needed`; at least twice as many,
-  at most what the KV cache holds) would raise decode throughput by :data:`SLOTS_GAIN` or
-  more (else the steps are full: ``compute``). The change tried is that many slots: twice
+  or while most of the waiting happens with ``max_num_seqs`` running (bursts), and the
+  running sequences the offered load needs (Little's law, :func:`max_num_seqs_needed`; at
+  least twice as many, at most what the KV cache holds) would raise decode throughput by
+  :data:`MIN_GAIN` or more (else the steps are full: ``compute``). The change tried is
+  that many: twice
   them can fall short of the load where more replicas (all resources at once) do not;
   where the cache holds fewer, with the blocks to hold them at their mean context.
 * ``max_num_batched_tokens``: queueing while steps carry their whole token budget, where
-  twice the budget would raise token throughput by :data:`SLOTS_GAIN` or more.
+  twice the budget would raise token throughput by :data:`MIN_GAIN` or more.
 * ``compute``: queueing (or an unstable run): every step is full of work; only faster or
-  more GPUs help (beside a KV, slot or budget limit too: more replicas share the load).
+  more GPUs help (beside a KV, max_num_seqs or budget limit too: more replicas share the
+  load).
   Also without queueing, when a TTFT, queue or E2EL SLO is missed and the TTFT tail is
   mostly waiting (queue p99 at least half the TTFT p99): bursts of arrivals the engine
   drains only after a while (inter-arrival CV of at least :data:`BURSTY_CV`, said so
@@ -70,7 +73,7 @@ limits a vLLM operator can turn, in this order:
   when it moves a missed figure by more than 10%.
 
 Rejections, free prefix-cache settings, the floor and the router come first; then the findings whose
-knob moves a missed SLO (:data:`MOVES`: more slots or a larger budget shorten waits but
+knob moves a missed SLO (:data:`MOVES`: a higher max_num_seqs or budget shortens waits but
 lengthen steps, so not TPOT or ITL; shorter chunks lengthen prefills, so not TTFT, and
 with TTFT missed they come after compute); with
 every SLO met, the queueing limits; with none given, every finding. The first of these
@@ -123,18 +126,20 @@ KV_FULL = 0.9
 #: (the margin of :data:`KV_FULL`).
 WATERMARK_NEAR = 0.9
 #: Mean running requests per replica / max_num_seqs above which the cap binds. The mean
-#: counts quiet spells too, so a cap that binds shows below 1; :data:`SLOTS_FULL` catches a
-#: cap that binds only in bursts, and the run at more slots (:data:`SLOTS_GAIN`) tests both.
+#: counts quiet spells too, so a cap that binds shows below 1; :data:`SEQS_FULL` catches a
+#: cap that binds only in bursts, and the run at a higher cap (:data:`MIN_GAIN`) tests
+#: both.
 SEQS_BUSY = 0.8
 #: Share of the waiting done while max_num_seqs sequences run, above which it binds. Half:
-#: the cap then holds back most of the waiting; lower would run the slot test
-#: (:func:`slots_gain`) on caps that hold back little, higher miss caps that bind in bursts.
-SLOTS_FULL = 0.5
+#: the cap then holds back most of the waiting; lower would run the max_num_seqs test
+#: (:func:`max_num_seqs_gain`) on caps that hold back little, higher miss caps that bind
+#: in bursts.
+SEQS_FULL = 0.5
 #: Decode throughput at 2 × max_num_seqs over that at max_num_seqs below which a higher
 #: max_num_seqs adds too little (10%, as a counterfactual that "moves" a figure): each
 #: added sequence lengthens the step nearly as much as it adds work (per-sequence cost,
 #: e.g. KV reads, dominates), so the steps, not max_num_seqs, are full.
-SLOTS_GAIN = 1.1
+MIN_GAIN = 1.1
 #: Mean tokens per step / max_num_batched_tokens above which the steps are full (the
 #: margin of :data:`KV_FULL`: steps between bursts carry less); the run at twice the
 #: budget (:func:`budget_gain`) then tests it.
@@ -230,11 +235,11 @@ def waiting_while_another_admits(reps) -> float | None:
     return float((w * elsewhere).sum() / w.sum())
 
 
-def slots_gain(scenario, result) -> tuple[float, int] | None:
-    """What more sequence slots would give a replica: ``(gain, n2)``. ``n2`` is the
-    smallest N · 2^k (k >= 1; N = ``max_num_seqs``) at or above the slots the offered load
-    needs (:func:`slots_needed`), or fewer where the KV cache holds fewer sequences at the
-    mean context (blocks of the run / blocks per sequence); ``gain`` = decode throughput at
+def max_num_seqs_gain(scenario, result) -> tuple[float, int] | None:
+    """What a higher max_num_seqs would give a replica: ``(gain, n2)``. ``n2`` is the
+    smallest N · 2^k (k >= 1; N = ``max_num_seqs``) at or above the running sequences the
+    offered load needs (:func:`max_num_seqs_needed`), or fewer where the KV cache holds
+    fewer sequences at the mean context (blocks of the run / blocks per sequence); ``gain`` = decode throughput at
     ``n2`` over that at N (n2 · t(N) / (N · t(n2)), t priced noise-free by the run's cost
     model for a decode-only step at the counted, completed requests' mean context, prompt +
     output / 2 tokens; 1 when no more sequences fit). None without such requests.
@@ -249,7 +254,7 @@ def slots_gain(scenario, result) -> tuple[float, int] | None:
         return None
     ctx = _mean_context(req)
     n = scenario.max_num_seqs
-    n2 = _slots_to_try(n, slots_needed(scenario, result))
+    n2 = _max_num_seqs_to_try(n, max_num_seqs_needed(scenario, result))
     blocks = result.summary.get("num_gpu_blocks")
     if blocks:   # sequences the cache holds at the mean context
         n2 = min(n2, _seqs_held(blocks, ctx, scenario.engine.block_size))
@@ -285,8 +290,9 @@ def _seqs_held(blocks: int, tokens: int, block_size: int) -> int:
     return (blocks - 1) // cdiv(tokens, block_size)
 
 
-def _slots_to_try(n: int, need: float | None) -> int:
-    """The smallest ``n`` · 2^k (k >= 1) at or above ``need`` slots (2n without one)."""
+def _max_num_seqs_to_try(n: int, need: float | None) -> int:
+    """The smallest ``n`` · 2^k (k >= 1) at or above ``need`` running sequences (2n
+    without one)."""
     n2 = 2 * n
     while need is not None and n2 < need:
         n2 *= 2
@@ -299,8 +305,8 @@ def _served_requests(result):
     return req[~req["warmup"]] if len(req) else req
 
 
-def slots_needed(scenario, result) -> float | None:
-    """Sequence slots a replica needs to run every offered request without queueing: L +
+def max_num_seqs_needed(scenario, result) -> float | None:
+    """Running sequences a replica needs to serve every offered request without queueing: L +
     3 √L, L = λ · S by Little's law (λ the offered rate per replica, S the mean time a
     counted, completed request spent running, first scheduled → finish, in this run: a
     lower bound, as steps of more sequences take longer), with three standard deviations
@@ -378,7 +384,7 @@ def _kv_change(scenario, blocks: int | None) -> str | None:
 
 def _beyond_memory(scenario, change: str | None) -> str:
     """What the knob text says of a ``change`` (settings joined by commas: twice the
-    blocks of :func:`_kv_change`, or more slots with the blocks to hold them) that sets
+    blocks of :func:`_kv_change`, or a higher max_num_seqs with the blocks to hold them) that sets
     more ``engine.num_gpu_blocks`` than the scenario's GPUs hold at its
     gpu_memory_utilization (:func:`_memory_blocks`): a test of more cache than they hold,
     which vLLM would fail to allocate on them, and what would hold it (twice the
@@ -458,7 +464,7 @@ def _finding(limit, evidence, knob, change=None):
 
 #: Limits that hold requests in the queue.
 QUEUEING = ("kv_capacity", "max_num_seqs", "max_num_batched_tokens", "compute")
-#: The SLO metrics each finding's knob moves. More slots (or a larger token budget)
+#: The SLO metrics each finding's knob moves. A higher max_num_seqs (or token budget)
 #: shorten the wait but put more in each step (TPOT and ITL rise); more KV cache ends preemptions (whose
 #: recomputation every figure pays); more or faster GPUs move all; shorter prefill chunks
 #: smooth the decodes (and lengthen prefills: TTFT is not among them); prefix-cache hits
@@ -778,11 +784,11 @@ def find_limits(scenario, result) -> dict:
     figures["waiting_at_max_num_seqs"] = at_cap
     slots_full = (queued and not found and running_max >= scenario.max_num_seqs
                   and (running >= SEQS_BUSY * scenario.max_num_seqs
-                       or (at_cap or 0.0) >= SLOTS_FULL))
-    sg = slots_gain(scenario, result) if slots_full else None
+                       or (at_cap or 0.0) >= SEQS_FULL))
+    sg = max_num_seqs_gain(scenario, result) if slots_full else None
     gain, n2 = sg if sg is not None else (None, None)
     figures["max_num_seqs_gain"] = gain
-    need = figures["max_num_seqs_needed"] = slots_needed(scenario, result) if slots_full \
+    need = figures["max_num_seqs_needed"] = max_num_seqs_needed(scenario, result) if slots_full \
         else None
     n = scenario.max_num_seqs
     all_slots = f"{held} while a replica runs all {n} sequences"
@@ -792,7 +798,7 @@ def find_limits(scenario, result) -> dict:
         found.append(_finding(
             "kv_capacity", f"{all_slots}, and its KV cache holds about {n2} at their mean "
             f"context: a higher max_num_seqs needs more KV cache", kv_knob, kv_change))
-    elif gain is not None and gain < SLOTS_GAIN:
+    elif gain is not None and gain < MIN_GAIN:
         # The slots are taken, but steps of more sequences would take nearly as much
         # longer: the replica's compute, not its slot count, holds requests back.
         found.append(_finding(
@@ -803,7 +809,7 @@ def find_limits(scenario, result) -> dict:
         # The slots the load wants; where the cache holds fewer, with the KV change (the
         # slots it holds alone fall short of the load: 41 of 56 leave a 10x miss that 64
         # slots with a cache to hold them meet)
-        want = _slots_to_try(n, need)
+        want = _max_num_seqs_to_try(n, need)
         capped = n2 < want
         slots = want if capped else n2
         change = f"engine.max_num_seqs={slots}"
@@ -841,7 +847,7 @@ def find_limits(scenario, result) -> dict:
                    and tokens >= TOKENS_FULL * budget)
     bgain = figures["max_num_batched_tokens_gain"] = budget_gain(scenario) if tokens_full \
         else None
-    if tokens_full and bgain >= SLOTS_GAIN:
+    if tokens_full and bgain >= MIN_GAIN:
         found.append(_finding(
             "max_num_batched_tokens", f"{held} while steps carry their full "
             f"max_num_batched_tokens of {budget} ({tokens:.0f} on average): steps of "
@@ -1340,5 +1346,5 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
 
 __all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "suggested_flags",
-           "shareable_share", "slots_gain", "ttft_split", "waiting_while_another_admits",
+           "shareable_share", "max_num_seqs_gain", "ttft_split", "waiting_while_another_admits",
            "wake_up_ms"]

@@ -1103,7 +1103,7 @@ def test_a_kv_try_beyond_the_gpus_memory_is_labelled_a_test_with_what_holds_it()
 
 
 def test_more_slots_than_the_kv_cache_holds_come_with_the_cache_to_hold_them():
-    from simulator.diagnosis import slots_gain, slots_needed
+    from simulator.diagnosis import max_num_seqs_gain, max_num_seqs_needed
 
     # 100-token prompts, 200 output tokens: 200 tokens of context on average, 13 blocks of
     # 16; 8 slots, steps of 5 ms + 1 ms per decode.
@@ -1113,18 +1113,18 @@ def test_more_slots_than_the_kv_cache_holds_come_with_the_cache_to_hold_them():
         return s, simulate(s)
 
     s, r = run(201)    # 200 // 13 = 15 sequences fit (block 0 is vLLM's null block)
-    assert slots_gain(s, r) == pytest.approx((15 * 13 / (8 * 20), 15))   # n2·t(8)/(8·t(n2))
+    assert max_num_seqs_gain(s, r) == pytest.approx((15 * 13 / (8 * 20), 15))   # n2·t(8)/(8·t(n2))
     d = diagnose(s, r, counterfactual=False)
     f = next(f for f in d["findings"] if f["limit"] == "max_num_seqs")
     # the load wants 8 · 2^k slots at or above its need, 32 here; the cache holds 15: the
     # slots it holds alone fall short, so the change brings 32 × 13 blocks + the null block
-    assert 16 < slots_needed(s, r) <= 32
+    assert 16 < max_num_seqs_needed(s, r) <= 32
     assert f["change"] == "engine.max_num_seqs=32,engine.num_gpu_blocks=417"
     assert "the KV cache holds about 15 at their mean context" in f["evidence"]
     assert f["knob"] == "raise max_num_seqs, with a KV cache that holds them (raise " \
                         "engine.num_gpu_blocks)"
     s, r = run(101)    # 100 // 13 = 7 fit: no more slots help without more KV cache
-    assert slots_gain(s, r) == (1.0, 7)
+    assert max_num_seqs_gain(s, r) == (1.0, 7)
     d = diagnose(s, r, counterfactual=False)
     assert d["binding"] == "kv_capacity" and "max_num_seqs" not in [
         f["limit"] for f in d["findings"]]
@@ -1423,12 +1423,12 @@ def test_a_cache_full_of_a_few_long_requests_is_found_below_the_nearly_full_mark
 def test_the_slots_a_burst_needs_are_at_most_its_requests():
     # 300 requests at once (1e6 req/s) on 4 slots: Little's law says hundreds of thousands
     # of slots; no more than the 300 requests can run at once, so 4 · 2^7 = 512 is tried
-    from simulator.diagnosis import slots_gain, slots_needed
+    from simulator.diagnosis import max_num_seqs_gain, max_num_seqs_needed
 
     s = sc({"max_num_seqs": 4}, {"constant_s": 0.01}, 1e6, n=300)
     r = simulate(s)
-    assert slots_needed(s, r) == 300
-    assert slots_gain(s, r)[1] == 512
+    assert max_num_seqs_needed(s, r) == 300
+    assert max_num_seqs_gain(s, r)[1] == 512
 
 
 def test_an_slo_near_what_requests_alone_take_is_met_by_faster_steps():
