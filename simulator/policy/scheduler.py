@@ -63,7 +63,8 @@ class SchedulerConfig:
         max_num_seqs: most requests running at once.
         max_num_batched_tokens: token budget of one step. (Scenarios fill both with
             ``vllm serve``'s per-device defaults, :meth:`simulator.scenario.Scenario.
-            serving_defaults`; the values here only serve direct use, as in tests.)
+            serving_defaults`; the 256 / 8192 here only serve direct use, as in tests,
+            and are not vLLM ``SchedulerConfig``'s class defaults, 128 / 2048.)
         max_model_len: most tokens (prompt + output) of one request.
         block_size: tokens per KV block (vLLM default 16).
         num_gpu_blocks: KV blocks incl. the reserved null block; ``None`` = unlimited.
