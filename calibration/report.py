@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.files import atomic_write, commit_outputs
-from simulator.report import render_html
+from simulator.report import literal_text, render_html
 
 from .fit import (WITH_PATHS, error_stats, pass_speeds, pass_spread, predict,
                   replay_predictions)
@@ -127,6 +127,7 @@ def report_files(profile, result, df, replay_df, k, peaks, html_path) -> dict[Pa
     html_path = Path(html_path)
     fig = _figure(profile, result, df, replay_df, k, peaks)
     buf = io.BytesIO()
+    literal_text(fig)   # the title names the profile, its model and device as written
     fig.savefig(buf, format="png", dpi=110)
     import matplotlib.pyplot as plt
     plt.close(fig)

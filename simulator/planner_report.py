@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 
-import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .report import (DEFINITIONS, _fmt, _png, cost_sources, render_html, render_markdown,
-                     write_files)
+from .report import (DEFINITIONS, _fmt, _png, cost_sources, line_styles, render_html,
+                     render_markdown, write_files)
 from .session_ramp import RAMP_TEXT
 from .sweep import _fmt_value, answer_title, knee_title, unset
 
@@ -102,11 +101,14 @@ def sweep_figure(result) -> Figure:
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
     groups = list(t.groupby(others, sort=False, dropna=False)) if others else [((), t)]
+    # a colour per line (the dashes tell p50 from p99): distinct up to 20 lines, and the
+    # legend names at most MAX_LEGEND of them
+    colours = [c for c, _ in line_styles(len(groups))]
     for i, (_, df) in enumerate(groups):   # a null value is a line too, named as swept
         name = ", ".join(f"{k.split('.')[-1]}={_fmt_value(df[k].iloc[0])}"
                          for k in others) or "all"
         df = df.sort_values(keys[0])
-        colour = f"C{i % 10}"
+        colour = colours[i]
         for ax, m in zip(axes, ("ttft", "tpot")):
             for st, ls in (("p50", "-"), ("p99", "--")):   # one legend entry per line pair
                 ax.plot(df["request_throughput"], df[f"{m}_{st}_ms"], ls, color=colour,
@@ -222,9 +224,9 @@ def pareto_figure(table, best_index: int | None) -> Figure:
     """The figure :func:`plot_pareto` draws (two axes: TTFT, TPOT)."""
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
-    # a colour per candidate: matplotlib's 10-colour cycle repeats past 10 rows, tab20
-    # holds 20 (beyond, the row labels still tell them apart)
-    colours = matplotlib.colormaps["tab10" if len(table) <= 10 else "tab20"]
+    # a colour per candidate, distinct up to 20 rows (beyond, the row labels tell them
+    # apart)
+    colours = [c for c, _ in line_styles(len(table))]
     for ax, m in zip(axes, ("ttft", "tpot")):
         ok = table[table["cost_per_hour"].notna() & table[f"{m}_p99_ms"].notna()]
         if ok.empty:
@@ -240,7 +242,7 @@ def pareto_figure(table, best_index: int | None) -> Figure:
             ax.errorbar([r["cost_per_hour"]], [r[f"{m}_p99_ms"]], yerr=yerr, fmt=marker,
                         ms=12 if i == best_index else 6,
                         mfc="none" if kind == "projected" else None,
-                        color=colours(i % colours.N))
+                        color=colours[i % len(colours)])
         _label_points(ax, [(str(i), r["cost_per_hour"], r[f"{m}_p99_ms"])
                            for i, r in ok.iterrows()])
         front = pareto_front(list(ok["cost_per_hour"]), list(ok[f"{m}_p99_ms"]))

@@ -551,7 +551,28 @@ def render_html(blocks: list, title: str, images: dict) -> str:
 
 
 # -- plots ------------------------------------------------------------------------------
+def literal_text(fig) -> None:
+    """Draw every text of ``fig`` as typed, not as mathtext: titles, axis labels, legend
+    entries, annotations. A name (a plan's, a swept value, a profile's) may hold ``$``:
+    ``a $5 and $10 b`` would be set as math and ``cost$x^$`` would not draw at all. Tick
+    labels and an axis's offset text keep mathtext: matplotlib writes a log axis's ticks
+    as ``$10^{2}$``, and none of them is user text."""
+    from matplotlib.axis import Axis
+    from matplotlib.text import Text
+
+    def walk(artist) -> None:
+        for child in artist.get_children():
+            if isinstance(child, Axis):   # its label only: ticks are re-made when drawn
+                child.label.set_parse_math(False)
+            elif isinstance(child, Text):
+                child.set_parse_math(False)
+            else:
+                walk(child)
+    walk(fig)
+
+
 def _png(fig: Figure) -> bytes:
+    literal_text(fig)
     buf = io.BytesIO()
     # No "Software" tag: the bytes then depend only on the data.
     fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
@@ -566,6 +587,59 @@ def _ecdf_points(x: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x, p
 
 
+def _cdf(result: RunResult, metric: str, counted=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(x ascending, fraction ≤ x)`` of a latency ``metric`` (ms) over the counted
+    requests (``counted``: the request rows left after warm-up, found when not given), ITL
+    from the pooled runs; two empty arrays without samples."""
+    if metric == "itl_ms":
+        runs = result.itl_runs
+        x = runs["gap_ns"].to_numpy() / 1e6
+        c = runs["count"].to_numpy()
+        return x, (np.cumsum(c) / c.sum() if c.size else c)
+    if counted is None:
+        req = result.requests
+        counted = req[~req["warmup"]] if len(req) else req
+    x = np.sort(counted[metric].dropna().to_numpy()) if len(counted) else np.array([])
+    return x, (np.arange(1, x.size + 1) / x.size if x.size else x)
+
+
+def line_styles(n: int) -> list[tuple]:
+    """A ``(colour, line style)`` for each of ``n`` lines, told apart by colour alone up
+    to 20: tab10's colours (matplotlib's default cycle) up to 10 lines, tab20's up to 20;
+    past 20, tab20's colours again, dashed, then dotted, then dash-dot."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    dashes = ("-", "--", ":", "-.")
+    return [(cmap(i % cmap.N), dashes[i // cmap.N % len(dashes)]) for i in range(n)]
+
+
+#: Longest name a plot's legend shows; a longer one ends in "…" (the tables give it whole).
+LEGEND_CHARS = 40
+
+
+def legend_names(names: list[str]) -> list[str]:
+    """Legend labels for ``names``: each longer than :data:`LEGEND_CHARS` shortened to its
+    start and its last 12 characters around "…" (names of one family often differ only
+    at the end: ``…max_num_seqs-64``); where shortened names would read alike, each of
+    those is followed by its position (1 for the first name: its column in the report's
+    table)."""
+    head = LEGEND_CHARS - 13
+    short = [n if len(n) <= LEGEND_CHARS else f"{n[:head]}…{n[-12:]}" for n in names]
+    return [f"{s} ({i})" if s != n and short.count(s) > 1 else s
+            for i, (s, n) in enumerate(zip(short, names), 1)]
+
+
+def set_legend(fig_or_ax, handles: list, labels: list[str], **kw):
+    """A legend of ``handles`` with ``labels`` drawn as given: matplotlib leaves an entry
+    whose label starts with "_" out of a legend, so the texts are set after it is made
+    (``kw`` as ``legend`` takes them)."""
+    leg = fig_or_ax.legend(handles, [f"{i}" for i in range(len(labels))], **kw)
+    for text, label in zip(leg.get_texts(), labels):
+        text.set_text(label)
+    return leg
+
+
 def plot_latency_cdf(result: RunResult) -> bytes:
     """PNG: CDFs of TTFT, TPOT, ITL (from the pooled runs) and E2EL of counted requests."""
     req = result.requests
@@ -573,14 +647,7 @@ def plot_latency_cdf(result: RunResult) -> bytes:
     fig = Figure(figsize=(10, 7), layout="constrained")
     axes = fig.subplots(2, 2).ravel()
     for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")):
-        if m == "itl_ms":
-            runs = result.itl_runs
-            x = runs["gap_ns"].to_numpy() / 1e6
-            c = runs["count"].to_numpy()
-            p = np.cumsum(c) / c.sum() if c.size else c
-        else:
-            x = np.sort(counted[m].dropna().to_numpy()) if len(counted) else np.array([])
-            p = np.arange(1, x.size + 1) / x.size if x.size else x
+        x, p = _cdf(result, m, counted)
         if x.size:
             xs, ps = _ecdf_points(x, p)
             # Start the step at (min, 0) so a one-valued CDF still shows its jump.
@@ -877,30 +944,41 @@ def plan_figure(entry: dict, path: tuple):
 
 
 def plot_compare_cdf(entries: list[dict]) -> bytes:
-    """PNG: TTFT, TPOT, ITL and E2EL CDFs of every plan, overlaid (one colour per plan)."""
-    fig = Figure(figsize=(10, 7), layout="constrained")
+    """PNG: TTFT, TPOT, ITL and E2EL CDFs of every plan, overlaid: each plan keeps one
+    colour and line style (:func:`line_styles`, in plan order) in every panel, named in
+    one legend below the panels (:func:`legend_names`); a panel names the plans it has no
+    samples of (TPOT of plans whose every answer is one token)."""
+    from matplotlib.lines import Line2D
+
+    fig = Figure(figsize=(10, 7.5), layout="constrained")
     axes = fig.subplots(2, 2).ravel()
+    styles = line_styles(len(entries))
+    labels = legend_names([e["name"] for e in entries])
     for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")):
-        for e in entries:
-            res = e["result"]
-            if m == "itl_ms":
-                x = res.itl_runs["gap_ns"].to_numpy() / 1e6
-                c = res.itl_runs["count"].to_numpy()
-                p = np.cumsum(c) / c.sum() if c.size else c
-            else:
-                req = res.requests
-                req = req[~req["warmup"]] if len(req) else req
-                x = np.sort(req[m].dropna().to_numpy()) if len(req) else np.array([])
-                p = np.arange(1, x.size + 1) / x.size if x.size else x
+        missing = []
+        for e, (colour, dash), label in zip(entries, styles, labels):
+            x, p = _cdf(e["result"], m)
             if x.size:
                 xs, ps = _ecdf_points(x, p)
-                ax.step(np.r_[xs[0], xs], np.r_[0.0, ps], where="post", label=e["name"])
+                ax.step(np.r_[xs[0], xs], np.r_[0.0, ps], where="post", color=colour,
+                        ls=dash)
+            else:
+                missing.append(label)
+        if len(missing) == len(entries):
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        elif missing:   # bottom right: a CDF reaches it last
+            ax.text(0.98, 0.03, "no samples: " + (", ".join(missing) if len(missing) <= 3
+                                                   else f"{len(missing)} plans"),
+                    ha="right", va="bottom", fontsize="small", transform=ax.transAxes)
         ax.set_title(_LABELS[m])
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction ≤ x")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    widest = max(len(label) for label in labels)
+    set_legend(fig, [Line2D([], [], color=c, ls=d) for c, d in styles], labels,
+               loc="outside lower center", fontsize="small",
+               ncols=max(1, min(len(labels), 96 // (widest + 8))))
     return _png(fig)
 
 
