@@ -21,14 +21,15 @@ from .workload import MAX_RATE
 MAX_WORKERS = 1024
 
 
-def _executor_args(p: argparse.ArgumentParser) -> None:
+def _executor_args(p: argparse.ArgumentParser, out: str) -> None:
+    """The executor flags and ``--out``, whose help gives ``out``, the default folder."""
     p.add_argument("--executor", choices=EXECUTORS, default="local",
                    help="local: process pool over all cores (default); ray: a Ray cluster; "
                         "serial: this process")
     p.add_argument("--workers", type=int,
                    help=f"local processes (default: all cores; 1 to {MAX_WORKERS})")
     p.add_argument("--ray-address", help="ray.init(address=...) (default: local / RAY_ADDRESS)")
-    p.add_argument("--out", help="output folder (default reports/<scenario>-<command>)")
+    p.add_argument("--out", help=f"output folder (default {out})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -73,7 +74,7 @@ _LABELS = {"max_rate_per_replica": "req/s per replica", "replicas": "replicas",
            "tpot_p50_ms": "TPOT p50 ms", "tpot_p99_ms": "TPOT p99 ms",
            "slo_met": "SLO met", "tensor_parallel": "TP", "max_num_seqs": "max seqs",
            "max_num_batched_tokens": "max batched tokens", "goodput": "goodput req/s",
-           "binding": "binding (rules)", "gpus": "GPUs"}
+           "binding": "binding (rules)", "gpus": "GPUs", "capped": "output cut"}
 
 #: Said under a sweep's or compare's binding column: a run of the same scenario also tries
 #: the knobs and can name another limit.
@@ -487,8 +488,8 @@ def _cmd_compare(args) -> int:
     from .cli import with_replications
     from .diagnosis import find_limits
     from .planner import compare
-    from .report import write_compare_report
-    from .run import trace_shortfall
+    from .report import capped_text, plan_capped, write_compare_report
+    from .run import tail_warning, trace_shortfall
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
 
@@ -529,8 +530,14 @@ def _cmd_compare(args) -> int:
     from .sweep import setup_warnings
     grid = [(e["name"], extrapolation_warning(build_cost_model(e["scenario"]), e["scenario"],
                                               e["result"])) for e in entries]
+    # as run says them, per plan; a tail warning every plan shares (the same requests
+    # served by each) once
+    tails = [(e["name"], tail_warning(e["scenario"], e["result"].summary)) for e in entries]
+    same = len({w for _, w in tails}) == 1 and len(tails) > 1
     _warn(setup_warnings(scenarios) + _workload_warnings(scenarios[0])
-          + [f"{name}: {w}" for name, w in grid if w])   # as run says it, per plan
+          + [f"{name}: {w}" for name, w in grid if w]
+          + ([f"every plan: {tails[0][1]}"] if same and tails[0][1] else
+             [] if same else [f"{name}: {w}" for name, w in tails if w]))
     ignored = [sc.source for sc in scenarios[1:]
                if _served_workload(sc) != _served_workload(scenarios[0])]
     if ignored:  # a comparison holds the traffic fixed: say whose is used (after the runs,
@@ -547,13 +554,18 @@ def _cmd_compare(args) -> int:
     if short:   # every plan served the first one's trace
         print(f"servesim: note: {short}", file=sys.stderr)
     reps = scenarios[0].sim.replications   # every plan runs the first one's (serving())
-    _print_table(compare_table(entries), f"Plans serving the workload of "
-                                         f"{scenarios[0].source}" + (
-                                             f" (means over {reps} replications)"
-                                             if reps > 1 else ""))
+    table = compare_table(entries)
+    # the output-cut column only where some plan cuts (compare.csv keeps the row): 80
+    # columns hold the rest
+    _print_table(table, f"Plans serving the workload of {scenarios[0].source}" + (
+        f" (means over {reps} replications)" if reps > 1 else ""),
+        [c for c in table.columns if c != "capped" or table[c].any()])
     if reps > 1:   # means beside a verdict of every replication would read as a contradiction
         print(f"SLO met: yes only where every one of the {reps} replications met every SLO "
               f"(the figures are their means)")
+    for e in entries:   # as run says it, per plan
+        if capped_text(plan_capped(e)):
+            print(f"{e['name']}: {capped_text(plan_capped(e))}")
     print(RULES_NOTE)
     print(_cheapest_text(entries))
     print(f"report: {paths['report.html']}")
@@ -562,17 +574,36 @@ def _cmd_compare(args) -> int:
 
 def _cheapest_text(entries: list[dict]) -> str:
     """Which compared plan meets every SLO, keeping up, at the least cost per hour (or why
-    none is named: no SLO, none meets it, no prices)."""
+    none is named: no SLO, none meets it, no prices). A plan whose max_model_len cut
+    outputs (:func:`simulator.report.plan_capped`) is not named: it met the SLOs on
+    shorter answers than the workload asks for, so not on the same work; the text names
+    it after the verdict. Of plans of equal price the first given is named, and the
+    others are listed as as cheap."""
+    from .report import plan_capped
+
     if all(e.get("slo_met") is None for e in entries):
         return "no SLO in the workload: no plan is named the cheapest meeting it"
-    ok = [e for e in entries if e.get("slo_met") and e.get("stability") == "stable"]
-    if not ok:
+    met = [e for e in entries if e.get("slo_met") and e.get("stability") == "stable"]
+    if not met:
         return "no plan meets every SLO while keeping up with the workload"
+    ok = [e for e in met if not plan_capped(e)["capped"]]
+    cut = [e["name"] for e in met if plan_capped(e)["capped"]]
+    one = len(cut) == 1
+    cut_text = (f"{', '.join(cut)} {'meets' if one else 'meet'} every SLO only with outputs "
+                f"cut at max_model_len (see above), so {'is' if one else 'are'} not named"
+                if cut else "")
+    if not ok:
+        return f"no plan meets every SLO with whole outputs: {cut_text}"
     priced = [e for e in ok if e.get("cost_per_hour") is not None]
     if not priced:
-        return "meeting every SLO: " + ", ".join(e["name"] for e in ok) + " (no prices)"
+        return ("meeting every SLO: " + ", ".join(e["name"] for e in ok) + " (no prices)"
+                + (f"; {cut_text}" if cut else ""))
     best = min(priced, key=lambda e: e["cost_per_hour"])   # the first of equal cost
-    return f"cheapest meeting every SLO: {best['name']} ({best['cost_per_hour']:.2f} USD/h)"
+    ties = [e["name"] for e in priced if e is not best
+            and e["cost_per_hour"] == best["cost_per_hour"]]
+    return (f"cheapest meeting every SLO: {best['name']} ({best['cost_per_hour']:.2f} USD/h"
+            + (f"; as cheap: {', '.join(ties)}, the first given is named" if ties else "")
+            + ")" + (f"; {cut_text}" if cut else ""))
 
 
 def _served_workload(sc):
@@ -591,7 +622,7 @@ def compare_table(entries: list[dict]):
     ``ttft_p99_ms`` and ``tpot_p99_ms`` and each statistic the SLOs name
     (``queue_p95_ms``), ``request_throughput`` and ``goodput`` (req/s),
     ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt does not fit
-    max_model_len), ``stability`` (as sweep's), ``binding`` (the diagnosis's binding
+    max_model_len), ``capped`` (requests whose output max_model_len cut), ``stability`` (as sweep's), ``binding`` (the diagnosis's binding
     limit, of replication 0), ``gpus`` (replicas × tensor_parallel: what the price pays
     for) and ``cost_per_hour`` (USD, where some plan has a price)."""
     import pandas as pd
@@ -610,6 +641,7 @@ def compare_table(entries: list[dict]):
                      "goodput": plan_figure(e, ("goodput",)),
                      "slo_met": plan_figure(e, ("slo_met",)),
                      "rejected": plan_figure(e, ("rejected",)),
+                     "capped": plan_figure(e, ("capped",)),
                      "stability": e.get("stability"), "binding": e.get("binding"),
                      "gpus": _gpus(e["scenario"]), "cost_per_hour": e.get("cost_per_hour")})
     table = pd.DataFrame(rows)
@@ -630,7 +662,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("sweep", help="run the cross product of --set key=v1,v2,... values")
     _add_scenario_args(p)
     add_replications_arg(p)
-    _executor_args(p)
+    _executor_args(p, "reports/<scenario name>-sweep")
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("plan", help="cheapest hardware/engine plan meeting the SLOs at a "
@@ -640,7 +672,7 @@ def add_parsers(sub) -> None:
                    help="requests/s, > 0 and at most 1e9 (default plan.target_rate)")
     p.add_argument("--no-confirm", action="store_true",
                    help="skip simulating the recommended deployment")
-    _executor_args(p)
+    _executor_args(p, "reports/<scenario name>-plan")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("compare", help="the same workload through several scenarios")
@@ -650,7 +682,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override applied to every scenario")
     add_replications_arg(p)
-    _executor_args(p)
+    _executor_args(p, "reports/compare")
     p.set_defaults(func=_cmd_compare)
 
 

@@ -921,6 +921,9 @@ _COMPARE_FIGURES = [
     ("goodput (req/s)", ("goodput",)),
     ("SLO met", ("slo_met",)),
     ("rejected requests", ("rejected",)),
+    ("output cut at max_model_len (requests)", ("capped",)),
+    ("of them, max_tokens above max_model_len (vLLM's server refuses)",
+     ("capped_above_max_model_len",)),
 ] + [(f"{_LABELS[m]} {st} (ms)", (m, st)) for m in METRICS for st in ("mean", "p50", "p99")] + [
     ("running requests, mean (all replicas)", ("concurrency", "running_mean")),
     ("KV cache usage, mean (share of blocks, mean over replicas)", ("kv_usage", "mean")),
@@ -941,6 +944,13 @@ def plan_figure(entry: dict, path: tuple):
         if mean is not None:
             return mean
     return summary_at(entry["result"].summary, path)
+
+
+def plan_capped(entry: dict) -> dict:
+    """A compared plan's requests whose output max_model_len cut (:func:`plan_figure`:
+    means over replications), as :func:`capped_text` reads them: ``capped`` and
+    ``capped_above_max_model_len``."""
+    return {k: plan_figure(entry, (k,)) for k in ("capped", "capped_above_max_model_len")}
 
 
 def plot_compare_cdf(entries: list[dict]) -> bytes:
@@ -1012,7 +1022,10 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
         for n, e in zip(names, entries):
             v = plan_figure(e, path)
             ci = summary_at(e.get("replications") or {}, path + ("ci95",))
-            cells.append(_fmt(v) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
+            cells.append(_fmt(v) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+                         # its SLOs were met on answers cut short: not the same work
+                         + (" (outputs cut)" if path == ("slo_met",) and v
+                            and plan_capped(e)["capped"] else ""))
             csv_row[n] = v
             if with_ci:
                 csv_row[f"{n} ci95 lo"], csv_row[f"{n} ci95 hi"] = ci or (None, None)
@@ -1051,6 +1064,9 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
                       "confidence interval in brackets (SLO met: in every replication)."
                       if with_ci else "")))
     b.append(("table", None, ["figure"] + names, rows))
+    for n, e in zip(names, entries):   # as a run's report says it
+        if capped_text(plan_capped(e)):
+            b.append(("p", f"{n}: {capped_text(plan_capped(e))}"))
     b.append(("img", "latency_cdf", "Latency CDFs of every plan: TTFT, TPOT, ITL, E2EL"))
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
