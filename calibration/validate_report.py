@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.report import DEFINITIONS, render_html, render_markdown
+from simulator.metrics import METRIC_LABELS
+from simulator.report import (DEFINITIONS, fmt_number, md_literal, render_html,
+                             render_markdown)
 
 from .timing_replay import STEP_KINDS
 from .validate import BAND_FIGURES
@@ -18,7 +20,7 @@ def _fmt(v, pct=False):
         return "–"
     if pct:
         return f"{v:+.1%}"
-    return f"{v:.4g}"
+    return fmt_number(v, 4)   # positional: 12346, not 1.235e+04
 
 
 def _cell(spread, pct=False):
@@ -205,47 +207,40 @@ def write_outputs(result: dict, out_dir) -> dict:
     Raises:
         InputError: ``out_dir`` cannot be written (``--out ...``).
     """
-    import io
     import json
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
-    from simulator.report import write_files
+    from simulator.report import _png, step_cdf, write_files
 
     files, images, captions = {}, {}, {}
     # with the first replication's per-request figures behind the CDF plots ("cdf"), so
     # that they can be checked without running again
     files["validation.json"] = json.dumps(result, indent=1).encode()
     for c in result.get("cdf", []):
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-        for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "e2el_ms")):
+        fig = Figure(figsize=(13, 3.8), layout="constrained")
+        for ax, m in zip(fig.subplots(1, 3), ("ttft_ms", "tpot_ms", "e2el_ms")):
             for side, style in (("measured", "-"), ("predicted", "--")):
                 v = np.sort(np.asarray(c[f"{side}_{m}"], dtype=float))
                 if v.size:
-                    ax.step(v, np.arange(1, v.size + 1) / v.size, style, where="post",
-                            label=side)
-            ax.set_xlabel(m.replace("_ms", " (ms)").upper())
-            ax.set_ylabel("CDF")
+                    step_cdf(ax, v, ls=style, label=side)
+            ax.set_xlabel(f"{METRIC_LABELS[m]} (ms)")
+            ax.set_ylabel("fraction ≤ x")
+            ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
             ax.legend()
         fig.suptitle(f"load {c['load']:g} of saturation: measured (engine) vs predicted")
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90)
-        plt.close(fig)
         name = f"cdf_load_{c['load']:g}.png"
-        images[name] = files[name] = buf.getvalue()
+        images[name] = files[name] = _png(fig)
         captions[name] = f"load {c['load']:g}: TTFT, TPOT and E2EL CDFs, measured vs predicted"
     title = f"Validation: {result['meta']['scenario']}"
     # the run's facts first: a table alone does not say what it is
     def fact(v) -> str:   # knobs as k=v, fractions to 4 figures
         if isinstance(v, dict):
             return ", ".join(f"{a}={fact(b)}" for a, b in v.items())
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
+        return fmt_number(v, 4) if isinstance(v, float) else str(v)
 
-    facts = [f"{k}: {fact(v)}" for k, v in result["meta"].items()]
+    facts = [md_literal(f"{k}: {fact(v)}", cell=True) for k, v in result["meta"].items()]
     blocks = [("h1", title), ("list", facts),
               *validation_blocks(result),
               *(("img", name, caption) for name, caption in captions.items())]

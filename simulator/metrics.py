@@ -200,12 +200,16 @@ class RunResult:
             (idle time counts as 0); ``*_max`` the largest step value; token counts are
             attributed to the bin in which the step ends.
         itl_runs: pooled ITL as runs, columns ``gap_ns`` (int64, ascending) and ``count``.
+        exact: the figures of ``summary`` before their rounding to 6 significant digits
+            (None where not known): a report cell rounds once from them
+            (:func:`simulator.report.shown_summary`).
     """
 
     summary: dict
     requests: pd.DataFrame
     timeseries: pd.DataFrame
     itl_runs: pd.DataFrame
+    exact: dict | None = None
 
 
 class _Bins:
@@ -640,7 +644,8 @@ class MetricsCollector:
             if key in s:
                 raise ValueError(f"extra key {key!r} would overwrite a computed figure")
             s[key] = value
-        return RunResult(summary=jsonable(s), requests=req, timeseries=ts, itl_runs=itl)
+        return RunResult(summary=jsonable(s), requests=req, timeseries=ts, itl_runs=itl,
+                         exact=s)
 
     def itl_runs(self) -> pd.DataFrame:
         """Pooled ITL runs so far: columns ``gap_ns`` (ascending) and ``count``."""

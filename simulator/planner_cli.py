@@ -617,14 +617,16 @@ def _served_workload(sc):
 
 
 def compare_table(entries: list[dict]):
-    """One row per plan of :func:`simulator.planner.compare`, figures as the report shows
-    them (:func:`simulator.report.plan_figure`: means over replications): ``plan``,
+    """One row per plan of :func:`simulator.planner.compare`, figures as the report's
+    cells take them (:func:`simulator.report.plan_figure`, ``shown``: means over
+    replications, else unrounded, for the cell to round once): ``plan``,
     ``ttft_p99_ms`` and ``tpot_p99_ms`` and each statistic the SLOs name
     (``queue_p95_ms``), ``request_throughput`` and ``goodput`` (req/s),
     ``slo_met`` (None without SLO), ``rejected`` (requests whose prompt does not fit
-    max_model_len), ``capped`` (requests whose output max_model_len cut), ``stability`` (as sweep's), ``binding`` (the diagnosis's binding
-    limit, of replication 0), ``gpus`` (replicas × tensor_parallel: what the price pays
-    for) and ``cost_per_hour`` (USD, where some plan has a price)."""
+    max_model_len), ``capped`` (requests whose output max_model_len cut), ``stability``
+    (as sweep's), ``binding`` (the diagnosis's binding limit, of replication 0), ``gpus``
+    (replicas × tensor_parallel: what the price pays for) and ``cost_per_hour`` (USD,
+    where some plan has a price)."""
     import pandas as pd
 
     from .report import plan_figure
@@ -634,11 +636,12 @@ def compare_table(entries: list[dict]):
              if (m, st) not in (("ttft_ms", "p99"), ("tpot_ms", "p99"))}
     rows = []
     for e in entries:
-        rows.append({"plan": e["name"], "ttft_p99_ms": plan_figure(e, ("ttft_ms", "p99")),
-                     "tpot_p99_ms": plan_figure(e, ("tpot_ms", "p99")),
-                     **{c: plan_figure(e, path) for c, path in named.items()},
-                     "request_throughput": plan_figure(e, ("request_throughput",)),
-                     "goodput": plan_figure(e, ("goodput",)),
+        rows.append({"plan": e["name"],
+                     "ttft_p99_ms": plan_figure(e, ("ttft_ms", "p99"), True),
+                     "tpot_p99_ms": plan_figure(e, ("tpot_ms", "p99"), True),
+                     **{c: plan_figure(e, path, True) for c, path in named.items()},
+                     "request_throughput": plan_figure(e, ("request_throughput",), True),
+                     "goodput": plan_figure(e, ("goodput",), True),
                      "slo_met": plan_figure(e, ("slo_met",)),
                      "rejected": plan_figure(e, ("rejected",)),
                      "capped": plan_figure(e, ("capped",)),

@@ -19,6 +19,7 @@ import io
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -29,7 +30,7 @@ from matplotlib.figure import Figure
 
 from .errors import InputError
 from .files import check_folder, commit_outputs
-from .metrics import METRIC_LABELS, METRICS, RunResult, summary_at
+from .metrics import METRIC_LABELS, METRICS, RunResult, round_sig, summary_at
 
 FILES = {
     "summary": "summary.json",
@@ -134,6 +135,22 @@ def fmt_number(x: float, sig: int = 5) -> str:
     return "0" if text == "-0" else text
 
 
+def shown_summary(result: RunResult) -> dict:
+    """``result.summary`` as report and terminal cells show it: each float taken from
+    ``result.exact`` where that rounds to it, so that a cell rounds once, from the exact
+    figure (5 figures of summary.json's 6 would round twice: 12670.52 is 12670.5 there,
+    then 12670, not 12671)."""
+    def merge(rounded, exact):
+        if isinstance(rounded, dict):
+            return {k: merge(v, exact.get(k) if isinstance(exact, dict) else None)
+                    for k, v in rounded.items()}
+        if (isinstance(rounded, float) and isinstance(exact, (float, np.floating))
+                and round_sig(exact) == rounded):
+            return float(exact)
+        return rounded
+    return merge(result.summary, result.exact)
+
+
 def _fmt(x) -> str:
     if x is None:
         return "n/a"
@@ -146,11 +163,20 @@ def _fmt(x) -> str:
     return str(x)
 
 
-def _slo_value(entry: dict) -> str:
-    """An SLO entry's run value; ``n/a (no samples)`` for a statistic over no samples."""
+def _slo_metric(metric: str) -> tuple[str, str]:
+    """(name, unit) of an SLO entry's metric: ``("TTFT", " ms")`` for a latency, and
+    ``("rejected requests", "")`` for the count of requests rejected (each fails the SLO)."""
+    return (_LABELS.get(metric, metric.replace("_", " ")),
+            " ms" if metric in _LABELS else "")
+
+
+def _slo_value(entry: dict, unit: str = "") -> str:
+    """An SLO entry's run value with ``unit``; ``n/a (no samples)`` for a statistic over
+    no samples."""
     if entry.get("value") is None and entry.get("samples") == 0:
         return "n/a (no samples)"
-    return _fmt(entry.get("value"))
+    v = entry.get("value")
+    return _fmt(v) + (unit if v is not None else "")
 
 
 def _basis(summary: dict) -> tuple[str, str]:
@@ -179,7 +205,7 @@ _SIMULATED = {"measured": "measured costs"}
 
 def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None,
             diagnosis: dict | None = None, warnings: list[str] | None = None) -> list:
-    s = result.summary
+    s = shown_summary(result)
     label, basis = _basis(s)
     b: list = [("h1", title)]
     if meta:
@@ -245,11 +271,11 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     b.append(("h2", "Service-level objectives"))
     slo = s.get("slo") or {}
     if slo:
-        rows = [[_LABELS.get(m, m), st, _fmt(e.get("threshold")), _slo_value(e),
+        rows = [[name, st, _fmt(e.get("threshold")) + unit, _slo_value(e, unit),
                  _fmt(e.get("met"))] for m, entries in slo.items()
-                for st, e in entries.items()]
-        b.append(("table", None, ["metric", "statistic", "threshold (ms)",
-                                  f"run value (ms, {label})", "met"], rows))
+                for name, unit in [_slo_metric(m)] for st, e in entries.items()]
+        b.append(("table", None, ["metric", "statistic", "threshold",
+                                  f"run value ({label})", "met"], rows))
         b.append(("p", f"All SLOs met: **{_fmt(s.get('slo_met'))}**; goodput "
                        f"{_fmt(s.get('goodput'))} req/s ({_fmt(s.get('good_requests'))} "
                        f"good requests)."))
@@ -353,8 +379,7 @@ def _side(cf: dict, side: str) -> str:
     text = _fmt(cf.get(side))
     w = cf.get(f"worst_{side}")
     if w and w.get("value") is not None:
-        unit = " ms" if w["metric"] in _LABELS else ""
-        name = _LABELS.get(w["metric"], w["metric"].replace("_", " "))
+        name, unit = _slo_metric(w["metric"])
         stat = "" if w["stat"] == "count" else f" {w['stat']}"
         text += f" ({name}{stat} {_fmt(w['value'])}{unit}, SLO {_fmt(w['threshold'])}{unit})"
     return text
@@ -475,13 +500,28 @@ def _replications_identical(rep: dict) -> bool:
                               for _, n in figs)
 
 
+def md_literal(text: str, cell: bool = False) -> str:
+    """``text`` (a name, a path: user text) escaped so that markdown shows it as typed:
+    no HTML tag or entity, no emphasis, code or link. ``cell``: a table cell or list
+    item of figures, which keep the ``_`` inside a word and brackets (``ttft_ms.p99``,
+    ``[1.2, 3.4]``), which form no markup, unescaped."""
+    specials = "\\`*<>&|" + ("" if cell else "_[]#!")
+    text = "".join(f"\\{c}" if c in specials else c for c in text)
+    if not cell:
+        return text
+    text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)
+    return text.replace("](", "]\\(")
+
+
 def render_markdown(blocks: list) -> str:
-    """Markdown for report blocks; images link to the PNG files beside report.md."""
+    """Markdown for report blocks; images link to the PNG files beside report.md. The
+    title (``h1``: a scenario's name) and table cells are user text, escaped
+    (:func:`md_literal`); paragraphs and lists are markdown."""
     out = []
     for blk in blocks:
         kind = blk[0]
         if kind == "h1":
-            out.append(f"# {blk[1]}\n")
+            out.append(f"# {md_literal(blk[1])}\n")
         elif kind == "h2":
             out.append(f"## {blk[1]}\n")
         elif kind == "p":
@@ -493,20 +533,27 @@ def render_markdown(blocks: list) -> str:
         elif kind == "table":
             _, caption, head, rows = blk
             lines = [f"**{caption}**\n"] if caption else []
-            lines.append("| " + " | ".join(head) + " |")
+            lines.append("| " + " | ".join(md_literal(h, cell=True) for h in head) + " |")
             lines.append("|" + "|".join("---" for _ in head) + "|")
-            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |"
+            lines += ["| " + " | ".join(md_literal(c, cell=True) for c in r) + " |"
                       for r in rows]
             out.append("\n".join(lines) + "\n")
     return "\n".join(out)
 
 
 def _inline_html(text: str) -> str:
-    """Escape text and turn **bold** and `code` into tags."""
-    parts = html.escape(text).split("**")
-    text = "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
-    parts = text.split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    """Escape text and turn **bold** and `code` into tags; a character escaped for
+    markdown (:func:`md_literal`: ``\\*``) outside code is shown as itself."""
+    out, bold = [], False
+    for tok in re.split(r"(`[^`]*`|\\[!-/:-@\[-`{-~]|\*\*)", text):
+        if len(tok) > 1 and tok[0] == tok[-1] == "`":
+            out.append(f"<code>{html.escape(tok[1:-1])}</code>")
+        elif tok == "**":
+            out.append("</strong>" if bold else "<strong>")
+            bold = not bold
+        else:
+            out.append(html.escape(tok[1] if len(tok) == 2 and tok[0] == "\\" else tok))
+    return "".join(out) + ("</strong>" if bold else "")
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;
@@ -525,8 +572,10 @@ def render_html(blocks: list, title: str, images: dict) -> str:
     body = []
     for blk in blocks:
         kind = blk[0]
-        if kind in ("h1", "h2"):
-            body.append(f"<{kind}>{_inline_html(blk[1])}</{kind}>")
+        if kind == "h1":   # a scenario's name, as typed
+            body.append(f"<h1>{html.escape(blk[1])}</h1>")
+        elif kind == "h2":
+            body.append(f"<h2>{_inline_html(blk[1])}</h2>")
         elif kind == "p":
             body.append(f"<p>{_inline_html(blk[1])}</p>")
         elif kind == "list":
@@ -603,6 +652,16 @@ def _cdf(result: RunResult, metric: str, counted=None) -> tuple[np.ndarray, np.n
     return x, (np.arange(1, x.size + 1) / x.size if x.size else x)
 
 
+def step_cdf(ax, x: np.ndarray, p: np.ndarray | None = None, **kw) -> None:
+    """Draw the step CDF of ``x`` (ascending; ``p`` its fractions ≤ x, by default
+    1/n … 1) on ``ax`` from (min, 0), so that a one-valued CDF still shows its jump, over
+    at most :data:`_ECDF_POINTS` points (``kw`` as ``step`` takes them)."""
+    if p is None:
+        p = np.arange(1, x.size + 1) / x.size
+    xs, ps = _ecdf_points(x, p)
+    ax.step(np.r_[xs[0], xs], np.r_[0.0, ps], where="post", **kw)
+
+
 def line_styles(n: int) -> list[tuple]:
     """A ``(colour, line style)`` for each of ``n`` lines, told apart by colour alone up
     to 20: tab10's colours (matplotlib's default cycle) up to 10 lines, tab20's up to 20;
@@ -649,9 +708,7 @@ def plot_latency_cdf(result: RunResult) -> bytes:
     for ax, m in zip(axes, ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")):
         x, p = _cdf(result, m, counted)
         if x.size:
-            xs, ps = _ecdf_points(x, p)
-            # Start the step at (min, 0) so a one-valued CDF still shows its jump.
-            ax.step(np.r_[xs[0], xs], np.r_[0.0, ps], where="post")
+            step_cdf(ax, x, p)
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(_LABELS[m])
@@ -854,7 +911,7 @@ def print_summary(result: RunResult, console=None, *, replications: dict | None 
     from .terminal import Terminal
 
     console = console or Terminal()
-    s = result.summary
+    s = shown_summary(result)
     label, basis = _basis(s)
     # The source in full on its own line: in a table title it wraps to the table's width.
     console.print(f"Step costs {basis}", highlight=False, markup=False)
@@ -933,17 +990,19 @@ _COMPARE_FIGURES = [
 ]
 
 
-def plan_figure(entry: dict, path: tuple):
+def plan_figure(entry: dict, path: tuple, shown: bool = False):
     """A compared plan's figure at ``path`` (keys into a run summary): with replications
     the mean over them (its 95% CI is ``replications[...]["ci95"]``) and, for ``slo_met``,
-    whether every replication met the SLOs (``entry["slo_met"]``); else its run's value."""
+    whether every replication met the SLOs (``entry["slo_met"]``); else its run's value
+    (``shown``: unrounded, for a cell that rounds it once, :func:`shown_summary`)."""
     if entry.get("replications"):
         if path == ("slo_met",):
             return entry.get("slo_met")
         mean = summary_at(entry["replications"], path + ("mean",))
         if mean is not None:
             return mean
-    return summary_at(entry["result"].summary, path)
+    res = entry["result"]
+    return summary_at(shown_summary(res) if shown else res.summary, path)
 
 
 def plan_capped(entry: dict) -> dict:
@@ -969,9 +1028,7 @@ def plot_compare_cdf(entries: list[dict]) -> bytes:
         for e, (colour, dash), label in zip(entries, styles, labels):
             x, p = _cdf(e["result"], m)
             if x.size:
-                xs, ps = _ecdf_points(x, p)
-                ax.step(np.r_[xs[0], xs], np.r_[0.0, ps], where="post", color=colour,
-                        ls=dash)
+                step_cdf(ax, x, p, color=colour, ls=dash)
             else:
                 missing.append(label)
         if len(missing) == len(entries):
@@ -1022,7 +1079,7 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
         for n, e in zip(names, entries):
             v = plan_figure(e, path)
             ci = summary_at(e.get("replications") or {}, path + ("ci95",))
-            cells.append(_fmt(v) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+            cells.append(_fmt(plan_figure(e, path, shown=True)) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
                          # its SLOs were met on answers cut short: not the same work
                          + (" (outputs cut)" if path == ("slo_met",) and v
                             and plan_capped(e)["capped"] else ""))
@@ -1066,7 +1123,7 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
     b.append(("table", None, ["figure"] + names, rows))
     for n, e in zip(names, entries):   # as a run's report says it
         if capped_text(plan_capped(e)):
-            b.append(("p", f"{n}: {capped_text(plan_capped(e))}"))
+            b.append(("p", f"{md_literal(n)}: {capped_text(plan_capped(e))}"))
     b.append(("img", "latency_cdf", "Latency CDFs of every plan: TTFT, TPOT, ITL, E2EL"))
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))

@@ -135,8 +135,8 @@ def test_markdown_links_plots_and_labels_figures(tmp_path, result):
     assert "## Latency, ms (measured costs)" in md and "(measured)" not in md
     assert "Step costs: **measured: profile p (torch)**" in md
     # SLO table: TTFT p99 = 40 ms met; TPOT mean = 10 ms misses 5 ms.
-    assert "| TTFT | p99 | 100 | 40 | yes |" in md
-    assert "| TPOT | mean | 5 | 10 | no |" in md
+    assert "| TTFT | p99 | 100 ms | 40 ms | yes |" in md
+    assert "| TPOT | mean | 5 ms | 10 ms | no |" in md
     assert "GuideLLM" in md and "genai-perf" in md
 
 

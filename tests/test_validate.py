@@ -474,7 +474,8 @@ def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
     assert "Validation: a&lt;b&amp;c</h1>" in text
     # the markdown opens with the same facts as the HTML, then the table
     written = (tmp_path / "v" / "validation.md").read_text()
-    assert written.startswith("# Validation: a<b&c\n\n- scenario: a<b&c\n\n")
+    # (the name as typed: escaped for markdown, which passes HTML through)
+    assert written.startswith("# Validation: a\\<b\\&c\n\n- scenario: a\\<b\\&c\n\n")
     assert md in written and written.endswith(
         "![load 0.5: TTFT, TPOT and E2EL CDFs, measured vs predicted](cdf_load_0.5.png)\n")
     # one renderer for both: the HTML has the table's rows as cells, the plot inline
