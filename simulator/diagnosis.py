@@ -623,7 +623,7 @@ def find_limits(scenario, result) -> dict:
     conc = s.get("concurrency") or {}
     running = (conc.get("running_mean") or 0.0) / nrep
     running_max = conc.get("running_max_per_replica") or 0
-    kv = s.get("kv_usage") or {}
+    kv = s.get("kv_cache_usage") or {}
     kv_mean = kv.get("mean") or 0.0
     pre = s.get("preemptions") or 0
     ts = result.timeseries
@@ -650,7 +650,7 @@ def find_limits(scenario, result) -> dict:
             f"the backlog grows ({achieved:.3g} of {offered:.3g} req/s offered are served)")
     figures = {"offered_rate": offered, "achieved_rate": achieved, "stable": stable,
                "running_per_replica_mean": running, "running_per_replica_max": running_max,
-               "max_num_seqs": scenario.max_num_seqs, "kv_usage_mean": kv_mean,
+               "max_num_seqs": scenario.max_num_seqs, "kv_cache_usage_mean": kv_mean,
                "preemptions": pre, "busy_fraction": busy, "mean_step_ms": step_ms,
                "num_gpu_blocks": s.get("num_gpu_blocks"), "arrival_cv": arrival_cv(result)}
     missed = [(m, st, e["threshold"], e["value"])

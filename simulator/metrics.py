@@ -102,8 +102,9 @@ REQUEST_COLUMNS = (
     "ttft_ms", "tpot_ms", "e2el_ms", "queue_ms", "finish_reason", "warmup",
 )
 TIMESERIES_COLUMNS = (
-    "time_s", "bin_s", "replica", "running", "waiting", "kv_usage", "busy", "running_max",
-    "waiting_max", "kv_usage_max", "steps", "prefill_tokens", "decode_tokens",
+    "time_s", "bin_s", "replica", "running", "waiting", "kv_cache_usage", "busy",
+    "running_max", "waiting_max", "kv_cache_usage_max", "steps", "prefill_tokens",
+    "decode_tokens",
     "prefill_tok_s", "decode_tok_s", "preemptions",
 )
 
@@ -196,7 +197,7 @@ class RunResult:
             happen; ``warmup`` marks rows excluded from the figures.
         timeseries: fixed-width bins, columns :data:`TIMESERIES_COLUMNS`, rows per replica
             (``replica`` "0", "1", ...) then the cluster total (``replica`` "all").
-            ``running``/``waiting``/``kv_usage``/``busy`` are time-weighted bin means
+            ``running``/``waiting``/``kv_cache_usage``/``busy`` are time-weighted bin means
             (idle time counts as 0); ``*_max`` the largest step value; token counts are
             attributed to the bin in which the step ends.
         itl_runs: pooled ITL as runs, columns ``gap_ns`` (int64, ascending) and ``count``.
@@ -418,17 +419,17 @@ class MetricsCollector:
             self._first_admitted_ns = int(arrival_ns)
 
     def record_step(self, replica: int, start_ns: int, end_ns: int, num_prefill_tokens: int,
-                    num_decodes: int, num_running: int, num_waiting: int, kv_usage: float,
-                    num_preempted: int, num_sampled: int | None = None) -> None:
+                    num_decodes: int, num_running: int, num_waiting: int,
+                    kv_cache_usage: float, num_preempted: int, num_sampled: int | None = None) -> None:
         """Account one engine step of ``replica`` over ``[start_ns, end_ns)``.
 
-        ``num_running``/``num_waiting``/``kv_usage`` (fraction of usable blocks) hold over
-        the step; prefill tokens, decode tokens (one per decode) and preemptions count in
-        the bin where the step ends; so do the output tokens the step samples
-        (``num_sampled``, default ``num_decodes``: decodes plus prefill chunks that end a
-        prompt) in the second where it ends, once a request was admitted
-        (:meth:`note_admitted`). Steps are buffered and binned in bulk; the result is
-        bit for bit that of adding each step to its bins in turn.
+        ``num_running``/``num_waiting``/``kv_cache_usage`` (fraction of usable blocks, as
+        vLLM's ``kv_cache_usage_perc`` gauge) hold over the step; prefill tokens, decode
+        tokens (one per decode) and preemptions count in the bin where the step ends; so do
+        the output tokens the step samples (``num_sampled``, default ``num_decodes``:
+        decodes plus prefill chunks that end a prompt) in the second where it ends, once a
+        request was admitted (:meth:`note_admitted`). Steps are buffered and binned in bulk;
+        the result is bit for bit that of adding each step to its bins in turn.
 
         Raises:
             ValueError: ``end_ns < start_ns``.
@@ -442,7 +443,7 @@ class MetricsCollector:
                 self._coarsen()
         buf = self._steps
         buf.append((replica, start_ns, end_ns, num_prefill_tokens, num_decodes, num_running,
-                    num_waiting, kv_usage, num_preempted,
+                    num_waiting, kv_cache_usage, num_preempted,
                     num_decodes if num_sampled is None else num_sampled))
         if len(buf) >= _STEP_BUFFER:
             self._flush()
@@ -465,7 +466,7 @@ class MetricsCollector:
         end = np.array(cols[2], dtype=np.int64)
         ints = {k: np.array(cols[i], dtype=np.float64) for k, i in (
             ("prefill", 3), ("decode", 4), ("running", 5), ("waiting", 6), ("preempt", 8))}
-        kv_usage = np.array(cols[7], dtype=np.float64)
+        kv_cache_usage = np.array(cols[7], dtype=np.float64)
         self._last_step_end = max(self._last_step_end, int(end.max()))
         if self._first_admitted_ns is not None:   # int(token time - first start), as vLLM
             sec = (end - self._first_admitted_ns) // NS_PER_S
@@ -481,7 +482,7 @@ class MetricsCollector:
             pick = None if len(reps) == 1 else rep == r
             s0, e0 = (start, end) if pick is None else (start[pick], end[pick])
             cols_r = {k: (v if pick is None else v[pick]) for k, v in ints.items()}
-            kv_r = kv_usage if pick is None else kv_usage[pick]
+            kv_r = kv_cache_usage if pick is None else kv_cache_usage[pick]
             bins = self._bins.get(r)
             if bins is None:
                 bins = self._bins[r] = _Bins()
@@ -556,7 +557,7 @@ class MetricsCollector:
             ``max_concurrent_requests`` and ``max_output_tokens_per_s``: vllm bench
             serve's peak concurrent requests (:func:`_peak_per_second`) and peak output
             token throughput (most output tokens in one second counted from the first
-            admitted arrival; None with warm-up or without steps), ``kv_usage``
+            admitted arrival; None with warm-up or without steps), ``kv_cache_usage``
             (``mean`` time-weighted over replicas, ``max`` of any replica),
             ``preemptions``, ``preempted_requests``, ``timeseries_bin_s``, plus ``extra``.
             Floats rounded to 6 significant digits, NaN as None.
@@ -634,7 +635,7 @@ class MetricsCollector:
         step = self._step_window(ws, we)
         s["concurrency"]["running_mean"] = step["running_mean"]
         s["concurrency"]["running_max_per_replica"] = step["running_max"]
-        s["kv_usage"] = {"mean": step["kv_mean"], "max": step["kv_max"]}
+        s["kv_cache_usage"] = {"mean": step["kv_mean"], "max": step["kv_max"]}
         pre = req["preemptions"].to_numpy()[counted]
         s["preemptions"] = int(pre.sum())
         s["preempted_requests"] = int((pre > 0).sum())
@@ -841,11 +842,11 @@ def _ts_frame(start, width, replica, agg, nrep, waiting) -> pd.DataFrame:
         "replica": replica,
         "running": agg["run"] / wd,
         "waiting": waiting,
-        "kv_usage": agg["kv"] / wd / nrep,
+        "kv_cache_usage": agg["kv"] / wd / nrep,
         "busy": agg["busy"] / wd / nrep,
         "running_max": maxes["run_max"].astype(np.int64),
         "waiting_max": maxes["wait_max"].astype(np.int64),
-        "kv_usage_max": maxes["kv_max"],
+        "kv_cache_usage_max": maxes["kv_max"],
         "steps": agg["steps"].astype(np.int64),
         "prefill_tokens": agg["prefill"].astype(np.int64),
         "decode_tokens": agg["decode"].astype(np.int64),

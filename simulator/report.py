@@ -250,7 +250,7 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     b.append(("table", None, ["metric"] + stats, lat))
 
     conc = s.get("concurrency") or {}
-    kv = s.get("kv_usage") or {}
+    kv = s.get("kv_cache_usage") or {}
     load = [
         ["requests in system, mean", _fmt(conc.get("requests_mean"))],
         ["requests in system, max", _fmt(conc.get("requests_max"))],
@@ -460,7 +460,7 @@ def _replicated(rep: dict) -> list:
     headline figures, then each SLO statistic against its bound."""
     keys = [("request_throughput",), ("output_throughput",), ("goodput",)]
     keys += [(m, st) for m in METRICS for st in ("mean", "p50", "p99")]
-    keys += [("concurrency", "running_mean"), ("kv_usage", "mean")]
+    keys += [("concurrency", "running_mean"), ("kv_cache_usage", "mean")]
     out = [(".".join(path), summary_at(rep, path)) for path in keys]
     for m, entries in (rep.get("slo") or {}).items():
         for st, e in (entries.items() if m in METRICS else ()):
@@ -735,7 +735,7 @@ def plot_timeline(result: RunResult) -> bytes:
     axes = fig.subplots(3, 1, sharex=True)
     total, reps = _series(result)
     panels = (("waiting", "queue length (waiting)"), ("running", "running requests"),
-              ("kv_usage", "KV cache usage"))
+              ("kv_cache_usage", "KV cache usage"))
     for ax, (col, name) in zip(axes, panels):
         if total is None:
             ax.text(0.5, 0.5, "no steps", ha="center", va="center", transform=ax.transAxes)
@@ -745,7 +745,8 @@ def plot_timeline(result: RunResult) -> bytes:
                     ax.step(df["time_s"], df[col], where="post", lw=0.7, alpha=0.6,
                             label=f"replica {rep}")
             ax.step(total["time_s"], total[col], where="post", lw=1.4, color="k",
-                    label="mean over replicas" if col == "kv_usage" else "all replicas")
+                    label=("mean over replicas" if col == "kv_cache_usage"
+                           else "all replicas"))
             if 1 < len(reps) <= 8:
                 ax.legend(fontsize="small", ncols=3)
         ax.set_ylabel(name)
@@ -983,7 +984,8 @@ _COMPARE_FIGURES = [
      ("capped_above_max_model_len",)),
 ] + [(f"{_LABELS[m]} {st} (ms)", (m, st)) for m in METRICS for st in ("mean", "p50", "p99")] + [
     ("running requests, mean (all replicas)", ("concurrency", "running_mean")),
-    ("KV cache usage, mean (share of blocks, mean over replicas)", ("kv_usage", "mean")),
+    ("KV cache usage, mean (share of blocks, mean over replicas)",
+     ("kv_cache_usage", "mean")),
     ("preemptions", ("preemptions",)),
     ("prefix cache hit rate", ("prefix_cache_hit_rate",)),
     ("step costs", ("cost_model",)),

@@ -182,7 +182,7 @@ def test_a_watermark_that_holds_admission_back_binds_and_is_named():
     r = simulate(s)
     d = diagnose(s, r)
     assert d["figures"]["watermark_holds_admission"]
-    assert r.summary["kv_usage"]["max"] <= 0.30 and r.summary["preemptions"] == 0
+    assert r.summary["kv_cache_usage"]["max"] <= 0.30 and r.summary["preemptions"] == 0
     assert r.summary["concurrency"]["running_max_per_replica"] <= 10
     assert d["binding"] == "kv_capacity"
     f = d["findings"][0]
@@ -1413,7 +1413,7 @@ def test_a_cache_full_of_a_few_long_requests_is_found_below_the_nearly_full_mark
     d = diagnose(s, r, counterfactual=False)
     f = d["figures"]
     assert f["kv_holds_requests"] == 7 and f["running_per_replica_max"] == 7
-    assert f["kv_usage_mean"] < 0.9 and r.summary["preemptions"] == 0
+    assert f["kv_cache_usage_mean"] < 0.9 and r.summary["preemptions"] == 0
     kv = next(x for x in d["findings"] if x["limit"] == "kv_capacity")
     assert "(it holds about 7 requests at their mean length, and 7 ran at once)" \
         in kv["evidence"]

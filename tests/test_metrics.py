@@ -402,8 +402,8 @@ def test_time_weighted_running_and_kv_usage():
     # running: (1*40 + 2*100 + 3*80) / 200; KV: (0.1*40 + 0.3*100 + 0.5*80) / 200 / 2
     assert s["concurrency"]["running_mean"] == approx(2.4)
     assert s["concurrency"]["running_max_per_replica"] == 3
-    assert s["kv_usage"]["mean"] == approx(0.185)
-    assert s["kv_usage"]["max"] == 0.5
+    assert s["kv_cache_usage"]["mean"] == approx(0.185)
+    assert s["kv_cache_usage"]["max"] == 0.5
     assert s["preemptions"] == 0
 
 
@@ -425,8 +425,8 @@ def test_timeseries_bins_per_replica_and_total():
     assert col("0", "waiting_max") == [2, 0, 0, 0]
     assert col("all", "waiting_max") == [2, 1, 0, 0]
     assert col("all", "running_max") == [3, 3, 2, 0]
-    assert col("all", "kv_usage_max") == approx([0.5, 0.5, 0.3, 0])
-    assert col("all", "kv_usage") == approx([(0.1 * 40 + 0.5 * 30) / 50 / 2,
+    assert col("all", "kv_cache_usage_max") == approx([0.5, 0.5, 0.3, 0])
+    assert col("all", "kv_cache_usage") == approx([(0.1 * 40 + 0.5 * 30) / 50 / 2,
                                              (0.3 + 0.5) / 2, 0.3 / 2, 0])
     # tokens count in the bin where the step ends: 40 ms -> bin 0, 100 -> 1, 150 -> 2
     assert col("all", "prefill_tokens") == [8, 4, 0, 0]
@@ -462,7 +462,7 @@ def test_fine_bins_coarsen_without_losing_time(monkeypatch):
     assert c._w == 40 * MS
     s = c.finalize(slo=None).summary
     assert s["concurrency"]["running_mean"] == approx(2.4)
-    assert s["kv_usage"]["mean"] == approx(0.185)
+    assert s["kv_cache_usage"]["mean"] == approx(0.185)
 
 
 def test_summary_is_deterministic_and_json_able():
@@ -685,4 +685,4 @@ def test_a_replica_that_never_ran_a_step_still_has_its_rows():
     assert busy["0"] == 1 and busy["1"] == busy["2"] == 0
     assert busy["all"] == approx(1 / 3)
     idle = ts[ts["replica"] == "2"]
-    assert (idle[["running", "running_max", "steps", "kv_usage_max"]] == 0).all().all()
+    assert (idle[["running", "running_max", "steps", "kv_cache_usage_max"]] == 0).all().all()
