@@ -775,7 +775,7 @@ def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys)
     assert (tmp_path / "pl" / "pareto.png").is_file()
     assert main(["run", str(y), "--out", str(tmp_path / "run")] + args[2:]) == 0
     md = (tmp_path / "run" / "report.md").read_text()
-    assert "| TPOT | p99 | 5 | n/a (no samples) | yes |" in md
+    assert "| TPOT | p99 | 5 ms | n/a (no samples) | yes |" in md
     assert "All SLOs met: **yes**" in md
 
 
