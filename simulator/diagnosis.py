@@ -239,10 +239,11 @@ def max_num_seqs_gain(scenario, result) -> tuple[float, int] | None:
     """What a higher max_num_seqs would give a replica: ``(gain, n2)``. ``n2`` is the
     smallest N · 2^k (k >= 1; N = ``max_num_seqs``) at or above the running sequences the
     offered load needs (:func:`max_num_seqs_needed`), or fewer where the KV cache holds
-    fewer sequences at the mean context (blocks of the run / blocks per sequence); ``gain`` = decode throughput at
-    ``n2`` over that at N (n2 · t(N) / (N · t(n2)), t priced noise-free by the run's cost
-    model for a decode-only step at the counted, completed requests' mean context, prompt +
-    output / 2 tokens; 1 when no more sequences fit). None without such requests.
+    fewer sequences at the mean context (blocks of the run / blocks per sequence); ``gain``
+    = decode throughput at ``n2`` over that at N (n2 · t(N) / (N · t(n2)), t priced
+    noise-free by the run's cost model for a decode-only step at the counted, completed
+    requests' mean context, prompt + output / 2 tokens; 1 when no more sequences fit). None
+    without such requests.
 
     Raises:
         InputError: the scenario's cost model cannot be built (as for the run itself).
@@ -384,8 +385,8 @@ def _kv_change(scenario, blocks: int | None) -> str | None:
 
 def _beyond_memory(scenario, change: str | None) -> str:
     """What the knob text says of a ``change`` (settings joined by commas: twice the
-    blocks of :func:`_kv_change`, or a higher max_num_seqs with the blocks to hold them) that sets
-    more ``engine.num_gpu_blocks`` than the scenario's GPUs hold at its
+    blocks of :func:`_kv_change`, or a higher max_num_seqs with the blocks to hold them)
+    that sets more ``engine.num_gpu_blocks`` than the scenario's GPUs hold at its
     gpu_memory_utilization (:func:`_memory_blocks`): a test of more cache than they hold,
     which vLLM would fail to allocate on them, and what would hold it (twice the
     tensor_parallel, with its blocks, where the model splits that far and they hold as
@@ -465,10 +466,10 @@ def _finding(limit, evidence, knob, change=None):
 #: Limits that hold requests in the queue.
 QUEUEING = ("kv_capacity", "max_num_seqs", "max_num_batched_tokens", "compute")
 #: The SLO metrics each finding's knob moves. A higher max_num_seqs (or token budget)
-#: shorten the wait but put more in each step (TPOT and ITL rise); more KV cache ends preemptions (whose
-#: recomputation every figure pays); more or faster GPUs move all; shorter prefill chunks
-#: smooth the decodes (and lengthen prefills: TTFT is not among them); prefix-cache hits
-#: remove prefill work.
+#: shortens the wait but puts more in each step (TPOT and ITL rise); more KV cache ends
+#: preemptions (whose recomputation every figure pays); more or faster GPUs move all;
+#: shorter prefill chunks smooth the decodes (and lengthen prefills: TTFT is not among
+#: them); prefix-cache hits remove prefill work.
 ALL_METRICS = (*FLOOR_METRICS, "queue_ms")
 MOVES = {"max_num_seqs": WAIT_METRICS, "max_num_batched_tokens": WAIT_METRICS,
          "kv_capacity": ALL_METRICS, "compute": ALL_METRICS,
@@ -788,8 +789,8 @@ def find_limits(scenario, result) -> dict:
     sg = max_num_seqs_gain(scenario, result) if slots_full else None
     gain, n2 = sg if sg is not None else (None, None)
     figures["max_num_seqs_gain"] = gain
-    need = figures["max_num_seqs_needed"] = max_num_seqs_needed(scenario, result) if slots_full \
-        else None
+    need = figures["max_num_seqs_needed"] = (max_num_seqs_needed(scenario, result)
+                                             if slots_full else None)
     n = scenario.max_num_seqs
     all_slots = f"{held} while a replica runs all {n} sequences"
     if gain is not None and n2 <= n:
@@ -1346,5 +1347,5 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
 
 
 __all__ = ["arrival_cv", "budget_gain", "diagnose", "find_limits", "suggested_flags",
-           "shareable_share", "max_num_seqs_gain", "ttft_split", "waiting_while_another_admits",
-           "wake_up_ms"]
+           "max_num_seqs_gain", "shareable_share", "ttft_split",
+           "waiting_while_another_admits", "wake_up_ms"]

@@ -420,7 +420,8 @@ class MetricsCollector:
 
     def record_step(self, replica: int, start_ns: int, end_ns: int, num_prefill_tokens: int,
                     num_decodes: int, num_running: int, num_waiting: int,
-                    kv_cache_usage: float, num_preempted: int, num_sampled: int | None = None) -> None:
+                    kv_cache_usage: float, num_preempted: int,
+                    num_sampled: int | None = None) -> None:
         """Account one engine step of ``replica`` over ``[start_ns, end_ns)``.
 
         ``num_running``/``num_waiting``/``kv_cache_usage`` (fraction of usable blocks, as

@@ -1082,7 +1082,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
         for n, e in zip(names, entries):
             v = plan_figure(e, path)
             ci = summary_at(e.get("replications") or {}, path + ("ci95",))
-            cells.append(_fmt(plan_figure(e, path, shown=True)) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+            cells.append(_fmt(plan_figure(e, path, shown=True))
+                         + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
                          # its SLOs were met on answers cut short: not the same work
                          + (" (outputs cut)" if path == ("slo_met",) and v
                             and plan_capped(e)["capped"] else ""))
