@@ -555,11 +555,11 @@ def _cmd_compare(args) -> int:
         print(f"servesim: note: {short}", file=sys.stderr)
     reps = scenarios[0].sim.replications   # every plan runs the first one's (serving())
     table = compare_table(entries)
-    # the output-cut column only where some plan cuts (compare.csv keeps the row): 80
-    # columns hold the rest
+    # the rejected and output-cut columns only where some plan rejects or cuts (compare.csv
+    # keeps both rows): 80 columns hold the rest
     _print_table(table, f"Plans serving the workload of {scenarios[0].source}" + (
         f" (means over {reps} replications)" if reps > 1 else ""),
-        [c for c in table.columns if c != "capped" or table[c].any()])
+        [c for c in table.columns if c not in ("rejected", "capped") or table[c].any()])
     if reps > 1:   # means beside a verdict of every replication would read as a contradiction
         print(f"SLO met: yes only where every one of the {reps} replications met every SLO "
               f"(the figures are their means)")

@@ -900,7 +900,10 @@ def test_compare_prints_a_formatted_table_and_needs_two_scenarios(tmp_path, caps
         assert all(re.fullmatch(r"\d+(\.\d+)?", c) and len(c.replace(".", "")) <= 3
                    for c in r[1:4])                      # 3 significant figures
         assert r[4:6] == ["-", "-"]                      # goodput, SLO met: no SLO given
-        assert r[6] == "0"                               # rejected requests
+        assert r[6] == "stable"       # no rejected column: no plan rejects (compare.csv has it)
+    head = out[:out.index("─")].split()
+    assert "rejected" not in head and "cut" not in head
+    assert max(len(line) for line in out[:out.index("binding (rules):")].splitlines()) <= 80
     csv = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
     assert any(line.startswith("rejected requests,0,0") for line in csv)
     # the binding limit of each plan, as the terminal and report.md give it
