@@ -502,11 +502,12 @@ def _replications_identical(rep: dict) -> bool:
 
 def md_literal(text: str, cell: bool = False) -> str:
     """``text`` (a name, a path: user text) escaped so that markdown shows it as typed:
-    no HTML tag or entity, no emphasis, code or link. ``cell``: a table cell or list
+    no HTML tag or entity, no emphasis, code, link or maths (``$…$`` in viewers that
+    render it). ``cell``: a table cell or list
     item of figures, which keep the ``_`` inside a word and brackets (``ttft_ms.p99``,
     ``[1.2, 3.4]``), which form no markup, unescaped."""
     # ">" alone forms no markup inside a line ("> plan.max_replicas" reads as typed)
-    specials = "\\`*<&|" + ("" if cell else "_[]#!")
+    specials = "\\`*<&|$" + ("" if cell else "_[]#!")
     text = "".join(f"\\{c}" if c in specials else c for c in text)
     if not cell:
         return text

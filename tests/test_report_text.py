@@ -160,3 +160,13 @@ def test_validation_numbers_are_positional_and_its_cdfs_start_at_zero(tmp_path, 
 def test_validation_cells_read_as_the_run_reports(x, text):
     import calibration.validate_report as VR
     assert VR._fmt(x) == text
+
+
+@pytest.mark.parametrize("cell", [False, True])
+def test_a_dollar_is_escaped_for_viewers_that_render_math(cell):
+    # GitHub and other viewers with maths read $…$ as a formula; an escaped \$ is a dollar
+    # there, and in CommonMark (which has no maths) a backslash before punctuation shows
+    # only the punctuation
+    text = report.md_literal("cost$x^$ a $5 and $10 b", cell=cell)
+    assert "$" not in text.replace("\\$", "")
+    assert md_html(text) == f"<p>{as_text('cost$x^$ a $5 and $10 b')}</p>\n"
