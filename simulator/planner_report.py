@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .report import (DEFINITIONS, _fmt, _png, cost_sources, line_styles, render_html,
                      render_markdown, write_files)
@@ -215,20 +216,25 @@ def pareto_front(costs, latencies) -> list[int]:
 def plot_pareto(table, best_index: int | None) -> bytes:
     """PNG: cost per hour vs TTFT p99 and vs TPOT p99 at the operating point, with 95% CI
     error bars, the Pareto front joined, the cheapest feasible plan starred, each point
-    labelled with its row numbers (``4,5`` where candidates coincide). A panel whose
-    metric has no value (TPOT when every request has one output token) says so."""
+    labelled with its row numbers (``4,5`` where candidates coincide). Where no candidate
+    has a price, GPUs (replicas × tensor_parallel, the table's ``gpus`` column) take the
+    cost's place. A panel whose metric has no value (TPOT when every request has one
+    output token) says so."""
     return _png(pareto_figure(table, best_index))
 
 
 def pareto_figure(table, best_index: int | None) -> Figure:
     """The figure :func:`plot_pareto` draws (two axes: TTFT, TPOT)."""
+    priced = table["cost_per_hour"].notna().any()
+    x, x_label, best = (("cost_per_hour", "cost (USD / hour)", "cheapest") if priced else
+                        ("gpus", "GPUs (replicas × tensor_parallel; no prices)", "best"))
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
     # a colour per candidate, distinct up to 20 rows (beyond, the row labels tell them
     # apart)
     colours = [c for c, _ in line_styles(len(table))]
     for ax, m in zip(axes, ("ttft", "tpot")):
-        ok = table[table["cost_per_hour"].notna() & table[f"{m}_p99_ms"].notna()]
+        ok = table[table[x].notna() & table[f"{m}_p99_ms"].notna()]
         if ok.empty:
             ax.text(0.5, 0.5, f"no {m.upper()} p99 values", ha="center", va="center",
                     transform=ax.transAxes)
@@ -239,19 +245,21 @@ def pareto_figure(table, best_index: int | None) -> Figure:
                 yerr = [[max(r[f"{m}_p99_ms"] - ci[0], 0)], [max(ci[1] - r[f"{m}_p99_ms"], 0)]]
             marker = "*" if i == best_index else "o"
             kind = r["cost_kind"]
-            ax.errorbar([r["cost_per_hour"]], [r[f"{m}_p99_ms"]], yerr=yerr, fmt=marker,
+            ax.errorbar([r[x]], [r[f"{m}_p99_ms"]], yerr=yerr, fmt=marker,
                         ms=12 if i == best_index else 6,
                         mfc="none" if kind == "projected" else None,
                         color=colours[i % len(colours)])
-        _label_points(ax, [(str(i), r["cost_per_hour"], r[f"{m}_p99_ms"])
-                           for i, r in ok.iterrows()])
-        front = pareto_front(list(ok["cost_per_hour"]), list(ok[f"{m}_p99_ms"]))
-        f = ok.iloc[front].sort_values("cost_per_hour")
-        ax.plot(f["cost_per_hour"], f[f"{m}_p99_ms"], "k-", lw=0.8, alpha=0.6)
-        ax.set_xlabel("cost (USD / hour)")
+        _label_points(ax, [(str(i), r[x], r[f"{m}_p99_ms"]) for i, r in ok.iterrows()])
+        front = pareto_front(list(ok[x]), list(ok[f"{m}_p99_ms"]))
+        f = ok.iloc[front].sort_values(x)
+        ax.plot(f[x], f[f"{m}_p99_ms"], "k-", lw=0.8, alpha=0.6)
+        ax.set_xlabel(x_label)
+        if not priced:   # whole GPUs
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(f"{m.upper()} p99 at the operating point (ms)")
         ax.grid(alpha=0.3)
-        ax.set_title(f"cost vs {m.upper()} p99 (★ cheapest; hollow = projected)")
+        ax.set_title(f"{'cost' if priced else 'GPUs'} vs {m.upper()} p99 (★ {best}; hollow "
+                     f"= projected)")
     return fig
 
 
@@ -322,8 +330,10 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
              "max rate per replica, then the fewest replicas)") + ": " +
             f"**{best.candidate.label}**, {row['replicas']} replica(s)"
             f" ({'confirmed by simulating the deployment' if best.confirmed else 'estimated'}),"
-            f" {_cell(row['cost_per_hour'])} USD/h (95% CI {_cell(row['cost_per_hour_ci95'])}),"
-            f" {_cell(row['cost_per_million_output_tokens'])} USD per million output tokens;"
+            + (f" {_cell(row['cost_per_hour'])} USD/h (95% CI "
+               f"{_cell(row['cost_per_hour_ci95'])}), "
+               f"{_cell(row['cost_per_million_output_tokens'])} USD per million output "
+               f"tokens;" if priced else "") +
             f" max rate per replica {_cell(row['max_rate_per_replica'])} req/s (95% CI "
             f"{_cell(row['max_rate_ci95'])}); step costs {row['cost_kind']}.")))
     else:
@@ -372,10 +382,15 @@ def write_plan_report(out_dir, result, table, *, title: str) -> dict:
                   [[_cell(c["replicas"]), _cell(c["feasible"]), _cell(c["confident"]),
                     _cell(c["unstable"]), _cell(c["mean_ratio"]), _cell(c["ci95"])]
                    for c in best.confirmation]))
-    b.append(("img", "pareto.png", "Cost vs latency; numbers are the table's rows"))
+    priced = table["cost_per_hour"].notna().any()
+    b.append(("img", "pareto.png", ("Cost" if priced else "GPUs (no prices)")
+              + " vs latency; numbers are the table's rows"))
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
-    img = plot_pareto(table, best_index)
+    img = plot_pareto(table.assign(gpus=[   # the cost's place where nothing has a price
+        r.replicas * r.candidate.scenario.hardware.tensor_parallel
+        if r.replicas and r.candidate.scenario is not None else None
+        for r in result.rows]), best_index)
     table = _rounded(table)
     return write_files(out_dir, {
         "plan.csv": csv_table(table, keys).to_csv(index=False, lineterminator="\n").encode(),

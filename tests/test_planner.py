@@ -756,7 +756,25 @@ def test_a_plan_without_prices_calls_its_pick_best_not_cheapest(tmp_path, capsys
     assert status.count("best feasible") == 1 and "cheapest feasible" not in status
     md = (tmp_path / "pl" / "report.md").read_text()
     assert "Plan meeting every SLO at 30 req/s (no candidate has a price" in md
-    assert "Cheapest plan" not in md
+    assert "Cheapest plan" not in md and "USD" not in md.split("## Definitions")[0]
+    assert "GPUs (no prices) vs latency" in md
+
+
+def test_a_plan_without_prices_plots_latency_against_gpus():
+    # no cost to put on the x axis: GPUs (replicas × tensor_parallel) take its place
+    import pandas as pd
+
+    from simulator.planner_report import pareto_figure
+    table = pd.DataFrame({"cost_per_hour": [None, None], "gpus": [2, 4],
+                          "ttft_p99_ms": [30.0, 20.0], "ttft_p99_ci95": [None, None],
+                          "tpot_p99_ms": [5.0, 6.0], "tpot_p99_ci95": [None, None],
+                          "cost_kind": ["inline", "inline"]})
+    fig = pareto_figure(table, best_index=0)
+    for ax, ys in zip(fig.axes, ([30.0, 20.0], [5.0, 6.0])):
+        assert ax.get_xlabel().startswith("GPUs (replicas × tensor_parallel")
+        assert "★ best" in ax.get_title()
+        points = [tuple(c.lines[0].get_xydata()[0]) for c in ax.containers]
+        assert points == [(2.0, ys[0]), (4.0, ys[1])]
 
 
 def test_plan_with_one_output_token_meets_a_tpot_slo_vacuously(tmp_path, capsys):
