@@ -392,6 +392,18 @@ MAX_SECONDS_PER_LOAD = 3600.0
 MIN_SATURATION_REQUESTS, MAX_SATURATION_REQUESTS = 5, 100_000
 
 
+def check_loads(loads) -> None:
+    """Refuse loads outside [:data:`MIN_LOAD`, :data:`MAX_LOAD`] (fractions of the
+    measured saturation throughput), or none.
+
+    Raises:
+        InputError: naming ``--loads``, the allowed range and the loads given.
+    """
+    if not loads or any(not MIN_LOAD <= x <= MAX_LOAD for x in loads):
+        raise InputError(f"--loads: fractions of saturation in [{MIN_LOAD:g}, {MAX_LOAD:g}], "
+                         f"got {list(loads)}")
+
+
 def check_validation_args(scenario, loads, replications: int, seconds_per_load: float = 1.0,
                           saturation_requests: int | None = None) -> None:
     """What every validation needs, checked before any engine starts.
@@ -418,9 +430,7 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
                                   "constant) at rates set from the measured saturation: give "
                                   "the scenario one of those, and no sessions, trace or "
                                   "max_concurrency")
-    if not loads or any(not MIN_LOAD <= x <= MAX_LOAD for x in loads):
-        raise InputError(f"--loads: fractions of saturation in [{MIN_LOAD:g}, {MAX_LOAD:g}], "
-                         f"got {list(loads)}")
+    check_loads(loads)
     if not 1 <= replications <= MAX_REPLICATIONS:
         raise InputError(f"--replications: 1 to {MAX_REPLICATIONS}, got {replications}")
     if not (math.isfinite(seconds_per_load) and 0 < seconds_per_load <= MAX_SECONDS_PER_LOAD):

