@@ -1216,6 +1216,14 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             # YAML reads only 0-9 as digits: full-width ６４ is text
             msg += f" (got {echo(inp)}: YAML reads only the digits 0-9 as a number; write " \
                    f"{plain.strip()})"
+        elif (typ in ("int_type", "int_parsing", "float_type", "float_parsing")
+                and isinstance(inp, str) and re.fullmatch(r"\s*[-+]?\d+,\d+\s*", inp)):
+            # 4,0 or 1,000: YAML reads a number with a comma as text (in {…}, the comma
+            # separates entries instead: key 0)
+            whole, part = inp.strip().split(",")
+            msg += (f" (got {echo(inp)}: YAML reads a number with a comma as text; write "
+                    + (f"{whole}{part})" if typ.startswith("int") else
+                       f"{whole}.{part} or {whole}{part})"))
         elif typ in ("finite_number", "int_type") and isinstance(inp, float) \
                 and math.isinf(inp):
             msg += (f" (got {echo(inp)}: .inf, or a number past the largest float, 1.8e308)"

@@ -409,6 +409,24 @@ def test_a_decimal_comma_in_a_flow_mapping_is_named(tmp_path):
         "separates entries (4,0): a decimal takes a point")
 
 
+@pytest.mark.parametrize("key, value, said", [
+    ("rate", "4,0", "Input should be a valid number > 0 and <= 1000000000 (got '4,0': YAML "
+                    "reads a number with a comma as text; write 4.0 or 40)"),
+    ("num_requests", "1,000", "Input should be a valid integer >= 1 and <= 100000000 (got "
+                              "'1,000': YAML reads a number with a comma as text; write 1000)")])
+def test_a_number_with_a_comma_says_how_to_write_it(tmp_path, key, value, said):
+    p = tmp_path / "s.yaml"
+    raw = {k: v for k, v in BASE.items() if k != "workload"}
+    rate = value if key == "rate" else "4"
+    n = value if key == "num_requests" else "10"
+    p.write_text(yaml.safe_dump(raw, sort_keys=False) + (
+        f"workload:\n  num_requests: {n}\n  arrival:\n    process: poisson\n"
+        f"    rate: {rate}\n  prompt_tokens: {{dist: fixed, value: 8}}\n"
+        f"  output_tokens: {{dist: fixed, value: 4}}\n"))
+    path = "workload.arrival.rate" if key == "rate" else "workload.num_requests"
+    assert err(load_scenario, p) == f"s.yaml:{line_of(p, key + ':')}: {path}: {said}"
+
+
 def test_yaml_syntax_error_names_line(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("name: x\nmodel: llama-test\nengine: {block_size: [16}\n")
