@@ -56,7 +56,8 @@ def _cmd_run(args) -> int:
 
     from .cost_model import build_cost_model, extrapolation_warning, profile_warning
     from .report import print_summary, write_run_outputs
-    from .run import (client_warning, max_model_len_text, memory_warning, report_meta,
+    from .run import (check_workload_span, client_warning, max_model_len_text,
+                      memory_warning, report_meta,
                       simulate_replications, start_burst_warning, tail_warning,
                       trace_shortfall, unstable_warning)
     from .scenario import load_scenario
@@ -76,6 +77,7 @@ def _cmd_run(args) -> int:
     out = out_folder(args.out, Path("reports") / scenario.name)
     check_folder(out, "--out", "run")   # fail before simulating, not after
     cost = build_cost_model(scenario)
+    check_workload_span(scenario)   # one error, not after a memory warning and minutes
     heavy = memory_warning(scenario)
     if heavy:   # before the run: it may not get to the end
         print(f"servesim: warning: {heavy}", file=sys.stderr)

@@ -49,6 +49,22 @@ def workload_specs(scenario, replication: int = 0) -> list:
         raise InputError(f"{owner.source}: {msg}") from None
 
 
+def check_workload_span(scenario) -> None:
+    """:func:`simulator.workload.check_arrival_span` of ``scenario``'s workload, said as
+    the scenario's error (its key's line or --set flag), before a run warns or draws.
+
+    Raises:
+        InputError: naming ``workload.arrival.rate``.
+    """
+    from .workload import check_arrival_span
+
+    owner = scenario.workload_owner
+    try:
+        check_arrival_span(scenario.workload)
+    except KeyedInputError as e:
+        raise owner.error(e.key, e.detail, depends=e.depends) from None
+
+
 def simulate(scenario, replication: int = 0, specs=None, progress=None,
              cost_models=None) -> RunResult:
     """Simulate one replication of ``scenario``.

@@ -502,6 +502,27 @@ Arrival = Annotated[Union[PoissonArrival, GammaArrival, ConstantArrival, ClosedL
                     Field(discriminator="process")]
 
 
+def check_arrival_span(cfg: "WorkloadConfig") -> None:
+    """Refuse, before anything is drawn, an open-loop workload (no trace, no sessions)
+    whose ``num_requests`` at ``arrival.rate`` span, on average, past the 4.6e9 s a run
+    can hold (:data:`MAX_TIME_NS`); :func:`arrival_times_ns` checks the drawn times too.
+
+    Raises:
+        KeyedInputError: ``workload.arrival.rate``, with the message of
+            :func:`arrival_times_ns`.
+    """
+    rate, n = getattr(cfg.arrival, "rate", None), cfg.num_requests
+    if cfg.trace is None and cfg.sessions is None and rate and n \
+            and not n / rate < MAX_TIME_NS / NS_PER_S:
+        raise _span_error(rate, n)
+
+
+def _span_error(rate: float, n: int) -> KeyedInputError:
+    return KeyedInputError("workload.arrival.rate", f"{rate:g} req/s spreads {n} arrivals "
+                           f"over more than the 4.6e9 s a run can hold",
+                           depends=("workload.num_requests",))
+
+
 def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarray:
     """Arrival times of ``n`` requests of an open-loop process, in ns.
 
@@ -546,9 +567,7 @@ def arrival_times_ns(arrival_cfg, n: int, rng: np.random.Generator) -> np.ndarra
         if arrival_cfg.normalize_duration and n and t[-1] > 0:
             t *= (n / rate) / t[-1]
     if n and not t[-1] < MAX_TIME_NS / NS_PER_S:
-        raise KeyedInputError("workload.arrival.rate", f"{rate:g} req/s spreads {n} "
-                              f"arrivals over more than the 4.6e9 s a run can hold",
-                              depends=("workload.num_requests",))
+        raise _span_error(rate, n)
     return np.rint(t * NS_PER_S).astype(np.int64)
 
 
@@ -984,8 +1003,10 @@ def build_workload(cfg: WorkloadConfig, base_dir=".") -> list[RequestSpec]:
         InputError: trace or empirical file missing or malformed, a trace window keeping no
             request, length bounds holding no integer >= 1.
         KeyedInputError: a think time key whose draws, alone or added up along one
-            user's requests, pass the 4.6e9 s a run can hold.
+            user's requests, pass the 4.6e9 s a run can hold; ``workload.arrival.rate``
+            whose arrivals do (:func:`check_arrival_span`).
     """
+    check_arrival_span(cfg)   # before a hundred million lengths are drawn for nothing
     r = _rngs(cfg.seed)
     if cfg.trace is not None:
         specs = _build_trace(cfg, r, base_dir)

@@ -642,6 +642,32 @@ def test_a_rate_so_low_that_the_arrivals_overflow_the_clock_names_the_rate():
         with pytest.raises(KeyedInputError):
             build_workload(cfg(num_requests=3000, arrival={"process": "poisson",
                                                            "rate": 1e-300}))
+        # the drawn times are checked too (a draw can pass where the mean does not)
+        with pytest.raises(KeyedInputError, match="spreads 3000 arrivals"):
+            arrival_times_ns(TypeAdapter(Arrival).validate_python(
+                {"process": "poisson", "rate": 1e-300}), 3000, np.random.default_rng(0))
+
+
+def test_run_refuses_arrivals_past_the_clock_before_drawing_them(tmp_path, capsys,
+                                                                  monkeypatch):
+    # 1e8 requests at 0.01 req/s span 1e10 s, past the 4.6e9 s a run holds: said at once,
+    # as one line, without the memory warning or the draws (gigabytes, half a minute)
+    import simulator.workload as W
+    from simulator.cli import main
+
+    def no_draws(*a, **kw):
+        raise AssertionError("drew the workload")
+    monkeypatch.setattr(W, "_build_open_loop", no_draws)
+    y = tmp_path / "s.yaml"
+    y.write_text("name: s\nmodel: llama-test\nhardware: {step_time: {constant_s: 0.01}}\n"
+                 "workload:\n  num_requests: 100000000\n  arrival: {process: poisson, "
+                 "rate: 0.01}\n  prompt_tokens: {dist: fixed, value: 8}\n"
+                 "  output_tokens: {dist: fixed, value: 4}\n")
+    assert main(["run", str(y), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "servesim: error: s.yaml:6: workload.arrival.rate: 0.01 req/s spreads 100000000 "
+        "arrivals over more than the 4.6e9 s a run can hold\n")
+    assert not (tmp_path / "o").exists()
 
 
 def test_gamma_burstiness_at_its_extremes():
