@@ -1217,7 +1217,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             msg += f" (got {echo(inp)}: YAML reads only the digits 0-9 as a number; write " \
                    f"{plain.strip()})"
         elif (typ in ("int_type", "int_parsing", "float_type", "float_parsing")
-                and isinstance(inp, str) and re.fullmatch(r"\s*[-+]?\d+,\d+\s*", inp)):
+                and isinstance(inp, str) and re.fullmatch(r"\s*[-+]?\d+,\d+\s*", inp)
+                and tuple(loc) not in origins):   # --set k=4,8 lists values to sweep
             # 4,0 or 1,000: YAML reads a number with a comma as text (in {…}, the comma
             # separates entries instead: key 0)
             whole, part = inp.strip().split(",")
