@@ -488,7 +488,7 @@ def _cmd_compare(args) -> int:
     from .cli import with_replications
     from .diagnosis import find_limits
     from .planner import compare
-    from .report import capped_text, plan_capped, write_compare_report
+    from .report import capped_text, md_literal, plan_capped, write_compare_report
     from .run import tail_warning, trace_shortfall
     from .scenario import load_scenario
     from .sweep import with_sweep_hint
@@ -524,8 +524,9 @@ def _cmd_compare(args) -> int:
         e["binding"] = find_limits(e["scenario"], e["result"])["binding"]
     paths = write_compare_report(   # before any note: a failed write stays the one line
         out, entries, title="Plan comparison",
-        note=f"Every plan serves the workload and SLO of {scenarios[0].source}, measured "
-             f"with its sim settings (replications, warm-up).")
+        note=f"Every plan serves the workload and SLO of "
+             f"{md_literal(str(scenarios[0].source), cell=True)}, measured with its sim "
+             f"settings (replications, warm-up).")
     from .cost_model import build_cost_model, extrapolation_warning
     from .sweep import setup_warnings
     grid = [(e["name"], extrapolation_warning(build_cost_model(e["scenario"]), e["scenario"],

@@ -211,8 +211,8 @@ def _blocks(result: RunResult, title: str, meta: dict, replications: dict | None
     if meta:
         b.append(("table", "Run", ["key", "value"],
                   [[str(k), _fmt(v)] for k, v in meta.items()]))
-    for w in warnings or ():
-        b.append(("p", f"**Warning:** {w}"))
+    for w in warnings or ():   # terminal text, paths and names in it: shown as typed
+        b.append(("p", f"**Warning:** {md_literal(w, cell=True)}"))
     b.append(("p", f"Step costs: **{basis}**. Every latency, throughput and load figure "
                    f"below is simulated with these costs."))
     if s.get("kv_note"):

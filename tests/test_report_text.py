@@ -170,3 +170,14 @@ def test_a_dollar_is_escaped_for_viewers_that_render_math(cell):
     text = report.md_literal("cost$x^$ a $5 and $10 b", cell=cell)
     assert "$" not in text.replace("\\$", "")
     assert md_html(text) == f"<p>{as_text('cost$x^$ a $5 and $10 b')}</p>\n"
+
+
+def test_a_warning_is_shown_as_typed_in_report_md(tmp_path):
+    # warnings are terminal text that quotes paths and names (a trace at <dir>/*x*.csv)
+    r = one_request(50 * MS)
+    w = "workload.trace: <dir>/*x*.csv has `3` requests $5 & more"
+    paths = write_run_outputs(tmp_path / "r", r, title="t", meta={}, warnings=[w])
+    shown = md_html(paths["report.md"].read_text())
+    assert f"<p><strong>Warning:</strong> {as_text(w)}</p>" in shown
+    page = paths["report.html"].read_text()
+    assert f"<p><strong>Warning:</strong> {html.escape(w)}</p>" in page
