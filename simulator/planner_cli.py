@@ -565,8 +565,8 @@ def _cmd_compare(args) -> int:
         print(f"SLO met: yes only where every one of the {reps} replications met every SLO "
               f"(the figures are their means)")
     for e in entries:   # as run says it, per plan
-        if capped_text(plan_capped(e)):
-            print(f"{e['name']}: {capped_text(plan_capped(e))}")
+        if text := capped_text(plan_capped(e)):
+            print(f"{e['name']}: {text}")
     print(RULES_NOTE)
     print(_cheapest_text(entries))
     print(f"report: {paths['report.html']}")
@@ -587,8 +587,12 @@ def _cheapest_text(entries: list[dict]) -> str:
     met = [e for e in entries if e.get("slo_met") and e.get("stability") == "stable"]
     if not met:
         return "no plan meets every SLO while keeping up with the workload"
-    ok = [e for e in met if not plan_capped(e)["capped"]]
-    cut = [e["name"] for e in met if plan_capped(e)["capped"]]
+    ok, cut = [], []   # whole outputs; names of the plans that cut them
+    for e in met:
+        if plan_capped(e)["capped"]:
+            cut.append(e["name"])
+        else:
+            ok.append(e)
     one = len(cut) == 1
     cut_text = (f"{', '.join(cut)} {'meets' if one else 'meet'} every SLO only with outputs "
                 f"cut at max_model_len (see above), so {'is' if one else 'are'} not named"

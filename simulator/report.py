@@ -1127,8 +1127,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
                       if with_ci else "")))
     b.append(("table", None, ["figure"] + names, rows))
     for n, e in zip(names, entries):   # as a run's report says it
-        if capped_text(plan_capped(e)):
-            b.append(("p", f"{md_literal(n)}: {capped_text(plan_capped(e))}"))
+        if text := capped_text(plan_capped(e)):
+            b.append(("p", f"{md_literal(n)}: {text}"))
     b.append(("img", "latency_cdf", "Latency CDFs of every plan: TTFT, TPOT, ITL, E2EL"))
     b.append(("h2", "Definitions"))
     b.append(("list", [f"**{k}**: {v}" for k, v in DEFINITIONS]))
