@@ -15,7 +15,6 @@ fresh, one whose free queue was shuffled, interleaved in rounds.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from pathlib import Path
@@ -54,13 +53,7 @@ def main(argv=None) -> int:
     def engine(shuffled: bool):
         eng = LLMEngine(model, cfg)
         if shuffled:   # the free queue in a random order, as after long serving
-            pool = eng.scheduler.kv.pool
-            queue = pool.free_queue
-            random.Random(1).shuffle(queue)
-            n, pool._fresh_left = pool._fresh_left, 0   # every free block listed, shuffled
-            pool.ref_cnt += [0] * n
-            pool.block_hash += [None] * n
-            pool._queue, pool._head = queue, 0
+            eng.scheduler.kv.pool.scatter(1)
         return eng, _Driver(eng, seed=3)
 
     def visit(eng, driver, B, L) -> list[int]:

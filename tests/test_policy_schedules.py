@@ -451,3 +451,35 @@ def test_never_used_blocks_head_the_free_queue_in_id_order():
     assert pool.allocate(2) == [2, 1] and pool.num_free_blocks == 0
     with pytest.raises(RuntimeError, match="need 1 block, 0 free"):
         pool.allocate_one()
+
+
+def test_scatter_reorders_the_free_queue_and_keeps_every_block_and_hash():
+    """``BlockPool.scatter(seed)`` lists the free queue in ``random.Random(seed)``'s shuffle
+    of its order: the same free blocks (never-used, freed to the head, freed to the tail,
+    cached), allocated in the new order from then on, and cached free blocks still hit.
+    Blocks of 4. A (8 tokens) caches blocks 1-2; B (6 tokens) caches 3 and frees its
+    partial 4 to the head; 5..19 were never used. Seed 2's order (worked out with
+    ``random.Random(2).shuffle``) puts 11, 10, 18, 12 first and A's blocks further back."""
+    import random
+
+    s = make(num_gpu_blocks=20, max_model_len=16)
+    for rid, segs in (("A", [("a", 8)]), ("B", [("b", 6)])):
+        s.add_request(req(rid, segs, max_tokens=1))
+        assert step(s)[2] == [rid]
+    pool = s.kv.pool
+    before = pool.free_queue
+    assert before == [4, *range(5, 20), 2, 1, 3]
+    want = list(before)
+    random.Random(2).shuffle(want)
+    pool.scatter(2)
+    assert pool.free_queue == want and want[:4] == [11, 10, 18, 12]
+    assert pool.num_free_blocks == 19
+    s.check_invariants()
+    # A2 hits A's two cached blocks; its new block is the shuffled queue's head
+    s.add_request(req("A2", [("a", 8), ("x", 4)], max_tokens=1))
+    plan = step(s)[3]
+    assert plan.prefills[0].num_cached_tokens == 8
+    assert pool.allocate(2) == [10, 18] and pool.allocate_one() == 12
+    from simulator.policy.kv_cache import BlockPool
+    with pytest.raises(ValueError, match="unlimited"):
+        BlockPool(None).scatter()

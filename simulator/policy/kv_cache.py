@@ -20,6 +20,8 @@ The real engine stores K/V tensors indexed by the block ids handed out here.
 
 from __future__ import annotations
 
+import random
+
 from .request import Request
 
 
@@ -277,6 +279,33 @@ class BlockPool:
             self.block_hash.extend([None] * extra)
             out.extend(range(start, start + extra))
         return out
+
+    def scatter(self, seed: int = 0) -> None:
+        """Put the free queue in a random order (``random.Random(seed).shuffle``), as the
+        queue of a server that has run a while: its requests free blocks in the order they
+        finish, so a new request's block table lands on blocks spread over the cache instead
+        of a fresh pool's consecutive ids. Only the order changes: the same blocks stay free
+        and cached free blocks keep their hashes.
+
+        The engine's calibration measures on a scattered pool (on a CPU a step reading
+        scattered blocks runs up to ~10% slower, ``benchmarks/results/kv_layout.md``); the
+        simulator never calls it (block ids do not change a step's price).
+
+        Raises:
+            ValueError: an unlimited pool (it has no queue to order).
+        """
+        if self.unlimited:
+            raise ValueError("an unlimited pool has no free queue to scatter")
+        queue = self.free_queue
+        random.Random(seed).shuffle(queue)
+        n = self._fresh_left   # never handed out: listed from now on, in the shuffled queue
+        self.ref_cnt.extend([0] * n)
+        self.block_hash.extend([None] * n)
+        self._fresh_left = 0
+        self._front = []
+        self._queue, self._head = queue, 0
+        self._stale.clear()
+        self._num_stale = 0
 
     def free_blocks(self, block_ids) -> None:
         """Drop one reference on each block; blocks reaching 0 join the queue tail in order."""
