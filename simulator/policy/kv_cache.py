@@ -287,8 +287,8 @@ class BlockPool:
         of a fresh pool's consecutive ids. Only the order changes: the same blocks stay free
         and cached free blocks keep their hashes.
 
-        The engine's calibration measures on a scattered pool (on a CPU a step reading
-        scattered blocks runs up to ~10% slower, ``benchmarks/results/kv_layout.md``); the
+        For measuring the real engine on a long-served pool's layout (on a CPU a step
+        reading scattered blocks runs up to ~10% slower: ``benchmarks/kv_layout.py``); the
         simulator never calls it (block ids do not change a step's price).
 
         Raises:
