@@ -338,6 +338,33 @@ def yaml_where(text: str, path: Sequence) -> tuple[int | None, int]:
     return line, depth
 
 
+def yaml_key_line(text: str, path: Sequence, key) -> int | None:
+    """1-based line of the key that YAML reads as ``key`` (a number, boolean or null: a
+    key not written as text) in the mapping at key path ``path`` (``()``: the top level)
+    of the YAML document ``text``; ``None`` when the document has no such key there."""
+    try:
+        node = yaml.compose(text, Loader=_UniqueKeyLoader)  # noqa: S506 (safe: no objects)
+    except yaml.YAMLError:
+        return None
+    for part in path:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        node = next((v for k, v in node.value
+                     if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None)
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    read = yaml.SafeLoader("")
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode):
+            try:
+                value = read.construct_object(k)
+            except yaml.YAMLError:
+                continue
+            if type(value) is type(key) and value == key:   # True is not 1
+                return k.start_mark.line + 1
+    return None
+
+
 def name_too_long(path: str | Path) -> bool:
     """Whether ``path`` has a name longer than its file system takes (``NAME_MAX``, 255
     bytes on Linux) in a part not yet made, or is longer than ``PATH_MAX`` in all: the

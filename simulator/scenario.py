@@ -46,7 +46,7 @@ from .catalog import ModelShape, inline_model_json_schema, load_model
 from .errors import (STRICT_SCHEMA, DoesNotFit, InputError, KeyedInputError, Refused,
                      SubkeyError)
 from .files import (echo, load_yaml, name_too_long, read_small_text, yaml_error_text,
-                    yaml_where)
+                    yaml_key_line, yaml_where)
 from .policy import SchedulerConfig
 from .policy.request import MAX_COUNT
 
@@ -1022,11 +1022,12 @@ _TAGS = ("dist", "process")
 
 
 def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None = None,
-            also: typing.Sequence[str] = ()) -> str:
+            also: typing.Sequence[str] = (), line: int | None = None) -> str:
     """Compose ``<file>[:LINE]: <path>: msg`` (the line when ``text``, the file's YAML, is
-    given), or ``--set <flag>: msg`` when a flag set it; ``(with --set ...)`` names the
-    flags that can have caused it: below ``loc``, the ``dist``/``process`` tag beside it,
-    or at/above/below a dotted key path of ``also``."""
+    given; ``line``, when given, instead of that of ``loc``), or ``--set <flag>: msg`` when
+    a flag set it; ``(with --set ...)`` names the flags that can have caused it: below
+    ``loc``, the ``dist``/``process`` tag beside it, or at/above/below a dotted key path of
+    ``also``."""
     loc = tuple(str(p) for p in loc)
     path = ".".join(loc)
     setters = [(opath, flag) for opath, flag in origins.items() if loc[:len(opath)] == opath]
@@ -1036,7 +1037,8 @@ def _prefix(loc: tuple, source: str, origins: dict, msg: str, text: str | None =
         below = [f for o, f in origins.items() if len(o) > len(loc) and o[:len(loc)] == loc]
         flag += f" (with {', '.join('--set ' + f for f in below)})" if below else ""
         return f"--set {flag}: {msg}" if loc == opath else f"--set {flag}: {path}: {msg}"
-    line, held = yaml_where(text, loc) if text is not None and loc else (None, len(loc))
+    found, held = yaml_where(text, loc) if text is not None and loc else (None, len(loc))
+    line = found if line is None else line
     if held < len(loc):   # the file lacks the key: a flag below it made it (a typo in
         made = loc[:held + 1]   # its path: --set engin.block_size=8) or the mapping above
         maker = next((f for o, f in origins.items() if o[:len(made)] == made), None)
@@ -1131,6 +1133,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
     """One line for one pydantic error dict."""
     loc, parent = _resolve_loc(tuple(err["loc"]), root)
     typ = err["type"]
+    key_line = None   # the line of a top-level key that is not text
     if typ == "extra_forbidden":
         allowed = list(parent.model_fields) if parent is not None else []
         close = _typo_of(str(loc[-1]), allowed) if loc else []
@@ -1156,6 +1159,8 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
         shown = yaml.safe_dump(key).splitlines()[0] if key is None or isinstance(
             key, (bool, int, float)) else repr(key)
         loc = loc[:-2] if loc[-1] == "[key]" else loc[:-1]
+        if not loc and text is not None:   # a top-level key: no mapping to name, its line
+            key_line = yaml_key_line(text, loc, key)
         msg = f"key {shown} is not text: keys are names" + (
             f" (allowed: {', '.join(parent.model_fields)})"
             if typ == "invalid_key" and parent is not None else "")
@@ -1234,7 +1239,7 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
             msg += f" (got {echo(inp)}: write {int(inp)}, without a point or exponent)"
         elif inp is None or isinstance(inp, (int, float, str, bool, list, dict)):
             msg += f" (got {echo(inp)})"
-    return _prefix(loc, source, origins, msg, text)
+    return _prefix(loc, source, origins, msg, text, line=key_line)
 
 
 #: A number as YAML reads one unquoted (``64``, ``-2.5``, ``1e4``): its quoted form is text.

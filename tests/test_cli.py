@@ -132,6 +132,9 @@ BAD_CASES = [
      "--set workload.num_requests=2\\n0: a control character (newline, tab, escape) in the "
      "flag; give the key and value on one line, printable characters only"),
     (None, ["--set", "name=a\x1b[31mred"], "--set name=a\\x1b[31mred: a control character"),
+    # a top-level key YAML reads as a number or null: its line, as for an unknown key
+    (SCENARIO + "1: foo\n", [], "s.yaml:14: key 1 is not text: keys are names (allowed: "),
+    (SCENARIO + "~: foo\n", [], "s.yaml:14: key null is not text: keys are names"),
     (None, ["--set", "sim.replications=5000"],
      "--set sim.replications=5000: Input should be less than or equal to 1000"),
     (None, ["--set", "engine.max_num_seqs=16", "--set", "engine. max_num_seqs=32"],

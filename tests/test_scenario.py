@@ -396,6 +396,17 @@ def test_a_key_that_is_not_text_is_named_as_written(tmp_path, chat):
                                      f"is not text: keys are names")
 
 
+@pytest.mark.parametrize("key", ["1", "~", "null", "true", "1.5"])
+def test_a_top_level_key_that_is_not_text_names_its_line(tmp_path, key):
+    # no mapping above it to name: the line of the key itself, as for an unknown key
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(BASE, sort_keys=False) + f"{key}: foo\nslo: {{}}\n")
+    shown = {"~": "null"}.get(key, key)
+    assert err(load_scenario, p) == (
+        f"s.yaml:{line_of(p, f'{key}: foo')}: key {shown} is not text: keys are names "
+        "(allowed: name, model, dtype, hardware, engine, cluster, workload, slo, sim, plan)")
+
+
 def test_a_decimal_comma_in_a_flow_mapping_is_named(tmp_path):
     # {rate: 4,0} is YAML for {rate: 4, 0: null}: the key 0 is the decimal comma's
     p = tmp_path / "s.yaml"
