@@ -14,7 +14,6 @@ import json
 import os
 import re
 import sys
-from pathlib import Path
 
 from .errors import InputError, one_line
 from .files import check_folder, out_folder
@@ -74,7 +73,7 @@ def _cmd_run(args) -> int:
     if args.exact_steps:
         scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(
             update={"exact_steps": True})})
-    out = out_folder(args.out, Path("reports") / scenario.name)
+    out = out_folder(args.out, scenario.default_folder)   # its name, only without --out
     check_folder(out, "--out", "run")   # fail before simulating, not after
     cost = build_cost_model(scenario)
     check_workload_span(scenario)   # one error, not after a memory warning and minutes

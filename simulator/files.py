@@ -9,7 +9,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -465,15 +465,18 @@ REPORT_FILES = {
 }
 
 
-def out_folder(arg: str | None, default: str | Path, flag: str = "--out") -> Path:
-    """The output folder given as ``flag`` (``arg``), or ``default`` when it is not given.
+def out_folder(arg: str | None, default: str | Path | Callable[[], Path],
+               flag: str = "--out") -> Path:
+    """The output folder given as ``flag`` (``arg``), or ``default`` when it is not given
+    (a callable: called then only, so that a folder made from a scenario's name is checked
+    only where the name becomes one: :meth:`simulator.scenario.Scenario.default_folder`).
 
     Raises:
         InputError: an empty path (``--out ""`` would mean the current folder), or ``-``
             (standard output).
     """
     if arg is None:
-        return Path(default)
+        return Path(default() if callable(default) else default)
     if not arg.strip():
         raise InputError(f"{flag}: empty path (give a folder, or leave {flag} out)")
     _not_stdout(arg, flag)

@@ -264,7 +264,7 @@ def _cmd_sweep(args) -> int:
     if args.replications is not None and "sim.replications" in axes:
         raise InputError("--replications: sim.replications is also swept by --set; give one")
     scenario = with_replications(scenario, args.replications)
-    out = out_folder(args.out, Path("reports") / f"{scenario.name}-sweep")
+    out = out_folder(args.out, lambda: scenario.default_folder("-sweep"))
     check_folder(out, "--out", "sweep")   # before the runs, not after
     with _executor(args) as ex, _progress(args, f"sweeping {scenario.name}") as prog:
         res = sweep(scenario, axes, ex, progress=prog)
@@ -385,7 +385,7 @@ def _cmd_plan(args) -> int:
     if args.target_rate is not None and not 0 < args.target_rate <= MAX_RATE:
         raise InputError(f"--target-rate must be a rate > 0 and <= 1e9 req/s (arrivals are "
                          f"timed in nanoseconds), got {args.target_rate:g}")
-    out = out_folder(args.out, Path("reports") / f"{scenario.name}-plan")
+    out = out_folder(args.out, lambda: scenario.default_folder("-plan"))
     check_folder(out, "--out", "plan")   # before the runs, not after
     with _executor(args) as ex, _progress(args, f"planning {scenario.name}") as prog:
         res = plan(scenario, ex, target_rate=args.target_rate, progress=prog,

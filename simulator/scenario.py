@@ -440,10 +440,10 @@ class Scenario(_Strict):
     """A validated scenario. ``base_dir`` (folder of the scenario file) resolves relative
     paths; ``source`` names the file in error messages."""
 
-    # one folder name, as _one_folder_name checks (its length in bytes and printability
-    # are the loader's alone)
+    # not blank, as _a_title checks (its length in bytes and printability are the loader's
+    # alone); a '/' is refused only where it names a folder (default_folder)
     name: str = Field("scenario", json_schema_extra={
-        "pattern": r"^(?!\.{1,2}$)[^/\\\x00]*[^/\\\x00\s][^/\\\x00]*$"})
+        "pattern": r"^[^\x00]*[^\x00\s][^\x00]*$"})
     model: Union[Annotated[str, Field(json_schema_extra={"pattern": NONBLANK})],
                  Annotated[dict[str, Any], WithJsonSchema(inline_model_json_schema())]] = Field(
         description="catalog name | path to an HF config.json | inline mapping of HF config keys")
@@ -466,11 +466,13 @@ class Scenario(_Strict):
 
     @field_validator("name")
     @classmethod
-    def _one_folder_name(cls, v):
-        # It names the default output folder, reports/<name>: one folder, inside reports/.
-        if not v.strip() or v in (".", "..") or any(c in v for c in "/\\\0"):
-            raise ValueError(f"must be one folder name: not empty, '.' or '..', no '/' or '\\' "
-                             f"(it names the default output folder reports/<name>), got {v!r}")
+    def _a_title(cls, v):
+        # It titles the reports and names the default output folder, reports/<name>, when
+        # --out is not given: whether it is one folder name is checked there (a plan's name
+        # in compare, or a run's with --out, is a title only: meta-llama/Llama-3.1-8B).
+        if not v.strip():
+            raise ValueError(f"must not be empty or blank (it titles the reports and names "
+                             f"the default output folder reports/<name>), got {v!r}")
         if not v.isprintable():   # a newline or terminal escape in a folder name and titles
             raise ValueError(f"printable characters only (it names the default output folder "
                              f"reports/<name> and titles the report), got {v!r}")
@@ -478,6 +480,22 @@ class Scenario(_Strict):
             raise ValueError(f"at most {MAX_NAME_BYTES} bytes (it names the default output "
                              f"folder reports/<name>), got {len(v.encode())}")
         return v
+
+    def default_folder(self, suffix: str = "") -> Path:
+        """``reports/<name><suffix>``, the output folder of run (``suffix`` ``-sweep``,
+        ``-plan``: sweep's and plan's) when ``--out`` is not given.
+
+        Raises:
+            InputError: the name is no one folder name there (a ``/`` or ``\\`` in it,
+                or the folder ``.`` or ``..``), naming the key's line and ``--out``.
+        """
+        folder = self.name + suffix
+        if folder in (".", "..") or any(c in folder for c in "/\\"):
+            rule = "no '/' or '\\'" + ("" if suffix else ", not '.' or '..'")
+            raise self.error("name", f"{self.name!r} cannot name the default output folder "
+                                     f"reports/<name>{suffix}: it must be one folder name "
+                                     f"({rule}); give --out, or another name")
+        return Path("reports") / folder
 
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")

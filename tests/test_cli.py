@@ -681,6 +681,29 @@ def test_an_empty_out_is_refused_by_every_command(scen, tmp_path, capsys, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.yaml", "t.yaml"]
 
 
+@pytest.mark.parametrize("argv, folder", [
+    (["run", "{s}"], "reports/<name>: it must be one folder name (no '/' or '\\', not '.' "
+                     "or '..')"),
+    (["sweep", "{s}", "--set", "workload.num_requests=10,20"],
+     "reports/<name>-sweep: it must be one folder name (no '/' or '\\')"),
+    (["plan", "{s}"], "reports/<name>-plan: it must be one folder name (no '/' or '\\')")])
+def test_a_name_with_a_slash_is_refused_only_as_the_default_folder(scen, tmp_path, capsys,
+                                                                    monkeypatch, argv, folder):
+    # a model id as the name: without --out it would name the folder reports/<name>
+    monkeypatch.chdir(tmp_path)
+    scen.write_text(scen.read_text().replace("name: small", "name: meta-llama/Llama-3.1-8B"))
+    assert main([a.format(s=scen) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"servesim: error: small.yaml:2: name: 'meta-llama/Llama-3.1-8B' cannot "
+                   f"name the default output folder {folder}; give --out, or another name"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.yaml"]
+    # with --out the name is the report's title only
+    if argv[0] == "run":
+        scen.write_text(scen.read_text().replace("num_requests: 300", "num_requests: 20"))
+        assert main([a.format(s=scen) for a in argv] + ["--out", "o", "--quiet"]) == 0
+        assert "# meta-llama/Llama-3.1-8B" in (tmp_path / "o" / "report.md").read_text()
+
+
 def test_compare_with_a_bad_step_time_is_one_line_without_its_note(scen, tmp_path, capsys):
     # the runs' error is the one line: no note of the first plan's workload before it
     other = tmp_path / "t.yaml"

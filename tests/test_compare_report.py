@@ -86,3 +86,18 @@ def test_compare_help_gives_the_folder_it_writes_by_default(capsys):
     assert main(["compare", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "output folder (default reports/compare)" in text
+
+
+def test_a_plan_name_with_a_slash_is_a_title_only(tmp_path, capsys, monkeypatch):
+    # a model id as a plan's name: compare writes to reports/compare, no folder of the name
+    monkeypatch.chdir(tmp_path)
+    files = []
+    for i, name in enumerate(["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B"]):
+        files.append(tmp_path / f"p{i}.yaml")
+        files[-1].write_text(PLAN.format(name=name, seqs=4, max_model_len=512, n=N))
+    assert main(["compare", *map(str, files), "--executor", "serial", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "cheapest meeting every SLO: meta-llama/Llama-3.1-8B (" in out
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["compare"]
+    with open(tmp_path / "reports" / "compare" / "compare.csv", newline="") as f:
+        assert next(csv.reader(f)) == ["figure", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B"]
