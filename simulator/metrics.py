@@ -1087,19 +1087,39 @@ def jsonable(x):
     raise TypeError(f"summary value {x!r} ({type(x).__name__}) is not JSON-able")
 
 
-def combine_replications(summaries: list[dict]) -> dict:
+def exact_figures(summary: dict, exact: dict | None) -> dict:
+    """``summary`` (a run summary, rounded) with each float taken from ``exact`` (the same
+    figures before rounding, :attr:`RunResult.exact`; None: none known) where that rounds
+    to it, so that a figure shown, or a mean over replications, rounds once from the exact
+    figure (5 figures of summary.json's 6 would round twice: 12670.52 is 12670.5 there,
+    then 12670, not 12671). Units as in ``summary``."""
+    def merge(rounded, exact):
+        if isinstance(rounded, dict):
+            return {k: merge(v, exact.get(k) if isinstance(exact, dict) else None)
+                    for k, v in rounded.items()}
+        if (isinstance(rounded, float) and isinstance(exact, (float, np.floating))
+                and round_sig(exact) == rounded):
+            return float(exact)
+        return rounded
+    return merge(summary, exact)
+
+
+def combine_replications(summaries: list[dict], rounded: bool = True) -> dict:
     """Mean and 95% confidence interval of every numeric figure across replications.
 
     Args:
         summaries: run summaries (:attr:`RunResult.summary`) of the same scenario with
-            different seeds.
+            different seeds; for figures that round once, their exact figures
+            (:func:`exact_figures`).
+        rounded: round the means and intervals to 6 significant digits (False: as
+            computed, for a table that rounds each cell once).
 
     Returns:
         The summaries' nesting with each numeric leaf replaced by ``{"mean": m, "ci95":
         [lo, hi], "n": n}``: Student t interval ``m -/+ t_{0.975, n-1} * s / sqrt(n)``
         (``s`` the sample standard deviation, ddof=1; ``scipy.stats.t``), ``ci95`` None
-        when n = 1. ``n`` counts the replications where the figure is a number (None,
-        bools and strings are skipped). Rounded to 6 significant digits.
+        when n = 1; in the figures' units. ``n`` counts the replications where the figure
+        is a number (None, bools and strings are skipped).
 
     Raises:
         ValueError: an empty list.
@@ -1125,4 +1145,5 @@ def combine_replications(summaries: list[dict]) -> dict:
         ci = t_interval(nums)
         return {"mean": float(np.mean(nums)), "ci95": list(ci) if ci else None, "n": len(nums)}
 
-    return jsonable(walk(list(summaries)) or {})
+    out = walk(list(summaries)) or {}
+    return jsonable(out) if rounded else out

@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 
 from .errors import InputError
 from .files import check_folder, commit_outputs
-from .metrics import METRIC_LABELS, METRICS, RunResult, round_sig, summary_at
+from .metrics import METRIC_LABELS, METRICS, RunResult, exact_figures, summary_at
 
 FILES = {
     "summary": "summary.json",
@@ -136,19 +136,10 @@ def fmt_number(x: float, sig: int = 5) -> str:
 
 
 def shown_summary(result: RunResult) -> dict:
-    """``result.summary`` as report and terminal cells show it: each float taken from
-    ``result.exact`` where that rounds to it, so that a cell rounds once, from the exact
-    figure (5 figures of summary.json's 6 would round twice: 12670.52 is 12670.5 there,
-    then 12670, not 12671)."""
-    def merge(rounded, exact):
-        if isinstance(rounded, dict):
-            return {k: merge(v, exact.get(k) if isinstance(exact, dict) else None)
-                    for k, v in rounded.items()}
-        if (isinstance(rounded, float) and isinstance(exact, (float, np.floating))
-                and round_sig(exact) == rounded):
-            return float(exact)
-        return rounded
-    return merge(result.summary, result.exact)
+    """``result.summary`` as report and terminal cells show it: each float exact where
+    that rounds to it (:func:`simulator.metrics.exact_figures`), so that a cell rounds
+    once."""
+    return exact_figures(result.summary, result.exact)
 
 
 def _fmt(x) -> str:
