@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .errors import InputError
-from .metrics import saturation_throughput, served_rows
+from .metrics import exact_figures, saturation_throughput, served_rows
 from .policy.request import NS_PER_S
 
 EXECUTORS = ("local", "serial", "ray")
@@ -88,8 +88,8 @@ def _arrival_rate(req) -> float | None:
 def offered_rate(result) -> float | None:
     """Offered load of a run, requests/s: the counted requests' arrival rate
     (:func:`_arrival_rate`); with a client-side limit, the rate at which requests reached
-    the client (``summary["client"]``), before the limit held any back."""
-    client = result.summary.get("client") or {}
+    the client (``summary["client"]``, unrounded), before the limit held any back."""
+    client = exact_figures(result.summary, result.exact).get("client") or {}
     if client.get("offered_rate"):
         return client["offered_rate"]
     req = result.requests
@@ -261,7 +261,9 @@ def unbounded_warning(what: str) -> str:
 
 
 def job_output(result) -> dict:
-    """The compact output of a job: ``summary`` (the run summary), ``offered_rate``
+    """The compact output of a job: ``summary`` (the run summary), ``exact`` (its figures
+    unrounded where known, :func:`simulator.metrics.exact_figures`: tables and means over
+    replications read them, to round once), ``offered_rate``
     (req/s, :func:`offered_rate`) and ``stable``: achieved >= :data:`STABLE_FRACTION` ×
     offered over the window of :func:`window_rates` (whole-run figures when that window
     is too short), or else no growing backlog (:func:`backlog_grows`); True when the rates
@@ -275,9 +277,10 @@ def job_output(result) -> dict:
     stability (True while the run is too short to judge) and ``steady``, whether it was
     long enough to judge."""
     s = result.summary
-    conv = s.get("sessions")
+    exact = exact_figures(s, result.exact)
+    conv = exact.get("sessions")
     if conv:   # follow-ups wait for answers: judged on the conversations' load instead
-        return {"summary": s, "offered_rate": conv["steady_request_rate"],
+        return {"summary": s, "exact": exact, "offered_rate": conv["steady_request_rate"],
                 "stable": conv["stable"] is not False, "steady": conv["steady_state"]}
     offered = offered_rate(result)
     rates = window_rates(result)
@@ -292,7 +295,7 @@ def job_output(result) -> dict:
         # requests then go out slower than they reach the client
         sent = _arrival_rate(result.requests)
         stable = stable and sent is not None and sent >= STABLE_FRACTION * offered
-    return {"summary": s, "offered_rate": offered, "stable": bool(stable),
+    return {"summary": s, "exact": exact, "offered_rate": offered, "stable": bool(stable),
             "served_fraction": served,
             "steady_throughput": steady_throughput(result.requests)
             if len(result.requests) else None}

@@ -349,13 +349,15 @@ def _candidate_search(c: Candidate, target: float, kw: dict, max_replicas: int):
     row.replicas_ci95 = (replicas_needed(target, hi) if hi else None,
                          max(most, n) if most else None)
     if ev is not None:
-        _set_operating(row, [o["summary"] for o in ev.outputs])
+        _set_operating(row, [o["exact"] for o in ev.outputs])
     _set_costs(row, target)
     return row
 
 
 def _set_operating(row: PlanRow, sums: list[dict]) -> None:
-    row.operating = combine_replications(sums)
+    """``row``'s operating figures from its runs' exact figures (job outputs' ``exact``),
+    unrounded: the plan's cells round them once."""
+    row.operating = combine_replications(sums, rounded=False)
     toks = [s["total_output_tokens"] / s["completed"] for s in sums if s.get("completed")]
     row.mean_output_tokens = float(np.mean(toks)) if toks else None
 
@@ -555,7 +557,7 @@ def plan(scenario, executor, *, target_rate: float | None = None,
                 continue
             r.replicas, r.confirmed = n, True
             r.replicas_ci95 = _confirmed_interval(n, trail)
-            _set_operating(r, [o["summary"] for o in at_n.outputs])   # the deployment itself
+            _set_operating(r, [o["exact"] for o in at_n.outputs])   # the deployment itself
             _set_costs(r, target)
             if best is None or cost(r) < cost(best):
                 best = r

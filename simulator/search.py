@@ -119,7 +119,7 @@ class RateEval:
         confident: decided by the 95% interval (or by instability), not by the
             indifference zone or the replication cap.
         unstable: whether a run's queue grew (:func:`simulator.executors.job_output`).
-        ratios: SLO ratio of each stable replication.
+        ratios: SLO ratio of each stable replication (from its exact figures).
         mean_ratio, ci95: mean SLO ratio and its Student t 95% interval (None for n = 1).
         outputs: the job outputs (:func:`~simulator.executors.job_output`).
     """
@@ -167,7 +167,7 @@ def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,
         new = yield [Job(scenario, k) for k in range(len(outs), n)]
         outs.extend(new)
         if not all(stable(o) for o in outs):
-            ratios = [slo_ratio(o["summary"]) for o in outs if stable(o)]
+            ratios = [slo_ratio(o["exact"]) for o in outs if stable(o)]
             # a backlog's trend alone cannot tell a queue growing a few % from noise: below
             # the probe's bound its verdict is not a confident one (the max rate's CI reaches
             # past it; M/D/1 of capacity 10: 8.78 decided at 8.88 by the trend alone)
@@ -175,7 +175,7 @@ def evaluate(scenario, *, min_replications: int = 2, max_replications: int = 5,
                                            for o in outs)
             return RateEval(rate, False, sure, True, ratios,
                             float(np.mean(ratios)) if ratios else math.inf, None, outs)
-        ratios = [slo_ratio(o["summary"]) for o in outs]
+        ratios = [slo_ratio(o["exact"]) for o in outs]
         m = float(np.mean(ratios))
         ci = _interval(ratios)
         if ci is not None and ci[1] <= 1.0:
@@ -323,13 +323,13 @@ def _miss_note(e: RateEval) -> str:
 
 
 def _worst_slo(outputs: list[dict]) -> tuple[str, float, float] | None:
-    """The SLO furthest from its threshold over ``outputs``' summaries, by mean
-    value / threshold: ``(\"<metric> <stat>\", mean value, threshold)``."""
+    """The SLO furthest from its threshold over ``outputs``' exact figures, by mean
+    value / threshold: ``(\"<metric> <stat>\", mean value, threshold)`` (ms or a count)."""
     worst, where = None, None
-    keys = {(m, st) for o in outputs for m, e in (o["summary"].get("slo") or {}).items()
+    keys = {(m, st) for o in outputs for m, e in (o["exact"].get("slo") or {}).items()
             for st in e}
     for m, st in sorted(keys):
-        vals = [o["summary"]["slo"][m][st] for o in outputs]
+        vals = [o["exact"]["slo"][m][st] for o in outputs]
         if any(v.get("value") is None or not v["threshold"] for v in vals):
             continue
         value = float(np.mean([v["value"] for v in vals]))

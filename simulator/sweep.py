@@ -197,7 +197,8 @@ class SweepResult:
             ``rejected`` (requests rejected per replication, mean), ``stability`` (:func:`stability_label`),
             TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
             ``cost_kind``, ``cost_model`` (the step-cost source in full), and ``*_ci95``
-            columns (``[lo, hi]``) with replications. A point
+            columns (``[lo, hi]``) with replications; figures unrounded (means of the
+            runs' exact figures: each shown cell rounds once). A point
             whose model and KV cache do not fit its GPU, or whose settings vLLM refuses
             together, is not run: its ``stability`` is :data:`DOES_NOT_FIT` or
             :data:`INVALID`, ``note`` says why (a column only then), its figures are
@@ -321,7 +322,8 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         grids.append((p, [o.get("grid") for o in group]))
         sums = [o["summary"] for o in group]
         per_point.append(sums)
-        comb = combine_replications(sums) if n > 1 else None
+        exact = [o["exact"] for o in group]   # the figures shown round once, from these
+        comb = combine_replications(exact, rounded=False) if n > 1 else None
         row = dict(p)
         offered = [o["offered_rate"] for o in group if o["offered_rate"]]
         # a closed loop sends as answers come back: its "offered" rate is the served one
@@ -339,7 +341,7 @@ def sweep(scenario, axes: dict[str, list], executor, *,
         slo = [(m, st) for m, st, _ in (sc.slo.targets() if sc.slo else [])]
         for path in _SWEEP_FIGURES + [p for p in slo if p not in _SWEEP_FIGURES]:
             name = stat_column(*path) if len(path) > 1 else path[0]
-            vals = [summary_at(s, path) for s in sums]
+            vals = [summary_at(s, path) for s in exact]
             vals = [v for v in vals if v is not None]
             row[name] = float(np.mean(vals)) if vals else None
             if comb is not None:

@@ -10,6 +10,7 @@ import pytest
 from simulator.cli import main
 from simulator.errors import InputError
 from simulator.executors import make_executor
+from simulator.metrics import round_sig
 from simulator.planner import (cost_figures, expand_candidates, plan, plan_table,
                                replicas_needed, split_sets, sweep)
 from simulator.planner_report import pareto_front
@@ -164,10 +165,10 @@ def test_a_miss_at_low_load_names_the_slo_or_the_backlog():
     from simulator.search import RateEval, _miss_note
 
     def out(ttft, e2el):
-        return {"summary": {"slo": {"ttft_ms": {"p99": {"value": ttft, "threshold": 400,
-                                                        "met": ttft <= 400}},
-                                    "e2el_ms": {"p99": {"value": e2el, "threshold": 1500,
-                                                        "met": e2el <= 1500}}}},
+        s = {"slo": {"ttft_ms": {"p99": {"value": ttft, "threshold": 400, "met": ttft <= 400}},
+                     "e2el_ms": {"p99": {"value": e2el, "threshold": 1500,
+                                         "met": e2el <= 1500}}}}
+        return {"summary": s, "exact": s,
                 "alone_ms": {"ttft_ms": {"p99": 390.0}, "e2el_ms": {"p99": 900.0}}}
     e = RateEval(0.0581, False, True, False, [1.1, 1.0], 1.05, None,
                  [out(440.0, 1000.0), out(400.2, 1400.0)])
@@ -1759,11 +1760,10 @@ def test_an_operating_point_that_misses_costs_one_more_replica(monkeypatch):
             out = []
             for j in jobs:
                 v = 55.0 if j.scenario.workload.arrival.rate > 7 else 45.0
-                out.append({"stable": True, "summary": {
-                    "completed": 10, "total_output_tokens": 100,
-                    "tpot_ms": {"p99": v},
-                    "slo": {"tpot_ms": {"p99": {"value": v, "threshold": 50.0,
-                                                 "met": v <= 50.0}}}}})
+                s = {"completed": 10, "total_output_tokens": 100, "tpot_ms": {"p99": v},
+                     "slo": {"tpot_ms": {"p99": {"value": v, "threshold": 50.0,
+                                                  "met": v <= 50.0}}}}
+                out.append({"stable": True, "summary": s, "exact": s})
             return out
 
     kw = dict(min_replications=2, max_replications=5, tolerance=0.02)
@@ -2130,9 +2130,10 @@ def test_a_sweep_shows_the_statistics_its_slos_name(tmp_path, capsys):
     with make_executor("serial") as ex:
         res = sweep(sc, {"workload.arrival.rate": [5, 10]}, ex)
     for (_, row), (summary,) in zip(res.table.iterrows(), res.summaries):
-        assert row["itl_p99.9_ms"] == summary["itl_ms"]["p99.9"]
-        assert row["e2el_p50_ms"] == summary["e2el_ms"]["p50"]
-        assert row["ttft_mean_ms"] == summary["ttft_ms"]["mean"]
+        # the table holds the exact figure, which the summary rounds
+        assert round_sig(row["itl_p99.9_ms"]) == summary["itl_ms"]["p99.9"]
+        assert round_sig(row["e2el_p50_ms"]) == summary["e2el_ms"]["p50"]
+        assert round_sig(row["ttft_mean_ms"]) == summary["ttft_ms"]["mean"]
     main(["sweep", str(y), "--set", "workload.arrival.rate=5,10", "--executor", "serial",
           "--quiet", "--out", str(tmp_path / "o")])
     head = capsys.readouterr().out.split("─")[0].split()
@@ -2497,3 +2498,88 @@ def test_a_throughput_plans_max_rate_interval_reaches_capacity(tmp_path):
     row = json.loads((tmp_path / "p" / "plan.json").read_text())["candidates"][0]
     lo, hi = row["max_rate_ci95"]
     assert lo <= row["max_rate_per_replica"] <= 10 <= hi
+
+
+def _once_and_twice(results, path):
+    """The mean over ``results`` (RunResults) of the figure at ``path``: from the exact
+    figures rounded once to 6 significant digits, and from the rounded summaries (rounded
+    twice)."""
+    import numpy as np
+
+    from simulator.metrics import summary_at
+
+    once = round_sig(float(np.mean([summary_at(r.exact, path) for r in results])))
+    twice = round_sig(float(np.mean([summary_at(r.summary, path) for r in results])))
+    return once, twice
+
+
+def test_sweep_figures_are_means_of_exact_figures_rounded_once(tmp_path):
+    # cpu_tiny at 4 req/s, 3 replications: the TTFT p99s 577.77451651, 414.38687064 and
+    # 326.4150615 ms average 439.5254829 (439.525); their 6-figure summaries (577.775,
+    # 414.387, 326.415) average 439.5256667, which sweep.csv showed as 439.526. The
+    # goodputs average 4.11124997 req/s, 4.1112 at report.md's 5 figures; their summaries'
+    # (4.03161, 4.13889, 4.16325) average 4.11125, which report.md showed as 4.1113.
+    from pathlib import Path
+
+    import pandas as pd
+
+    from simulator.report import fmt_number
+    from simulator.run import simulate
+    from simulator.sweep import derive
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+    out = tmp_path / "sw"
+    assert main(["sweep", str(path), "--set", "workload.arrival.rate=2,4", "--replications",
+                 "3", "--executor", "serial", "--quiet", "--out", str(out)]) == 0
+    sc = derive(load_scenario(path), ["workload.arrival.rate=4"])
+    runs = [simulate(sc, replication=k) for k in range(3)]
+    once, twice = _once_and_twice(runs, ("ttft_ms", "p99"))
+    assert (once, twice) == (439.525, 439.526)   # a case where rounding twice shows
+    row = pd.read_csv(out / "sweep.csv").iloc[1]
+    assert row["workload.arrival.rate"] == 4 and row["ttft_p99_ms"] == once
+    goodput = sum(r.exact["goodput"] for r in runs) / 3
+    assert fmt_number(goodput) == "4.1112"
+    lines = (out / "report.md").read_text().splitlines()
+    head = next(line for line in lines if line.startswith("| workload.arrival.rate |"))
+    cells = next(line for line in lines if line.startswith("| 4 |"))   # the sweep table's
+    assert dict(zip(head.split(" | "), cells.split(" | ")))["goodput"] == "4.1112"
+
+
+def test_plan_figures_are_means_of_exact_figures_rounded_once(tmp_path):
+    # the operating point's TTFT p99 over its two runs (3 replicas at 12 req/s): the exact
+    # figures' mean rounds to 462.122 ms, the 6-figure summaries' to 462.121
+    from simulator.planner import _cluster
+    from simulator.run import simulate
+
+    y = tmp_path / "p.yaml"
+    y.write_text("""name: p
+model: llama-tiny-56m
+dtype: bfloat16
+hardware: {profile: cpu-llama-tiny-56m-bfloat16, tensor_parallel: 1}
+engine: {block_size: 16, max_num_seqs: 32, max_num_batched_tokens: 512, max_model_len: 2048}
+workload:
+  seed: 0
+  num_requests: 300
+  arrival: {process: poisson, rate: 4.0}
+  prompt_tokens: {dist: lognormal, median: 96, p90: 320, max: 1024}
+  output_tokens: {dist: lognormal, median: 24, p90: 64, max: 256}
+slo: {ttft_ms: {p99: 500}, tpot_ms: {p99: 50}}
+plan:
+  target_rate: 12
+  candidates: {engine.max_num_seqs: [16]}
+  min_replications: 2
+  max_replications: 3
+""")
+    with make_executor("serial") as ex:
+        res = plan(load_scenario(y), ex)
+    row = res.rows[0]
+    assert row.confirmed and row.replicas == 3
+    n = row.operating["ttft_ms"]["p99"]["n"]
+    runs = [simulate(_cluster(row.candidate.scenario, 3, 12.0), replication=k)
+            for k in range(n)]
+    once, twice = _once_and_twice(runs, ("ttft_ms", "p99"))
+    assert (once, twice) == (462.122, 462.121)   # a case where rounding twice shows
+    out = tmp_path / "p"
+    assert main(["plan", str(y), "--executor", "serial", "--quiet", "--out", str(out)]) == 0
+    with open(out / "plan.csv", newline="") as f:
+        assert float(next(csv.DictReader(f))["ttft_p99_ms"]) == once
