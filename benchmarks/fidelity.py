@@ -25,7 +25,6 @@ visible in the results.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -161,10 +160,13 @@ def main(argv=None) -> int:
     from calibration.validate import validate
     from calibration.validate_report import markdown_table, write_outputs
     from calibration.vllm.fidelity import WORKLOADS   # the same two workloads for both engines
+    from simulator.cli import OneLineParser
     from simulator.files import atomic_write
     from simulator.scenario import load_scenario
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # a bad flag: one line, exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python benchmarks/fidelity.py", error_name="benchmarks/fidelity.py",
+                       description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default=None,
                     help="default scenarios/cpu_tiny.yaml (bfloat16), in float32 with the "
                          "shipped float32 profile on a CPU that emulates bfloat16")

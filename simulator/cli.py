@@ -150,18 +150,24 @@ def _attach_dash_values(argv: list[str]) -> list[str]:
 _NOT_A_NUMBER = re.compile(r"^argument (\S+): invalid (int|float) value: (.*)$")
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse with a one-line error, ``servesim: error: ...`` as every other input error
     (exit 2), naming the command's ``--help`` instead of printing the usage block; no
-    abbreviated flags (``--ou`` for ``--out`` would slip past the given-twice check)."""
+    abbreviated flags (``--ou`` for ``--out`` would slip past the given-twice check).
 
-    def __init__(self, *args, **kwargs):
+    ``error_name``: the name the error line starts with (default: the first word of
+    ``prog``, ``servesim`` for ``servesim run``); the scripts of ``benchmarks/`` and
+    ``calibration/`` give their own."""
+
+    def __init__(self, *args, error_name: str | None = None, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.error_name = error_name or self.prog.split()[0]
 
     def error(self, message):
         hint = f" (see {self.prog} --help)" if " " in self.prog else ""
-        self.exit(2, f"servesim: error: {one_line(self._with_allowed(message))}{hint}\n")
+        self.exit(2, f"{self.error_name}: error: "
+                     f"{one_line(self._with_allowed(message))}{hint}\n")
 
     def _print_message(self, message, file=None):
         # argparse drops an OSError here, so --help into a full disk would exit 0 silently
@@ -221,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``servesim`` argument parser: run and schema, sweep, plan and compare
     (:mod:`.planner_cli`), calibrate, profiles and validate (:mod:`calibration.cli`). Its
     usage errors exit 2."""
-    ap = _Parser(
+    ap = OneLineParser(
         prog="servesim",
         description="Capacity planning for LLM inference: simulate a vLLM-style serving "
                     "engine on a workload and report TTFT, TPOT, ITL, E2EL, throughput.")

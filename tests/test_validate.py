@@ -852,3 +852,32 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.splitlines()[-1].split(": error: ", 1)[1].startswith(said)
+
+
+@pytest.mark.parametrize("script, args, line", [
+    (["benchmarks/fidelity.py"], ["--bogus"],
+     "benchmarks/fidelity.py: error: unrecognized arguments: --bogus (see python "
+     "benchmarks/fidelity.py --help)"),
+    (["benchmarks/fidelity.py"], ["--replications", "x"],
+     "benchmarks/fidelity.py: error: --replications: 'x' is not a whole number in digits "
+     "(see python benchmarks/fidelity.py --help)"),
+    (["benchmarks/fidelity.py"], ["--loads", "2"],
+     "benchmarks/fidelity.py: error: --loads: fractions of saturation in [0.01, 1.5], got "
+     "[2.0] (see python benchmarks/fidelity.py --help)"),
+    (["-m", "calibration.vllm.fidelity"], ["--bogus"],
+     "calibration.vllm.fidelity: error: the following arguments are required: --profile "
+     "(see python -m calibration.vllm.fidelity --help)"),
+    (["-m", "calibration.vllm.fidelity"], ["--profile", "p", "--bogus"],
+     "calibration.vllm.fidelity: error: unrecognized arguments: --bogus (see python -m "
+     "calibration.vllm.fidelity --help)")])
+def test_a_fidelity_scripts_bad_flag_is_one_line(script, args, line):
+    # servesim's parser: one error line and exit 2, not argparse's usage block before it
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, *script, *args], cwd=root, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.splitlines() == [line]

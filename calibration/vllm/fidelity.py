@@ -12,7 +12,6 @@ writes one markdown file with every figure, the knobs, machine, versions and see
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -111,18 +110,22 @@ def main(argv=None) -> int:
 
     Raises:
         SystemExit: bad arguments, ``--loads`` as :func:`calibration.validate.parse_loads`
-            refuses them included (argparse, exit status 2).
+            refuses them included (one error line, exit status 2).
         InputError: an unreadable profile or scenario, vLLM missing, or a flag outside
             :func:`calibration.vllm.commands.validate_vllm`'s bounds.
     """
     from calibration.validate_report import write_outputs
+    from simulator.cli import OneLineParser
     from simulator.files import atomic_write
     from simulator.scenario import load_scenario
 
     from . import commands
     from .commands import validate_vllm
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # a bad flag: one line, exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python -m calibration.vllm.fidelity",
+                       error_name="calibration.vllm.fidelity",
+                       description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True, help="profile from calibrate --backend vllm")
     ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "cpu_tiny.yaml"))
     ap.add_argument("--block-size", type=int, default=128, help="vLLM-CPU's default: 128")
