@@ -815,7 +815,8 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
 
     Returns:
         Per scenario ``{"name", "scenario", "result"`` (replication 0's RunResult),
-        ``"replications"`` (:func:`combine_replications` or None), ``"slo_met"`` (met in
+        ``"replications"`` (:func:`combine_replications` of the runs' exact figures,
+        unrounded, or None), ``"slo_met"`` (met in
         every replication; None without SLOs), ``"stability"`` (:func:`stability_label`
         of every replication: stable only when each is), ``"cost_per_hour"`` (USD for its
         replicas, from the GPU's price; None without one)``}``.
@@ -838,8 +839,9 @@ def compare(scenarios: list, executor, *, progress=None) -> list[dict]:
         steady = all(o.get("steady", True) for o in judged)
         rejected = float(np.mean([g.summary.get("rejected") or 0 for g in group]))
         res.append({"name": sc.name, "scenario": sc, "result": group[0],
-                    "replications": combine_replications([g.summary for g in group])
-                    if n > 1 else None,
+                    # unrounded, from the runs' exact figures: each shown figure rounds once
+                    "replications": combine_replications([o["exact"] for o in judged],
+                                                         rounded=False) if n > 1 else None,
                     "slo_met": None if None in met else all(met),
                     "stability": stability_label(stable, rejected, steady),
                     "cost_per_hour": _cost_per_hour(sc)})

@@ -30,7 +30,8 @@ from matplotlib.figure import Figure
 
 from .errors import InputError
 from .files import check_folder, commit_outputs
-from .metrics import METRIC_LABELS, METRICS, RunResult, exact_figures, summary_at
+from .metrics import (METRIC_LABELS, METRICS, RunResult, exact_figures, jsonable, round_sig,
+                      summary_at)
 
 FILES = {
     "summary": "summary.json",
@@ -789,7 +790,7 @@ def _contents(result: RunResult, title: str, meta: dict, replications: dict | No
     for key, png in images.items():
         files[FILES[key]] = png
     if replications is not None:
-        files["replications.json"] = _json_bytes(replications)
+        files["replications.json"] = _json_bytes(jsonable(replications))   # rounded once
     if diagnosis is not None:
         files["diagnosis.json"] = _json_bytes(diagnosis)
     return files
@@ -856,7 +857,8 @@ def write_run_outputs(out_dir, result: RunResult, *, title: str, meta: dict,
     ``requests.csv`` and ``timeseries.csv`` (seconds with 9 decimals), ``itl_runs.csv``,
     ``latency_cdf.png``, ``timeline.png``, ``batch.png``, ``report.md``, a self-contained
     ``report.html``, and ``replications.json`` when ``replications`` (from
-    :func:`simulator.metrics.combine_replications`) is given.
+    :func:`simulator.metrics.combine_replications`, rounded or not: each figure written
+    or shown rounds once) is given.
 
     Everything is built in a temporary directory beside a new ``out_dir``, which is then
     renamed into place in one step, or inside an existing one (so that a mount point
@@ -988,14 +990,16 @@ _COMPARE_FIGURES = [
 def plan_figure(entry: dict, path: tuple, shown: bool = False):
     """A compared plan's figure at ``path`` (keys into a run summary): with replications
     the mean over them (its 95% CI is ``replications[...]["ci95"]``) and, for ``slo_met``,
-    whether every replication met the SLOs (``entry["slo_met"]``); else its run's value
-    (``shown``: unrounded, for a cell that rounds it once, :func:`shown_summary`)."""
+    whether every replication met the SLOs (``entry["slo_met"]``); else its run's value.
+    Rounded to 6 significant digits, as summary.json has them; ``shown``: unrounded where
+    known, for a cell that rounds it once (:func:`shown_summary`; the replications' means
+    as :func:`simulator.planner.compare` leaves them, unrounded)."""
     if entry.get("replications"):
         if path == ("slo_met",):
             return entry.get("slo_met")
         mean = summary_at(entry["replications"], path + ("mean",))
         if mean is not None:
-            return mean
+            return mean if shown else round_sig(mean)
     res = entry["result"]
     return summary_at(shown_summary(res) if shown else res.summary, path)
 
@@ -1081,7 +1085,8 @@ def write_compare_report(out_dir, entries: list[dict], *, title: str = "Plan com
                             and plan_capped(e)["capped"] else ""))
             csv_row[n] = v
             if with_ci:
-                csv_row[f"{n} ci95 lo"], csv_row[f"{n} ci95 hi"] = ci or (None, None)
+                csv_row[f"{n} ci95 lo"], csv_row[f"{n} ci95 hi"] = \
+                    [round_sig(x) for x in ci] if ci else (None, None)
         rows.append([label] + cells)
         csv_rows.append(csv_row)
     if any("binding" in e for e in entries):

@@ -14,7 +14,8 @@ import simpy
 from .cluster import Cluster
 from .cost_model import build_cost_model
 from .errors import InputError, KeyedInputError
-from .metrics import MetricsCollector, RunResult, combine_replications, round_sig
+from .metrics import (MetricsCollector, RunResult, combine_replications, exact_figures,
+                      round_sig)
 from .policy import NS_PER_S
 from .policy.kv_cache import cdiv
 from .session_ramp import session_ramp
@@ -405,7 +406,9 @@ def simulate_replications(scenario, progress=None) -> tuple[list[RunResult], dic
     Returns:
         (results, combined) where ``combined`` holds the mean and 95% confidence interval
         of every summary figure across replications (``None`` for a single replication),
-        and with SLOs ``slo_met``: ``{"met_in": replications meeting every SLO, "n"}``.
+        and with SLOs ``slo_met``: ``{"met_in": replications meeting every SLO, "n"}``;
+        unrounded, from the runs' exact figures (:func:`exact_figures`): each shown
+        figure, and replications.json, rounds once.
     """
     n = scenario.sim.replications
     results = []
@@ -417,8 +420,9 @@ def simulate_replications(scenario, progress=None) -> tuple[list[RunResult], dic
         results.append(simulate(scenario, replication=k, progress=cb))
     # a replication's index and seed are labels, not figures to average
     labels = ("replication", "seed")
-    combined = combine_replications([{k: v for k, v in r.summary.items() if k not in labels}
-                                     for r in results]) if n > 1 else None
+    exact = [exact_figures(r.summary, r.exact) for r in results]
+    combined = combine_replications([{k: v for k, v in s.items() if k not in labels}
+                                     for s in exact], rounded=False) if n > 1 else None
     met = [r.summary.get("slo_met") for r in results]
     if combined is not None and None not in met:   # a bool has no mean: counted apart
         combined["slo_met"] = {"met_in": sum(met), "n": n}

@@ -974,3 +974,41 @@ def test_a_numeric_flag_takes_the_digits_0_9_as_a_scenario_does(scen, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"servesim: error: {said}"), err
     assert not out.exists()
+
+
+def test_replication_means_round_once_from_the_exact_figures(tmp_path, capsys):
+    # cpu_tiny at 4 req/s, 3 replications: the goodputs 4.0316139, 4.1388863 and 4.1632497
+    # req/s average 4.11124997, 4.1112 at the table's 5 figures; their 6-figure summaries
+    # (4.03161, 4.13889, 4.16325) average 4.11125, which run showed as 4.1113. The TTFT
+    # p99s' mean is 439.525 ms at 6 figures, 439.526 from the summaries.
+    import numpy as np
+
+    from simulator.metrics import round_sig, summary_at, t_interval
+    from simulator.report import fmt_number
+    from simulator.run import simulate
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
+    runs = [simulate(load_scenario(path, ["workload.arrival.rate=4"]), replication=k)
+            for k in range(3)]
+
+    def mean(figures, *at):
+        return float(np.mean([summary_at(f, at) for f in figures]))
+
+    exact, rounded = [r.exact for r in runs], [r.summary for r in runs]
+    goodput, ttft = mean(exact, "goodput"), mean(exact, "ttft_ms", "p99")
+    # a case where rounding twice shows
+    assert (fmt_number(goodput), fmt_number(round_sig(mean(rounded, "goodput")))) == \
+        ("4.1112", "4.1113")
+    assert (round_sig(ttft), round_sig(mean(rounded, "ttft_ms", "p99"))) == (439.525, 439.526)
+    out = tmp_path / "r"
+    assert main(["run", str(path), "--set", "workload.arrival.rate=4", "--replications", "3",
+                 "--out", str(out), "--quiet"]) == 0
+    cells = [[c.strip() for c in line.split("│")[1:-1]]
+             for line in capsys.readouterr().out.splitlines() if line.count("│") == 5]
+    assert ["goodput", "4.1112"] in [c[:2] for c in cells]   # the terminal's table
+    assert "| goodput | 4.1112 | [" in (out / "report.md").read_text()
+    rep = json.loads((out / "replications.json").read_text())
+    assert rep["ttft_ms"]["p99"]["mean"] == round_sig(ttft)
+    assert rep["goodput"]["mean"] == round_sig(goodput)
+    assert rep["goodput"]["ci95"] == [round_sig(x) for x in
+                                      t_interval([r.exact["goodput"] for r in runs])]

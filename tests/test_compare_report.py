@@ -101,3 +101,43 @@ def test_a_plan_name_with_a_slash_is_a_title_only(tmp_path, capsys, monkeypatch)
     assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["compare"]
     with open(tmp_path / "reports" / "compare" / "compare.csv", newline="") as f:
         assert next(csv.reader(f)) == ["figure", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B"]
+
+
+def test_replication_means_round_once_from_the_exact_figures(tmp_path, capsys):
+    # cpu_tiny at 4 req/s, 3 replications: the plan's goodputs average 4.11124997 req/s,
+    # 4.1112 at report.md's 5 figures, and its TTFT p99s 439.525 ms at compare.csv's 6;
+    # from the 6-figure summaries they were 4.1113 and 439.526
+    from pathlib import Path
+
+    import numpy as np
+
+    from simulator.metrics import round_sig, summary_at
+    from simulator.report import fmt_number
+    from simulator.run import simulate
+    from simulator.scenario import load_scenario
+
+    text = (Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml").read_text()
+    files = []
+    for name, seqs in (("a", 32), ("b", 8)):
+        files.append(tmp_path / f"{name}.yaml")
+        files[-1].write_text(text.replace("name: cpu-tiny", f"name: {name}")
+                             .replace("max_num_seqs: 32", f"max_num_seqs: {seqs}"))
+    runs = [simulate(load_scenario(files[0]), replication=k) for k in range(3)]
+
+    def mean(figures, *at):
+        return float(np.mean([summary_at(f, at) for f in figures]))
+
+    exact, rounded = [r.exact for r in runs], [r.summary for r in runs]
+    goodput, ttft = mean(exact, "goodput"), mean(exact, "ttft_ms", "p99")
+    # a case where rounding twice shows
+    assert (fmt_number(goodput), fmt_number(round_sig(mean(rounded, "goodput")))) == \
+        ("4.1112", "4.1113")
+    assert (round_sig(ttft), round_sig(mean(rounded, "ttft_ms", "p99"))) == (439.525, 439.526)
+    out = tmp_path / "cmp"
+    assert main(["compare", *map(str, files), "--replications", "3", "--executor", "serial",
+                 "--quiet", "--out", str(out)]) == 0
+    with open(out / "compare.csv", newline="") as f:
+        rows = {r["figure"]: r for r in csv.DictReader(f)}
+    assert float(rows["TTFT p99 (ms)"]["a"]) == round_sig(ttft)
+    assert float(rows["goodput (req/s)"]["a"]) == round_sig(goodput)
+    assert "| goodput (req/s) | 4.1112 [" in (out / "report.md").read_text()
