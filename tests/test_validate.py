@@ -881,3 +881,22 @@ def test_a_fidelity_scripts_bad_flag_is_one_line(script, args, line):
                        text=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr.splitlines() == [line]
+
+
+@pytest.mark.parametrize("script, args, line", [
+    (["benchmarks/fidelity.py"], ["--scenario", "no-such.yaml"],
+     "benchmarks/fidelity.py: error: no-such.yaml: scenario file not found"),
+    (["-m", "calibration.vllm.fidelity"], ["--profile", "no-such-profile"],
+     "calibration.vllm.fidelity: error: ")])
+def test_a_fidelity_scripts_bad_file_is_one_line(script, args, line):
+    # an InputError from the scenario or the profile: one line and exit 2, no traceback
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, *script, *args], cwd=root, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len(p.stderr.splitlines()) == 1 and p.stderr.startswith(line)
+    assert p.stderr.rstrip().endswith("file not found")
