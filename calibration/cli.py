@@ -703,7 +703,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
     profile = measured_profile(
         name, dev_info, f"servesim-torch {__version__}", shape, dtype,
         KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=args.block_size,
-               num_gpu_blocks=engine.num_gpu_blocks, memory_budget_bytes=int(kv_budget),
+               num_gpu_blocks=engine.num_gpu_blocks, kv_cache_memory_bytes=int(kv_budget),
                activation_reserve_bytes=int(act), gpu_memory_utilization=(
                    args.gpu_memory_utilization or GPU_MEMORY_UTILIZATION
                    if device != "cpu" and args.kv_cache_memory is None else None)),

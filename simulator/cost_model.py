@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, kv_bytes_per_token,
                       list_hardware, load_hardware, shape_from_dict)
@@ -156,6 +156,11 @@ class ModelInfo(_P):
         return v
 
 
+#: The name ``kv.kv_cache_memory_bytes`` had before it took vLLM's: the KV memory of the
+#: whole tensor-parallel group (tensor_parallel × vLLM's per-GPU figure).
+OLD_KV_MEMORY_KEY = "memory_budget_bytes"
+
+
 class KVInfo(_P):
     """KV-cache facts of the measured engine (bytes; blocks include vLLM's null block)."""
 
@@ -164,12 +169,27 @@ class KVInfo(_P):
 
     # as the scenario's engine.block_size
     _vllm_block_size = field_validator("block_size")(vllm_block_size)
-    num_gpu_blocks: Optional[int] = Field(None, ge=2, description="at memory_budget_bytes")
-    memory_budget_bytes: Optional[int] = Field(
-        None, ge=0, description="KV memory of the whole tensor-parallel group")
+    num_gpu_blocks: Optional[int] = Field(None, ge=2, description="at kv_cache_memory_bytes")
+    # vLLM's kv_cache_memory_bytes (--kv-cache-memory-bytes): each GPU's. Profiles written
+    # before it was named so say memory_budget_bytes, the whole tensor-parallel group's:
+    # still read (Profile divides it by tensor_parallel), never written.
+    kv_cache_memory_bytes: Optional[int] = Field(
+        None, ge=0, description="KV-cache memory per GPU, as vLLM's --kv-cache-memory-bytes",
+        validation_alias=AliasChoices("kv_cache_memory_bytes", OLD_KV_MEMORY_KEY))
     activation_reserve_bytes: Optional[int] = Field(None, ge=0, description="per GPU")
     gpu_memory_utilization: Optional[float] = Field(
-        None, gt=0, le=1, description="that sized memory_budget_bytes (a GPU's, measured)")
+        None, gt=0, le=1, description="that sized kv_cache_memory_bytes (a GPU's, measured)")
+
+    # the key the file gave it under (an error names that key, at its line)
+    _memory_key: str = PrivateAttr(default="kv_cache_memory_bytes")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _key_given(cls, data, handler):
+        kv = handler(data)
+        if isinstance(data, dict) and OLD_KV_MEMORY_KEY in data:
+            kv._memory_key = OLD_KV_MEMORY_KEY
+        return kv
 
 
 def _coefficient(v: float) -> float:
@@ -357,6 +377,24 @@ class Profile(_P):
             raise ValueError("use letters, digits, '.', '_' and '-' only (it names the file)")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kv_memory_of_older_files(cls, data):
+        # kv.memory_budget_bytes, the group's KV memory, is read as each GPU's share (vLLM
+        # sizes each worker's cache so: the blocks are those the budget // tp held); a bad
+        # value is left for the field's own check, which names it at its line
+        kv = data.get("kv") if isinstance(data, dict) else None
+        if not isinstance(kv, dict) or OLD_KV_MEMORY_KEY not in kv:
+            return data
+        if "kv_cache_memory_bytes" in kv:
+            raise SubkeyError(("kv", OLD_KV_MEMORY_KEY), (
+                "give kv_cache_memory_bytes (per GPU, as vLLM's --kv-cache-memory-bytes) or "
+                "memory_budget_bytes (its older name: the tensor-parallel group's), not both"))
+        old, tp = kv[OLD_KV_MEMORY_KEY], data.get("tensor_parallel", 1)
+        if type(old) is int and type(tp) is int and old >= 0 and tp >= 1:
+            data = {**data, "kv": {**kv, OLD_KV_MEMORY_KEY: old // tp}}
+        return data
+
     @model_validator(mode="after")
     def _kv_of_the_model(self):
         # The KV facts follow from the model, dtype and device: a hand edit that contradicts
@@ -370,11 +408,13 @@ class Profile(_P):
                 f"bytes of KV per token (2 x {m.num_hidden_layers} layers x "
                 f"{m.num_key_value_heads} kv heads x {m.head_dim} head_dim x "
                 f"{dtype_bytes(self.dtype)} bytes, its model.shape)"))
-        budget = kv.memory_budget_bytes
-        if budget is not None and budget > self.device.memory_bytes * tp:
-            raise SubkeyError(("kv", "memory_budget_bytes"), (
-                f"{budget} bytes is more than the device holds ({self.device.memory_bytes} "
-                f"bytes x tensor_parallel {tp})"))
+        budget, key = kv.kv_cache_memory_bytes, kv._memory_key   # per GPU
+        of = "" if key == "kv_cache_memory_bytes" or tp == 1 else (
+            f" (its {budget * tp}, over tensor_parallel {tp})")   # the group's, in the file
+        if budget is not None and budget > self.device.memory_bytes:
+            raise SubkeyError(("kv", key), (
+                f"{budget} bytes per GPU{of} is more than the device holds "
+                f"({self.device.memory_bytes} bytes)"))
         # blocks as the engine counts them: per GPU, of its own KV heads
         block = kv.block_size * RooflineConstants.of(self.model_shape, self.dtype,
                                                      tp).kv_bytes_per_token
@@ -383,13 +423,13 @@ class Profile(_P):
                 f"{kv.num_gpu_blocks} blocks of {block} bytes per GPU are more than the device "
                 f"holds ({self.device.memory_bytes} bytes)"))
         if budget is not None and kv.num_gpu_blocks is not None:
-            held = blocks_in_budget(budget // tp, block)   # one GPU's share of the budget
+            held = blocks_in_budget(budget, block)
             if kv.num_gpu_blocks != held:
                 raise SubkeyError(("kv", "num_gpu_blocks"), (
-                    f"{kv.num_gpu_blocks}, but memory_budget_bytes {budget} holds "
-                    f"{held} blocks of {kv.block_size} tokens"
+                    f"{kv.num_gpu_blocks}, but {key} {budget * (1 if of == '' else tp)} "
+                    f"holds {held} blocks of {kv.block_size} tokens"
                     + (f" ({block} bytes per GPU)" if tp > 1 else "")
-                    + "; the KV capacity is read from memory_budget_bytes: give both as "
+                    + f"; the KV capacity is read from {key}: give both as "
                     "calibrate wrote them, or num_gpu_blocks alone"))
         return self
 
@@ -997,7 +1037,7 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
                                                 if k != "name"}),
         dtype=dtype, tensor_parallel=tp,
         kv=KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=block_size,
-                  num_gpu_blocks=cap.num_gpu_blocks, memory_budget_bytes=cap.budget_bytes * tp,
+                  num_gpu_blocks=cap.num_gpu_blocks, kv_cache_memory_bytes=cap.budget_bytes,
                   activation_reserve_bytes=cap.activation_bytes),
         cost=CostSpec(form="roofline", coefficients={
             "a0_s": a0, "per_request_s": per_req, "w_eff_bytes_per_s": mbu * bw,
@@ -1283,7 +1323,7 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             f"in profile {prof.display_name} ({kv_blocks} blocks"
             + (f", at gpu_memory_utilization {at:g}" if at else "")
             + "): set engine.num_gpu_blocks for another size, or calibrate at it"))))
-    gpu_budget = prof.device.kind == "gpu" and prof.kv.memory_budget_bytes is not None
+    gpu_budget = prof.device.kind == "gpu" and prof.kv.kv_cache_memory_bytes is not None
     blocks, note = override(kv_blocks, kv_note, memory=(
         f"that the KV memory measured in profile {prof.display_name} holds"
         if gpu_budget else None))
@@ -1451,15 +1491,15 @@ def _check_profile_matches(scenario: Scenario, prof: Profile) -> None:
 def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
     """The profile's KV capacity in blocks of ``block_size`` tokens (+ a note)."""
     kv = prof.kv
-    if kv.num_gpu_blocks is None and kv.memory_budget_bytes is None:
+    if kv.num_gpu_blocks is None and kv.kv_cache_memory_bytes is None:
         return None, f"unlimited (profile {prof.display_name} records no KV capacity)"
-    if kv.memory_budget_bytes is not None:
-        # per GPU, as vLLM sizes each worker's cache: one GPU's share of the group's budget
-        # over its own KV heads (a KV head is replicated where there are fewer than GPUs)
+    if kv.kv_cache_memory_bytes is not None:
+        # per GPU, as vLLM sizes each worker's cache: one GPU's KV memory over its own KV
+        # heads (a KV head is replicated where there are fewer than GPUs)
         tp = prof.tensor_parallel
         per_gpu = RooflineConstants.of(prof.model_shape, prof.dtype, tp).kv_bytes_per_token
-        blocks = blocks_in_budget(kv.memory_budget_bytes // tp, block_size * per_gpu)
-        src = f"{kv.memory_budget_bytes / GiB:.2f} GiB budget"
+        blocks = blocks_in_budget(kv.kv_cache_memory_bytes, block_size * per_gpu)
+        src = f"{kv.kv_cache_memory_bytes / GiB:.2f} GiB budget" + (" per GPU" if tp > 1 else "")
     else:
         blocks = kv.num_gpu_blocks * kv.block_size // block_size
         src = f"{kv.num_gpu_blocks} blocks of {kv.block_size}"

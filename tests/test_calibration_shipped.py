@@ -65,7 +65,7 @@ def test_cpu_tiny_scenario_prices_steps_with_the_profile(profile):
         f"dtype={profile.dtype}", f"hardware.profile={profile.name}"])
     cost = build_cost_model(sc)
     assert cost.measured and cost.profile.name == profile.name
-    assert cost.num_gpu_blocks == profile.kv.memory_budget_bytes // (
+    assert cost.num_gpu_blocks == profile.kv.kv_cache_memory_bytes // (
         sc.engine.block_size * profile.kv.bytes_per_token)
 
 

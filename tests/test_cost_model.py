@@ -399,7 +399,7 @@ def test_measured_profile_blocks_converted_to_block_size(tmp_path):
                                      engine={"block_size": 128}))
     assert same.num_gpu_blocks == 2048 and same.setup_warning is None
     prof = make_profile(kv={"bytes_per_token": 256, "block_size": 128,
-                            "num_gpu_blocks": 2**31 // (128 * 256), "memory_budget_bytes": 2**31})
+                            "num_gpu_blocks": 2**31 // (128 * 256), "kv_cache_memory_bytes": 2**31})
     save_profile(prof, tmp_path / "q.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "q.yaml"}))
     assert cm.num_gpu_blocks == 2**31 // (16 * 256)
@@ -438,9 +438,16 @@ def test_a_profile_file_says_its_schema_version(tmp_path):
     ({"bytes_per_token": 1, "num_gpu_blocks": 2048},
      "kv.bytes_per_token: 1, but llama-test in bfloat16 holds 256 bytes of KV per token (2 "
      "x 2 layers x 2 kv heads x 16 head_dim x 2 bytes, its model.shape)"),
+    ({"bytes_per_token": 256, "kv_cache_memory_bytes": 2**34 + 1},
+     "kv.kv_cache_memory_bytes: 17179869185 bytes per GPU is more than the device holds "
+     "(17179869184 bytes)"),
+    ({"bytes_per_token": 256, "num_gpu_blocks": 3, "kv_cache_memory_bytes": 2**31},
+     "kv.num_gpu_blocks: 3, but kv_cache_memory_bytes 2147483648 holds 65536 blocks of 128 "
+     "tokens"),
+    # the older key is named as the file gives it
     ({"bytes_per_token": 256, "memory_budget_bytes": 2**34 + 1},
-     "kv.memory_budget_bytes: 17179869185 bytes is more than the device holds (17179869184 "
-     "bytes x tensor_parallel 1)"),
+     "kv.memory_budget_bytes: 17179869185 bytes per GPU is more than the device holds "
+     "(17179869184 bytes)"),
     ({"bytes_per_token": 256, "num_gpu_blocks": 3, "memory_budget_bytes": 2**31},
      "kv.num_gpu_blocks: 3, but memory_budget_bytes 2147483648 holds 65536 blocks of 128 "
      "tokens"),
@@ -459,6 +466,47 @@ def test_a_profile_whose_kv_facts_contradict_its_model_is_refused(tmp_path, kv, 
     with pytest.raises(InputError) as e:
         load_profile(p)
     assert str(e.value).startswith(f"{p}:") and message in str(e.value)
+
+
+def test_kv_cache_memory_bytes_is_written_and_memory_budget_bytes_still_read(tmp_path, capsys):
+    """The KV block's memory is vLLM's kv_cache_memory_bytes; a file written before that
+    name (memory_budget_bytes) reads the same, and one giving both is refused."""
+    kv = {"bytes_per_token": 256, "block_size": 128, "num_gpu_blocks": 2**31 // (128 * 256)}
+    new = make_profile(kv={**kv, "kv_cache_memory_bytes": 2**31})
+    assert new.kv.kv_cache_memory_bytes == 2**31
+    p = save_profile(new, tmp_path / "new.yaml")
+    text = p.read_text()
+    assert "kv_cache_memory_bytes: 2147483648" in text and "memory_budget_bytes" not in text
+    assert load_profile(p).kv.model_dump() == new.kv.model_dump()
+    old = tmp_path / "old.yaml"   # as calibrate wrote it before (the shipped ones did)
+    old.write_text(text.replace("kv_cache_memory_bytes:", "memory_budget_bytes:"))
+    got = load_profile(old)
+    assert got.kv.kv_cache_memory_bytes == 2**31 and got.kv.model_dump() == new.kv.model_dump()
+    sc = {n: scenario(tmp_path, hardware={"profile": f"{n}.yaml"}) for n in ("new", "old")}
+    assert build_cost_model(sc["old"]).num_gpu_blocks == \
+        build_cost_model(sc["new"]).num_gpu_blocks == 2**31 // (16 * 256)
+    assert "memory_budget_bytes" not in save_profile(got, tmp_path / "re.yaml").read_text()
+    both = tmp_path / "both.yaml"
+    both.write_text(text.replace("kv_cache_memory_bytes: 2147483648",
+                                 "kv_cache_memory_bytes: 2147483648, memory_budget_bytes: "
+                                 "2147483648"))
+    line = next(i for i, t in enumerate(both.read_text().splitlines(), 1)
+                if t.startswith("kv:"))
+    with pytest.raises(InputError) as e:
+        load_profile(both)
+    assert str(e.value) == (
+        f"{both}:{line}: kv.memory_budget_bytes: give kv_cache_memory_bytes (per GPU, as "
+        "vLLM's --kv-cache-memory-bytes) or memory_budget_bytes (its older name: the "
+        "tensor-parallel group's), not both")
+    # through the CLI: that line, exit 2
+    from simulator.cli import main
+    sc_path = tmp_path / "sc.yaml"
+    sc_path.write_text(yaml.safe_dump({"name": "t", "model": "llama-test", "workload": WORKLOAD,
+                                       "hardware": {"profile": "both.yaml"}}))
+    capsys.readouterr()
+    assert main(["run", str(sc_path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(str(e.value)), err
 
 
 @pytest.mark.parametrize("model, tp, seqs, logged_gib", [
@@ -515,7 +563,7 @@ def test_kv_override_beyond_gpu_memory_warns(tmp_path):
     dev = {"name": "h100-sxm", "kind": "gpu", "peak_flops": 1e15, "memory_bandwidth": 3e12,
            "memory_bytes": 80 * 2**30}
     save_profile(make_profile(device=dev, kv={"bytes_per_token": 256, "block_size": 16,
-                                              "memory_budget_bytes": 2**31}),
+                                              "kv_cache_memory_bytes": 2**31}),
                  tmp_path / "g.yaml")
     cm = build_cost_model(scenario(tmp_path, hardware={"profile": "g.yaml"},
                                    engine={"num_gpu_blocks": 524289}))
@@ -1083,21 +1131,28 @@ def test_a_bad_model_shape_in_a_profile_names_model_shape_once(tmp_path):
 def test_a_tensor_parallel_profiles_budget_holds_each_gpus_own_kv_heads(tmp_path):
     """A saved profile at tensor_parallel 4 of llama-test (2 KV heads): vLLM keeps
     max(1, 2 // 4) = 1 KV head per GPU (vllm/config/model.py get_num_kv_heads), so each GPU
-    holds a quarter of the budget in blocks of 2 layers × 2 (K, V) × 1 head × 16 head_dim ×
-    2 bytes × 16 tokens = 2048 bytes; read group-wide, twice as many blocks."""
+    holds its kv_cache_memory_bytes (vLLM's figure: per GPU) in blocks of 2 layers × 2 (K, V)
+    × 1 head × 16 head_dim × 2 bytes × 16 tokens = 2048 bytes; read group-wide, twice as
+    many blocks. An older file's memory_budget_bytes, the group's, is 4 times it."""
     from simulator.catalog import load_hardware, load_model
     from simulator.cost_model import project_profile
 
     prof = project_profile(load_model("llama-test"), "bfloat16", load_hardware("h100-sxm"), 4,
                            max_num_batched_tokens=8192, max_num_seqs=1024)
-    budget = prof.kv.memory_budget_bytes
-    want = (budget // 4) // (2 * 2 * 1 * 16 * 2 * 16)
+    budget = prof.kv.kv_cache_memory_bytes   # one GPU's, as vLLM's
+    want = budget // (2 * 2 * 1 * 16 * 2 * 16)
     assert prof.kv.num_gpu_blocks == want
     save_profile(prof, tmp_path / "p.yaml")
     direct = scenario(model="llama-test", hardware={"profile": "h100-sxm", "tensor_parallel": 4})
     saved = scenario(model="llama-test",
                      hardware={"profile": str(tmp_path / "p.yaml"), "tensor_parallel": 4})
     assert build_cost_model(direct).num_gpu_blocks == want
+    assert build_cost_model(saved).num_gpu_blocks == want
+    text = (tmp_path / "p.yaml").read_text()
+    assert f"kv_cache_memory_bytes: {budget}," in text
+    (tmp_path / "p.yaml").write_text(text.replace(f"kv_cache_memory_bytes: {budget},",
+                                                  f"memory_budget_bytes: {budget * 4},"))
+    assert load_profile(tmp_path / "p.yaml").kv.kv_cache_memory_bytes == budget
     assert build_cost_model(saved).num_gpu_blocks == want
 
 
@@ -1107,7 +1162,7 @@ def test_a_measured_kv_cache_says_gpu_memory_utilization_does_not_resize_it(tmp_
     (recorded, else vLLM's default 0.92) leaves it as it is, and says so."""
     dev = {"name": "h100-sxm", "kind": "gpu", "peak_flops": 1e15, "memory_bandwidth": 3e12,
            "memory_bytes": 80 * 2**30}
-    kv = {"bytes_per_token": 256, "block_size": 16, "memory_budget_bytes": 2**31}
+    kv = {"bytes_per_token": 256, "block_size": 16, "kv_cache_memory_bytes": 2**31}
     save_profile(make_profile(device=dev, kv=kv), tmp_path / "g.yaml")
     save_profile(make_profile(device=dev, kv={**kv, "gpu_memory_utilization": 0.8}),
                  tmp_path / "g8.yaml")

@@ -222,7 +222,7 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
     profile = measured_profile(
         name, dev, ver, shape, dtype,
         KVInfo(bytes_per_token=shape.kv_bytes_per_token(dtype), block_size=eng.block_size,
-               num_gpu_blocks=eng.num_gpu_blocks, memory_budget_bytes=budget),
+               num_gpu_blocks=eng.num_gpu_blocks, kv_cache_memory_bytes=budget),
         result, rep_err, idle, source, argv, csv_path.name)
     paths = write_calibration(profile, out, result, df, replay_df, k, (flops, bw),
                               files["report"])
