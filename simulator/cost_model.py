@@ -386,10 +386,12 @@ class Profile(_P):
         kv = data.get("kv") if isinstance(data, dict) else None
         if not isinstance(kv, dict) or OLD_KV_MEMORY_KEY not in kv:
             return data
-        if "kv_cache_memory_bytes" in kv:
+        if kv.get("kv_cache_memory_bytes") is not None:
             raise SubkeyError(("kv", OLD_KV_MEMORY_KEY), (
                 "give kv_cache_memory_bytes (per GPU, as vLLM's --kv-cache-memory-bytes) or "
                 "memory_budget_bytes (its older name: the tensor-parallel group's), not both"))
+        kv = {k: v for k, v in kv.items() if k != "kv_cache_memory_bytes"}   # null: not given
+        data = {**data, "kv": kv}
         old, tp = kv[OLD_KV_MEMORY_KEY], data.get("tensor_parallel", 1)
         if type(old) is int and type(tp) is int and old >= 0 and tp >= 1:
             data = {**data, "kv": {**kv, OLD_KV_MEMORY_KEY: old // tp}}
@@ -422,8 +424,13 @@ class Profile(_P):
             raise SubkeyError(("kv", "num_gpu_blocks"), (
                 f"{kv.num_gpu_blocks} blocks of {block} bytes per GPU are more than the device "
                 f"holds ({self.device.memory_bytes} bytes)"))
-        if budget is not None and kv.num_gpu_blocks is not None:
-            held = blocks_in_budget(budget, block)
+        held = None if budget is None else blocks_in_budget(budget, block)
+        if held is not None and held < 2:   # only the null block, or none
+            raise SubkeyError(("kv", key), (
+                f"{budget} bytes per GPU{of} hold {held} block{'' if held == 1 else 's'} of "
+                f"{kv.block_size} tokens ({block} bytes each); a KV cache needs at least 2 "
+                "(block 0 is vLLM's null block)"))
+        if held is not None and kv.num_gpu_blocks is not None:
             if kv.num_gpu_blocks != held:
                 raise SubkeyError(("kv", "num_gpu_blocks"), (
                     f"{kv.num_gpu_blocks}, but {key} {budget * (1 if of == '' else tp)} "

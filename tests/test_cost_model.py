@@ -451,6 +451,12 @@ def test_a_profile_file_says_its_schema_version(tmp_path):
     ({"bytes_per_token": 256, "num_gpu_blocks": 3, "memory_budget_bytes": 2**31},
      "kv.num_gpu_blocks: 3, but memory_budget_bytes 2147483648 holds 65536 blocks of 128 "
      "tokens"),
+    # a memory that holds no usable block (one block of 128 x 256 bytes: only the null one)
+    ({"bytes_per_token": 256, "kv_cache_memory_bytes": 100},
+     "kv.kv_cache_memory_bytes: 100 bytes per GPU hold 0 blocks of 128 tokens (32768 bytes "
+     "each); a KV cache needs at least 2 (block 0 is vLLM's null block)"),
+    ({"bytes_per_token": 256, "memory_budget_bytes": 65535},
+     "kv.memory_budget_bytes: 65535 bytes per GPU hold 1 block of 128 tokens"),
     # alone: 2**19 blocks of 128 x 256 bytes = 2**34, the device's memory; one more is not
     ({"bytes_per_token": 256, "num_gpu_blocks": 2**19 + 1},
      "kv.num_gpu_blocks: 524289 blocks of 32768 bytes per GPU are more than the device "
@@ -507,6 +513,11 @@ def test_kv_cache_memory_bytes_is_written_and_memory_budget_bytes_still_read(tmp
     assert main(["run", str(sc_path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(str(e.value)), err
+    # a null new key is no key (null means unset elsewhere too): the older one is read
+    nul = tmp_path / "nul.yaml"
+    nul.write_text(text.replace("kv_cache_memory_bytes: 2147483648",
+                                "kv_cache_memory_bytes: null, memory_budget_bytes: 2147483648"))
+    assert load_profile(nul).kv.model_dump() == new.kv.model_dump()
 
 
 @pytest.mark.parametrize("model, tp, seqs, logged_gib", [
