@@ -483,3 +483,32 @@ def test_scatter_reorders_the_free_queue_and_keeps_every_block_and_hash():
     from simulator.policy.kv_cache import BlockPool
     with pytest.raises(ValueError, match="unlimited"):
         BlockPool(None).scatter()
+
+
+def test_shared_prefix_benchmark_counts_the_blocks_an_earlier_request_reread():
+    """benchmarks/shared_prefix_reads.py's ``reread_tokens``: context tokens in blocks an
+    earlier request of the same step reads. Blocks of 4. A ('a' 8 + 'x' 4) is prefilled in
+    step 1; B ('a' 8 + 'y' 4) and C ('c' 12) arrive for step 2, where A decodes and B hits
+    A's two 'a' blocks (8 tokens; its chunk's cached prefix), C hits nothing; from step 3
+    all three decode and B's context still holds those 8 tokens: 8 every step, 0 in step
+    1 (A alone)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "shared_prefix_reads.py"
+    spec = importlib.util.spec_from_file_location("shared_prefix_reads", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    s = make(max_model_len=32)
+    s.add_request(req("A", [("a", 8), ("x", 4)], max_tokens=4))
+    got = []
+    for k in range(4):
+        if k == 1:
+            s.add_request(req("B", [("a", 8), ("y", 4)], max_tokens=3))
+            s.add_request(req("C", [("c", 12)], max_tokens=3))
+        plan = s.schedule()
+        got.append((sorted(e.request_id for e in plan.scheduled()),
+                    bench.reread_tokens(plan, 4)))
+        s.update(plan)
+    assert got == [(["A"], 0), (["A", "B", "C"], 8), (["A", "B", "C"], 8),
+                   (["A", "B", "C"], 8)]
