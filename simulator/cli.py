@@ -150,6 +150,22 @@ def _attach_dash_values(argv: list[str]) -> list[str]:
 _NOT_A_NUMBER = re.compile(r"^argument (\S+): invalid (int|float) value: (.*)$")
 
 
+def run_script(main, error_name: str, interrupted_name: str | None = None) -> None:
+    """Exit with ``main()``'s status, saying an input error or Ctrl-C in one line as
+    servesim's commands do: ``<error_name>: error: ...`` (exit 2) and
+    ``<interrupted_name>: interrupted`` (exit 130; default ``error_name``). For the
+    scripts of ``benchmarks/`` and ``calibration/``, beside :class:`OneLineParser`."""
+    try:
+        status = main()
+    except InputError as e:   # a bad scenario or profile
+        print(f"{error_name}: error: {one_line(str(e))}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"{interrupted_name or error_name}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(status)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse with a one-line error, ``servesim: error: ...`` as every other input error
     (exit 2), naming the command's ``--help`` instead of printing the usage block; no

@@ -173,12 +173,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from simulator.errors import InputError, one_line
-    try:
-        sys.exit(main())
-    except InputError as e:   # a bad scenario or profile: one line, as servesim says it
-        print(f"calibration.vllm.fidelity: error: {one_line(str(e))}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:   # Ctrl-C: one line, as servesim's commands say it
-        print(f"{Path(__file__).name}: interrupted", file=sys.stderr)
-        sys.exit(130)
+    from simulator.cli import run_script
+    run_script(main, "calibration.vllm.fidelity", Path(__file__).name)
