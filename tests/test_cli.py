@@ -981,25 +981,15 @@ def test_replication_means_round_once_from_the_exact_figures(tmp_path, capsys):
     # req/s average 4.11124997, 4.1112 at the table's 5 figures; their 6-figure summaries
     # (4.03161, 4.13889, 4.16325) average 4.11125, which run showed as 4.1113. The TTFT
     # p99s' mean is 439.525 ms at 6 figures, 439.526 from the summaries.
-    import numpy as np
-
-    from simulator.metrics import round_sig, summary_at, t_interval
-    from simulator.report import fmt_number
+    from rounding_helpers import exact_means
+    from simulator.metrics import round_sig, t_interval
     from simulator.run import simulate
 
     path = Path(__file__).resolve().parents[1] / "scenarios" / "cpu_tiny.yaml"
     runs = [simulate(load_scenario(path, ["workload.arrival.rate=4"]), replication=k)
             for k in range(3)]
 
-    def mean(figures, *at):
-        return float(np.mean([summary_at(f, at) for f in figures]))
-
-    exact, rounded = [r.exact for r in runs], [r.summary for r in runs]
-    goodput, ttft = mean(exact, "goodput"), mean(exact, "ttft_ms", "p99")
-    # a case where rounding twice shows
-    assert (fmt_number(goodput), fmt_number(round_sig(mean(rounded, "goodput")))) == \
-        ("4.1112", "4.1113")
-    assert (round_sig(ttft), round_sig(mean(rounded, "ttft_ms", "p99"))) == (439.525, 439.526)
+    goodput, ttft = exact_means(runs)   # a case where rounding twice shows
     out = tmp_path / "r"
     assert main(["run", str(path), "--set", "workload.arrival.rate=4", "--replications", "3",
                  "--out", str(out), "--quiet"]) == 0

@@ -109,10 +109,8 @@ def test_replication_means_round_once_from_the_exact_figures(tmp_path, capsys):
     # from the 6-figure summaries they were 4.1113 and 439.526
     from pathlib import Path
 
-    import numpy as np
-
-    from simulator.metrics import round_sig, summary_at
-    from simulator.report import fmt_number
+    from rounding_helpers import exact_means
+    from simulator.metrics import round_sig
     from simulator.run import simulate
     from simulator.scenario import load_scenario
 
@@ -124,15 +122,7 @@ def test_replication_means_round_once_from_the_exact_figures(tmp_path, capsys):
                              .replace("max_num_seqs: 32", f"max_num_seqs: {seqs}"))
     runs = [simulate(load_scenario(files[0]), replication=k) for k in range(3)]
 
-    def mean(figures, *at):
-        return float(np.mean([summary_at(f, at) for f in figures]))
-
-    exact, rounded = [r.exact for r in runs], [r.summary for r in runs]
-    goodput, ttft = mean(exact, "goodput"), mean(exact, "ttft_ms", "p99")
-    # a case where rounding twice shows
-    assert (fmt_number(goodput), fmt_number(round_sig(mean(rounded, "goodput")))) == \
-        ("4.1112", "4.1113")
-    assert (round_sig(ttft), round_sig(mean(rounded, "ttft_ms", "p99"))) == (439.525, 439.526)
+    goodput, ttft = exact_means(runs)   # a case where rounding twice shows
     out = tmp_path / "cmp"
     assert main(["compare", *map(str, files), "--replications", "3", "--executor", "serial",
                  "--quiet", "--out", str(out)]) == 0
