@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     from simulator.scenario import load_scenario
 
     ap = OneLineParser(prog="python benchmarks/shared_prefix_reads.py",
+                       error_name="benchmarks/shared_prefix_reads.py",
                        description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True, help="a measured roofline profile (YAML)")
     ap.add_argument("--rates", default="21.5,25.8",
@@ -90,10 +91,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                          "shared_prefix_reads.md"))
     args = ap.parse_args(argv)
-    rates = [float(x) for x in args.rates.split(",")]
-    seeds = [int(x) for x in args.seeds.split(",")]
-    if len(rates) != len(WORKLOADS):
-        ap.error(f"--rates: give {len(WORKLOADS)} rates, one per workload")
+    try:
+        rates = [float(x) for x in args.rates.split(",")]
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--rates {args.rates!r} / --seeds {args.seeds!r}: comma-separated numbers "
+                 "(rates in req/s, seeds whole numbers)")
+    if len(rates) != len(WORKLOADS) or not all(0 < r < float("inf") for r in rates):
+        ap.error(f"--rates: give {len(WORKLOADS)} rates > 0 (req/s), one per workload")
+    if not 0 < args.seconds <= 3600:   # each serving runs in real time
+        ap.error(f"--seconds: seconds of arrivals in (0, 3600], got {args.seconds:g}")
     prof_arg = f"hardware.profile={Path(args.profile).resolve()}"
     scs = {w: load_scenario(ROOT / "scenarios" / "cpu_tiny.yaml", [prof_arg, *sets])
            for w, sets in WORKLOADS.items()}
@@ -149,4 +156,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from simulator.cli import run_script
+    run_script(main, "benchmarks/shared_prefix_reads.py")

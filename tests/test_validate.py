@@ -887,7 +887,9 @@ def test_a_fidelity_scripts_bad_flag_is_one_line(script, args, line):
     (["benchmarks/fidelity.py"], ["--scenario", "no-such.yaml"],
      "benchmarks/fidelity.py: error: no-such.yaml: scenario file not found"),
     (["-m", "calibration.vllm.fidelity"], ["--profile", "no-such-profile"],
-     "calibration.vllm.fidelity: error: ")])
+     "calibration.vllm.fidelity: error: "),
+    (["benchmarks/shared_prefix_reads.py"], ["--profile", "no-such-profile.yaml"],
+     "benchmarks/shared_prefix_reads.py: error: ")])
 def test_a_fidelity_scripts_bad_file_is_one_line(script, args, line):
     # an InputError from the scenario or the profile: one line and exit 2, no traceback
     import subprocess
