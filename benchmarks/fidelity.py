@@ -26,6 +26,7 @@ visible in the results.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -190,16 +191,28 @@ def main(argv=None) -> int:
     from calibration.validate import check_loads, parse_loads
     from simulator.errors import InputError
 
+    from calibration.validate import check_validation_args
+
     try:   # the loads as servesim validate takes them, before anything is measured
         loads = parse_loads(args.loads)
         check_loads(loads)
     except InputError as e:
         ap.error(str(e))
+    for flag, v in (("--calibrate-repeats", args.calibrate_repeats),
+                    ("--calibrate-attempts", args.calibrate_attempts)):
+        if v < 1:
+            ap.error(f"{flag}: a whole number >= 1, got {v}")
+    out = Path(args.out)   # written at the end: refused now, not after the runs
+    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        ap.error(f"--out {args.out}: a file path in a folder that exists and can be written")
     parts = ["# servesim fidelity against its own engine (predicted mode)", ""]
     results = {}
     scenario, base = args.scenario, []
     if scenario is None:
         scenario, base = str(ROOT / "scenarios" / "cpu_tiny.yaml"), host_dtype()
+    for name in args.only or list(WORKLOADS):   # every workload's flags, before measuring
+        check_validation_args(load_scenario(scenario, base + WORKLOADS[name]), loads,
+                              args.replications, args.seconds)
     for name in args.only or list(WORKLOADS):
         sets = base + WORKLOADS[name]
         sc = load_scenario(scenario, sets)

@@ -67,17 +67,7 @@ def serve(model, cfg: dict, specs) -> tuple[list, dict]:
 
 
 def main(argv=None) -> int:
-    import pandas as pd
-    import torch
-
-    from calibration.cli import _steps_table
-    from calibration.engine.weights import parse_dtype, random_model
-    from calibration.timing_replay import engine_config
-    from calibration.validate import load_specs, profile_threads, servable_cost_model
     from simulator.cli import OneLineParser
-    from simulator.cost_model import RooflineConstants, roofline_seconds
-    from simulator.files import atomic_write
-    from simulator.scenario import load_scenario
 
     ap = OneLineParser(prog="python benchmarks/shared_prefix_reads.py",
                        error_name="benchmarks/shared_prefix_reads.py",
@@ -101,6 +91,19 @@ def main(argv=None) -> int:
         ap.error(f"--rates: give {len(WORKLOADS)} rates > 0 (req/s), one per workload")
     if not 0 < args.seconds <= 3600:   # each serving runs in real time
         ap.error(f"--seconds: seconds of arrivals in (0, 3600], got {args.seconds:g}")
+    from simulator.cost_model import RooflineConstants, load_profile, roofline_seconds
+    load_profile(args.profile)   # a bad profile is named as given, before torch loads
+
+    import pandas as pd
+    import torch
+
+    from calibration.cli import _steps_table
+    from calibration.engine.weights import parse_dtype, random_model
+    from calibration.timing_replay import engine_config
+    from calibration.validate import load_specs, profile_threads, servable_cost_model
+    from simulator.files import atomic_write
+    from simulator.scenario import load_scenario
+
     prof_arg = f"hardware.profile={Path(args.profile).resolve()}"
     scs = {w: load_scenario(ROOT / "scenarios" / "cpu_tiny.yaml", [prof_arg, *sets])
            for w, sets in WORKLOADS.items()}

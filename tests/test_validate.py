@@ -864,6 +864,14 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
     (["benchmarks/fidelity.py"], ["--loads", "2"],
      "benchmarks/fidelity.py: error: --loads: fractions of saturation in [0.01, 1.5], got "
      "[2.0] (see python benchmarks/fidelity.py --help)"),
+    (["benchmarks/fidelity.py"], ["--replications", "0"],
+     "benchmarks/fidelity.py: error: --replications: 1 to 100, got 0"),
+    (["benchmarks/fidelity.py"], ["--calibrate-attempts", "0"],
+     "benchmarks/fidelity.py: error: --calibrate-attempts: a whole number >= 1, got 0 (see "
+     "python benchmarks/fidelity.py --help)"),
+    (["benchmarks/shared_prefix_reads.py"], ["--profile", "p.yaml", "--rates", "1"],
+     "benchmarks/shared_prefix_reads.py: error: --rates: give 2 rates > 0 (req/s), one per "
+     "workload (see python benchmarks/shared_prefix_reads.py --help)"),
     (["-m", "calibration.vllm.fidelity"], ["--bogus"],
      "calibration.vllm.fidelity: error: the following arguments are required: --profile "
      "(see python -m calibration.vllm.fidelity --help)"),
@@ -889,7 +897,7 @@ def test_a_fidelity_scripts_bad_flag_is_one_line(script, args, line):
     (["-m", "calibration.vllm.fidelity"], ["--profile", "no-such-profile"],
      "calibration.vllm.fidelity: error: "),
     (["benchmarks/shared_prefix_reads.py"], ["--profile", "no-such-profile.yaml"],
-     "benchmarks/shared_prefix_reads.py: error: ")])
+     "benchmarks/shared_prefix_reads.py: error: no-such-profile.yaml: ")])
 def test_a_fidelity_scripts_bad_file_is_one_line(script, args, line):
     # an InputError from the scenario or the profile: one line and exit 2, no traceback
     import subprocess
