@@ -160,7 +160,8 @@ def host_dtype() -> list[str]:
 def main(argv=None) -> int:
     from calibration.validate import validate
     from calibration.validate_report import markdown_table, write_outputs
-    from calibration.vllm.fidelity import WORKLOADS   # the same two workloads for both engines
+    # the same two workloads for both engines
+    from calibration.vllm.fidelity import WORKLOADS, chosen_workloads
     from simulator.cli import OneLineParser
     from simulator.files import atomic_write
     from simulator.scenario import load_scenario
@@ -193,7 +194,8 @@ def main(argv=None) -> int:
 
     from calibration.validate import check_validation_args
 
-    try:   # the loads as servesim validate takes them, before anything is measured
+    try:   # the workloads and loads as servesim validate takes them, before any is measured
+        names = chosen_workloads(args.only)
         loads = parse_loads(args.loads)
         check_loads(loads)
     except InputError as e:
@@ -210,10 +212,10 @@ def main(argv=None) -> int:
     scenario, base = args.scenario, []
     if scenario is None:
         scenario, base = str(ROOT / "scenarios" / "cpu_tiny.yaml"), host_dtype()
-    for name in args.only or list(WORKLOADS):   # every workload's flags, before measuring
+    for name in names:   # every workload's flags, before measuring
         check_validation_args(load_scenario(scenario, base + WORKLOADS[name]), loads,
                               args.replications, args.seconds)
-    for name in args.only or list(WORKLOADS):
+    for name in names:
         sets = base + WORKLOADS[name]
         sc = load_scenario(scenario, sets)
         print(f"== {name}", file=sys.stderr)

@@ -872,6 +872,16 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
     (["benchmarks/shared_prefix_reads.py"], ["--profile", "p.yaml", "--rates", "1"],
      "benchmarks/shared_prefix_reads.py: error: --rates: give 2 rates > 0 (req/s), one per "
      "workload (see python benchmarks/shared_prefix_reads.py --help)"),
+    # --only twice, before every other check: a script that let it pass would stop at the
+    # bad --calibrate-attempts (or the missing profile p), never calibrating
+    (["benchmarks/fidelity.py"], ["--only", "poisson-chat", "--only", "shared-system-prompt",
+                                  "--only", "poisson-chat", "--calibrate-attempts", "0"],
+     "benchmarks/fidelity.py: error: --only: poisson-chat given twice (see python "
+     "benchmarks/fidelity.py --help)"),
+    (["-m", "calibration.vllm.fidelity"], ["--profile", "p", "--only", "poisson-chat",
+                                           "--only", "poisson-chat"],
+     "calibration.vllm.fidelity: error: --only: poisson-chat given twice (see python -m "
+     "calibration.vllm.fidelity --help)"),
     (["-m", "calibration.vllm.fidelity"], ["--bogus"],
      "calibration.vllm.fidelity: error: the following arguments are required: --profile "
      "(see python -m calibration.vllm.fidelity --help)"),
@@ -889,6 +899,18 @@ def test_a_fidelity_scripts_bad_flag_is_one_line(script, args, line):
                        text=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr.splitlines() == [line]
+
+
+def test_fidelity_workloads_named_twice_are_refused():
+    # --only X --only X measured X twice with the same seeds and wrote its section twice
+    from calibration.vllm.fidelity import WORKLOADS, chosen_workloads
+    from simulator.errors import InputError
+
+    assert chosen_workloads(None) == list(WORKLOADS)
+    assert chosen_workloads(["shared-system-prompt", "poisson-chat"]) == [
+        "shared-system-prompt", "poisson-chat"]
+    with pytest.raises(InputError, match=r"^--only: poisson-chat given twice$"):
+        chosen_workloads(["poisson-chat", "shared-system-prompt", "poisson-chat"])
 
 
 @pytest.mark.parametrize("script, args, line", [

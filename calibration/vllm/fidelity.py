@@ -27,6 +27,22 @@ WORKLOADS = {
 TARGETS = {"saturation": 0.10, "p50": 0.15, "p99": 0.25}
 
 
+def chosen_workloads(only: list[str] | None) -> list[str]:
+    """The workloads ``--only`` names, in the order given (every one of :data:`WORKLOADS`
+    when it is not given).
+
+    Raises:
+        InputError: a workload named twice (it would be measured again, with the same seeds,
+            and its section written twice).
+    """
+    from simulator.errors import InputError
+
+    for i, name in enumerate(only or []):
+        if name in only[:i]:
+            raise InputError(f"--only: {name} given twice")
+    return list(only or WORKLOADS)
+
+
 def verdicts(result: dict) -> list[str]:
     """One line per target: the worst |error| over replications of each figure kind, and
     whether it meets :data:`TARGETS`."""
@@ -142,7 +158,8 @@ def main(argv=None) -> int:
     from calibration.validate import check_loads, parse_loads
     from simulator.errors import InputError
 
-    try:   # the loads as servesim validate takes them, before anything is measured
+    try:   # the workloads and loads as servesim validate takes them, before any is measured
+        names = chosen_workloads(args.only)
         loads = parse_loads(args.loads)
         check_loads(loads)
     except InputError as e:
@@ -155,7 +172,7 @@ def main(argv=None) -> int:
              "token; ITL pooled).", ""]
     parts += profile_section(args.profile)
     engine = None
-    for name in args.only or list(WORKLOADS):
+    for name in names:
         overrides = WORKLOADS[name] + [f"hardware.profile={Path(args.profile).resolve()}",
                                        f"engine.block_size={args.block_size}"]
         sc = load_scenario(args.scenario, overrides)
