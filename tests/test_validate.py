@@ -913,6 +913,25 @@ def test_fidelity_workloads_named_twice_are_refused():
         chosen_workloads(["poisson-chat", "shared-system-prompt", "poisson-chat"])
 
 
+def test_vllm_fidelity_script_runs_by_its_path(tmp_path):
+    # python calibration/vllm/fidelity.py failed on its relative import (no package); --help
+    # and a missing profile need no vLLM
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "calibration" / "vllm" / "fidelity.py"
+    p = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == ""
+    assert p.stdout.startswith("usage: python -m calibration.vllm.fidelity")
+    p = subprocess.run([sys.executable, str(script), "--profile", "no-such-profile"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.splitlines() == [
+        f"calibration.vllm.fidelity: error: {tmp_path / 'no-such-profile'}: profile file "
+        f"not found"]
+
+
 @pytest.mark.parametrize("script, args, line", [
     (["benchmarks/fidelity.py"], ["--scenario", "no-such.yaml"],
      "benchmarks/fidelity.py: error: no-such.yaml: scenario file not found"),

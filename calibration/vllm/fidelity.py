@@ -8,6 +8,8 @@ writes one markdown file with every figure, the knobs, machine, versions and see
 
     python -m calibration.vllm.fidelity --profile reports/vllm/vllm-cpu-llama-tiny-56m.yaml \
         [--replications 2] [--seconds 30] [--loads 0.3,0.6] [--out PATH]
+
+(``python calibration/vllm/fidelity.py ...`` runs it as well.)
 """
 
 from __future__ import annotations
@@ -135,8 +137,9 @@ def main(argv=None) -> int:
     from simulator.files import atomic_write
     from simulator.scenario import load_scenario
 
-    from . import commands
-    from .commands import validate_vllm
+    # absolute: the file also runs by its path, outside the package
+    from calibration.vllm import commands
+    from calibration.vllm.commands import validate_vllm
 
     # a bad flag: one line, exit 2, as servesim's own commands say it
     ap = OneLineParser(prog="python -m calibration.vllm.fidelity",
@@ -190,5 +193,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if not __package__:   # run by path (python calibration/vllm/fidelity.py): this tree's code
+        sys.path.insert(0, str(ROOT))
     from simulator.cli import run_script
     run_script(main, "calibration.vllm.fidelity", Path(__file__).name)
