@@ -4,18 +4,19 @@ The cost model prices a step's KV reads by its context tokens, every decode's wh
 Requests that hit one cached prefix (a shared system prompt) read the same blocks in one
 step; on a CPU the second and later reads of a block find it in the caches. This serves
 the fidelity workloads (``cpu_tiny.yaml`` as it is, and with a shared system prompt of 4
-groups of 128 tokens) on the engine, counts per step the *re-read* context tokens (tokens
-of blocks an earlier request of the same step already reads: decodes' contexts and
-prefill chunks' cached prefixes), prices every step with a profile, and fits
-``measured ≈ κ · priced − δ · (KV-read price of the re-read tokens)`` over all steps: κ the
-host's speed against the profile, δ the share of a read that a re-read saves.
+groups of 128 tokens) on the engine, takes each step's *re-read* context tokens (the engine's count,
+:attr:`simulator.policy.StepPlan.reread_tokens`: for each block k >= 2 requests of the step
+attend to, k - 1 blocks of tokens), prices every step as the simulator does with a profile,
+and fits ``measured ≈ κ · priced − δ · (KV-read price of the re-read tokens, as first
+reads)`` over all steps: κ the host's speed against the profile, δ the share of a read that
+a re-read saves beyond what the profile prices (all of it for a profile without a re-read
+rate, ``w_reread_bytes_per_s``).
 
     python benchmarks/shared_prefix_reads.py --profile P.yaml [--rates 21.5,25.8]
         [--seconds 15] [--seeds 0,1] [--out benchmarks/results/shared_prefix_reads.md]
 
 Calibrate the profile minutes before (``servesim calibrate --model llama-tiny-56m --device
-cpu --dtype bfloat16 --threads 1 --repeats 8``): a shared host drifts. The count runs
-inside each step's schedule call (tens of microseconds of a 20-60 ms step).
+cpu --dtype bfloat16 --threads 1 --repeats 8``): a shared host drifts.
 """
 
 from __future__ import annotations
@@ -30,40 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = {"poisson-chat": [],
              "shared-system-prompt": ["workload.prefix.shared_tokens=128",
                                       "workload.prefix.groups=4"]}
-
-
-def reread_tokens(plan, block_size: int) -> int:
-    """Context tokens of ``plan`` (a StepPlan) in blocks an earlier request of the step
-    already reads: decodes' contexts, then prefill chunks' cached prefixes, in plan order."""
-    from simulator.policy.kv_cache import cdiv
-
-    seen, again = set(), 0
-    reads = [(r.block_ids, cdiv(r.num_computed_tokens, block_size)) for r in plan.decodes]
-    reads += [(e.request.block_ids, e.num_computed_before // block_size)
-              for e in plan.prefills]
-    for blocks, n in reads:
-        for b in blocks[:n]:
-            if b in seen:
-                again += block_size
-            else:
-                seen.add(b)
-    return again
-
-
-def serve(model, cfg: dict, specs) -> tuple[list, dict]:
-    """Serve ``specs`` in real time on a fresh engine; its steps and re-reads by step."""
-    from calibration.engine import LLMEngine
-    from calibration.engine.replay import replay
-
-    eng = LLMEngine(model, cfg)
-    sched, schedule, again = eng.scheduler, eng.scheduler.schedule, {}
-
-    def counted():
-        plan = schedule()
-        again[plan.step] = reread_tokens(plan, sched.config.block_size)
-        return plan
-    sched.schedule = counted
-    return replay(eng, specs).steps, again
 
 
 def main(argv=None) -> int:
@@ -98,6 +65,8 @@ def main(argv=None) -> int:
     import torch
 
     from calibration.cli import _steps_table
+    from calibration.engine import LLMEngine
+    from calibration.engine.replay import replay
     from calibration.engine.weights import parse_dtype, random_model
     from calibration.timing_replay import engine_config
     from calibration.validate import load_specs, profile_threads, servable_cost_model
@@ -123,17 +92,16 @@ def main(argv=None) -> int:
     for seed in seeds:   # the workloads interleave, so host drift spreads over both
         for (name, sc), rate in zip(scs.items(), rates):
             specs = load_specs(sc, rate, max(8, round(rate * args.seconds)), seed)
-            steps, again = serve(model, cfg, specs)
-            d = _steps_table(steps)
-            d["reread"] = [again[s.step] for s in steps]
+            d = _steps_table(replay(LLMEngine(model, cfg), specs).steps)   # a fresh engine
             d["run"] = f"{name} seed {seed}"
             tables.append(d)
             print(f"{name} seed {seed}: {len(d)} steps", file=sys.stderr)
     D = pd.concat(tables, ignore_index=True)
     D["priced"] = roofline_seconds(coef, k, D.tokens, D.requests, D.context_tokens,
-                                   D.attn_pairs, D.sampled, D.prefill_tokens, D.decodes)
+                                   D.attn_pairs, D.sampled, D.prefill_tokens, D.decodes,
+                                   D.reread_tokens)
     D["measured"] = D.duration_ns / 1e9
-    D["kv_reread"] = s_ctx * D.reread
+    D["kv_reread"] = s_ctx * D.reread_tokens
     # relative residuals, as the calibration fits (every step counts alike)
     A = np.c_[D.priced, -D.kv_reread] / D.measured.to_numpy()[:, None]
     (kappa, delta), *_ = np.linalg.lstsq(A, np.ones(len(D)), rcond=None)
@@ -150,7 +118,7 @@ def main(argv=None) -> int:
     for run, g in D.groupby("run", sort=False):
         adj = kappa * g.priced - delta * g.kv_reread
         lines.append(f"| {run} | {len(g)} | ×{g.priced.sum() / g.measured.sum():.3f} | "
-                     f"{g.reread.sum() / g.context_tokens.sum():.3f} | "
+                     f"{g.reread_tokens.sum() / g.context_tokens.sum():.3f} | "
                      f"{(s_ctx * g.context_tokens).sum() / g.priced.sum():.3f} | "
                      f"×{adj.sum() / g.measured.sum():.3f} | "
                      f"×{kappa * g.priced.sum() / g.measured.sum():.3f} |")

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from simulator.cost_model import (COEFFICIENTS, MAX_EFFICIENCY, OPTIONAL_COEFFICIENTS,
+from simulator.cost_model import (COEFFICIENTS, MAX_EFFICIENCY, PATH_COEFFICIENTS,
                                   RooflineConstants, linear_seconds, roofline_seconds)
 
 FEATURES = ("tokens", "requests", "prefill_tokens", "decodes", "context_tokens", "attn_pairs",
-            "sampled")
+            "sampled", "reread_tokens")
 # Keep the physically grounded form unless the other one's held-out MAPE is this much lower.
 SWITCH_MARGIN = 0.10
 #: Fewest grid cells a fit takes (some to fit, one at least held out).
@@ -84,7 +84,8 @@ def predict(form: str, coef: dict, k: RooflineConstants | None, X) -> np.ndarray
     if form == "roofline":
         return np.asarray(roofline_seconds(coef, k, X["tokens"], X["requests"],
                                            X["context_tokens"], X["attn_pairs"],
-                                           X["sampled"], X["prefill_tokens"], X["decodes"]),
+                                           X["sampled"], X["prefill_tokens"], X["decodes"],
+                                           X["reread_tokens"] if "reread_tokens" in X else 0),
                           dtype=float)
     if form == "linear":
         return np.asarray(linear_seconds(coef, X["prefill_tokens"], X["decodes"],
@@ -135,82 +136,103 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
     Unknowns ``a0, c, 1/W_eff, 1/F_eff, 1/W_attn, 1/F_attn`` are each scaled to the share
     of the median step they explain, then fitted from several starts (weight- or
     FLOP-bound dense layers, light or heavy attention); the lowest cost wins.
-    Rates are capped at :data:`MAX_EFFICIENCY` × the given ceilings. With ``paths`` and
-    mixed cells (a prefill chunk beside decodes) among ``X``, the path costs
-    ``prefill_step_s`` and ``decode_step_s`` (:data:`simulator.cost_model.OPTIONAL_COEFFICIENTS`)
-    are fitted too: only there does a step hold both, so that they and ``a0`` are told
-    apart.
+    Rates are capped at :data:`MAX_EFFICIENCY` × the given ceilings. Optional unknowns
+    (:data:`simulator.cost_model.OPTIONAL_COEFFICIENTS`), fitted only where the cells tell
+    them apart, then from that fit onwards, kept only if they lower the cost (else given
+    at that fit's values: path costs at their bound, ~0, and re-reads priced as reads):
+
+    * with ``paths`` and mixed cells (a prefill chunk beside decodes) among ``X``, the path
+      costs ``prefill_step_s`` and ``decode_step_s``: only there does a step hold both, so
+      that they and ``a0`` are told apart;
+    * with cells that re-read context (``reread_tokens`` > 0: decodes sharing a cached
+      prefix), ``w_reread_bytes_per_s``; elsewhere it equals ``w_attn_bytes_per_s``.
     """
     y = np.asarray(y, float)
     T = np.asarray(X["tokens"], float)
     R = np.asarray(X["requests"], float)
-    ctx = np.asarray(X["context_tokens"], float)
+    again = np.asarray(X["reread_tokens"], float) if "reread_tokens" in X else np.zeros_like(y)
+    ctx = np.asarray(X["context_tokens"], float) - again
     pairs = np.asarray(X["attn_pairs"], float)
     S = np.asarray(X["sampled"], float)
     has_p = (np.asarray(X["prefill_tokens"], float) > 0).astype(float)
     has_d = (np.asarray(X["decodes"], float) > 0).astype(float)
     paths = paths and bool(np.any(has_p * has_d))
+    reread = bool(np.any(again > 0))
     wb, ft = k.weight_bytes, k.dense_flops_per_token * T
     kvb, af, lm = k.kv_bytes_per_token * ctx, k.attn_flops_per_pair * pairs, \
         k.lm_head_flops_per_sample * S
+    kvr = k.kv_bytes_per_token * again
     med = float(np.median(y))
 
     def unit(v):
         v = v[v > 0]
         return med / float(np.median(v)) if v.size else 1.0
 
-    scale = np.array([med, unit(R), med / wb, unit(ft + lm), unit(kvb), unit(af), med, med])
-    lo = np.zeros(8)
+    # unknowns in order: the six of every fit, then 1/W_reread, then the two path costs
+    scale = np.array([med, unit(R), med / wb, unit(ft + lm), unit(kvb), unit(af), unit(kvr),
+                      med, med])
+    lo = np.zeros(9)
     if peak_bandwidth:
-        lo[2] = lo[4] = 1.0 / (MAX_EFFICIENCY * peak_bandwidth)
+        lo[2] = lo[4] = lo[6] = 1.0 / (MAX_EFFICIENCY * peak_bandwidth)
     if peak_flops:
         lo[3] = lo[5] = 1.0 / (MAX_EFFICIENCY * peak_flops)
     lo = np.maximum(lo / scale, 1e-9)
-    n = 8 if paths else 6
+    free = np.array([True] * 6 + [reread] + [paths] * 2)
 
-    def model(p):
-        a0, c, iw, i_f, iwa, ifa, sp, sd = np.concatenate([p, np.zeros(8 - n)]) * scale
-        return (a0 + c * R + np.maximum(wb * iw, ft * i_f) + kvb * iwa + af * ifa + lm * i_f
-                + sp * has_p + sd * has_d)
+    def full(p, m):
+        """All nine unknowns (scaled) from the ``m`` fitted: 1/W_reread = 1/W_attn and
+        path costs at their bound where not fitted."""
+        x = lo.copy()
+        x[np.flatnonzero(m)] = p
+        if not m[6]:
+            x[6] = x[4] * scale[4] / scale[6]
+        return x * scale
 
-    def resid(p):
-        return model(p) / y - 1.0
+    def model(x):
+        a0, c, iw, i_f, iwa, ifa, iwr, sp, sd = x
+        return (a0 + c * R + np.maximum(wb * iw, ft * i_f) + kvb * iwa + kvr * iwr + af * ifa
+                + lm * i_f + sp * has_p + sd * has_d)
 
-    starts = [np.array(x) for x in ([0.3, 0.05, 0.5, 0.2, 0.1, 0.1, 0.05, 0.05],
-                                    [0.1, 0.05, 0.2, 0.8, 0.1, 0.1, 0.1, 0.1],
-                                    [0.3, 0.05, 0.5, 0.5, 0.4, 0.4, 0.02, 0.02],
-                                    [0.05, 0.01, 0.9, 0.9, 0.02, 0.02, 0.2, 0.2])]
+    starts = [np.array(x) for x in ([0.3, 0.05, 0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05],
+                                    [0.1, 0.05, 0.2, 0.8, 0.1, 0.1, 0.05, 0.1, 0.1],
+                                    [0.3, 0.05, 0.5, 0.5, 0.4, 0.4, 0.2, 0.02, 0.02],
+                                    [0.05, 0.01, 0.9, 0.9, 0.02, 0.02, 0.01, 0.2, 0.2])]
 
-    def fit(m: int, starts, **tol):
-        """The lowest-cost fit of the first ``m`` unknowns over ``starts``."""
+    def fit(m, starts, **tol):
+        """The lowest-cost fit of the unknowns ``m`` (a mask) over ``starts``."""
         def res(p):
-            return resid(np.concatenate([p, lo[m:n]]))   # the rest at their bound
+            return model(full(p, m)) / y - 1.0
         best = None
         for start in starts:
-            x0 = np.maximum(start[:m], lo[:m] * 1.01)
-            r = least_squares(res, x0, bounds=(lo[:m], np.inf), method="trf", x_scale="jac",
+            x0 = np.maximum(start[m], lo[m] * 1.01)
+            r = least_squares(res, x0, bounds=(lo[m], np.inf), method="trf", x_scale="jac",
                               **tol)
             if best is None or r.cost < best.cost:
                 best = r
         return best
 
-    best = fit(6, starts, max_nfev=2000)
-    if n == 8:
+    base = free.copy()
+    base[6:] = False
+    best, m = fit(base, starts, max_nfev=2000), base
+    if free[6:].any():
         # The path costs trade off against a0 along a shallow valley (tight tolerances),
         # and the max() of the dense term's kink traps every start above it at one point
         # worse than the fit without them (synthetic data: 15 of 16 fits). The model holds
-        # that fit (path costs at 0): start there too, and never keep a worse one.
-        with_paths = fit(8, starts + [np.concatenate([best.x, lo[6:] * 1.01])],
-                         ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=5000)
-        if with_paths.cost <= best.cost:
-            best = with_paths
-    x = np.concatenate([best.x, lo[len(best.x):n], np.zeros(8 - n)])
-    a0, c, iw, i_f, iwa, ifa, sp, sd = x * scale
+        # that fit (re-reads priced as reads, path costs at 0): start there too, and never
+        # keep a worse one.
+        held = full(best.x, base) / scale
+        held[7:] = lo[7:] * 1.01
+        more = fit(free, starts + [held], ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=5000)
+        if more.cost <= best.cost:
+            best, m = more, free
+    a0, c, iw, i_f, iwa, ifa, iwr, sp, sd = full(best.x, m)
     coef = {"a0_s": float(a0), "per_request_s": float(c), "w_eff_bytes_per_s": float(1 / iw),
             "f_eff_flops_per_s": float(1 / i_f), "w_attn_bytes_per_s": float(1 / iwa),
             "f_attn_flops_per_s": float(1 / ifa)}
     if paths:
         coef.update(prefill_step_s=float(sp), decode_step_s=float(sd))
+    if reread:
+        coef["w_reread_bytes_per_s"] = float(1 / iwr)
     return coef
 
 
@@ -367,8 +389,7 @@ def refit_profile(profile) -> FitResult:
         raise InputError(f"profile {profile.name}: no measurements CSV recorded")
     df = read_measurements(profile.path.parent / rel)
     k = RooflineConstants.of(profile.model_shape, profile.dtype, profile.tensor_parallel)
-    has_paths = any(c in profile.cost.coefficients
-                    for c in OPTIONAL_COEFFICIENTS["roofline"])
+    has_paths = any(c in profile.cost.coefficients for c in PATH_COEFFICIENTS)
     return fit_measurements(df, k, (profile.device.peak_flops,
                                     profile.device.memory_bandwidth), paths=has_paths)
 

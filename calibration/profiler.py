@@ -50,7 +50,11 @@ from simulator.policy.kv_cache import cdiv
 
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
                "num_decodes", "decode_context_tokens", "num_sampled", "tokens", "requests",
-               "prefill_tokens", "decodes", "context_tokens", "attn_pairs", "sampled")
+               "prefill_tokens", "decodes", "context_tokens", "attn_pairs", "sampled",
+               "reread_tokens")
+#: Columns an older measurements CSV may lack, read as 0: it was measured before they were
+#: counted (its steps re-read no context: no grid cell then shared a prefix).
+OPTIONAL_COLUMNS = ("reread_tokens",)
 # Header keys that must agree before a CSV is resumed: rows measured with another thread
 # count or torch build ran at another speed and would be fitted as one machine.
 IDENTITY_KEYS = ("model", "shape", "dtype", "device", "block_size", "threads", "torch")
@@ -114,19 +118,24 @@ def disturbed(wait_ns: int | None, duration_ns: int) -> bool:
 @dataclass(frozen=True)
 class Cell:
     """One grid point. ``kind`` is ``prefill``, ``decode`` or ``mixed``; ``B`` decodes at
-    context ``L`` tokens; one chunk of ``n`` tokens after ``c`` cached ones (0 = none)."""
+    mean context ``L`` tokens, whose first ``s`` tokens are one prefix they share through
+    the prefix cache (0 = none; decode cells only); one chunk of ``n`` tokens after ``c``
+    cached ones (0 = none)."""
 
     kind: str
     B: int = 0
     L: int = 0
     n: int = 0
     c: int = 0
+    s: int = 0
 
     @property
     def key(self) -> str:
-        """Stable id used in the CSV, e.g. ``mixed B=8 L=256 n=64 c=0``."""
+        """Stable id used in the CSV, e.g. ``mixed B=8 L=256 n=64 c=0``, ``decode B=8
+        L=256 s=128`` (``s`` only when > 0)."""
         parts = {"prefill": (("n", self.n), ("c", self.c)),
-                 "decode": (("B", self.B), ("L", self.L)),
+                 "decode": (("B", self.B), ("L", self.L)) + ((("s", self.s),) if self.s
+                                                              else ()),
                  "mixed": (("B", self.B), ("L", self.L), ("n", self.n), ("c", self.c))}
         return self.kind + " " + " ".join(f"{k}={v}" for k, v in parts[self.kind])
 
@@ -151,6 +160,10 @@ class Grid:
             contexts are rounded up to block multiples, as only full blocks are cached).
         decode_batches, decode_contexts: batch sizes ``B`` × context lengths ``L``.
         mixed_batches, mixed_contexts, mixed_chunks: ``B`` × ``L`` × ``(n, c)`` pairs.
+        shared_decodes: ``(B, L, s)`` decode cells whose requests share an ``s``-token
+            prefix (rounded up to whole blocks): each step re-reads ``(B − 1) · s``
+            context tokens, which fits the re-read rate
+            (:data:`simulator.cost_model.OPTIONAL_COEFFICIENTS`).
         repeats: visits per cell (passes over the grid).
         decode_steps_per_visit: consecutive decode steps measured per visit of a decode cell.
     """
@@ -162,6 +175,7 @@ class Grid:
     mixed_batches: tuple = (4,)
     mixed_contexts: tuple = (256,)
     mixed_chunks: tuple = ((64, 0),)
+    shared_decodes: tuple = ()
     repeats: int = 3
     decode_steps_per_visit: int = 2
 
@@ -177,11 +191,12 @@ class Grid:
                 if rc(c) + n < max_model_len and rc(c) + n <= kv_tokens:
                     out.append(Cell("prefill", n=n, c=rc(c)))
         head = self.decode_headroom(len(self.mixed_chunks))
-        for L in self.decode_contexts:
-            for B in self.decode_batches:
-                if max(decode_lengths(B, L)) + head <= max_model_len \
-                        and B * (L + head + bs) <= kv_tokens:
-                    out.append(Cell("decode", B=B, L=L))
+        shapes = [(B, L, 0) for L in self.decode_contexts for B in self.decode_batches]
+        shapes += [(B, L, rc(s)) for B, L, s in self.shared_decodes if rc(s) < L]
+        for B, L, s in shapes:
+            if max(decode_lengths(B, L, s)) + head <= max_model_len \
+                    and B * (L + head + bs) <= kv_tokens:
+                out.append(Cell("decode", B=B, L=L, s=s))
         for L in self.mixed_contexts:
             for B in self.mixed_batches:
                 for n, c in self.mixed_chunks:
@@ -205,7 +220,8 @@ class Grid:
     def max_batch(self) -> int:
         """The largest decode batch ``B`` (sequences) of the decode and mixed lists, at
         least 1; taken over the lists, feasible cells or not."""
-        return max((*self.decode_batches, *self.mixed_batches, 1))
+        return max((*self.decode_batches, *self.mixed_batches,
+                    *(B for B, _, _ in self.shared_decodes), 1))
 
     def max_chunk(self) -> int:
         """The largest prefill chunk ``n`` (tokens) of the prefill and mixed lists, at
@@ -218,33 +234,39 @@ def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
 
     CPU grids are sized for a ~50M-parameter model on two cores (full run ≲ 10 min,
     ``--quick`` ≲ 3 min); GPU grids for an 8B model on one GPU (batches to 256, contexts to
-    8k, chunks to 8192 = vLLM's default ``max_num_batched_tokens``). Contexts above
-    ``max_model_len`` are dropped.
+    8k, chunks to 8192 = vLLM's default ``max_num_batched_tokens``). Shared-prefix decode
+    cells share a system-prompt-sized prefix (128 tokens) or half the context. Contexts
+    above ``max_model_len`` are dropped.
     """
     fit = lambda xs: tuple(x for x in xs if x < max_model_len)  # noqa: E731
+    shared = lambda xs: tuple(x for x in xs if x[1] < max_model_len)  # noqa: E731
     if device == "cpu":
         if quick:  # the full grid's shapes, thinned: every batch size, fewer contexts
             return Grid(prefill_chunks=(16, 64, 256, 768), prefill_contexts=fit((0, 1024)),
                         decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 512)),
                         mixed_batches=(2, 8), mixed_contexts=fit((256,)),
-                        mixed_chunks=((32, 0), (256, 256)), repeats=3,
+                        mixed_chunks=((32, 0), (256, 256)),
+                        shared_decodes=shared(((8, 256, 128), (24, 512, 128))), repeats=3,
                         decode_steps_per_visit=2)
         return Grid(prefill_chunks=(16, 64, 256, 768), prefill_contexts=fit((0, 256, 1024)),
                     decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 256, 1024)),
                     mixed_batches=(2, 8, 24), mixed_contexts=fit((128, 512)),
-                    mixed_chunks=((32, 0), (128, 256), (512, 0)), repeats=4,
-                    decode_steps_per_visit=2)
+                    mixed_chunks=((32, 0), (128, 256), (512, 0)),
+                    shared_decodes=shared(((8, 256, 128), (24, 512, 128), (24, 1024, 512))),
+                    repeats=4, decode_steps_per_visit=2)
     if quick:
         return Grid(prefill_chunks=(64, 512, 2048, 8192), prefill_contexts=fit((0, 2048)),
                     decode_batches=(1, 16, 64, 256), decode_contexts=fit((256, 2048)),
                     mixed_batches=(16, 64), mixed_contexts=fit((1024,)),
-                    mixed_chunks=((256, 0), (2048, 1024)), repeats=3,
+                    mixed_chunks=((256, 0), (2048, 1024)),
+                    shared_decodes=shared(((64, 1024, 512),)), repeats=3,
                     decode_steps_per_visit=3)
     return Grid(prefill_chunks=(16, 128, 512, 2048, 8192),
                 prefill_contexts=fit((0, 1024, 4096)),
                 decode_batches=(1, 4, 16, 64, 128, 256), decode_contexts=fit((128, 1024, 4096)),
                 mixed_batches=(8, 64), mixed_contexts=fit((512, 2048)),
-                mixed_chunks=((128, 0), (1024, 1024), (4096, 0)), repeats=4,
+                mixed_chunks=((128, 0), (1024, 1024), (4096, 0)),
+                shared_decodes=shared(((64, 1024, 512), (256, 2048, 1024))), repeats=4,
                 decode_steps_per_visit=3)
 
 
@@ -278,7 +300,7 @@ def record_features(rec) -> dict:
             "num_decodes": nd, "decode_context_tokens": dctx, "num_sampled": rec.num_sampled,
             "tokens": pt + nd, "requests": nd + len(rec.prefills), "prefill_tokens": pt,
             "decodes": nd, "context_tokens": ctx + dctx, "attn_pairs": pairs + dctx,
-            "sampled": rec.num_sampled}
+            "sampled": rec.num_sampled, "reread_tokens": rec.reread_tokens}
 
 
 # == CSV store ================================================================================
@@ -320,6 +342,9 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
         raise
     except (ValueError, pd.errors.ParserError) as e:
         raise InputError(f"{name}: not a measurements CSV: {str(e).splitlines()[0]}") from None
+    for c in OPTIONAL_COLUMNS:
+        if c not in df.columns:
+            df[c] = 0
     missing = [c for c in CSV_COLUMNS if c not in df.columns]
     if missing:
         lines = _data_lines(path, name)
@@ -382,7 +407,7 @@ def _check_own_cells(path: Path, df, name: Path) -> None:
     for i, (key, kind, prefills, decodes) in enumerate(zip(
             df["cell"], df["kind"], df["prefills"], df["num_decodes"])):
         cell = cells[key]
-        if cell is None or min(cell.B, cell.L, cell.n, cell.c) < 0:
+        if cell is None or min(cell.B, cell.L, cell.n, cell.c, cell.s) < 0:
             what = (f"cell is {key!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
                     f"L=256', 'mixed B=8 L=256 n=64 c=0')")
         elif cell.kind != kind:
@@ -408,7 +433,8 @@ def _shape_of(cell: Cell) -> tuple[str, int]:
 _TEXT_COLUMNS = ("cell", "kind", "prefills")
 #: Columns that count (passes, steps' requests and tokens): whole numbers.
 _COUNT_COLUMNS = ("pass", "num_decodes", "decode_context_tokens", "num_sampled", "tokens",
-                  "requests", "prefill_tokens", "decodes", "context_tokens", "sampled")
+                  "requests", "prefill_tokens", "decodes", "context_tokens", "sampled",
+                  "reread_tokens")
 #: The ``prefills`` column: ``n@c`` per chunk (:func:`record_features`), or empty.
 _PREFILLS = r"(?:[0-9]+@[0-9]+(?:;[0-9]+@[0-9]+)*)?"
 #: A grid cell's kinds (:class:`Cell`).
@@ -481,6 +507,11 @@ def check_resumable(path: Path, identity: dict) -> bool:
         raise InputError(f"{path}: measured with engine = {old['engine']!r}, this run on "
                          f"servesim's engine: use another --out")
     _repair_tail(path)
+    lines = _data_lines(path)
+    if lines and next(csv.reader([lines[0][1]])) != list(CSV_COLUMNS):
+        # (an older servesim's file lacks OPTIONAL_COLUMNS: new rows would not fit it)
+        raise InputError(f"{path}:{lines[0][0]}: its columns are not this servesim's "
+                         f"({', '.join(CSV_COLUMNS)}): use another --out")
     return True
 
 
@@ -569,13 +600,14 @@ def _no_forward(engine):
 CONTEXT_SPREAD = 8.0
 
 
-def decode_lengths(B: int, L: int) -> list[int]:
-    """Context lengths of a ``decode B=B L=L`` cell: ``B`` values spaced geometrically over
-    a factor :data:`CONTEXT_SPREAD`, scaled to mean ``L`` (``[L]`` for ``B = 1``)."""
+def decode_lengths(B: int, L: int, s: int = 0) -> list[int]:
+    """Context lengths of a ``decode B=B L=L s=s`` cell: the shared ``s`` tokens, then ``B``
+    values spaced geometrically over a factor :data:`CONTEXT_SPREAD`, scaled to mean
+    ``L − s`` (``[L]`` for ``B = 1``)."""
     if B == 1:
         return [L]
     g = CONTEXT_SPREAD ** (np.arange(B) / (B - 1))
-    return [max(1, int(round(x))) for x in L * g / g.mean()]
+    return [s + max(1, int(round(x))) for x in (L - s) * g / g.mean()]
 
 
 class _Driver:
@@ -624,12 +656,15 @@ class _Driver:
             rid = self.add(self.prefix(c), 1)
             self.until_first_tokens([rid])
 
-    def start_decodes(self, B: int, L: int) -> list:
-        """``B`` requests with fresh prompts (:func:`decode_lengths`) prefilled without a
-        forward, decoding until stopped (or ``max_model_len``)."""
-        lens = decode_lengths(B, L)
+    def start_decodes(self, B: int, L: int, s: int = 0) -> list:
+        """``B`` requests with fresh prompts (:func:`decode_lengths`) after the shared
+        ``s``-token prefix (a whole number of blocks: the later ones hit the first one's
+        blocks), prefilled without a forward, decoding until stopped (or
+        ``max_model_len``)."""
+        lens = decode_lengths(B, L, s)
         with _no_forward(self.engine):
-            rids = [self.add(self.tokens(n), self.engine.max_model_len - n) for n in lens]
+            rids = [self.add(self.prefix(s) + self.tokens(n - s), self.engine.max_model_len - n)
+                    for n in lens]
             self.until_first_tokens(rids)
         return rids
 
@@ -685,10 +720,10 @@ class GridRun:
 
 
 def _groups(cells: Iterable[Cell]):
-    """Visit order: prefill cells by context; decode and mixed cells by (B, L)."""
+    """Visit order: prefill cells by context; decode and mixed cells by (B, L, s)."""
     groups: dict = {}
     for cell in cells:
-        key = ("p", cell.c) if cell.kind == "prefill" else ("d", cell.B, cell.L)
+        key = ("p", cell.c) if cell.kind == "prefill" else ("d", cell.B, cell.L, cell.s)
         groups.setdefault(key, []).append(cell)
     return list(groups.items())
 
@@ -799,8 +834,7 @@ def measure_grid(engine, grid: Grid, log: MeasurementLog, *, seed: int = 0,
                     for cell in needs:
                         measure(cell, p, lambda: d.chunk_step(cell.n, cell.c))
                     continue
-                B, L = key[1], key[2]
-                rids = d.start_decodes(B, L)
+                rids = d.start_decodes(*key[1:])
                 d.step()  # the first full decode step after set-up is not measured
                 for cell in needs:
                     if cell.kind == "decode":

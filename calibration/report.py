@@ -2,9 +2,9 @@
 
 Panels: (1) measured vs predicted step time, grid cells (mean ± spread of repeats, coloured
 by kind) and replay steps, on log axes with the y = x line and ±20 % band; (2) decode step
-time vs batch size at each measured context length, measured means against the fitted
-model and the device roofline ``max(weights / bandwidth, FLOPs / peak)`` from the measured
-ceilings (the floor no engine beats); (3) relative residuals of every grid repeat and
+time vs batch size at each measured context length (cells without a shared prefix),
+measured means against the fitted model and the device roofline ``max(weights / bandwidth,
+FLOPs / peak)`` from the measured ceilings (the floor no engine beats); (3) relative residuals of every grid repeat and
 replay step. The page adds the error table, the coefficients and the per-cell table, as
 report blocks rendered by :func:`simulator.report.render_html` (the run report's renderer).
 """
@@ -55,11 +55,12 @@ def _figure(profile, result, df, replay_df, k, peaks):
     ax.legend(fontsize=7)
 
     ax = axes[1]
-    dec = cells[cells["kind"] == "decode"]
+    # decode cells without a shared prefix (those re-read some context: panel 1 shows them)
+    dec = cells[(cells["kind"] == "decode") & (cells["reread_tokens"] == 0)]
     flops, bw = peaks
     if len(dec):
         dec = dec.assign(B=dec["decodes"].round().astype(int),
-                         L=[int(c.split("L=")[1]) for c in dec.index])
+                         L=[int(c.split("L=")[1].split()[0]) for c in dec.index])
         cmap = plt.get_cmap("viridis")
         Ls = sorted(dec["L"].unique())
         for i, L in enumerate(Ls):

@@ -185,7 +185,7 @@ def probe_cells(profile) -> list | None:
         best = None
         for key, mean_ns in means.items():
             cell = Cell.from_key(key)
-            if cell is None or cell.kind != kind:
+            if cell is None or cell.kind != kind or cell.s:   # (no shared-prefix cell)
                 continue
             a, b = (cell.B, cell.L) if kind == "decode" else (cell.n, cell.c)
             d = abs(math.log1p(a) - math.log1p(a0)) + abs(math.log1p(b) - math.log1p(b0))

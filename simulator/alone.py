@@ -32,7 +32,8 @@ def step_plan(prefill=None, num_decodes=0, decode_context=0):
     chunks = [SimpleNamespace(num_new_tokens=n, num_computed_before=c, samples_token=s)
               for n, c, s in ([prefill] if prefill else [])]
     return SimpleNamespace(prefills=chunks, num_decodes=num_decodes,
-                           decode_context_tokens=num_decodes * decode_context)
+                           decode_context_tokens=num_decodes * decode_context,
+                           reread_tokens=0)   # alone: no other request shares its blocks
 
 
 class AloneLatency:

@@ -109,15 +109,23 @@ COEFFICIENTS = {
 #: beats a DRAM copy; ``calibration.fit`` bounds its rates so); a term pinned there is
 #: negligible in the measured range.
 MAX_EFFICIENCY = 4.0
-#: Coefficients a form may add (0 when absent). ``prefill_step_s`` / ``decode_step_s``: the
+#: Coefficients a form may add. ``prefill_step_s`` / ``decode_step_s`` (0 when absent): the
 #: fixed seconds of a step that holds any prefill chunk / any decode, on top of ``a0_s``
 #: (each kind runs its own attention path: prefill chunks through causal attention over
 #: their own tokens, decodes through paged single-query attention, as vLLM's CPU backend and
 #: FlashInfer split them, and Vidur prices them as separate operators). A mixed step pays
 #: both; fitted only from grids with mixed cells, where the three are told apart.
-OPTIONAL_COEFFICIENTS = {"roofline": ("prefill_step_s", "decode_step_s")}
+#:
+#: ``w_reread_bytes_per_s``: the rate at which a step reads KV bytes another of its requests
+#: also reads (:attr:`simulator.policy.StepPlan.reread_tokens`: a shared prefix), which the
+#: first reader has brought into cache; ``w_attn_bytes_per_s`` when absent (every read
+#: priced alike). Fitted only from grids with shared-prefix decode cells.
+OPTIONAL_COEFFICIENTS = {"roofline": ("prefill_step_s", "decode_step_s",
+                                      "w_reread_bytes_per_s")}
+#: The path costs of :data:`OPTIONAL_COEFFICIENTS` (seconds, 0 when absent).
+PATH_COEFFICIENTS = ("prefill_step_s", "decode_step_s")
 _RATE_KEYS = ("w_eff_bytes_per_s", "f_eff_flops_per_s", "w_attn_bytes_per_s",
-              "f_attn_flops_per_s")
+              "f_attn_flops_per_s", "w_reread_bytes_per_s")
 
 
 # == profile schema ========================================================================
@@ -633,6 +641,8 @@ class StepFeatures:
         context_tokens: KV tokens attended: decode contexts + (c+n) per chunk.
         attn_pairs: causal query-key pairs: decode contexts + n·(c+(n+1)/2) per chunk.
         sampled: requests that sample a token (the LM head runs once for each).
+        reread_tokens: of ``context_tokens``, those another request of the step also
+            reads (:attr:`simulator.policy.StepPlan.reread_tokens`).
     """
 
     tokens: int
@@ -642,6 +652,7 @@ class StepFeatures:
     context_tokens: int
     attn_pairs: float
     sampled: int
+    reread_tokens: int = 0
 
 
 def _prefill_sums(prefills) -> tuple:
@@ -660,11 +671,11 @@ def _prefill_sums(prefills) -> tuple:
 
 def step_features(plan) -> StepFeatures:
     """:class:`StepFeatures` of a StepPlan (or any object with ``prefills``,
-    ``num_decodes`` and ``decode_context_tokens``)."""
+    ``num_decodes``, ``decode_context_tokens`` and ``reread_tokens``)."""
     pt, ctx, pairs, sampled = _prefill_sums(plan.prefills)
     nd, dctx = plan.num_decodes, plan.decode_context_tokens
     return StepFeatures(pt + nd, nd + len(plan.prefills), pt, nd, ctx + dctx, pairs + dctx,
-                        sampled + nd)
+                        sampled + nd, plan.reread_tokens)
 
 
 @dataclass(frozen=True)
@@ -716,20 +727,26 @@ class RooflineConstants:
 
 
 def roofline_seconds(coef: dict, k: RooflineConstants, tokens, requests, context_tokens,
-                     attn_pairs, sampled, prefill_tokens, decodes):
+                     attn_pairs, sampled, prefill_tokens, decodes, reread_tokens=0):
     """The roofline step time in seconds; features may be numpy arrays (for fitting).
 
+    KV reads: ``kv_bytes_per_token · ((context − reread) / w_attn + reread / w_reread)``.
+
     Args:
-        coef: roofline coefficients (:data:`COEFFICIENTS` ``["roofline"]``, and the
-            :data:`OPTIONAL_COEFFICIENTS` path costs, 0 when absent).
+        coef: roofline coefficients (:data:`COEFFICIENTS` ``["roofline"]``, and those of
+            :data:`OPTIONAL_COEFFICIENTS`: path costs 0 and ``w_reread_bytes_per_s`` =
+            ``w_attn_bytes_per_s`` when absent).
         k: :class:`RooflineConstants`. Other args: :class:`StepFeatures` fields.
     """
     dense = np.maximum(k.weight_bytes / coef["w_eff_bytes_per_s"],
                        k.dense_flops_per_token * np.asarray(tokens) / coef["f_eff_flops_per_s"])
+    w_attn = coef["w_attn_bytes_per_s"]
+    reread = np.asarray(reread_tokens)
     t = (coef["a0_s"] + coef["per_request_s"] * np.asarray(requests) + dense
          + coef.get("prefill_step_s", 0.0) * (np.asarray(prefill_tokens) > 0)
          + coef.get("decode_step_s", 0.0) * (np.asarray(decodes) > 0)
-         + k.kv_bytes_per_token * np.asarray(context_tokens) / coef["w_attn_bytes_per_s"]
+         + k.kv_bytes_per_token * (np.asarray(context_tokens) - reread) / w_attn
+         + k.kv_bytes_per_token * reread / coef.get("w_reread_bytes_per_s", w_attn)
          + k.attn_flops_per_pair * np.asarray(attn_pairs) / coef["f_attn_flops_per_s"]
          + k.lm_head_flops_per_sample * np.asarray(sampled) / coef["f_eff_flops_per_s"])
     if k.allreduce_fixed_s or k.allreduce_s_per_token:
@@ -764,6 +781,9 @@ def _seconds_fn(form: str, coef: dict, k: RooflineConstants | None):
     t_weights = k.weight_bytes / coef["w_eff_bytes_per_s"]
     s_tok = k.dense_flops_per_token / coef["f_eff_flops_per_s"]
     s_ctx = k.kv_bytes_per_token / coef["w_attn_bytes_per_s"]
+    # a re-read token's price less a first read's (0 without a fitted re-read rate)
+    s_again = (k.kv_bytes_per_token / coef.get("w_reread_bytes_per_s",
+                                               coef["w_attn_bytes_per_s"]) - s_ctx)
     s_pair = k.attn_flops_per_pair / coef["f_attn_flops_per_s"]
     s_samp = k.lm_head_flops_per_sample / coef["f_eff_flops_per_s"]
     ar0, ar_tok = k.allreduce_fixed_s, k.allreduce_s_per_token
@@ -777,8 +797,8 @@ def _seconds_fn(form: str, coef: dict, k: RooflineConstants | None):
             dense = t_weights
         return (a0 + per_req * (nd + len(plan.prefills)) + dense
                 + (pre_s if plan.prefills else 0.0) + (dec_s if nd else 0.0)
-                + s_ctx * (ctx + dctx) + s_pair * (pairs + dctx) + s_samp * (sampled + nd)
-                + ar0 + ar_tok * tokens)
+                + s_ctx * (ctx + dctx) + s_again * plan.reread_tokens
+                + s_pair * (pairs + dctx) + s_samp * (sampled + nd) + ar0 + ar_tok * tokens)
     return roofline
 
 
@@ -1029,7 +1049,8 @@ def project_profile(shape: ModelShape, dtype: str, gpu: HardwareSpec, tp: int = 
     if source is not None:
         a0 = source.cost.coefficients["a0_s"]
         per_req = source.cost.coefficients["per_request_s"]
-        paths = {k: source.cost.coefficients[k] for k in OPTIONAL_COEFFICIENTS["roofline"]
+        # (a re-read rate is the source GPU's cache, not carried: every read priced alike)
+        paths = {k: source.cost.coefficients[k] for k in PATH_COEFFICIENTS
                  if k in source.cost.coefficients}
     cap = kv_capacity(shape, dtype, gpu, tp, block_size, gpu_memory_utilization,
                       max_num_batched_tokens, max_num_seqs, max_model_len)
@@ -1522,7 +1543,7 @@ __all__ = [
     "DEFAULT_PER_REQUEST_S", "DEFAULT_STEP_OVERHEAD_S", "DeviceInfo", "Efficiencies",
     "ErrorInfo", "ErrorStats", "IdleInfo", "KVCapacity", "KVInfo", "MAX_EFFICIENCY",
     "ModelInfo", "NON_TORCH_BYTES", "NON_TORCH_TP_BYTES", "NoiseInfo", "OPTIONAL_COEFFICIENTS",
-    "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
+    "PATH_COEFFICIENTS", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
     "hidden_profiles", "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",

@@ -109,7 +109,7 @@ class Replica:
         account = self._account
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
-        quiet_step, steady = sched.quiet_step, sched._steady
+        quiet_step, steady, reread = sched.quiet_step, sched._steady, sched.reread_tokens
         quiet = StepPlan(0, steady)   # the plan of every quiet decode step
         wake_ns = getattr(cost, "wake_ns", None)
         while True:
@@ -136,6 +136,7 @@ class Replica:
                     # cluster: no finish, no admission, no hash).
                     nd = quiet.num_decodes = quiet.num_scheduled_tokens = len(steady)
                     quiet.decode_context_tokens = ctx
+                    quiet.reread_tokens = reread()
                     usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
                     waiting = len(waiting_q)
                     t1 = t0 + step_time_ns(quiet) + extra
@@ -196,7 +197,7 @@ class Replica:
         waiting_q, pool, index = sched.waiting, self._pool, self.index
         usable = None if pool.unlimited else pool.num_gpu_blocks - 1
         has_work = sched.has_unfinished_requests
-        quiet_step = sched.quiet_step
+        quiet_step, reread = sched.quiet_step, sched.reread_tokens
         quiet = StepPlan(0, sched._steady)   # the plan of every quiet decode step
         wake_ns = getattr(cost, "wake_ns", None)
         k, n = 0, len(arrivals_ns)
@@ -207,6 +208,7 @@ class Replica:
                 # All running requests decode, nothing else changes (Scheduler.quiet_step).
                 nd = quiet.num_decodes = quiet.num_scheduled_tokens = len(sched._steady)
                 quiet.decode_context_tokens = ctx
+                quiet.reread_tokens = reread()
                 usage = 0.0 if usable is None else 1.0 - pool._num_free / usable
                 waiting = len(waiting_q)
                 t1 = t0 + step_time_ns(quiet) + extra

@@ -869,7 +869,7 @@ def test_replay_table_says_how_long_the_engine_waited_before_each_step():
     def rec(start, running, waiting=0):
         return SimpleNamespace(step=start, start_ns=start, duration_ns=10, execute_ns=8,
                                prefills=[("r", 4, 0)], num_decodes=0,
-                               decode_context_tokens=0, num_sampled=1,
+                               decode_context_tokens=0, num_sampled=1, reread_tokens=0,
                                num_running=running, num_waiting=waiting)
     table = _steps_table([rec(100, 1), rec(112, 0, 1), rec(130, 0), rec(500, 0)])
     assert table["idle_ns"].tolist() == [100, 0, 0, 500 - 140]

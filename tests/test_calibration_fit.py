@@ -19,20 +19,21 @@ TRUE = {"a0_s": 2e-3, "per_request_s": 1e-4, "w_eff_bytes_per_s": 1e10,
         "f_eff_flops_per_s": 5e10, "w_attn_bytes_per_s": 4e9, "f_attn_flops_per_s": 2e10}
 
 
-def synthetic_steps(coef, noise=0.0, seed=0, repeats=3, mixed=True):
-    """A measurements table over prefill, decode and (``mixed``) mixed cells priced by the
-    roofline."""
+def synthetic_steps(coef, noise=0.0, seed=0, repeats=3, mixed=True, shared=False):
+    """A measurements table over prefill, decode, (``mixed``) mixed and (``shared``)
+    shared-prefix decode cells priced by the roofline."""
     rng = np.random.default_rng(seed)
     rows = []
 
-    def add(cell, kind, chunks, B, L):
+    def add(cell, kind, chunks, B, L, s=0):
         pt = sum(n for n, _ in chunks)
         ctx = sum(c + n for n, c in chunks) + B * L
         pairs = sum(n * (c + (n + 1) / 2) for n, c in chunks) + B * L
         f = dict(tokens=pt + B, requests=len(chunks) + B, prefill_tokens=pt, decodes=B,
-                 context_tokens=ctx, attn_pairs=pairs, sampled=len(chunks) + B)
+                 context_tokens=ctx, attn_pairs=pairs, sampled=len(chunks) + B,
+                 reread_tokens=(B - 1) * s)   # the B decodes read the s shared tokens
         t = float(roofline_seconds(coef, K, f["tokens"], f["requests"], ctx, pairs,
-                                   f["sampled"], pt, B))
+                                   f["sampled"], pt, B, f["reread_tokens"]))
         for _ in range(repeats):
             rows.append({"cell": cell, "kind": kind,
                          "duration_ns": t * (1 + noise * rng.standard_normal()) * 1e9, **f})
@@ -45,6 +46,8 @@ def synthetic_steps(coef, noise=0.0, seed=0, repeats=3, mixed=True):
             add(f"decode B={B} L={L}", "decode", [], B, L)
     for B, L, n, c in ((4, 256, 64, 0), (8, 1024, 256, 512)) if mixed else ():
         add(f"mixed B={B} L={L} n={n} c={c}", "mixed", [(n, c)], B, L)
+    for B, L, s in ((8, 256, 128), (24, 512, 128), (24, 2048, 1024)) if shared else ():
+        add(f"decode B={B} L={L} s={s}", "decode", [], B, L, s)
     return pd.DataFrame(rows)
 
 
@@ -71,6 +74,24 @@ def test_roofline_fit_recovers_the_attention_paths_fixed_costs():
     cells = cell_means(synthetic_steps(TRUE, mixed=False))
     got = fit_roofline(cells, cells["seconds"], K, peak_flops=1e11, peak_bandwidth=2e10)
     assert set(got) == set(TRUE)
+
+
+def test_roofline_fit_recovers_the_reread_rate_from_shared_prefix_cells():
+    # re-read KV bytes at 3x a first read's rate; the shared-prefix decode cells (each step
+    # re-reads (B - 1) * s tokens) tell it apart from w_attn
+    true = {**TRUE, "w_reread_bytes_per_s": 1.2e10}
+    cells = cell_means(synthetic_steps(true, mixed=False, shared=True))
+    got = fit_roofline(cells, cells["seconds"], K, peak_flops=1e11, peak_bandwidth=2e10)
+    assert set(got) == set(true)
+    for name, want in true.items():
+        assert got[name] == pytest.approx(want, rel=2e-3), name
+    # re-reads priced as first reads: the same cells fit w_attn there too
+    cells = cell_means(synthetic_steps(TRUE, mixed=False, shared=True))
+    got = fit_roofline(cells, cells["seconds"], K, peak_flops=1e11, peak_bandwidth=2e10)
+    assert got["w_reread_bytes_per_s"] == pytest.approx(TRUE["w_attn_bytes_per_s"], rel=2e-3)
+    # no cell re-reads: no rate to fit, none given (the cost model prices re-reads as reads)
+    cells = cell_means(synthetic_steps(true, mixed=False))
+    assert "w_reread_bytes_per_s" not in fit_roofline(cells, cells["seconds"], K, 1e11, 2e10)
 
 
 def test_path_costs_are_kept_only_where_they_predict_held_out_cells_better():
@@ -245,17 +266,19 @@ def _cpu_grid_cells(coef):
     rows = []
     for cell in grid.cells(16, 4096, 1 << 40):
         chunks = [(cell.n, cell.c)] if cell.kind in ("prefill", "mixed") else []
-        lengths = decode_lengths(cell.B, cell.L) if cell.kind in ("decode", "mixed") else []
+        lengths = (decode_lengths(cell.B, cell.L, cell.s) if cell.kind in ("decode", "mixed")
+                   else [])
         for s in range(grid.rows_per_visit(cell)):
             dl = [x + s for x in lengths]
             pt = sum(n for n, _ in chunks)
             f = dict(tokens=pt + len(dl), requests=len(dl) + len(chunks), prefill_tokens=pt,
                      decodes=len(dl), context_tokens=sum(n + c for n, c in chunks) + sum(dl),
                      attn_pairs=sum(n * (c + (n + 1) / 2) for n, c in chunks) + sum(dl),
-                     sampled=len(dl) + len(chunks))
+                     sampled=len(dl) + len(chunks),
+                     reread_tokens=max(0, len(dl) - 1) * cell.s)
             t = float(roofline_seconds(coef, k, f["tokens"], f["requests"],
                                        f["context_tokens"], f["attn_pairs"], f["sampled"],
-                                       pt, len(dl)))
+                                       pt, len(dl), f["reread_tokens"]))
             rows.append({"cell": cell.key, "kind": cell.kind, "duration_ns": t * 1e9, **f})
     return cell_means(pd.DataFrame(rows)), k
 

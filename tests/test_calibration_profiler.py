@@ -15,7 +15,8 @@ from simulator.errors import InputError
 
 GRID = Grid(prefill_chunks=(16, 48), prefill_contexts=(0, 32), decode_batches=(1, 3),
             decode_contexts=(20, 64), mixed_batches=(2,), mixed_contexts=(40,),
-            mixed_chunks=((16, 0), (24, 32)), repeats=2, decode_steps_per_visit=2)
+            mixed_chunks=((16, 0), (24, 32)), shared_decodes=((3, 64, 20),), repeats=2,
+            decode_steps_per_visit=2)
 
 
 @pytest.fixture(autouse=True)
@@ -48,9 +49,14 @@ def test_grid_cells_and_keys():
     assert keys[:4] == ["prefill n=16 c=0", "prefill n=48 c=0", "prefill n=16 c=32",
                         "prefill n=48 c=32"]
     assert "decode B=3 L=64" in keys and "mixed B=2 L=40 n=24 c=32" in keys
-    assert len(cells) == 4 + 4 + 2
-    # 4 prefill + 2 mixed cells, one row per visit; 4 decode cells, two rows per visit
-    assert total == 2 * (6 + 4 * 2)
+    # the shared prefix rounds up to whole blocks (only full blocks are shared)
+    assert "decode B=3 L=64 s=32" in keys
+    assert len(cells) == 4 + 5 + 2
+    # 4 prefill + 2 mixed cells, one row per visit; 5 decode cells, two rows per visit
+    assert total == 2 * (6 + 5 * 2)
+    assert Cell.from_key("decode B=3 L=64 s=32") == Cell("decode", B=3, L=64, s=32)
+    assert Cell.from_key("decode B=3 L=64 s=0") is None   # written without s
+    assert Cell.from_key("prefill n=16 c=0 s=32") is None   # s: decode cells only
     # contexts round up to whole blocks (only full blocks are prefix-cached)
     assert Grid(prefill_contexts=(20,), prefill_chunks=(8,)).cells(16, 256, 10 ** 6)[0].c == 32
     # a cell that does not fit the KV cache is dropped
@@ -73,11 +79,15 @@ def test_every_row_has_its_cells_step_shape(tmp_path):
             # prompts of mean L spread over a factor 8 (sum B·L up to rounding), each
             # decode attending its prompt plus the tokens generated so far (a few, and one
             # more per step retried as disturbed on a busy machine)
-            lens = decode_lengths(c.B, c.L)
+            lens = decode_lengths(c.B, c.L, c.s)
             assert abs(sum(lens) - c.B * c.L) <= c.B
-            assert max(lens) / min(lens) == pytest.approx(8, rel=0.1) or c.B == 1
+            # the spread is of the tokens after the shared prefix
+            spread = [n - c.s for n in lens]
+            assert max(spread) / min(spread) == pytest.approx(8, rel=0.1) or c.B == 1
             assert (sum(lens) + c.B <= r["context_tokens"]
                     <= sum(lens) + (12 + run.retried) * c.B)
+            # all B decodes read the s shared tokens: B - 1 of them read them again
+            assert r["reread_tokens"] == (c.B - 1) * c.s
         else:
             assert r["prefills"] == f"{c.n}@{c.c}"
             assert r["prefill_tokens"] == c.n and r["sampled"] == c.B + 1
@@ -127,7 +137,7 @@ def test_interrupted_run_resumes_and_skips_measured_points(tmp_path):
 ONE_ROW = {"cell": "decode B=1 L=20", "kind": "decode", "pass": 0, "duration_ns": 5,
            "execute_ns": 4, "prefills": "", "num_decodes": 1, "decode_context_tokens": 21,
            "num_sampled": 1, "tokens": 1, "requests": 1, "prefill_tokens": 0, "decodes": 1,
-           "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1}
+           "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1, "reread_tokens": 0}
 
 
 def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
@@ -143,8 +153,27 @@ def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
     assert len(read_measurements(path)) == 1
 
 
+def test_an_older_csv_without_reread_counts_reads_as_none_and_is_not_resumed(tmp_path):
+    # measured before re-reads were counted: no grid cell then shared a prefix
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, HEADER)
+    log.append(ONE_ROW)
+    log.close()
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].removesuffix(",reread_tokens")
+    lines[2] = lines[2].removesuffix(",0")
+    path.write_text("\n".join(lines) + "\n")
+    df = read_measurements(path)
+    assert df["reread_tokens"].tolist() == [0] and df["context_tokens"].tolist() == [21]
+    # new rows would not fit its column line
+    with pytest.raises(InputError) as e:
+        MeasurementLog(path, HEADER)
+    assert str(e.value).startswith(f"{path}:2: its columns are not this servesim's (cell, ")
+    assert str(e.value).endswith("reread_tokens): use another --out")
+
+
 # ONE_ROW as the CSV holds it
-ROW_TEXT = "decode B=1 L=20,decode,0,5,4,,1,21,1,1,1,0,1,21,21.0,1"
+ROW_TEXT = "decode B=1 L=20,decode,0,5,4,,1,21,1,1,1,0,1,21,21.0,1,0"
 
 
 def csv_with_row(tmp_path, row):
@@ -160,7 +189,7 @@ def csv_with_row(tmp_path, row):
 
 
 @pytest.mark.parametrize("row,column,value,want", [
-    ("garbage,,,,,,,,,,,,,,,", "pass", "''", "a whole number >= 0"),
+    ("garbage,,,,,,,,,,,,,,,,", "pass", "''", "a whole number >= 0"),
     (ROW_TEXT.replace(",5,", ",fast,", 1), "duration_ns", "'fast'", "a step time > 0"),
     (ROW_TEXT.replace(",5,", ",-5,", 1), "duration_ns", "-5", "a step time > 0"),
     # refused when read: they would break the fit's least squares ("Residuals are not finite")
@@ -338,13 +367,13 @@ def test_another_engines_cells_are_not_grid_cells(tmp_path):
     assert list(read_measurements(path)["kind"]) == ["mixed"]
 
 
-@pytest.mark.parametrize("row, fields", [("garbage,,,", 4), (ROW_TEXT + ",7", 17)])
+@pytest.mark.parametrize("row, fields", [("garbage,,,", 4), (ROW_TEXT + ",7", 18)])
 def test_a_row_of_another_width_is_named_by_its_line(tmp_path, row, fields):
     # a short row is named as short, not by its first empty column ("pass is ''")
     path = csv_with_row(tmp_path, row)
     with pytest.raises(InputError) as e:
         read_measurements(path)
-    assert str(e.value) == (f"{path}:5: {fields} fields where the column line has 16: not a "
+    assert str(e.value) == (f"{path}:5: {fields} fields where the column line has 17: not a "
                             f"measurements row (delete the row to measure it again)")
 
 
@@ -379,7 +408,7 @@ def test_csv_of_another_model_is_refused(tmp_path):
 
 def test_record_features_hand_computed():
     rec = SimpleNamespace(prefills=[("a", 10, 32), ("b", 4, 0)], num_decodes=3,
-                          decode_context_tokens=300, num_sampled=4)
+                          decode_context_tokens=300, num_sampled=4, reread_tokens=32)
     f = record_features(rec)
     assert f["prefills"] == "10@32;4@0"
     assert (f["tokens"], f["requests"], f["prefill_tokens"], f["decodes"]) == (17, 5, 14, 3)
@@ -387,12 +416,16 @@ def test_record_features_hand_computed():
     # causal pairs: 10·(32 + 11/2) + 4·(0 + 5/2) + decode contexts
     assert f["attn_pairs"] == pytest.approx(375 + 10 + 300)
     assert f["sampled"] == 4
+    assert f["reread_tokens"] == 32   # as the engine counted it
 
 
 def test_decode_lengths_hand_computed():
     # B = 3: 8^0, 8^0.5, 8^1 = 1, 2.828, 8 (mean 3.943), scaled to mean 100
     assert decode_lengths(3, 100) == [25, 72, 203]
     assert decode_lengths(1, 100) == [100]
+    # a 40-token shared prefix, then the spread over the other 60 of the mean:
+    # 60 / 3.943 · (1, 2.828, 8) = 15.2, 43.0, 121.7
+    assert decode_lengths(3, 100, 40) == [55, 83, 162]
 
 
 def test_cell_key_names_its_shape():

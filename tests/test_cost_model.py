@@ -44,9 +44,10 @@ def chunk(n, c, samples):
     return SimpleNamespace(num_new_tokens=n, num_computed_before=c, samples_token=samples)
 
 
-def plan(prefills=(), num_decodes=0, decode_context_tokens=0):
+def plan(prefills=(), num_decodes=0, decode_context_tokens=0, reread_tokens=0):
     return SimpleNamespace(prefills=list(prefills), num_decodes=num_decodes,
-                           decode_context_tokens=decode_context_tokens)
+                           decode_context_tokens=decode_context_tokens,
+                           reread_tokens=reread_tokens)
 
 
 def make_profile(**kw) -> Profile:
@@ -184,17 +185,33 @@ def test_roofline_attention_path_costs_by_hand():
         assert paths(p) - base(p) == pytest.approx(extra, rel=1e-9)
 
 
+def test_roofline_reread_rate_by_hand():
+    # Re-read KV bytes at w_reread_bytes_per_s instead of w_attn_bytes_per_s: 7 decodes at
+    # 300 context tokens, 96 of them read again (a shared prefix), at 4e7 B/s instead of
+    # 1e7: 96 · 256 B · (1/4e7 − 1/1e7) s/B = −1.8432 ms. Without the rate a re-read is
+    # priced as a first read.
+    k = RooflineConstants.of(load_model("llama-test"), "bfloat16")
+    base = cmod._seconds_fn("roofline", COEF, k)
+    again = cmod._seconds_fn("roofline", {**COEF, "w_reread_bytes_per_s": 4e7}, k)
+    p, q = plan((), 7, 300, 96), plan((), 7, 300)
+    assert again(p) - base(p) == pytest.approx(96 * KV_PER_TOKEN * (1 / 4e7 - 1 / 1e7),
+                                               rel=1e-9)
+    assert again(p) - base(p) == pytest.approx(-1.8432e-3, rel=1e-9)
+    assert base(p) == base(q) and again(q) == base(q)
+
+
 def test_vectorised_roofline_matches_per_step():
     k = RooflineConstants.of(load_model("llama-test"), "bfloat16")
     fn = cmod._seconds_fn("roofline", COEF, k)
-    plans = [plan([chunk(10, 6, True)], 3, 40), plan((), 7, 300), plan([chunk(64, 0, False)]),
-             plan([chunk(1, 99, True), chunk(30, 2, True)], 1, 5)]
+    plans = [plan([chunk(10, 6, True)], 3, 40, 16), plan((), 7, 300, 96),
+             plan([chunk(64, 0, False)]), plan([chunk(1, 99, True), chunk(30, 2, True)], 1, 5)]
     f = [step_features(p) for p in plans]
-    for coef in (COEF, {**COEF, "prefill_step_s": 2e-3, "decode_step_s": 5e-4}):
+    for coef in (COEF, {**COEF, "prefill_step_s": 2e-3, "decode_step_s": 5e-4},
+                 {**COEF, "w_reread_bytes_per_s": 3e7}):
         fn = cmod._seconds_fn("roofline", coef, k)
         vec = roofline_seconds(coef, k, *(np.array([getattr(x, a) for x in f]) for a in (
             "tokens", "requests", "context_tokens", "attn_pairs", "sampled",
-            "prefill_tokens", "decodes")))
+            "prefill_tokens", "decodes", "reread_tokens")))
         assert np.allclose(vec, [fn(p) for p in plans], rtol=1e-12)
 
 
@@ -811,8 +828,7 @@ def test_a_borrowed_efficiency_past_the_spec_sheet_is_capped_and_said(tmp_path, 
         "term was too small to fit); the projection borrows it capped at 1")
     # a batch-1 decode is no faster than its weights read at the full bandwidth
     weights = cm.profile.model_shape.weight_bytes("bfloat16")
-    step = cm.step_time_ns(SimpleNamespace(prefills=[], num_decodes=1,
-                                           decode_context_tokens=1000)) / 1e9
+    step = cm.step_time_ns(plan((), 1, 1000)) / 1e9
     assert step > weights / 2.039e12
 
 
@@ -1075,18 +1091,20 @@ def test_attention_path_costs_load_and_carry_to_projections(tmp_path, monkeypatc
     device = {"name": "a100-80gb", "kind": "gpu", "peak_flops": 312e12,
               "memory_bandwidth": 2.0e12, "memory_bytes": 81920 * 2**20}
     paths = {"prefill_step_s": 2e-3, "decode_step_s": 5e-4}
-    p = make_profile(device=device, cost={"form": "roofline",
-                                          "coefficients": {**COEF, **paths}},
-                     engine="vllm 0.32.0")
+    p = make_profile(device=device, cost={"form": "roofline", "coefficients": {
+        **COEF, **paths, "w_reread_bytes_per_s": 3e7}}, engine="vllm 0.32.0")
     assert load_profile(save_profile(p, tmp_path / "local" / "a.yaml")).cost.coefficients \
-        == {**COEF, **paths}
+        == {**COEF, **paths, "w_reread_bytes_per_s": 3e7}
     cm = build_cost_model(scenario(model="llama-3.1-8b", hardware={"profile": "h100-sxm"}))
     assert {k: cm.profile.cost.coefficients[k] for k in paths} == paths
+    # a re-read rate is the measured GPU's cache: not carried (re-reads priced as reads)
+    assert "w_reread_bytes_per_s" not in cm.profile.cost.coefficients
     bad = tmp_path / "bad.yaml"
     save_profile(p, bad).write_text(bad.read_text().replace("prefill_step_s", "mixed_s"))
     with pytest.raises(InputError, match=r"cost\.coefficients: roofline needs exactly the "
                                          r"coefficients a0_s, .*, f_attn_flops_per_s \(and may "
-                                         r"add prefill_step_s, decode_step_s\); unknown "
+                                         r"add prefill_step_s, decode_step_s, w_reread_bytes_per_s\); "
+                                         r"unknown "
                                          r"mixed_s$"):
         load_profile(bad)
 

@@ -7,7 +7,7 @@ finishes at every step.
 """
 
 import math
-from collections import deque
+from collections import Counter, deque
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -137,6 +137,18 @@ def scenarios(draw):
     return cfg, sorted(reqs)
 
 
+def reread_tokens(plan, bs):
+    """Context tokens a step reads again, counted from the block tables: the blocks each
+    scheduled request attends to (a decode its context, a chunk its cached prefix and
+    itself), ``bs`` tokens for each reader of a block after its first."""
+    reads = Counter()
+    for r in plan.decodes:
+        reads.update(r.block_ids[:cdiv(r.num_computed_tokens, bs)])
+    for e in plan.prefills:   # (a request preempted later in the step holds no blocks)
+        reads.update(e.request.block_ids[:cdiv(e.num_computed_before + e.num_new_tokens, bs)])
+    return bs * sum(k - 1 for k in reads.values())
+
+
 def _rows_lazy(plan):
     return sorted((e.request_id, e.num_new_tokens, e.num_computed_before, e.samples_token)
                   for e in plan.scheduled())
@@ -187,6 +199,7 @@ def test_lazy_scheduler_matches_naive_reference_and_keeps_invariants(case):
                 assert e.num_cached_tokens < e.request.num_tokens
         ctx = sum(r.num_computed_tokens for r in plan.decodes)
         assert plan.decode_context_tokens == ctx
+        assert plan.reread_tokens == reread_tokens(plan, bs)
         fin = [r.request_id for r in lazy.update(plan)]
         assert sorted(fin) == sorted(naive.update(sched))
         lazy.check_invariants()
@@ -298,15 +311,16 @@ def test_quiet_steps_equal_scheduled_steps(case):
                 break
             ctx = s.quiet_step() if use_quiet else None
             if ctx is not None:
-                log.append((len(s._steady), ctx, [], [], [], s.kv.pool.num_free_blocks))
+                log.append((len(s._steady), ctx, s.reread_tokens(), [], [], [],
+                            s.kv.pool.num_free_blocks))
             else:
                 plan = s.schedule()
                 prefills = sorted((e.request_id, e.num_new_tokens, e.num_computed_before)
                                   for e in plan.prefills)
                 pre = [p.request_id for p in plan.preempted]
                 fin = sorted(f.request_id for f in s.update(plan))
-                log.append((plan.num_decodes, plan.decode_context_tokens, prefills, pre, fin,
-                            s.kv.pool.num_free_blocks))
+                log.append((plan.num_decodes, plan.decode_context_tokens, plan.reread_tokens,
+                            prefills, pre, fin, s.kv.pool.num_free_blocks))
             s.check_invariants()
         runs.append((log, s.stats, s._clock.sched_tick, s._clock.update_tick))
     assert runs[0] == runs[1]

@@ -485,30 +485,22 @@ def test_scatter_reorders_the_free_queue_and_keeps_every_block_and_hash():
         BlockPool(None).scatter()
 
 
-def test_shared_prefix_benchmark_counts_the_blocks_an_earlier_request_reread():
-    """benchmarks/shared_prefix_reads.py's ``reread_tokens``: context tokens in blocks an
-    earlier request of the same step reads. Blocks of 4. A ('a' 8 + 'x' 4) is prefilled in
-    step 1; B ('a' 8 + 'y' 4) and C ('c' 12) arrive for step 2, where A decodes and B hits
-    A's two 'a' blocks (8 tokens; its chunk's cached prefix), C hits nothing; from step 3
-    all three decode and B's context still holds those 8 tokens: 8 every step, 0 in step
-    1 (A alone)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "shared_prefix_reads.py"
-    spec = importlib.util.spec_from_file_location("shared_prefix_reads", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_a_step_counts_the_context_its_requests_read_again():
+    """``StepPlan.reread_tokens``: for each block k >= 2 of the step's requests attend to,
+    k - 1 blocks of tokens. Blocks of 4. A ('a' 8 + 'x' 4) is prefilled in step 1; B ('a' 8
+    + 'y' 4) and C ('c' 12) arrive for step 2, where A decodes and B hits A's two 'a'
+    blocks (8 tokens; its chunk's cached prefix), C hits nothing; from step 3 all three
+    decode and B's context still holds those 8 tokens: 8 every step, 0 in step 1 (A
+    alone). After A finishes (step 4, its 4th token), B alone holds them: 0."""
     s = make(max_model_len=32)
     s.add_request(req("A", [("a", 8), ("x", 4)], max_tokens=4))
     got = []
-    for k in range(4):
+    for k in range(5):
         if k == 1:
-            s.add_request(req("B", [("a", 8), ("y", 4)], max_tokens=3))
-            s.add_request(req("C", [("c", 12)], max_tokens=3))
+            s.add_request(req("B", [("a", 8), ("y", 4)], max_tokens=5))
+            s.add_request(req("C", [("c", 12)], max_tokens=5))
         plan = s.schedule()
-        got.append((sorted(e.request_id for e in plan.scheduled()),
-                    bench.reread_tokens(plan, 4)))
+        got.append((sorted(e.request_id for e in plan.scheduled()), plan.reread_tokens))
         s.update(plan)
     assert got == [(["A"], 0), (["A", "B", "C"], 8), (["A", "B", "C"], 8),
-                   (["A", "B", "C"], 8)]
+                   (["A", "B", "C"], 8), (["B", "C"], 0)]

@@ -19,7 +19,8 @@ from simulator.errors import InputError
 
 def _step(prefills, nd, dctx=0, sampled=0, dur=1000):
     return SimpleNamespace(prefills=prefills, num_decodes=nd, decode_context_tokens=dctx,
-                           num_sampled=sampled, duration_ns=dur, execute_ns=dur // 2)
+                           num_sampled=sampled, duration_ns=dur, execute_ns=dur // 2,
+                           reread_tokens=0)
 
 
 # -- grid ---------------------------------------------------------------------------------

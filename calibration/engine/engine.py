@@ -132,6 +132,8 @@ class StepRecord:
         num_decodes, decode_context_tokens, num_sampled, num_scheduled_tokens: as
             :class:`simulator.policy.StepPlan`. preempted: ids preempted in this step.
         num_running, num_waiting, kv_cache_usage: scheduler state after the step.
+        reread_tokens: context tokens read again within the step, as
+            :attr:`simulator.policy.StepPlan.reread_tokens` (0 where not counted).
     """
 
     step: int
@@ -147,6 +149,7 @@ class StepRecord:
     num_running: int
     num_waiting: int
     kv_cache_usage: float
+    reread_tokens: int = 0
 
 
 @dataclass
@@ -543,7 +546,7 @@ class LLMEngine:
             out.record.finish_ns = t_out
         self.step_records.append(StepRecord(
             plan.step, t_start, t_end - t_start, t_done - t_exec, *summary,
-            sched.num_running, sched.num_waiting, sched.kv_cache_usage))
+            sched.num_running, sched.num_waiting, sched.kv_cache_usage, plan.reread_tokens))
         return outputs
 
     def _execute(self, entries) -> dict:

@@ -90,7 +90,7 @@ class BlockPool:
         self._stale: dict[int, int] = {}   # block -> stale entries of it in the queue
         self._num_stale = 0
         self._num_free = self._fresh_left
-        self._num_shared = 0                # blocks with ref_cnt >= 2
+        self._extra_refs = 0   # sum over blocks of ref_cnt - 1 where ref_cnt >= 2
         self.cached: dict[bytes, dict[int, None]] = {}
 
     @property
@@ -120,6 +120,13 @@ class BlockPool:
             return 0.0
         return 1.0 - self._num_free / (self.num_gpu_blocks - 1)
 
+    @property
+    def extra_refs(self) -> int:
+        """References beyond the first, over all blocks: sum of ``ref_cnt - 1`` over blocks
+        held by two or more requests (0 when no block is shared). O(1): kept as references
+        are taken and dropped."""
+        return self._extra_refs
+
     def get_cached_block(self, block_hash: bytes) -> int | None:
         """The first block registered under ``block_hash``, or ``None``."""
         blocks = self.cached.get(block_hash)
@@ -138,8 +145,8 @@ class BlockPool:
                     self._stale[b] = self._stale.get(b, 0) + 1
                     self._num_stale += 1
                     self._num_free -= 1
-            elif c == 1:
-                self._num_shared += 1
+            else:
+                self._extra_refs += 1
             ref[b] = c + 1
 
     def _fresh(self, n: int) -> list[int]:
@@ -312,7 +319,7 @@ class BlockPool:
         ref = self.ref_cnt
         if not isinstance(block_ids, list):
             block_ids = list(block_ids)
-        if not self._num_shared and not self.unlimited:
+        if not self._extra_refs and not self.unlimited:
             for b in block_ids:
                 ref[b] = 0
             self._queue.extend(block_ids)
@@ -328,8 +335,8 @@ class BlockPool:
                 if not (keep_cached and block_hash[b] is not None):
                     q.append(b)
                     self._num_free += 1
-            elif c == 1:
-                self._num_shared -= 1
+            else:
+                self._extra_refs -= 1
 
     def free_blocks_first(self, block_ids) -> None:
         """Drop one reference on each block; blocks reaching 0 join the queue *head*, the
@@ -341,8 +348,8 @@ class BlockPool:
             ref[b] = c
             if c == 0:
                 out.append(b)
-            elif c == 1:
-                self._num_shared -= 1
+            else:
+                self._extra_refs -= 1
         out.reverse()
         self._front.extend(out)
         self._num_free += len(out)

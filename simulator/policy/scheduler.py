@@ -185,10 +185,14 @@ class StepPlan:
         decode_new_blocks: blocks allocated to decodes in this step, by request.
         preempted: requests preempted in this step, in preemption order.
         num_scheduled_tokens: tokens computed in this step (decodes + prefill chunks).
+        reread_tokens: context tokens read again within the step: for each KV block that
+            k >= 2 of its requests attend to (a shared prefix: only full, prefix-cached
+            blocks are shared), (k - 1) x block_size. A step reads such a block once from
+            memory and again from cache (:meth:`Scheduler.reread_tokens`).
     """
 
     __slots__ = ("step", "prefills", "decodes", "num_decodes", "decode_context_tokens",
-                 "decode_new_blocks", "preempted", "num_scheduled_tokens")
+                 "decode_new_blocks", "preempted", "num_scheduled_tokens", "reread_tokens")
 
     def __init__(self, step: int, decodes):
         self.step = step
@@ -199,6 +203,7 @@ class StepPlan:
         self.decode_new_blocks: dict = {}
         self.preempted: list[Request] = []
         self.num_scheduled_tokens = 0
+        self.reread_tokens = 0
 
     @property
     def is_empty(self) -> bool:
@@ -377,7 +382,19 @@ class Scheduler:
         plan.num_decodes = n
         plan.decode_context_tokens = self._steady_offset_sum + n * tick
         plan.num_scheduled_tokens = max_tokens - self._budget
+        plan.reread_tokens = self.reread_tokens()
         return plan
+
+    def reread_tokens(self) -> int:
+        """Context tokens read again in a step of every running request
+        (:attr:`StepPlan.reread_tokens`): the pool's references beyond the first, in
+        tokens, O(1). A block's holders are the running requests (``ref_cnt``) and every
+        one of them is in every step, attending to the block: decodes always, and a
+        prefilling request gets a chunk in each step after its admission, as those ahead
+        of it take no more of the token budget than in the step that admitted it
+        (tests/test_policy_properties.py checks the count against the block tables).
+        The simulator's quiet decode steps (:meth:`quiet_step`) read it here."""
+        return self.kv.pool._extra_refs * self._block_size
 
     def quiet_step(self) -> int | None:
         """Take the next step whole, :meth:`schedule` and :meth:`update` in one, when it is
