@@ -209,11 +209,12 @@ class SpeedProbe:
     :func:`validate` probes before and after every timed run and reports the predictions
     both as they are and with every step cost scaled by the probe's factor.
 
-    Every probe runs on a fresh engine (the timed runs do too): an engine that has served
-    a while hands out KV blocks in the order its requests freed them, and on a CPU a decode
-    batch reading scattered blocks runs ~10% slower than one reading the consecutive blocks
-    of a fresh engine (``benchmarks/results/fidelity_runs.md``), which a reused probe engine
-    would read as the host slowing down.
+    Every probe runs on a fresh engine whose free blocks are scattered as the grid's were
+    (:func:`calibration.profiler.served_layout`): on a CPU a decode batch reading scattered
+    blocks runs up to ~10% slower than one reading consecutive blocks
+    (``benchmarks/results/kv_layout.md``), so a probe on a fresh pool would read the host as
+    faster than it is, and one engine reused for every probe, its queue reordered by each
+    probe's frees, as slowing down.
     """
 
     def __init__(self, model, config: dict, cells: list):
@@ -250,9 +251,10 @@ class SpeedProbe:
 
     def __call__(self) -> float:
         from calibration.engine import LLMEngine
-        from calibration.profiler import _Driver
+        from calibration.profiler import _Driver, served_layout
 
         self.engine = LLMEngine(self.model, self.config)
+        served_layout(self.engine)
         driver = _Driver(self.engine, seed=self.config.get("seed", 0) + 7)
         for cell, _ in self.cells:
             self._measure(driver, cell)

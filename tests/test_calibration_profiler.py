@@ -516,3 +516,22 @@ def test_measure_idle_extras_are_never_negative_nor_falling():
 
     got = measure_idle(step, (0.1, 0.2, 0.3), repeats=3, sleep=lambda g: None)
     assert got["extra_s"] == [0.0, 5e-9, 5e-9]
+
+
+def test_the_grid_is_measured_on_a_scattered_kv_pool(tmp_path):
+    """Served requests' block tables are scattered, and a CPU step reads scattered blocks
+    slower than consecutive ones, so the grid measures on a scattered pool: the blocks its
+    set-up requests are handed are seldom consecutive ids (a fresh pool hands out runs of
+    consecutive ids: 1, 2, 3, ...)."""
+    eng = engine()
+    pool = eng.scheduler.kv.pool
+    taken = []
+    allocate, allocate_one = pool.allocate, pool.allocate_one
+    pool.allocate = lambda n: taken.append(allocate(n)) or taken[-1]
+    pool.allocate_one = lambda: taken.append([allocate_one()]) or taken[-1][0]
+    log = MeasurementLog(tmp_path / "m.csv", HEADER)
+    measure_grid(eng, GRID, log, progress=False)
+    log.close()
+    pairs = [(a, b) for ids in taken for a, b in zip(ids, ids[1:])]
+    share = sum(b == a + 1 for a, b in pairs) / len(pairs)
+    assert len(pairs) > 40 and share < 0.2
