@@ -122,9 +122,9 @@ def disturbed(wait_ns: int | None, duration_ns: int) -> bool:
 @dataclass(frozen=True)
 class Cell:
     """One grid point. ``kind`` is ``prefill``, ``decode`` or ``mixed``; ``B`` decodes at
-    mean context ``L`` tokens, whose first ``s`` tokens are one prefix they share through
-    the prefix cache (0 = none; decode cells only); one chunk of ``n`` tokens after ``c``
-    cached ones (0 = none)."""
+    mean context ``L`` tokens, whose first ``s`` tokens are one of ``g`` prefixes they
+    share through the prefix cache, request ``i`` the prefix ``i mod g`` (``s`` = 0: none;
+    decode cells only); one chunk of ``n`` tokens after ``c`` cached ones (0 = none)."""
 
     kind: str
     B: int = 0
@@ -132,14 +132,15 @@ class Cell:
     n: int = 0
     c: int = 0
     s: int = 0
+    g: int = 1
 
     @property
     def key(self) -> str:
         """Stable id used in the CSV, e.g. ``mixed B=8 L=256 n=64 c=0``, ``decode B=8
-        L=256 s=128`` (``s`` only when > 0)."""
+        L=256 s=128 g=2`` (``s`` and ``g`` only when ``s`` > 0)."""
         parts = {"prefill": (("n", self.n), ("c", self.c)),
-                 "decode": (("B", self.B), ("L", self.L)) + ((("s", self.s),) if self.s
-                                                              else ()),
+                 "decode": (("B", self.B), ("L", self.L)) + ((("s", self.s), ("g", self.g))
+                                                              if self.s else ()),
                  "mixed": (("B", self.B), ("L", self.L), ("n", self.n), ("c", self.c))}
         return self.kind + " " + " ".join(f"{k}={v}" for k, v in parts[self.kind])
 
@@ -164,10 +165,12 @@ class Grid:
             contexts are rounded up to block multiples, as only full blocks are cached).
         decode_batches, decode_contexts: batch sizes ``B`` × context lengths ``L``.
         mixed_batches, mixed_contexts, mixed_chunks: ``B`` × ``L`` × ``(n, c)`` pairs.
-        shared_decodes: ``(B, L, s)`` decode cells whose requests share an ``s``-token
-            prefix (rounded up to whole blocks): each step re-reads ``(B − 1) · s``
-            context tokens, which fits the re-read rate
-            (:data:`simulator.cost_model.OPTIONAL_COEFFICIENTS`).
+        shared_decodes: ``(B, L, s, g)`` decode cells whose requests share ``g``
+            ``s``-token prefixes (rounded up to whole blocks), interleaved: each step
+            re-reads ``(B − g) · s`` context tokens, which fits the re-read rate
+            (:data:`simulator.cost_model.OPTIONAL_COEFFICIENTS`). Interleaved as served
+            batches hold several system prompts: between two reads of a block, the
+            other prefixes' and requests' KV pass through the caches.
         repeats: visits per cell (passes over the grid).
         decode_steps_per_visit: consecutive decode steps measured per visit of a decode cell.
     """
@@ -195,12 +198,12 @@ class Grid:
                 if rc(c) + n < max_model_len and rc(c) + n <= kv_tokens:
                     out.append(Cell("prefill", n=n, c=rc(c)))
         head = self.decode_headroom(len(self.mixed_chunks))
-        shapes = [(B, L, 0) for L in self.decode_contexts for B in self.decode_batches]
-        shapes += [(B, L, rc(s)) for B, L, s in self.shared_decodes if rc(s) < L]
-        for B, L, s in shapes:
+        shapes = [(B, L, 0, 1) for L in self.decode_contexts for B in self.decode_batches]
+        shapes += [(B, L, rc(s), g) for B, L, s, g in self.shared_decodes if rc(s) < L]
+        for B, L, s, g in shapes:
             if max(decode_lengths(B, L, s)) + head <= max_model_len \
                     and B * (L + head + bs) <= kv_tokens:
-                out.append(Cell("decode", B=B, L=L, s=s))
+                out.append(Cell("decode", B=B, L=L, s=s, g=g))
         for L in self.mixed_contexts:
             for B in self.mixed_batches:
                 for n, c in self.mixed_chunks:
@@ -225,7 +228,7 @@ class Grid:
         """The largest decode batch ``B`` (sequences) of the decode and mixed lists, at
         least 1; taken over the lists, feasible cells or not."""
         return max((*self.decode_batches, *self.mixed_batches,
-                    *(B for B, _, _ in self.shared_decodes), 1))
+                    *(B for B, *_ in self.shared_decodes), 1))
 
     def max_chunk(self) -> int:
         """The largest prefill chunk ``n`` (tokens) of the prefill and mixed lists, at
@@ -239,8 +242,8 @@ def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
     CPU grids are sized for a ~50M-parameter model on two cores (full run ≲ 10 min,
     ``--quick`` ≲ 3 min); GPU grids for an 8B model on one GPU (batches to 256, contexts to
     8k, chunks to 8192 = vLLM's default ``max_num_batched_tokens``). Shared-prefix decode
-    cells share a system-prompt-sized prefix (128 tokens) or half the context. Contexts
-    above ``max_model_len`` are dropped.
+    cells share 2 or 4 system-prompt-sized prefixes (128 tokens) or prefixes of half the
+    context. Contexts above ``max_model_len`` are dropped.
     """
     fit = lambda xs: tuple(x for x in xs if x < max_model_len)  # noqa: E731
     shared = lambda xs: tuple(x for x in xs if x[1] < max_model_len)  # noqa: E731
@@ -250,27 +253,29 @@ def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
                         decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 512)),
                         mixed_batches=(2, 8), mixed_contexts=fit((256,)),
                         mixed_chunks=((32, 0), (256, 256)),
-                        shared_decodes=shared(((8, 256, 128), (24, 512, 128))), repeats=3,
+                        shared_decodes=shared(((8, 256, 128, 2), (24, 512, 128, 4))),
+                        repeats=3,
                         decode_steps_per_visit=2)
         return Grid(prefill_chunks=(16, 64, 256, 768), prefill_contexts=fit((0, 256, 1024)),
                     decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 256, 1024)),
                     mixed_batches=(2, 8, 24), mixed_contexts=fit((128, 512)),
                     mixed_chunks=((32, 0), (128, 256), (512, 0)),
-                    shared_decodes=shared(((8, 256, 128), (24, 512, 128), (24, 1024, 512))),
+                    shared_decodes=shared(((8, 256, 128, 2), (24, 512, 128, 4),
+                                           (24, 1024, 512, 4))),
                     repeats=4, decode_steps_per_visit=2)
     if quick:
         return Grid(prefill_chunks=(64, 512, 2048, 8192), prefill_contexts=fit((0, 2048)),
                     decode_batches=(1, 16, 64, 256), decode_contexts=fit((256, 2048)),
                     mixed_batches=(16, 64), mixed_contexts=fit((1024,)),
                     mixed_chunks=((256, 0), (2048, 1024)),
-                    shared_decodes=shared(((64, 1024, 512),)), repeats=3,
+                    shared_decodes=shared(((64, 1024, 512, 4),)), repeats=3,
                     decode_steps_per_visit=3)
     return Grid(prefill_chunks=(16, 128, 512, 2048, 8192),
                 prefill_contexts=fit((0, 1024, 4096)),
                 decode_batches=(1, 4, 16, 64, 128, 256), decode_contexts=fit((128, 1024, 4096)),
                 mixed_batches=(8, 64), mixed_contexts=fit((512, 2048)),
                 mixed_chunks=((128, 0), (1024, 1024), (4096, 0)),
-                shared_decodes=shared(((64, 1024, 512), (256, 2048, 1024))), repeats=4,
+                shared_decodes=shared(((64, 1024, 512, 4), (256, 2048, 1024, 4))), repeats=4,
                 decode_steps_per_visit=3)
 
 
@@ -411,7 +416,7 @@ def _check_own_cells(path: Path, df, name: Path) -> None:
     for i, (key, kind, prefills, decodes) in enumerate(zip(
             df["cell"], df["kind"], df["prefills"], df["num_decodes"])):
         cell = cells[key]
-        if cell is None or min(cell.B, cell.L, cell.n, cell.c, cell.s) < 0:
+        if cell is None or min(cell.B, cell.L, cell.n, cell.c, cell.s, cell.g - 1) < 0:
             what = (f"cell is {key!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
                     f"L=256', 'mixed B=8 L=256 n=64 c=0')")
         elif cell.kind != kind:
@@ -623,7 +628,7 @@ class _Driver:
         self.engine = engine
         self.vocab = engine.model_config.vocab_size
         self.rng = np.random.default_rng(seed)
-        self._prefix: dict[int, list[int]] = {}
+        self._prefix: dict[tuple, list[int]] = {}
         self._params = SamplingParams
         self._ids = 0
         self.last_wait_ns: int | None = None
@@ -631,11 +636,12 @@ class _Driver:
     def tokens(self, n: int) -> list[int]:
         return self.rng.integers(0, self.vocab, n).tolist()
 
-    def prefix(self, c: int) -> list[int]:
-        """The fixed ``c``-token prefix whose KV the prefix cache holds for chunk cells."""
-        if c not in self._prefix:
-            self._prefix[c] = self.tokens(c)
-        return self._prefix[c]
+    def prefix(self, c: int, i: int = 0) -> list[int]:
+        """The fixed ``c``-token prefix number ``i`` whose KV the prefix cache holds for
+        chunk cells (``i`` = 0) and shared-prefix decode cells."""
+        if (c, i) not in self._prefix:
+            self._prefix[c, i] = self.tokens(c)
+        return self._prefix[c, i]
 
     def add(self, prompt: list[int], max_tokens: int):
         self._ids += 1
@@ -660,15 +666,15 @@ class _Driver:
             rid = self.add(self.prefix(c), 1)
             self.until_first_tokens([rid])
 
-    def start_decodes(self, B: int, L: int, s: int = 0) -> list:
-        """``B`` requests with fresh prompts (:func:`decode_lengths`) after the shared
-        ``s``-token prefix (a whole number of blocks: the later ones hit the first one's
-        blocks), prefilled without a forward, decoding until stopped (or
+    def start_decodes(self, B: int, L: int, s: int = 0, g: int = 1) -> list:
+        """``B`` requests with fresh prompts (:func:`decode_lengths`) after ``s``-token
+        prefixes, request ``i`` the prefix ``i mod g`` (whole blocks: later requests hit
+        the first one's blocks), prefilled without a forward, decoding until stopped (or
         ``max_model_len``)."""
         lens = decode_lengths(B, L, s)
         with _no_forward(self.engine):
-            rids = [self.add(self.prefix(s) + self.tokens(n - s), self.engine.max_model_len - n)
-                    for n in lens]
+            rids = [self.add(self.prefix(s, i % g) + self.tokens(n - s),
+                             self.engine.max_model_len - n) for i, n in enumerate(lens)]
             self.until_first_tokens(rids)
         return rids
 
@@ -724,10 +730,10 @@ class GridRun:
 
 
 def _groups(cells: Iterable[Cell]):
-    """Visit order: prefill cells by context; decode and mixed cells by (B, L, s)."""
+    """Visit order: prefill cells by context; decode and mixed cells by (B, L, s, g)."""
     groups: dict = {}
     for cell in cells:
-        key = ("p", cell.c) if cell.kind == "prefill" else ("d", cell.B, cell.L, cell.s)
+        key = ("p", cell.c) if cell.kind == "prefill" else ("d", cell.B, cell.L, cell.s, cell.g)
         groups.setdefault(key, []).append(cell)
     return list(groups.items())
 

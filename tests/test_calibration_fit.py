@@ -25,13 +25,13 @@ def synthetic_steps(coef, noise=0.0, seed=0, repeats=3, mixed=True, shared=False
     rng = np.random.default_rng(seed)
     rows = []
 
-    def add(cell, kind, chunks, B, L, s=0):
+    def add(cell, kind, chunks, B, L, s=0, g=1):
         pt = sum(n for n, _ in chunks)
         ctx = sum(c + n for n, c in chunks) + B * L
         pairs = sum(n * (c + (n + 1) / 2) for n, c in chunks) + B * L
         f = dict(tokens=pt + B, requests=len(chunks) + B, prefill_tokens=pt, decodes=B,
                  context_tokens=ctx, attn_pairs=pairs, sampled=len(chunks) + B,
-                 reread_tokens=(B - 1) * s)   # the B decodes read the s shared tokens
+                 reread_tokens=(B - g) * s)   # B decodes read g prefixes of s tokens
         t = float(roofline_seconds(coef, K, f["tokens"], f["requests"], ctx, pairs,
                                    f["sampled"], pt, B, f["reread_tokens"]))
         for _ in range(repeats):
@@ -46,8 +46,9 @@ def synthetic_steps(coef, noise=0.0, seed=0, repeats=3, mixed=True, shared=False
             add(f"decode B={B} L={L}", "decode", [], B, L)
     for B, L, n, c in ((4, 256, 64, 0), (8, 1024, 256, 512)) if mixed else ():
         add(f"mixed B={B} L={L} n={n} c={c}", "mixed", [(n, c)], B, L)
-    for B, L, s in ((8, 256, 128), (24, 512, 128), (24, 2048, 1024)) if shared else ():
-        add(f"decode B={B} L={L} s={s}", "decode", [], B, L, s)
+    for B, L, s, g in ((8, 256, 128, 2), (24, 512, 128, 4), (24, 2048, 1024, 4)) if shared \
+            else ():
+        add(f"decode B={B} L={L} s={s} g={g}", "decode", [], B, L, s, g)
     return pd.DataFrame(rows)
 
 
@@ -78,7 +79,7 @@ def test_roofline_fit_recovers_the_attention_paths_fixed_costs():
 
 def test_roofline_fit_recovers_the_reread_rate_from_shared_prefix_cells():
     # re-read KV bytes at 3x a first read's rate; the shared-prefix decode cells (each step
-    # re-reads (B - 1) * s tokens) tell it apart from w_attn
+    # re-reads (B - g) * s tokens) tell it apart from w_attn
     true = {**TRUE, "w_reread_bytes_per_s": 1.2e10}
     cells = cell_means(synthetic_steps(true, mixed=False, shared=True))
     got = fit_roofline(cells, cells["seconds"], K, peak_flops=1e11, peak_bandwidth=2e10)
@@ -275,7 +276,7 @@ def _cpu_grid_cells(coef):
                      decodes=len(dl), context_tokens=sum(n + c for n, c in chunks) + sum(dl),
                      attn_pairs=sum(n * (c + (n + 1) / 2) for n, c in chunks) + sum(dl),
                      sampled=len(dl) + len(chunks),
-                     reread_tokens=max(0, len(dl) - 1) * cell.s)
+                     reread_tokens=(len(dl) - cell.g) * cell.s)
             t = float(roofline_seconds(coef, k, f["tokens"], f["requests"],
                                        f["context_tokens"], f["attn_pairs"], f["sampled"],
                                        pt, len(dl), f["reread_tokens"]))

@@ -15,7 +15,7 @@ from simulator.errors import InputError
 
 GRID = Grid(prefill_chunks=(16, 48), prefill_contexts=(0, 32), decode_batches=(1, 3),
             decode_contexts=(20, 64), mixed_batches=(2,), mixed_contexts=(40,),
-            mixed_chunks=((16, 0), (24, 32)), shared_decodes=((3, 64, 20),), repeats=2,
+            mixed_chunks=((16, 0), (24, 32)), shared_decodes=((3, 64, 20, 2),), repeats=2,
             decode_steps_per_visit=2)
 
 
@@ -49,13 +49,14 @@ def test_grid_cells_and_keys():
     assert keys[:4] == ["prefill n=16 c=0", "prefill n=48 c=0", "prefill n=16 c=32",
                         "prefill n=48 c=32"]
     assert "decode B=3 L=64" in keys and "mixed B=2 L=40 n=24 c=32" in keys
-    # the shared prefix rounds up to whole blocks (only full blocks are shared)
-    assert "decode B=3 L=64 s=32" in keys
+    # the shared prefixes round up to whole blocks (only full blocks are shared)
+    assert "decode B=3 L=64 s=32 g=2" in keys
     assert len(cells) == 4 + 5 + 2
     # 4 prefill + 2 mixed cells, one row per visit; 5 decode cells, two rows per visit
     assert total == 2 * (6 + 5 * 2)
-    assert Cell.from_key("decode B=3 L=64 s=32") == Cell("decode", B=3, L=64, s=32)
+    assert Cell.from_key("decode B=3 L=64 s=32 g=2") == Cell("decode", B=3, L=64, s=32, g=2)
     assert Cell.from_key("decode B=3 L=64 s=0") is None   # written without s
+    assert Cell.from_key("decode B=3 L=64 s=32") is None   # with s, g is written
     assert Cell.from_key("prefill n=16 c=0 s=32") is None   # s: decode cells only
     # contexts round up to whole blocks (only full blocks are prefix-cached)
     assert Grid(prefill_contexts=(20,), prefill_chunks=(8,)).cells(16, 256, 10 ** 6)[0].c == 32
@@ -86,8 +87,10 @@ def test_every_row_has_its_cells_step_shape(tmp_path):
             assert max(spread) / min(spread) == pytest.approx(8, rel=0.1) or c.B == 1
             assert (sum(lens) + c.B <= r["context_tokens"]
                     <= sum(lens) + (12 + run.retried) * c.B)
-            # all B decodes read the s shared tokens: B - 1 of them read them again
-            assert r["reread_tokens"] == (c.B - 1) * c.s
+            # the B decodes read g prefixes of s tokens: B - g of them read one again
+            # (decode B=3 s=32 g=2: requests 0 and 2 share prefix 0, 1 has prefix 1)
+            assert r["reread_tokens"] == (c.B - c.g) * c.s
+            assert c.s == 0 or r["reread_tokens"] == 32
         else:
             assert r["prefills"] == f"{c.n}@{c.c}"
             assert r["prefill_tokens"] == c.n and r["sampled"] == c.B + 1
