@@ -33,6 +33,10 @@ MIN_CELLS = 4
 HELDOUT_FOLDS = 5
 #: The candidate name of the roofline fitted with its path costs (:func:`fit_measurements`).
 WITH_PATHS = "roofline + path costs"
+#: What the candidate name of the kept roofline adds with its re-read rate
+#: (:func:`fit_measurements`): ``roofline + re-read rate``, ``roofline + path costs +
+#: re-read rate``.
+WITH_REREAD = " + re-read rate"
 # Grid passes whose speeds (pass_speeds) differ by more than this: the host was not steady.
 PASS_SPREAD_WARN = 0.10
 MAX_RESIDUALS = 4000
@@ -130,7 +134,8 @@ def fit_linear(X, y) -> dict:
 
 
 def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
-                 peak_bandwidth: float | None = None, paths: bool = True) -> dict:
+                 peak_bandwidth: float | None = None, paths: bool = True,
+                 reread: bool = True) -> dict:
     """Roofline coefficients minimising the relative residuals.
 
     Unknowns ``a0, c, 1/W_eff, 1/F_eff, 1/W_attn, 1/F_attn`` are each scaled to the share
@@ -144,8 +149,9 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
     * with ``paths`` and mixed cells (a prefill chunk beside decodes) among ``X``, the path
       costs ``prefill_step_s`` and ``decode_step_s``: only there does a step hold both, so
       that they and ``a0`` are told apart;
-    * with cells that re-read context (``reread_tokens`` > 0: decodes sharing a cached
-      prefix), ``w_reread_bytes_per_s``; elsewhere it equals ``w_attn_bytes_per_s``.
+    * with ``reread`` and cells that re-read context (``reread_tokens`` > 0: decodes
+      sharing a cached prefix), ``w_reread_bytes_per_s``; elsewhere it equals
+      ``w_attn_bytes_per_s`` (re-reads priced as first reads) and is not given.
     """
     y = np.asarray(y, float)
     T = np.asarray(X["tokens"], float)
@@ -157,7 +163,7 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
     has_p = (np.asarray(X["prefill_tokens"], float) > 0).astype(float)
     has_d = (np.asarray(X["decodes"], float) > 0).astype(float)
     paths = paths and bool(np.any(has_p * has_d))
-    reread = bool(np.any(again > 0))
+    reread = reread and bool(np.any(again > 0))
     wb, ft = k.weight_bytes, k.dense_flops_per_token * T
     kvb, af, lm = k.kv_bytes_per_token * ctx, k.attn_flops_per_pair * pairs, \
         k.lm_head_flops_per_sample * S
@@ -237,16 +243,17 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
 
 
 def fit_form(form: str, X, y, k: RooflineConstants, peaks: tuple = (None, None),
-             paths: bool = True) -> dict:
+             paths: bool = True, reread: bool = True) -> dict:
     """Coefficients of ``form`` (``roofline`` or ``linear``) for cell features ``X`` and
     mean seconds ``y``; ``peaks`` = (FLOP/s, bytes/s) ceilings for the roofline bounds;
-    ``paths``: whether the roofline may fit its path costs (:func:`fit_roofline`).
+    ``paths``, ``reread``: whether the roofline may fit its path costs and its re-read rate
+    (:func:`fit_roofline`).
 
     Raises:
         ValueError: an unknown ``form``.
     """
     if form == "roofline":
-        return fit_roofline(X, y, k, *peaks, paths=paths)
+        return fit_roofline(X, y, k, *peaks, paths=paths, reread=reread)
     if form == "linear":
         return fit_linear(X, y)
     raise ValueError(f"unknown form {form!r}")
@@ -254,7 +261,7 @@ def fit_form(form: str, X, y, k: RooflineConstants, peaks: tuple = (None, None),
 
 def heldout_predictions(form: str, cells, k: RooflineConstants, peaks=(None, None),
                         folds: int = HELDOUT_FOLDS, seed: int = 0,
-                        paths: bool = True) -> np.ndarray:
+                        paths: bool = True, reread: bool = True) -> np.ndarray:
     """Each cell's mean step time predicted by a fit that never saw the cell: cells are
     shuffled (``numpy.random.default_rng(seed)``) into ``folds`` groups, each predicted from
     the others."""
@@ -267,7 +274,7 @@ def heldout_predictions(form: str, cells, k: RooflineConstants, peaks=(None, Non
     y = cells["seconds"].to_numpy()
     for f in range(folds):
         test = fold_of == f
-        coef = fit_form(form, cells[~test], y[~test], k, peaks, paths)
+        coef = fit_form(form, cells[~test], y[~test], k, peaks, paths, reread)
         out[test] = predict(form, coef, k, cells[test])
     return out
 
@@ -283,7 +290,8 @@ class FitResult:
         roofline: the roofline coefficients (also when ``linear`` was kept; efficiencies
             come from them).
         heldout: :func:`error_stats` of the kept form on held-out cells.
-        candidates: held-out stats of every form tried (and of :data:`WITH_PATHS`).
+        candidates: held-out stats of every form tried (and of :data:`WITH_PATHS`, and of
+            the kept roofline with :data:`WITH_REREAD`).
         residuals: ``measured / predicted − 1`` of every measured step (all repeats but
             the disturbed ones).
         cells: per-cell table (:func:`cell_means`) with ``predicted`` and ``heldout``.
@@ -301,7 +309,8 @@ class FitResult:
 
 
 def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0,
-                     forms=("roofline", "linear"), paths: bool = True) -> FitResult:
+                     forms=("roofline", "linear"), paths: bool = True,
+                     reread: bool = True) -> FitResult:
     """Fit every form in ``forms`` to the cell means of ``df`` (a measurements table,
     :func:`calibration.profiler.read_measurements`), keep one (module docstring), and return
     its coefficients, held-out error and residuals, leaving out disturbed steps
@@ -310,7 +319,11 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
     The roofline is tried without and, given ``paths`` and mixed cells, with its path costs
     (:func:`fit_roofline`; candidate :data:`WITH_PATHS`); they are kept only if they lower
     its held-out MAPE (more coefficients fit the cells better, not always the cells left
-    out). ``paths=False``: never (the roofline without path costs).
+    out). ``paths=False``: never (the roofline without path costs). Then, given ``reread``
+    and cells that re-read context, the kept roofline is tried with its re-read rate
+    (candidate :data:`WITH_REREAD`), kept on the same rule: a rate fitted from a few
+    shared-prefix cells on a host whose speed moves may fit the noise, and it moves every
+    shared-prefix workload's price.
 
     Raises:
         ValueError: fewer than 4 cells (nothing to hold out).
@@ -324,24 +337,36 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
     y = cells["seconds"].to_numpy()
     cand, held = {}, {}
     for form in forms:
-        held[form] = heldout_predictions(form, cells, k, peaks, seed=seed, paths=False)
+        held[form] = heldout_predictions(form, cells, k, peaks, seed=seed, paths=False,
+                                         reread=False)
         cand[form] = error_stats(y, held[form])
     chosen = dict(cand)   # each form's kept variant
     mixed = ((cells["prefill_tokens"] > 0) & (cells["decodes"] > 0)).any()
     if paths and "roofline" in forms and mixed:
-        h = heldout_predictions("roofline", cells, k, peaks, seed=seed, paths=True)
+        h = heldout_predictions("roofline", cells, k, peaks, seed=seed, paths=True,
+                                reread=False)
         cand[WITH_PATHS] = error_stats(y, h)
         paths = cand[WITH_PATHS]["mape"] < cand["roofline"]["mape"]
         if paths:
             held["roofline"], chosen["roofline"] = h, cand[WITH_PATHS]
     else:
         paths = False
+    if reread and "roofline" in forms and (cells["reread_tokens"] > 0).any():
+        h = heldout_predictions("roofline", cells, k, peaks, seed=seed, paths=paths)
+        name = (WITH_PATHS if paths else "roofline") + WITH_REREAD
+        cand[name] = error_stats(y, h)
+        reread = cand[name]["mape"] < chosen["roofline"]["mape"]
+        if reread:
+            held["roofline"], chosen["roofline"] = h, cand[name]
+    else:
+        reread = False
     form = forms[0]
     for other in forms[1:]:
         if chosen[other]["mape"] < (1 - SWITCH_MARGIN) * chosen[form]["mape"]:
             form = other
-    coef = fit_form(form, cells, y, k, peaks, paths)
-    roof = coef if form == "roofline" else (fit_form("roofline", cells, y, k, peaks, paths)
+    coef = fit_form(form, cells, y, k, peaks, paths, reread)
+    roof = coef if form == "roofline" else (fit_form("roofline", cells, y, k, peaks, paths,
+                                                     reread)
                                             if "roofline" in forms else {})
     cells = cells.assign(predicted=predict(form, coef, k, cells), heldout=held[form])
     per_step = predict(form, coef, k, df)
@@ -374,7 +399,7 @@ def replay_errors(form: str, coef: dict, k: RooflineConstants, steps, idle=None)
 def refit_profile(profile) -> FitResult:
     """Fit again from the measurements CSV beside a loaded profile (its
     ``provenance.measurements_csv``), with the profile's model, dtype and peaks, and its
-    path costs only if it has them: the same numbers the profile reports, for checking a
+    path costs and re-read rate only if it has them: the same numbers the profile reports, for checking a
     profile or re-deciding its form.
 
     Raises:
@@ -389,13 +414,15 @@ def refit_profile(profile) -> FitResult:
         raise InputError(f"profile {profile.name}: no measurements CSV recorded")
     df = read_measurements(profile.path.parent / rel)
     k = RooflineConstants.of(profile.model_shape, profile.dtype, profile.tensor_parallel)
-    has_paths = any(c in profile.cost.coefficients for c in PATH_COEFFICIENTS)
+    coef = profile.cost.coefficients
     return fit_measurements(df, k, (profile.device.peak_flops,
-                                    profile.device.memory_bandwidth), paths=has_paths)
+                                    profile.device.memory_bandwidth),
+                            paths=any(c in coef for c in PATH_COEFFICIENTS),
+                            reread="w_reread_bytes_per_s" in coef)
 
 
 __all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "OUTLIER_FACTOR", "PASS_SPREAD_WARN",
-           "SWITCH_MARGIN", "WITH_PATHS", "cell_means", "error_stats", "fit_form", "fit_linear",
+           "SWITCH_MARGIN", "WITH_PATHS", "WITH_REREAD", "cell_means", "error_stats", "fit_form", "fit_linear",
            "fit_measurements", "fit_roofline", "heldout_predictions", "outlier_steps",
            "pass_speeds", "pass_spread", "predict", "refit_profile", "replay_errors",
            "replay_predictions"]

@@ -19,7 +19,7 @@ import numpy as np
 from simulator.files import atomic_write, commit_outputs
 from simulator.report import literal_text, render_html
 
-from .fit import (WITH_PATHS, error_stats, pass_speeds, pass_spread, predict,
+from .fit import (WITH_PATHS, WITH_REREAD, error_stats, pass_speeds, pass_spread, predict,
                   replay_predictions)
 
 _KIND_COLOURS = {"prefill": "tab:blue", "decode": "tab:orange", "mixed": "tab:green"}
@@ -141,8 +141,9 @@ def report_files(profile, result, df, replay_df, k, peaks, html_path) -> dict[Pa
         err_rows.append(("replay steps (never fitted)", profile.error.replay.model_dump()))
     for form, s in result.candidates.items():
         err_rows.append((f"held-out cells, {form} form", s))
-    kept = (WITH_PATHS if "prefill_step_s" in profile.cost.coefficients
-            else profile.cost.form)
+    coef = profile.cost.coefficients
+    kept = ((WITH_PATHS if "prefill_step_s" in coef else profile.cost.form)
+            + (WITH_REREAD if "w_reread_bytes_per_s" in coef else ""))
     cells = result.cells
     fit_all = error_stats(cells["seconds"], cells["predicted"])
     speeds = pass_speeds(df)
