@@ -341,25 +341,22 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
                                          reread=False)
         cand[form] = error_stats(y, held[form])
     chosen = dict(cand)   # each form's kept variant
-    mixed = ((cells["prefill_tokens"] > 0) & (cells["decodes"] > 0)).any()
-    if paths and "roofline" in forms and mixed:
-        h = heldout_predictions("roofline", cells, k, peaks, seed=seed, paths=True,
-                                reread=False)
-        cand[WITH_PATHS] = error_stats(y, h)
-        paths = cand[WITH_PATHS]["mape"] < cand["roofline"]["mape"]
-        if paths:
-            held["roofline"], chosen["roofline"] = h, cand[WITH_PATHS]
-    else:
-        paths = False
-    if reread and "roofline" in forms and (cells["reread_tokens"] > 0).any():
-        h = heldout_predictions("roofline", cells, k, peaks, seed=seed, paths=paths)
-        name = (WITH_PATHS if paths else "roofline") + WITH_REREAD
+
+    def better(name: str, **opts) -> bool:
+        """Whether the roofline fitted with ``opts`` predicts the held-out cells better
+        than the kept variant; if so it is kept (candidate ``name`` either way)."""
+        h = heldout_predictions("roofline", cells, k, peaks, seed=seed, **opts)
         cand[name] = error_stats(y, h)
-        reread = cand[name]["mape"] < chosen["roofline"]["mape"]
-        if reread:
+        if cand[name]["mape"] < chosen["roofline"]["mape"]:
             held["roofline"], chosen["roofline"] = h, cand[name]
-    else:
-        reread = False
+            return True
+        return False
+
+    tried = "roofline" in forms
+    mixed = bool(((cells["prefill_tokens"] > 0) & (cells["decodes"] > 0)).any())
+    paths = paths and tried and mixed and better(WITH_PATHS, paths=True, reread=False)
+    reread = (reread and tried and bool((cells["reread_tokens"] > 0).any())
+              and better((WITH_PATHS if paths else "roofline") + WITH_REREAD, paths=paths))
     form = forms[0]
     for other in forms[1:]:
         if chosen[other]["mape"] < (1 - SWITCH_MARGIN) * chosen[form]["mape"]:
