@@ -6,6 +6,9 @@ The grid covers what the scheduler produces:
   prefix-cache hit), no decodes;
 * ``decode B=B L=L``: ``B`` requests decoding one token each, contexts of mean ``L``
   spread as in served traffic (:func:`decode_lengths`);
+* ``decode B=B L=L s=S g=G``: the same, each context starting with one of ``G`` cached
+  ``S``-token prefixes (system prompts) in turn: a step reads each prefix block once per
+  request holding it (``reread_tokens``);
 * ``mixed B=B L=L n=N c=C``: both in one step (vLLM V1 chunked-prefill steps).
 
 Each measurement is one real :meth:`LLMEngine.step` of the engine (schedule, inputs,
