@@ -150,8 +150,10 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
       costs ``prefill_step_s`` and ``decode_step_s``: only there does a step hold both, so
       that they and ``a0`` are told apart;
     * with ``reread`` and cells that re-read context (``reread_tokens`` > 0: decodes
-      sharing a cached prefix), ``w_reread_bytes_per_s``; elsewhere it equals
-      ``w_attn_bytes_per_s`` (re-reads priced as first reads) and is not given.
+      sharing a cached prefix), ``w_reread_bytes_per_s``, at least ``w_attn_bytes_per_s``
+      (a read from cache is never slower than one from memory; a noisy host can make
+      the shared cells look slower); elsewhere it equals ``w_attn_bytes_per_s`` (re-reads
+      priced as first reads) and is not given.
     """
     y = np.asarray(y, float)
     T = np.asarray(X["tokens"], float)
@@ -174,35 +176,37 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
         v = v[v > 0]
         return med / float(np.median(v)) if v.size else 1.0
 
-    # unknowns in order: the six of every fit, then 1/W_reread, then the two path costs
-    scale = np.array([med, unit(R), med / wb, unit(ft + lm), unit(kvb), unit(af), unit(kvr),
+    # unknowns in order: the six of every fit, then W_attn / W_reread (a re-read's share of
+    # a first read's time: at most 1, a byte from cache is never slower than from memory),
+    # then the two path costs
+    scale = np.array([med, unit(R), med / wb, unit(ft + lm), unit(kvb), unit(af), 1.0,
                       med, med])
-    lo = np.zeros(9)
+    lo, hi = np.zeros(9), np.full(9, np.inf)
     if peak_bandwidth:
-        lo[2] = lo[4] = lo[6] = 1.0 / (MAX_EFFICIENCY * peak_bandwidth)
+        lo[2] = lo[4] = 1.0 / (MAX_EFFICIENCY * peak_bandwidth)
     if peak_flops:
         lo[3] = lo[5] = 1.0 / (MAX_EFFICIENCY * peak_flops)
     lo = np.maximum(lo / scale, 1e-9)
+    lo[6], hi[6] = 0.01, 1.0
     free = np.array([True] * 6 + [reread] + [paths] * 2)
 
     def full(p, m):
-        """All nine unknowns (scaled) from the ``m`` fitted: 1/W_reread = 1/W_attn and
-        path costs at their bound where not fitted."""
+        """All nine unknowns from the ``m`` fitted: re-reads priced as reads and path costs
+        at their bound where not fitted."""
         x = lo.copy()
+        x[6] = 1.0
         x[np.flatnonzero(m)] = p
-        if not m[6]:
-            x[6] = x[4] * scale[4] / scale[6]
         return x * scale
 
     def model(x):
-        a0, c, iw, i_f, iwa, ifa, iwr, sp, sd = x
-        return (a0 + c * R + np.maximum(wb * iw, ft * i_f) + kvb * iwa + kvr * iwr + af * ifa
-                + lm * i_f + sp * has_p + sd * has_d)
+        a0, c, iw, i_f, iwa, ifa, share, sp, sd = x
+        return (a0 + c * R + np.maximum(wb * iw, ft * i_f) + (kvb + share * kvr) * iwa
+                + af * ifa + lm * i_f + sp * has_p + sd * has_d)
 
-    starts = [np.array(x) for x in ([0.3, 0.05, 0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05],
-                                    [0.1, 0.05, 0.2, 0.8, 0.1, 0.1, 0.05, 0.1, 0.1],
-                                    [0.3, 0.05, 0.5, 0.5, 0.4, 0.4, 0.2, 0.02, 0.02],
-                                    [0.05, 0.01, 0.9, 0.9, 0.02, 0.02, 0.01, 0.2, 0.2])]
+    starts = [np.array(x) for x in ([0.3, 0.05, 0.5, 0.2, 0.1, 0.1, 0.8, 0.05, 0.05],
+                                    [0.1, 0.05, 0.2, 0.8, 0.1, 0.1, 0.6, 0.1, 0.1],
+                                    [0.3, 0.05, 0.5, 0.5, 0.4, 0.4, 0.9, 0.02, 0.02],
+                                    [0.05, 0.01, 0.9, 0.9, 0.02, 0.02, 0.5, 0.2, 0.2])]
 
     def fit(m, starts, **tol):
         """The lowest-cost fit of the unknowns ``m`` (a mask) over ``starts``."""
@@ -210,8 +214,8 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
             return model(full(p, m)) / y - 1.0
         best = None
         for start in starts:
-            x0 = np.maximum(start[m], lo[m] * 1.01)
-            r = least_squares(res, x0, bounds=(lo[m], np.inf), method="trf", x_scale="jac",
+            x0 = np.clip(start[m], lo[m] * 1.01, hi[m] * 0.99)
+            r = least_squares(res, x0, bounds=(lo[m], hi[m]), method="trf", x_scale="jac",
                               **tol)
             if best is None or r.cost < best.cost:
                 best = r
@@ -227,18 +231,18 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
         # that fit (re-reads priced as reads, path costs at 0): start there too, and never
         # keep a worse one.
         held = full(best.x, base) / scale
-        held[7:] = lo[7:] * 1.01
+        held[6], held[7:] = 0.99, lo[7:] * 1.01
         more = fit(free, starts + [held], ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=5000)
         if more.cost <= best.cost:
             best, m = more, free
-    a0, c, iw, i_f, iwa, ifa, iwr, sp, sd = full(best.x, m)
+    a0, c, iw, i_f, iwa, ifa, share, sp, sd = full(best.x, m)
     coef = {"a0_s": float(a0), "per_request_s": float(c), "w_eff_bytes_per_s": float(1 / iw),
             "f_eff_flops_per_s": float(1 / i_f), "w_attn_bytes_per_s": float(1 / iwa),
             "f_attn_flops_per_s": float(1 / ifa)}
     if paths:
         coef.update(prefill_step_s=float(sp), decode_step_s=float(sd))
     if reread:
-        coef["w_reread_bytes_per_s"] = float(1 / iwr)
+        coef["w_reread_bytes_per_s"] = float(1 / (iwa * share))
     return coef
 
 

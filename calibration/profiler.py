@@ -381,6 +381,13 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
             raise InputError(f"{name}:{_row_lines(path)[i]}: {c} is {v!r}: a measurements "
                              f"row holds {want} there (delete the row to measure it again)")
         df[c] = num
+    bad = (df["reread_tokens"] > df["context_tokens"]).to_numpy().nonzero()[0]
+    if len(bad):   # a re-read token is one of the step's context tokens
+        i = int(bad[0])
+        raise InputError(f"{name}:{_row_lines(path)[i]}: reread_tokens is "
+                         f"{df['reread_tokens'].iloc[i]:g}: more than the row's context_tokens "
+                         f"({df['context_tokens'].iloc[i]:g}), which hold every token read "
+                         f"again (delete the row to measure it again)")
     for c, ok, want in (("cell", df["cell"].str.strip() != "", "names its grid cell"),
                         ("kind", df["kind"].isin(CELL_KINDS),
                          f"kind is one of {', '.join(CELL_KINDS)}"),
@@ -408,26 +415,33 @@ OTHER_ENGINES = ("vllm",)
 
 def _check_own_cells(path: Path, df, name: Path) -> None:
     """Each row of a servesim-engine CSV names a grid cell (:meth:`Cell.from_key`, sizes
-    >= 0) of its own kind, and ran that cell's chunk beside its decodes (as
-    :func:`measure_grid` checks each step it takes): a row edited to another kind would be
-    fitted as that kind, then break the report's per-kind plots. Errors name ``name``.
+    >= 0; a shared prefix shorter than the mean context, among fewer prefixes than
+    requests) of its own kind, ran that cell's chunk beside its decodes (as
+    :func:`measure_grid` checks each step it takes) and re-read its shared prefixes'
+    ``(B − g) · s`` tokens: a row edited to another kind would be fitted as that kind, then
+    break the report's per-kind plots. Errors name ``name``.
 
     Raises:
         InputError: naming the first bad row's file line.
     """
     cells = {key: Cell.from_key(key) for key in df["cell"].unique()}
-    for i, (key, kind, prefills, decodes) in enumerate(zip(
-            df["cell"], df["kind"], df["prefills"], df["num_decodes"])):
+    for i, (key, kind, prefills, decodes, again) in enumerate(zip(
+            df["cell"], df["kind"], df["prefills"], df["num_decodes"], df["reread_tokens"])):
         cell = cells[key]
-        if cell is None or min(cell.B, cell.L, cell.n, cell.c, cell.s, cell.g - 1) < 0:
+        if (cell is None or min(cell.B, cell.L, cell.n, cell.c, cell.s, cell.g - 1) < 0
+                or cell.s and not (cell.s < cell.L and cell.g < cell.B)):
             what = (f"cell is {key!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
-                    f"L=256', 'mixed B=8 L=256 n=64 c=0')")
+                    f"L=256', 'decode B=8 L=256 s=128 g=2' with s < L and g < B, 'mixed B=8 "
+                    f"L=256 n=64 c=0')")
         elif cell.kind != kind:
             what = f"cell {key!r} is a {cell.kind} cell, the row's kind is {kind!r}"
         elif (prefills, decodes) != _shape_of(cell):   # _check's rule when measuring
             want = _shape_of(cell)
             what = (f"cell {key!r} runs prefills {want[0]!r} beside {want[1]} decodes, the "
                     f"row's are {prefills!r} beside {decodes:g}")
+        elif again != (cell.B - cell.g) * cell.s:
+            what = (f"cell {key!r} re-reads {(cell.B - cell.g) * cell.s} context tokens a "
+                    f"step ((B − g) · s), the row's reread_tokens are {again:g}")
         else:
             continue
         raise InputError(f"{name}:{_row_lines(path)[i]}: {what} (delete the row to measure "
@@ -523,7 +537,8 @@ def check_resumable(path: Path, identity: dict) -> bool:
     if lines and next(csv.reader([lines[0][1]])) != list(CSV_COLUMNS):
         # (an older servesim's file lacks OPTIONAL_COLUMNS: new rows would not fit it)
         raise InputError(f"{path}:{lines[0][0]}: its columns are not this servesim's "
-                         f"({', '.join(CSV_COLUMNS)}): use another --out")
+                         f"({', '.join(CSV_COLUMNS)}; an older servesim's file lacks "
+                         f"{', '.join(OPTIONAL_COLUMNS)}): use another --out")
     return True
 
 

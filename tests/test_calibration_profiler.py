@@ -239,8 +239,17 @@ OWN_HEADER = {**HEADER, "engine": "servesim-torch 0.1.0"}
      "cell 'decode B=1 L=20' is a decode cell, the row's kind is 'prefill'"),
     *((ROW_TEXT.replace("decode B=1 L=20,", f"{cell},"),
        f"cell is {cell!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 L=256', "
-       f"'mixed B=8 L=256 n=64 c=0')")
-      for cell in ("foo", "decode B=1 L=x", "decode B=-1 L=20")),
+       f"'decode B=8 L=256 s=128 g=2' with s < L and g < B, 'mixed B=8 L=256 n=64 c=0')")
+      for cell in ("foo", "decode B=1 L=x", "decode B=-1 L=20",
+                   # a prefix as long as the mean context; as many prefixes as requests
+                   "decode B=3 L=20 s=32 g=2", "decode B=2 L=64 s=16 g=2")),
+    # re-reads the cell cannot have, or more than the step's context
+    (ROW_TEXT.removesuffix(",0") + ",16",
+     "cell 'decode B=1 L=20' re-reads 0 context tokens a step ((B − g) · s), the row's "
+     "reread_tokens are 16"),
+    (ROW_TEXT.removesuffix(",0") + ",99",
+     "reread_tokens is 99: more than the row's context_tokens (21), which hold every token "
+     "read again"),
     # rows that disagree with their cell, as measure_grid's own check would have refused
     (ROW_TEXT.replace(",4,,", ",4,768@0,"),
      "cell 'decode B=1 L=20' runs prefills '' beside 1 decodes, the row's are '768@0' "
