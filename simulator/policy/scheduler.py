@@ -394,7 +394,7 @@ class Scheduler:
         of it take no more of the token budget than in the step that admitted it
         (tests/test_policy_properties.py checks the count against the block tables).
         The simulator's quiet decode steps (:meth:`quiet_step`) read it here."""
-        return self.kv.pool._extra_refs * self._block_size
+        return self.kv.pool.extra_refs * self._block_size
 
     def quiet_step(self) -> int | None:
         """Take the next step whole, :meth:`schedule` and :meth:`update` in one, when it is
