@@ -231,6 +231,12 @@ class CostSpec(_P):
             raise SubkeyError(("coefficients", slow[0]),
                               f"a rate: it must be >= 1 per second (got {v:g})" if v else
                               "a rate: it must be > 0 (got 0)")
+        again, first = (self.coefficients.get(k) for k in ("w_reread_bytes_per_s",
+                                                           "w_attn_bytes_per_s"))
+        if again is not None and again < first:   # (as calibration.fit bounds it)
+            raise SubkeyError(("coefficients", "w_reread_bytes_per_s"),
+                              f"a re-read rate: it must be >= w_attn_bytes_per_s ({first:g}; "
+                              f"a read from cache is never slower), got {again:g}")
         long = [k for k in self.coefficients   # the others are seconds
                 if k not in _RATE_KEYS and not self.coefficients[k] < MAX_STEP_S]
         if long:   # each is a part of one step's time, which is priced below MAX_STEP_S

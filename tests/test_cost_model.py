@@ -938,6 +938,15 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     with pytest.raises(InputError, match=rf":{at}: cost\.coefficients\.w_attn_bytes_per_s: "
                                          r"a rate: it must be >= 1 per second \(got 1e-300\)$"):
         load_profile(tmp_path / "p.yaml")
+    # a re-read rate below the first-read rate (a read from cache slower than from memory)
+    (tmp_path / "p.yaml").write_text(re.sub(r"w_attn_bytes_per_s: [^,}]+",
+                                            "w_attn_bytes_per_s: 1e7, w_reread_bytes_per_s: 1",
+                                            text))
+    with pytest.raises(InputError, match=rf":{at}: cost\.coefficients\.w_reread_bytes_per_s: "
+                                         r"a re-read rate: it must be >= w_attn_bytes_per_s "
+                                         r"\(1e\+07; a read from cache is never slower\), "
+                                         r"got 1$"):
+        load_profile(tmp_path / "p.yaml")
     # a fixed cost of an hour or more per step (MAX_STEP_S) likewise, before any pricing
     (tmp_path / "p.yaml").write_text(re.sub(r"a0_s: [^,}]+", "a0_s: 1e300", text))
     with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.a0_s: seconds of one "
