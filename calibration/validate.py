@@ -403,7 +403,7 @@ def check_loads(loads) -> None:
     """
     if not loads or any(not MIN_LOAD <= x <= MAX_LOAD for x in loads):
         raise InputError(f"--loads: fractions of saturation in [{MIN_LOAD:g}, {MAX_LOAD:g}], "
-                         f"got {list(loads)}")
+                         f"got {','.join(f'{x:g}' for x in loads) or 'none'}")
 
 
 def check_validation_args(scenario, loads, replications: int, seconds_per_load: float = 1.0,

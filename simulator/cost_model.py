@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, kv_bytes_per_token,
                       list_hardware, load_hardware, shape_from_dict)
@@ -200,19 +200,12 @@ class KVInfo(_P):
         return kv
 
 
-def _coefficient(v: float) -> float:
-    # A value check (not a dict one), so the error names cost.coefficients.<key> and its line.
-    if v < 0:   # (the schema refuses .nan and .inf)
-        raise ValueError(f"a coefficient is a finite number >= 0, got {v:g}")
-    return v
-
-
 class CostSpec(_P):
     """Cost form and its coefficients (keys per form: :data:`COEFFICIENTS`, and those of
     :data:`OPTIONAL_COEFFICIENTS`)."""
 
     form: Literal["roofline", "linear", "constant"]
-    coefficients: dict[str, Annotated[float, AfterValidator(_coefficient)]]
+    coefficients: dict[str, float]   # (the schema refuses .nan and .inf)
 
     @model_validator(mode="after")
     def _keys(self):
@@ -225,24 +218,21 @@ class CostSpec(_P):
                              + (f" (and may add {', '.join(optional)})" if optional else "")
                              + (f"; missing {', '.join(missing)}" if missing else "")
                              + (f"; unknown {', '.join(extra)}" if extra else ""))
-        slow = [k for k in self.coefficients if k in _RATE_KEYS and self.coefficients[k] < 1]
-        if slow:   # bytes or FLOPs per second: below 1, one step is priced past MAX_STEP_S
-            v = self.coefficients[slow[0]]
-            raise SubkeyError(("coefficients", slow[0]),
-                              f"a rate: it must be >= 1 per second (got {v:g})" if v else
-                              "a rate: it must be > 0 (got 0)")
+        for key, v in self.coefficients.items():   # each error names its key, at its line
+            if key in _RATE_KEYS and not v >= 1:
+                # bytes or FLOPs per second: below 1, one step is priced past MAX_STEP_S
+                raise SubkeyError(("coefficients", key),
+                                  f"a rate: it must be >= 1 per second (got {v:g})")
+            if key not in _RATE_KEYS and not 0 <= v < MAX_STEP_S:
+                # seconds, each a part of one step's time, which is priced below MAX_STEP_S
+                raise SubkeyError(("coefficients", key), f"seconds of one step: it must be "
+                                  f">= 0 and < {MAX_STEP_S:g} (got {v:g})")
         again, first = (self.coefficients.get(k) for k in ("w_reread_bytes_per_s",
                                                            "w_attn_bytes_per_s"))
         if again is not None and again < first:   # (as calibration.fit bounds it)
             raise SubkeyError(("coefficients", "w_reread_bytes_per_s"),
                               f"a re-read rate: it must be >= w_attn_bytes_per_s ({first:g}; "
                               f"a read from cache is never slower), got {again:g}")
-        long = [k for k in self.coefficients   # the others are seconds
-                if k not in _RATE_KEYS and not self.coefficients[k] < MAX_STEP_S]
-        if long:   # each is a part of one step's time, which is priced below MAX_STEP_S
-            raise SubkeyError(("coefficients", long[0]),
-                              f"seconds of one step: it must be < {MAX_STEP_S:g} "
-                              f"(got {self.coefficients[long[0]]:g})")
         return self
 
 

@@ -631,7 +631,7 @@ def test_a_value_that_starts_with_a_dash_is_attached_to_its_option(argv, expecte
 def test_a_negative_load_list_reaches_validates_own_check(scen, capsys):
     assert main(["validate", "--scenario", str(scen), "--loads", "-0.3,0.6"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "servesim: error: --loads: fractions of saturation in [0.01, 1.5], got [-0.3, 0.6]")
+        "servesim: error: --loads: fractions of saturation in [0.01, 1.5], got -0.3,0.6")
 
 
 def test_unknown_profile_names_a_servesim_profiles_folder_that_does_not_exist(

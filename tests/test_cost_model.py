@@ -909,7 +909,8 @@ def test_a_provenance_date_is_an_iso_date(tmp_path, value, got):
 
 
 @pytest.mark.parametrize("value, said", [
-    ("-1.0", "a0_s: a coefficient is a finite number >= 0, got -1"),
+    ("-1.0", "a0_s: seconds of one step: it must be >= 0 and < 3600 (got -1)"),
+    ("1e5", "a0_s: seconds of one step: it must be >= 0 and < 3600 (got 100000)"),
     (".nan", "a0_s: Input should be a finite number (got nan)"),
     ("1e400", "a0_s: Input should be a finite number (got inf: .inf, or a number past the "
               "largest float, 1.8e308)"),
@@ -925,12 +926,14 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     with pytest.raises(InputError, match=rf"^{re.escape(str(tmp_path / 'p.yaml'))}:{line}: "
                                          rf"cost\.coefficients\.{re.escape(said)}$"):
         load_profile(tmp_path / "p.yaml")
-    # a rate of 0 (a step priced at infinity) is the form's own check
-    (tmp_path / "p.yaml").write_text(re.sub(r"f_eff_flops_per_s: [^,}]+",
-                                            "f_eff_flops_per_s: 0", text))
-    with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.f_eff_flops_per_s: a "
-                                         r"rate: it must be > 0 \(got 0\)$"):
-        load_profile(tmp_path / "p.yaml")
+    # a rate of 0 (a step priced at infinity) or below says what a rate may be
+    for rate in ("0", "-2.0"):
+        (tmp_path / "p.yaml").write_text(re.sub(r"f_eff_flops_per_s: [^,}]+",
+                                                f"f_eff_flops_per_s: {rate}", text))
+        with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.f_eff_flops_per_s: "
+                                             rf"a rate: it must be >= 1 per second \(got "
+                                             rf"{float(rate):g}\)$"):
+            load_profile(tmp_path / "p.yaml")
     # a rate below 1 byte or FLOP per second likewise (1e-300 would price a step at 1e308 s)
     (tmp_path / "p.yaml").write_text(re.sub(r"w_attn_bytes_per_s: [^,}]+",
                                             "w_attn_bytes_per_s: 1e-300", text))
@@ -950,7 +953,7 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
     # a fixed cost of an hour or more per step (MAX_STEP_S) likewise, before any pricing
     (tmp_path / "p.yaml").write_text(re.sub(r"a0_s: [^,}]+", "a0_s: 1e300", text))
     with pytest.raises(InputError, match=rf":{line}: cost\.coefficients\.a0_s: seconds of one "
-                                         r"step: it must be < 3600 \(got 1e\+300\)$"):
+                                         r"step: it must be >= 0 and < 3600 \(got 1e\+300\)$"):
         load_profile(tmp_path / "p.yaml")
 
 

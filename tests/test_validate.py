@@ -839,8 +839,8 @@ def test_a_band_verdict_says_how_many_replications_it_judged():
     ("０.３", "--loads: '０.３' is not a number in the digits 0-9 (write 0.3)"),
     ("0.3,0.3", "--loads: 0.3 given twice"),
     ("0.3,x", "--loads: '0.3,x' is not a comma-separated list of fractions"),
-    ("1.6", "--loads: fractions of saturation in [0.01, 1.5], got [1.6]"),
-    ("nan", "--loads: fractions of saturation in [0.01, 1.5], got [nan]")])
+    ("1.6", "--loads: fractions of saturation in [0.01, 1.5], got 1.6"),
+    ("nan", "--loads: fractions of saturation in [0.01, 1.5], got nan")])
 def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
     # float() read ０.３ and served a load given twice again with the same seeds
     import subprocess
@@ -863,7 +863,7 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
      "(see python benchmarks/fidelity.py --help)"),
     (["benchmarks/fidelity.py"], ["--loads", "2"],
      "benchmarks/fidelity.py: error: --loads: fractions of saturation in [0.01, 1.5], got "
-     "[2.0] (see python benchmarks/fidelity.py --help)"),
+     "2 (see python benchmarks/fidelity.py --help)"),
     (["benchmarks/fidelity.py"], ["--replications", "0"],
      "benchmarks/fidelity.py: error: --replications: 1 to 100, got 0"),
     (["benchmarks/fidelity.py"], ["--calibrate-attempts", "0"],
