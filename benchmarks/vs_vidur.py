@@ -149,7 +149,8 @@ def machine() -> str:
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} cores, {mem:.0f} GiB, {platform.system()} {platform.release()}"
+    return (f"{model}, {os.cpu_count()} cores, {mem:.0f} GiB, "
+            f"{platform.system()} {platform.release()}")
 
 
 def versions(summary: dict) -> str:

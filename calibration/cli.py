@@ -987,7 +987,8 @@ def _add_backend_args(p, verb: str) -> None:
 
 
 def add_parsers(subparsers) -> None:
-    """Register ``calibrate``, ``profiles`` and ``validate`` on the ``servesim`` sub-command parser."""
+    """Register ``calibrate``, ``profiles`` and ``validate`` on the ``servesim`` sub-command
+    parser."""
     p = subparsers.add_parser(
         "calibrate", help="measure a device with the real engine and write a profile",
         description="Measure step times of servesim's paged-KV engine on this device (random "

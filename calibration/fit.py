@@ -400,8 +400,8 @@ def replay_errors(form: str, coef: dict, k: RooflineConstants, steps, idle=None)
 def refit_profile(profile) -> FitResult:
     """Fit again from the measurements CSV beside a loaded profile (its
     ``provenance.measurements_csv``), with the profile's model, dtype and peaks, and its
-    path costs and re-read rate only if it has them: the same numbers the profile reports, for checking a
-    profile or re-deciding its form.
+    path costs and re-read rate only if it has them: the same numbers the profile reports, for
+    checking a profile or re-deciding its form.
 
     Raises:
         InputError: the profile names no CSV, or the CSV is missing or malformed.
@@ -423,7 +423,7 @@ def refit_profile(profile) -> FitResult:
 
 
 __all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "OUTLIER_FACTOR", "PASS_SPREAD_WARN",
-           "SWITCH_MARGIN", "WITH_PATHS", "WITH_REREAD", "cell_means", "error_stats", "fit_form", "fit_linear",
-           "fit_measurements", "fit_roofline", "heldout_predictions", "outlier_steps",
+           "SWITCH_MARGIN", "WITH_PATHS", "WITH_REREAD", "cell_means", "error_stats", "fit_form",
+           "fit_linear", "fit_measurements", "fit_roofline", "heldout_predictions", "outlier_steps",
            "pass_speeds", "pass_spread", "predict", "refit_profile", "replay_errors",
            "replay_predictions"]

@@ -4,9 +4,10 @@ Panels: (1) measured vs predicted step time, grid cells (mean ± spread of repea
 by kind) and replay steps, on log axes with the y = x line and ±20 % band; (2) decode step
 time vs batch size at each measured context length (cells without a shared prefix),
 measured means against the fitted model and the device roofline ``max(weights / bandwidth,
-FLOPs / peak)`` from the measured ceilings (the floor no engine beats); (3) relative residuals of every grid repeat and
-replay step. The page adds the error table, the coefficients and the per-cell table, as
-report blocks rendered by :func:`simulator.report.render_html` (the run report's renderer).
+FLOPs / peak)`` from the measured ceilings (the floor no engine beats); (3) relative residuals
+of every grid repeat and replay step. The page adds the error table, the coefficients and the
+per-cell table, as report blocks rendered by :func:`simulator.report.render_html` (the run
+report's renderer).
 """
 
 from __future__ import annotations

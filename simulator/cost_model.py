@@ -40,7 +40,8 @@ from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import AliasChoices, BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (AliasChoices, BaseModel, BeforeValidator, Field, PrivateAttr,
+                      ValidationError, field_validator, model_validator)
 
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, kv_bytes_per_token,
                       list_hardware, load_hardware, shape_from_dict)
@@ -214,10 +215,11 @@ class CostSpec(_P):
         missing = [k for k in want if k not in self.coefficients]
         extra = [k for k in self.coefficients if k not in want and k not in optional]
         if missing or extra:
-            raise SubkeyError("coefficients", f"{self.form} needs exactly the coefficients {', '.join(want)}"
-                             + (f" (and may add {', '.join(optional)})" if optional else "")
-                             + (f"; missing {', '.join(missing)}" if missing else "")
-                             + (f"; unknown {', '.join(extra)}" if extra else ""))
+            raise SubkeyError("coefficients",
+                              f"{self.form} needs exactly the coefficients {', '.join(want)}"
+                              + (f" (and may add {', '.join(optional)})" if optional else "")
+                              + (f"; missing {', '.join(missing)}" if missing else "")
+                              + (f"; unknown {', '.join(extra)}" if extra else ""))
         for key, v in self.coefficients.items():   # each error names its key, at its line
             if key in _RATE_KEYS and not v >= 1:
                 # bytes or FLOPs per second: below 1, one step is priced past MAX_STEP_S
@@ -1276,7 +1278,8 @@ def build_cost_model(scenario: Scenario, rng: np.random.Generator | None = None)
             blocks, note = override(cap.num_gpu_blocks,
                                     cap.note(gpu.name, tp, eng.gpu_memory_utilization,
                                              eng.block_size),
-                                    memory=(f"that {gpu.name}'s memory holds at gpu_memory_utilization "
+                                    memory=(f"that {gpu.name}'s memory holds at "
+                                            f"gpu_memory_utilization "
                                             f"{eng.gpu_memory_utilization:g} "
                                             f"(tensor_parallel={tp})"))
             setup_warning = "; ".join(filter(None, (setup_warning, borrowed_past_peak(src)))) \
@@ -1530,8 +1533,8 @@ def _profile_blocks(prof: Profile, block_size: int) -> tuple[int | None, str]:
     if blocks < 2:
         raise InputError(f"profile {prof.display_name}: its KV capacity ({src}) holds fewer than 2 "
                          f"blocks of {block_size} tokens")
-    return int(blocks), (f"{prof.provenance.kind}: profile {prof.display_name} ({src}) → {blocks} "
-                         f"blocks of {block_size} tokens")
+    return int(blocks), (f"{prof.provenance.kind}: profile {prof.display_name} ({src}) "
+                         f"→ {blocks} blocks of {block_size} tokens")
 
 
 __all__ = [

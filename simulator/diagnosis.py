@@ -1273,8 +1273,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
     that keep up tie and the one nearest its SLOs binds, :func:`_winner`; else the worst
     SLO ratio), else the first that moves its own. A free setting (:func:`_free`: a router, prefix
     caching, the client's concurrency) that moves the figure binds before any other knob,
-    even one that meets every SLO (listed after it). An SLO that was met and a run misses is reported
-    with it (``breaks``). When none moves it, the first stays binding.
+    even one that meets every SLO (listed after it). An SLO that was met and a run misses is
+    reported with it (``breaks``). When none moves it, the first stays binding.
 
     Args:
         scenario: the scenario that produced ``result``.
@@ -1286,8 +1286,8 @@ def diagnose(scenario, result, *, counterfactual: bool = True) -> dict:
         ``{"ttft_split": {queue_ms, prefill_ms, ttft_ms: {mean, p50, p99}, queue_share},
         "figures": {...}, "findings": [{limit, evidence, knob, change, flags, replaces}],
         "sizer" (the command that finds the fewest replicas, :func:`replica_sizer`),
-        "binding": limit name or "none", "queued": bool, "counterfactual": None or {limit, change, figure,
-        lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks,
+        "binding": limit name or "none", "queued": bool, "counterfactual": None or {limit, change,
+        figure, lower_better, before, after, slo_met_before, slo_met_after, moved, worse, breaks,
         flags, replaces},
         "other_counterfactuals": [the same, for candidates tried that did not bind]}``
         (``moved``: better by more than 10%, ``worse``: worse by as much, ``breaks``:

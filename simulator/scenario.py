@@ -121,8 +121,10 @@ class StepTimeConfig(_Strict):
     constant_s: Optional[float] = Field(
         None, ge=1e-9, description="seconds per step (the simulated clock ticks in ns)")
     base_s: Optional[float] = Field(None, ge=0, description="seconds per step")
-    per_prefill_token_s: Optional[float] = Field(None, ge=0, description="seconds per prefill token")
-    per_decode_seq_s: Optional[float] = Field(None, ge=0, description="seconds per decoding request")
+    per_prefill_token_s: Optional[float] = Field(
+        None, ge=0, description="seconds per prefill token")
+    per_decode_seq_s: Optional[float] = Field(
+        None, ge=0, description="seconds per decoding request")
     per_context_token_s: Optional[float] = Field(
         None, ge=0, description="seconds per attended context token (decodes + prefill chunks)")
 
@@ -162,7 +164,8 @@ class HardwareConfig(_Strict):
     profile: Optional[str] = Field(
         None, description="catalog GPU (projected) or calibration profile name/path (measured)",
         json_schema_extra={"pattern": NONBLANK})
-    tensor_parallel: int = Field(1, ge=1, description="GPUs per replica (vLLM tensor_parallel_size)")
+    tensor_parallel: int = Field(
+        1, ge=1, description="GPUs per replica (vLLM tensor_parallel_size)")
     cost_noise: Literal["none", "empirical"] = Field(
         "none", description="empirical: multiply each step by 1 + a residual of the profile")
     step_time: Optional[StepTimeConfig] = None
@@ -1408,7 +1411,8 @@ def _is_tag(model, tag: str) -> bool:
     if model.__name__ == tag:
         return True
     for f in model.model_fields.values():
-        if typing.get_origin(f.annotation) is Literal and tag in map(str, typing.get_args(f.annotation)):
+        if (typing.get_origin(f.annotation) is Literal
+                and tag in map(str, typing.get_args(f.annotation))):
             return True
     return False
 
@@ -1420,7 +1424,7 @@ def scenario_json_schema() -> dict:
             **Scenario.model_json_schema()}
 
 
-__all__ = ["ClusterConfig", "EngineConfig", "HardwareConfig", "PlanConfig", "SLO_METRICS", "SLO_STATS",
-           "SLOConfig", "SLOTarget", "Scenario", "SimConfig", "StepTimeConfig",
+__all__ = ["ClusterConfig", "EngineConfig", "HardwareConfig", "PlanConfig", "SLO_METRICS",
+           "SLO_STATS", "SLOConfig", "SLOTarget", "Scenario", "SimConfig", "StepTimeConfig",
            "apply_overrides", "format_validation_error", "load_scenario", "scenario_from_dict",
            "scenario_json_schema", "serve_batch_defaults"]

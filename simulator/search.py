@@ -227,9 +227,9 @@ def max_rate_search(scenario, *, min_replications: int = 2, max_replications: in
 
     A saturation probe (one replication at :data:`PROBE_RATE`) gives the capacity, the
     first upper guess, and its steady throughput, above which a run that falls behind its
-    arrivals is unstable (:func:`evaluate`); the bracket is then widened (doubling / halving) until one rate is
-    feasible and one is not, and bisected to ``hi / lo <= 1 + tolerance``. Yields lists of
-    jobs, receives their outputs; returns a :class:`SearchResult`.
+    arrivals is unstable (:func:`evaluate`); the bracket is then widened (doubling / halving)
+    until one rate is feasible and one is not, and bisected to ``hi / lo <= 1 + tolerance``.
+    Yields lists of jobs, receives their outputs; returns a :class:`SearchResult`.
 
     Raises:
         InputError: the workload has no arrival rate (:func:`with_rate`).

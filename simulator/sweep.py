@@ -194,10 +194,10 @@ class SweepResult:
             (every replication passed the throughput test, and the saturation probe's
             bound where there is one, :func:`saturation_probes`; None where requests were
             rejected or conversations ended in their ramp, which it cannot judge),
-            ``rejected`` (requests rejected per replication, mean), ``stability`` (:func:`stability_label`),
-            TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``, ``slo_met``,
-            ``cost_kind``, ``cost_model`` (the step-cost source in full), and ``*_ci95``
-            columns (``[lo, hi]``) with replications; figures unrounded (means of the
+            ``rejected`` (requests rejected per replication, mean), ``stability``
+            (:func:`stability_label`), TTFT/TPOT/ITL/E2EL p50 and p99 (ms), ``goodput``,
+            ``slo_met``, ``cost_kind``, ``cost_model`` (the step-cost source in full), and
+            ``*_ci95`` columns (``[lo, hi]``) with replications; figures unrounded (means of the
             runs' exact figures: each shown cell rounds once). A point
             whose model and KV cache do not fit its GPU, or whose settings vLLM refuses
             together, is not run: its ``stability`` is :data:`DOES_NOT_FIT` or
@@ -249,8 +249,9 @@ STABILITY = ("stable", "unstable", "rejects requests", RAMP_ONLY, DOES_NOT_FIT, 
 
 def stability_label(stable: bool, rejected: float, steady: bool = True) -> str:
     """``rejects requests`` when a run rejected any request (a prompt of
-    max_model_len tokens or more, as vLLM refuses it): those never finish, so the run falls short of the
-    offered rate whatever the load and the throughput test says nothing about the queue.
+    max_model_len tokens or more, as vLLM refuses it): those never finish, so the run falls
+    short of the offered rate whatever the load and the throughput test says nothing about the
+    queue.
     Else :data:`RAMP_ONLY` when a run of conversations ended in its ramp (not ``steady``)
     without piling up.
     Otherwise ``stable`` or ``unstable`` as the test (:func:`simulator.executors.job_output`)

@@ -498,8 +498,8 @@ class Transformer(nn.Module):
         weight. With ``block_size`` and ``max_context`` (tokens), it then runs layer 0's
         attention on every padded shape (:class:`.attention.Padding`) that decodes of up to
         ``max_samples`` requests (each samples a row) of up to ``max_context`` tokens take
-        (blocks capped at :data:`WARMUP_MAX_PIECES`), and a chunk of at most ``max_rows`` rows after cached
-        tokens (keys capped at :data:`WARMUP_MAX_CONTEXT`),
+        (blocks capped at :data:`WARMUP_MAX_PIECES`), and a chunk of at most ``max_rows`` rows
+        after cached tokens (keys capped at :data:`WARMUP_MAX_CONTEXT`),
         on a scratch one-layer cache. Row counts are capped at :data:`WARMUP_MAX_ROWS` and the
         whole call at ``max_seconds``; counts built earlier in the process are skipped.
         Does nothing without prepacked weights (:meth:`prepack`; cuda needs no builds).

@@ -1,6 +1,7 @@
 """Tokenizers: HF ``tokenizers`` when a model directory has ``tokenizer.json``, else bytes.
 
-Also :func:`content_tokens`, the deterministic token ids of a content stream, used to materialise a :class:`simulator.policy.RequestSpec`'s segments as token ids.
+Also :func:`content_tokens`, the deterministic token ids of a content stream, used to
+materialise a :class:`simulator.policy.RequestSpec`'s segments as token ids.
 """
 
 from __future__ import annotations

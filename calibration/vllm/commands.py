@@ -345,7 +345,8 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
         "python": platform.python_version(),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus", "cpu": cpu_name(),
         "seed": seed, "replications": replications, "seconds_per_load": seconds_per_load,
-        "foreign_cpu_pct": foreign, "attempts": MAX_ATTEMPTS, "date": time.strftime("%Y-%m-%d %H:%M"),
+        "foreign_cpu_pct": foreign, "attempts": MAX_ATTEMPTS,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     result["front_end"]["note"] = ("time between the end of vLLM's step() and the next "
                                    "queue check (adding arrivals); measured in the "
