@@ -192,7 +192,7 @@ class Grid:
     def cells(self, block_size: int, max_model_len: int, kv_tokens: int) -> list[Cell]:
         """The feasible cells: ``c + n < max_model_len`` (a prompt must leave room for an
         output token, as vLLM requires); decodes need ``B · (L + headroom) ≤ kv_tokens``
-        (KV capacity in tokens)."""
+        (KV capacity in tokens); shared-prefix decodes ``s < L`` and ``1 ≤ g < B``."""
         bs = block_size
         rc = lambda c: cdiv(c, bs) * bs  # noqa: E731
         out = []
@@ -202,7 +202,8 @@ class Grid:
                     out.append(Cell("prefill", n=n, c=rc(c)))
         head = self.decode_headroom(len(self.mixed_chunks))
         shapes = [(B, L, 0, 1) for L in self.decode_contexts for B in self.decode_batches]
-        shapes += [(B, L, rc(s), g) for B, L, s, g in self.shared_decodes if rc(s) < L]
+        shapes += [(B, L, rc(s), g) for B, L, s, g in self.shared_decodes
+                   if rc(s) < L and 1 <= g < B]   # as a CSV's cells are read back
         for B, L, s, g in shapes:
             if max(decode_lengths(B, L, s)) + head <= max_model_len \
                     and B * (L + head + bs) <= kv_tokens:

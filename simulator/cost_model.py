@@ -639,8 +639,9 @@ class StepFeatures:
         context_tokens: KV tokens attended: decode contexts + (c+n) per chunk.
         attn_pairs: causal query-key pairs: decode contexts + n·(c+(n+1)/2) per chunk.
         sampled: requests that sample a token (the LM head runs once for each).
-        reread_tokens: of ``context_tokens``, those another request of the step also
-            reads (:attr:`simulator.policy.StepPlan.reread_tokens`).
+        reread_tokens: of ``context_tokens``, the reads after the first of blocks that
+            several requests of the step read (a block read by k of them: (k − 1) ×
+            block_size tokens; :attr:`simulator.policy.StepPlan.reread_tokens`).
     """
 
     tokens: int

@@ -62,6 +62,11 @@ def test_grid_cells_and_keys():
     assert Grid(prefill_contexts=(20,), prefill_chunks=(8,)).cells(16, 256, 10 ** 6)[0].c == 32
     # a cell that does not fit the KV cache is dropped
     assert not [c for c in Grid().cells(16, 4096, 1000) if c.kind == "decode" and c.B == 16]
+    # shared-prefix cells whose prefixes fill the context or that share g >= B prefixes
+    # (each request its own: nothing re-read) or none are dropped, as reading them back does
+    shared = Grid(decode_batches=(), mixed_contexts=(), prefill_chunks=(), shared_decodes=(
+        (4, 64, 64, 2), (4, 64, 32, 4), (4, 64, 32, 0), (4, 64, 32, 3)))
+    assert [c.key for c in shared.cells(16, 256, 10 ** 6)] == ["decode B=4 L=64 s=32 g=3"]
 
 
 def test_every_row_has_its_cells_step_shape(tmp_path):

@@ -5,6 +5,8 @@ client-side max_concurrency (held requests sent at finishes), KV-cache pressure
 (preemption) and several replicas behind each router.
 """
 
+import re
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -135,3 +137,37 @@ def test_fast_forward_equals_step_by_step_with_a_wake_up_cost(d):
     assert a.requests.equals(b.requests)
     assert a.timeseries.equals(b.timeseries)
     assert a.itl_runs.equals(b.itl_runs)
+
+
+def test_fast_forward_prices_re_reads_as_step_by_step(tmp_path):
+    """Quiet steps taken whole price their re-read context (a shared prefix) as single
+    steps do: a roofline profile whose re-read rate is 20x its first-read rate, requests
+    sharing 512-token prefixes, on one replica (plain loop) and on two (SimPy)."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "simulator" / "profiles"
+    text = (src / "cpu-llama-tiny-56m-float32.yaml").read_text()
+    first = re.search(r"w_attn_bytes_per_s: ([0-9.e+]+)", text).group(1)
+    d = {"name": "ff-reread", "model": "llama-tiny-56m", "dtype": "float32",
+         "engine": {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 512,
+                    "max_model_len": 2048},
+         "workload": {"seed": 1, "num_requests": 120,
+                      "arrival": {"process": "poisson", "rate": 20},
+                      "prompt_tokens": {"dist": "uniform", "min": 50, "max": 300},
+                      "output_tokens": {"dist": "uniform", "min": 50, "max": 300},
+                      "prefix": {"shared_tokens": 512, "groups": 2}}}
+    durations = []
+    for i, rate in enumerate((first, f"{20 * float(first)!r}")):
+        path = tmp_path / f"p{i}.yaml"
+        path.write_text(text.replace(f"w_attn_bytes_per_s: {first}",
+                                     f"w_attn_bytes_per_s: {first}, "
+                                     f"w_reread_bytes_per_s: {rate}"))
+        d["hardware"] = {"profile": str(path)}
+        for replicas in (1, 2):
+            d["cluster"] = {"replicas": replicas}
+            a, b = _run(d, True), _run(d, False)
+            assert a.summary == b.summary and a.requests.equals(b.requests)
+            assert a.timeseries.equals(b.timeseries) and a.itl_runs.equals(b.itl_runs)
+        durations.append(a.summary["duration_s"])   # (two replicas')
+    # re-reads priced at 1/20 of a first read end the run sooner: the term is exercised
+    assert durations[1] < durations[0]
