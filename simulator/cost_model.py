@@ -1403,14 +1403,19 @@ def error_warning(heldout_mape: float | None, replay_mape: float | None) -> str 
 @functools.lru_cache(maxsize=16)
 def _measured_reach(csv_path: str, mtime_ns: int) -> tuple[int, int] | None:
     """(the largest decode batch, the largest prefill tokens) of one measured step in a
-    measurements CSV; None where it cannot be read (its profile still serves)."""
+    measurements CSV; None where it cannot be read (its profile still serves), as where a
+    row holds no whole number >= 0 there (edited: text, nan, 1e400, a cut-off row)."""
     import pandas as pd
 
     try:
         df = pd.read_csv(csv_path, comment="#", usecols=["num_decodes", "prefill_tokens"])
-        return int(df["num_decodes"].max()), int(df["prefill_tokens"].max())
-    except (OSError, ValueError, KeyError, pd.errors.ParserError):
+    except (OSError, ValueError, pd.errors.ParserError):
         return None
+    counts = df.apply(pd.to_numeric, errors="coerce").to_numpy(float)
+    if not len(counts) or not (np.isfinite(counts) & (counts >= 0)
+                               & (counts == np.floor(counts))).all():
+        return None
+    return int(counts[:, 0].max()), int(counts[:, 1].max())
 
 
 def grid_excess(cost: "CostModel", scenario, result) -> dict | None:

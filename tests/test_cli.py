@@ -950,6 +950,22 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
     assert ("names measurements CSV gone.measurements.csv, which cannot be read beside it: "
             "whether steps went past its calibration grid cannot be told"
             in capsys.readouterr().err)
+    # ... nor one whose CSV holds a row edited past a whole number (it was a traceback)
+    src = root / "simulator" / "profiles" / "cpu-llama-tiny-56m-bfloat16.measurements.csv"
+    lines = src.read_text().splitlines(keepends=True)
+    cols = next(ln for ln in lines if not ln.startswith("#")).rstrip("\n").split(",")
+    for i, value in enumerate(("1e400", "nan", "-9", "abc")):
+        row = lines[-1].rstrip("\n").split(",")
+        row[cols.index("num_decodes" if i % 2 else "prefill_tokens")] = value
+        (tmp_path / f"e{i}.measurements.csv").write_text("".join(lines[:-1]) + ",".join(row)
+                                                         + "\n")
+        edited = tmp_path / f"e{i}.yaml"
+        edited.write_text(moved.read_text().replace("measurements_csv: gone.",
+                                                    f"measurements_csv: e{i}."))
+        assert main(["run", str(scenario), *fast, "--set", f"hardware.profile={edited}",
+                     "--out", str(tmp_path / f"e{i}"), "--quiet"]) == 0
+        assert (f"names measurements CSV e{i}.measurements.csv, which cannot be read beside "
+                f"it" in capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("args, said", [
