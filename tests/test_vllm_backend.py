@@ -13,7 +13,8 @@ import pytest
 from calibration.vllm import require_vllm
 from calibration.vllm.core import (RecordBook, Run, Scheduled, VllmGrid, default_vllm_grid,
                                    engine_knobs, external_id, foreign_cpu_pct, label_steps,
-                                   measurement_rows, schedule_passes, step_kind, summarise)
+                                   measurement_rows, reread_tokens, schedule_passes, step_kind,
+                                   summarise)
 from simulator.errors import InputError
 
 
@@ -49,6 +50,31 @@ def test_decode_runs_spread_contexts_around_the_mean():
     assert len(lens) == 8
     assert abs(sum(lens) / 8 - 512) <= 1          # mean L
     assert 7.5 <= lens[-1] / lens[0] <= 8.5        # spread over a factor 8
+
+
+def test_shared_prefix_decode_runs():
+    # as servesim's grid: g prefixes of s tokens in turn; s >= L or g outside [1, B) dropped
+    g = VllmGrid(prefill_lengths=(), prefix_contexts=(), decode_batches=(),
+                 shared_decodes=((4, 256, 128, 2), (4, 256, 256, 2), (4, 256, 128, 4),
+                                 (4, 256, 128, 0)))
+    (run,) = g.runs(4096, 10 ** 6, 256)
+    assert run.key == "decode B=4 s=128 g=2 L=256" and run.kind == "decode"
+    assert (run.prefix, run.groups, run.max_tokens) == (128, 2, g.decode_tokens)
+    # each context is the prefix and its own tokens, the latter spread about L - s = 128
+    assert min(run.lengths) > 128 and abs(sum(run.lengths) / 4 - 256) <= 1
+    # its decode windows are keyed as the calibration report parses them (ends in L=256)
+    assert label_steps(run.key, [_step([], 4)], 8) == [("decode B=4 s=128 g=2 w0 L=256",
+                                                         "decode")]
+    # the default grids share 2 or 4 prefixes, as servesim's CPU grids
+    assert {r.groups for r in default_vllm_grid(True).runs(4096, 10 ** 6, 256)} == {1, 2, 4}
+
+
+def test_reread_tokens_counts_reads_after_the_first_of_shared_blocks():
+    # requests a, b share blocks 1, 2 (a prefix); c shares block 1 too; d shares nothing:
+    # block 1 read 3 times (2 again), block 2 twice (1 again): 3 blocks of 16 tokens
+    tables = [[1, 2, 5], [1, 2, 6], [1, 7], [9]]
+    assert reread_tokens(tables, 16) == 48
+    assert reread_tokens([[3, 4], [5]], 128) == 0 and reread_tokens([], 16) == 0
 
 
 def test_quick_grid_is_smaller_and_passes_interleave():

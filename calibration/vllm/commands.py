@@ -150,13 +150,14 @@ def calibrate_vllm(args, argv: list[str] | None = None) -> Path:
 
     def one(run, p):
         eng.reset()
-        prefix = tok(run.prefix) if run.prefix else []
-        if prefix:  # fill the prefix cache, unrecorded
-            eng.add(("prefix", p), prefix, 1)
+        prefixes = [tok(run.prefix) for _ in range(run.groups)] if run.prefix else [[]]
+        if run.prefix:  # fill the prefix cache, unrecorded
+            for j, prefix in enumerate(prefixes):
+                eng.add(("prefix", p, j), prefix, 1)
             eng.run_until_idle()
             eng.steps = []
         for i, n in enumerate(run.lengths):
-            eng.add(i, prefix + tok(n - run.prefix), run.max_tokens)
+            eng.add(i, prefixes[i % len(prefixes)] + tok(n - run.prefix), run.max_tokens)
         eng.run_until_idle()
         return measurement_rows(run, p, eng.steps, grid.decode_window)
 

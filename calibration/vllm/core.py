@@ -26,12 +26,16 @@ class Run:
         prefix: tokens of a shared prefix every prompt starts with (0 = none). A first
             request of the prefix alone fills the prefix cache before the batch is added,
             so the batch's chunks run after a cache hit of the prefix's full blocks.
+        groups: how many different prefixes of ``prefix`` tokens: request ``i`` starts
+            with prefix ``i mod groups`` (each cached alone first), as the servesim grid's
+            shared-prefix decode cells (:class:`calibration.profiler.Grid`).
     """
 
     key: str
     lengths: tuple
     max_tokens: int
     prefix: int = 0
+    groups: int = 1
 
     @property
     def kind(self) -> str:
@@ -49,7 +53,11 @@ class VllmGrid:
     * decode throughput: ``decode_batches`` × mean contexts ``decode_contexts`` (lengths
       spread as :func:`calibration.profiler.decode_lengths`), ``decode_tokens`` output
       tokens each with ``ignore_eos``; their chunked-prefill and mixed steps are measured
-      too. Pure decode steps are grouped ``decode_window`` consecutive steps to a cell.
+      too. Pure decode steps are grouped ``decode_window`` consecutive steps to a cell;
+    * decodes sharing prefixes: ``shared_decodes`` ``(B, L, s, g)`` as the decode runs, the
+      requests after ``g`` cached ``s``-token prefixes taken in turn (whole blocks of
+      vLLM's block size: each step re-reads ``(B − g) · s`` context tokens, which fits the
+      re-read rate, :data:`simulator.cost_model.OPTIONAL_COEFFICIENTS`).
 
     ``repeats`` passes over all runs, interleaved, with fresh prompt tokens per pass.
     """
@@ -62,6 +70,7 @@ class VllmGrid:
     decode_contexts: tuple = (64, 512)
     decode_tokens: int = 32
     decode_window: int = 8
+    shared_decodes: tuple = ()
     repeats: int = 3
 
     def runs(self, max_model_len: int, kv_tokens: int, max_num_seqs: int) -> list[Run]:
@@ -88,23 +97,44 @@ class VllmGrid:
             for B in self.decode_batches:
                 add(Run(f"decode B={B} L={L}", tuple(decode_lengths(B, L)),
                         self.decode_tokens))
+        for B, L, s, g in self.shared_decodes:
+            if s < L and 1 <= g < B:   # (ends in " L=<int>", as label_steps needs)
+                add(Run(f"decode B={B} s={s} g={g} L={L}", tuple(decode_lengths(B, L, s)),
+                        self.decode_tokens, prefix=s, groups=g))
         return out
 
 
 def default_vllm_grid(quick: bool) -> VllmGrid:
     """The grid for a ~50M-parameter model on a 2-core CPU (about 3 passes × 25 s; ``quick``
     thins it to about 2 × 12 s)."""
+    shared = ((8, 256, 128, 2), (24, 512, 128, 4), (24, 1024, 512, 4))   # as servesim's grid
     if quick:
         return VllmGrid(prefill_lengths=(16, 128, 512, 1536), batches=(1, 4),
                         prefix_contexts=(512,), decode_batches=(1, 4, 16, 64),
-                        decode_contexts=(64, 512), decode_tokens=24, repeats=2)
-    return VllmGrid()
+                        decode_contexts=(64, 512), decode_tokens=24,
+                        shared_decodes=shared[:2], repeats=2)
+    return VllmGrid(shared_decodes=shared)
 
 
 def schedule_passes(runs: list[Run], repeats: int) -> list[tuple[int, Run]]:
     """``(pass, run)`` in measuring order: pass-major, so a slow spell of the machine
     spreads over every cell instead of biasing one."""
     return [(p, r) for p in range(repeats) for r in runs]
+
+
+def reread_tokens(block_tables, block_size: int) -> int:
+    """Context tokens a step reads again (:attr:`simulator.policy.StepPlan.reread_tokens`)
+    from the block tables of the requests it schedules: for each block in ``k`` >= 2 of
+    them, ``(k − 1) · block_size`` (only full, prefix-cached blocks are shared).
+
+    Args:
+        block_tables: one iterable of KV block ids per scheduled request.
+        block_size: tokens per block.
+    """
+    from collections import Counter
+
+    seen = Counter(b for table in block_tables for b in table)
+    return block_size * sum(k - 1 for k in seen.values())
 
 
 def step_kind(prefills, num_decodes: int) -> str:

@@ -22,7 +22,8 @@ import time
 
 from simulator.errors import InputError
 
-from .core import RecordBook, Scheduled, engine_knobs, external_id, not_modelled, summarise
+from .core import (RecordBook, Scheduled, engine_knobs, external_id, not_modelled,
+                   reread_tokens, summarise)
 
 
 class VllmEngine:
@@ -132,7 +133,12 @@ class VllmEngine:
                                       int(req.num_prompt_tokens), int(req.num_tokens)))
             pre = sorted(self._ext.get(external_id(r), external_id(r))
                          for r in (out.preempted_req_ids or ()))
-            self._plan = (rows, pre)
+            # every KV block the step's requests attend to (block 0 is vLLM's null block,
+            # a placeholder that no request reads)
+            kv = sched.kv_cache_manager
+            tables = [[b for ids in kv.get_block_ids(rid) for b in ids if b]
+                      for rid in out.num_scheduled_tokens]
+            self._plan = (rows, pre, reread_tokens(tables, self.block_size))
             return out
 
         sched.schedule = hooked_schedule
@@ -204,7 +210,7 @@ class VllmEngine:
         t_end = self.now_ns()
         finished = []
         if self._plan is not None and self._plan[0]:
-            rows, pre = self._plan
+            rows, pre, reread = self._plan
             prefills, nd, dctx, n_sampled, total = summarise(rows, self._steady)
             for rid in pre:
                 self._preemptions[rid] = self._preemptions.get(rid, 0) + 1
@@ -214,7 +220,7 @@ class VllmEngine:
             self.steps.append(StepRecord(
                 len(self.steps) + 1, t_start, t_end - t_start, self._exec_ns, prefills, nd,
                 dctx, n_sampled, total, pre, len(sched.running), len(sched.waiting),
-                float(sched.kv_cache_manager.usage)))
+                float(sched.kv_cache_manager.usage), reread))
         for o in outs:
             rid = self._ext.get(o.request_id, o.request_id)
             c = o.outputs[0]
