@@ -533,13 +533,13 @@ def check_resumable(path: Path, identity: dict) -> bool:
     if str(old.get("engine", "")).startswith(OTHER_ENGINES):   # calibrate resumes its own
         raise InputError(f"{path}: measured with engine = {old['engine']!r}, this run on "
                          f"servesim's engine: use another --out")
-    _repair_tail(path)
-    lines = _data_lines(path)
+    lines = _data_lines(path)   # (before the repair: a file refused is left as it was)
     if lines and next(csv.reader([lines[0][1]])) != list(CSV_COLUMNS):
         # (an older servesim's file lacks OPTIONAL_COLUMNS: new rows would not fit it)
         raise InputError(f"{path}:{lines[0][0]}: its columns are not this servesim's "
                          f"({', '.join(CSV_COLUMNS)}; an older servesim's file lacks "
                          f"{', '.join(OPTIONAL_COLUMNS)}): use another --out")
+    _repair_tail(path)
     return True
 
 

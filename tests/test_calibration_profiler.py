@@ -178,6 +178,12 @@ def test_an_older_csv_without_reread_counts_reads_as_none_and_is_not_resumed(tmp
         MeasurementLog(path, HEADER)
     assert str(e.value).startswith(f"{path}:2: its columns are not this servesim's (cell, ")
     assert str(e.value).endswith("reread_tokens): use another --out")
+    # ... and left as it was, a last line cut off by a kill included (it was cut first)
+    torn = path.read_bytes() + ONE_ROW["cell"].encode()[:5]
+    path.write_bytes(torn)
+    with pytest.raises(InputError, match="its columns are not this servesim's"):
+        MeasurementLog(path, HEADER)
+    assert path.read_bytes() == torn
 
 
 # ONE_ROW as the CSV holds it
