@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from simulator.cost_model import (COEFFICIENTS, MAX_EFFICIENCY, PATH_COEFFICIENTS,
-                                  RooflineConstants, linear_seconds, roofline_seconds)
+from simulator.cost_model import (COEFFICIENTS, MAX_EFFICIENCY, MAX_REREAD_SPEEDUP,
+                                  PATH_COEFFICIENTS, RooflineConstants, linear_seconds,
+                                  roofline_seconds)
 
 FEATURES = ("tokens", "requests", "prefill_tokens", "decodes", "context_tokens", "attn_pairs",
             "sampled", "reread_tokens")
@@ -187,7 +188,7 @@ def fit_roofline(X, y, k: RooflineConstants, peak_flops: float | None = None,
     if peak_flops:
         lo[3] = lo[5] = 1.0 / (MAX_EFFICIENCY * peak_flops)
     lo = np.maximum(lo / scale, 1e-9)
-    lo[6], hi[6] = 0.01, 1.0
+    lo[6], hi[6] = 1.0 / MAX_REREAD_SPEEDUP, 1.0
     free = np.array([True] * 6 + [reread] + [paths] * 2)
 
     def full(p, m):

@@ -110,6 +110,10 @@ COEFFICIENTS = {
 #: beats a DRAM copy; ``calibration.fit`` bounds its rates so); a term pinned there is
 #: negligible in the measured range.
 MAX_EFFICIENCY = 4.0
+#: The most a re-read may beat a first read (``w_reread_bytes_per_s`` over
+#: ``w_attn_bytes_per_s``; ``calibration.fit`` bounds it so): at the bound a re-read is all but
+#: free, its data in cache.
+MAX_REREAD_SPEEDUP = 100.0
 #: Coefficients a form may add. ``prefill_step_s`` / ``decode_step_s`` (0 when absent): the
 #: fixed seconds of a step that holds any prefill chunk / any decode, on top of ``a0_s``
 #: (each kind runs its own attention path: prefill chunks through causal attention over
@@ -402,6 +406,31 @@ class Profile(_P):
         if type(old) is int and type(tp) is int and old >= 0 and tp >= 1:
             data = {**data, "kv": {**kv, OLD_KV_MEMORY_KEY: old // tp}}
         return data
+
+    @model_validator(mode="after")
+    def _rates_within_the_device(self):
+        # The fit bounds every rate (calibration.fit): one far past its bound is a hand edit
+        # that prices its term at ~0 (w_attn_bytes_per_s: 1e300 priced a TTFT of 1 us).
+        coef, dev = self.cost.coefficients, self.device
+        peaks = {"w_eff_bytes_per_s": ("memory_bandwidth", dev.memory_bandwidth),
+                 "w_attn_bytes_per_s": ("memory_bandwidth", dev.memory_bandwidth),
+                 "f_eff_flops_per_s": ("peak_flops", dev.peak_flops),
+                 "f_attn_flops_per_s": ("peak_flops", dev.peak_flops)}
+        for key, (name, peak) in peaks.items():
+            v = coef.get(key)
+            if v is not None and v > MAX_EFFICIENCY * peak * (1 + 1e-9):
+                raise SubkeyError(("cost", "coefficients", key), (
+                    f"{v:g} is {v / peak:.3g} x the device's {name} ({peak:g}); a rate is at "
+                    f"most {MAX_EFFICIENCY:g} x it (data in cache beats a copy from memory by "
+                    f"less)"))
+        again = coef.get("w_reread_bytes_per_s")
+        if again is not None and again > (MAX_REREAD_SPEEDUP * coef["w_attn_bytes_per_s"]
+                                          * (1 + 1e-9)):
+            raise SubkeyError(("cost", "coefficients", "w_reread_bytes_per_s"), (
+                f"{again:g} is {again / coef['w_attn_bytes_per_s']:.3g} x w_attn_bytes_per_s; "
+                f"a re-read rate is at most {MAX_REREAD_SPEEDUP:g} x it (a re-read all but "
+                f"free)"))
+        return self
 
     @model_validator(mode="after")
     def _kv_of_the_model(self):
