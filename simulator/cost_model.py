@@ -235,10 +235,12 @@ class CostSpec(_P):
                                   f">= 0 and < {MAX_STEP_S:g} (got {v:g})")
         again, first = (self.coefficients.get(k) for k in ("w_reread_bytes_per_s",
                                                            "w_attn_bytes_per_s"))
-        if again is not None and again < first:   # (as calibration.fit bounds it)
-            raise SubkeyError(("coefficients", "w_reread_bytes_per_s"),
+        if again is not None and not first <= again <= MAX_REREAD_SPEEDUP * first * (1 + 1e-9):
+            raise SubkeyError(("coefficients", "w_reread_bytes_per_s"),   # the fit's bounds
                               f"a re-read rate: it must be >= w_attn_bytes_per_s ({first:g}; "
-                              f"a read from cache is never slower), got {again:g}")
+                              f"a read from cache is never slower) and <= "
+                              f"{MAX_REREAD_SPEEDUP:g} x it (a re-read all but free), got "
+                              f"{again:g}")
         return self
 
 
@@ -409,8 +411,9 @@ class Profile(_P):
 
     @model_validator(mode="after")
     def _rates_within_the_device(self):
-        # The fit bounds every rate (calibration.fit): one far past its bound is a hand edit
-        # that prices its term at ~0 (w_attn_bytes_per_s: 1e300 priced a TTFT of 1 us).
+        # The fit bounds every rate by the device's peaks (calibration.fit): one past its
+        # bound is a hand edit that prices its term at ~0 (w_attn_bytes_per_s: 1e300 priced
+        # a TTFT of 1 us). (The re-read rate's bounds are CostSpec's: relative to w_attn.)
         coef, dev = self.cost.coefficients, self.device
         peaks = {"w_eff_bytes_per_s": ("memory_bandwidth", dev.memory_bandwidth),
                  "w_attn_bytes_per_s": ("memory_bandwidth", dev.memory_bandwidth),
@@ -423,13 +426,6 @@ class Profile(_P):
                     f"{v:g} is {v / peak:.3g} x the device's {name} ({peak:g}); a rate is at "
                     f"most {MAX_EFFICIENCY:g} x it (data in cache beats a copy from memory by "
                     f"less)"))
-        again = coef.get("w_reread_bytes_per_s")
-        if again is not None and again > (MAX_REREAD_SPEEDUP * coef["w_attn_bytes_per_s"]
-                                          * (1 + 1e-9)):
-            raise SubkeyError(("cost", "coefficients", "w_reread_bytes_per_s"), (
-                f"{again:g} is {again / coef['w_attn_bytes_per_s']:.3g} x w_attn_bytes_per_s; "
-                f"a re-read rate is at most {MAX_REREAD_SPEEDUP:g} x it (a re-read all but "
-                f"free)"))
         return self
 
     @model_validator(mode="after")

@@ -947,16 +947,17 @@ def test_a_bad_coefficient_is_named_at_its_own_line(tmp_path, value, said):
                                             text))
     with pytest.raises(InputError, match=rf":{at}: cost\.coefficients\.w_reread_bytes_per_s: "
                                          r"a re-read rate: it must be >= w_attn_bytes_per_s "
-                                         r"\(1e\+07; a read from cache is never slower\), "
-                                         r"got 1$"):
+                                         r"\(1e\+07; a read from cache is never slower\) and "
+                                         r"<= 100 x it \(a re-read all but free\), got 1$"):
         load_profile(tmp_path / "p.yaml")
     # a rate past MAX_EFFICIENCY x its device peak (memory_bandwidth 1e10 here), or a
     # re-read rate past MAX_REREAD_SPEEDUP x w_attn (1e7): either prices its term at ~0
     for edit, said in (("w_attn_bytes_per_s: 4.0001e10", "w_attn_bytes_per_s: 4.0001e+10 is "
                         "4 x the device's memory_bandwidth (1e+10); a rate is at most 4 x it"),
                        ("w_attn_bytes_per_s: 1e7, w_reread_bytes_per_s: 1.01e9",
-                        "w_reread_bytes_per_s: 1.01e+09 is 101 x w_attn_bytes_per_s; a re-read "
-                        "rate is at most 100 x it")):
+                        "w_reread_bytes_per_s: a re-read rate: it must be >= w_attn_bytes_per_s "
+                        "(1e+07; a read from cache is never slower) and <= 100 x it (a re-read "
+                        "all but free), got 1.01e+09")):
         (tmp_path / "p.yaml").write_text(re.sub(r"w_attn_bytes_per_s: [^,}]+", edit, text))
         with pytest.raises(InputError, match=rf":{at}: cost\.coefficients\.{re.escape(said)}"):
             load_profile(tmp_path / "p.yaml")
