@@ -12,6 +12,9 @@ every step:
 * the preempted request ids and the finished request ids;
 * the whole free-block queue, block ids in order from head to tail (eviction order);
 * ``kv_cache_usage``;
+* the step's re-read tokens (:attr:`simulator.policy.StepPlan.reread_tokens`; vLLM's counted
+  from its block tables as the vLLM backend counts them,
+  :func:`calibration.vllm.core.reread_tokens`);
 
 and at the end of each workload the prefix-cache counters (queries, hits, and the same for
 re-admitted preempted requests, in tokens) and each request's cached prompt tokens.
@@ -54,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the working tree's policy, not an installed servesim
 
 from simulator.policy import Request, Scheduler, SchedulerConfig  # noqa: E402
+from calibration.vllm.core import block_tables, reread_tokens  # noqa: E402
 
 STOP_TOKEN = 42
 #: Share of sampled tokens that are the stop token in a case with stop tokens.
@@ -118,6 +122,7 @@ class VllmScheduler:
         self.s = VllmV1Scheduler(vllm_config=vc, kv_cache_config=kvc,
                                  structured_output_manager=StructuredOutputManager(vc),
                                  block_size=bs, log_stats=True)
+        self.block_size = bs
         init_none_hash(sha256)
         self.hasher = get_request_block_hasher(bs, sha256)  # sha256 block hashes, as served
         self.prefix_stats = [0, 0, 0, 0]  # queries, hits, preempted queries, preempted hits
@@ -143,6 +148,7 @@ class VllmScheduler:
             if ps is not None and ps.num_prompt_tokens > 0:
                 self.cached_tokens.setdefault(nr.req_id, ps.num_cached_tokens)
         ids = list(out.num_scheduled_tokens)
+        reread = reread_tokens(block_tables(s.kv_cache_manager, ids), self.block_size)
         rows, sampled = [], []
         for rid in ids:
             r, n = s.requests[rid], out.num_scheduled_tokens[rid]
@@ -162,7 +168,7 @@ class VllmScheduler:
         return dict(rows=sorted(rows), preempted=sorted(out.preempted_req_ids),
                     finished=sorted(finished),
                     free_queue=[b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-                    usage=round(s.get_kv_cache_usage(), 9))
+                    usage=round(s.get_kv_cache_usage(), 9), reread=reread)
 
     def _add_stats(self, p) -> None:
         if p is not None:
@@ -187,7 +193,7 @@ def servesim_step(s: Scheduler, token) -> tuple[dict, object]:
     finished = sorted(str(r.request_id) for r in s.update(plan, sampled))
     return dict(rows=rows, preempted=preempted, finished=finished,
                 free_queue=list(s.kv.pool.free_queue),
-                usage=round(s.kv_cache_usage, 9)), plan
+                usage=round(s.kv_cache_usage, 9), reread=plan.reread_tokens), plan
 
 
 class _OldestFirst(dict):
@@ -272,6 +278,7 @@ class Totals:
     preemptions: int = 0
     cases_with_preemption: int = 0
     admissions_with_hits: int = 0
+    steps_with_rereads: int = 0
     resumed_admissions: int = 0
     followups: int = 0
     stop_finishes: int = 0
@@ -318,6 +325,7 @@ def run_case(case: Case, model_dir: str, totals: Totals,
         history.append((t, mine["rows"], mine["preempted"], mine["finished"]))
         totals.steps += 1
         totals.preemptions += len(mine["preempted"])
+        totals.steps_with_rereads += mine["reread"] > 0
         preempted_here += len(mine["preempted"])
         admitted = [e for e in plan.prefills if e.admitted]
         totals.admissions_with_hits += sum(1 for e in admitted if e.num_cached_tokens)

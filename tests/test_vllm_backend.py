@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from calibration.vllm import require_vllm
-from calibration.vllm.core import (RecordBook, Run, Scheduled, VllmGrid, default_vllm_grid,
-                                   engine_knobs, external_id, foreign_cpu_pct, label_steps,
-                                   measurement_rows, reread_tokens, schedule_passes, step_kind,
-                                   summarise)
+from calibration.vllm.core import (RecordBook, Run, Scheduled, VllmGrid, block_tables,
+                                   default_vllm_grid, engine_knobs, external_id,
+                                   foreign_cpu_pct, label_steps, measurement_rows,
+                                   reread_tokens, schedule_passes, step_kind, summarise)
 from simulator.errors import InputError
 
 
@@ -75,6 +75,10 @@ def test_reread_tokens_counts_reads_after_the_first_of_shared_blocks():
     tables = [[1, 2, 5], [1, 2, 6], [1, 7], [9]]
     assert reread_tokens(tables, 16) == 48
     assert reread_tokens([[3, 4], [5]], 128) == 0 and reread_tokens([], 16) == 0
+    # vLLM's tables: one list per KV cache group; block 0 (its null block) is read by none
+    kv = SimpleNamespace(get_block_ids=lambda rid: {"a": ([0, 1, 2],), "b": ([1, 3], [0])}[rid])
+    assert block_tables(kv, ["a", "b"]) == [[1, 2], [1, 3]]
+    assert reread_tokens(block_tables(kv, ["a", "b"]), 16) == 16
 
 
 def test_quick_grid_is_smaller_and_passes_interleave():

@@ -122,6 +122,13 @@ def schedule_passes(runs: list[Run], repeats: int) -> list[tuple[int, Run]]:
     return [(p, r) for p in range(repeats) for r in runs]
 
 
+def block_tables(kv_cache_manager, request_ids) -> list[list[int]]:
+    """Each request's KV block ids, read from vLLM's ``KVCacheManager.get_block_ids`` (every
+    KV cache group; block 0, vLLM's null block, a placeholder no request reads, left out)."""
+    return [[b for group in kv_cache_manager.get_block_ids(rid) for b in group if b]
+            for rid in request_ids]
+
+
 def reread_tokens(block_tables, block_size: int) -> int:
     """Context tokens a step reads again (:attr:`simulator.policy.StepPlan.reread_tokens`)
     from the block tables of the requests it schedules: for each block in ``k`` >= 2 of

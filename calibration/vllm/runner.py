@@ -22,8 +22,8 @@ import time
 
 from simulator.errors import InputError
 
-from .core import (RecordBook, Scheduled, engine_knobs, external_id, not_modelled,
-                   reread_tokens, summarise)
+from .core import (RecordBook, Scheduled, block_tables, engine_knobs, external_id,
+                   not_modelled, reread_tokens, summarise)
 
 
 class VllmEngine:
@@ -133,11 +133,7 @@ class VllmEngine:
                                       int(req.num_prompt_tokens), int(req.num_tokens)))
             pre = sorted(self._ext.get(external_id(r), external_id(r))
                          for r in (out.preempted_req_ids or ()))
-            # every KV block the step's requests attend to (block 0 is vLLM's null block,
-            # a placeholder that no request reads)
-            kv = sched.kv_cache_manager
-            tables = [[b for ids in kv.get_block_ids(rid) for b in ids if b]
-                      for rid in out.num_scheduled_tokens]
+            tables = block_tables(sched.kv_cache_manager, out.num_scheduled_tokens)
             self._plan = (rows, pre, reread_tokens(tables, self.block_size))
             return out
 
