@@ -203,7 +203,7 @@ class Grid:
         head = self.decode_headroom(len(self.mixed_chunks))
         shapes = [(B, L, 0, 1) for L in self.decode_contexts for B in self.decode_batches]
         shapes += [(B, L, rc(s), g) for B, L, s, g in self.shared_decodes
-                   if rc(s) < L and 1 <= g < B]   # as a CSV's cells are read back
+                   if shares_prefixes(B, L, rc(s), g)]   # as a CSV's cells are read back
         for B, L, s, g in shapes:
             if max(decode_lengths(B, L, s)) + head <= max_model_len \
                     and B * (L + head + bs) <= kv_tokens:
@@ -430,7 +430,7 @@ def _check_own_cells(path: Path, df, name: Path) -> None:
             df["cell"], df["kind"], df["prefills"], df["num_decodes"], df["reread_tokens"])):
         cell = cells[key]
         if (cell is None or min(cell.B, cell.L, cell.n, cell.c, cell.s, cell.g - 1) < 0
-                or cell.s and not (cell.s < cell.L and cell.g < cell.B)):
+                or cell.s and not shares_prefixes(cell.B, cell.L, cell.s, cell.g)):
             what = (f"cell is {key!r}: not a grid cell (e.g. 'prefill n=64 c=0', 'decode B=8 "
                     f"L=256', 'decode B=8 L=256 s=128 g=2' with s < L and g < B, 'mixed B=8 "
                     f"L=256 n=64 c=0')")
@@ -626,6 +626,13 @@ def _no_forward(engine):
 # 0.8). The runner's split-K decode attention pads each context to whole pieces, so
 # served-like spreads keep that padding as it is in service.
 CONTEXT_SPREAD = 8.0
+
+
+def shares_prefixes(B: int, L: int, s: int, g: int) -> bool:
+    """Whether ``B`` decodes of mean context ``L`` can share ``g`` ``s``-token prefixes as a
+    grid cell does: each prefix shorter than the context, fewer prefixes than requests (so
+    some are read again), at least one."""
+    return s < L and 1 <= g < B
 
 
 def decode_lengths(B: int, L: int, s: int = 0) -> list[int]:

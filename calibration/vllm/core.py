@@ -76,7 +76,7 @@ class VllmGrid:
     def runs(self, max_model_len: int, kv_tokens: int, max_num_seqs: int) -> list[Run]:
         """The feasible runs: a prompt plus its outputs fits ``max_model_len``, a batch fits
         the KV cache (``kv_tokens``) and ``max_num_seqs``."""
-        from calibration.profiler import decode_lengths
+        from calibration.profiler import decode_lengths, shares_prefixes
 
         out = []
 
@@ -98,7 +98,7 @@ class VllmGrid:
                 add(Run(f"decode B={B} L={L}", tuple(decode_lengths(B, L)),
                         self.decode_tokens))
         for B, L, s, g in self.shared_decodes:
-            if s < L and 1 <= g < B:   # (ends in " L=<int>", as label_steps needs)
+            if shares_prefixes(B, L, s, g):   # (ends in " L=<int>", as label_steps needs)
                 add(Run(f"decode B={B} s={s} g={g} L={L}", tuple(decode_lengths(B, L, s)),
                         self.decode_tokens, prefix=s, groups=g))
         return out
