@@ -1052,4 +1052,4 @@ __all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed
            "default_grid", "least_max_model_len", "IDLE_GAPS_S", "IDLE_PASSES", "IDLE_STEP_TOKENS",
            "idle_step", "measure_ceilings", "measure_grid", "measure_idle",
            "memory_bytes", "read_measurements", "record_features", "run_queue_wait_ns",
-           "served_layout", "warm_up"]
+           "served_layout", "shares_prefixes", "warm_up"]
