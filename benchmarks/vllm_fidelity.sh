@@ -39,7 +39,7 @@ NUMPY="$("$PY" -c 'import numpy; print(numpy.__version__)')"
 # (VLLM_ENABLE_V1_MULTIPROCESSING=0) otherwise computes with torch's default of 2 threads on
 # the 2 cores it shares with the serving loop, and its step times drift with them (with 2
 # threads, validation saw decode steps ~30% slower than its calibration minutes before;
-# benchmarks/results/vllm_fidelity_bind0.md). vLLM's log says the same: "Set
+# benchmarks/results/runs/vllm_fidelity_bind0.md). vLLM's log says the same: "Set
 # OMP_NUM_THREADS in the external environment to override".
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
