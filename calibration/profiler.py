@@ -52,7 +52,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.files import utf8_problem
+from simulator.files import csv_data_lines, utf8_problem
 from simulator.policy.kv_cache import cdiv
 
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
@@ -360,7 +360,7 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
             df[c] = 0
     missing = [c for c in CSV_COLUMNS if c not in df.columns]
     if missing:
-        lines = _data_lines(path, name)
+        lines = csv_data_lines(path, name)
         where = f"{name}:{lines[0][0]}" if lines else str(name)
         raise InputError(f"{where}: not a measurements CSV (missing column {missing[0]}; the "
                          f"column line is {', '.join(CSV_COLUMNS)})")
@@ -475,7 +475,7 @@ def _check_widths(path: Path, name: Path) -> None:
     Raises:
         InputError: naming the row's file line.
     """
-    lines = _data_lines(path, name)
+    lines = csv_data_lines(path, name)
     rows = csv.reader(text for _, text in lines)
     width = None
     for (n, _), row in zip(lines, rows):
@@ -487,21 +487,9 @@ def _check_widths(path: Path, name: Path) -> None:
                              f"again)")
 
 
-def _data_lines(path: Path, name: Path | None = None) -> list[tuple[int, str]]:
-    """``(file line, text)`` of the column line and each row after it, as ``pandas`` reads
-    them: comment (``#``) and blank lines skipped, a byte order mark too; lines numbered
-    from 1."""
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            return [(n, line) for n, line in enumerate(f, 1)
-                    if line.strip() and not line.startswith("#")]
-    except UnicodeDecodeError:
-        raise InputError(utf8_problem(name or path, path.read_bytes())) from None
-
-
 def _row_lines(path: Path) -> list[int]:
     """The file line of each data row of a measurements CSV (after the column line)."""
-    return [n for n, _ in _data_lines(path)[1:]]
+    return [n for n, _ in csv_data_lines(path)[1:]]
 
 
 def check_resumable(path: Path, identity: dict) -> bool:
@@ -533,7 +521,7 @@ def check_resumable(path: Path, identity: dict) -> bool:
     if str(old.get("engine", "")).startswith(OTHER_ENGINES):   # calibrate resumes its own
         raise InputError(f"{path}: measured with engine = {old['engine']!r}, this run on "
                          f"servesim's engine: use another --out")
-    lines = _data_lines(path)   # (before the repair: a file refused is left as it was)
+    lines = csv_data_lines(path)   # (before the repair: a file refused is left as it was)
     if lines and next(csv.reader([lines[0][1]])) != list(CSV_COLUMNS):
         # (an older servesim's file lacks OPTIONAL_COLUMNS: new rows would not fit it)
         raise InputError(f"{path}:{lines[0][0]}: its columns are not this servesim's "

@@ -46,7 +46,7 @@ from pydantic import (AliasChoices, BaseModel, BeforeValidator, Field, PrivateAt
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, kv_bytes_per_token,
                       list_hardware, load_hardware, shape_from_dict)
 from .errors import STRICT_SCHEMA, InputError, KeyedDoesNotFit, KeyedInputError, SubkeyError
-from .files import (atomic_write, is_regular_file, load_yaml, missing_file,
+from .files import (atomic_write, csv_data_lines, is_regular_file, load_yaml, missing_file,
                     scenario_path, utf8_problem, yaml_error_text)
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION, blocks_in_budget, cdiv, min_gpu_blocks
 from .scenario import Scenario, format_validation_error, vllm_block_size
@@ -1425,46 +1425,64 @@ def error_warning(heldout_mape: float | None, replay_mape: float | None) -> str 
             f"before trusting its predictions")
 
 
+#: A measurements CSV's columns that give the steps a calibration measured.
+_REACH_COLUMNS = ("num_decodes", "prefill_tokens")
+
+
 @functools.lru_cache(maxsize=16)
-def _measured_reach(csv_path: str, mtime_ns: int) -> tuple[int, int] | None:
+def _measured_reach(csv_path: str, shown: str, mtime_ns: int) -> tuple[int, int] | str:
     """(the largest decode batch, the largest prefill tokens) of one measured step in a
-    measurements CSV; None where it cannot be read (its profile still serves), as where a
-    row holds no whole number >= 0 there (edited: text, nan, 1e400, a cut-off row)."""
+    measurements CSV, or why they cannot be read there (its profile still serves): a row
+    edited past a whole number >= 0 (text, nan, 1e400, a cut-off row) is named by its file
+    line, as ``shown``:line. Only these two columns are read: calibrate and validate check
+    the whole file."""
     import pandas as pd
 
+    path = Path(csv_path)
     try:
-        df = pd.read_csv(csv_path, comment="#", usecols=["num_decodes", "prefill_tokens"])
-    except (OSError, ValueError, pd.errors.ParserError):
-        return None
-    counts = df.apply(pd.to_numeric, errors="coerce").to_numpy(float)
-    if not len(counts) or not (np.isfinite(counts) & (counts >= 0)
-                               & (counts == np.floor(counts))).all():
-        return None
-    return int(counts[:, 0].max()), int(counts[:, 1].max())
+        lines = csv_data_lines(path, Path(shown))
+        df = pd.read_csv(path, comment="#", usecols=list(_REACH_COLUMNS), dtype=str,
+                         keep_default_na=False)
+    except InputError as e:
+        return str(e)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        return f"{shown}: not a measurements CSV ({str(e).splitlines()[0]})"
+    if not len(df):
+        return f"{shown}: holds no measured step"
+    for c in _REACH_COLUMNS:
+        num = pd.to_numeric(df[c], errors="coerce").to_numpy(float)
+        bad = (~(np.isfinite(num) & (num >= 0) & (num == np.floor(num)))).nonzero()[0]
+        if len(bad):
+            i = int(bad[0])
+            line = lines[i + 1][0] if len(lines) == len(df) + 1 else None
+            where = f"{shown}:{line}" if line else f"{shown} (row {i + 1})"
+            return f"{where}: {c} is {df[c].iloc[i]!r}, not a whole number >= 0"
+        df[c] = num
+    return int(df[_REACH_COLUMNS[0]].max()), int(df[_REACH_COLUMNS[1]].max())
 
 
 def grid_excess(cost: "CostModel", scenario, result) -> dict | None:
     """How far ``result`` (a :class:`~simulator.metrics.RunResult` of ``scenario``) on a
     measured profile went past the steps its calibration measured: None when the profile
     names no measurements CSV (nothing to compare with), else ``{"profile", "csv",
-    "reach"}`` with ``reach`` None when the CSV cannot be read beside it, else also
-    ``running`` (the most sequences one replica ran at once, summary
-    running_max_per_replica, each a decode at most; None when within the largest decode
-    batch measured, ``batch``) and ``chunks`` (the longest prefill chunk it could schedule:
-    max_num_batched_tokens, or its longest prompt served; None when within the largest
-    measured, ``chunk``). The fitted form prices such steps as it stands: an extrapolation
-    no held-out cell checked."""
+    "reach"}`` with ``reach`` why the CSV cannot be read beside it (a line of text), else
+    the measured ``(batch, chunk)`` and also ``running`` (the most sequences one replica ran
+    at once, summary running_max_per_replica, each a decode at most; None when within the
+    largest decode batch measured, ``batch``) and ``chunks`` (the longest prefill chunk it
+    could schedule: max_num_batched_tokens, or its longest prompt served; None when within
+    the largest measured, ``chunk``). The fitted form prices such steps as it stands: an
+    extrapolation no held-out cell checked."""
     prof = cost.profile
     rel = prof.provenance.measurements_csv if prof is not None and prof.measured else None
     if not rel or prof.path is None:
         return None
     path = prof.path.parent / rel
     try:
-        reach = _measured_reach(str(path), path.stat().st_mtime_ns)
+        reach = _measured_reach(str(path), rel, path.stat().st_mtime_ns)
     except OSError:
-        reach = None
+        reach = f"{rel}: not found beside the profile"
     out = {"profile": prof.display_name, "csv": rel, "reach": reach}
-    if reach is not None:
+    if not isinstance(reach, str):
         req = result.requests
         served = req.loc[req["finish_reason"] != "rejected", "prompt_tokens"]
         running = (result.summary.get("concurrency") or {}).get("running_max_per_replica") or 0
@@ -1482,7 +1500,7 @@ def merged_excess(excesses: list) -> dict | None:
     past = [e for e in excesses if grid_text(e)]
     if not past:
         return None
-    return next((e for e in past if e["reach"] is None), None) or dict(
+    return next((e for e in past if isinstance(e["reach"], str)), None) or dict(
         past[0], **{k: max(e[k] or 0 for e in past) or None for k in ("running", "chunks")})
 
 
@@ -1491,10 +1509,10 @@ def grid_text(excess: dict | None, several: bool = False) -> str | None:
     ``several``: its figures are the most of several runs ("up to 64 sequences")."""
     if excess is None:
         return None
-    if excess["reach"] is None:   # moved or broken: the steps it measured are not known
+    if isinstance(excess["reach"], str):   # moved or broken: the steps measured are unknown
         return (f"profile {excess['profile']} names measurements CSV {excess['csv']}, which "
-                f"cannot be read beside it: whether steps went past its calibration grid "
-                f"cannot be told")
+                f"cannot be read beside it ({excess['reach']}): whether steps went past its "
+                f"calibration grid cannot be told")
     most = "up to " if several else ""
     past = ([f"{most}{excess['running']} sequences running at once (decode batches up to "
              f"{excess['batch']} were measured)"] if excess["running"] else []) + (

@@ -402,6 +402,24 @@ def utf8_problem(path: Path, raw: bytes | None = None) -> str:
     return f"{path}: not UTF-8 text (save the file as UTF-8)"
 
 
+def csv_data_lines(path: Path, name: Path | None = None) -> list[tuple[int, str]]:
+    """``(file line, text)`` of a CSV's column line and each row after it, as ``pandas``
+    reads them with ``comment="#"``: comment and blank lines skipped, a byte order mark
+    too; lines numbered from 1 (for errors that name a row's line).
+
+    Raises:
+        InputError: :func:`utf8_problem`'s line, naming the file ``name`` (default
+            ``path``).
+        OSError: as ``open``.
+    """
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            return [(n, line) for n, line in enumerate(f, 1)
+                    if line.strip() and not line.startswith("#")]
+    except UnicodeDecodeError:
+        raise InputError(utf8_problem(name or path, path.read_bytes())) from None
+
+
 def read_small_text(path: Path, limit: int, what: str) -> str:
     """The UTF-8 text of ``path`` (a file, or a pipe such as ``<(...)``), read once and at
     most ``limit`` bytes of it: a device like /dev/zero would otherwise be read until

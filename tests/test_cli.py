@@ -947,25 +947,35 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
                                           "measurements_csv: gone."))
     assert main(["run", str(scenario), *fast, "--set", f"hardware.profile={moved}",
                  "--out", str(tmp_path / "d"), "--quiet"]) == 0
-    assert ("names measurements CSV gone.measurements.csv, which cannot be read beside it: "
-            "whether steps went past its calibration grid cannot be told"
-            in capsys.readouterr().err)
+    assert ("names measurements CSV gone.measurements.csv, which cannot be read beside it "
+            "(gone.measurements.csv: not found beside the profile): whether steps went past "
+            "its calibration grid cannot be told" in capsys.readouterr().err)
     # ... nor one whose CSV holds a row edited past a whole number (it was a traceback)
     src = root / "simulator" / "profiles" / "cpu-llama-tiny-56m-bfloat16.measurements.csv"
     lines = src.read_text().splitlines(keepends=True)
     cols = next(ln for ln in lines if not ln.startswith("#")).rstrip("\n").split(",")
-    for i, value in enumerate(("1e400", "nan", "-9", "abc")):
+    for i, value in enumerate(("1e400", "nan", "-9", "abc", "2.5", None, b"\xff")):
         row = lines[-1].rstrip("\n").split(",")
-        row[cols.index("num_decodes" if i % 2 else "prefill_tokens")] = value
-        (tmp_path / f"e{i}.measurements.csv").write_text("".join(lines[:-1]) + ",".join(row)
-                                                         + "\n")
+        col = "num_decodes" if i % 2 else "prefill_tokens"
+        if isinstance(value, str):
+            row[cols.index(col)] = value
+        text = "".join(lines[:-1]) + ",".join(row) + "\n"
+        if value is None:   # the column line and comments only
+            text = "".join(ln for ln in lines if ln.startswith("#")) + ",".join(cols) + "\n"
+        (tmp_path / f"e{i}.measurements.csv").write_bytes(
+            text.encode() + (value if isinstance(value, bytes) else b""))
         edited = tmp_path / f"e{i}.yaml"
         edited.write_text(moved.read_text().replace("measurements_csv: gone.",
                                                     f"measurements_csv: e{i}."))
         assert main(["run", str(scenario), *fast, "--set", f"hardware.profile={edited}",
                      "--out", str(tmp_path / f"e{i}"), "--quiet"]) == 0
+        # the row is named by its file line (the last one)
+        why = (f"e{i}.measurements.csv:{len(lines)}: {col} is {value!r}, not a whole number "
+               f">= 0" if isinstance(value, str) else f"e{i}.measurements.csv: holds no "
+               f"measured step" if value is None else f"e{i}.measurements.csv:{len(lines) + 1}"
+               f": not UTF-8 text (byte 0xff at column 1; save the file as UTF-8)")
         assert (f"names measurements CSV e{i}.measurements.csv, which cannot be read beside "
-                f"it" in capsys.readouterr().err)
+                f"it ({why}): whether steps" in capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("args, said", [
