@@ -52,7 +52,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.files import csv_data_lines, utf8_problem
+from simulator.files import csv_data_lines, csv_width_problem, utf8_problem
 from simulator.policy.kv_cache import cdiv
 
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
@@ -469,22 +469,15 @@ CELL_KINDS = ("prefill", "decode", "mixed")
 
 
 def _check_widths(path: Path, name: Path) -> None:
-    """Every data row has as many fields as the column line (pandas would pad a short row
-    with empty fields, then name the first one as the fault).
+    """Every data row has as many fields as the column line (:func:`csv_width_problem`).
 
     Raises:
         InputError: naming the row's file line.
     """
-    lines = csv_data_lines(path, name)
-    rows = csv.reader(text for _, text in lines)
-    width = None
-    for (n, _), row in zip(lines, rows):
-        if width is None:
-            width = len(row)
-        elif len(row) != width:
-            raise InputError(f"{name}:{n}: {len(row)} fields where the column line has "
-                             f"{width}: not a measurements row (delete the row to measure it "
-                             f"again)")
+    bad = csv_width_problem(csv_data_lines(path, name))
+    if bad:
+        raise InputError(f"{name}:{bad}: not a measurements row (delete the row to measure "
+                         f"it again)")
 
 
 def _row_lines(path: Path) -> list[int]:

@@ -46,8 +46,8 @@ from pydantic import (AliasChoices, BaseModel, BeforeValidator, Field, PrivateAt
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, kv_bytes_per_token,
                       list_hardware, load_hardware, shape_from_dict)
 from .errors import STRICT_SCHEMA, InputError, KeyedDoesNotFit, KeyedInputError, SubkeyError
-from .files import (atomic_write, csv_data_lines, is_regular_file, load_yaml, missing_file,
-                    scenario_path, utf8_problem, yaml_error_text)
+from .files import (atomic_write, csv_data_lines, csv_width_problem, is_regular_file,
+                    load_yaml, missing_file, scenario_path, utf8_problem, yaml_error_text)
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION, blocks_in_budget, cdiv, min_gpu_blocks
 from .scenario import Scenario, format_validation_error, vllm_block_size
 
@@ -1441,6 +1441,9 @@ def _measured_reach(csv_path: str, shown: str, mtime_ns: int) -> tuple[int, int]
     path = Path(csv_path)
     try:
         lines = csv_data_lines(path, Path(shown))
+        bad = csv_width_problem(lines)   # a cut-off row may keep both columns whole
+        if bad:
+            return f"{shown}:{bad}"
         df = pd.read_csv(path, comment="#", usecols=list(_REACH_COLUMNS), dtype=str,
                          keep_default_na=False)
     except InputError as e:
@@ -1477,10 +1480,11 @@ def grid_excess(cost: "CostModel", scenario, result) -> dict | None:
     if not rel or prof.path is None:
         return None
     path = prof.path.parent / rel
-    try:
-        reach = _measured_reach(str(path), rel, path.stat().st_mtime_ns)
+    try:   # (a device or a pipe named there would be read forever)
+        reach = (_measured_reach(str(path), rel, path.stat().st_mtime_ns)
+                 if is_regular_file(path) else f"{rel}: {missing_file(path)}")
     except OSError:
-        reach = f"{rel}: not found beside the profile"
+        reach = f"{rel}: {missing_file(path)}"
     out = {"profile": prof.display_name, "csv": rel, "reach": reach}
     if not isinstance(reach, str):
         req = result.requests

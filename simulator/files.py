@@ -4,6 +4,7 @@ reading that refuses duplicate keys, and key lines (:func:`yaml_line`)."""
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import json
 import os
@@ -418,6 +419,21 @@ def csv_data_lines(path: Path, name: Path | None = None) -> list[tuple[int, str]
                     if line.strip() and not line.startswith("#")]
     except UnicodeDecodeError:
         raise InputError(utf8_problem(name or path, path.read_bytes())) from None
+
+
+def csv_width_problem(lines: list[tuple[int, str]]) -> str | None:
+    """``"<file line>: <n> fields where the column line has <m>"`` for the first row of
+    ``lines`` (:func:`csv_data_lines`) whose field count is not the column line's, else
+    None: pandas pads a short row (a line cut off) with empty fields and names the first
+    of them as the fault, or reads a long one as shifted."""
+    rows = csv.reader(text for _, text in lines)
+    width = None
+    for (n, _), row in zip(lines, rows):
+        if width is None:
+            width = len(row)
+        elif len(row) != width:
+            return f"{n}: {len(row)} fields where the column line has {width}"
+    return None
 
 
 def read_small_text(path: Path, limit: int, what: str) -> str:

@@ -948,7 +948,7 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
     assert main(["run", str(scenario), *fast, "--set", f"hardware.profile={moved}",
                  "--out", str(tmp_path / "d"), "--quiet"]) == 0
     assert ("names measurements CSV gone.measurements.csv, which cannot be read beside it "
-            "(gone.measurements.csv: not found beside the profile): whether steps went past "
+            "(gone.measurements.csv: file not found): whether steps went past "
             "its calibration grid cannot be told" in capsys.readouterr().err)
     # ... nor one whose CSV holds a row edited past a whole number (it was a traceback)
     src = root / "simulator" / "profiles" / "cpu-llama-tiny-56m-bfloat16.measurements.csv"
@@ -976,6 +976,26 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
                f": not UTF-8 text (byte 0xff at column 1; save the file as UTF-8)")
         assert (f"names measurements CSV e{i}.measurements.csv, which cannot be read beside "
                 f"it ({why}): whether steps" in capsys.readouterr().err)
+    # a row cut off (its two columns whole) or one field too long; a device or a pipe named
+    # as the CSV (read, it would never end)
+    last, width = lines[-1].rstrip("\n"), len(cols)
+    os.mkfifo(tmp_path / "pipe.csv")
+    for k, (csv_name, body, why) in enumerate((
+            ("cut.measurements.csv", "".join(lines[:-1]) + last[:last.rindex(",")] + "\n",
+             f"cut.measurements.csv:{len(lines)}: {width - 1} fields where the column line "
+             f"has {width}"),
+            ("long.measurements.csv", "".join(lines[:-1]) + last + ",7\n",
+             f"long.measurements.csv:{len(lines)}: {width + 1} fields where the column line "
+             f"has {width}"),
+            ("/dev/zero", None, "/dev/zero: not a regular file"),
+            (str(tmp_path / "pipe.csv"), None, f"{tmp_path / 'pipe.csv'}: not a regular file"))):
+        if body is not None:
+            (tmp_path / csv_name).write_text(body)
+        edited.write_text(moved.read_text().replace("measurements_csv: gone.measurements.csv",
+                                                    f"measurements_csv: {csv_name}"))
+        assert main(["run", str(scenario), *fast, "--set", f"hardware.profile={edited}",
+                     "--out", str(tmp_path / f"w{k}"), "--quiet"]) == 0
+        assert f"which cannot be read beside it ({why}): whether" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, said", [
