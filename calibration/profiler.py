@@ -240,6 +240,11 @@ class Grid:
         return max((*self.prefill_chunks, *(n for n, _ in self.mixed_chunks), 1))
 
 
+#: The CPU grid's shared-prefix decode cells ``(B, L, s, g)`` (``--quick``: the first two);
+#: the vLLM backend's grid measures the same (:func:`calibration.vllm.core.default_vllm_grid`).
+CPU_SHARED_DECODES = ((8, 256, 128, 2), (24, 512, 128, 4), (24, 1024, 512, 4))
+
+
 def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
     """The grid ``servesim calibrate`` measures.
 
@@ -257,15 +262,14 @@ def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
                         decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 512)),
                         mixed_batches=(2, 8), mixed_contexts=fit((256,)),
                         mixed_chunks=((32, 0), (256, 256)),
-                        shared_decodes=shared(((8, 256, 128, 2), (24, 512, 128, 4))),
+                        shared_decodes=shared(CPU_SHARED_DECODES[:2]),
                         repeats=3,
                         decode_steps_per_visit=2)
         return Grid(prefill_chunks=(16, 64, 256, 768), prefill_contexts=fit((0, 256, 1024)),
                     decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=fit((64, 256, 1024)),
                     mixed_batches=(2, 8, 24), mixed_contexts=fit((128, 512)),
                     mixed_chunks=((32, 0), (128, 256), (512, 0)),
-                    shared_decodes=shared(((8, 256, 128, 2), (24, 512, 128, 4),
-                                           (24, 1024, 512, 4))),
+                    shared_decodes=shared(CPU_SHARED_DECODES),
                     repeats=4, decode_steps_per_visit=2)
     if quick:
         return Grid(prefill_chunks=(64, 512, 2048, 8192), prefill_contexts=fit((0, 2048)),
@@ -1027,7 +1031,8 @@ def memory_bytes(device: str) -> int:
     return host_memory_bytes()
 
 
-__all__ = ["CONTEXT_SPREAD", "CSV_COLUMNS", "Cell", "decode_lengths", "disturbed", "Grid",
+__all__ = ["CONTEXT_SPREAD", "CPU_SHARED_DECODES", "CSV_COLUMNS", "Cell", "decode_lengths",
+           "disturbed", "Grid",
            "GridRun", "MAX_RETRIES", "MAX_WAIT_SHARE", "MeasurementLog", "check_resumable",
            "cpu_isa", "cpu_name",
            "default_grid", "least_max_model_len", "IDLE_GAPS_S", "IDLE_PASSES", "IDLE_STEP_TOKENS",

@@ -107,7 +107,8 @@ class VllmGrid:
 def default_vllm_grid(quick: bool) -> VllmGrid:
     """The grid for a ~50M-parameter model on a 2-core CPU (about 3 passes × 25 s; ``quick``
     thins it to about 2 × 12 s)."""
-    shared = ((8, 256, 128, 2), (24, 512, 128, 4), (24, 1024, 512, 4))   # as servesim's grid
+    from calibration.profiler import CPU_SHARED_DECODES as shared   # as servesim's grid
+
     if quick:
         return VllmGrid(prefill_lengths=(16, 128, 512, 1536), batches=(1, 4),
                         prefix_contexts=(512,), decode_batches=(1, 4, 16, 64),
