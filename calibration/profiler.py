@@ -52,7 +52,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.files import csv_data_lines, csv_width_problem, utf8_problem
+from simulator.files import read_csv_rows, utf8_problem
 from simulator.policy.kv_cache import cdiv
 
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
@@ -351,23 +351,21 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
     name = Path(shown) if shown is not None else path
     if not path.is_file():
         raise InputError(f"{name}: measurements CSV not found")
-    try:
-        _check_widths(path, name)
-        df = pd.read_csv(path, comment="#", keep_default_na=False,
-                         dtype={"prefills": str, "cell": str})
-    except InputError:
-        raise
-    except (ValueError, pd.errors.ParserError) as e:
-        raise InputError(f"{name}: not a measurements CSV: {str(e).splitlines()[0]}") from None
-    for c in OPTIONAL_COLUMNS:
-        if c not in df.columns:
-            df[c] = 0
-    missing = [c for c in CSV_COLUMNS if c not in df.columns]
+    table = read_csv_rows(path, name)
+    bad = table.width_problem()   # a short row (a line cut off) is named as short
+    if bad:
+        raise InputError(f"{name}:{bad}: not a measurements row (delete the row to measure "
+                         f"it again)")
+    missing = [c for c in CSV_COLUMNS if c not in table.columns and c not in OPTIONAL_COLUMNS]
     if missing:
-        lines = csv_data_lines(path, name)
-        where = f"{name}:{lines[0][0]}" if lines else str(name)
+        where = f"{name}:{table.column_line}" if table.columns else str(name)
         raise InputError(f"{where}: not a measurements CSV (missing column {missing[0]}; the "
                          f"column line is {', '.join(CSV_COLUMNS)})")
+    df = table.frame()
+    for c in OPTIONAL_COLUMNS:
+        if c not in df.columns:
+            df[c] = "0"
+    lines = table.lines
     for c in CSV_COLUMNS:
         if c in _TEXT_COLUMNS:
             continue
@@ -379,17 +377,16 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
         bad = (~ok).to_numpy().nonzero()[0]
         if len(bad):   # a row edited or written by something else: name its line
             i = int(bad[0])
-            v = df[c].iloc[i]
-            v = getattr(v, "item", lambda: v)()   # a NumPy number as Python writes it
+            v = df[c].iloc[i]   # as the file writes it
             want = ("a step time > 0" if c == "duration_ns" else "a whole number >= 0"
                     if c in _COUNT_COLUMNS else "a finite number >= 0")
-            raise InputError(f"{name}:{_row_lines(path)[i]}: {c} is {v!r}: a measurements "
+            raise InputError(f"{name}:{lines[i]}: {c} is {v!r}: a measurements "
                              f"row holds {want} there (delete the row to measure it again)")
         df[c] = num
     bad = (df["reread_tokens"] > df["context_tokens"]).to_numpy().nonzero()[0]
     if len(bad):   # a re-read token is one of the step's context tokens
         i = int(bad[0])
-        raise InputError(f"{name}:{_row_lines(path)[i]}: reread_tokens is "
+        raise InputError(f"{name}:{lines[i]}: reread_tokens is "
                          f"{df['reread_tokens'].iloc[i]:g}: more than the row's context_tokens "
                          f"({df['context_tokens'].iloc[i]:g}), which hold every token read "
                          f"again (delete the row to measure it again)")
@@ -402,11 +399,11 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
         bad = (~ok).to_numpy().nonzero()[0]
         if len(bad):
             i = int(bad[0])
-            raise InputError(f"{name}:{_row_lines(path)[i]}: {c} is {df[c].iloc[i]!r}: a "
+            raise InputError(f"{name}:{lines[i]}: {c} is {df[c].iloc[i]!r}: a "
                              f"measurements row {want} (delete the row to measure it again)")
     header = read_csv_header(path) or {}
     if not str(header.get("engine", "")).startswith(OTHER_ENGINES):
-        _check_own_cells(path, df, name)
+        _check_own_cells(df, lines, name)
     return df
 
 
@@ -418,7 +415,7 @@ OWN_ENGINE = "servesim-torch"
 OTHER_ENGINES = ("vllm",)
 
 
-def _check_own_cells(path: Path, df, name: Path) -> None:
+def _check_own_cells(df, lines: list[int], name: Path) -> None:
     """Each row of a servesim-engine CSV names a grid cell (:meth:`Cell.from_key`, sizes
     >= 0; a shared prefix shorter than the mean context, among fewer prefixes than
     requests) of its own kind, ran that cell's chunk beside its decodes (as
@@ -449,7 +446,7 @@ def _check_own_cells(path: Path, df, name: Path) -> None:
                     f"step ((B − g) · s), the row's reread_tokens are {again:g}")
         else:
             continue
-        raise InputError(f"{name}:{_row_lines(path)[i]}: {what} (delete the row to measure "
+        raise InputError(f"{name}:{lines[i]}: {what} (delete the row to measure "
                          f"it again)")
 
 
@@ -470,23 +467,6 @@ _COUNT_COLUMNS = ("pass", "num_decodes", "decode_context_tokens", "num_sampled",
 _PREFILLS = r"(?:[0-9]+@[0-9]+(?:;[0-9]+@[0-9]+)*)?"
 #: A grid cell's kinds (:class:`Cell`).
 CELL_KINDS = ("prefill", "decode", "mixed")
-
-
-def _check_widths(path: Path, name: Path) -> None:
-    """Every data row has as many fields as the column line (:func:`csv_width_problem`).
-
-    Raises:
-        InputError: naming the row's file line.
-    """
-    bad = csv_width_problem(csv_data_lines(path, name))
-    if bad:
-        raise InputError(f"{name}:{bad}: not a measurements row (delete the row to measure "
-                         f"it again)")
-
-
-def _row_lines(path: Path) -> list[int]:
-    """The file line of each data row of a measurements CSV (after the column line)."""
-    return [n for n, _ in csv_data_lines(path)[1:]]
 
 
 def check_resumable(path: Path, identity: dict) -> bool:
@@ -518,10 +498,10 @@ def check_resumable(path: Path, identity: dict) -> bool:
     if str(old.get("engine", "")).startswith(OTHER_ENGINES):   # calibrate resumes its own
         raise InputError(f"{path}: measured with engine = {old['engine']!r}, this run on "
                          f"servesim's engine: use another --out")
-    lines = csv_data_lines(path)   # (before the repair: a file refused is left as it was)
-    if lines and next(csv.reader([lines[0][1]])) != list(CSV_COLUMNS):
+    table = read_csv_rows(path)   # (before the repair: a file refused is left as it was)
+    if table.columns and table.columns != list(CSV_COLUMNS):
         # (an older servesim's file lacks OPTIONAL_COLUMNS: new rows would not fit it)
-        raise InputError(f"{path}:{lines[0][0]}: its columns are not this servesim's "
+        raise InputError(f"{path}:{table.column_line}: its columns are not this servesim's "
                          f"({', '.join(CSV_COLUMNS)}; an older servesim's file lacks "
                          f"{', '.join(OPTIONAL_COLUMNS)}): use another --out")
     _repair_tail(path)
@@ -571,14 +551,14 @@ class MeasurementLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "w", encoding="utf-8", newline="") as f:
                 f.write("# " + json.dumps(header, sort_keys=True) + "\n")
-                csv.writer(f).writerow(CSV_COLUMNS)
+                csv.writer(f, lineterminator="\n").writerow(CSV_COLUMNS)
         self._f = open(self.path, "a", encoding="utf-8", newline="")
         try:  # one writer at a time: two runs on one CSV would each miss the other's rows
             fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self._f.close()
             raise InputError(f"{self.path}: another calibration is writing this file") from None
-        self._w = csv.writer(self._f)
+        self._w = csv.writer(self._f, lineterminator="\n")   # as the header line
 
     def append(self, row: dict) -> None:
         """Write one measurement (a dict keyed by :data:`CSV_COLUMNS`) and sync it to disk,

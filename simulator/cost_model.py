@@ -46,8 +46,8 @@ from pydantic import (AliasChoices, BaseModel, BeforeValidator, Field, PrivateAt
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, kv_bytes_per_token,
                       list_hardware, load_hardware, shape_from_dict)
 from .errors import STRICT_SCHEMA, InputError, KeyedDoesNotFit, KeyedInputError, SubkeyError
-from .files import (atomic_write, csv_data_lines, csv_width_problem, is_regular_file,
-                    load_yaml, missing_file, scenario_path, utf8_problem, yaml_error_text)
+from .files import (atomic_write, is_regular_file, load_yaml, missing_file, read_csv_rows,
+                    scenario_path, utf8_problem, yaml_error_text)
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION, blocks_in_budget, cdiv, min_gpu_blocks
 from .scenario import Scenario, format_validation_error, vllm_block_size
 
@@ -1438,28 +1438,31 @@ def _measured_reach(csv_path: str, shown: str, mtime_ns: int) -> tuple[int, int]
     the whole file."""
     import pandas as pd
 
-    path = Path(csv_path)
     try:
-        lines = csv_data_lines(path, Path(shown))
-        bad = csv_width_problem(lines)   # a cut-off row may keep both columns whole
-        if bad:
-            return f"{shown}:{bad}"
-        df = pd.read_csv(path, comment="#", usecols=list(_REACH_COLUMNS), dtype=str,
-                         keep_default_na=False)
+        table = read_csv_rows(Path(csv_path), Path(shown))
     except InputError as e:
         return str(e)
-    except (OSError, ValueError, pd.errors.ParserError) as e:
+    except OSError as e:
         return f"{shown}: not a measurements CSV ({str(e).splitlines()[0]})"
-    if not len(df):
+    bad = table.width_problem()   # a cut-off row may keep both columns whole
+    if bad:
+        return f"{shown}:{bad}"
+    missing = [c for c in _REACH_COLUMNS if c not in table.columns]
+    if missing:
+        where = f"{shown}:{table.column_line}" if table.columns else shown
+        return f"{where}: not a measurements CSV (no column {missing[0]})"
+    if not table.rows:
         return f"{shown}: holds no measured step"
+    try:
+        df = table.frame()
+    except InputError as e:
+        return str(e)
     for c in _REACH_COLUMNS:
         num = pd.to_numeric(df[c], errors="coerce").to_numpy(float)
         bad = (~(np.isfinite(num) & (num >= 0) & (num == np.floor(num)))).nonzero()[0]
         if len(bad):
             i = int(bad[0])
-            line = lines[i + 1][0] if len(lines) == len(df) + 1 else None
-            where = f"{shown}:{line}" if line else f"{shown} (row {i + 1})"
-            return f"{where}: {c} is {df[c].iloc[i]!r}, not a whole number >= 0"
+            return f"{shown}:{table.lines[i]}: {c} is {df[c].iloc[i]!r}, not a whole number >= 0"
         df[c] = num
     return int(df[_REACH_COLUMNS[0]].max()), int(df[_REACH_COLUMNS[1]].max())
 

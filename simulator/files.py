@@ -1,6 +1,7 @@
 """File input and output: atomic writes (a reader sees the old file or the whole new one,
 never half of it), YAML reading that refuses duplicate keys and reads YAML 1.2 floats, JSON
-reading that refuses duplicate keys, and key lines (:func:`yaml_line`)."""
+reading that refuses duplicate keys, key lines (:func:`yaml_line`), and CSV rows with the
+file line each starts on (:func:`read_csv_rows`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import fnmatch
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -403,37 +406,90 @@ def utf8_problem(path: Path, raw: bytes | None = None) -> str:
     return f"{path}: not UTF-8 text (save the file as UTF-8)"
 
 
-def csv_data_lines(path: Path, name: Path | None = None) -> list[tuple[int, str]]:
-    """``(file line, text)`` of a CSV's column line and each row after it, as ``pandas``
-    reads them with ``comment="#"``: comment and blank lines skipped, a byte order mark
-    too; lines numbered from 1 (for errors that name a row's line).
+@dataclass(frozen=True)
+class CsvRows:
+    """A CSV's rows as text, each with the file line it starts on (lines numbered from 1),
+    for errors that name a row's line.
+
+    Attributes:
+        name: the file as errors name it. columns: the column line's fields ([] when the
+        file holds no line but comments and blanks). column_line: its file line (0 then).
+        rows: each data row's fields, as text. lines: the file line each row starts on.
+    """
+
+    name: Path
+    columns: list[str]
+    column_line: int
+    rows: list[list[str]]
+    lines: list[int]
+
+    def width_problem(self) -> str | None:
+        """``"<file line>: <n> fields where the column line has <m>"`` for the first row
+        whose field count is not the column line's, else None (pandas would pad a short
+        row, a line cut off, with empty fields and blame the first of them, or read a long
+        one as shifted)."""
+        for n, row in zip(self.lines, self.rows):
+            if len(row) != len(self.columns):
+                return f"{n}: {len(row)} fields where the column line has {len(self.columns)}"
+        return None
+
+    def frame(self):
+        """The rows as a ``pandas.DataFrame`` of text, one column per column-line field
+        (rows of another width: :meth:`width_problem` first).
+
+        Raises:
+            InputError: ``"<name>:<column line>: column '<c>' appears twice"``.
+        """
+        import pandas as pd
+
+        seen = set()
+        for c in self.columns:
+            if c in seen:
+                raise InputError(f"{self.name}:{self.column_line}: column {c!r} appears twice")
+            seen.add(c)
+        return pd.DataFrame(self.rows, columns=self.columns, dtype=str)
+
+
+def read_csv_rows(path: Path, name: Path | None = None) -> CsvRows:
+    """Read the CSV at ``path``: lines that begin with ``#`` (servesim's header of run
+    facts) and blank lines skipped, a byte order mark too. Unlike ``pandas``'s
+    ``comment="#"``, a ``#`` inside a field is text, and a quoted field may hold a line
+    break (its row is named by the line it starts on).
 
     Raises:
-        InputError: :func:`utf8_problem`'s line, naming the file ``name`` (default
-            ``path``).
+        InputError: :func:`utf8_problem`'s line, or ``"<name>:<line>: not CSV (<why>)"``
+            (a field over the csv module's limit, 131072 characters); naming ``name``
+            (default ``path``).
         OSError: as ``open``.
     """
+    name = name or path
+    kept: list[int] = []   # file line of each line handed to the reader
+
+    def data(f):
+        for n, line in enumerate(f, 1):
+            if line.strip() and not line.startswith("#"):
+                kept.append(n)
+                yield line
+
+    rows, lines = [], []
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
-            return [(n, line) for n, line in enumerate(f, 1)
-                    if line.strip() and not line.startswith("#")]
+            reader = csv.reader(data(f))
+            while True:
+                first = len(kept)   # the next line read is the row's first
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                rows.append(row)
+                lines.append(kept[first])
     except UnicodeDecodeError:
-        raise InputError(utf8_problem(name or path, path.read_bytes())) from None
-
-
-def csv_width_problem(lines: list[tuple[int, str]]) -> str | None:
-    """``"<file line>: <n> fields where the column line has <m>"`` for the first row of
-    ``lines`` (:func:`csv_data_lines`) whose field count is not the column line's, else
-    None: pandas pads a short row (a line cut off) with empty fields and names the first
-    of them as the fault, or reads a long one as shifted."""
-    rows = csv.reader(text for _, text in lines)
-    width = None
-    for (n, _), row in zip(lines, rows):
-        if width is None:
-            width = len(row)
-        elif len(row) != width:
-            return f"{n}: {len(row)} fields where the column line has {width}"
-    return None
+        raise InputError(utf8_problem(name, path.read_bytes())) from None
+    except csv.Error as e:
+        raise InputError(f"{name}:{kept[-1] if kept else 1}: not CSV ({e})") from None
+    if not rows:
+        return CsvRows(name, [], 0, [], [])
+    return CsvRows(name, rows[0], lines[0], rows[1:], lines[1:])
 
 
 def read_small_text(path: Path, limit: int, what: str) -> str:

@@ -205,12 +205,12 @@ def csv_with_row(tmp_path, row):
 @pytest.mark.parametrize("row,column,value,want", [
     ("garbage,,,,,,,,,,,,,,,,", "pass", "''", "a whole number >= 0"),
     (ROW_TEXT.replace(",5,", ",fast,", 1), "duration_ns", "'fast'", "a step time > 0"),
-    (ROW_TEXT.replace(",5,", ",-5,", 1), "duration_ns", "-5", "a step time > 0"),
+    (ROW_TEXT.replace(",5,", ",-5,", 1), "duration_ns", "'-5'", "a step time > 0"),
     # refused when read: they would break the fit's least squares ("Residuals are not finite")
-    (ROW_TEXT.replace(",5,", ",0,", 1), "duration_ns", "0", "a step time > 0"),
-    (ROW_TEXT.replace(",5,", ",1e400,", 1), "duration_ns", "inf", "a step time > 0"),
-    (ROW_TEXT.replace(",21.0,", ",inf,", 1), "attn_pairs", "inf", "a finite number >= 0"),
-    (ROW_TEXT.replace(",0,5,", ",0.5,5,", 1), "pass", "0.5", "a whole number >= 0"),
+    (ROW_TEXT.replace(",5,", ",0,", 1), "duration_ns", "'0'", "a step time > 0"),
+    (ROW_TEXT.replace(",5,", ",1e400,", 1), "duration_ns", "'1e400'", "a step time > 0"),
+    (ROW_TEXT.replace(",21.0,", ",inf,", 1), "attn_pairs", "'inf'", "a finite number >= 0"),
+    (ROW_TEXT.replace(",0,5,", ",0.5,5,", 1), "pass", "'0.5'", "a whole number >= 0"),
 ])
 def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value, want):
     # a whole line (not a kill's cut-off tail) that is no measurement: one error naming
@@ -226,6 +226,9 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value, want):
 
 @pytest.mark.parametrize("row,column,value,want", [
     (ROW_TEXT.replace(",decode,", ",decoding,"), "kind", "'decoding'",
+     "kind is one of prefill, decode, mixed"),
+    # a '#' inside a field is text, not a comment that cuts the row short
+    (ROW_TEXT.replace(",decode,", ",dec#ode,"), "kind", "'dec#ode'",
      "kind is one of prefill, decode, mixed"),
     (ROW_TEXT.replace("decode B=1 L=20,", " ,"), "cell", "' '", "names its grid cell"),
     (ROW_TEXT.replace(",4,,", ",4,16@x,"), "prefills", "'16@x'",

@@ -286,3 +286,29 @@ def test_integers_read_as_yaml_1_2_core_reads_them(text, value):
     # 010 is ten, not YAML 1.1's octal 8 (--set engine.max_num_seqs=010); 0o10 is eight
     got = load_yaml(f"x: {text}")["x"]
     assert got == value and type(got) is type(value)
+
+
+def test_csv_rows_keep_a_hash_inside_a_field_and_name_each_row_by_its_first_line(tmp_path):
+    from simulator.errors import InputError
+    from simulator.files import read_csv_rows
+    path = tmp_path / "m.csv"
+    # line 1 a comment, 2 the columns, 3 blank, 4 a row whose middle field is "a#b", 5-6 one
+    # row whose quoted field holds a line break, 7 a comment, 8 a row; LF, CRLF and a bare CR
+    path.write_bytes(b'# {"run": 1}\nx,y,z\r\n\n1,a#b,2\n3,"two\nlines",4\r# note\n5,,6\n')
+    t = read_csv_rows(path)
+    assert (t.columns, t.column_line) == (["x", "y", "z"], 2)
+    assert t.rows == [["1", "a#b", "2"], ["3", "two\nlines", "4"], ["5", "", "6"]]
+    assert t.lines == [4, 5, 8]
+    assert t.width_problem() is None
+    assert list(t.frame()["y"]) == ["a#b", "two\nlines", ""]
+    path.write_text("x,y\n1,2\n3\n4,5,6\n")
+    assert read_csv_rows(path).width_problem() == "3: 1 fields where the column line has 2"
+    path.write_text("x,x\n1,2\n")
+    with pytest.raises(InputError, match=r"m.csv:1: column 'x' appears twice$"):
+        read_csv_rows(path).frame()
+    path.write_text("x,y\n1,2\n3," + "4" * 200_000 + "\n")   # past the csv module's limit
+    with pytest.raises(InputError, match=r"m.csv:3: not CSV \(field larger than field limit"):
+        read_csv_rows(path)
+    path.write_text("# comments only\n\n")
+    t = read_csv_rows(path)
+    assert (t.columns, t.column_line, t.rows, t.lines) == ([], 0, [], [])
