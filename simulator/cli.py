@@ -200,7 +200,7 @@ class OneLineParser(argparse.ArgumentParser):
         action = next((a for a in self._actions if flag in a.option_strings), None)
         allowed = self._get_formatter()._expand_help(action) if action and action.help else ""
         what = "a whole number in digits" if kind == "int" else "a number"
-        return f"{flag}: {value} is not {what}" + (f" — {flag}: {allowed}" if allowed else "")
+        return f"{flag}: {value} is not {what}" + (f" — its help: {allowed}" if allowed else "")
 
     def _get_value(self, action, arg_string):
         # Python's int() and float() read ６４ and 4_0; YAML, and so every scenario value,

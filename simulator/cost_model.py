@@ -1471,7 +1471,7 @@ def grid_excess(cost: "CostModel", scenario, result) -> dict | None:
     """How far ``result`` (a :class:`~simulator.metrics.RunResult` of ``scenario``) on a
     measured profile went past the steps its calibration measured: None when the profile
     names no measurements CSV (nothing to compare with), else ``{"profile", "csv",
-    "reach"}`` with ``reach`` why the CSV cannot be read beside it (a line of text), else
+    "reach"}`` with ``reach`` why the CSV cannot be read (a line of text), else
     the measured ``(batch, chunk)`` and also ``running`` (the most sequences one replica ran
     at once, summary running_max_per_replica, each a decode at most; None when within the
     largest decode batch measured, ``batch``) and ``chunks`` (the longest prefill chunk it
@@ -1518,7 +1518,7 @@ def grid_text(excess: dict | None, several: bool = False) -> str | None:
         return None
     if isinstance(excess["reach"], str):   # moved or broken: the steps measured are unknown
         return (f"profile {excess['profile']} names measurements CSV {excess['csv']}, which "
-                f"cannot be read beside it ({excess['reach']}): whether steps went past its "
+                f"cannot be read ({excess['reach']}): whether steps went past its "
                 f"calibration grid cannot be told")
     most = "up to " if several else ""
     past = ([f"{most}{excess['running']} sequences running at once (decode batches up to "

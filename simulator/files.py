@@ -498,14 +498,17 @@ def read_small_text(path: Path, limit: int, what: str) -> str:
     memory runs out.
 
     Raises:
-        InputError: ``"<path>: larger than <limit in MiB> MiB: not a <what>"`` or
-            :func:`utf8_problem`'s line.
+        InputError: ``"<path>: larger than <limit in MiB> MiB: not a <what>"`` (``"<path>:
+            a device, not a <what>"`` for one such as /dev/zero), or :func:`utf8_problem`'s
+            line.
         OSError: as ``open`` (not found, no permission, a folder).
     """
     with open(path, "rb") as f:
         raw = f.read(limit + 1)
+        device = stat.S_ISCHR(os.fstat(f.fileno()).st_mode)
     if len(raw) > limit:
-        raise InputError(f"{path}: larger than {limit // 2**20} MiB: not a {what}")
+        raise InputError(f"{path}: a device, not a {what}" if device else
+                         f"{path}: larger than {limit // 2**20} MiB: not a {what}")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -216,14 +216,14 @@ def test_missing_scenario_file_and_bad_flag(tmp_path):
      "(--set workload.arrival.rate=1,2) (see servesim sweep --help)"),
     # a flag's value that is no number: what the flag takes, from its help
     (["run", "s.yaml", "--replications", "1e9"],
-     "servesim: error: --replications: '1e9' is not a whole number in digits — --replications: "
+     "servesim: error: --replications: '1e9' is not a whole number in digits — its help: "
      "override sim.replications (1 to 1000) (see servesim run --help)"),
     (["plan", "s.yaml", "--target-rate", "fast"],
-     "servesim: error: --target-rate: 'fast' is not a number — --target-rate: requests/s, "
+     "servesim: error: --target-rate: 'fast' is not a number — its help: requests/s, "
      "> 0 and at most 1e9 (default plan.target_rate) (see servesim plan --help)"),
     (["validate", "s.yaml", "--saturation-requests", "1.5"],
      "servesim: error: --saturation-requests: '1.5' is not a whole number in digits — "
-     "--saturation-requests: burst size of the saturation run, 5 to 100000 (default 4 × "
+     "its help: burst size of the saturation run, 5 to 100000 (default 4 × "
      "max_num_seqs) (see servesim validate --help)"),
 ])
 def test_an_unknown_flag_names_its_commands_help(tmp_path, capsys, argv, expected):
@@ -947,14 +947,14 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
                                           "measurements_csv: gone."))
     assert main(["run", str(scenario), *fast, "--set", f"hardware.profile={moved}",
                  "--out", str(tmp_path / "d"), "--quiet"]) == 0
-    assert ("names measurements CSV gone.measurements.csv, which cannot be read beside it "
+    assert ("names measurements CSV gone.measurements.csv, which cannot be read "
             "(gone.measurements.csv: file not found): whether steps went past "
             "its calibration grid cannot be told" in capsys.readouterr().err)
     # ... nor one whose CSV holds a row edited past a whole number (it was a traceback)
     src = root / "simulator" / "profiles" / "cpu-llama-tiny-56m-bfloat16.measurements.csv"
     lines = src.read_text().splitlines(keepends=True)
     cols = next(ln for ln in lines if not ln.startswith("#")).rstrip("\n").split(",")
-    for i, value in enumerate(("1e400", "nan", "-9", "abc", "2.5", None, b"\xff")):
+    for i, value in enumerate(("1e400", "nan", "-9", "abc", "2.5", None, b"\xff", "3#4")):
         row = lines[-1].rstrip("\n").split(",")
         col = "num_decodes" if i % 2 else "prefill_tokens"
         if isinstance(value, str):
@@ -974,8 +974,8 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
                f">= 0" if isinstance(value, str) else f"e{i}.measurements.csv: holds no "
                f"measured step" if value is None else f"e{i}.measurements.csv:{len(lines) + 1}"
                f": not UTF-8 text (byte 0xff at column 1; save the file as UTF-8)")
-        assert (f"names measurements CSV e{i}.measurements.csv, which cannot be read beside "
-                f"it ({why}): whether steps" in capsys.readouterr().err)
+        assert (f"names measurements CSV e{i}.measurements.csv, which cannot be read "
+                f"({why}): whether steps" in capsys.readouterr().err)
     # a row cut off (its two columns whole) or one field too long; a device or a pipe named
     # as the CSV (read, it would never end)
     last, width = lines[-1].rstrip("\n"), len(cols)
@@ -995,7 +995,7 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
                                                     f"measurements_csv: {csv_name}"))
         assert main(["run", str(scenario), *fast, "--set", f"hardware.profile={edited}",
                      "--out", str(tmp_path / f"w{k}"), "--quiet"]) == 0
-        assert f"which cannot be read beside it ({why}): whether" in capsys.readouterr().err
+        assert f"which cannot be read ({why}): whether" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, said", [

@@ -1255,10 +1255,17 @@ def test_a_candidate_value_given_twice_is_refused(chat):
     assert given_twice(["1", "true", "[1]"], [1, True, [1]], "point") is None
 
 
-@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
-def test_an_endless_scenario_file_is_read_no_further_than_its_limit():
-    # /dev/zero is refused past MAX_SCENARIO_BYTES, not read until memory runs out
-    assert err(load_scenario, "/dev/zero") == "/dev/zero: larger than 16 MiB: not a scenario file"
+def test_an_endless_scenario_file_is_read_no_further_than_its_limit(tmp_path):
+    # refused past MAX_SCENARIO_BYTES (a sparse file: no 16 MiB written), and a device such
+    # as /dev/zero before reading, not read until memory runs out
+    from simulator.scenario import MAX_SCENARIO_BYTES
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(MAX_SCENARIO_BYTES + 1)
+    assert err(load_scenario, str(big)) == (f"{big}: larger than "
+                                            f"{MAX_SCENARIO_BYTES >> 20} MiB: not a scenario file")
+    if Path("/dev/zero").exists():
+        assert err(load_scenario, "/dev/zero") == "/dev/zero: a device, not a scenario file"
 
 
 def test_a_bad_byte_is_placed_by_its_character_column(tmp_path):
