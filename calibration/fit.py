@@ -405,7 +405,8 @@ def refit_profile(profile) -> FitResult:
     checking a profile or re-deciding its form.
 
     Raises:
-        InputError: the profile names no CSV, or the CSV is missing or malformed.
+        InputError: the profile names no CSV, or the CSV is missing, malformed or holds
+            fewer than :data:`MIN_CELLS` grid cells.
     """
     from simulator.errors import InputError
 
@@ -417,10 +418,13 @@ def refit_profile(profile) -> FitResult:
     df = read_measurements(profile.path.parent / rel)
     k = RooflineConstants.of(profile.model_shape, profile.dtype, profile.tensor_parallel)
     coef = profile.cost.coefficients
-    return fit_measurements(df, k, (profile.device.peak_flops,
-                                    profile.device.memory_bandwidth),
-                            paths=any(c in coef for c in PATH_COEFFICIENTS),
-                            reread="w_reread_bytes_per_s" in coef)
+    try:
+        return fit_measurements(df, k, (profile.device.peak_flops,
+                                        profile.device.memory_bandwidth),
+                                paths=any(c in coef for c in PATH_COEFFICIENTS),
+                                reread="w_reread_bytes_per_s" in coef)
+    except ValueError as e:   # too few cells: a CSV cut short, or one of its header only
+        raise InputError(f"{profile.path.parent / rel}: {e}") from None
 
 
 __all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "OUTLIER_FACTOR", "PASS_SPREAD_WARN",

@@ -52,7 +52,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.files import read_csv_rows, utf8_problem
+from simulator.files import is_regular_file, missing_file, read_csv_rows, utf8_problem
 from simulator.policy.kv_cache import cdiv
 
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
@@ -349,8 +349,8 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
 
     path = Path(path)
     name = Path(shown) if shown is not None else path
-    if not path.is_file():
-        raise InputError(f"{name}: measurements CSV not found")
+    if not is_regular_file(path):   # (a device or a pipe would be read forever)
+        raise InputError(f"{name}: measurements CSV {missing_file(path)}")
     table = read_csv_rows(path, name)
     bad = table.width_problem()   # a short row (a line cut off) is named as short
     if bad:

@@ -398,9 +398,12 @@ def utf8_problem(path: Path, raw: bytes | None = None) -> str:
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
+        # CR, LF and CR LF each end a line, as YAML and the CSV reader count them
+        before = raw[:e.start].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        line = before.count(b"\n") + 1
         # in characters, as an editor counts them (the line's text before it is UTF-8)
-        col = len(raw[raw.rfind(b"\n", 0, e.start) + 1:e.start].decode("utf-8")) + 1
+        col = len(before[before.rfind(b"\n") + 1:].decode("utf-8-sig" if line == 1
+                                                           else "utf-8")) + 1
         return (f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col}; "
                 f"save the file as UTF-8)")
     return f"{path}: not UTF-8 text (save the file as UTF-8)"
@@ -464,19 +467,24 @@ def read_csv_rows(path: Path, name: Path | None = None) -> CsvRows:
     """
     name = name or path
     kept: list[int] = []   # file line of each line handed to the reader
+    at_start = [True]      # whether the reader asks for a row's first line
 
     def data(f):
         for n, line in enumerate(f, 1):
-            if line.strip() and not line.startswith("#"):
-                kept.append(n)
-                yield line
+            # a comment or blank line where a row would start; inside a quoted field, text
+            if at_start[0] and (not line.strip() or line.startswith("#")):
+                continue
+            at_start[0] = False
+            kept.append(n)
+            yield line
 
     rows, lines = [], []
+    first = 0
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.reader(data(f))
             while True:
-                first = len(kept)   # the next line read is the row's first
+                first, at_start[0] = len(kept), True   # the next line read is the row's first
                 try:
                     row = next(reader)
                 except StopIteration:
@@ -486,7 +494,8 @@ def read_csv_rows(path: Path, name: Path | None = None) -> CsvRows:
     except UnicodeDecodeError:
         raise InputError(utf8_problem(name, path.read_bytes())) from None
     except csv.Error as e:
-        raise InputError(f"{name}:{kept[-1] if kept else 1}: not CSV ({e})") from None
+        raise InputError(f"{name}:{kept[first] if first < len(kept) else 1}: not CSV ({e})") \
+            from None
     if not rows:
         return CsvRows(name, [], 0, [], [])
     return CsvRows(name, rows[0], lines[0], rows[1:], lines[1:])

@@ -561,3 +561,14 @@ def test_the_grid_is_measured_on_a_scattered_kv_pool(tmp_path):
     pairs = [(a, b) for ids in taken for a, b in zip(ids, ids[1:])]
     share = sum(b == a + 1 for a, b in pairs) / len(pairs)
     assert len(pairs) > 40 and share < 0.2
+
+
+def test_a_measurements_csv_that_is_no_file_says_what_it_is(tmp_path):
+    # a folder, a device or a pipe is not "not found" (and a device or a pipe is not read)
+    os.mkfifo(tmp_path / "pipe.csv")
+    for path, why in ((tmp_path, "is a folder, not a file"),
+                      (tmp_path / "pipe.csv", "not a regular file"),
+                      (tmp_path / "gone.csv", "file not found")):
+        with pytest.raises(InputError) as e:
+            read_measurements(path)
+        assert str(e.value) == f"{path}: measurements CSV {why}"

@@ -38,6 +38,21 @@ def test_shipped_profile_is_a_measurement_of_the_tiny_model(profile):
     assert profile.noise.relative_residuals and profile.efficiencies.mbu > 0
 
 
+
+def test_a_csv_of_too_few_cells_is_an_input_error_when_refitted(tmp_path):
+    # its header only (a calibration killed before its first row): read without an error
+    # (calibrate resumes it), but no fit: said so, naming the file
+    from simulator.errors import InputError
+    src = PROFILES_DIR / f"{NAME}.yaml"
+    prof = load_profile(src)
+    (tmp_path / src.name).write_text(src.read_text())
+    csv = tmp_path / prof.provenance.measurements_csv
+    text = (PROFILES_DIR / prof.provenance.measurements_csv).read_text()
+    csv.write_text("".join(text.splitlines(keepends=True)[:2]))
+    with pytest.raises(InputError) as e:
+        refit_profile(load_profile(tmp_path / src.name))
+    assert str(e.value) == f"{csv}: need at least 4 measured cells to fit and hold out, got 0"
+
 def test_csv_reproduces_the_reported_heldout_error(profile):
     # rel 1e-6: the fit's linear algebra rounds differently on another CPU's BLAS kernels
     # (the float32 profile, fitted on an AVX2 host, refits to 9e-9 of its error on AVX512)

@@ -306,8 +306,21 @@ def test_csv_rows_keep_a_hash_inside_a_field_and_name_each_row_by_its_first_line
     path.write_text("x,x\n1,2\n")
     with pytest.raises(InputError, match=r"m.csv:1: column 'x' appears twice$"):
         read_csv_rows(path).frame()
-    path.write_text("x,y\n1,2\n3," + "4" * 200_000 + "\n")   # past the csv module's limit
+    # inside a quoted field a line that begins with '#', or a blank one, is the field's text
+    path.write_text('a,b\n"x\n#y\n\nz",1\n2,3\n')
+    t = read_csv_rows(path)
+    assert (t.rows, t.lines) == ([["x\n#y\n\nz", "1"], ["2", "3"]], [2, 6])
+    # past the csv module's limit: named by the line its row starts on
+    path.write_text('x,y\n1,2\n3,"' + "4" * 100_000 + "\n" + "4" * 100_000 + '"\n')
     with pytest.raises(InputError, match=r"m.csv:3: not CSV \(field larger than field limit"):
+        read_csv_rows(path)
+    # a byte that is no UTF-8 is placed by line and column with CR, LF or CR LF line ends
+    for end in (b"\n", b"\r", b"\r\n"):
+        path.write_bytes(b"\xef\xbb\xbfx,y" + end + b"1,2" + end + b"3,\xe94" + end)
+        with pytest.raises(InputError, match=r"m.csv:3: not UTF-8 text \(byte 0xe9 at column 3;"):
+            read_csv_rows(path)
+    path.write_bytes(b"\xef\xbb\xbf\xe9,y\n")   # a byte order mark is no column
+    with pytest.raises(InputError, match=r"m.csv:1: not UTF-8 text \(byte 0xe9 at column 1;"):
         read_csv_rows(path)
     path.write_text("# comments only\n\n")
     t = read_csv_rows(path)
