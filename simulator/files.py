@@ -454,10 +454,11 @@ class CsvRows:
 
 
 def read_csv_rows(path: Path, name: Path | None = None) -> CsvRows:
-    """Read the CSV at ``path``: lines that begin with ``#`` (servesim's header of run
-    facts) and blank lines skipped, a byte order mark too. Unlike ``pandas``'s
-    ``comment="#"``, a ``#`` inside a field is text, and a quoted field may hold a line
-    break (its row is named by the line it starts on).
+    """Read the CSV at ``path``: where a row would start, lines that begin with ``#``
+    (servesim's header of run facts) and blank lines are skipped; a byte order mark too.
+    Unlike ``pandas``'s ``comment="#"``, a ``#`` inside a field is text, and a quoted field
+    may hold line breaks, blank lines and lines that begin with ``#`` (its row is named by
+    the line it starts on). CR, LF and CR LF each end a line.
 
     Raises:
         InputError: :func:`utf8_problem`'s line, or ``"<name>:<line>: not CSV (<why>)"``
