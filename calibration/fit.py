@@ -32,6 +32,12 @@ SWITCH_MARGIN = 0.10
 #: Fewest grid cells a fit takes (some to fit, one at least held out).
 MIN_CELLS = 4
 HELDOUT_FOLDS = 5
+
+
+class TooFewCells(ValueError):
+    """A fit given fewer than :data:`MIN_CELLS` grid cells (nothing left to hold out)."""
+
+
 #: The candidate name of the roofline fitted with its path costs (:func:`fit_measurements`).
 WITH_PATHS = "roofline + path costs"
 #: What the candidate name of the kept roofline adds with its re-read rate
@@ -331,13 +337,13 @@ def fit_measurements(df, k: RooflineConstants, peaks=(None, None), seed: int = 0
     shared-prefix workload's price.
 
     Raises:
-        ValueError: fewer than 4 cells (nothing to hold out).
+        TooFewCells: fewer than 4 cells (nothing to hold out).
     """
     wild = outlier_steps(df)
     df = df[~wild]
     cells = cell_means(df)
     if len(cells) < MIN_CELLS:
-        raise ValueError(f"need at least {MIN_CELLS} measured cells to fit and hold out, got "
+        raise TooFewCells(f"need at least {MIN_CELLS} measured cells to fit and hold out, got "
                          f"{len(cells)}")
     y = cells["seconds"].to_numpy()
     cand, held = {}, {}
@@ -423,12 +429,12 @@ def refit_profile(profile) -> FitResult:
                                         profile.device.memory_bandwidth),
                                 paths=any(c in coef for c in PATH_COEFFICIENTS),
                                 reread="w_reread_bytes_per_s" in coef)
-    except ValueError as e:   # too few cells: a CSV cut short, or one of its header only
+    except TooFewCells as e:   # a CSV cut short, or one of its header only
         raise InputError(f"{profile.path.parent / rel}: {e}") from None
 
 
 __all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "OUTLIER_FACTOR", "PASS_SPREAD_WARN",
-           "SWITCH_MARGIN", "WITH_PATHS", "WITH_REREAD", "cell_means", "error_stats", "fit_form",
-           "fit_linear", "fit_measurements", "fit_roofline", "heldout_predictions", "outlier_steps",
+           "SWITCH_MARGIN", "TooFewCells", "WITH_PATHS", "WITH_REREAD", "cell_means",
+           "error_stats", "fit_form", "fit_linear", "fit_measurements", "fit_roofline", "heldout_predictions", "outlier_steps",
            "pass_speeds", "pass_spread", "predict", "refit_profile", "replay_errors",
            "replay_predictions"]

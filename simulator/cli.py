@@ -192,10 +192,11 @@ class OneLineParser(argparse.ArgumentParser):
 
     def _with_allowed(self, message: str) -> str:
         """argparse's ``invalid int value: '1e9'`` says what the flag is not; say what it
-        takes, from the flag's own help (which states its range)."""
+        takes, from the flag's own help (which states its range). Any other ``argument
+        --flag: ...`` starts with the flag, as servesim's own flag errors do."""
         m = _NOT_A_NUMBER.match(message)
         if not m:
-            return message
+            return message.removeprefix("argument ")
         flag, kind, value = m.groups()
         action = next((a for a in self._actions if flag in a.option_strings), None)
         allowed = self._get_formatter()._expand_help(action) if action and action.help else ""

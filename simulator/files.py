@@ -73,11 +73,17 @@ def _alias_blowup(root):
 
 def echo(value) -> str:
     """``value`` as an error line shows what was given: text quoted (the string '4' is
-    not the number 4), numbers as Python writes them (1e+30, nan), anything else as YAML
+    not the number 4), numbers as Python writes them (1e+30, nan; a float from 1e6 with an
+    exponent, 1e+12), anything else as YAML
     writes it (null, true, [1, 2], {a: 1}); a long text, list or mapping by its size and
     start, so that the line stays one line (a list of a million values is not echoed whole)."""
     if isinstance(value, str) and len(value) > 80:
         return f"a text of {len(value):,} characters, {value[:40]!r}..."
+    if isinstance(value, float) and 1e6 <= abs(value) < 1e16:
+        # Python writes these in full (1000000000000.0 for 1e12); its shortest digits
+        # with an exponent, as it writes larger ones
+        import numpy as np
+        return np.format_float_scientific(value, trim="-")
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return repr(value)
     if isinstance(value, (list, dict)) and _more_values_than(value, 32):
@@ -461,21 +467,23 @@ def read_csv_rows(path: Path, name: Path | None = None) -> CsvRows:
     the line it starts on). CR, LF and CR LF each end a line.
 
     Raises:
-        InputError: :func:`utf8_problem`'s line, or ``"<name>:<line>: not CSV (<why>)"``
-            (a field over the csv module's limit, 131072 characters); naming ``name``
-            (default ``path``).
+        InputError: :func:`utf8_problem`'s line; ``"<name>:<line>: a quoted field that
+            starts on this row is never closed ..."``; or ``"<name>:<line>: not CSV
+            (<why>)"`` (text after a closing quote, a field over the csv module's limit of
+            131072 characters); naming ``name`` (default ``path``) and the row's first line.
         OSError: as ``open``.
     """
     name = name or path
     kept: list[int] = []   # file line of each line handed to the reader
-    at_start = [True]      # whether the reader asks for a row's first line
+    at_start = True        # whether the reader asks for a row's first line
 
     def data(f):
+        nonlocal at_start
         for n, line in enumerate(f, 1):
             # a comment or blank line where a row would start; inside a quoted field, text
-            if at_start[0] and (not line.strip() or line.startswith("#")):
+            if at_start and (not line.strip() or line.startswith("#")):
                 continue
-            at_start[0] = False
+            at_start = False
             kept.append(n)
             yield line
 
@@ -483,9 +491,9 @@ def read_csv_rows(path: Path, name: Path | None = None) -> CsvRows:
     first = 0
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
-            reader = csv.reader(data(f))
+            reader = csv.reader(data(f), strict=True)
             while True:
-                first, at_start[0] = len(kept), True   # the next line read is the row's first
+                first, at_start = len(kept), True   # the next line read is the row's first
                 try:
                     row = next(reader)
                 except StopIteration:
@@ -495,8 +503,11 @@ def read_csv_rows(path: Path, name: Path | None = None) -> CsvRows:
     except UnicodeDecodeError:
         raise InputError(utf8_problem(name, path.read_bytes())) from None
     except csv.Error as e:
-        raise InputError(f"{name}:{kept[first] if first < len(kept) else 1}: not CSV ({e})") \
-            from None
+        line = kept[first] if first < len(kept) else 1
+        if str(e) == "unexpected end of data":   # the file ends inside a quoted field
+            raise InputError(f"{name}:{line}: a quoted field that starts on this row is "
+                             "never closed (no second '\"')") from None
+        raise InputError(f"{name}:{line}: not CSV ({e})") from None
     if not rows:
         return CsvRows(name, [], 0, [], [])
     return CsvRows(name, rows[0], lines[0], rows[1:], lines[1:])

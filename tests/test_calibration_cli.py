@@ -523,7 +523,7 @@ def test_kv_cache_memory_error_names_the_flag(tmp_path, capsys, value, message):
               "--kv-cache-memory", value])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"servesim: error: argument --kv-cache-memory: {message} (see servesim "
+    assert err == [f"servesim: error: --kv-cache-memory: {message} (see servesim "
                    f"calibrate --help)"]
     assert not any(tmp_path.iterdir())
 
@@ -536,7 +536,7 @@ def test_a_bad_seed_is_refused_before_measuring(tmp_path, capsys, value):
               "--seed", value])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"servesim: error: argument --seed: {value!r}: give a whole number from 0 to "
+        f"servesim: error: --seed: {value!r}: give a whole number from 0 to "
         f"4294967295 (see servesim calibrate --help)"]
     assert not any(tmp_path.iterdir())
 
@@ -611,7 +611,7 @@ def test_calibrate_refuses_a_bad_replay_length(value, tmp_path, capsys):
               value])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"servesim: error: argument --replay-seconds: {value!r}: give a "
+    assert err == [f"servesim: error: --replay-seconds: {value!r}: give a "
                    f"number of seconds > 0 and <= 3600 (see servesim calibrate --help)"]
     assert not out.exists()
 
@@ -662,7 +662,7 @@ def test_calibrate_refuses_a_bad_repeat_count(value, allowed, tmp_path, capsys):
         main(["calibrate", "--model", "llama-test", "--out", str(out), "--repeats", value])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"servesim: error: argument --repeats: {value!r}: give a whole number {allowed} "
+        f"servesim: error: --repeats: {value!r}: give a whole number {allowed} "
         f"(see servesim calibrate --help)"]
     assert not out.exists()
 
@@ -678,12 +678,12 @@ def test_fit_warning_when_errors_are_high():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--max-model-len", "0"], "argument --max-model-len: '0': give a whole number >= 1"),
-    (["--threads", "-2"], "argument --threads: '-2': give a whole number >= 1"),
-    (["--device-name", " "], "argument --device-name: empty: give a name"),
+    (["--max-model-len", "0"], "--max-model-len: '0': give a whole number >= 1"),
+    (["--threads", "-2"], "--threads: '-2': give a whole number >= 1"),
+    (["--device-name", " "], "--device-name: empty: give a name"),
     # stored in the profile and shown in every profile table
-    (["--device-name", "x" * 201], "argument --device-name: 201 characters: at most 200"),
-    (["--device-name", "gpu\nname"], "argument --device-name: 'gpu\\nname': printable "
+    (["--device-name", "x" * 201], "--device-name: 201 characters: at most 200"),
+    (["--device-name", "gpu\nname"], "--device-name: 'gpu\\nname': printable "
                                       "characters only (no newline or tab)"),
 ])
 def test_calibrate_refuses_bad_counts_and_names(flags, message, tmp_path, capsys):

@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.fit import (WITH_PATHS, WITH_REREAD, cell_means, error_stats, fit_linear,
-                             fit_measurements, fit_roofline, heldout_predictions, pass_speeds,
-                             pass_spread, predict)
+from calibration.fit import (WITH_PATHS, WITH_REREAD, TooFewCells, cell_means, error_stats,
+                             fit_linear, fit_measurements, fit_roofline, heldout_predictions,
+                             pass_speeds, pass_spread, predict)
 from simulator.catalog import load_model
 from simulator.cost_model import RooflineConstants, roofline_seconds
 
@@ -201,7 +201,7 @@ def test_predict_matches_cost_model_form():
 
 def test_too_few_cells_is_refused():
     df = synthetic_steps(TRUE)
-    with pytest.raises(ValueError, match="at least 4"):
+    with pytest.raises(TooFewCells, match="at least 4"):
         fit_measurements(df[df["cell"].isin(sorted(df["cell"].unique())[:3])], K)
 
 

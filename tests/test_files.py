@@ -254,6 +254,9 @@ def test_an_error_echoes_a_long_value_by_its_size():
 
     assert (echo([1, 2]), echo("4"), echo(1e30), echo(None), echo(True)) == (
         "[1, 2]", "'4'", "1e+30", "null", "true")
+    # a float from 1e6 up keeps its digits but takes an exponent, as Python's from 1e16
+    assert (echo(1e12), echo(-1234567.0), echo(999999.5), echo(2e16)) == (
+        "1e+12", "-1.234567e+06", "999999.5", "2e+16")
     assert echo(list(range(200_000))) == "a list of 200,000 values"
     shared = [1]   # as an alias shares it: written out, not as PyYAML's &id001 [1], *id001
     assert echo([shared, shared]) == "[[1], [1]]"
@@ -310,6 +313,15 @@ def test_csv_rows_keep_a_hash_inside_a_field_and_name_each_row_by_its_first_line
     path.write_text('a,b\n"x\n#y\n\nz",1\n2,3\n')
     t = read_csv_rows(path)
     assert (t.rows, t.lines) == ([["x\n#y\n\nz", "1"], ["2", "3"]], [2, 6])
+    # a quote never closed is named as such at the line its row starts on (not read on to
+    # the end of the file as one field); text after a closing quote is no CSV
+    path.write_text('x,y\n1,2\n3,"4\n5,6\n')
+    with pytest.raises(InputError, match=r"m.csv:3: a quoted field that starts on this row "
+                                         r"is never closed"):
+        read_csv_rows(path)
+    path.write_text('x,y\n1,"2"3\n')
+    with pytest.raises(InputError, match=r"""m.csv:2: not CSV \(',' expected after '"'\)$"""):
+        read_csv_rows(path)
     # past the csv module's limit: named by the line its row starts on
     path.write_text('x,y\n1,2\n3,"' + "4" * 100_000 + "\n" + "4" * 100_000 + '"\n')
     with pytest.raises(InputError, match=r"m.csv:3: not CSV \(field larger than field limit"):
