@@ -984,7 +984,7 @@ def test_profile_reads_exponent_numbers_as_the_scenario_loader_does(tmp_path):
     p, line = _edited_profile(tmp_path, "e.yaml", f"memory_bytes: {mem}", "memory_bytes: 25e9")
     with pytest.raises(InputError, match=rf"^{re.escape(str(p))}:{line}: device\.memory_bytes: "
                                          r"Input should be a valid integer > 0 "
-                                         r"\(got 25000000000\.0: write 25000000000, "
+                                         r"\(got 2\.5e\+10: write 25000000000, "
                                          r"without a point or exponent\)$"):
         load_profile(p)
     p.write_text(text.replace(f"memory_bytes: {mem}", "memory_bytes: true"))
