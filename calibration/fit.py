@@ -435,6 +435,6 @@ def refit_profile(profile) -> FitResult:
 
 __all__ = ["FEATURES", "FitResult", "MAX_EFFICIENCY", "OUTLIER_FACTOR", "PASS_SPREAD_WARN",
            "SWITCH_MARGIN", "TooFewCells", "WITH_PATHS", "WITH_REREAD", "cell_means",
-           "error_stats", "fit_form", "fit_linear", "fit_measurements", "fit_roofline", "heldout_predictions", "outlier_steps",
-           "pass_speeds", "pass_spread", "predict", "refit_profile", "replay_errors",
-           "replay_predictions"]
+           "error_stats", "fit_form", "fit_linear", "fit_measurements", "fit_roofline",
+           "heldout_predictions", "outlier_steps", "pass_speeds", "pass_spread", "predict",
+           "refit_profile", "replay_errors", "replay_predictions"]

@@ -73,10 +73,10 @@ def _alias_blowup(root):
 
 def echo(value) -> str:
     """``value`` as an error line shows what was given: text quoted (the string '4' is
-    not the number 4), numbers as Python writes them (1e+30, nan; a float from 1e6 with an
-    exponent, 1e+12), anything else as YAML
-    writes it (null, true, [1, 2], {a: 1}); a long text, list or mapping by its size and
-    start, so that the line stays one line (a list of a million values is not echoed whole)."""
+    not the number 4), numbers as Python writes them (1e+30, nan), a float from 1e6 up with
+    an exponent (1e+12), anything else as YAML writes it (null, true, [1, 2], {a: 1}); a
+    long text, list or mapping by its size and start, so that the line stays one line (a
+    list of a million values is not echoed whole)."""
     if isinstance(value, str) and len(value) > 80:
         return f"a text of {len(value):,} characters, {value[:40]!r}..."
     if isinstance(value, float) and 1e6 <= abs(value) < 1e16:
