@@ -383,7 +383,7 @@ def _cmd_plan(args) -> int:
     except InputError as e:
         raise with_sweep_hint(e, args.overrides, "plan") from None
     if args.target_rate is not None and not 0 < args.target_rate <= MAX_RATE:
-        raise InputError(f"--target-rate must be a rate > 0 and <= 1e9 req/s (arrivals are "
+        raise InputError(f"--target-rate: a rate > 0 and <= 1e9 req/s (arrivals are "
                          f"timed in nanoseconds), got {args.target_rate:g}")
     out = out_folder(args.out, lambda: scenario.default_folder("-plan"))
     check_folder(out, "--out", "plan")   # before the runs, not after

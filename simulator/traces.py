@@ -42,7 +42,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import STRICT_SCHEMA, InputError, KeyedInputError
-from .files import (DuplicateKeyError, is_regular_file, load_json, missing_file,
+from .files import (DuplicateKeyError, is_regular_file, load_json, missing_file, read_csv_rows,
                     scenario_path, utf8_problem)
 from .policy.request import MAX_COUNT, MAX_TIME_NS, NS_PER_S, RequestSpec
 
@@ -213,8 +213,9 @@ def read_csv_table(path: Path) -> pd.DataFrame:
 
     Raises:
         InputError: ``<path>:<line>: ...`` for an empty file, a row with another number of
-            fields than the header, a column named twice in the header, or bytes that are
-            not UTF-8 (a byte-order mark is fine); ``<path>: cannot read: ...`` for a file
+            fields than the header, a quote never closed (as :func:`~simulator.files.
+            read_csv_rows`), a column named twice in the header, or bytes that are not UTF-8
+            (a byte-order mark is fine); ``<path>: cannot read: ...`` for a file
             the process may not read.
     """
     try:
@@ -226,6 +227,7 @@ def read_csv_table(path: Path) -> pd.DataFrame:
         if m:
             raise InputError(f"{path}:{m.group(2)}: expected {m.group(1)} fields, "
                              f"saw {m.group(3)}") from None
+        read_csv_rows(path)   # a quote never closed, text after one: named at its line
         raise InputError(f"{path}: not a valid CSV file ({str(e).splitlines()[-1]})") from None
     except UnicodeDecodeError:
         raise InputError(utf8_problem(path)) from None

@@ -1241,7 +1241,7 @@ def test_a_target_rate_past_1e9_is_refused(tmp_path, capsys, where):
     assert main(["plan", str(y), "--out", str(out), "--quiet", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "servesim: error: --target-rate must be a rate > 0 and <= 1e9 req/s (arrivals are "
+        "servesim: error: --target-rate: a rate > 0 and <= 1e9 req/s (arrivals are "
         "timed in nanoseconds), got 1e+12" if where == "flag" else
         "servesim: error: p.yaml:11: plan.target_rate: Input should be less than or equal to "
         "1000000000 (got 1e+12)"]

@@ -320,6 +320,9 @@ OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
      r"GeneratedTokens\)$"),
     ("", r":1: empty file"),
     (AZ_HEADER, r":2: no requests"),
+    # a quote never closed: named at the line its row starts on (pandas counts rows from 0)
+    (AZ_HEADER + OK_ROW + OK_ROW + '2023-11-16 18:15:47.0,"10,5\n' + OK_ROW,
+     r":4: a quoted field that starts on this row is never closed"),
 ])
 def test_bad_azure_rows_name_file_and_line(tmp_path, body, match):
     f = tmp_path / "bad.csv"
