@@ -1257,7 +1257,11 @@ def _format_error(err: dict, source: str, origins: dict, root: type,
                     if inp > 0 else f" (got {echo(inp)}: -.inf, or a number below -1.8e308)")
         elif (typ == "int_type" and isinstance(inp, float) and inp.is_integer()
                 and _in_bounds(parent, str(loc[-1]) if loc else "", inp)):
-            msg += f" (got {echo(inp)}: write {int(inp)}, without a point or exponent)"
+            # 64.0 or 1e3: say how to write it, unless the field's own check refuses it too
+            # (block_size 1e12: the sizes vLLM takes, not "write 1000000000000")
+            refused = _refusal(parent, str(loc[-1]), int(inp)) if loc else None
+            msg = refused or f"{msg} (got {echo(inp)}: write {int(inp)}, without a point or " \
+                             f"exponent)"
         elif inp is None or isinstance(inp, (int, float, str, bool, list, dict)):
             msg += f" (got {echo(inp)})"
     return _prefix(loc, source, origins, msg, text, line=key_line)
@@ -1297,6 +1301,21 @@ def _range_text(parent, field: str) -> str:
 def _in_bounds(parent, field: str, value: float) -> bool:
     """Whether ``value`` meets the bounds ``parent``'s ``field`` declares (True without)."""
     return all(fn(value, v) for _, fn, v in _bounds(parent, field))
+
+
+def _refusal(parent, field: str, value: int) -> str | None:
+    """The message with which the field validator of ``parent``'s ``field`` refuses
+    ``value`` (``must be 1, 8, 16, 32, 64 or 128, as vLLM's --block-size (got 12)``), or
+    None when that field takes it; checks across fields are not run here."""
+    try:
+        parent.__pydantic_validator__.validate_assignment(parent.model_construct(), field, value)
+    except ValidationError as e:
+        for err in e.errors():
+            if tuple(err["loc"]) == (field,) and err["type"] == "value_error":
+                return str(err["ctx"]["error"])
+    except AttributeError:   # the field passed; a check across fields met a required key unset
+        pass
+    return None
 
 
 def _union_tags(parent, field, tag: str) -> list[str]:

@@ -154,6 +154,11 @@ def test_a_bad_set_value_is_one_line_naming_the_flag(chat):
     # an int key refuses a float as vLLM's argparse does: say how to write it
     ("engine.max_num_seqs=1e2", "--set engine.max_num_seqs=1e2: Input should be a valid "
      "integer >= 1 and <= 1000000000 (got 100.0: write 100, without a point or exponent)"),
+    ("engine.block_size=16.0", "--set engine.block_size=16.0: Input should be a valid integer "
+     ">= 1 (got 16.0: write 16, without a point or exponent)"),
+    # ... but not a whole number the key refuses in any form: the sizes it takes instead
+    ("engine.block_size=1e12", "--set engine.block_size=1e12: must be 1, 8, 16, 32, 64 or 128, "
+     "as vLLM's --block-size (got 1000000000000)"),
     ("engine", "--set engine: expected key.path=value"),
     ("", "--set '': expected key.path=value"),
     # a blank path or model would resolve to the scenario's folder: refused as empty
