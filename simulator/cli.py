@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+import typing
 
 from .errors import InputError, one_line
 from .files import check_folder, out_folder
@@ -229,6 +230,13 @@ class OneLineParser(argparse.ArgumentParser):
             if i is not None:
                 cmd.error(f"--set {argv[i + 1]} {extra[0]}: --set takes KEY=VALUE "
                           f"(--set {argv[i + 1]}={extra[0]})")
+            key = _scenario_key(extra[0]) if "--set" in cmd._option_string_actions else None
+            if key is not None:   # --max-num-seqs 64, as vLLM takes it: a scenario key here
+                flag, _, value = extra[0].partition("=")
+                if not value and len(extra) > 1 and not extra[1].startswith("--"):
+                    value = extra[1]
+                cmd.error(f"unrecognized arguments: {' '.join(extra)}; the scenario key {key} "
+                          f"is set with --set {key}={value or 'VALUE'}")
             cmd.error(f"unrecognized arguments: {' '.join(extra)}")
         # A value option given twice would silently keep the last one (--out A --out B).
         for action in cmd._actions:
@@ -238,6 +246,21 @@ class OneLineParser(argparse.ArgumentParser):
                     if n > 1:
                         cmd.error(f"{opt} is given {n} times; give it once")
         return ns
+
+
+def _scenario_key(flag: str) -> str | None:
+    """``engine.max_num_seqs`` for the flag ``--max-num-seqs`` (or ``--max_num_seqs=64``):
+    the one scenario key of that name in a section of :class:`~.scenario.Scenario`, else
+    None (no such key, or one in several sections)."""
+    from .scenario import Scenario
+
+    if not flag.startswith("--"):
+        return None
+    name = flag[2:].partition("=")[0].replace("-", "_")
+    keys = [f"{section}.{name}" for section, info in Scenario.model_fields.items()
+            for t in (info.annotation, *typing.get_args(info.annotation))   # Optional[...]
+            if name in getattr(t, "model_fields", {})]
+    return keys[0] if len(keys) == 1 else None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -207,6 +207,18 @@ def test_missing_scenario_file_and_bad_flag(tmp_path):
      "servesim: error: unrecognized arguments: --bogus 1 (see servesim run --help)"),
     (["plan", "s.yaml", "--nope"],
      "servesim: error: unrecognized arguments: --nope (see servesim plan --help)"),
+    # a scenario key written as vLLM's flag: said with how --set takes it
+    (["run", "s.yaml", "--max-num-seqs", "64"],
+     "servesim: error: unrecognized arguments: --max-num-seqs 64; the scenario key "
+     "engine.max_num_seqs is set with --set engine.max_num_seqs=64 (see servesim run --help)"),
+    (["validate", "--seed=3"],
+     "servesim: error: unrecognized arguments: --seed=3; the scenario key workload.seed is "
+     "set with --set workload.seed=3 (see servesim validate --help)"),
+    (["sweep", "s.yaml", "--block_size"],
+     "servesim: error: unrecognized arguments: --block_size; the scenario key "
+     "engine.block_size is set with --set engine.block_size=VALUE (see servesim sweep --help)"),
+    (["profiles", "--seed", "3"],   # no --set here: nothing to suggest
+     "servesim: error: unrecognized arguments: --seed 3 (see servesim profiles --help)"),
     # a space for the = of --set: said with how --set takes its value
     (["run", "s.yaml", "--set", "engine.max_num_seqs", "64"],
      "servesim: error: --set engine.max_num_seqs 64: --set takes KEY=VALUE "
@@ -987,6 +999,8 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
             ("long.measurements.csv", "".join(lines[:-1]) + last + ",7\n",
              f"long.measurements.csv:{len(lines)}: {width + 1} fields where the column line "
              f"has {width}"),
+            ("empty.measurements.csv", "", "empty.measurements.csv: not a measurements CSV "
+                                           "(empty: no column line)"),
             ("/dev/zero", None, "/dev/zero: not a regular file"),
             (str(tmp_path / "pipe.csv"), None, f"{tmp_path / 'pipe.csv'}: not a regular file"))):
         if body is not None:
