@@ -358,9 +358,10 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
                          f"it again)")
     missing = [c for c in CSV_COLUMNS if c not in table.columns and c not in OPTIONAL_COLUMNS]
     if missing:
+        why = (f"missing column {missing[0]}" if table.columns else "empty: no column line")
         where = f"{name}:{table.column_line}" if table.columns else str(name)
-        raise InputError(f"{where}: not a measurements CSV (missing column {missing[0]}; the "
-                         f"column line is {', '.join(CSV_COLUMNS)})")
+        raise InputError(f"{where}: not a measurements CSV ({why}; the column line is "
+                         f"{', '.join(CSV_COLUMNS)})")
     df = table.frame()
     for c in OPTIONAL_COLUMNS:
         if c not in df.columns:

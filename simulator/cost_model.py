@@ -1447,10 +1447,11 @@ def _measured_reach(csv_path: str, shown: str, mtime_ns: int) -> tuple[int, int]
     bad = table.width_problem()   # a cut-off row may keep both columns whole
     if bad:
         return f"{shown}:{bad}"
+    if not table.columns:
+        return f"{shown}: not a measurements CSV (empty: no column line)"
     missing = [c for c in _REACH_COLUMNS if c not in table.columns]
     if missing:
-        where = f"{shown}:{table.column_line}" if table.columns else shown
-        return f"{where}: not a measurements CSV (no column {missing[0]})"
+        return f"{shown}:{table.column_line}: not a measurements CSV (no column {missing[0]})"
     if not table.rows:
         return f"{shown}: holds no measured step"
     try:
