@@ -72,6 +72,28 @@ def replication_seed(seed: int, key) -> int:
     return int(np.random.SeedSequence([int(seed), *key]).generate_state(1)[0])
 
 
+def served_scenario(scenario, cfg: dict):
+    """``scenario`` with the KV cache the engine serves it with (``cfg["num_gpu_blocks"]``
+    blocks, ``cfg`` from :func:`engine_config`), so that the simulator preempts where the
+    engine does."""
+    return scenario.model_copy(update={"engine": scenario.engine.model_copy(
+        update={"num_gpu_blocks": cfg["num_gpu_blocks"]})})
+
+
+def saturation_specs(scenario, num_requests: int):
+    """The saturation run's request list: ``num_requests`` of the scenario's lengths, all
+    arriving at 0 (seed ``SeedSequence([workload.seed, 0])``)."""
+    return load_specs(scenario, None, num_requests, replication_seed(scenario.workload.seed,
+                                                                     (0,)), burst=True)
+
+
+def replication_specs(scenario, load: float, rate: float, num_requests: int, r: int):
+    """The request list of replication ``r`` (from 0) at ``load`` of saturation: Poisson
+    arrivals at ``rate`` req/s (seed ``SeedSequence([workload.seed, load‰, r + 1])``)."""
+    return load_specs(scenario, rate, num_requests,
+                      replication_seed(scenario.workload.seed, (load_key(load), r + 1)))
+
+
 def other_host(profile, host: tuple[str, str] | None = None) -> str | None:
     """The CPU a CPU profile was measured on, when it is not this host's model or matmul
     instruction set: step costs measured on one CPU do not price another's (an AMD EPYC
@@ -475,7 +497,6 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
     """
     prof = base.profile
     mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
-    seed = sc1.workload.seed
     slo = sc1.slo.model_dump(exclude_none=True)
 
     def run_at(specs, label):
@@ -487,7 +508,7 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
 
     # -- saturation ------------------------------------------------------------------------
     n_sat = saturation_requests or 4 * sc1.max_num_seqs
-    sat_specs = load_specs(sc1, None, n_sat, replication_seed(seed, (0,)), burst=True)
+    sat_specs = saturation_specs(sc1, n_sat)
     progress(f"saturation: {n_sat} requests at once on {engine_name}")
     sat_run, sat_speed = run_at(sat_specs, "saturation")
     sat_meas = saturation_throughput([r.finish_ns for r in sat_run.records])
@@ -521,7 +542,7 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
     for r in range(replications):
         for lr in results:
             x, rate, n = lr.load, lr.rate, lr.num_requests
-            specs = load_specs(sc1, rate, n, replication_seed(seed, (load_key(x), r + 1)))
+            specs = replication_specs(sc1, x, rate, n, r)
             progress(f"load {x:g}: {n} requests at {rate:.3f}/s, replication {r + 1}/"
                      f"{replications} (about {n / rate:.0f} s)")
             run, sp = run_at(specs, f"load {x:g} r{r + 1}")
@@ -565,6 +586,34 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                           else 0.0,
                           "in_prediction": bool(front_end)},
             "loads": out_loads, "cdf": cdf}
+
+
+def predict_again(run: dict, scenario) -> dict:
+    """A recorded validation's predictions made again with ``scenario``'s cost model, on
+    the identical request lists (the run's seeds, rates and counts; no engine runs).
+
+    ``run``: :func:`validate`'s result or its ``validation.json``; ``scenario``: the one it
+    validated, with any profile. With the run's own profile it gives the run's predictions
+    exactly; with another (refitted, or with a coefficient changed) it says how that profile
+    would have fared against the same measured figures.
+
+    Returns:
+        ``saturation_rps`` (req/s) and ``loads``: per load of ``run``, per replication, the
+        simulation's summary (:func:`summary_at` reads a figure from it).
+
+    Raises:
+        InputError: a projection (:func:`servable_cost_model`).
+    """
+    base = servable_cost_model(scenario)
+    sc1 = served_scenario(scenario, engine_config(scenario, base.num_gpu_blocks,
+                                                  scenario.workload.seed))
+    fe = run["front_end"]
+    cost = ScaledCost(base, 1.0, round(fe["gap_us_mean"] * 1e3) if fe["in_prediction"] else 0)
+    sim = simulate_specs(sc1, saturation_specs(sc1, run["saturation"]["requests"]), cost)
+    return {"saturation_rps": saturation_throughput((sim.requests["finish_s"] * 1e9).tolist()),
+            "loads": [[simulate_specs(sc1, replication_specs(sc1, x["load"], x["rate"],
+                                                             x["num_requests"], r), cost).summary
+                       for r in range(len(x["timing"]))] for x in run["loads"]]}
 
 
 def servable_cost_model(scenario):
@@ -648,8 +697,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     if threads:
         torch.set_num_threads(threads)
     mape = prof.error.heldout.mape if prof is not None and prof.error.heldout else None
-    sc1 = scenario.model_copy(update={"engine": scenario.engine.model_copy(
-        update={"num_gpu_blocks": cfg["num_gpu_blocks"]})})
+    sc1 = served_scenario(scenario, cfg)
     model = random_model(scenario.model_shape.hf_config(), seed=cfg["seed"],
                          dtype=parse_dtype(scenario.dtype))
 

@@ -3,6 +3,7 @@ batches, prefix hits, preemptions; timestamps within 1 ms), and the pieces of th
 predicted mode (saturation figure, signed error, band check) compute what they claim."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from calibration import validate_report as VR
 from calibration.engine.weights import random_model
 from simulator import files
 from simulator.cost_model import build_cost_model
+from simulator.metrics import summary_at
 from simulator.scenario import scenario_from_dict
 
 SCENARIO = {
@@ -517,6 +519,15 @@ def test_loads_interleave_across_replications():
         row = {r["figure"]: r for r in out["table"]}["E2EL p50"]
         assert row["measured"]["mean"] == pytest.approx(sum(own) / 2)
         assert row["measured"]["n"] == 2
+    # the run's request lists, simulated again from its record alone, give its predictions
+    again = V.predict_again(json.loads(json.dumps(res)), sc)
+    assert again["saturation_rps"] == res["saturation"]["predicted_rps"]
+    for out, sums in zip(res["loads"], again["loads"], strict=True):
+        for label, path in V.FIGURES:
+            row = {r["figure"]: r for r in out["table"]}[label]
+            got = [V._spread([summary_at(s, path)]) for s in sums]   # as the table keeps it
+            assert [g and g["each"][0] for g in got] == (row["predicted"] or {}).get(
+                "each", [None] * len(sums)), label
 
 
 def _read_only(*args, **kwargs):
