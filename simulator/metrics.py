@@ -807,11 +807,14 @@ class MetricsCollector:
 
 def t_interval(x) -> tuple[float, float] | None:
     """95% confidence interval of the mean of ``x`` (Student t, ``n - 1`` degrees of
-    freedom); None for fewer than two values. Figures that cannot be negative (latencies,
-    rates, counts, SLO ratios: every value >= 0) keep a lower bound of at least 0."""
+    freedom); None for fewer than two values; ``(v, v)`` exactly when every value is ``v``.
+    Figures that cannot be negative (latencies, rates, counts, SLO ratios: every value >= 0)
+    keep a lower bound of at least 0."""
     n = len(x)
     if n < 2:
         return None
+    if min(x) == max(x):   # no spread: the mean of equal values can differ from them by an ulp
+        return (float(x[0]), float(x[0]))
     m = float(np.mean(x))
     h = float(sps.t.ppf(0.975, n - 1)) * float(np.std(x, ddof=1)) / math.sqrt(n)
     return (max(m - h, 0.0) if min(x) >= 0 else m - h, m + h)

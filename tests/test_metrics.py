@@ -686,3 +686,19 @@ def test_a_replica_that_never_ran_a_step_still_has_its_rows():
     assert busy["all"] == approx(1 / 3)
     idle = ts[ts["replica"] == "2"]
     assert (idle[["running", "running_max", "steps", "kv_cache_usage_max"]] == 0).all().all()
+
+
+@given(st.floats(min_value=0, max_value=1e9, allow_nan=False), st.integers(2, 20))
+def test_equal_replications_have_an_interval_of_width_zero(x, n):
+    # np.mean of n equal values can miss them by an ulp (935.0724237877682 three times), and
+    # the report's "every replication gave the same figures" compares the bounds exactly
+    assert metrics.t_interval([x] * n) == (x, x)
+
+
+def test_the_t_interval_is_students():
+    x = [1.0, 2.0, 4.0]
+    h = sps.t.ppf(0.975, 2) * statistics.stdev(x) / math.sqrt(3)
+    assert 7 / 3 - h < 0 and metrics.t_interval(x) == pytest.approx((0.0, 7 / 3 + h))   # >= 0
+    assert metrics.t_interval([10.0, 11.0, 13.0]) == pytest.approx((34 / 3 - h, 34 / 3 + h))
+    assert metrics.t_interval([-1.0, 1.0])[0] < 0   # a figure that can be negative keeps it
+    assert metrics.t_interval([5.0]) is None
