@@ -52,7 +52,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.files import is_regular_file, missing_file, read_csv_rows, utf8_problem
+from simulator.files import (is_regular_file, missing_file, no_column_line, read_csv_rows,
+                             utf8_problem)
 from simulator.policy.kv_cache import cdiv
 
 CSV_COLUMNS = ("cell", "kind", "pass", "duration_ns", "execute_ns", "prefills",
@@ -358,7 +359,7 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
                          f"it again)")
     missing = [c for c in CSV_COLUMNS if c not in table.columns and c not in OPTIONAL_COLUMNS]
     if missing:
-        why = (f"missing column {missing[0]}" if table.columns else "empty: no column line")
+        why = f"missing column {missing[0]}" if table.columns else no_column_line(path)
         where = f"{name}:{table.column_line}" if table.columns else str(name)
         raise InputError(f"{where}: not a measurements CSV ({why}; the column line is "
                          f"{', '.join(CSV_COLUMNS)})")

@@ -46,8 +46,8 @@ from pydantic import (AliasChoices, BaseModel, BeforeValidator, Field, PrivateAt
 from .catalog import (HardwareSpec, ModelShape, dtype_bytes, kv_bytes_per_token,
                       list_hardware, load_hardware, shape_from_dict)
 from .errors import STRICT_SCHEMA, InputError, KeyedDoesNotFit, KeyedInputError, SubkeyError
-from .files import (atomic_write, is_regular_file, load_yaml, missing_file, read_csv_rows,
-                    scenario_path, utf8_problem, yaml_error_text)
+from .files import (atomic_write, is_regular_file, load_yaml, missing_file, no_column_line,
+                    read_csv_rows, scenario_path, utf8_problem, yaml_error_text)
 from .policy.kv_cache import GPU_MEMORY_UTILIZATION, blocks_in_budget, cdiv, min_gpu_blocks
 from .scenario import Scenario, format_validation_error, vllm_block_size
 
@@ -1448,7 +1448,7 @@ def _measured_reach(csv_path: str, shown: str, mtime_ns: int) -> tuple[int, int]
     if bad:
         return f"{shown}:{bad}"
     if not table.columns:
-        return f"{shown}: not a measurements CSV (empty: no column line)"
+        return f"{shown}: not a measurements CSV ({no_column_line(Path(csv_path))})"
     missing = [c for c in _REACH_COLUMNS if c not in table.columns]
     if missing:
         return f"{shown}:{table.column_line}: not a measurements CSV (no column {missing[0]})"

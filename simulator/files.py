@@ -415,6 +415,12 @@ def utf8_problem(path: Path, raw: bytes | None = None) -> str:
     return f"{path}: not UTF-8 text (save the file as UTF-8)"
 
 
+def no_column_line(path: Path) -> str:
+    """Why a CSV that :func:`read_csv_rows` found no column line in is not a table:
+    ``empty`` (0 bytes) or ``no column line, only # lines``."""
+    return "empty" if Path(path).stat().st_size == 0 else "no column line, only # lines"
+
+
 @dataclass(frozen=True)
 class CsvRows:
     """A CSV's rows as text, each with the file line it starts on (lines numbered from 1),

@@ -384,14 +384,15 @@ def test_a_csv_without_its_column_line_names_the_line_it_read_as_one(tmp_path):
                                    f"the column line is cell, kind, pass, ")
 
 
-@pytest.mark.parametrize("text", ["", "# engine: servesim\n\n"])
-def test_an_empty_csv_is_called_empty(tmp_path, text):
+@pytest.mark.parametrize("text, why", [("", "empty"),
+                                       ("# engine: servesim\n\n", "no column line, only # lines")])
+def test_an_empty_csv_is_called_empty(tmp_path, text, why):
     path = tmp_path / "m.csv"
     path.write_text(text)
     with pytest.raises(InputError) as e:
         read_measurements(path)
-    assert str(e.value).startswith(f"{path}: not a measurements CSV (empty: no column line; "
-                                   f"the column line is cell, kind, pass, ")
+    assert str(e.value).startswith(f"{path}: not a measurements CSV ({why}; the column line "
+                                   f"is cell, kind, pass, ")
 
 
 def test_another_engines_cells_are_not_grid_cells(tmp_path):

@@ -1000,7 +1000,9 @@ def test_a_run_says_when_its_steps_go_past_the_profiles_calibration_grid(tmp_pat
              f"long.measurements.csv:{len(lines)}: {width + 1} fields where the column line "
              f"has {width}"),
             ("empty.measurements.csv", "", "empty.measurements.csv: not a measurements CSV "
-                                           "(empty: no column line)"),
+                                           "(empty)"),
+            ("notes.measurements.csv", "# engine: servesim\n", "notes.measurements.csv: not a "
+                                       "measurements CSV (no column line, only # lines)"),
             ("/dev/zero", None, "/dev/zero: not a regular file"),
             (str(tmp_path / "pipe.csv"), None, f"{tmp_path / 'pipe.csv'}: not a regular file"))):
         if body is not None:
