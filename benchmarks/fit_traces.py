@@ -19,7 +19,6 @@ Usage: python benchmarks/fit_traces.py [--traces DIR]
 
 from __future__ import annotations
 
-import argparse
 import math
 import platform
 import sys
@@ -59,9 +58,17 @@ def fit_arrivals(arrival_ns: np.ndarray) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", type=Path, default=TRACES, help="folder of shared traces")
+    from simulator.cli import OneLineParser
+
+    ap = OneLineParser(prog="python benchmarks/fit_traces.py",
+                       error_name="benchmarks/fit_traces.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=Path, default=None,
+                    help=f"folder of shared traces (default {TRACES}; skipped when absent)")
     args = ap.parse_args()
+    if args.traces is not None and not args.traces.is_dir():   # a folder named, not found
+        ap.error(f"--traces {args.traces}: not a folder")
+    args.traces = args.traces or TRACES
     console = Console()
     console.print(f"# fit_traces — python {sys.version.split()[0]}, numpy {np.__version__}, "
                   f"pandas {pd.__version__}, scipy {scipy.__version__}, {platform.machine()}; "

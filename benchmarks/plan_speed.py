@@ -4,7 +4,6 @@
     python benchmarks/plan_speed.py [--workers N] [--executor local|serial|ray]
 """
 
-import argparse
 import os
 import platform
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import simpy
 
+from simulator.cli import OneLineParser
+from simulator.errors import InputError
 from simulator.executors import make_executor
 from simulator.planner import plan, plan_table
 from simulator.scenario import load_scenario
@@ -22,16 +23,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--executor", default="local")
+    ap = OneLineParser(prog="python benchmarks/plan_speed.py",
+                       error_name="benchmarks/plan_speed.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=None, help="a whole number >= 1")
+    ap.add_argument("--executor", default="local", choices=("local", "serial", "ray"))
     args = ap.parse_args()
+    if args.workers is not None and args.workers < 1:
+        ap.error(f"--workers: a whole number >= 1, got {args.workers}")
     sc = load_scenario(ROOT / "scenarios" / "plan_chat.yaml")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; Python "
           f"{sys.version.split()[0]}, numpy {np.__version__}, simpy {simpy.__version__}; "
           f"seed {sc.workload.seed}")
+    try:   # ray without Ray installed
+        executor = make_executor(args.executor, workers=args.workers)
+    except InputError as e:
+        ap.error(str(e))
     t0 = time.perf_counter()
-    with make_executor(args.executor, workers=args.workers) as ex:
+    with executor as ex:
         res = plan(sc, ex)
     wall = time.perf_counter() - t0
     t = plan_table(res)

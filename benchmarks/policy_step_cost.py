@@ -22,7 +22,6 @@ Columns:
 Usage: python benchmarks/policy_step_cost.py [--block-size 16] [--cycles 20]
 """
 
-import argparse
 import platform
 import sys
 import time
@@ -71,10 +70,17 @@ def run(n: int, block_size: int, cycles: int, private: bool) -> tuple[float, flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--cycles", type=int, default=20)
+    from simulator.cli import OneLineParser
+    from simulator.scenario import BLOCK_SIZES
+
+    ap = OneLineParser(prog="python benchmarks/policy_step_cost.py",
+                       error_name="benchmarks/policy_step_cost.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--block-size", type=int, default=16, choices=BLOCK_SIZES)
+    ap.add_argument("--cycles", type=int, default=20, help="a whole number >= 1")
     args = ap.parse_args()
+    if args.cycles < 1:
+        ap.error(f"--cycles: a whole number >= 1, got {args.cycles}")
     print(f"# policy step cost — python {sys.version.split()[0]}, {platform.machine()}, "
           f"block_size {args.block_size}, {args.cycles} block cycles (deterministic, no RNG)")
     print(f"{'requests':>8} {'running decodes':>16} {'quiet step (µs, median)':>24} "

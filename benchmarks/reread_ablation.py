@@ -114,6 +114,9 @@ def main(argv=None) -> int:
         names = chosen_workloads(args.only or ["shared-system-prompt"])
     except InputError as e:
         ap.error(str(e))
+    if not Path(args.reports).is_dir():
+        ap.error(f"--reports {args.reports}: not a folder (benchmarks/fidelity.py writes "
+                 f"reports/fidelity)")
     folders = {n: Path(args.reports) / n for n in names}
     for n, f in folders.items():
         if not (f / "validation.json").is_file() or not list((f / "profile").glob("*.yaml")):

@@ -13,7 +13,7 @@ Usage: python benchmarks/sim_speed.py [--requests 100000] [--repeats 1] [--load 
        [--seed 0]
 """
 
-import argparse
+import math
 import os
 import platform
 import resource
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import simpy
 
+from simulator.cli import OneLineParser
+from simulator.errors import InputError
 from simulator.run import simulate
 from simulator.scenario import load_scenario
 
@@ -31,21 +33,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=100_000)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--load", type=float, default=0.7)
+    # a bad flag or scenario: one line and exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python benchmarks/sim_speed.py",
+                       error_name="benchmarks/sim_speed.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=100_000, help="a whole number >= 1")
+    ap.add_argument("--repeats", type=int, default=1, help="a whole number >= 1")
+    ap.add_argument("--load", type=float, default=0.7, help="fraction of saturation, > 0")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "chat.yaml"))
     args = ap.parse_args()
+    for flag, v in (("--requests", args.requests), ("--repeats", args.repeats)):
+        if v < 1:
+            ap.error(f"{flag}: a whole number >= 1, got {v}")
+    if not 0 < args.load < math.inf:
+        ap.error(f"--load: a fraction of saturation > 0, got {args.load}")
     base = [f"workload.seed={args.seed}", "cluster.replicas=1"]
-    sat = simulate(load_scenario(args.scenario, base + [
-        "workload.num_requests=5000", "workload.arrival={process: poisson, rate: 100000}"]))
-    cap = sat.summary["request_throughput"]
-    rate = args.load * cap
-    sc = load_scenario(args.scenario, base + [
-        f"workload.num_requests={args.requests}",
-        f"workload.arrival={{process: poisson, rate: {rate}}}"])
+    try:
+        sat = simulate(load_scenario(args.scenario, base + [
+            "workload.num_requests=5000", "workload.arrival={process: poisson, rate: 100000}"]))
+        cap = sat.summary["request_throughput"]
+        rate = args.load * cap
+        sc = load_scenario(args.scenario, base + [
+            f"workload.num_requests={args.requests}",
+            f"workload.arrival={{process: poisson, rate: {rate}}}"])
+    except InputError as e:
+        ap.error(str(e))
     load_before = os.getloadavg()[0]
     walls, cpus = [], []
     for _ in range(args.repeats):

@@ -26,8 +26,8 @@ Usage: python benchmarks/vs_vidur.py [--requests 10000,100000] [--load 0.7] [--s
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -168,7 +168,10 @@ def pct(d: dict | None, k: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from simulator.cli import OneLineParser
+
+    ap = OneLineParser(prog="python benchmarks/vs_vidur.py", error_name="benchmarks/vs_vidur.py",
+                       description=__doc__.splitlines()[0])
     ap.add_argument("--requests", default="10000,100000",
                     help="comma-separated request counts (default 10000,100000)")
     ap.add_argument("--load", type=float, default=0.7, help="fraction of servesim capacity")
@@ -186,7 +189,18 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep Vidur's output folders")
     ap.add_argument("--md", help="also write the results as Markdown to this path")
     a = ap.parse_args()
-    sizes = [int(x) for x in a.requests.split(",") if x.strip()]
+    sizes = [x.strip() for x in a.requests.split(",") if x.strip()]
+    if not sizes or not all(x.isdigit() and int(x) >= 1 for x in sizes):
+        ap.error(f"--requests: whole numbers >= 1, comma-separated, got {a.requests!r}")
+    sizes = [int(x) for x in sizes]
+    for flag, v in (("--capacity-requests", a.capacity_requests), ("--batch-cap", a.batch_cap),
+                    ("--max-tokens", a.max_tokens), ("--startup-runs", a.startup_runs),
+                    ("--repeats", a.repeats)):
+        if v < 1:
+            ap.error(f"{flag}: a whole number >= 1, got {v}")
+    for flag, v in (("--load", a.load), ("--rate", a.rate)):
+        if v is not None and not 0 < v < math.inf:
+            ap.error(f"{flag}: a number > 0, got {v}")
 
     venv = Path(a.venv)
     ready = (venv / "bin" / "python").exists() and (venv / "vidur-cache" / ".data_stamp").exists()

@@ -898,7 +898,31 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
      "(see python -m calibration.vllm.fidelity --help)"),
     (["-m", "calibration.vllm.fidelity"], ["--profile", "p", "--bogus"],
      "calibration.vllm.fidelity: error: unrecognized arguments: --bogus (see python -m "
-     "calibration.vllm.fidelity --help)")])
+     "calibration.vllm.fidelity --help)"),
+    # every benchmark script's flags, as servesim's own
+    (["benchmarks/sim_speed.py"], ["--requests", "-5"],
+     "benchmarks/sim_speed.py: error: --requests: a whole number >= 1, got -5 (see python "
+     "benchmarks/sim_speed.py --help)"),
+    (["benchmarks/policy_step_cost.py"], ["--cycles", "0"],
+     "benchmarks/policy_step_cost.py: error: --cycles: a whole number >= 1, got 0 (see python "
+     "benchmarks/policy_step_cost.py --help)"),
+    (["benchmarks/fit_traces.py"], ["--traces", "/no-such-folder"],
+     "benchmarks/fit_traces.py: error: --traces /no-such-folder: not a folder (see python "
+     "benchmarks/fit_traces.py --help)"),
+    (["benchmarks/plan_speed.py"], ["--workers", "0"],
+     "benchmarks/plan_speed.py: error: --workers: a whole number >= 1, got 0 (see python "
+     "benchmarks/plan_speed.py --help)"),
+    (["benchmarks/vs_vidur.py"], ["--requests", "10,-5"],
+     "benchmarks/vs_vidur.py: error: --requests: whole numbers >= 1, comma-separated, got "
+     "'10,-5' (see python benchmarks/vs_vidur.py --help)"),
+    (["benchmarks/reread_ablation.py"], ["--reports", "/no-such-folder"],
+     "benchmarks/reread_ablation.py: error: --reports /no-such-folder: not a folder "
+     "(benchmarks/fidelity.py writes reports/fidelity) (see python "
+     "benchmarks/reread_ablation.py --help)"),
+    (["benchmarks/reread_ablation.py"], ["--reports", "benchmarks"],
+     "benchmarks/reread_ablation.py: error: --reports benchmarks: no "
+     "shared-system-prompt/validation.json with its profile/ (run benchmarks/fidelity.py "
+     "first) (see python benchmarks/reread_ablation.py --help)")])
 def test_a_fidelity_scripts_bad_flag_is_one_line(script, args, line):
     # servesim's parser: one error line and exit 2, not argparse's usage block before it
     import subprocess
