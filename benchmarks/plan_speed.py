@@ -15,7 +15,7 @@ import simpy
 
 from simulator.cli import OneLineParser
 from simulator.errors import InputError
-from simulator.executors import make_executor
+from simulator.executors import EXECUTORS, make_executor
 from simulator.planner import plan, plan_table
 from simulator.scenario import load_scenario
 
@@ -27,7 +27,7 @@ def main() -> int:
                        error_name="benchmarks/plan_speed.py",
                        description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=None, help="a whole number >= 1")
-    ap.add_argument("--executor", default="local", choices=("local", "serial", "ray"))
+    ap.add_argument("--executor", default="local", choices=EXECUTORS)
     args = ap.parse_args()
     if args.workers is not None and args.workers < 1:
         ap.error(f"--workers: a whole number >= 1, got {args.workers}")
