@@ -34,19 +34,16 @@ FIGURES = [f"{m} p{q}" for m in ("TTFT", "TPOT", "E2EL") for q in (50, 99)]
 
 def refit_without_reread(profile_yaml: Path, into: Path) -> tuple[Path, float]:
     """A copy of the profile (with its measurements CSV) in ``into`` whose cost is refitted
-    from that CSV without a re-read rate; returns its path and held-out MAPE."""
-    from calibration.fit import RooflineConstants, fit_measurements
-    from calibration.profiler import read_measurements
+    from that CSV without a re-read rate (:func:`calibration.fit.refit_profile`); returns
+    its path and held-out MAPE."""
+    from calibration.fit import refit_profile
     from simulator.cost_model import load_profile
 
     prof = load_profile(str(profile_yaml))
-    doc = yaml.safe_load(profile_yaml.read_text())
-    csv = profile_yaml.parent / doc["provenance"]["measurements_csv"]
+    fit = refit_profile(prof, reread=False)
+    csv = profile_yaml.parent / prof.provenance.measurements_csv
     shutil.copy(csv, into / csv.name)
-    k = RooflineConstants.of(prof.model_shape, prof.dtype, prof.tensor_parallel)
-    fit = fit_measurements(read_measurements(csv), k, (prof.device.peak_flops,
-                                                       prof.device.memory_bandwidth),
-                           reread=False)
+    doc = yaml.safe_load(profile_yaml.read_text())
     doc["cost"] = {**doc["cost"], "form": fit.form, "coefficients": fit.coefficients}
     out = into / profile_yaml.name
     out.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -404,11 +404,12 @@ def replay_errors(form: str, coef: dict, k: RooflineConstants, steps, idle=None)
                        replay_predictions(form, coef, k, steps, idle))
 
 
-def refit_profile(profile) -> FitResult:
+def refit_profile(profile, reread: bool | None = None) -> FitResult:
     """Fit again from the measurements CSV beside a loaded profile (its
     ``provenance.measurements_csv``), with the profile's model, dtype and peaks, and its
     path costs and re-read rate only if it has them: the same numbers the profile reports, for
-    checking a profile or re-deciding its form.
+    checking a profile or re-deciding its form. ``reread``: whether the re-read rate may be
+    fitted (default: whether the profile has one; ``False`` refits without it).
 
     Raises:
         InputError: the profile names no CSV, or the CSV is missing, malformed or holds
@@ -428,7 +429,8 @@ def refit_profile(profile) -> FitResult:
         return fit_measurements(df, k, (profile.device.peak_flops,
                                         profile.device.memory_bandwidth),
                                 paths=any(c in coef for c in PATH_COEFFICIENTS),
-                                reread="w_reread_bytes_per_s" in coef)
+                                reread=("w_reread_bytes_per_s" in coef if reread is None
+                                        else reread))
     except TooFewCells as e:   # a CSV cut short, or one of its header only
         raise InputError(f"{profile.path.parent / rel}: {e}") from None
 
