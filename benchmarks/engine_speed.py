@@ -23,10 +23,10 @@ Usage: python benchmarks/engine_speed.py [--repeats 3] [--threads 2] [--dtype bf
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import platform
+import re
 import statistics
 import tempfile
 import time
@@ -91,9 +91,15 @@ def run_hf(model, prompts, out_tokens) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
+    from calibration.cli import positive_int
+    from simulator.cli import OneLineParser
+
+    # a bad flag: one line and exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python benchmarks/engine_speed.py",
+                       error_name="benchmarks/engine_speed.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", help="workload names to run (default: all)")
@@ -101,6 +107,8 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=4800.0,
                     help="device memory bandwidth in GB/s for the batch-1 bound (cuda)")
     args = ap.parse_args()
+    if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
+        ap.error(f"--device: cpu or cuda[:n], got {args.device!r}")
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     console = Console()

@@ -27,7 +27,6 @@ core's clock or stolen time.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -85,9 +84,15 @@ def _kernels():
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=600.0)
-    ap.add_argument("--window", type=float, default=4.0)
+    from calibration.cli import positive_seconds
+    from simulator.cli import OneLineParser
+
+    # a bad flag: one line and exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python benchmarks/host_drift.py",
+                       error_name="benchmarks/host_drift.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=positive_seconds, default=600.0)
+    ap.add_argument("--window", type=positive_seconds, default=4.0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "host_drift.md"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -14,7 +14,6 @@ fresh, one whose free queue was shuffled, interleaved in rounds.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -37,12 +36,23 @@ def main(argv=None) -> int:
     from simulator.files import atomic_write
     from simulator.scenario import load_scenario
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from calibration.cli import positive_int
+    from simulator.cli import OneLineParser
+
+    # a bad flag: one line and exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python benchmarks/kv_layout.py",
+                       error_name="benchmarks/kv_layout.py",
+                       description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "cpu_tiny.yaml"))
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=positive_int, default=8)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "kv_layout.md"))
     args = ap.parse_args(argv)
-    sc = load_scenario(args.scenario)
+    from simulator.errors import InputError
+
+    try:
+        sc = load_scenario(args.scenario)
+    except InputError as e:
+        ap.error(str(e))
     base = build_cost_model(sc)
     threads = profile_threads(base.profile) or 1
     torch.set_num_threads(threads)

@@ -11,7 +11,6 @@ B, as the cost model's smooth form assumes.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 from pathlib import Path
@@ -29,8 +28,14 @@ def main(argv=None) -> int:
     from calibration.engine import model as M
     from calibration.profiler import _Driver
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=8)
+    from calibration.cli import positive_int
+    from simulator.cli import OneLineParser
+
+    # a bad flag: one line and exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python benchmarks/small_batches.py",
+                       error_name="benchmarks/small_batches.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=positive_int, default=8)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "small_batches.md"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -12,7 +12,6 @@ measured profile should be calibrated and validated with (``servesim calibrate -
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -32,9 +31,15 @@ def main(argv=None) -> int:
     from calibration.profiler import _Driver
     from simulator.catalog import load_model
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=240.0)
-    ap.add_argument("--window", type=float, default=10.0)
+    from calibration.cli import positive_seconds
+    from simulator.cli import OneLineParser
+
+    # a bad flag: one line and exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python benchmarks/thread_stability.py",
+                       error_name="benchmarks/thread_stability.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=positive_seconds, default=240.0)
+    ap.add_argument("--window", type=positive_seconds, default=10.0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                          "thread_stability.md"))
     args = ap.parse_args(argv)

@@ -20,7 +20,6 @@ servesim there)::
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 import time
@@ -42,9 +41,14 @@ CONDITIONS = [("alone", 1, 32, None), ("after 4 × 1536-token prefills", 1, 32, 
 def main(argv=None) -> int:
     from calibration.vllm.runner import VllmEngine
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from calibration.cli import positive_int
+    from simulator.cli import OneLineParser
+
+    ap = OneLineParser(prog="python benchmarks/vllm_decode_steps.py",
+                       error_name="benchmarks/vllm_decode_steps.py",
+                       description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", default="/tmp/vllm-peer-model")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                          "vllm_decode_steps.md"))
     args = ap.parse_args(argv)

@@ -96,10 +96,15 @@ def run_variant(overrides, model_dir: str, n: int, seed: int) -> tuple[dict, lis
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from calibration.cli import positive_int
+    from simulator.cli import OneLineParser
+
+    ap = OneLineParser(prog="python benchmarks/vllm_policy.py",
+                       error_name="benchmarks/vllm_policy.py",
+                       description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", default=os.environ.get("VLLM_PEER_MODEL",
                                                            "/tmp/vllm-peer-model"))
-    ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--requests", type=positive_int, default=60)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vllm_policy.md"))
     ap.add_argument("--variant", type=int, help=argparse.SUPPRESS)   # one, JSON to stdout

@@ -43,7 +43,6 @@ directory) is not available. Not part of the test suite: vLLM is no servesim dep
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import random
@@ -370,7 +369,11 @@ def _unavailable(why: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from simulator.cli import OneLineParser
+
+    ap = OneLineParser(prog="python benchmarks/vllm_scheduler_diff.py",
+                       error_name="benchmarks/vllm_scheduler_diff.py",
+                       description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=380, help="random workloads (default 380)")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     ap.add_argument("--mutate", action="store_true",

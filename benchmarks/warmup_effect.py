@@ -72,8 +72,14 @@ def one_run(warm: bool, seed: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2)
+    from calibration.cli import positive_int
+    from simulator.cli import OneLineParser
+
+    # a bad flag: one line and exit 2, as servesim's own commands say it
+    ap = OneLineParser(prog="python benchmarks/warmup_effect.py",
+                       error_name="benchmarks/warmup_effect.py",
+                       description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=positive_int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "warmup.md"))
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

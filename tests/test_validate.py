@@ -915,6 +915,15 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
     (["benchmarks/vs_vidur.py"], ["--requests", "10,-5"],
      "benchmarks/vs_vidur.py: error: --requests: whole numbers >= 1, comma-separated, got "
      "'10,-5' (see python benchmarks/vs_vidur.py --help)"),
+    (["benchmarks/warmup_effect.py"], ["--rounds", "-1"],   # it rewrote warmup.md empty
+     "benchmarks/warmup_effect.py: error: --rounds: '-1': give a whole number >= 1 (see "
+     "python benchmarks/warmup_effect.py --help)"),
+    (["benchmarks/host_drift.py"], ["--seconds", "-1"],
+     "benchmarks/host_drift.py: error: --seconds: '-1': give a number of seconds > 0 and <= "
+     "3600 (see python benchmarks/host_drift.py --help)"),
+    (["benchmarks/kv_layout.py"], ["--scenario", "/no-such.yaml"],
+     "benchmarks/kv_layout.py: error: /no-such.yaml: scenario file not found (see python "
+     "benchmarks/kv_layout.py --help)"),
     (["benchmarks/reread_ablation.py"], ["--reports", "/no-such-folder"],
      "benchmarks/reread_ablation.py: error: --reports /no-such-folder: not a folder "
      "(benchmarks/fidelity.py writes reports/fidelity) (see python "
