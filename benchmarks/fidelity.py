@@ -39,6 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOAT32_PROFILE = "cpu-llama-tiny-56m-float32"
 # A timed run is disturbed when other processes used more than this share of one core.
 BUSY_PCT = 10.0
+# Targets against servesim's own engine (calibration.validate_report.Targets): |error| of
+# the saturation throughput within 5 %, of TTFT, TPOT and E2EL p50s within 10 % and p99s
+# within 20 % at loads 0.3 and 0.6; at the other loads the MAPE band.
+TARGETS = {"saturation": 0.05, "p50": 0.10, "p99": 0.20, "percentile_loads": (0.3, 0.6)}
 
 
 class CpuWatch:
@@ -159,7 +163,8 @@ def host_dtype() -> list[str]:
 
 def main(argv=None) -> int:
     from calibration.validate import validate
-    from calibration.validate_report import markdown_table, write_outputs
+    from calibration.validate_report import (Targets, markdown_table, target_verdicts,
+                                           write_outputs)
     # the same two workloads for both engines
     from calibration.vllm.fidelity import WORKLOADS, chosen_workloads
     from simulator.cli import OneLineParser
@@ -249,6 +254,7 @@ def main(argv=None) -> int:
                   f"{res['front_end']['gap_us_mean']:.0f} us, p99 "
                   f"{res['front_end']['gap_us_p99']:.0f} us per step.",
                   watch.summary() + ".", "",
+                  *[f"- {v}" for v in target_verdicts(res, Targets(**TARGETS))], "",
                   markdown_table(res), ""]
     parts += ["error = (predicted − measured) / measured; cells are mean [min, max] over "
               "replications; 'in MAPE band': the measured figure lies between simulations "

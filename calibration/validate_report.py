@@ -5,6 +5,8 @@ result dict."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from simulator.metrics import METRIC_LABELS
@@ -67,6 +69,72 @@ def probe_disagreements(result: dict) -> list[tuple[str, float]]:
                  for i, (t, sp) in enumerate(zip(ld["timing"], ld.get("host_speed") or []))]
     return [(label, r * sp) for label, r, sp in runs
             if r is not None and sp is not None and abs(r * sp - 1) > PROBE_AGREEMENT]
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Acceptance targets of a fidelity benchmark: |signed error| bounds on the saturation
+    throughput and on the ``figures`` at p50 and p99 at the loads ``percentile_loads``
+    (every load when None); at any other load whose rows carry a MAPE band, the band check
+    (:data:`calibration.validate.BAND_FIGURES`)."""
+
+    saturation: float
+    p50: float
+    p99: float
+    figures: tuple = ("TTFT", "TPOT", "E2EL")
+    percentile_loads: tuple | None = None
+
+
+def target_verdicts(result: dict, targets: Targets) -> list[str]:
+    """One line per target, on two readings of the replications, so that neither is left
+    to be worked out from the table: the figure's mean error over the replications
+    (:class:`calibration.validate.LoadResult` ``error.mean``, the reading of the fidelity
+    tables) and every single replication's error (the worst of them). A band load counts
+    the band figures whose mean measured value lies between the mean band edges, and those
+    whose every replication lies in its own band (``in_band``); with a host speed probe the
+    same around the prediction at host speed. A figure undefined in some replication is
+    judged on those where it is defined."""
+    def met(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    sat = result["saturation"]["error"]
+    lines = [f"saturation throughput {sat:+.1%} (target ±{targets.saturation:.0%}): "
+             f"{met(abs(sat) <= targets.saturation)}"]
+    for ld in result["loads"]:
+        rows = {row["figure"]: row for row in ld["table"]}
+        if targets.percentile_loads is None or ld["load"] in targets.percentile_loads:
+            for q in ("p50", "p99"):
+                errs = [(rows[f"{f} {q}"]["error"], f"{f} {q}") for f in targets.figures
+                        if (rows.get(f"{f} {q}") or {}).get("error")]
+                if not errs:
+                    continue
+                bound = getattr(targets, q)
+                mean, mean_fig = max(((e["mean"], fig) for e, fig in errs),
+                                     key=lambda x: abs(x[0]))
+                each, each_fig, r = max(
+                    ((v, fig, i + 1) for e, fig in errs
+                     for i, v in enumerate(e["each"]) if v is not None),
+                    key=lambda x: abs(x[0]))
+                lines.append(
+                    f"load {ld['load']:g} {q}s of {', '.join(targets.figures)} (target "
+                    f"±{bound:.0%}): mean over replications worst {mean:+.1%} ({mean_fig}): "
+                    f"{met(abs(mean) <= bound)}; every replication worst {each:+.1%} "
+                    f"({each_fig}, r{r}): {met(abs(each) <= bound)}")
+            continue
+        for key, label in (("", "MAPE band"), ("_adjusted", "MAPE band at host speed")):
+            band = [row for row in ld["table"] if row.get("in_band" + key) is not None]
+            if not band:
+                continue
+            center = "predicted" if not key else "adjusted"
+            mean_in = sum(row[f"band{key}"][0]["mean"] <= row["measured"]["mean"]
+                          <= row[f"band{key}"][1]["mean"] for row in band
+                          if None not in row[f"band{key}"] and row.get(center))
+            lines.append(
+                f"load {ld['load']:g} {label} ({len(band)} figures): the mean measured "
+                f"value inside the mean band in {mean_in} of {len(band)}; every replication "
+                f"inside its own band in {sum(row['in_band' + key] for row in band)} of "
+                f"{len(band)}")
+    return lines
 
 
 def markdown_table(result: dict) -> str:

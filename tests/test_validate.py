@@ -844,6 +844,43 @@ def test_a_band_verdict_says_how_many_replications_it_judged():
     assert "| yes (178.9–188) |" in line
 
 
+def test_target_verdicts_read_the_mean_and_every_replication():
+    # load 0.3, two replications: TTFT p50 +8% and -12% (mean -2%), TPOT p50 +5% twice;
+    # TTFT p99 -25% and +25% (mean 0); E2EL undefined (not judged)
+    lo = V.LoadResult(load=0.3, rate=1.0, num_requests=10)
+    lo.measured = [{"ttft_ms": {"p50": 100.0, "p99": 200.0}, "tpot_ms": {"p50": 10.0}}] * 2
+    lo.predicted = [{"ttft_ms": {"p50": 108.0, "p99": 150.0}, "tpot_ms": {"p50": 10.5}},
+                    {"ttft_ms": {"p50": 88.0, "p99": 250.0}, "tpot_ms": {"p50": 10.5}}]
+    # load 0.9: TTFT p50 100 in [90, 110], 145 below [150, 170]: the means 122.5 in
+    # [120, 140]; TTFT p99 300 below [310, 330] in both
+    hi = V.LoadResult(load=0.9, rate=2.0, num_requests=10)
+    hi.measured = [{"ttft_ms": {"p50": 100.0, "p99": 300.0}},
+                   {"ttft_ms": {"p50": 145.0, "p99": 300.0}}]
+    hi.predicted = [{"ttft_ms": {"p50": 100.0, "p99": 320.0}},
+                    {"ttft_ms": {"p50": 160.0, "p99": 320.0}}]
+    hi.band_low = [{"ttft_ms": {"p50": 90.0, "p99": 310.0}},
+                   {"ttft_ms": {"p50": 150.0, "p99": 310.0}}]
+    hi.band_high = [{"ttft_ms": {"p50": 110.0, "p99": 330.0}},
+                    {"ttft_ms": {"p50": 170.0, "p99": 330.0}}]
+    result = {"saturation": {"error": 0.06},
+              "loads": [{"load": lr.load, "table": lr.table()} for lr in (lo, hi)]}
+    lines = VR.target_verdicts(result, VR.Targets(0.05, 0.10, 0.20, percentile_loads=(0.3,)))
+    assert lines == [
+        "saturation throughput +6.0% (target ±5%): NOT met",
+        "load 0.3 p50s of TTFT, TPOT, E2EL (target ±10%): mean over replications worst "
+        "+5.0% (TPOT p50): met; every replication worst -12.0% (TTFT p50, r2): NOT met",
+        "load 0.3 p99s of TTFT, TPOT, E2EL (target ±20%): mean over replications worst "
+        "+0.0% (TTFT p99): met; every replication worst -25.0% (TTFT p99, r1): NOT met",
+        "load 0.9 MAPE band (2 figures): the mean measured value inside the mean band in 1 "
+        "of 2; every replication inside its own band in 0 of 2"]
+    # every load judged on percentiles (the vLLM targets): 0.9's TTFT p50 +0% and +10.3%
+    lines = VR.target_verdicts(result, VR.Targets(0.10, 0.15, 0.25))
+    assert lines[0] == "saturation throughput +6.0% (target ±10%): met"
+    assert lines[3] == (
+        "load 0.9 p50s of TTFT, TPOT, E2EL (target ±15%): mean over replications worst "
+        "+5.2% (TTFT p50): met; every replication worst +10.3% (TTFT p50, r2): met")
+
+
 @pytest.mark.parametrize("script", [["benchmarks/fidelity.py"],
                                     ["-m", "calibration.vllm.fidelity", "--profile", "p"]])
 @pytest.mark.parametrize("loads, said", [
