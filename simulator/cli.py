@@ -230,13 +230,15 @@ class OneLineParser(argparse.ArgumentParser):
             if i is not None:
                 cmd.error(f"--set {argv[i + 1]} {extra[0]}: --set takes KEY=VALUE "
                           f"(--set {argv[i + 1]}={extra[0]})")
-            key = _scenario_key(extra[0]) if "--set" in cmd._option_string_actions else None
-            if key is not None:   # --max-num-seqs 64, as vLLM takes it: a scenario key here
-                flag, _, value = extra[0].partition("=")
-                if not value and len(extra) > 1 and not extra[1].startswith("--"):
-                    value = extra[1]
-                cmd.error(f"unrecognized arguments: {' '.join(extra)}; the scenario key {key} "
-                          f"is set with --set {key}={value or 'VALUE'}")
+            # --max-num-seqs 64, as vLLM takes it: scenario keys here, set with --set
+            sets = _scenario_sets(extra) if "--set" in cmd._option_string_actions else []
+            if sets:
+                keys = [k for k, _ in sets]
+                named = " and ".join(filter(None, [", ".join(keys[:-1]), keys[-1]]))
+                cmd.error(f"unrecognized arguments: {' '.join(extra)}; the scenario key"
+                          f"{'s' if len(keys) > 1 else ''} {named} "
+                          f"{'are' if len(keys) > 1 else 'is'} set with "
+                          + " ".join(f"--set {k}={v}" for k, v in sets))
             cmd.error(f"unrecognized arguments: {' '.join(extra)}")
         # A value option given twice would silently keep the last one (--out A --out B).
         for action in cmd._actions:
@@ -248,19 +250,57 @@ class OneLineParser(argparse.ArgumentParser):
         return ns
 
 
-def _scenario_key(flag: str) -> str | None:
-    """``engine.max_num_seqs`` for the flag ``--max-num-seqs`` (or ``--max_num_seqs=64``):
-    the one scenario key of that name in a section of :class:`~.scenario.Scenario`, else
-    None (no such key, or one in several sections)."""
+#: vLLM's flags (``vllm serve``, ``vllm bench serve``) whose scenario key has another name,
+#: with the value a flag without one stands for.
+VLLM_FLAG_KEYS = {
+    "tensor_parallel_size": ("hardware.tensor_parallel", None),
+    "tp": ("hardware.tensor_parallel", None),
+    "num_gpu_blocks_override": ("engine.num_gpu_blocks", None),
+    "no_enable_prefix_caching": ("engine.enable_prefix_caching", "false"),
+    "no_enable_chunked_prefill": ("engine.enable_chunked_prefill", "false"),
+    "request_rate": ("workload.arrival.rate", None),
+    "num_prompts": ("workload.num_requests", None),
+}
+
+
+def _scenario_key(flag: str) -> tuple[str, str | None] | None:
+    """``("engine.max_num_seqs", None)`` for the flag ``--max-num-seqs`` (or
+    ``--max_num_seqs=64``): the one scenario key of that name in a section of
+    :class:`~.scenario.Scenario`, or the key of a vLLM flag of another name
+    (:data:`VLLM_FLAG_KEYS`: ``-tp``, ``--no-enable-prefix-caching``), with the value the
+    flag stands for when given without one (``"true"`` for a boolean key); None when there
+    is no such key or one in several sections."""
     from .scenario import Scenario
 
-    if not flag.startswith("--"):
+    name = flag.lstrip("-").partition("=")[0].replace("-", "_")
+    if not flag.startswith("--") and name != "tp":   # vLLM's one short flag
         return None
-    name = flag[2:].partition("=")[0].replace("-", "_")
-    keys = [f"{section}.{name}" for section, info in Scenario.model_fields.items()
+    if name in VLLM_FLAG_KEYS:
+        return VLLM_FLAG_KEYS[name]
+    keys = [(f"{section}.{name}", t.model_fields[name].annotation)
+            for section, info in Scenario.model_fields.items()
             for t in (info.annotation, *typing.get_args(info.annotation))   # Optional[...]
             if name in getattr(t, "model_fields", {})]
-    return keys[0] if len(keys) == 1 else None
+    if len(keys) != 1:
+        return None
+    return keys[0][0], "true" if keys[0][1] is bool else None
+
+
+def _scenario_sets(extra: list[str]) -> list[tuple[str, str]]:
+    """``[(key, value)]`` for the unknown flags in ``extra`` that name scenario keys
+    (:func:`_scenario_key`), the value from ``--flag=V`` or the word after the flag, else
+    the flag's own (``true`` for a boolean), else ``VALUE``."""
+    sets = []
+    for i, arg in enumerate(extra):
+        found = _scenario_key(arg) if arg.startswith("-") else None
+        if found is None:
+            continue
+        value = arg.partition("=")[2]
+        after = extra[i + 1] if i + 1 < len(extra) else "-"
+        if not value and (not after.startswith("-") or after[1:2].isdigit()):   # -1: a value
+            value = after
+        sets.append((found[0], value or found[1] or "VALUE"))
+    return sets
 
 
 def build_parser() -> argparse.ArgumentParser:

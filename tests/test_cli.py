@@ -217,6 +217,17 @@ def test_missing_scenario_file_and_bad_flag(tmp_path):
     (["sweep", "s.yaml", "--block_size"],
      "servesim: error: unrecognized arguments: --block_size; the scenario key "
      "engine.block_size is set with --set engine.block_size=VALUE (see servesim sweep --help)"),
+    # vLLM's flags of other names, booleans without a value, several at once
+    (["run", "s.yaml", "-tp", "2", "--no-enable-prefix-caching"],
+     "servesim: error: unrecognized arguments: -tp 2 --no-enable-prefix-caching; the "
+     "scenario keys hardware.tensor_parallel and engine.enable_prefix_caching are set with "
+     "--set hardware.tensor_parallel=2 --set engine.enable_prefix_caching=false (see "
+     "servesim run --help)"),
+    (["sweep", "s.yaml", "--enable-chunked-prefill", "--num-prompts=200", "--seed", "-1"],
+     "servesim: error: unrecognized arguments: --enable-chunked-prefill --num-prompts=200 "
+     "--seed=-1; the scenario keys engine.enable_chunked_prefill, workload.num_requests "
+     "and workload.seed are set with --set engine.enable_chunked_prefill=true --set "
+     "workload.num_requests=200 --set workload.seed=-1 (see servesim sweep --help)"),
     (["profiles", "--seed", "3"],   # no --set here: nothing to suggest
      "servesim: error: unrecognized arguments: --seed 3 (see servesim profiles --help)"),
     # a space for the = of --set: said with how --set takes its value
