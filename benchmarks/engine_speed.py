@@ -91,7 +91,7 @@ def run_hf(model, prompts, out_tokens) -> float:
 
 
 def main() -> None:
-    from calibration.cli import positive_int
+    from calibration.cli import positive_int, seed_arg
     from simulator.cli import OneLineParser
 
     # a bad flag: one line and exit 2, as servesim's own commands say it
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed_arg, default=0)
     ap.add_argument("--only", nargs="*", help="workload names to run (default: all)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:n]")
     ap.add_argument("--bandwidth", type=float, default=4800.0,
@@ -109,6 +109,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
         ap.error(f"--device: cpu or cuda[:n], got {args.device!r}")
+    if not 0 < args.bandwidth < float("inf"):   # nan too
+        ap.error(f"--bandwidth: a number of GB/s > 0, got {args.bandwidth:g}")
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     console = Console()

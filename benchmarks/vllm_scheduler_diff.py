@@ -369,12 +369,13 @@ def _unavailable(why: str) -> int:
 
 
 def main(argv=None) -> int:
+    from calibration.cli import positive_int
     from simulator.cli import OneLineParser
 
     ap = OneLineParser(prog="python benchmarks/vllm_scheduler_diff.py",
                        error_name="benchmarks/vllm_scheduler_diff.py",
                        description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", type=int, default=380, help="random workloads (default 380)")
+    ap.add_argument("--cases", type=positive_int, default=380, help="random workloads (default 380)")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     ap.add_argument("--mutate", action="store_true",
                     help="self-check: servesim preempts the oldest request; must mismatch")

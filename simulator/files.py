@@ -417,8 +417,12 @@ def utf8_problem(path: Path, raw: bytes | None = None) -> str:
 
 def no_column_line(path: Path) -> str:
     """Why a CSV that :func:`read_csv_rows` found no column line in is not a table:
-    ``empty`` (0 bytes) or ``no column line, only # lines``."""
-    return "empty" if Path(path).stat().st_size == 0 else "no column line, only # lines"
+    ``empty`` (0 bytes), ``no column line, only blank lines`` or ``no column line, only #
+    lines`` (and blanks)."""
+    data = Path(path).read_bytes()
+    if not data:
+        return "empty"
+    return "no column line, only " + ("blank" if not data.strip() else "#") + " lines"
 
 
 @dataclass(frozen=True)

@@ -385,7 +385,8 @@ def test_a_csv_without_its_column_line_names_the_line_it_read_as_one(tmp_path):
 
 
 @pytest.mark.parametrize("text, why", [("", "empty"),
-                                       ("# engine: servesim\n\n", "no column line, only # lines")])
+                                       ("# engine: servesim\n\n", "no column line, only # lines"),
+                                       (" \n\n\t\n", "no column line, only blank lines")])
 def test_an_empty_csv_is_called_empty(tmp_path, text, why):
     path = tmp_path / "m.csv"
     path.write_text(text)

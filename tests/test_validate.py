@@ -958,6 +958,12 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
     (["benchmarks/host_drift.py"], ["--seconds", "-1"],
      "benchmarks/host_drift.py: error: --seconds: '-1': give a number of seconds > 0 and <= "
      "3600 (see python benchmarks/host_drift.py --help)"),
+    (["benchmarks/engine_speed.py"], ["--bandwidth", "nan"],   # it started the run
+     "benchmarks/engine_speed.py: error: --bandwidth: a number of GB/s > 0, got nan (see "
+     "python benchmarks/engine_speed.py --help)"),
+    (["benchmarks/vllm_scheduler_diff.py"], ["--cases", "-1"],   # before vLLM is looked for
+     "benchmarks/vllm_scheduler_diff.py: error: --cases: '-1': give a whole number >= 1 (see "
+     "python benchmarks/vllm_scheduler_diff.py --help)"),
     (["benchmarks/kv_layout.py"], ["--scenario", "/no-such.yaml"],
      "benchmarks/kv_layout.py: error: /no-such.yaml: scenario file not found (see python "
      "benchmarks/kv_layout.py --help)"),
