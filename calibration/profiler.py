@@ -219,6 +219,21 @@ class Grid:
                         out.append(Cell("mixed", B=B, L=L, n=n, c=rc(c)))
         return out
 
+    def extra_blocks(self, members: list[Cell], p: int, pieces: int, block_size: int,
+                     max_model_len: int, kv_tokens: int) -> int:
+        """:func:`pass_extra_blocks` for the decode group ``members`` (its decode and mixed
+        cells, one ``(B, L, s, g)``) in pass ``p``, cut to what the group leaves free: every
+        request still fits ``max_model_len`` and the group's largest step the KV cache
+        (the margins :meth:`cells` checked, whole blocks)."""
+        bs, head = block_size, self.decode_headroom(len(self.mixed_chunks))
+        B, L, s = members[0].B, members[0].L, members[0].s
+        rc = lambda c: cdiv(c, bs) * bs  # noqa: E731
+        need = max(B * (L + head + bs) + (rc(c.c) + c.n + bs if c.kind == "mixed" else 0)
+                   for c in members)
+        room = min(B * ((max_model_len - head - max(decode_lengths(B, L, s))) // bs),
+                   (kv_tokens - need) // bs)
+        return max(0, min(pass_extra_blocks(p, self.repeats, pieces), room))
+
     def decode_headroom(self, n_mixed: int) -> int:
         """Decode steps one visit of a (B, L) group runs: warm-up, measured decodes, and
         two per mixed cell (prefix set-up, measured step)."""
@@ -602,6 +617,24 @@ def shares_prefixes(B: int, L: int, s: int, g: int) -> bool:
     return s < L and 1 <= g < B
 
 
+def pass_extra_blocks(p: int, repeats: int, pieces: int) -> int:
+    """KV blocks of context added to a decode group's requests in pass ``p`` of
+    ``repeats``: ``p · pieces // repeats``, so that over the passes a step's block count
+    steps evenly through a whole cycle of the attention's padding to ``pieces`` blocks
+    (:data:`calibration.engine.attention.CPU_PADDING`; 0 where ``pieces`` is 1).
+
+    A decode step's attention on CPU runs on its blocks padded up to a multiple of
+    ``pieces``, so its cost is a staircase in the summed context that the cost model
+    prices as a line. A cell at one fixed context sits at one point of the staircase: the
+    grid's contexts (64, 256 and 1024 tokens, and a step or two of output) sat just past
+    its steps (one decode padded by 11-15 blocks against the 7.5 a served step averages),
+    and profiles priced their Poisson replay's decode-only steps ×1.06 of their time
+    (median −6%, mixed steps ±2%); with the offsets, ×1.02 (median −2%). Averaged over
+    the passes, each cell pays the served average; its rows record the contexts it ran.
+    """
+    return p * pieces // repeats
+
+
 def decode_lengths(B: int, L: int, s: int = 0) -> list[int]:
     """Context lengths of a ``decode B=B L=L s=s`` cell: the shared ``s`` tokens, then ``B``
     values spaced geometrically over a factor :data:`CONTEXT_SPREAD`, scaled to mean
@@ -659,12 +692,17 @@ class _Driver:
             rid = self.add(self.prefix(c), 1)
             self.until_first_tokens([rid])
 
-    def start_decodes(self, B: int, L: int, s: int = 0, g: int = 1) -> list:
+    def start_decodes(self, B: int, L: int, s: int = 0, g: int = 1,
+                      extra_blocks: int = 0) -> list:
         """``B`` requests with fresh prompts (:func:`decode_lengths`) after ``s``-token
         prefixes, request ``i`` the prefix ``i mod g`` (whole blocks: later requests hit
         the first one's blocks), prefilled without a forward, decoding until stopped (or
-        ``max_model_len``)."""
+        ``max_model_len``). ``extra_blocks`` more KV blocks of context in all, one at a
+        time to the shortest requests first (:func:`pass_extra_blocks`)."""
         lens = decode_lengths(B, L, s)
+        order = sorted(range(B), key=lambda i: lens[i])
+        for j in range(extra_blocks):
+            lens[order[j % B]] += self.engine.config.block_size
         with _no_forward(self.engine):
             rids = [self.add(self.prefix(s, i % g) + self.tokens(n - s),
                              self.engine.max_model_len - n) for i, n in enumerate(lens)]
@@ -794,9 +832,12 @@ def measure_grid(engine, grid: Grid, log: MeasurementLog, *, seed: int = 0,
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn,
                                TimeRemainingColumn)
 
+    from calibration.engine.attention import padding
+
     cfg = engine.config
-    cells = grid.cells(cfg.block_size, engine.max_model_len,
-                       (engine.num_gpu_blocks - 1) * cfg.block_size)
+    pieces = padding(cfg.device).pieces
+    kv_tokens = (engine.num_gpu_blocks - 1) * cfg.block_size
+    cells = grid.cells(cfg.block_size, engine.max_model_len, kv_tokens)
     if not cells:
         raise InputError("calibration grid: no cell fits max_model_len and the KV cache")
     if grid.max_chunk() + grid.max_batch() > cfg.max_num_batched_tokens \
@@ -853,7 +894,8 @@ def measure_grid(engine, grid: Grid, log: MeasurementLog, *, seed: int = 0,
                     for cell in needs:
                         measure(cell, p, lambda: d.chunk_step(cell.n, cell.c))
                     continue
-                rids = d.start_decodes(*key[1:])
+                rids = d.start_decodes(*key[1:], extra_blocks=grid.extra_blocks(
+                    members, p, pieces, cfg.block_size, engine.max_model_len, kv_tokens))
                 d.step()  # the first full decode step after set-up is not measured
                 for cell in needs:
                     if cell.kind == "decode":
