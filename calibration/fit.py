@@ -66,7 +66,12 @@ def pass_speeds(df) -> dict[int, float]:
     """Per grid pass (the ``pass`` column), the median over its steps of step time / that
     cell's median step time over all passes: 1 everywhere on a steady device; ×1.12 for a
     pass that runs 12% slow. A shared host's slow phase moves every cell measured in it
-    alike, so the held-out error never shows it; this does (:data:`PASS_SPREAD_WARN`)."""
+    alike, so the held-out error never shows it; this does (:data:`PASS_SPREAD_WARN`).
+    Only the prefill cells' steps are compared where the table has a ``kind`` column with
+    any: they are the same in every pass, while the decode groups' contexts grow from pass
+    to pass on CPU (:func:`calibration.profiler.pass_extra_blocks`)."""
+    if "kind" in df and (df["kind"] == "prefill").any():
+        df = df[df["kind"] == "prefill"]
     med = df.groupby("cell")["duration_ns"].transform("median")
     r = (df["duration_ns"] / med).groupby(df["pass"]).median()
     return {int(p): float(v) for p, v in r.items()}

@@ -214,6 +214,11 @@ def test_pass_speeds_find_a_slow_pass():
     assert speeds == pytest.approx({0: 1.0, 1: 1.0, 2: 1.2})
     assert pass_spread(speeds) == pytest.approx(0.2)
     assert pass_spread({0: 1.0}) == 0.0
+    # with the grid's kinds, the prefill cells alone: a decode cell whose later pass runs
+    # longer contexts (more blocks: slower) is no slow pass
+    df = pd.DataFrame({"cell": ["p", "d"] * 2, "kind": ["prefill", "decode"] * 2,
+                       "pass": [0, 0, 1, 1], "duration_ns": [10, 20, 10, 26]})
+    assert pass_speeds(df) == pytest.approx({0: 1.0, 1: 1.0})
 
 
 def test_pass_warning_names_the_slowest_pass(capsys):
