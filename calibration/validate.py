@@ -192,16 +192,33 @@ PROBE_TARGETS = (("decode", 2, 256), ("decode", 8, 256), ("decode", 32, 256),
 PROBE_VISITS = 10
 
 
-def probe_cells(profile) -> list | None:
-    """Per :data:`PROBE_TARGETS` entry, ``(Cell, mean seconds)`` of the cell of that kind in
-    ``profile``'s measurements CSV nearest to it (log distance); None without a CSV or
-    without such cells."""
-    from calibration.profiler import Cell, read_measurements
+def _measurements(profile):
+    """``profile``'s measurements CSV as a table, None when it has none."""
+    from calibration.profiler import read_measurements
 
     rel = profile.provenance.measurements_csv if profile is not None else None
     if not rel or profile.path is None or not (profile.path.parent / rel).is_file():
         return None
-    means = read_measurements(profile.path.parent / rel).groupby("cell")["duration_ns"].mean()
+    return read_measurements(profile.path.parent / rel)
+
+
+def grid_passes(profile) -> int:
+    """How many passes ``profile``'s grid made (its CSV's ``pass`` values; 1 without a
+    CSV): the probe visits its decode cells at the passes' context offsets in turn."""
+    df = _measurements(profile)
+    return 1 if df is None or df.empty else int(df["pass"].max()) + 1
+
+
+def probe_cells(profile) -> list | None:
+    """Per :data:`PROBE_TARGETS` entry, ``(Cell, mean seconds)`` of the cell of that kind in
+    ``profile``'s measurements CSV nearest to it (log distance); None without a CSV or
+    without such cells."""
+    from calibration.profiler import Cell
+
+    df = _measurements(profile)
+    if df is None:
+        return None
+    means = df.groupby("cell")["duration_ns"].mean()
     out = []
     for kind, a0, b0 in PROBE_TARGETS:
         best = None
@@ -222,7 +239,8 @@ def probe_cells(profile) -> list | None:
 class SpeedProbe:
     """The host's speed now relative to when the profile was measured: per probe cell
     (:func:`probe_cells`), the median of its steps measured now (``PROBE_VISITS`` visits,
-    as the grid measured them, after one untimed visit) over its mean in the profile's CSV;
+    as the grid measured them, after one untimed visit; a decode cell's visits at the
+    context offsets of the grid's ``passes`` in turn) over its mean in the profile's CSV;
     the factor is the geometric mean over the cells (> 1: the host is slower now).
 
     A GPU keeps its speed; a shared CPU host does not (on a shared 2-core host,
@@ -239,8 +257,8 @@ class SpeedProbe:
     probe's frees, as slowing down.
     """
 
-    def __init__(self, model, config: dict, cells: list):
-        self.model, self.cells = model, cells
+    def __init__(self, model, config: dict, cells: list, passes: int = 1):
+        self.model, self.cells, self.passes = model, cells, passes
         bs = config["block_size"]
         blocks = max(c.B * cdiv(4 * c.L + 64, bs) + cdiv(c.n + c.c, bs) for c, _ in cells)
         # Only the shapes matter: knobs large enough that every cell runs as one step.
@@ -257,14 +275,22 @@ class SpeedProbe:
         profile's CSV (ms), comma-separated."""
         return ", ".join(f"{c.key} ({ref * 1e3:.2f} ms)" for c, ref in self.cells)
 
-    @staticmethod
-    def _measure(driver, cell) -> list[int]:
-        from calibration.profiler import _check
+    def _measure(self, driver, cell, visit: int = 0) -> list[int]:
+        """One visit's step durations (ns); a decode cell's contexts with the grid's offset
+        of pass ``visit mod passes`` (:func:`calibration.profiler.pass_extra_blocks`), so
+        that the visits average what the cell's mean in the CSV averaged."""
+        from calibration.engine.attention import padding
+        from calibration.profiler import _check, decode_lengths, pass_extra_blocks
 
         if cell.kind == "prefill":
             recs = [driver.chunk_step(cell.n, cell.c)]
         else:
-            rids = driver.start_decodes(cell.B, cell.L)
+            cfg = self.config
+            room = cell.B * ((cfg["max_model_len"] - 8 - max(decode_lengths(cell.B, cell.L)))
+                             // cfg["block_size"])
+            extra = pass_extra_blocks(visit % self.passes, self.passes,
+                                      padding(cfg.get("device", "cpu")).pieces)
+            rids = driver.start_decodes(cell.B, cell.L, extra_blocks=max(0, min(extra, room)))
             recs = [driver.step() for _ in range(2)]
             driver.stop(rids)
         for r in recs:
@@ -282,7 +308,7 @@ class SpeedProbe:
             self._measure(driver, cell)
         logs = []
         for cell, ref in self.cells:
-            times = [t for _ in range(PROBE_VISITS) for t in self._measure(driver, cell)]
+            times = [t for v in range(PROBE_VISITS) for t in self._measure(driver, cell, v)]
             logs.append(math.log(float(np.median(times)) / 1e9 / ref))
         return math.exp(sum(logs) / len(logs))
 
@@ -709,7 +735,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         return run_engine(model, cfg, specs)
 
     cells = probe_cells(prof) if host_speed else None
-    probe = SpeedProbe(model, cfg, cells) if cells else None
+    probe = SpeedProbe(model, cfg, cells, grid_passes(prof)) if cells else None
     if host_speed and probe is None:
         progress("host speed: not probed (the profile has no measurements CSV with "
                  "decode and prefill cells)")

@@ -411,6 +411,22 @@ def test_speed_probe_times_the_cells_against_their_references():
     assert probe.engine is not first and len(probe.engine.step_records) == len(steps)
 
 
+def test_the_speed_probe_visits_decode_cells_at_the_grids_pass_offsets():
+    # a profile measured in 2 passes (pass 1 adding 8 KV blocks of context on CPU): the
+    # probe's visits alternate the two, so its median compares with the cell's mean over
+    # both passes
+    from calibration.profiler import Cell, decode_lengths
+    sc = scenario_from_dict(SCENARIO)
+    cfg = {**TR.engine_config(sc, 400), "max_model_len": 300}
+    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
+    probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=4, L=40), 1e-3)], passes=2)
+    probe()
+    dec = [s for s in probe.engine.step_records if s.num_decodes == 4 and not s.prefills][2:]
+    base = sum(decode_lengths(4, 40))
+    extra = [c - base for c in (s.decode_context_tokens for s in dec[::2])]
+    assert all(4 <= e <= 16 for e in extra[0::2]) and all(132 <= e <= 144 for e in extra[1::2])
+
+
 def test_host_speed_columns_in_the_table():
     lr = V.LoadResult(load=0.3, rate=1.0, num_requests=10)
     lr.measured = [{"ttft_ms": {"p50": 100.0}}]
