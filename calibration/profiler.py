@@ -629,8 +629,9 @@ def pass_extra_blocks(p: int, repeats: int, pieces: int) -> int:
     grid's contexts (64, 256 and 1024 tokens, and a step or two of output) sat just past
     its steps (one decode padded by 11-15 blocks against the 7.5 a served step averages),
     and profiles priced their Poisson replay's decode-only steps ×1.06 of their time
-    (median −6%, mixed steps ±2%); with the offsets, ×1.02 (median −2%). Averaged over
-    the passes, each cell pays the served average; its rows record the contexts it ran.
+    (median −6%, mixed steps ±2%); with the offsets, ×0.97–1.02 in five calibrations
+    (medians −2% to +0.3%; their mixed steps ×0.91–0.98). Averaged over the passes, each
+    cell pays the served average; its rows record the contexts it ran.
     """
     return p * pieces // repeats
 
