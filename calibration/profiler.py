@@ -230,7 +230,7 @@ class Grid:
         rc = lambda c: cdiv(c, bs) * bs  # noqa: E731
         need = max(B * (L + head + bs) + (rc(c.c) + c.n + bs if c.kind == "mixed" else 0)
                    for c in members)
-        room = min(B * ((max_model_len - head - max(decode_lengths(B, L, s))) // bs),
+        room = min(decode_room_blocks(B, L, s, bs, max_model_len, head),
                    (kv_tokens - need) // bs)
         return max(0, min(pass_extra_blocks(p, self.repeats, pieces), room))
 
@@ -634,6 +634,15 @@ def pass_extra_blocks(p: int, repeats: int, pieces: int) -> int:
     cell pays the served average; its rows record the contexts it ran.
     """
     return p * pieces // repeats
+
+
+def decode_room_blocks(B: int, L: int, s: int, block_size: int, max_model_len: int,
+                       headroom: int) -> int:
+    """KV blocks of context a ``decode B=B L=L s=s`` group can take in all
+    (:meth:`_Driver.start_decodes` ``extra_blocks``, to the shortest requests first) with
+    every request still ``headroom`` tokens under ``max_model_len``: as many per request as
+    the longest has room for."""
+    return B * ((max_model_len - headroom - max(decode_lengths(B, L, s))) // block_size)
 
 
 def decode_lengths(B: int, L: int, s: int = 0) -> list[int]:

@@ -280,14 +280,14 @@ class SpeedProbe:
         of pass ``visit mod passes`` (:func:`calibration.profiler.pass_extra_blocks`), so
         that the visits average what the cell's mean in the CSV averaged."""
         from calibration.engine.attention import padding
-        from calibration.profiler import _check, decode_lengths, pass_extra_blocks
+        from calibration.profiler import _check, decode_room_blocks, pass_extra_blocks
 
         if cell.kind == "prefill":
             recs = [driver.chunk_step(cell.n, cell.c)]
         else:
             cfg = self.config
-            room = cell.B * ((cfg["max_model_len"] - 8 - max(decode_lengths(cell.B, cell.L)))
-                             // cfg["block_size"])
+            room = decode_room_blocks(cell.B, cell.L, 0, cfg["block_size"],
+                                      cfg["max_model_len"], 8)
             extra = pass_extra_blocks(visit % self.passes, self.passes,
                                       padding(cfg.get("device", "cpu")).pieces)
             rids = driver.start_decodes(cell.B, cell.L, extra_blocks=max(0, min(extra, room)))
