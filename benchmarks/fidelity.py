@@ -13,14 +13,15 @@ model is calibrated anew on this machine (:func:`fresh_profile`, into
 ``reports/fidelity/<workload>/profile/``), because a shared CPU host's speed drifts by tens of
 % over half an hour; ``--no-calibrate`` validates the scenario's own profile instead.
 
-    python benchmarks/fidelity.py [--replications 3] [--seconds 15] [--no-calibrate]
-                                  [--no-serve-again] [--out PATH]
+    python benchmarks/fidelity.py [--replications 3] [--seconds 15] [--min-requests 50]
+                                  [--no-calibrate] [--no-serve-again] [--out PATH]
 
 Wall clock: about (calibration + saturation + 2 × loads × replications × seconds) per
-workload; the defaults take about 12 minutes per workload on 2 cores. Timed runs wait for a
-quiet machine, and the CPU time that other processes used during each timed run is measured
-(:class:`CpuWatch`) and reported, so a run disturbed by other work on a shared machine is
-visible in the results.
+workload, a load taking longer where its rate brings fewer than ``--min-requests`` in that
+time; the defaults take about 12 minutes per workload on 2 cores of an AMD EPYC. Timed runs
+wait for a quiet machine, and the CPU time that other processes used during each timed run
+is measured (:class:`CpuWatch`) and reported, so a run disturbed by other work on a shared
+machine is visible in the results.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ BUSY_PCT = 10.0
 # the saturation throughput within 5 %, of TTFT, TPOT and E2EL p50s within 10 % and p99s
 # within 20 % at loads 0.3 and 0.6; at the other loads the MAPE band.
 TARGETS = {"saturation": 0.05, "p50": 0.10, "p99": 0.20, "percentile_loads": (0.3, 0.6)}
+# Fewest requests a load serves: 15 s of load 0.3 bring 49 on an AMD EPYC host but 13 on a
+# host a quarter as fast, whose p99 is then the slowest request's figure and moves by tens
+# of % with one step's timing (run BK: TPOT p99 +129% in one replication).
+MIN_REQUESTS = 50
 
 
 class CpuWatch:
@@ -180,6 +185,9 @@ def main(argv=None) -> int:
     ap.add_argument("--loads", default="0.3,0.6,0.9")
     ap.add_argument("--replications", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--min-requests", type=int, default=MIN_REQUESTS,
+                    help=f"fewest requests a load serves (default {MIN_REQUESTS}; 1 to "
+                         f"100000), however few its seconds bring")
     ap.add_argument("--only", choices=list(WORKLOADS), action="append")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity.md"))
     ap.add_argument("--no-calibrate", action="store_true",
@@ -194,15 +202,15 @@ def main(argv=None) -> int:
                     help="do not serve each replication's requests a second time (the "
                          "engine's difference from itself, this machine's noise floor)")
     args = ap.parse_args(argv)
-    from calibration.validate import check_loads, parse_loads
+    from calibration.validate import (check_loads, check_run_flags, check_validation_args,
+                                      parse_loads)
     from simulator.errors import InputError
-
-    from calibration.validate import check_validation_args
 
     try:   # the workloads and loads as servesim validate takes them, before any is measured
         names = chosen_workloads(args.only)
         loads = parse_loads(args.loads)
         check_loads(loads)
+        check_run_flags(args.replications, args.seconds, min_requests=args.min_requests)
     except InputError as e:
         ap.error(str(e))
     for flag, v in (("--calibrate-repeats", args.calibrate_repeats),
@@ -219,7 +227,8 @@ def main(argv=None) -> int:
         scenario, base = str(ROOT / "scenarios" / "cpu_tiny.yaml"), host_dtype()
     for name in names:   # every workload's flags, before measuring
         check_validation_args(load_scenario(scenario, base + WORKLOADS[name]), loads,
-                              args.replications, args.seconds)
+                              args.replications, args.seconds,
+                              min_requests=args.min_requests)
     for name in names:
         sets = base + WORKLOADS[name]
         sc = load_scenario(scenario, sets)
@@ -233,7 +242,8 @@ def main(argv=None) -> int:
                 "hardware.profile=")] + [f"hardware.profile={path}"])
         watch = CpuWatch(lambda m: print(m, file=sys.stderr, flush=True))
         res = validate(sc, loads, args.replications, seconds_per_load=args.seconds,
-                       again=not args.no_serve_again, progress=watch.progress)
+                       min_requests=args.min_requests, again=not args.no_serve_again,
+                       progress=watch.progress)
         watch.close()
         print(watch.summary(), file=sys.stderr)
         write_outputs(res, ROOT / "reports" / "fidelity" / name)
@@ -246,7 +256,8 @@ def main(argv=None) -> int:
                   f"{meta['engine']}; cost model {meta['cost_model']} (held-out MAPE "
                   f"{meta['heldout_mape']:.3f}); seed {meta['seed']}, {meta['replications']} "
                   f"replications (seeds SeedSequence([seed, load‰, r])), "
-                  f"{meta['seconds_per_load']:g} s of arrivals per load; {meta['date']}.",
+                  f"{meta['seconds_per_load']:g} s of arrivals per load, at least "
+                  f"{meta['min_requests']} requests; {meta['date']}.",
                   cal_note + ".",
                   f"engine knobs: {json.dumps(meta['engine_knobs'])}; {meta['scheduling']}.",
                   f"host speed probe: {meta['host_speed_probe'] or 'none'}.",

@@ -1050,7 +1050,10 @@ def add_parsers(subparsers) -> None:
                    help="workloads per load, each with its own seed (default 3; 1 to 100)")
     p.add_argument("--seconds", type=float, default=60.0,
                    help="seconds of arrivals per load (default 60; at most 3600; a load gets at "
-                        "least 10 requests, which may take longer)")
+                        "least --min-requests requests, which may take longer)")
+    p.add_argument("--min-requests", type=int,
+                   help="fewest requests a load serves, 1 to 100000 (default 10): a "
+                        "percentile of a few requests is one request's figure")
     p.add_argument("--saturation-requests", type=int,
                    help="burst size of the saturation run, 5 to 100000 (default 4 × "
                         "max_num_seqs)")

@@ -440,6 +440,9 @@ MIN_LOAD, MAX_LOAD = 0.01, 1.5
 MAX_REPLICATIONS = 100
 MAX_SECONDS_PER_LOAD = 3600.0
 MIN_SATURATION_REQUESTS, MAX_SATURATION_REQUESTS = 5, 100_000
+# Fewest requests a load serves (``--min-requests``, default; at most the saturation
+# bound): a percentile of a handful of requests is one request's figure.
+MIN_REQUESTS = 10
 
 
 def check_loads(loads) -> None:
@@ -455,13 +458,15 @@ def check_loads(loads) -> None:
 
 
 def check_validation_args(scenario, loads, replications: int, seconds_per_load: float = 1.0,
-                          saturation_requests: int | None = None) -> None:
+                          saturation_requests: int | None = None,
+                          min_requests: int | None = None) -> None:
     """What every validation needs, checked before any engine starts.
 
     Raises:
         InputError: more than one replica, or a flag outside its bounds (the constants
             above): loads in [0.01, 1.5], replications in [1, 100], seconds per load in
-            (0, 3600], saturation requests in [5, 100000].
+            (0, 3600], saturation requests in [5, 100000], minimum requests per load in
+            [1, 100000].
     """
     if scenario.cluster.replicas != 1:
         raise scenario.error("cluster.replicas", f"validation serves one engine, so it must "
@@ -481,6 +486,20 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
                                   "the scenario one of those, and no sessions, trace or "
                                   "max_concurrency")
     check_loads(loads)
+    check_run_flags(replications, seconds_per_load, saturation_requests, min_requests)
+
+
+def check_run_flags(replications: int, seconds_per_load: float = 1.0,
+                    saturation_requests: int | None = None,
+                    min_requests: int | None = None) -> None:
+    """The flags of :func:`check_validation_args` that need no scenario, for the scripts
+    that check them before loading one.
+
+    Raises:
+        InputError: replications outside [1, 100], seconds per load outside (0, 3600] or
+            not finite, saturation requests outside [5, 100000], minimum requests per load
+            outside [1, 100000] (the constants above).
+    """
     if not 1 <= replications <= MAX_REPLICATIONS:
         raise InputError(f"--replications: 1 to {MAX_REPLICATIONS}, got {replications}")
     if not (math.isfinite(seconds_per_load) and 0 < seconds_per_load <= MAX_SECONDS_PER_LOAD):
@@ -491,6 +510,9 @@ def check_validation_args(scenario, loads, replications: int, seconds_per_load: 
         raise InputError(f"--saturation-requests: {MIN_SATURATION_REQUESTS} to "
                          f"{MAX_SATURATION_REQUESTS} (throughput is counted between the 10th "
                          f"and 90th percentile finishes), got {saturation_requests}")
+    if min_requests is not None and not 1 <= min_requests <= MAX_SATURATION_REQUESTS:
+        raise InputError(f"--min-requests: 1 to {MAX_SATURATION_REQUESTS} requests per load, "
+                         f"got {min_requests}")
 
 
 def saturation_warning(scenario, saturation_requests: int | None) -> str | None:
@@ -509,12 +531,14 @@ def saturation_warning(scenario, saturation_requests: int | None) -> str | None:
 def measure_fidelity(sc1, base, timed, *, loads, replications: int,
                      seconds_per_load: float, saturation_requests: int | None,
                      front_end: bool, progress, engine_name: str, speed=None,
-                     again: bool = False) -> dict:
+                     again: bool = False, min_requests: int | None = None) -> dict:
     """The measurement loop of :func:`validate`, whatever engine serves: ``timed(specs,
     label)`` serves a request list in real time and returns its :class:`EngineRun`;
     ``sc1`` is the scenario with the engine's effective knobs and ``base`` its cost model;
     ``again``: serve every replication's request list a second time (the engine's own
-    run-to-run difference: the floor under any prediction's error on this machine).
+    run-to-run difference: the floor under any prediction's error on this machine);
+    ``min_requests``: the fewest requests a load serves, however few its seconds bring
+    (None: :data:`MIN_REQUESTS`).
 
     Returns:
         ``saturation`` (requests, measured/predicted req/s, error, mean engine step ms,
@@ -563,7 +587,8 @@ def measure_fidelity(sc1, base, timed, *, loads, replications: int,
     for x in loads:
         rate = x * sat_meas
         results.append(LoadResult(load=x, rate=rate,
-                                  num_requests=max(10, int(round(rate * seconds_per_load)))))
+                                  num_requests=max(min_requests or MIN_REQUESTS,
+                                                   int(round(rate * seconds_per_load)))))
     cdf = []
     for r in range(replications):
         for lr in results:
@@ -664,14 +689,16 @@ def servable_cost_model(scenario):
 def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
              seconds_per_load: float = 60.0, saturation_requests: int | None = None,
              front_end: bool = False, quiet: bool = True, host_speed: bool = True,
-             again: bool = False, progress=print) -> dict:
+             again: bool = False, min_requests: int | None = None,
+             progress=print) -> dict:
     """Validate ``scenario``'s profile against the real engine on this machine.
 
     Steps: (1) saturation: every request of a burst arrives at 0; the engine's and the
     simulator's throughput between the 10th and 90th percentile finishes
     (:func:`saturation_throughput`); (2) per load ``x`` and replication ``r``: a workload
     of the scenario's lengths at ``x × measured saturation`` req/s (about
-    ``seconds_per_load`` of arrivals, seed ``SeedSequence([seed, load‰, r])``) served in
+    ``seconds_per_load`` of arrivals, and at least ``min_requests`` requests, seed
+    ``SeedSequence([seed, load‰, r])``) served in
     real time, then simulated on the identical request list: timing replay (exact check),
     predicted (the profile's costs) and the band with costs scaled by ``1 ± held-out
     MAPE`` of the profile. Replications are the outer loop: the loads interleave, so host
@@ -710,7 +737,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
 
     from .cli import warn_if_emulated
 
-    check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
+    check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests,
+                          min_requests)
     base = servable_cost_model(scenario)
     cfg = engine_config(scenario, base.num_gpu_blocks, scenario.workload.seed)
     # after every input error, so that a bad input stays one line
@@ -743,7 +771,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
                               replications=replications, seconds_per_load=seconds_per_load,
                               saturation_requests=saturation_requests, front_end=front_end,
                               progress=progress, engine_name="the engine", speed=probe,
-                              again=again)
+                              again=again, min_requests=min_requests)
     meta = {
         "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
         "dtype": scenario.dtype, "engine": f"servesim-torch ({_version()})",
@@ -756,6 +784,7 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         "python": platform.python_version(), "machine": f"{platform.machine()} "
         f"{os.cpu_count()} cpus", "cpu": _cpu_name(), "seed": scenario.workload.seed,
         "replications": replications, "seconds_per_load": seconds_per_load,
+        "min_requests": min_requests or MIN_REQUESTS,
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "host_speed_probe": (f"{probe.label} (calibration means), {PROBE_VISITS} visits "
                              f"each") if probe else None,
@@ -858,7 +887,8 @@ def _validate_command(args) -> int:
     except InputError as e:   # a list given to one key: say that validate takes one value
         raise with_sweep_hint(e, overrides, "validate") from None
     loads = parse_loads(args.loads)   # bad flags first, whatever is installed
-    check_validation_args(sc, loads, args.replications, args.seconds, args.saturation_requests)
+    check_validation_args(sc, loads, args.replications, args.seconds, args.saturation_requests,
+                          args.min_requests)
     warning = saturation_warning(sc, args.saturation_requests)
     if warning:
         print(f"servesim: warning: {warning}", file=sys.stderr)
@@ -872,14 +902,16 @@ def _validate_command(args) -> int:
                                         seconds_per_load=args.seconds,
                                         saturation_requests=args.saturation_requests,
                                         front_end=args.front_end,
-                                        model_dir_arg=args.model_dir, again=args.serve_again)
+                                        model_dir_arg=args.model_dir, again=args.serve_again,
+                                        min_requests=args.min_requests)
         result.pop("engine_object")
     else:
         result = validate(sc, loads, args.replications,
                           seconds_per_load=args.seconds,
                           saturation_requests=args.saturation_requests,
                           front_end=args.front_end, quiet=not args.no_quiet_wait,
-                          host_speed=not args.no_host_speed, again=args.serve_again)
+                          host_speed=not args.no_host_speed, again=args.serve_again,
+                          min_requests=args.min_requests)
     from .validate_report import markdown_table, write_outputs   # it imports this module
     paths = write_outputs(result, out)
     print(markdown_table(result))

@@ -91,8 +91,9 @@ def target_verdicts(result: dict, targets: Targets) -> list[str]:
     (:class:`calibration.validate.LoadResult` ``error.mean``, the reading of the fidelity
     tables) and every single replication's error (the worst of them). A band load counts
     the band figures whose mean measured value lies between the mean band edges, and those
-    whose every replication lies in its own band (``in_band``); with a host speed probe the
-    same around the prediction at host speed. A figure undefined in some replication is
+    whose every replication lies in its own band (``in_band``), naming those outside with
+    their mean measured value and mean band edges; with a host speed probe the same around
+    the prediction at host speed. A figure undefined in some replication is
     judged on those where it is defined."""
     def met(ok: bool) -> str:
         return "met" if ok else "NOT met"
@@ -126,12 +127,17 @@ def target_verdicts(result: dict, targets: Targets) -> list[str]:
             if not band:
                 continue
             center = "predicted" if not key else "adjusted"
-            mean_in = sum(row[f"band{key}"][0]["mean"] <= row["measured"]["mean"]
-                          <= row[f"band{key}"][1]["mean"] for row in band
-                          if None not in row[f"band{key}"] and row.get(center))
+            judged = [(row, row[f"band{key}"][0]["mean"], row[f"band{key}"][1]["mean"])
+                      for row in band if None not in row[f"band{key}"] and row.get(center)]
+            # the figures outside, with the edges they were judged on (the table prints
+            # each replication's band, not the means')
+            out = [f"{row['figure']} {_fmt(row['measured']['mean'])} outside "
+                   f"[{_fmt(lo)}, {_fmt(hi)}]" for row, lo, hi in judged
+                   if not lo <= row["measured"]["mean"] <= hi]
             lines.append(
                 f"load {ld['load']:g} {label} ({len(band)} figures): the mean measured "
-                f"value inside the mean band in {mean_in} of {len(band)}; every replication "
+                f"value inside the mean band in {len(judged) - len(out)} of {len(band)}"
+                + (f" ({'; '.join(out)})" if out else "") + "; every replication "
                 f"inside its own band in {sum(row['in_band' + key] for row in band)} of "
                 f"{len(band)}")
     return lines

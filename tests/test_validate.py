@@ -468,6 +468,7 @@ def test_serving_again_reports_the_engines_difference_from_itself(tmp_path):
                              seconds_per_load=0.5, saturation_requests=8, front_end=False,
                              progress=lambda m: None, engine_name="the engine", again=True)
     assert [label for label, _ in runs] == ["saturation", "load 0.5 r1", "load 0.5 r1 again"]
+    assert len(runs[1][1].records) == V.MIN_REQUESTS == 10   # a load serves 10 at least
     first, second = (TR.engine_result(r).summary for _, r in runs[1:])
     rows = {r["figure"]: r for r in res["loads"][0]["table"]}
     for name, key in (("TTFT p50", "ttft_ms"), ("E2EL p99", "e2el_ms")):
@@ -522,11 +523,14 @@ def test_loads_interleave_across_replications():
         runs[label] = TR.run_engine(model, cfg, specs)
         return runs[label]
 
+    # half a second of either load brings under 12 requests: each serves 12 (min_requests)
     res = V.measure_fidelity(sc, base, timed, loads=[0.3, 0.6], replications=2,
                              seconds_per_load=0.5, saturation_requests=8, front_end=False,
-                             progress=lambda m: None, engine_name="the engine")
+                             progress=lambda m: None, engine_name="the engine",
+                             min_requests=12)
     assert list(runs) == ["saturation", "load 0.3 r1", "load 0.6 r1", "load 0.3 r2",
                           "load 0.6 r2"]
+    assert [len(run.records) for run in runs.values()] == [8, 12, 12, 12, 12]
     assert [c["load"] for c in res["cdf"]] == [0.3, 0.6]
     for out in res["loads"]:      # each load's table holds its own two runs, whatever order
         x = out["load"]
@@ -557,6 +561,9 @@ def _read_only(*args, **kwargs):
                                           (["--saturation-requests", "4"],
                                            "--saturation-requests: 5 to 100000"),
                                           (["--replications", "101"], "1 to 100"),
+                                          (["--min-requests", "0"],
+                                           "--min-requests: 1 to 100000 requests per load, "
+                                           "got 0"),
                                           (["--loads", "1e-9"], "in [0.01, 1.5]"),
                                           (["--out", "RO/x"], "cannot write there"),
                                           (["--set", "engine.max_num_seqs=4,8"],
@@ -888,7 +895,8 @@ def test_target_verdicts_read_the_mean_and_every_replication():
         "load 0.3 p99s of TTFT, TPOT, E2EL (target ±20%): mean over replications worst "
         "+0.0% (TTFT p99): met; every replication worst -25.0% (TTFT p99, r1): NOT met",
         "load 0.9 MAPE band (2 figures): the mean measured value inside the mean band in 1 "
-        "of 2; every replication inside its own band in 0 of 2"]
+        "of 2 (TTFT p99 300 outside [310, 330]); every replication inside its own band in 0 "
+        "of 2"]
     # every load judged on percentiles (the vLLM targets): 0.9's TTFT p50 +0% and +10.3%
     lines = VR.target_verdicts(result, VR.Targets(0.10, 0.15, 0.25))
     assert lines[0] == "saturation throughput +6.0% (target ±10%): met"
@@ -929,7 +937,17 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
      "benchmarks/fidelity.py: error: --loads: fractions of saturation in [0.01, 1.5], got "
      "2 (see python benchmarks/fidelity.py --help)"),
     (["benchmarks/fidelity.py"], ["--replications", "0"],
-     "benchmarks/fidelity.py: error: --replications: 1 to 100, got 0"),
+     "benchmarks/fidelity.py: error: --replications: 1 to 100, got 0 (see python "
+     "benchmarks/fidelity.py --help)"),
+    (["benchmarks/fidelity.py"], ["--min-requests", "0"],
+     "benchmarks/fidelity.py: error: --min-requests: 1 to 100000 requests per load, got 0 "
+     "(see python benchmarks/fidelity.py --help)"),
+    (["benchmarks/fidelity.py"], ["--seconds", "inf"],
+     "benchmarks/fidelity.py: error: --seconds: seconds of arrivals per load, in (0, 3600]; "
+     "got inf (see python benchmarks/fidelity.py --help)"),
+    (["-m", "calibration.vllm.fidelity"], ["--profile", "p", "--replications", "101"],
+     "calibration.vllm.fidelity: error: --replications: 1 to 100, got 101 (see python -m "
+     "calibration.vllm.fidelity --help)"),
     (["benchmarks/fidelity.py"], ["--calibrate-attempts", "0"],
      "benchmarks/fidelity.py: error: --calibrate-attempts: a whole number >= 1, got 0 (see "
      "python benchmarks/fidelity.py --help)"),

@@ -263,7 +263,8 @@ def _number(knobs: dict, name: str, kind):
 def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
                   seconds_per_load: float = 30.0, saturation_requests: int | None = None,
                   front_end: bool = False, model_dir_arg: str | None = None,
-                  engine=None, again: bool = False, progress=print) -> dict:
+                  engine=None, again: bool = False, min_requests: int | None = None,
+                  progress=print) -> dict:
     """:func:`calibration.validate.validate` with vLLM serving the requests: saturation
     (a burst of ``saturation_requests``, default 4 × max_num_seqs), then per load and
     replication a Poisson workload of the scenario's lengths at ``load × measured
@@ -290,13 +291,15 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     ver = require_vllm()
     import torch
 
-    from calibration.validate import check_validation_args, measure_fidelity, profile_origin
+    from calibration.validate import (MIN_REQUESTS, check_validation_args, measure_fidelity,
+                                      profile_origin)
     from calibration.profiler import cpu_name
     from simulator.cost_model import build_cost_model
 
     from .runner import VllmEngine
 
-    check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests)
+    check_validation_args(scenario, loads, replications, seconds_per_load, saturation_requests,
+                          min_requests)
     build_cost_model(scenario)  # the profile fits the scenario: fail before starting vLLM
     mdir = model_dir(model_dir_arg, scenario.model_shape)
     seed = scenario.workload.seed
@@ -332,7 +335,8 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
     result = measure_fidelity(sc1, base, timed, loads=loads, replications=replications,
                               seconds_per_load=seconds_per_load,
                               saturation_requests=saturation_requests, front_end=front_end,
-                              progress=progress, engine_name="vLLM", again=again)
+                              progress=progress, engine_name="vLLM", again=again,
+                              min_requests=min_requests)
     meta = {
         "scenario": scenario.name, "source": scenario.source, "model": scenario.model_shape.name,
         "dtype": scenario.dtype, "engine": f"{ver} (in-process LLMEngine, {mdir})",
@@ -346,7 +350,8 @@ def validate_vllm(scenario, loads=(0.3, 0.6), replications: int = 2, *,
         "python": platform.python_version(),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus", "cpu": cpu_name(),
         "seed": seed, "replications": replications, "seconds_per_load": seconds_per_load,
-        "foreign_cpu_pct": foreign, "attempts": MAX_ATTEMPTS,
+        "min_requests": min_requests or MIN_REQUESTS, "foreign_cpu_pct": foreign,
+        "attempts": MAX_ATTEMPTS,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     result["front_end"]["note"] = ("time between the end of vLLM's step() and the next "

