@@ -154,15 +154,17 @@ def fresh_profile(scenario, out_dir: Path, repeats: int,
 
 def host_dtype() -> list[str]:
     """``--set`` flags for the default scenario on this CPU: none where bfloat16 runs
-    natively; where it is emulated (no AVX512, so oneDNN cannot prepack it:
-    :func:`calibration.engine.model.prepack_supported`; ~23x slower than float32), float32
-    and the shipped float32 profile, measured on such a CPU."""
-    import torch
+    natively; where it is emulated (:func:`calibration.cli.emulated_dtype`: no AVX512, ~23x
+    slower than float32; or AVX512 without AVX512-BF16 or AMX-BF16, ~5x and a step from one
+    row to two that no roofline follows), float32 and the shipped float32 profile (its
+    dtype and threads: each workload is calibrated anew, :func:`fresh_profile`)."""
+    from calibration.cli import emulated_dtype
 
-    from calibration.engine.model import prepack_supported
-    if prepack_supported(torch.bfloat16):
+    lacks = emulated_dtype("cpu", "bfloat16")
+    if lacks is None:
         return []
-    print("bfloat16 is emulated on this CPU: validating in float32", file=sys.stderr)
+    print(f"bfloat16 is emulated on this CPU (no {lacks}): validating in float32",
+          file=sys.stderr)
     return ["dtype=float32", f"hardware.profile={FLOAT32_PROFILE}"]
 
 

@@ -446,24 +446,42 @@ def warn_if_busy(device: str) -> str | None:
     return line
 
 
-def warn_if_emulated(device: str, dtype: str,
-                     fix: str = "--dtype float32 measures what it runs well") -> str | None:
-    """On a CPU whose oneDNN has no kernels for ``dtype`` (it cannot even prepack it,
-    :func:`calibration.engine.model.prepack_supported`), its matmuls are emulated, so a
-    calibration takes tens of minutes and describes a dtype nobody serves there: bfloat16
-    without AVX512 (about 23x slower than float32 on an AVX2-only AMD EPYC, 1.4 against 32
-    GFLOP/s on one core, n = 512), float16 without AVX512-FP16 (about 100x slower on an
-    AVX512-BF16 AMD EPYC: 0.9 against 100 GFLOP/s). Prints one warning line to
-    stderr ending in ``fix``, what to do instead, and returns it, else None."""
+def emulated_dtype(device: str, dtype: str) -> str | None:
+    """What this CPU lacks to run ``dtype``'s matmuls natively, or None (another device or
+    dtype, or nothing lacking as far as can be told):
+
+    - bfloat16 without AVX512 and float16 without AVX512-FP16: oneDNN has no kernels, it
+      cannot even prepack the weights (:func:`calibration.engine.model.prepack_supported`);
+      about 23x slower than float32 on an AVX2-only AMD EPYC (1.4 against 32 GFLOP/s on one
+      core, n = 512), float16 about 100x on an AVX512-BF16 AMD EPYC (0.9 against 100);
+    - bfloat16 with AVX512 but neither AVX512-BF16 nor AMX-BF16
+      (:func:`calibration.profiler.cpu_isa`): oneDNN converts through float32. On an Intel
+      Xeon so equipped, a 256-row matmul 5.4x slower than float32 and one row 3.5x faster
+      than two (a vector path), so a one-decode step took half a two-decode one's time: a
+      step no roofline follows (replay MAPE 17-24% against 5-10% on other hosts).
+    """
     if device != "cpu" or dtype not in ("bfloat16", "float16"):
         return None
     import torch
 
     from .engine.model import prepack_supported
+    from .profiler import cpu_isa
 
-    if prepack_supported(getattr(torch, dtype)):
+    if not prepack_supported(getattr(torch, dtype)):
+        return "AVX512" if dtype == "bfloat16" else "float16 matmul kernels (AVX512-FP16)"
+    if dtype == "bfloat16" and cpu_isa() == "AVX512":   # the width, and no bfloat16 extension
+        return "AVX512-BF16 or AMX-BF16"
+    return None
+
+
+def warn_if_emulated(device: str, dtype: str,
+                     fix: str = "--dtype float32 measures what it runs well") -> str | None:
+    """On a CPU that emulates ``dtype``'s matmuls (:func:`emulated_dtype`), a calibration
+    takes far longer and describes a dtype nobody serves there. Prints one warning line to
+    stderr ending in ``fix``, what to do instead, and returns it, else None."""
+    lacks = emulated_dtype(device, dtype)
+    if lacks is None:
         return None
-    lacks = "AVX512" if dtype == "bfloat16" else "float16 matmul kernels (AVX512-FP16)"
     line = (f"servesim: warning: this CPU has no {lacks}, so {dtype} matmuls are emulated "
             "(many times slower than float32): measuring takes far longer and prices a "
             f"dtype this CPU serves poorly; {fix}")
@@ -1076,4 +1094,4 @@ def add_parsers(subparsers) -> None:
 
 __all__ = ["BUSY_OTHER_LOAD", "add_parsers", "busy_cpu_warning", "calibrate", "parse_bytes",
            "profile_column_widths", "profiles_rich_table", "profiles_table", "replay_workload",
-           "outlier_warning", "warn_if_busy", "warn_if_emulated"]
+           "outlier_warning", "warn_if_busy", "warn_if_emulated", "emulated_dtype"]
