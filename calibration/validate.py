@@ -440,8 +440,8 @@ MIN_LOAD, MAX_LOAD = 0.01, 1.5
 MAX_REPLICATIONS = 100
 MAX_SECONDS_PER_LOAD = 3600.0
 MIN_SATURATION_REQUESTS, MAX_SATURATION_REQUESTS = 5, 100_000
-# Fewest requests a load serves (``--min-requests``, default; at most the saturation
-# bound): a percentile of a handful of requests is one request's figure.
+# The fewest requests a load serves unless ``--min-requests`` says otherwise (it takes 1 to
+# MAX_SATURATION_REQUESTS): a percentile of a handful of requests is one request's figure.
 MIN_REQUESTS = 10
 
 
@@ -698,8 +698,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
     (:func:`saturation_throughput`); (2) per load ``x`` and replication ``r``: a workload
     of the scenario's lengths at ``x × measured saturation`` req/s (about
     ``seconds_per_load`` of arrivals, and at least ``min_requests`` requests, seed
-    ``SeedSequence([seed, load‰, r])``) served in
-    real time, then simulated on the identical request list: timing replay (exact check),
+    ``SeedSequence([seed, load‰, r])``) served in real time, then simulated on the
+    identical request list: timing replay (exact check),
     predicted (the profile's costs) and the band with costs scaled by ``1 ± held-out
     MAPE`` of the profile. Replications are the outer loop: the loads interleave, so host
     drift spreads over the loads instead of biasing one.
