@@ -895,6 +895,12 @@ def _validate_command(args) -> int:
     if args.backend == "servesim":
         from .cli import require_torch
         require_torch()
+
+    def progress(msg: str) -> None:
+        # on stderr, as the warnings: stdout holds the table, so a reader of it that goes
+        # away (| head) ends nothing before the report is written (simulator.terminal)
+        print(msg, file=sys.stderr, flush=True)
+
     if args.backend == "vllm":
         from .vllm import commands
         commands.QUIET_WAIT = not args.no_quiet_wait
@@ -903,7 +909,7 @@ def _validate_command(args) -> int:
                                         saturation_requests=args.saturation_requests,
                                         front_end=args.front_end,
                                         model_dir_arg=args.model_dir, again=args.serve_again,
-                                        min_requests=args.min_requests)
+                                        min_requests=args.min_requests, progress=progress)
         result.pop("engine_object")
     else:
         result = validate(sc, loads, args.replications,
@@ -911,7 +917,7 @@ def _validate_command(args) -> int:
                           saturation_requests=args.saturation_requests,
                           front_end=args.front_end, quiet=not args.no_quiet_wait,
                           host_speed=not args.no_host_speed, again=args.serve_again,
-                          min_requests=args.min_requests)
+                          min_requests=args.min_requests, progress=progress)
     from .validate_report import markdown_table, write_outputs   # it imports this module
     paths = write_outputs(result, out)
     print(markdown_table(result))

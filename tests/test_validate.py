@@ -590,6 +590,25 @@ def test_validate_refuses_bad_flags_before_serving(flags, field, tmp_path, capsy
     assert not out.exists()
 
 
+def test_validate_says_its_progress_on_stderr(tmp_path, capsys, monkeypatch):
+    # progress on stdout met a closed reader (| head) at the first line and ended the run
+    # there, before any report was written, with exit status 0
+    from simulator.cli import main
+    from simulator.errors import InputError
+    import yaml
+    y = tmp_path / "s.yaml"
+    y.write_text(yaml.safe_dump(SCENARIO))
+
+    def served(*args, progress, **kwargs):
+        progress("load 0.5: 12 requests")
+        raise InputError("stopped here")
+    monkeypatch.setattr(V, "validate", served)
+    assert main(["validate", str(y), "--no-quiet-wait", "--out", str(tmp_path / "v")]) == 2
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err.splitlines() == ["load 0.5: 12 requests", "servesim: error: stopped here"]
+
+
 def test_a_bad_profile_flag_is_named_as_typed(tmp_path, capsys):
     from simulator.cli import main
     import yaml
