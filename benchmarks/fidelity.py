@@ -184,18 +184,25 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", default=None,
                     help="default scenarios/cpu_tiny.yaml (bfloat16), in float32 with the "
                          "shipped float32 profile on a CPU that emulates bfloat16")
-    ap.add_argument("--loads", default="0.3,0.6,0.9")
-    ap.add_argument("--replications", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--loads", default="0.3,0.6,0.9",
+                    help="fractions of saturation throughput, as servesim validate takes "
+                         "them (default 0.3,0.6,0.9)")
+    ap.add_argument("--replications", type=int, default=3,
+                    help="workloads per load, each with its own seed (default 3; 1 to 100)")
+    ap.add_argument("--seconds", type=float, default=15.0,
+                    help="seconds of arrivals per load (default 15; at most 3600)")
     ap.add_argument("--min-requests", type=int, default=MIN_REQUESTS,
                     help=f"fewest requests a load serves (default {MIN_REQUESTS}; 1 to "
                          f"100000), however few its seconds bring")
-    ap.add_argument("--only", choices=list(WORKLOADS), action="append")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity.md"))
+    ap.add_argument("--only", choices=list(WORKLOADS), action="append",
+                    help="this workload only (repeatable; default every one)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity.md"),
+                    help="the markdown file written (default benchmarks/results/fidelity.md)")
     ap.add_argument("--no-calibrate", action="store_true",
                     help="validate the scenario's own profile instead of one measured just "
                          "before each workload (fresh_profile)")
-    ap.add_argument("--calibrate-repeats", type=int, default=8)
+    ap.add_argument("--calibrate-repeats", type=int, default=8,
+                    help="timed repeats of each grid cell in each calibration (default 8)")
     ap.add_argument("--calibrate-attempts", type=int, default=3,
                     help="calibrate again while the host's speed moved during it (grid "
                          "passes over 10%% apart or replay MAPE over 10%%), up to this many "

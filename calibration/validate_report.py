@@ -160,11 +160,16 @@ def validation_blocks(result: dict) -> list:
     def say(text: str) -> None:
         blocks.append(("p", text))
 
-    say(f"saturation throughput: measured {sat['measured_rps']:.3f} req/s, predicted "
+    say(f"saturation throughput ({sat['requests']} requests at once): measured "
+        f"{sat['measured_rps']:.3f} req/s, predicted "
         f"{sat['predicted_rps']:.3f} req/s, error {sat['error']:+.1%}" + (
             f"; probed steps took ×{sat['host_speed']:.3f} their calibration time, "
             f"predicted at that host speed {sat['adjusted_rps']:.3f} req/s, error "
             f"{sat['adjusted_error']:+.1%}" if adj else ""))
+    say("requests per replication (the scenario's arrival process at the load's rate, "
+        "each replication its own seed): " + "; ".join(
+        f"load {ld['load']:g}: {ld['num_requests']} requests at {ld['rate']:.3g} req/s"
+        for ld in result["loads"]))
     if adj:
         say("host speed per replication (probe cells' median step times now / their "
             "calibration means, geometric mean over the cells; > 1: slower than at "

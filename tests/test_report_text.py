@@ -124,8 +124,9 @@ def validation(big: float):
     cdf = {"load": 0.5, **{f"{side}_{m}": sorted(rng.uniform(10, 20, 5).tolist())
                            for side in ("measured", "predicted")
                            for m in ("ttft_ms", "tpot_ms", "e2el_ms")}}
-    return {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
-            "loads": [{"load": 0.5, "timing": [], "table": [
+    return {"saturation": {"requests": 20, "measured_rps": 2.0, "predicted_rps": 2.1,
+                           "error": 0.05},
+            "loads": [{"load": 0.5, "rate": 1.0, "num_requests": 10, "timing": [], "table": [
                 {"figure": "E2EL p50", "measured": cell, "predicted": cell,
                  "error": {"mean": 0.0, "min": 0.0, "max": 0.0, "n": 2}}]}],
             "meta": {"scenario": "s", "tokens": 12345.6}, "cdf": [cdf]}

@@ -218,11 +218,14 @@ def test_signed_error_and_band_table():
     rows = {r["figure"]: r for r in lr.table()}
     assert rows["TTFT p50"]["in_band"] is True and rows["TTFT p50"]["in_band_adjusted"] is False
     assert rows["TTFT p99"]["in_band"] is False and rows["TTFT p99"]["in_band_adjusted"] is True
-    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05,
-                             "host_speed": 1.1, "adjusted_rps": 1.9, "adjusted_error": -0.05},
-              "loads": [{"load": 0.9, "table": list(rows.values()), "timing": [],
-                         "host_speed": [1.1]}]}
+    result = {"saturation": {"requests": 20, "measured_rps": 2.0, "predicted_rps": 2.1,
+                             "error": 0.05, "host_speed": 1.1, "adjusted_rps": 1.9,
+                             "adjusted_error": -0.05},
+              "loads": [{"load": 0.9, "rate": 1.25, "num_requests": 10,
+                         "table": list(rows.values()), "timing": [], "host_speed": [1.1]}]}
     md = VR.markdown_table(result).splitlines()
+    assert md[0].startswith("saturation throughput (20 requests at once): measured 2.000")
+    assert md[2].endswith("own seed): load 0.9: 10 requests at 1.25 req/s")
     assert next(x for x in md if x.startswith("| load |")).endswith(
         "| error | in MAPE band | predicted at host speed | error at host speed | "
         "in MAPE band around it |")
@@ -678,8 +681,10 @@ def test_step_cost_by_kind_is_pooled_over_replications_in_the_table():
                 "max_abs_diff_ms": {"arrival": 0.0}, "step_cost_by_kind": by_kind}
 
     # prefill: (80 + 100) / (100 + 100) = 0.9 over 3 steps; decode 50 / 40 = 1.25
-    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
-              "loads": [{"load": 0.6, "table": lr.table(), "timing": [
+    result = {"saturation": {"requests": 20, "measured_rps": 2.0, "predicted_rps": 2.1,
+                             "error": 0.05},
+              "loads": [{"load": 0.6, "rate": 1.0, "num_requests": 10, "table": lr.table(),
+                         "timing": [
                   timing({"prefill": [80, 100, 1], "decode": [50, 40, 7]}),
                   timing({"prefill": [100, 100, 2]})]}]}
     md = VR.markdown_table(result)
@@ -698,10 +703,11 @@ def test_runs_where_the_probe_does_not_explain_the_mispricing_are_named():
         return {"step_cost_ratio": ratio, "ok": True, "steps_engine": 10,
                 "max_abs_diff_ms": {"arrival": 0.0}}
 
-    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05,
+    result = {"saturation": {"requests": 20, "measured_rps": 2.0, "predicted_rps": 2.1,
+                             "error": 0.05,
                              "host_speed": 1.25, "adjusted_rps": 2.0, "adjusted_error": 0.0,
                              "timing": timing(0.8)},
-              "loads": [{"load": 0.6, "table": lr.table(),
+              "loads": [{"load": 0.6, "rate": 1.0, "num_requests": 10, "table": lr.table(),
                          "timing": [timing(0.8), timing(1.2), timing(None)],
                          "host_speed": [1.0, 0.95, 1.0]}]}
     apart = VR.probe_disagreements(result)
@@ -722,8 +728,10 @@ def test_table_says_which_figures_the_band_is_judged_for():
     lr.predicted = [{"ttft_ms": {"p50": 80.0, "p90": 140.0}}]
     rows = {r["figure"]: r for r in lr.table()}
     rows["TTFT p50"]["in_band"] = False
-    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
-              "loads": [{"load": 0.3, "table": list(rows.values()), "timing": []}]}
+    result = {"saturation": {"requests": 20, "measured_rps": 2.0, "predicted_rps": 2.1,
+                             "error": 0.05},
+              "loads": [{"load": 0.3, "rate": 1.0, "num_requests": 10,
+                         "table": list(rows.values()), "timing": []}]}
     md = VR.markdown_table(result).splitlines()
     assert next(x for x in md if x.startswith("| 0.3 | TTFT p50 |")).endswith("| no |")
     assert "TTFT, TPOT, ITL and E2EL in ms (as vllm bench serve); error = (predicted − " \
@@ -792,7 +800,8 @@ def test_a_saturation_burst_under_twice_max_num_seqs_is_warned_of():
 
 def test_the_reports_facts_read_as_knobs_and_rounded_figures(tmp_path):
     # engine knobs as k=v, fractions rounded, not a Python dict to 17 digits
-    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
+    result = {"saturation": {"requests": 20, "measured_rps": 2.0, "predicted_rps": 2.1,
+                             "error": 0.05},
               "loads": [], "meta": {"scenario": "s", "engine_knobs": {"block_size": 128,
                                                                       "watermark": 0.0123456},
                                     "heldout_mape": 0.09369114258886693}}
@@ -868,8 +877,10 @@ def test_a_band_verdict_says_how_many_replications_it_judged():
     assert row["band"][1]["each"] == [188.0, 107.0, None]
     # served again: 190 above [178.9, 188] x 188/188; 90 below [101, 107] x 100/104
     assert row["again_in_band"] is False and row["again_in_band_count"] == [0, 2, 3]
-    result = {"saturation": {"measured_rps": 2.0, "predicted_rps": 2.1, "error": 0.05},
-              "loads": [{"load": 0.9, "table": [row], "timing": []}]}
+    result = {"saturation": {"requests": 20, "measured_rps": 2.0, "predicted_rps": 2.1,
+                             "error": 0.05},
+              "loads": [{"load": 0.9, "rate": 1.0, "num_requests": 10, "table": [row],
+                         "timing": []}]}
     line = next(x for x in VR.markdown_table(result).splitlines()
                 if x.startswith("| 0.9 | TPOT p99"))
     assert "| no, 1 of 2 judged of 3 (101–188) |" in line
@@ -951,7 +962,8 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
      "benchmarks/fidelity.py --help)"),
     (["benchmarks/fidelity.py"], ["--replications", "x"],
      "benchmarks/fidelity.py: error: --replications: 'x' is not a whole number in digits "
-     "(see python benchmarks/fidelity.py --help)"),
+     "— its help: workloads per load, each with its own seed (default 3; 1 to 100) (see "
+     "python benchmarks/fidelity.py --help)"),
     (["benchmarks/fidelity.py"], ["--loads", "2"],
      "benchmarks/fidelity.py: error: --loads: fractions of saturation in [0.01, 1.5], got "
      "2 (see python benchmarks/fidelity.py --help)"),

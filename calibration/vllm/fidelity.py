@@ -127,16 +127,26 @@ def main(argv=None) -> int:
                        error_name="calibration.vllm.fidelity",
                        description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True, help="profile from calibrate --backend vllm")
-    ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "cpu_tiny.yaml"))
+    ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "cpu_tiny.yaml"),
+                    help="the scenario the workloads vary (default scenarios/cpu_tiny.yaml)")
     ap.add_argument("--block-size", type=int, default=128, help="vLLM-CPU's default: 128")
-    ap.add_argument("--loads", default="0.3,0.6")
-    ap.add_argument("--replications", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--model-dir")
-    ap.add_argument("--only", choices=list(WORKLOADS), action="append")
+    ap.add_argument("--loads", default="0.3,0.6",
+                    help="fractions of saturation throughput, as servesim validate takes "
+                         "them (default 0.3,0.6)")
+    ap.add_argument("--replications", type=int, default=2,
+                    help="workloads per load, each with its own seed (default 2; 1 to 100)")
+    ap.add_argument("--seconds", type=float, default=30.0,
+                    help="seconds of arrivals per load (default 30; at most 3600)")
+    ap.add_argument("--model-dir",
+                    help="the HF-style model folder vLLM loads (default $VLLM_PEER_MODEL, else "
+                         "/tmp/vllm-peer-model)")
+    ap.add_argument("--only", choices=list(WORKLOADS), action="append",
+                    help="this workload only (repeatable; default every one)")
     ap.add_argument("--attempts", type=int, default=2,
                     help="tries per timed run while other processes disturb it (default 2)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity_vllm.md"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity_vllm.md"),
+                    help="the markdown file written (default "
+                         "benchmarks/results/fidelity_vllm.md)")
     args = ap.parse_args(argv)
     commands.MAX_ATTEMPTS = max(1, args.attempts)
     from calibration.validate import check_loads, check_run_flags, parse_loads
