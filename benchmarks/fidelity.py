@@ -192,6 +192,7 @@ def main(argv=None) -> int:
                                            write_outputs)
     # the same two workloads for both engines
     from calibration.vllm.fidelity import WORKLOADS, chosen_workloads
+    from calibration.cli import add_load_flags
     from simulator.cli import OneLineParser
     from simulator.files import atomic_write, check_file_writable
     from simulator.scenario import load_scenario
@@ -202,13 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", default=None,
                     help="default scenarios/cpu_tiny.yaml (bfloat16), in float32 with the "
                          "shipped float32 profile on a CPU that emulates bfloat16")
-    ap.add_argument("--loads", default="0.3,0.6,0.9",
-                    help="fractions of saturation throughput, as servesim validate takes "
-                         "them (default 0.3,0.6,0.9)")
-    ap.add_argument("--replications", type=int, default=3,
-                    help="workloads per load, each with its own seed (default 3; 1 to 100)")
-    ap.add_argument("--seconds", type=float, default=15.0,
-                    help="seconds of arrivals per load (default 15; at most 3600)")
+    add_load_flags(ap, "0.3,0.6,0.9", 3, 15.0)
     ap.add_argument("--min-requests", type=int, default=MIN_REQUESTS,
                     help=f"fewest requests a load serves (default {MIN_REQUESTS}; 1 to "
                          f"100000), however few its seconds bring")

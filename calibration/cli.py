@@ -991,6 +991,21 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+def add_load_flags(p, loads: str, replications: int, seconds: float, more: str = "") -> None:
+    """``--loads``, ``--replications`` and ``--seconds`` with these defaults, as ``servesim
+    validate`` and the fidelity scripts take them (bounds checked by
+    :func:`calibration.validate.check_loads` and :func:`calibration.validate.check_run_flags`);
+    ``more`` ends the ``--seconds`` help."""
+    p.add_argument("--loads", default=loads,
+                   help=f"fractions of saturation throughput, 0.01 to 1.5, at most 3 decimals "
+                        f"(default {loads})")
+    p.add_argument("--replications", type=int, default=replications,
+                   help=f"workloads per load, each with its own seed (default {replications}; "
+                        f"1 to 100)")
+    p.add_argument("--seconds", type=float, default=seconds,
+                   help=f"seconds of arrivals per load (default {seconds:g}; at most 3600{more})")
+
+
 def _cmd_validate(args) -> int:
     from .validate import cmd_validate   # numpy, SciPy and pandas: only when validate runs
     return cmd_validate(args)
@@ -1061,14 +1076,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--profile", help="profile name or path (overrides hardware.profile)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key")
-    p.add_argument("--loads", default="0.3,0.6,0.9",
-                   help="fractions of saturation throughput, 0.01 to 1.5, at most 3 decimals "
-                        "(default 0.3,0.6,0.9)")
-    p.add_argument("--replications", type=int, default=3,
-                   help="workloads per load, each with its own seed (default 3; 1 to 100)")
-    p.add_argument("--seconds", type=float, default=60.0,
-                   help="seconds of arrivals per load (default 60; at most 3600; a load gets at "
-                        "least --min-requests requests, which may take longer)")
+    add_load_flags(p, "0.3,0.6,0.9", 3, 60.0, "; a load gets at least --min-requests "
+                                             "requests, which may take longer")
     p.add_argument("--min-requests", type=int,
                    help="fewest requests a load serves, 1 to 100000 (default 10): a "
                         "percentile of a few requests is one request's figure")

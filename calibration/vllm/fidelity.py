@@ -114,6 +114,7 @@ def main(argv=None) -> int:
             :func:`calibration.vllm.commands.validate_vllm`'s bounds.
     """
     from calibration.validate_report import write_outputs
+    from calibration.cli import add_load_flags
     from simulator.cli import OneLineParser
     from simulator.files import atomic_write
     from simulator.scenario import load_scenario
@@ -130,13 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "cpu_tiny.yaml"),
                     help="the scenario the workloads vary (default scenarios/cpu_tiny.yaml)")
     ap.add_argument("--block-size", type=int, default=128, help="vLLM-CPU's default: 128")
-    ap.add_argument("--loads", default="0.3,0.6",
-                    help="fractions of saturation throughput, as servesim validate takes "
-                         "them (default 0.3,0.6)")
-    ap.add_argument("--replications", type=int, default=2,
-                    help="workloads per load, each with its own seed (default 2; 1 to 100)")
-    ap.add_argument("--seconds", type=float, default=30.0,
-                    help="seconds of arrivals per load (default 30; at most 3600)")
+    add_load_flags(ap, "0.3,0.6", 2, 30.0)
     ap.add_argument("--model-dir",
                     help="the HF-style model folder vLLM loads (default $VLLM_PEER_MODEL, else "
                          "/tmp/vllm-peer-model)")
