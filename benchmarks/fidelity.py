@@ -192,7 +192,8 @@ def main(argv=None) -> int:
                                            write_outputs)
     # the same two workloads for both engines
     from calibration.vllm.fidelity import WORKLOADS, chosen_workloads
-    from calibration.cli import add_load_flags
+    from calibration.cli import MAX_REPEATS, add_load_flags
+    from simulator.cost_model import build_cost_model
     from simulator.cli import OneLineParser
     from simulator.files import atomic_write, check_file_writable
     from simulator.scenario import load_scenario
@@ -215,7 +216,8 @@ def main(argv=None) -> int:
                     help="validate the scenario's own profile instead of one measured just "
                          "before each workload (fresh_profile)")
     ap.add_argument("--calibrate-repeats", type=int, default=8,
-                    help="timed repeats of each grid cell in each calibration (default 8)")
+                    help="timed repeats of each grid cell in each calibration (default 8; 1 "
+                         "to 100)")
     ap.add_argument("--calibrate-attempts", type=int, default=3,
                     help="calibrate again while the host's speed moved during it (grid "
                          "passes over 10%% apart or replay MAPE over 10%%), up to this many "
@@ -235,10 +237,10 @@ def main(argv=None) -> int:
         check_run_flags(args.replications, args.seconds, min_requests=args.min_requests)
     except InputError as e:
         ap.error(str(e))
-    for flag, v in (("--calibrate-repeats", args.calibrate_repeats),
-                    ("--calibrate-attempts", args.calibrate_attempts)):
-        if v < 1:
-            ap.error(f"{flag}: a whole number >= 1, got {v}")
+    if not 1 <= args.calibrate_repeats <= MAX_REPEATS:   # calibrate's --repeats
+        ap.error(f"--calibrate-repeats: 1 to {MAX_REPEATS}, got {args.calibrate_repeats}")
+    if args.calibrate_attempts < 1:
+        ap.error(f"--calibrate-attempts: a whole number >= 1, got {args.calibrate_attempts}")
     try:   # written at the end: refused now, not after the runs
         check_file_writable(args.out, "--out")
     except InputError as e:
@@ -254,7 +256,8 @@ def main(argv=None) -> int:
                               min_requests=args.min_requests)
         if args.no_calibrate:   # validated as it is: a profile measured here
             servable_cost_model(sc)
-        else:   # calibrated first: the model must fit this host
+        else:   # calibrated first with its profile's threads: the model must fit this host
+            build_cost_model(sc)
             check_calibration_fits(sc)
     for name in names:
         sets = base + WORKLOADS[name]

@@ -714,17 +714,24 @@ def check_writable(path: str | Path, flag: str) -> None:
 
 
 def check_file_writable(path: str | Path, flag: str) -> None:
-    """Make sure file ``path`` can be written (a path in a folder that exists and is
-    writable, not a folder itself), before a long run that writes it at its end; unlike
-    :func:`check_writable` it creates nothing.
+    """Make sure file ``path`` can be written, before a long run that writes it at its end:
+    a new or regular file in a folder that exists and takes a new file (tried: a permission
+    check passes anywhere for root, /proc included); it leaves nothing behind.
 
     Raises:
-        InputError: ``<flag> <path>: a file path in a folder that exists and can be written``.
+        InputError: ``<flag>: empty path``, or ``<flag> <path>: a file path in a folder that
+            exists and can be written`` (not a regular file: a folder, /dev/null).
     """
+    if not str(path).strip():
+        raise InputError(f"{flag}: empty path (give a file path)")
     p = Path(path)
-    if p.is_dir() or not p.parent.is_dir() or not os.access(p.parent, os.W_OK):
+    try:
+        if (p.exists() and not p.is_file()) or not p.parent.is_dir():
+            raise OSError
+        tempfile.TemporaryFile(dir=p.parent).close()   # as atomic_write makes its file there
+    except OSError:
         raise InputError(f"{flag} {path}: a file path in a folder that exists and can be "
-                         f"written")
+                         f"written") from None
 
 
 @contextmanager

@@ -1,6 +1,8 @@
-"""The project's YAML reader: duplicate keys refused, YAML 1.2 floats with an exponent."""
+"""The project's file helpers: the YAML reader (duplicate keys refused, YAML 1.2 floats with
+an exponent) and the check of an output file before a long run."""
 
 import math
+import re
 
 import pytest
 import yaml
@@ -337,3 +339,20 @@ def test_csv_rows_keep_a_hash_inside_a_field_and_name_each_row_by_its_first_line
     path.write_text("# comments only\n\n")
     t = read_csv_rows(path)
     assert (t.columns, t.column_line, t.rows, t.lines) == ([], 0, [], [])
+
+
+def test_a_file_path_is_checked_by_making_a_file_there(tmp_path):
+    # os.access says yes to root anywhere: /proc/x.md passed, and a run failed only at its end
+    from simulator.errors import InputError
+    from simulator.files import check_file_writable
+
+    check_file_writable(tmp_path / "new.md", "--out")
+    (tmp_path / "old.md").write_text("x")
+    check_file_writable(tmp_path / "old.md", "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.md"]   # nothing left behind
+    with pytest.raises(InputError, match=r"^--out: empty path \(give a file path\)$"):
+        check_file_writable(" ", "--out")
+    for bad in (tmp_path, tmp_path / "no-such" / "x.md", "/proc/x.md", "/dev/null"):
+        with pytest.raises(InputError, match=rf"^--out {re.escape(str(bad))}: a file path in a "
+                                             r"folder that exists and can be written$"):
+            check_file_writable(bad, "--out")

@@ -1004,9 +1004,21 @@ def test_fidelity_scripts_read_loads_as_validate_does(script, loads, said):
      "calibration.vllm.fidelity: error: --out /no-such-folder/x.md: a file path in a folder "
      "that exists and can be written (see python -m calibration.vllm.fidelity --help)"),
     (["-m", "calibration.vllm.fidelity"],
-     ["--profile", "simulator/profiles/cpu-llama-tiny-56m-float32.yaml", "--block-size", "0"],
-     "calibration.vllm.fidelity: error: --block-size: a whole number >= 1, got 0 (see python "
-     "-m calibration.vllm.fidelity --help)"),
+     ["--profile", "simulator/profiles/cpu-llama-tiny-56m-bfloat16.yaml", "--block-size", "7"],
+     "calibration.vllm.fidelity: error: --block-size 7: must be 1, 8, 16, 32, 64 or 128, as "
+     "vLLM's --block-size (got 7)"),
+    (["-m", "calibration.vllm.fidelity"],   # the profile before vLLM is looked for
+     ["--profile", "simulator/profiles/cpu-llama-tiny-56m-float32.yaml", "--scenario",
+      "scenarios/multi_turn.yaml"],
+     "calibration.vllm.fidelity: error: multi_turn.yaml:17: workload.sessions: validate serves "
+     "open-loop arrivals (poisson, gamma or constant) at rates set from the measured "
+     "saturation: give the scenario one of those, and no sessions, trace or max_concurrency"),
+    (["-m", "calibration.vllm.fidelity"], ["--profile", "", "--out", "/dev/null"],
+     "calibration.vllm.fidelity: error: --profile: empty path (give a profile from calibrate "
+     "--backend vllm) (see python -m calibration.vllm.fidelity --help)"),
+    (["benchmarks/fidelity.py"], ["--calibrate-repeats", "101"],   # calibrate's --repeats
+     "benchmarks/fidelity.py: error: --calibrate-repeats: 1 to 100, got 101 (see python "
+     "benchmarks/fidelity.py --help)"),
     (["benchmarks/fidelity.py"], ["--scenario", "scenarios/chat.yaml", "--no-calibrate"],
      "benchmarks/fidelity.py: error: chat.yaml:9: hardware.profile: validate serves the "
      "scenario on this machine's engine, so it needs a profile measured here (servesim "
@@ -1115,8 +1127,8 @@ def test_vllm_fidelity_script_runs_by_its_path(tmp_path):
     p = subprocess.run([sys.executable, str(script), "--profile", "no-such-profile"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.splitlines() == [
-        f"calibration.vllm.fidelity: error: {tmp_path / 'no-such-profile'}: profile file "
-        f"not found"]
+        f"calibration.vllm.fidelity: error: --profile no-such-profile: "
+        f"{tmp_path / 'no-such-profile'}: profile file not found"]
 
 
 @pytest.mark.parametrize("script, args, line", [

