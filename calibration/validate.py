@@ -258,15 +258,19 @@ class SpeedProbe:
     """
 
     def __init__(self, model, config: dict, cells: list, passes: int = 1):
+        from calibration.profiler import chunk_span
+
         self.model, self.cells, self.passes = model, cells, passes
         bs = config["block_size"]
-        blocks = max(c.B * cdiv(4 * c.L + 64, bs) + cdiv(c.n + c.c, bs) for c, _ in cells)
+        blocks = max(c.B * cdiv(4 * c.L + 64, bs) + cdiv(c.n + chunk_span(c.n) + c.c, bs)
+                     for c, _ in cells)
         # Only the shapes matter: knobs large enough that every cell runs as one step.
         self.config = {
             **config, "num_gpu_blocks": blocks + 16,
             "max_num_seqs": max([config["max_num_seqs"]] + [c.B + 1 for c, _ in cells]),
             "max_num_batched_tokens": max([config["max_num_batched_tokens"]]
-                                          + [c.n + c.B for c, _ in cells])}
+                                          + [c.n + chunk_span(c.n) + c.B
+                                             for c, _ in cells])}
         self.engine = None   # the latest probe's engine
 
     @property
@@ -276,14 +280,19 @@ class SpeedProbe:
         return ", ".join(f"{c.key} ({ref * 1e3:.2f} ms)" for c, ref in self.cells)
 
     def _measure(self, driver, cell, visit: int = 0) -> list[int]:
-        """One visit's step durations (ns); a decode cell's contexts with the grid's offset
-        of pass ``visit mod passes`` (:func:`calibration.profiler.pass_extra_blocks`), so
-        that the visits average what the cell's mean in the CSV averaged."""
+        """One visit's step durations (ns); a decode cell's contexts, a prefill cell's
+        chunk, with the grid's offset of pass ``visit mod passes``
+        (:func:`calibration.profiler.pass_extra_blocks`,
+        :func:`~calibration.profiler.pass_chunk_tokens`), so that the visits average what
+        the cell's mean in the CSV averaged."""
         from calibration.engine.attention import padding
-        from calibration.profiler import _check, decode_room_blocks, pass_extra_blocks
+        from calibration.profiler import (_check, decode_room_blocks, pass_chunk_tokens,
+                                          pass_extra_blocks)
 
+        n = None
         if cell.kind == "prefill":
-            recs = [driver.chunk_step(cell.n, cell.c)]
+            n = pass_chunk_tokens(cell.n, visit % self.passes, self.passes)
+            recs = [driver.chunk_step(n, cell.c)]
         else:
             cfg = self.config
             room = decode_room_blocks(cell.B, cell.L, 0, cfg["block_size"],
@@ -294,7 +303,7 @@ class SpeedProbe:
             recs = [driver.step() for _ in range(2)]
             driver.stop(rids)
         for r in recs:
-            _check(cell, r)
+            _check(cell, r, n)
         return [r.duration_ns for r in recs]
 
     def __call__(self) -> float:

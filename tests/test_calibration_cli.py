@@ -106,11 +106,15 @@ def test_calibrate_writes_a_profile_the_simulator_reproduces(tmp_path, tiny_grid
         assert refit.coefficients[name] == pytest.approx(v, rel=1e-9)
 
     # the simulator, given the profile and a single-step batch, predicts the fitted value
+    # of that step as measured: the cell's first pass ran 72 tokens (pass_chunk_tokens)
     cost = build_cost_model(scenario_for(out))
     assert cost.measured and cost.num_gpu_blocks == 512
-    plan = one_step_plan(64)
-    cell = refit.cells.loc["prefill n=64 c=0"]
-    assert cost.step_seconds(plan) == pytest.approx(cell["predicted"], rel=1e-9)
+    rows = read_measurements(tmp_path / "tiny.measurements.csv")
+    row = rows[(rows["cell"] == "prefill n=64 c=0") & (rows["pass"] == 0)]
+    assert row["prefills"].tolist() == ["72@0"]
+    plan = one_step_plan(72)
+    assert cost.step_seconds(plan) == pytest.approx(
+        predict(refit.form, refit.coefficients, refit_k(prof), row)[0], rel=1e-9)
     f = step_features(plan)
     X = {k: [getattr(f, k)] for k in ("tokens", "requests", "prefill_tokens", "decodes",
                                       "context_tokens", "attn_pairs", "sampled")}

@@ -34,7 +34,7 @@ HEADER = {"model": "llama-test", "shape": {"hidden_size": 64}, "dtype": "float32
 
 def engine():
     return LLMEngine.from_catalog("llama-test", {
-        "num_gpu_blocks": 64, "max_num_batched_tokens": 64, "max_num_seqs": 4,
+        "num_gpu_blocks": 64, "max_num_batched_tokens": 80, "max_num_seqs": 4,
         "max_model_len": 256})
 
 
@@ -67,6 +67,30 @@ def test_grid_cells_and_keys():
     shared = Grid(decode_batches=(), mixed_contexts=(), prefill_chunks=(), shared_decodes=(
         (4, 64, 64, 2), (4, 64, 32, 4), (4, 64, 32, 0), (4, 64, 32, 3)))
     assert [c.key for c in shared.cells(16, 256, 10 ** 6)] == ["decode B=4 L=64 s=32 g=3"]
+
+
+def test_the_passes_step_chunks_through_a_cycle_of_the_matmuls_row_blocking():
+    from calibration.profiler import CHUNK_CYCLE, chunk_span, pass_chunk_tokens
+
+    assert CHUNK_CYCLE == 32
+    # 64 tokens over 4 passes: the mid-points of four 8-token parts of 64..95
+    assert [pass_chunk_tokens(64, p, 4) for p in range(4)] == [68, 76, 84, 92]
+    # a short chunk steps through half its length: 16 -> 16..23
+    assert chunk_span(16) == 8 and [pass_chunk_tokens(16, p, 4) for p in range(4)] == \
+        [17, 19, 21, 23]
+    assert [pass_chunk_tokens(768, p, 3) for p in range(3)] == [773, 784, 794]
+    assert pass_chunk_tokens(1, 0, 4) == 1 and pass_chunk_tokens(64, 0, 1) == 80
+    for n in (1, 2, 16, 31, 64, 100, 768):   # within n .. n + span - 1, every pass count
+        for R in (1, 2, 3, 4, 8):
+            ran = [pass_chunk_tokens(n, p, R) for p in range(R)]
+            assert ran == sorted(ran) and n <= ran[0]
+            assert ran[-1] <= n + max(0, chunk_span(n) - 1)
+    # a cell whose last pass's chunk would not fit max_model_len is dropped: 200 + 32 + 32
+    # cached >= 256 (a prompt leaves room for an output token), 180 + 32 + 32 < 256 fits
+    g = Grid(prefill_chunks=(180, 200), prefill_contexts=(32,), decode_batches=(),
+             mixed_contexts=())
+    assert [c.key for c in g.cells(16, 256, 10 ** 6)] == ["prefill n=180 c=32"]
+    assert g.max_chunk() == 232
 
 
 def test_the_passes_step_through_the_decode_attentions_padding_cycle():
@@ -124,8 +148,12 @@ def test_every_row_has_its_cells_step_shape(tmp_path):
             assert r["reread_tokens"] == (c.B - c.g) * c.s
             assert c.s == 0 or r["reread_tokens"] == 32
         else:
-            assert r["prefills"] == f"{c.n}@{c.c}"
-            assert r["prefill_tokens"] == c.n and r["sampled"] == c.B + 1
+            # the chunk steps through its span over the 2 passes (pass_chunk_tokens):
+            # 16 tokens span 8 -> 16 + 2, 16 + 6; 48 span 24 -> 48 + 6, 48 + 18;
+            # 24 span 12 -> 24 + 3, 24 + 9
+            n = {16: (18, 22), 48: (54, 66), 24: (27, 33)}[c.n][r["pass"]]
+            assert r["prefills"] == f"{n}@{c.c}"
+            assert r["prefill_tokens"] == n and r["sampled"] == c.B + 1
         assert r["duration_ns"] >= r["execute_ns"] > 0
     counts = df.groupby("cell").size()
     for c in cells:
@@ -297,6 +325,15 @@ OWN_HEADER = {**HEADER, "engine": "servesim-torch 0.1.0"}
      "beside 1"),
     (ROW_TEXT.replace("decode B=1 L=20,decode,", "decode B=2 L=20,decode,"),
      "cell 'decode B=2 L=20' runs prefills '' beside 2 decodes, the row's are '' beside 1"),
+    # a chunk cell's chunk runs n to n + chunk_span(n) - 1 tokens (pass_chunk_tokens)
+    (ROW_TEXT.replace("decode B=1 L=20,decode,", "mixed B=1 L=20 n=64 c=0,mixed,")
+     .replace(",4,,", ",4,96@0,"),
+     "cell 'mixed B=1 L=20 n=64 c=0' runs prefills '64@0' to '95@0' beside 1 decodes, the "
+     "row's are '96@0' beside 1"),
+    (ROW_TEXT.replace("decode B=1 L=20,decode,", "mixed B=1 L=20 n=64 c=0,mixed,")
+     .replace(",4,,", ",4,70@16,"),
+     "cell 'mixed B=1 L=20 n=64 c=0' runs prefills '64@0' to '95@0' beside 1 decodes, the "
+     "row's are '70@16' beside 1"),
 ])
 def test_a_row_of_servesims_engine_names_a_cell_of_its_kind(tmp_path, row, want):
     path = tmp_path / "m.csv"
@@ -311,6 +348,18 @@ def test_a_row_of_servesims_engine_names_a_cell_of_its_kind(tmp_path, row, want)
         with pytest.raises(InputError) as e:
             check(path)
         assert str(e.value) == f"{path}:4: {want} (delete the row to measure it again)"
+
+
+def test_a_chunk_cells_rows_may_run_any_chunk_of_its_span(tmp_path):
+    # rows of every pass (and of CSVs measured before chunks stepped: n itself) are read
+    from calibration.profiler import _runs_shape
+
+    cell = Cell("mixed", B=1, L=20, n=64, c=0)
+    assert all(_runs_shape(cell, f"{n}@0", 1) for n in range(64, 96))
+    assert not any(_runs_shape(cell, x, 1) for x in ("63@0", "96@0", "64@16", "", "x@0"))
+    assert not _runs_shape(cell, "64@0", 2)
+    assert _runs_shape(Cell("prefill", n=1, c=0), "1@0", 0)   # span 0: n only
+    assert not _runs_shape(Cell("prefill", n=1, c=0), "2@0", 0)
 
 
 def test_a_row_that_is_not_utf8_is_named_by_its_line(tmp_path):

@@ -398,7 +398,9 @@ def test_speed_probe_times_the_cells_against_their_references():
     steps = probe.engine.step_records
     # one untimed visit of each cell first, on a fresh engine every probe
     dec = [s for s in steps if s.num_decodes == 4 and not s.prefills][2:]
-    pre = [s for s in steps if s.prefills and s.prefills[0][1:] == (160, 32)][1:]
+    # the prefill cell's chunk as the grid's one pass ran it: 160 + 32 // 2 tokens
+    # (calibration.profiler.pass_chunk_tokens)
+    pre = [s for s in steps if s.prefills and s.prefills[0][1:] == (176, 32)][1:]
     assert len(dec) == 2 * V.PROBE_VISITS and len(pre) == V.PROBE_VISITS
     assert all(s.num_decodes == 0 for s in pre)    # 160 > the scenario's 128-token budget
     # each visit times two consecutive steps of the cell's contexts (sum of decode_lengths,
@@ -422,12 +424,18 @@ def test_the_speed_probe_visits_decode_cells_at_the_grids_pass_offsets():
     sc = scenario_from_dict(SCENARIO)
     cfg = {**TR.engine_config(sc, 400), "max_model_len": 300}
     model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
-    probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=4, L=40), 1e-3)], passes=2)
+    probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=4, L=40), 1e-3),
+                                      (Cell("prefill", n=160, c=32), 4e-3)], passes=2)
     probe()
     dec = [s for s in probe.engine.step_records if s.num_decodes == 4 and not s.prefills][2:]
     base = sum(decode_lengths(4, 40))
     extra = [c - base for c in (s.decode_context_tokens for s in dec[::2])]
     assert all(4 <= e <= 16 for e in extra[0::2]) and all(132 <= e <= 144 for e in extra[1::2])
+    # and a prefill cell at the chunks of the two passes: 160 + 8 and 160 + 24 tokens
+    # (pass_chunk_tokens), after the untimed visit (pass 0's)
+    chunks = [s.prefills[0][1] for s in probe.engine.step_records
+              if s.prefills and s.prefills[0][2] == 32]
+    assert chunks == [168] + [168, 184] * (V.PROBE_VISITS // 2)
 
 
 def test_host_speed_columns_in_the_table():
