@@ -209,6 +209,21 @@ def grid_passes(profile) -> int:
     return 1 if df is None or df.empty else int(df["pass"].max()) + 1
 
 
+def chunks_stepped(profile) -> bool:
+    """Whether ``profile``'s grid stepped its chunk cells' chunks through their span over
+    the passes (:func:`calibration.profiler.pass_chunk_tokens`): some prefill row of its
+    CSV ran more tokens than its cell names. False without a CSV, and for a CSV measured
+    before grids stepped them (its rows ran each cell's ``n``)."""
+    from calibration.profiler import Cell
+
+    df = _measurements(profile)
+    if df is None:
+        return False
+    rows = df[df["kind"] == "prefill"]
+    return any(str(run) != f"{cell.n}@{cell.c}" for cell, run in
+               zip(map(Cell.from_key, rows["cell"]), rows["prefills"]) if cell is not None)
+
+
 def probe_cells(profile) -> list | None:
     """Per :data:`PROBE_TARGETS` entry, ``(Cell, mean seconds)`` of the cell of that kind in
     ``profile``'s measurements CSV nearest to it (log distance); None without a CSV or
@@ -240,7 +255,8 @@ class SpeedProbe:
     """The host's speed now relative to when the profile was measured: per probe cell
     (:func:`probe_cells`), the median of its steps measured now (``PROBE_VISITS`` visits,
     as the grid measured them, after one untimed visit; a decode cell's visits at the
-    context offsets of the grid's ``passes`` in turn) over its mean in the profile's CSV;
+    context offsets of the grid's ``passes`` in turn, a prefill cell's at its chunks, where
+    the grid ``stepped`` them, :func:`chunks_stepped`) over its mean in the profile's CSV;
     the factor is the geometric mean over the cells (> 1: the host is slower now).
 
     A GPU keeps its speed; a shared CPU host does not (on a shared 2-core host,
@@ -257,10 +273,11 @@ class SpeedProbe:
     probe's frees, as slowing down.
     """
 
-    def __init__(self, model, config: dict, cells: list, passes: int = 1):
+    def __init__(self, model, config: dict, cells: list, passes: int = 1,
+                 stepped: bool = True):
         from calibration.profiler import chunk_span
 
-        self.model, self.cells, self.passes = model, cells, passes
+        self.model, self.cells, self.passes, self.stepped = model, cells, passes, stepped
         bs = config["block_size"]
         blocks = max(c.B * cdiv(4 * c.L + 64, bs) + cdiv(c.n + chunk_span(c.n) + c.c, bs)
                      for c, _ in cells)
@@ -291,7 +308,8 @@ class SpeedProbe:
 
         n = None
         if cell.kind == "prefill":
-            n = pass_chunk_tokens(cell.n, visit % self.passes, self.passes)
+            n = (pass_chunk_tokens(cell.n, visit % self.passes, self.passes)
+                 if self.stepped else cell.n)
             recs = [driver.chunk_step(n, cell.c)]
         else:
             cfg = self.config
@@ -772,7 +790,8 @@ def validate(scenario, loads=(0.3, 0.6, 0.9), replications: int = 3, *,
         return run_engine(model, cfg, specs)
 
     cells = probe_cells(prof) if host_speed else None
-    probe = SpeedProbe(model, cfg, cells, grid_passes(prof)) if cells else None
+    probe = (SpeedProbe(model, cfg, cells, grid_passes(prof), chunks_stepped(prof))
+             if cells else None)
     if host_speed and probe is None:
         progress("host speed: not probed (the profile has no measurements CSV with "
                  "decode and prefill cells)")

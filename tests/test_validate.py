@@ -304,6 +304,24 @@ def test_probe_cells_are_the_nearest_cells_of_the_profile():
         update={"measurements_csv": None})})) is None
 
 
+def test_chunks_stepped_reads_whether_the_grid_stepped_its_chunks(tmp_path):
+    # the shipped CPU profiles' grids ran each chunk cell's n; a grid that stepped them
+    # (calibration.profiler.pass_chunk_tokens) ran more
+    import shutil
+    from simulator.cost_model import PROFILES_DIR, load_profile
+    prof = load_profile(PROFILES_DIR / "cpu-llama-tiny-56m-bfloat16.yaml")
+    assert V.chunks_stepped(prof) is False
+    assert V.chunks_stepped(prof.model_copy(update={"provenance": prof.provenance.model_copy(
+        update={"measurements_csv": None})})) is False
+    shutil.copy(prof.path, tmp_path / "p.yaml")
+    csv = prof.path.parent / prof.provenance.measurements_csv
+    text = csv.read_text()
+    assert ",256@0," in text
+    (tmp_path / prof.provenance.measurements_csv).write_text(
+        text.replace(",256@0,", ",260@0,", 1))
+    assert V.chunks_stepped(load_profile(tmp_path / "p.yaml")) is True
+
+
 def test_profile_threads_read_from_the_csv_header_else_the_text(tmp_path):
     """validate runs the engine with the thread count the profile was measured with."""
     import shutil
@@ -436,6 +454,12 @@ def test_the_speed_probe_visits_decode_cells_at_the_grids_pass_offsets():
     chunks = [s.prefills[0][1] for s in probe.engine.step_records
               if s.prefills and s.prefills[0][2] == 32]
     assert chunks == [168] + [168, 184] * (V.PROBE_VISITS // 2)
+    # a profile whose grid ran each chunk cell's n (chunks_stepped False): n every visit
+    probe = V.SpeedProbe(model, cfg, [(Cell("prefill", n=160, c=32), 4e-3)], passes=2,
+                         stepped=False)
+    probe()
+    assert {s.prefills[0][1] for s in probe.engine.step_records
+            if s.prefills and s.prefills[0][2] == 32} == {160}
 
 
 def test_host_speed_columns_in_the_table():
