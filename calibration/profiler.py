@@ -192,8 +192,9 @@ class Grid:
 
     def cells(self, block_size: int, max_model_len: int, kv_tokens: int) -> list[Cell]:
         """The feasible cells: ``c + n + chunk_span(n) < max_model_len`` (a prompt must
-        leave room for an output token, as vLLM requires; :func:`pass_chunk_tokens`); decodes need ``B · (L + headroom) ≤ kv_tokens``
-        (KV capacity in tokens); shared-prefix decodes ``s < L`` and ``1 ≤ g < B``."""
+        leave room for an output token, as vLLM requires, in every pass:
+        :func:`pass_chunk_tokens`); decodes need ``B · (L + headroom) ≤ kv_tokens`` (KV
+        capacity in tokens); shared-prefix decodes ``s < L`` and ``1 ≤ g < B``."""
         bs = block_size
         rc = lambda c: cdiv(c, bs) * bs  # noqa: E731
         out = []
@@ -491,7 +492,7 @@ def _runs_shape(cell: Cell, prefills: str, decodes) -> bool:
     before chunks stepped through their span ran ``n``)."""
     if cell.kind == "decode":
         return (prefills, decodes) == _shape_of(cell)
-    n, _, c = str(prefills).partition("@")
+    n = str(prefills).partition("@")[0]
     return (n.isdigit() and decodes == cell.B
             and (prefills, decodes) == _shape_of(cell, int(n))
             and cell.n <= int(n) <= cell.n + max(0, chunk_span(cell.n) - 1))
@@ -666,8 +667,8 @@ def pass_extra_blocks(p: int, repeats: int, pieces: int) -> int:
 #: 42.7 ms at 63 and 65 tokens, 96 tokens 54.9 against 57.1 and 58.7, 256 tokens 116 ms
 #: against 129 ms at 258. Served steps' token counts (a prompt's chunk and the running
 #: decodes) fall anywhere; a grid at 16, 64, 256 and 768 tokens measured only the fast
-#: counts, and its fit priced a Poisson replay's steps with a prefill ×0.90 of their time
-#: (decode-only steps ×0.98).
+#: counts, and its fit priced a Poisson replay's steps with a prefill at a median ×0.90 of
+#: their time (decode-only steps ×1.00).
 CHUNK_CYCLE = 32
 
 
