@@ -621,6 +621,12 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                 "torch": torch.__version__}
     # a CSV measured for another run is refused before minutes of measuring, not after
     old = read_csv_header(csv_path) if check_resumable(csv_path, identity) else None
+    if old and old.get("repeats", grid.repeats) != grid.repeats:
+        # each pass's chunks and contexts depend on the pass count (pass_chunk_tokens,
+        # pass_extra_blocks): rows of two counts would average other points of their cells
+        raise InputError(f"{csv_path}: measured with --repeats {old['repeats']}, this run "
+                         f"has {grid.repeats}: give --repeats {old['repeats']} to resume it, "
+                         f"or use another --out")
     warn_if_busy(device)   # the flags are good: measuring starts now
     warn_if_emulated(device, dtype)
 
@@ -661,7 +667,7 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
 
     # -- the grid --------------------------------------------------------------------------
     header = {**identity, "engine": f"{OWN_ENGINE} {__version__}",
-              "device_name": dev_info.name, "ceilings": [flops, bw]}
+              "device_name": dev_info.name, "ceilings": [flops, bw], "repeats": grid.repeats}
     log = MeasurementLog(csv_path, header)
     try:
         run = measure_grid(engine, grid, log, seed=args.seed, progress=not args.no_progress,

@@ -275,7 +275,7 @@ def default_grid(device: str, quick: bool, max_model_len: int) -> Grid:
     8k, chunks to 8192 = vLLM's default ``max_num_batched_tokens``). Shared-prefix decode
     cells share 2 or 4 system-prompt-sized prefixes (128 tokens) or prefixes of half the
     context. Contexts above ``max_model_len`` are dropped. The chunk sizes name the cells;
-    over the passes each chunk runs up to :data:`CHUNK_CYCLE` tokens more
+    over the passes each chunk runs fewer than :data:`CHUNK_CYCLE` tokens more
     (:func:`pass_chunk_tokens`).
     """
     fit = lambda xs: tuple(x for x in xs if x < max_model_len)  # noqa: E731

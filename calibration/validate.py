@@ -190,6 +190,8 @@ def wait_quiet(max_wait_s: float = 120.0, busy_pct: float = 15.0, need_s: int = 
 PROBE_TARGETS = (("decode", 2, 256), ("decode", 8, 256), ("decode", 32, 256),
                  ("prefill", 256, 0))
 PROBE_VISITS = 10
+#: Tokens a probe's decode request keeps below ``max_model_len`` (its set-up and timed steps).
+PROBE_HEADROOM = 8
 
 
 def _measurements(profile):
@@ -275,15 +277,21 @@ class SpeedProbe:
 
     def __init__(self, model, config: dict, cells: list, passes: int = 1,
                  stepped: bool = True):
-        from calibration.profiler import chunk_span
+        from calibration.profiler import chunk_span, decode_lengths
 
         self.model, self.cells, self.passes, self.stepped = model, cells, passes, stepped
         bs = config["block_size"]
+        # each cell's longest request: a stepped chunk after its context; a decode's
+        # context and its steps (the grid's cells fitted its calibration's max_model_len)
+        longest = max(c.c + c.n + chunk_span(c.n) if c.kind == "prefill"
+                      else max(decode_lengths(c.B, c.L)) + PROBE_HEADROOM + 1
+                      for c, _ in cells)
         blocks = max(c.B * cdiv(4 * c.L + 64, bs) + cdiv(c.n + chunk_span(c.n) + c.c, bs)
                      for c, _ in cells)
         # Only the shapes matter: knobs large enough that every cell runs as one step.
         self.config = {
             **config, "num_gpu_blocks": blocks + 16,
+            "max_model_len": max(config["max_model_len"], longest),
             "max_num_seqs": max([config["max_num_seqs"]] + [c.B + 1 for c, _ in cells]),
             "max_num_batched_tokens": max([config["max_num_batched_tokens"]]
                                           + [c.n + chunk_span(c.n) + c.B
@@ -314,7 +322,7 @@ class SpeedProbe:
         else:
             cfg = self.config
             room = decode_room_blocks(cell.B, cell.L, 0, cfg["block_size"],
-                                      cfg["max_model_len"], 8)
+                                      cfg["max_model_len"], PROBE_HEADROOM)
             extra = pass_extra_blocks(visit % self.passes, self.passes,
                                       padding(cfg.get("device", "cpu")).pieces)
             rids = driver.start_decodes(cell.B, cell.L, extra_blocks=max(0, min(extra, room)))

@@ -207,6 +207,22 @@ def test_resuming_with_another_thread_count_is_refused(tmp_path, tiny_grid, monk
     assert not out.exists()
 
 
+def test_resuming_with_another_pass_count_is_refused(tmp_path, tiny_grid, monkeypatch):
+    # a pass's chunks and contexts depend on the pass count (pass_chunk_tokens): rows of
+    # two counts would average other points of their cells
+    out = tmp_path / "r.yaml"
+    killed_calibration(out, 3, monkeypatch)   # TINY's 2 passes, in the CSV's header
+    before = (tmp_path / "r.measurements.csv").read_bytes()
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: pytest.fail("measured before the CSV was checked"))
+    with pytest.raises(InputError, match=r"r\.measurements\.csv: measured with --repeats 2, "
+                                         r"this run has 3: give --repeats 2 to resume it, or "
+                                         r"use another --out$"):
+        run_calibrate(out, None, "--no-replay", "--repeats", "3")
+    assert (tmp_path / "r.measurements.csv").read_bytes() == before
+    assert not out.exists()
+
+
 def test_an_out_folder_that_cannot_be_written_is_refused_before_measuring(tiny_grid):
     # /proc takes no new files (even for root); found before the first step, not after
     measured = []

@@ -434,6 +434,25 @@ def test_speed_probe_times_the_cells_against_their_references():
     assert probe.engine is not first and len(probe.engine.step_records) == len(steps)
 
 
+def test_the_speed_probe_fits_its_cells_in_max_model_len_whatever_the_scenarios():
+    # knobs large enough for every cell: a scenario's max_model_len of 170 takes neither the
+    # stepped 176-token chunk of prefill n=160 nor decode B=32 L=256's longest request
+    from calibration.profiler import Cell, decode_lengths
+    sc = scenario_from_dict(SCENARIO)
+    cfg = {**TR.engine_config(sc, 400), "max_model_len": 170}
+    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
+    probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=32, L=256), 1e-3),
+                                      (Cell("prefill", n=160, c=0), 4e-3)])
+    assert probe.config["max_model_len"] == max(160 + 32, max(decode_lengths(32, 256)) + 9)
+    probe()
+    # one untimed visit and PROBE_VISITS timed ones, each one step of the chunk alone
+    chunks = [s.prefills[0][1] for s in probe.engine.step_records
+              if len(s.prefills) == 1 and s.num_decodes == 0
+              and 160 <= s.prefills[0][1] < 192 and s.prefills[0][2] == 0]
+    assert chunks == [176] * (1 + V.PROBE_VISITS)
+    assert any(s.num_decodes == 32 for s in probe.engine.step_records)
+
+
 def test_the_speed_probe_visits_decode_cells_at_the_grids_pass_offsets():
     # a profile measured in 2 passes (pass 1 adding 8 KV blocks of context on CPU): the
     # probe's visits alternate the two, so its median compares with the cell's mean over
