@@ -405,13 +405,19 @@ def test_what_validate_cannot_serve_names_the_flag_or_the_file_line(tmp_path):
     assert str(e.value).startswith("v.yaml:12: engine.num_gpu_blocks: validation needs")
 
 
+def speed_probe(cells, max_model_len=300, **kw):
+    """A SpeedProbe of ``cells`` on SCENARIO's model (random weights) with the scenario's
+    knobs but ``max_model_len``."""
+    sc = scenario_from_dict(SCENARIO)
+    cfg = {**TR.engine_config(sc, 400), "max_model_len": max_model_len}
+    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
+    return V.SpeedProbe(model, cfg, cells, **kw)
+
+
 def test_speed_probe_times_the_cells_against_their_references():
     from calibration.profiler import Cell, decode_lengths
-    sc = scenario_from_dict(SCENARIO)
-    cfg = {**TR.engine_config(sc, 400), "max_model_len": 300}
-    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
-    probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=4, L=40), 1e-3),
-                                      (Cell("prefill", n=160, c=32), 4e-3)])
+    probe = speed_probe([(Cell("decode", B=4, L=40), 1e-3),
+                         (Cell("prefill", n=160, c=32), 4e-3)])
     factor = probe()
     steps = probe.engine.step_records
     # one untimed visit of each cell first, on a fresh engine every probe
@@ -438,11 +444,8 @@ def test_the_speed_probe_fits_its_cells_in_max_model_len_whatever_the_scenarios(
     # knobs large enough for every cell: a scenario's max_model_len of 170 takes neither the
     # stepped 176-token chunk of prefill n=160 nor decode B=32 L=256's longest request
     from calibration.profiler import Cell, decode_lengths
-    sc = scenario_from_dict(SCENARIO)
-    cfg = {**TR.engine_config(sc, 400), "max_model_len": 170}
-    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
-    probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=32, L=256), 1e-3),
-                                      (Cell("prefill", n=160, c=0), 4e-3)])
+    probe = speed_probe([(Cell("decode", B=32, L=256), 1e-3),
+                         (Cell("prefill", n=160, c=0), 4e-3)], max_model_len=170)
     assert probe.config["max_model_len"] == max(160 + 32, max(decode_lengths(32, 256)) + 9)
     probe()
     # one untimed visit and PROBE_VISITS timed ones, each one step of the chunk alone
@@ -458,11 +461,8 @@ def test_the_speed_probe_visits_decode_cells_at_the_grids_pass_offsets():
     # probe's visits alternate the two, so its median compares with the cell's mean over
     # both passes
     from calibration.profiler import Cell, decode_lengths
-    sc = scenario_from_dict(SCENARIO)
-    cfg = {**TR.engine_config(sc, 400), "max_model_len": 300}
-    model = random_model(sc.model_shape.hf_config(), seed=0, dtype=torch.float32)
-    probe = V.SpeedProbe(model, cfg, [(Cell("decode", B=4, L=40), 1e-3),
-                                      (Cell("prefill", n=160, c=32), 4e-3)], passes=2)
+    probe = speed_probe([(Cell("decode", B=4, L=40), 1e-3),
+                         (Cell("prefill", n=160, c=32), 4e-3)], passes=2)
     probe()
     dec = [s for s in probe.engine.step_records if s.num_decodes == 4 and not s.prefills][2:]
     base = sum(decode_lengths(4, 40))
@@ -474,8 +474,7 @@ def test_the_speed_probe_visits_decode_cells_at_the_grids_pass_offsets():
               if s.prefills and s.prefills[0][2] == 32]
     assert chunks == [168] + [168, 184] * (V.PROBE_VISITS // 2)
     # a profile whose grid ran each chunk cell's n (chunks_stepped False): n every visit
-    probe = V.SpeedProbe(model, cfg, [(Cell("prefill", n=160, c=32), 4e-3)], passes=2,
-                         stepped=False)
+    probe = speed_probe([(Cell("prefill", n=160, c=32), 4e-3)], passes=2, stepped=False)
     probe()
     assert {s.prefills[0][1] for s in probe.engine.step_records
             if s.prefills and s.prefills[0][2] == 32} == {160}
