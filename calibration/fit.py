@@ -16,14 +16,14 @@ unless ``linear`` beats its held-out MAPE by more than :data:`SWITCH_MARGIN`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
 from simulator.cost_model import (COEFFICIENTS, MAX_EFFICIENCY, MAX_REREAD_SPEEDUP,
-                                  PATH_COEFFICIENTS, RooflineConstants, linear_seconds,
-                                  roofline_seconds)
+                                  PATH_COEFFICIENTS, RooflineConstants, chunk_features,
+                                  linear_seconds, roofline_seconds)
 
 FEATURES = ("tokens", "requests", "prefill_tokens", "decodes", "context_tokens", "attn_pairs",
             "sampled", "reread_tokens")
@@ -114,10 +114,8 @@ def step_price(form: str, coef: dict, k: RooflineConstants | None):
     after ``c`` computed tokens (none when ``n`` is 0) beside ``B`` decodes at context ``c``
     each, in seconds (what :func:`calibration.cli.replay_workload` sizes its load with)."""
     def seconds(n: int, c: int, B: int) -> float:
-        X = {"tokens": [n + B], "requests": [int(n > 0) + B], "prefill_tokens": [n],
-             "decodes": [B], "context_tokens": [(n and c + n) + B * c],
-             "attn_pairs": [n * (n + 1) / 2 + B * c], "sampled": [B + int(n > 0)]}
-        return float(predict(form, coef, k, X)[0])
+        f = chunk_features([(n, c)] if n else [], B, B * c, B + int(n > 0))
+        return float(predict(form, coef, k, {x: [v] for x, v in asdict(f).items()})[0])
     return seconds
 
 

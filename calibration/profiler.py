@@ -45,12 +45,13 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
+from simulator.cost_model import chunk_features
 from simulator.errors import InputError
 from simulator.files import (is_regular_file, missing_file, no_column_line, read_csv_rows,
                              utf8_problem)
@@ -330,18 +331,19 @@ def least_max_model_len(device: str, quick: bool, block_size: int, cells: int) -
 def record_features(rec) -> dict:
     """Cost-model features (:class:`simulator.cost_model.StepFeatures` fields) of an engine
     :class:`~calibration.engine.StepRecord`, plus its raw plan summary."""
-    pt = ctx = 0
-    pairs = 0.0
-    for _, n, c in rec.prefills:
-        pt += n
-        ctx += c + n
-        pairs += n * (c + (n + 1) * 0.5)
-    nd, dctx = rec.num_decodes, rec.decode_context_tokens
-    return {"prefills": ";".join(f"{n}@{c}" for _, n, c in rec.prefills),
-            "num_decodes": nd, "decode_context_tokens": dctx, "num_sampled": rec.num_sampled,
-            "tokens": pt + nd, "requests": nd + len(rec.prefills), "prefill_tokens": pt,
-            "decodes": nd, "context_tokens": ctx + dctx, "attn_pairs": pairs + dctx,
-            "sampled": rec.num_sampled, "reread_tokens": rec.reread_tokens}
+    chunks = [(n, c) for _, n, c in rec.prefills]
+    return {"prefills": ";".join(f"{n}@{c}" for n, c in chunks),
+            "num_decodes": rec.num_decodes, "decode_context_tokens": rec.decode_context_tokens,
+            "num_sampled": rec.num_sampled,
+            **asdict(chunk_features(chunks, rec.num_decodes, rec.decode_context_tokens,
+                                    rec.num_sampled, rec.reread_tokens))}
+
+
+#: The measurements columns a step's plan determines (:func:`chunk_features` of its
+#: ``prefills``, ``num_decodes``, ``decode_context_tokens`` and ``num_sampled``): the fit
+#: reads them, so a row's must agree with those.
+PLAN_FEATURES = ("tokens", "requests", "prefill_tokens", "decodes", "context_tokens",
+                 "attn_pairs", "sampled")
 
 
 # == CSV store ================================================================================
@@ -428,8 +430,38 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
                              f"measurements row {want} (delete the row to measure it again)")
     header = read_csv_header(path) or {}
     if not str(header.get("engine", "")).startswith(OTHER_ENGINES):
-        _check_own_cells(df, lines, name)
+        _check_own_cells(df, lines, name)   # the row's plan is its cell's ...
+    _check_plan_features(df, lines, name)   # ... and its counts are its plan's
     return df
+
+
+def _check_plan_features(df, lines: list[int], name: Path) -> None:
+    """Each row's :data:`PLAN_FEATURES` are those of its plan (:func:`chunk_features`): a row
+    edited in one of them (``prefills`` '95@0' beside prefill_tokens 69) would be fitted
+    as a step it did not run. Errors name ``name``.
+
+    Raises:
+        InputError: naming the first bad row's file line and column.
+    """
+    import pandas as pd
+
+    want = pd.DataFrame(
+        [asdict(chunk_features([tuple(map(int, x.split("@"))) for x in p.split(";") if x],
+                               nd, d, s))
+         for p, nd, d, s in zip(df["prefills"], df["num_decodes"],
+                                df["decode_context_tokens"], df["num_sampled"])],
+        index=df.index, columns=list(PLAN_FEATURES))
+    # whole and half counts: exact in float
+    rows, cols = (df[list(PLAN_FEATURES)] != want).to_numpy().nonzero()
+    if len(rows):
+        i, c = int(rows[0]), PLAN_FEATURES[cols[0]]
+        row = df.iloc[i]
+        raise InputError(
+            f"{name}:{lines[i]}: {c} is {row[c]:.15g}: the row's prefills "
+            f"{row['prefills']!r}, num_decodes {row['num_decodes']:.15g}, "
+            f"decode_context_tokens {row['decode_context_tokens']:.15g} and num_sampled "
+            f"{row['num_sampled']:.15g} make it {want[c].iloc[i]:.15g} (delete the row to "
+            f"measure it again)")
 
 
 #: The ``engine`` of a measurements CSV that servesim's engine wrote (its cells are
@@ -1129,5 +1161,6 @@ __all__ = ["CONTEXT_SPREAD", "CPU_SHARED_DECODES", "CSV_COLUMNS", "Cell", "decod
            "cpu_isa", "cpu_name",
            "default_grid", "least_max_model_len", "IDLE_GAPS_S", "IDLE_PASSES", "IDLE_STEP_TOKENS",
            "idle_step", "measure_ceilings", "measure_grid", "measure_idle",
-           "memory_bytes", "read_measurements", "record_features", "run_queue_wait_ns",
+           "memory_bytes", "PLAN_FEATURES", "read_measurements", "record_features",
+           "run_queue_wait_ns",
            "served_layout", "shares_prefixes", "warm_up"]

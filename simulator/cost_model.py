@@ -679,27 +679,44 @@ class StepFeatures:
     reread_tokens: int = 0
 
 
-def _prefill_sums(prefills) -> tuple:
-    """(chunk tokens, chunk contexts c+n, causal pairs, sampling chunks) over prefills."""
-    pt = ctx = sampled = 0
+def chunk_sums(chunks) -> tuple[int, int, float]:
+    """``(tokens, contexts, causal pairs)`` over prefill ``chunks``, ``(n, c)`` pairs of
+    ``n`` new tokens after ``c`` computed ones: Σn, Σ(c + n) and Σ n·(c + (n+1)/2) (each
+    new token attends to the ``c`` cached tokens and to the chunk's tokens up to itself)."""
+    pt = ctx = 0
     pairs = 0.0
-    for e in prefills:
-        n, c = e.num_new_tokens, e.num_computed_before
+    for n, c in chunks:
         pt += n
         ctx += c + n
         pairs += n * (c + (n + 1) * 0.5)
-        if e.samples_token:
-            sampled += 1
-    return pt, ctx, pairs, sampled
+    return pt, ctx, pairs
+
+
+def _prefill_sums(prefills) -> tuple:
+    """(chunk tokens, chunk contexts c+n, causal pairs, sampling chunks) over prefills."""
+    pt, ctx, pairs = chunk_sums((e.num_new_tokens, e.num_computed_before) for e in prefills)
+    return pt, ctx, pairs, sum(1 for e in prefills if e.samples_token)
+
+
+def chunk_features(chunks, num_decodes: int, decode_context_tokens: int, sampled: int,
+                   reread_tokens: int = 0) -> StepFeatures:
+    """:class:`StepFeatures` of a step that runs prefill ``chunks`` (``(n, c)`` pairs:
+    :func:`chunk_sums`) beside ``num_decodes`` decodes whose contexts (their new token
+    included) total ``decode_context_tokens``, sampling ``sampled`` tokens."""
+    chunks = list(chunks)
+    pt, ctx, pairs = chunk_sums(chunks)
+    nd, dctx = num_decodes, decode_context_tokens
+    return StepFeatures(pt + nd, nd + len(chunks), pt, nd, ctx + dctx, pairs + dctx, sampled,
+                        reread_tokens)
 
 
 def step_features(plan) -> StepFeatures:
     """:class:`StepFeatures` of a StepPlan (or any object with ``prefills``,
     ``num_decodes``, ``decode_context_tokens`` and ``reread_tokens``)."""
-    pt, ctx, pairs, sampled = _prefill_sums(plan.prefills)
-    nd, dctx = plan.num_decodes, plan.decode_context_tokens
-    return StepFeatures(pt + nd, nd + len(plan.prefills), pt, nd, ctx + dctx, pairs + dctx,
-                        sampled + nd, plan.reread_tokens)
+    return chunk_features([(e.num_new_tokens, e.num_computed_before) for e in plan.prefills],
+                          plan.num_decodes, plan.decode_context_tokens,
+                          plan.num_decodes + sum(1 for e in plan.prefills if e.samples_token),
+                          plan.reread_tokens)
 
 
 @dataclass(frozen=True)
@@ -1601,7 +1618,7 @@ __all__ = [
     "ModelInfo", "NON_TORCH_BYTES", "NON_TORCH_TP_BYTES", "NoiseInfo", "OPTIONAL_COEFFICIENTS",
     "PATH_COEFFICIENTS", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
-    "hidden_profiles", "kv_capacity",
+    "chunk_features", "chunk_sums", "hidden_profiles", "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",
     "non_torch_bytes", "roofline_seconds", "save_profile", "step_features",
 ]

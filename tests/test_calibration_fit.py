@@ -268,6 +268,15 @@ def test_step_price_of_one_chunk_beside_decodes():
     assert step_price("constant", {"constant_s": 0.25}, None)(7, 3, 2) == 0.25
 
 
+def test_step_price_counts_a_chunks_pairs_with_its_cached_context():
+    # 100 tokens after 50 cached attend to 100·50 cached pairs and 100·101/2 causal ones;
+    # 4 decodes at context 50 to 200
+    from calibration.fit import step_price
+
+    want = roofline_seconds(TRUE, K, 104, 5, 150 + 200, 100 * 50 + 5050 + 200, 5, 100, 4)
+    assert step_price("roofline", TRUE, K)(100, 50, 4) == pytest.approx(float(want))
+
+
 def test_an_efficiency_at_the_fits_bound_says_so():
     from calibration.fit import MAX_EFFICIENCY
     from calibration.report import efficiency_cells

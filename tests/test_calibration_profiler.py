@@ -350,6 +350,37 @@ def test_a_row_of_servesims_engine_names_a_cell_of_its_kind(tmp_path, row, want)
         assert str(e.value) == f"{path}:4: {want} (delete the row to measure it again)"
 
 
+# a chunk of 95 after 0 beside a decode at context 21: 96 tokens, 2 requests, context
+# 95 + 21, pairs 95·96/2 + 21
+MIXED_ROW = "mixed B=1 L=20 n=95 c=0,mixed,0,5,4,95@0,1,21,2,96,2,95,1,116,4581.0,2,0"
+
+
+# ROW_TEXT's columns from prefills on: prefills, num_decodes, decode_context_tokens,
+# num_sampled, tokens, requests, prefill_tokens, decodes, context_tokens, attn_pairs,
+# sampled, reread_tokens
+@pytest.mark.parametrize("row,column,value,want", [
+    (ROW_TEXT.replace(",1,21,1,1,1,0,1,21,21.0,1,", ",1,21,1,2,1,0,1,21,21.0,1,"),
+     "tokens", "2", "1"),
+    (ROW_TEXT.replace(",1,21,1,1,1,0,1,21,21.0,1,", ",1,21,1,1,1,0,1,21,21.0,2,"),
+     "sampled", "2", "1"),
+    # a row edited to 69 prefill tokens beside its 95@0 is refused
+    (MIXED_ROW.replace(",2,95,1,116,", ",2,69,1,116,"), "prefill_tokens", "69", "95"),
+    (MIXED_ROW.replace(",4581.0,", ",4580.0,"), "attn_pairs", "4580", "4581"),
+])
+def test_a_row_whose_counts_disagree_with_its_plan_is_named_by_its_line(tmp_path, row, column,
+                                                                         value, want):
+    (tmp_path / "ok").mkdir()
+    assert len(read_measurements(csv_with_row(tmp_path / "ok", MIXED_ROW))) == 2   # agrees
+    path = csv_with_row(tmp_path, row)
+    prefills = "'95@0'" if "95@0" in row else "''"
+    with pytest.raises(InputError) as e:
+        read_measurements(path)
+    assert str(e.value) == (f"{path}:5: {column} is {value}: the row's prefills {prefills}, "
+                            f"num_decodes 1, decode_context_tokens 21 and num_sampled "
+                            f"{2 if '95@0' in row else 1} make it "
+                            f"{want} (delete the row to measure it again)")
+
+
 def test_a_chunk_cells_rows_may_run_any_chunk_of_its_span(tmp_path):
     # rows of every pass (and of CSVs measured before chunks stepped: n itself) are read
     from calibration.profiler import _runs_shape
