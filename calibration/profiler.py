@@ -422,7 +422,7 @@ def read_measurements(path: str | Path, shown: str | Path | None = None):
                          f"kind is one of {', '.join(CELL_KINDS)}"),
                         ("prefills", df["prefills"].str.fullmatch(_PREFILLS),
                          "lists its prefill chunks as tokens@computed_before, ';' between "
-                         "them (e.g. '64@0;32@128'), or none")):
+                         "them (e.g. '64@0;32@128'; at most 15 digits each), or none")):
         bad = (~ok).to_numpy().nonzero()[0]
         if len(bad):
             i = int(bad[0])
@@ -536,8 +536,9 @@ _TEXT_COLUMNS = ("cell", "kind", "prefills")
 _COUNT_COLUMNS = ("pass", "num_decodes", "decode_context_tokens", "num_sampled", "tokens",
                   "requests", "prefill_tokens", "decodes", "context_tokens", "sampled",
                   "reread_tokens")
-#: The ``prefills`` column: ``n@c`` per chunk (:func:`record_features`), or empty.
-_PREFILLS = r"(?:[0-9]+@[0-9]+(?:;[0-9]+@[0-9]+)*)?"
+#: The ``prefills`` column: ``n@c`` per chunk (:func:`record_features`), or empty; at most
+#: 15 digits each, so that their sums stay exact in float (a longer one is no step's).
+_PREFILLS = r"(?:[0-9]{1,15}@[0-9]{1,15}(?:;[0-9]{1,15}@[0-9]{1,15})*)?"
 #: A grid cell's kinds (:class:`Cell`).
 CELL_KINDS = ("prefill", "decode", "mixed")
 

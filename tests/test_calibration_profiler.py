@@ -286,9 +286,11 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, row, column, value, want):
     (ROW_TEXT.replace(",decode,", ",dec#ode,"), "kind", "'dec#ode'",
      "kind is one of prefill, decode, mixed"),
     (ROW_TEXT.replace("decode B=1 L=20,", " ,"), "cell", "' '", "names its grid cell"),
-    (ROW_TEXT.replace(",4,,", ",4,16@x,"), "prefills", "'16@x'",
-     "lists its prefill chunks as tokens@computed_before, ';' between them (e.g. "
-     "'64@0;32@128'), or none"),
+    *((ROW_TEXT.replace(",4,,", f",4,{chunks},"), "prefills", repr(chunks),
+       "lists its prefill chunks as tokens@computed_before, ';' between them (e.g. "
+       "'64@0;32@128'; at most 15 digits each), or none")
+      # too long for a step, and for int() (4,300 digits) or float (1e308)
+      for chunks in ("16@x", "1" * 16 + "@0", "16@0;" + "9" * 5000 + "@0")),
 ])
 def test_a_row_with_bad_text_is_named_by_its_line(tmp_path, row, column, value, want):
     path = csv_with_row(tmp_path, row)
