@@ -316,9 +316,12 @@ def test_chunks_stepped_reads_whether_the_grid_stepped_its_chunks(tmp_path):
     shutil.copy(prof.path, tmp_path / "p.yaml")
     csv = prof.path.parent / prof.provenance.measurements_csv
     text = csv.read_text()
-    assert ",256@0," in text
-    (tmp_path / prof.provenance.measurements_csv).write_text(
-        text.replace(",256@0,", ",260@0,", 1))
+    # a 'prefill n=256 c=0' row run at 260 tokens: its counts follow its chunk
+    row = "prefill n=256 c=0,prefill,0,87767912,87659682,256@0,0,0,1,256,1,256,0,256,32896.0,1"
+    assert row in text
+    stepped = ("prefill n=256 c=0,prefill,0,87767912,87659682,260@0,0,0,1,260,1,260,0,260,"
+               f"{260 * 261 / 2},1")
+    (tmp_path / prof.provenance.measurements_csv).write_text(text.replace(row, stepped, 1))
     assert V.chunks_stepped(load_profile(tmp_path / "p.yaml")) is True
 
 
