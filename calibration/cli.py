@@ -116,6 +116,32 @@ def positive_int(text: str) -> int:
 MAX_REPEATS = 100
 
 
+def check_resumed_header(path: Path, header: dict) -> None:
+    """The values of a measurements CSV's header (line 1) that a resumed calibration reads,
+    where present: ``repeats``, a whole number in [1, :data:`MAX_REPEATS`] (the passes its
+    rows were measured with); ``ceilings``, two finite numbers > 0 (the matmul FLOP/s and
+    memory bytes/s its fit is bounded by). A header edited otherwise would break the resume
+    deep inside it.
+
+    Raises:
+        InputError: naming ``path``'s line 1, the key and what it holds.
+    """
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    r, c = header.get("repeats"), header.get("ceilings")
+    if "repeats" in header and not (number(r) and r == int(r) and 1 <= r <= MAX_REPEATS):
+        want = f"a whole number from 1 to {MAX_REPEATS}, the --repeats its rows were measured with"
+    elif "ceilings" in header and not (isinstance(c, list) and len(c) == 2
+                                       and all(number(x) and x > 0 for x in c)):
+        want = "two finite numbers > 0, the matmul FLOP/s and memory bytes/s measured"
+    else:
+        return
+    key = "repeats" if want.startswith("a whole") else "ceilings"
+    raise InputError(f"{path}:1: the header's {key} is {header[key]!r}: {want} (use another "
+                     f"--out, or delete the file to measure again)")
+
+
 def repeats_arg(text: str) -> int:
     """argparse type for ``--repeats``: a whole number in [1, :data:`MAX_REPEATS`].
 
@@ -621,6 +647,8 @@ def calibrate(args, argv: list[str] | None = None, on_measure=None) -> Path:
                 "torch": torch.__version__}
     # a CSV measured for another run is refused before minutes of measuring, not after
     old = read_csv_header(csv_path) if check_resumable(csv_path, identity) else None
+    if old:
+        check_resumed_header(csv_path, old)
     if old and old.get("repeats", grid.repeats) != grid.repeats:
         # each pass's chunks and contexts depend on the pass count (pass_chunk_tokens,
         # pass_extra_blocks): rows of two counts would average other points of their cells

@@ -223,6 +223,42 @@ def test_resuming_with_another_pass_count_is_refused(tmp_path, tiny_grid, monkey
     assert not out.exists()
 
 
+@pytest.mark.parametrize("key, value, want", [
+    ("repeats", '"2"', "'2': a whole number from 1 to 100, the --repeats its rows were "
+                       "measured with"),
+    ("repeats", "0", "0: a whole number from 1 to 100, the --repeats its rows were measured "
+                     "with"),
+    ("repeats", "2.5", "2.5: a whole number from 1 to 100, the --repeats its rows were "
+                       "measured with"),
+    *(("ceilings", v, f"{shown}: two finite numbers > 0, the matmul FLOP/s and memory "
+                      f"bytes/s measured")
+      for v, shown in (("[1]", "[1]"), ('"ab"', "'ab'"), ("[0, 0]", "[0, 0]"),
+                       ('[-5, "x"]', "[-5, 'x']"), ("[1e400, 1]", "[inf, 1]"))),
+])
+def test_a_header_edited_past_what_a_resume_reads_is_refused(tmp_path, tiny_grid, monkeypatch,
+                                                              key, value, want):
+    # the resume reads these two values of line 1: one error line, before any measuring
+    import json
+    out = tmp_path / "r.yaml"
+    killed_calibration(out, 3, monkeypatch)
+    csv = tmp_path / "r.measurements.csv"
+    first, rest = csv.read_text().split("\n", 1)
+    header = json.loads(first[2:])
+    assert key in header
+    text = first.replace(f'"{key}": {json.dumps(header[key])}', f'"{key}": {value}')
+    assert text != first
+    csv.write_text(text + "\n" + rest)
+    before = csv.read_bytes()
+    monkeypatch.setattr(profiler, "measure_ceilings",
+                        lambda *a, **k: pytest.fail("measured before the CSV was checked"))
+    with pytest.raises(InputError) as e:
+        run_calibrate(out, None, "--no-replay")
+    assert str(e.value) == (f"{csv}:1: the header's {key} is {want} (use another --out, or "
+                            f"delete the file to measure again)")
+    assert csv.read_bytes() == before
+    assert not out.exists()
+
+
 def test_an_out_folder_that_cannot_be_written_is_refused_before_measuring(tiny_grid):
     # /proc takes no new files (even for root); found before the first step, not after
     measured = []
