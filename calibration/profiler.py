@@ -575,9 +575,16 @@ def check_resumable(path: Path, identity: dict) -> bool:
     table = read_csv_rows(path)   # (before the repair: a file refused is left as it was)
     if table.columns and table.columns != list(CSV_COLUMNS):
         # (an older servesim's file lacks OPTIONAL_COLUMNS: new rows would not fit it)
+        missing = [c for c in CSV_COLUMNS if c not in table.columns]
+        extra = [c for c in table.columns if c not in CSV_COLUMNS]
+        what = "; ".join([f"it lacks {', '.join(missing)}"] * bool(missing)
+                         + [f"it adds {', '.join(map(repr, extra))}"] * bool(extra)) \
+            or "they are in another order, or one is repeated"
+        if missing and not extra and set(missing) <= set(OPTIONAL_COLUMNS):
+            what += ", as an older servesim's file does"
         raise InputError(f"{path}:{table.column_line}: its columns are not this servesim's "
-                         f"({', '.join(CSV_COLUMNS)}; an older servesim's file lacks "
-                         f"{', '.join(OPTIONAL_COLUMNS)}): use another --out")
+                         f"({what}; this servesim's are {', '.join(CSV_COLUMNS)}): use "
+                         f"another --out")
     _repair_tail(path)
     return True
 

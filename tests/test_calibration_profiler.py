@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from calibration.engine import LLMEngine
-from calibration.profiler import (Cell, Grid, MeasurementLog, decode_lengths, measure_grid,
-                                  read_measurements, record_features)
+from calibration.profiler import (CSV_COLUMNS, Cell, Grid, MeasurementLog, decode_lengths,
+                                  measure_grid, read_measurements, record_features)
 from simulator.errors import InputError
 
 GRID = Grid(prefill_chunks=(16, 48), prefill_contexts=(0, 32), decode_batches=(1, 3),
@@ -203,6 +203,30 @@ ONE_ROW = {"cell": "decode B=1 L=20", "kind": "decode", "pass": 0, "duration_ns"
            "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1, "reread_tokens": 0}
 
 
+@pytest.mark.parametrize("edit, what", [
+    (lambda cols: [c for c in cols if c != "attn_pairs"], "it lacks attn_pairs"),
+    (lambda cols: cols + ["note"], "it adds 'note'"),
+    (lambda cols: ["kind", "cell"] + cols[2:], "they are in another order, or one is repeated"),
+    (lambda cols: [c for c in cols if c != "attn_pairs"] + ["pairs"],
+     "it lacks attn_pairs; it adds 'pairs'"),
+])
+def test_a_column_line_not_this_servesims_is_named_on_resume(tmp_path, edit, what):
+    # the resume names what differs, not only the list it wants
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path, HEADER)
+    log.append(ONE_ROW)
+    log.close()
+    lines = path.read_text().splitlines()
+    lines[1] = ",".join(edit(lines[1].split(",")))
+    path.write_text("\n".join(lines) + "\n")
+    before = path.read_bytes()
+    with pytest.raises(InputError) as e:
+        MeasurementLog(path, HEADER)
+    assert str(e.value) == (f"{path}:2: its columns are not this servesim's ({what}; this "
+                            f"servesim's are {', '.join(CSV_COLUMNS)}): use another --out")
+    assert path.read_bytes() == before
+
+
 def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
     path = tmp_path / "m.csv"
     log = MeasurementLog(path, HEADER)
@@ -231,8 +255,9 @@ def test_an_older_csv_without_reread_counts_reads_as_none_and_is_not_resumed(tmp
     # new rows would not fit its column line
     with pytest.raises(InputError) as e:
         MeasurementLog(path, HEADER)
-    assert str(e.value).startswith(f"{path}:2: its columns are not this servesim's (cell, ")
-    assert str(e.value).endswith("reread_tokens): use another --out")
+    assert str(e.value) == (f"{path}:2: its columns are not this servesim's (it lacks "
+                            f"reread_tokens, as an older servesim's file does; this "
+                            f"servesim's are {', '.join(CSV_COLUMNS)}): use another --out")
     # ... and left as it was, a last line cut off by a kill included (it was cut first)
     torn = path.read_bytes() + ONE_ROW["cell"].encode()[:5]
     path.write_bytes(torn)
