@@ -203,30 +203,6 @@ ONE_ROW = {"cell": "decode B=1 L=20", "kind": "decode", "pass": 0, "duration_ns"
            "context_tokens": 21, "attn_pairs": 21.0, "sampled": 1, "reread_tokens": 0}
 
 
-@pytest.mark.parametrize("edit, what", [
-    (lambda cols: [c for c in cols if c != "attn_pairs"], "it lacks attn_pairs"),
-    (lambda cols: cols + ["note"], "it adds 'note'"),
-    (lambda cols: ["kind", "cell"] + cols[2:], "they are in another order, or one is repeated"),
-    (lambda cols: [c for c in cols if c != "attn_pairs"] + ["pairs"],
-     "it lacks attn_pairs; it adds 'pairs'"),
-])
-def test_a_column_line_not_this_servesims_is_named_on_resume(tmp_path, edit, what):
-    # the resume names what differs, not only the list it wants
-    path = tmp_path / "m.csv"
-    log = MeasurementLog(path, HEADER)
-    log.append(ONE_ROW)
-    log.close()
-    lines = path.read_text().splitlines()
-    lines[1] = ",".join(edit(lines[1].split(",")))
-    path.write_text("\n".join(lines) + "\n")
-    before = path.read_bytes()
-    with pytest.raises(InputError) as e:
-        MeasurementLog(path, HEADER)
-    assert str(e.value) == (f"{path}:2: its columns are not this servesim's ({what}; this "
-                            f"servesim's are {', '.join(CSV_COLUMNS)}): use another --out")
-    assert path.read_bytes() == before
-
-
 def test_cut_off_last_line_is_dropped_on_resume(tmp_path):
     path = tmp_path / "m.csv"
     log = MeasurementLog(path, HEADER)
@@ -280,6 +256,27 @@ def csv_with_row(tmp_path, row):
     with open(path, "a") as f:
         f.write("\n" + row + "\n")
     return path
+
+
+@pytest.mark.parametrize("edit, what", [
+    (lambda cols: [c for c in cols if c != "attn_pairs"], "it lacks attn_pairs"),
+    (lambda cols: cols + ["note"], "it adds 'note'"),
+    (lambda cols: ["kind", "cell"] + cols[2:], "they are in another order, or one is repeated"),
+    (lambda cols: [c for c in cols if c != "attn_pairs"] + ["pairs"],
+     "it lacks attn_pairs; it adds 'pairs'"),
+])
+def test_a_column_line_not_this_servesims_is_named_on_resume(tmp_path, edit, what):
+    # the resume names what differs, not only the list it wants
+    path = csv_with_row(tmp_path, ROW_TEXT)
+    lines = path.read_text().split("\n")   # line 2: the column line
+    lines[1] = ",".join(edit(lines[1].split(",")))
+    path.write_text("\n".join(lines))
+    before = path.read_bytes()
+    with pytest.raises(InputError) as e:
+        MeasurementLog(path, HEADER)
+    assert str(e.value) == (f"{path}:2: its columns are not this servesim's ({what}; this "
+                            f"servesim's are {', '.join(CSV_COLUMNS)}): use another --out")
+    assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("row,column,value,want", [
