@@ -130,16 +130,16 @@ def check_resumed_header(path: Path, header: dict) -> None:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
     r, c = header.get("repeats"), header.get("ceilings")
-    if "repeats" in header and not (number(r) and r == int(r) and 1 <= r <= MAX_REPEATS):
-        want = f"a whole number from 1 to {MAX_REPEATS}, the --repeats its rows were measured with"
-    elif "ceilings" in header and not (isinstance(c, list) and len(c) == 2
-                                       and all(number(x) and x > 0 for x in c)):
-        want = "two finite numbers > 0, the matmul FLOP/s and memory bytes/s measured"
-    else:
-        return
-    key = "repeats" if want.startswith("a whole") else "ceilings"
-    raise InputError(f"{path}:1: the header's {key} is {header[key]!r}: {want} (use another "
-                     f"--out, or delete the file to measure again)")
+    for key, ok, want in (
+            ("repeats", number(r) and r == int(r) and 1 <= r <= MAX_REPEATS,
+             f"a whole number from 1 to {MAX_REPEATS}, the --repeats its rows were measured "
+             f"with"),
+            ("ceilings", isinstance(c, list) and len(c) == 2 and all(number(x) and x > 0
+                                                                   for x in c),
+             "two finite numbers > 0, the matmul FLOP/s and memory bytes/s measured")):
+        if key in header and not ok:
+            raise InputError(f"{path}:1: the header's {key} is {header[key]!r}: {want} (use "
+                             f"another --out, or delete the file to measure again)")
 
 
 def repeats_arg(text: str) -> int:

@@ -577,11 +577,14 @@ def check_resumable(path: Path, identity: dict) -> bool:
         # (an older servesim's file lacks OPTIONAL_COLUMNS: new rows would not fit it)
         missing = [c for c in CSV_COLUMNS if c not in table.columns]
         extra = [c for c in table.columns if c not in CSV_COLUMNS]
-        what = "; ".join([f"it lacks {', '.join(missing)}"] * bool(missing)
-                         + [f"it adds {', '.join(map(repr, extra))}"] * bool(extra)) \
-            or "they are in another order, or one is repeated"
-        if missing and not extra and set(missing) <= set(OPTIONAL_COLUMNS):
-            what += ", as an older servesim's file does"
+        what = []
+        if missing:
+            what.append(f"it lacks {', '.join(missing)}" + (
+                ", as an older servesim's file does"
+                if not extra and set(missing) <= set(OPTIONAL_COLUMNS) else ""))
+        if extra:
+            what.append(f"it adds {', '.join(map(repr, extra))}")
+        what = "; ".join(what) or "they are in another order, or one is repeated"
         raise InputError(f"{path}:{table.column_line}: its columns are not this servesim's "
                          f"({what}; this servesim's are {', '.join(CSV_COLUMNS)}): use "
                          f"another --out")

@@ -36,7 +36,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, NamedTuple, Optional
 
 import numpy as np
 import yaml
@@ -679,32 +679,37 @@ class StepFeatures:
     reread_tokens: int = 0
 
 
-def chunk_sums(chunks) -> tuple[int, int, float]:
-    """``(tokens, contexts, causal pairs)`` over prefill ``chunks``, ``(n, c)`` pairs of
-    ``n`` new tokens after ``c`` computed ones: Σn, Σ(c + n) and Σ n·(c + (n+1)/2) (each
-    new token attends to the ``c`` cached tokens and to the chunk's tokens up to itself)."""
-    pt = ctx = 0
+def _prefill_sums(prefills) -> tuple:
+    """(chunk tokens, chunk contexts c+n, causal pairs, sampling chunks) over prefills: a
+    chunk of n new tokens after c computed ones attends to n·(c + (n+1)/2) query-key pairs
+    (the c cached tokens, and the chunk's own up to each token). One loop: every simulated
+    step is priced through it."""
+    pt = ctx = sampled = 0
     pairs = 0.0
-    for n, c in chunks:
+    for e in prefills:
+        n, c = e.num_new_tokens, e.num_computed_before
         pt += n
         ctx += c + n
         pairs += n * (c + (n + 1) * 0.5)
-    return pt, ctx, pairs
+        if e.samples_token:
+            sampled += 1
+    return pt, ctx, pairs, sampled
 
 
-def _prefill_sums(prefills) -> tuple:
-    """(chunk tokens, chunk contexts c+n, causal pairs, sampling chunks) over prefills."""
-    pt, ctx, pairs = chunk_sums((e.num_new_tokens, e.num_computed_before) for e in prefills)
-    return pt, ctx, pairs, sum(1 for e in prefills if e.samples_token)
+class _Chunk(NamedTuple):
+    """A prefill chunk as :func:`_prefill_sums` reads it."""
+    num_new_tokens: int
+    num_computed_before: int
+    samples_token: bool = False
 
 
 def chunk_features(chunks, num_decodes: int, decode_context_tokens: int, sampled: int,
                    reread_tokens: int = 0) -> StepFeatures:
-    """:class:`StepFeatures` of a step that runs prefill ``chunks`` (``(n, c)`` pairs:
-    :func:`chunk_sums`) beside ``num_decodes`` decodes whose contexts (their new token
-    included) total ``decode_context_tokens``, sampling ``sampled`` tokens."""
-    chunks = list(chunks)
-    pt, ctx, pairs = chunk_sums(chunks)
+    """:class:`StepFeatures` of a step that runs prefill ``chunks`` (``(n, c)`` pairs: ``n``
+    new tokens after ``c`` computed ones) beside ``num_decodes`` decodes whose contexts
+    (their new token included) total ``decode_context_tokens``, sampling ``sampled`` tokens."""
+    chunks = [_Chunk(n, c) for n, c in chunks]
+    pt, ctx, pairs, _ = _prefill_sums(chunks)
     nd, dctx = num_decodes, decode_context_tokens
     return StepFeatures(pt + nd, nd + len(chunks), pt, nd, ctx + dctx, pairs + dctx, sampled,
                         reread_tokens)
@@ -1618,7 +1623,7 @@ __all__ = [
     "ModelInfo", "NON_TORCH_BYTES", "NON_TORCH_TP_BYTES", "NoiseInfo", "OPTIONAL_COEFFICIENTS",
     "PATH_COEFFICIENTS", "PROFILES_DIR", "Profile", "Provenance", "RooflineConstants",
     "SAMPLER_BYTES_PER_LOGIT", "StepFeatures", "activation_reserve_bytes", "build_cost_model",
-    "chunk_features", "chunk_sums", "hidden_profiles", "kv_capacity",
+    "chunk_features", "hidden_profiles", "kv_capacity",
     "linear_seconds", "list_profiles", "load_profile", "profile_dirs", "project_profile",
     "non_torch_bytes", "roofline_seconds", "save_profile", "step_features",
 ]
